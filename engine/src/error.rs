@@ -1,0 +1,70 @@
+//! The engine's error type. Every variant names what was wrong, so the CLI can print it as is.
+
+use std::path::PathBuf;
+
+/// Errors raised by the engine. Messages are complete sentences for the user; no variant carries a backtrace.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file could not be parsed.
+    #[error("{path}: malformed JSON: {message}")]
+    Json { path: PathBuf, message: String },
+    /// A config field is missing, of the wrong type, or out of range.
+    #[error("config: field `{field}`: {message}")]
+    Config { field: String, message: String },
+    /// The checkpoint's `model_type` / architecture is not one rewind supports.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// A checkpoint file is malformed, truncated, or holds a tensor of the wrong name, dtype or shape.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// A tensor the model needs is absent from the checkpoint.
+    #[error("checkpoint: missing tensor `{name}` (expected shape {expected:?})")]
+    MissingTensor { name: String, expected: Vec<usize> },
+    /// A tensor has a different shape from the one the config implies.
+    #[error("checkpoint: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    /// Tensors the model does not use were left over in the checkpoint.
+    #[error("checkpoint: unexpected tensor(s) not used by the model: {0}")]
+    UnexpectedTensors(String),
+    /// The tokenizer or chat template failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A request or sampling parameter is invalid.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The forward pass produced NaN or infinite logits.
+    #[error("non-finite logits at position {position} (a NaN or infinity came out of the model)")]
+    NonFinite { position: usize },
+}
+
+/// The engine's result type.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl EngineError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A config error for `field`.
+    pub fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
+        EngineError::Config {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}

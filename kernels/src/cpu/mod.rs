@@ -1,0 +1,6 @@
+//! CPU reference ops (f32).
+
+pub mod act;
+pub mod conv;
+pub mod gemm;
+pub mod norm;
