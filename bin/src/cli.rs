@@ -1,0 +1,153 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
+#[derive(Parser, Debug)]
+#[command(name = "rewind", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a prompt (streams to stdout; a summary goes to stderr).
+    Generate(GenerateArgs),
+    /// Write per-position logits for a token sequence: the first N tokens through prefill, the rest through decode.
+    Logits(LogitsArgs),
+    /// Perplexity of a text file under a model.
+    Perplexity(PerplexityArgs),
+    /// Write a complete HF-format checkpoint with seeded random weights.
+    InitModel(InitModelArgs),
+    /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
+    Bench(BenchArgs),
+}
+
+/// Sampling flags shared by the commands that generate.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum number of tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 0.7.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P, in (0, 1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Drop tokens whose probability is below P times the most likely token's, in [0, 1].
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (> 0; 1 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Random seed: the same seed gives the same output.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Stop when this token id is generated (repeatable).
+    #[arg(long = "stop-token-id")]
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt (default: a short greeting).
+    pub prompt: Option<String>,
+    /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object `{ "text", "tokens", "stats" }` instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct LogitsArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Comma-separated token ids, e.g. 5,17,42.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub tokens: Vec<u32>,
+    /// How many leading tokens go through the prefill path in one pass (the rest are decoded one at a time).
+    #[arg(long)]
+    pub prefill: usize,
+    /// Output JSON file: { "tokens": [...], "logits": [[f32; vocab] per position] }.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Text file to score.
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Longest window scored in one pass (default: the model's context limit).
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Print a JSON object instead of a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InitModelArgs {
+    /// Model family: nemotron_h, qwen3_next, qwen3_5 or qwen3_5_moe.
+    #[arg(long)]
+    pub arch: String,
+    /// Preset: tiny, small, or a real shape (nemotron-h-8b, nemotron-3-nano-30b-a3b, qwen3.5-4b, qwen3.5-9b,
+    /// qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3-next-80b-a3b).
+    #[arg(long)]
+    pub preset: String,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Keep only the first N decoder layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Weight seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Storage dtype: f32 or bf16 (default: f32 for tiny/small, bf16 for real shapes).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model directory (default: the embedded `small` model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompt length for the prefill comparison.
+    #[arg(long, default_value_t = 1024)]
+    pub prompt_len: usize,
+    /// Tokens decoded for the decode rate.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Repeats of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}

@@ -1,0 +1,31 @@
+//! `rewind logits`: per-position logits, prefill for the first N tokens and decode for the rest.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use rewind_engine::model::{Logits, Model};
+
+use crate::cli::LogitsArgs;
+
+pub fn run(args: LogitsArgs) -> Result<()> {
+    if args.prefill > args.tokens.len() {
+        bail!("--prefill {} exceeds the number of tokens ({})", args.prefill, args.tokens.len());
+    }
+    let model = Model::from_dir(&args.model)?;
+    model.check_tokens(&args.tokens, 0)?;
+    let vocab = model.config().vocab_size;
+    let mut state = model.new_state();
+    let mut rows: Vec<Vec<f32>> = Vec::with_capacity(args.tokens.len());
+    if args.prefill > 0 {
+        let logits = model.forward(&args.tokens[..args.prefill], &mut state, Logits::All)?;
+        rows.extend(logits.chunks_exact(vocab).map(<[f32]>::to_vec));
+    }
+    for &tok in &args.tokens[args.prefill..] {
+        rows.push(model.forward(&[tok], &mut state, Logits::All)?);
+    }
+    let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    serde_json::to_writer(&mut w, &serde_json::json!({ "tokens": args.tokens, "logits": rows }))?;
+    w.flush().with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Typed access to `config.json` fields with errors that name the field.
+
+use serde_json::{Map, Value};
+
+use crate::error::{EngineError, Result};
+
+/// A JSON object read as a model config; `scope` prefixes field names in errors (e.g. `text_config.`).
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    scope: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    /// Wraps `value`, which must be a JSON object.
+    pub fn new(value: &'a Value, scope: &'a str) -> Result<Self> {
+        match value.as_object() {
+            Some(map) => Ok(Fields { map, scope }),
+            None => Err(EngineError::config(scope.trim_end_matches('.'), "expected a JSON object")),
+        }
+    }
+
+    fn name(&self, field: &str) -> String {
+        format!("{}{}", self.scope, field)
+    }
+
+    /// The raw value of `field`, treating JSON `null` as absent.
+    pub fn raw(&self, field: &str) -> Option<&'a Value> {
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    /// Whether `field` is present and not null.
+    pub fn has(&self, field: &str) -> bool {
+        self.raw(field).is_some()
+    }
+
+    /// A nested object.
+    pub fn object(&self, field: &str) -> Result<Option<&'a Value>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(v) if v.is_object() => Ok(Some(v)),
+            Some(v) => Err(EngineError::config(self.name(field), format!("expected an object, found {v}"))),
+        }
+    }
+
+    /// An optional non-negative integer.
+    pub fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| EngineError::config(self.name(field), format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    /// A required positive integer.
+    pub fn positive(&self, field: &str) -> Result<usize> {
+        match self.opt_usize(field)? {
+            None => Err(EngineError::config(self.name(field), "missing (a positive integer is required)")),
+            Some(0) => Err(EngineError::config(self.name(field), "must be positive, found 0")),
+            Some(x) => Ok(x),
+        }
+    }
+
+    /// A positive integer with a default when absent.
+    pub fn positive_or(&self, field: &str, default: usize) -> Result<usize> {
+        match self.opt_usize(field)? {
+            None => Ok(default),
+            Some(0) => Err(EngineError::config(self.name(field), "must be positive, found 0")),
+            Some(x) => Ok(x),
+        }
+    }
+
+    /// An optional finite number.
+    pub fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                _ => Err(EngineError::config(self.name(field), format!("expected a finite number, found {v}"))),
+            },
+        }
+    }
+
+    /// A finite number with a default.
+    pub fn f64_or(&self, field: &str, default: f64) -> Result<f64> {
+        Ok(self.opt_f64(field)?.unwrap_or(default))
+    }
+
+    /// A positive finite number with a default.
+    pub fn positive_f64_or(&self, field: &str, default: f64) -> Result<f64> {
+        let x = self.f64_or(field, default)?;
+        if x > 0.0 {
+            Ok(x)
+        } else {
+            Err(EngineError::config(self.name(field), format!("must be positive, found {x}")))
+        }
+    }
+
+    /// A boolean with a default.
+    pub fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
+        match self.raw(field) {
+            None => Ok(default),
+            Some(v) => {
+                v.as_bool().ok_or_else(|| EngineError::config(self.name(field), format!("expected true or false, found {v}")))
+            }
+        }
+    }
+
+    /// An optional string.
+    pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(v) => {
+                v.as_str().map(Some).ok_or_else(|| EngineError::config(self.name(field), format!("expected a string, found {v}")))
+            }
+        }
+    }
+
+    /// An optional list of strings.
+    pub fn opt_str_list(&self, field: &str) -> Result<Option<Vec<String>>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        EngineError::config(self.name(field), format!("expected a list of strings, found item {v}"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => Err(EngineError::config(self.name(field), format!("expected a list of strings, found {v}"))),
+        }
+    }
+
+    /// An optional list of non-negative integers.
+    pub fn opt_usize_list(&self, field: &str) -> Result<Option<Vec<usize>>> {
+        match self.raw(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                        EngineError::config(self.name(field), format!("expected a list of integers, found item {v}"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => Err(EngineError::config(self.name(field), format!("expected a list of integers, found {v}"))),
+        }
+    }
+
+    /// Token ids given as one integer or a list of integers (`eos_token_id`).
+    pub fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
+        match self.raw(field) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| {
+                        EngineError::config(self.name(field), format!("expected token ids, found item {v}"))
+                    })
+                })
+                .collect(),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .map(|x| vec![x])
+                .ok_or_else(|| EngineError::config(self.name(field), format!("expected a token id, found {v}"))),
+        }
+    }
+
+    /// An error for `field` in this scope.
+    pub fn error(&self, field: &str, message: impl Into<String>) -> EngineError {
+        EngineError::config(self.name(field), message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_field() {
+        let v: Value = serde_json::json!({"a": -1, "b": "x", "c": [1, "y"], "d": 0, "e": null});
+        let f = Fields::new(&v, "text_config.").expect("object");
+        assert!(f.positive("a").unwrap_err().to_string().contains("text_config.a"));
+        assert!(f.bool_or("b", true).unwrap_err().to_string().contains("text_config.b"));
+        assert!(f.opt_usize_list("c").unwrap_err().to_string().contains("text_config.c"));
+        assert!(f.positive("d").unwrap_err().to_string().contains("must be positive"));
+        assert_eq!(f.positive_or("e", 7).expect("default"), 7);
+        assert!(f.positive("zz").unwrap_err().to_string().contains("missing"));
+    }
+}
