@@ -2,7 +2,9 @@
 """Build tiny random reference checkpoints and logits with transformers (the numerics spec).
 
 For every case this writes `tests/fixtures/<case>/`:
-  - config.json + model.safetensors, from `save_pretrained` (the on-disk layout transformers itself writes);
+  - config.json + model.safetensors, from `save_pretrained` (nemotron_h_dense and qwen3_next then get their config.json
+    rewritten to the legacy form published checkpoints use; qwen3_5_moe is saved in the published fused/composite
+    layout; the reload through AutoModelForCausalLM must reproduce every tensor bit for bit; see NOTES.md);
   - reference.json: {"tokens", "prefill_len", "logits", "full_logits", ...}.
     `logits[0..P)` come from one forward over the first P tokens (use_cache=True); `logits[t]` for t >= P from a
     single-token forward at position t that reuses the cache returned by the previous call. `full_logits` come from
