@@ -110,8 +110,8 @@ impl ModelConfig {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-        let value: Value =
-            serde_json::from_str(&text).map_err(|e| EngineError::Json { path: path.clone(), message: e.to_string() })?;
+        let value = super::json::parse_relaxed(&text)
+            .map_err(|e| EngineError::Json { path: path.clone(), message: e.to_string() })?;
         Self::from_json(&value)
     }
 

@@ -206,14 +206,12 @@ pub fn load_blocks(
         }
     }
     let final_norm = src.take(&format!("{prefix}{}", config.final_norm_name), &[hidden])?;
-    let lm_head = if config.tie_word_embeddings {
-        // Some tied checkpoints still store a copy of the head; it must equal the embeddings, so it is not used.
-        if src.contains("lm_head.weight") {
-            src.take("lm_head.weight", &[vocab, hidden])?;
-        }
-        None
-    } else {
+    // A stored head wins over `tie_word_embeddings`: configs disagree on where the flag lives (top level or
+    // `text_config`), while a tied checkpoint that stores a copy holds the same values anyway.
+    let lm_head = if src.contains("lm_head.weight") || !config.tie_word_embeddings {
         Some(src.take("lm_head.weight", &[vocab, hidden])?)
+    } else {
+        None
     };
     let keep: Vec<&str> = config.keep_prefixes.iter().map(String::as_str).collect();
     let ignore: Vec<&str> = config.ignore_prefixes.iter().map(String::as_str).collect();

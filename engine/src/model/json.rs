@@ -4,6 +4,38 @@ use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
 
+/// Parses JSON that Python's `json.dump` may have written: the bare literals `Infinity`, `-Infinity` and `NaN` (found in
+/// published Nemotron-H configs, e.g. `time_step_limit`) are not JSON, so outside strings they are read as `null`.
+pub fn parse_relaxed(text: &str) -> serde_json::Result<Value> {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else {
+            let literal = ["-Infinity", "Infinity", "NaN"].into_iter().find(|lit| rest.starts_with(lit));
+            if let Some(lit) = literal {
+                out.push_str("null");
+                rest = &rest[lit.len()..];
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    serde_json::from_str(&out)
+}
+
 /// A JSON object read as a model config; `scope` prefixes field names in errors (e.g. `text_config.`).
 #[derive(Clone, Copy)]
 pub struct Fields<'a> {
@@ -181,6 +213,15 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relaxed_reads_python_literals_outside_strings() {
+        let v = parse_relaxed(r#"{"a": [0.0, Infinity], "b": -Infinity, "c": NaN, "d": "Infinity \" NaN"}"#).expect("parse");
+        assert_eq!(v["a"][1], Value::Null);
+        assert_eq!(v["b"], Value::Null);
+        assert_eq!(v["c"], Value::Null);
+        assert_eq!(v["d"], "Infinity \" NaN");
+    }
 
     #[test]
     fn errors_name_the_field() {
