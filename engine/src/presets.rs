@@ -155,7 +155,7 @@ pub fn preset_config(family: Family, preset: &str, layers: Option<usize>, vocab:
             let n = layers.unwrap_or(base["num_hidden_layers"].as_u64().unwrap_or(1) as usize);
             let interval = base["full_attention_interval"].as_u64().unwrap_or(4) as usize;
             let types: Vec<&str> =
-                (0..n).map(|i| if (i + 1) % interval != 0 { "linear_attention" } else { "full_attention" }).collect();
+                (0..n).map(|i| if !(i + 1).is_multiple_of(interval) { "linear_attention" } else { "full_attention" }).collect();
             base["num_hidden_layers"] = json!(n);
             base["layer_types"] = json!(types);
             let obj = base.as_object_mut().expect("preset configs are objects");

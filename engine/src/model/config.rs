@@ -191,7 +191,7 @@ impl ModelConfig {
 }
 
 fn check_divides(f: &Fields, field: &str, divisor: usize, divisor_name: &str, value: usize) -> Result<()> {
-    if value % divisor != 0 {
+    if !value.is_multiple_of(divisor) {
         return Err(f.error(field, format!("{value} is not a multiple of {divisor_name} ({divisor})")));
     }
     Ok(())
@@ -425,7 +425,7 @@ fn qwen_rope(f: &Fields, head_dim: usize) -> Result<RopeSpec> {
         return Err(f.error("partial_rotary_factor", format!("must be in (0, 1], found {factor}")));
     }
     let rotary_dim = (head_dim as f64 * factor) as usize;
-    if rotary_dim == 0 || rotary_dim % 2 != 0 {
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
         return Err(f.error("partial_rotary_factor", format!("gives {rotary_dim} rotary channels of {head_dim}; must be even and positive")));
     }
     Ok(RopeSpec { theta: theta as f32, rotary_dim })
@@ -451,7 +451,7 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
         None => {
             let interval = f.positive_or("full_attention_interval", 4)?;
             (0..num_layers)
-                .map(|i| if (i + 1) % interval != 0 { "linear_attention".into() } else { "full_attention".into() })
+                .map(|i| if !(i + 1).is_multiple_of(interval) { "linear_attention".into() } else { "full_attention".into() })
                 .collect()
         }
     };
@@ -522,7 +522,7 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
             }
         };
         let ffn_kind = match &moe {
-            Some(m) if family == Family::Qwen35Moe || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0) => {
+            Some(m) if family == Family::Qwen35Moe || (!mlp_only.contains(&i) && (i + 1).is_multiple_of(sparse_step)) => {
                 BlockKind::Moe(m.clone())
             }
             _ => BlockKind::Mlp(MlpSpec { hidden, intermediate: f.positive("intermediate_size")?, act: Activation::SwiGlu, bias: false }),

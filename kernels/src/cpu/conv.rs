@@ -15,7 +15,7 @@ pub fn causal_conv1d(
     out: &mut [f32],
 ) {
     assert!(
-        channels > 0 && weight.len() % channels == 0,
+        channels > 0 && weight.len().is_multiple_of(channels),
         "conv1d: weight is not [channels, K]"
     );
     let k = weight.len() / channels;

@@ -25,7 +25,7 @@ fn normalise_row(row: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
     let dim = weight.len();
     assert!(
-        dim > 0 && x.len() % dim == 0,
+        dim > 0 && x.len().is_multiple_of(dim),
         "rms_norm: input is not a whole number of rows"
     );
     assert_eq!(x.len(), out.len(), "rms_norm: out");
@@ -56,11 +56,11 @@ pub fn gated_rms_norm(
 ) {
     let dim = weight.len();
     assert!(
-        dim > 0 && group_size > 0 && dim % group_size == 0,
+        dim > 0 && group_size > 0 && dim.is_multiple_of(group_size),
         "gated_rms_norm: group size must divide the row"
     );
     assert!(
-        x.len() % dim == 0,
+        x.len().is_multiple_of(dim),
         "gated_rms_norm: input is not a whole number of rows"
     );
     assert_eq!(x.len(), z.len(), "gated_rms_norm: gate");
@@ -97,7 +97,7 @@ pub fn gated_rms_norm(
 /// L2-normalises each row of width `dim` in place: `x / sqrt(Σx² + eps)` (fla's `l2norm`, as Gated DeltaNet uses).
 pub fn l2_norm_rows(x: &mut [f32], dim: usize, eps: f32) {
     assert!(
-        dim > 0 && x.len() % dim == 0,
+        dim > 0 && x.len().is_multiple_of(dim),
         "l2_norm_rows: input is not a whole number of rows"
     );
     for row in x.chunks_exact_mut(dim) {
