@@ -1,6 +1,9 @@
 //! CPU reference ops (f32).
 
 pub mod act;
+pub mod attention;
 pub mod conv;
 pub mod gemm;
+pub mod moe;
 pub mod norm;
+pub mod rope;
