@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod error;
+pub mod generate;
 pub mod generation_config;
 pub mod init;
 pub mod model;

@@ -1,0 +1,54 @@
+//! `rewind perplexity`: exp of the mean negative log-likelihood of a text under the model.
+
+use anyhow::{bail, Context, Result};
+use rewind_engine::model::{Logits, Model};
+use rewind_engine::tokenizer::Tokenizer;
+use serde_json::json;
+
+use crate::cli::PerplexityArgs;
+
+/// Negative log-likelihood of `next` under `logits` (log-sum-exp in f64).
+fn nll(logits: &[f32], next: u32) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let lse = max + logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    lse - logits[next as usize] as f64
+}
+
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let model = Model::from_dir(&args.model)?;
+    let tokens = tokenizer.encode(&text, true)?;
+    if tokens.len() < 2 {
+        bail!("{}: needs at least 2 tokens to score, found {}", args.file.display(), tokens.len());
+    }
+    let limit = model.config().max_position_embeddings;
+    let window = args.window.unwrap_or(limit).min(limit);
+    if window < 2 {
+        bail!("--window must be at least 2");
+    }
+    let vocab = model.config().vocab_size;
+    let start = std::time::Instant::now();
+    let (mut total, mut count) = (0.0f64, 0usize);
+    // Windows overlap by one token so that every token after the first is scored exactly once.
+    let mut begin = 0;
+    while begin + 1 < tokens.len() {
+        let end = (begin + window).min(tokens.len());
+        let chunk = &tokens[begin..end];
+        let mut state = model.new_state();
+        let logits = model.forward(chunk, &mut state, Logits::All)?;
+        for (i, row) in logits.chunks_exact(vocab).take(chunk.len() - 1).enumerate() {
+            total += nll(row, chunk[i + 1]);
+            count += 1;
+        }
+        begin = end - 1;
+    }
+    let ppl = (total / count as f64).exp();
+    let secs = start.elapsed().as_secs_f64();
+    if args.json {
+        println!("{}", json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs}));
+    } else {
+        println!("perplexity {ppl:.4} over {count} tokens ({:.0} tok/s)", count as f64 / secs);
+    }
+    Ok(())
+}

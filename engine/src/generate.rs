@@ -1,0 +1,145 @@
+//! Single-sequence generation on the CPU: chunked prefill of the prompt, then sample → decode one token at a time,
+//! streaming text as it becomes complete UTF-8 and stopping on EOS, stop ids, stop strings, length or context limit.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use tracing::info_span;
+
+use crate::error::{EngineError, Result};
+use crate::model::{Logits, Model};
+use crate::sample::{Sampler, SamplingParams, StopChecker, StopOutcome};
+use crate::tokenizer::Tokenizer;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// An end-of-sequence token was sampled.
+    Eos,
+    /// A `stop_token_ids` token was sampled.
+    StopToken,
+    /// A stop string was generated.
+    StopString,
+    /// The model's context limit was reached.
+    ContextLimit,
+}
+
+/// Timing and counts of one generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub prefill_tokens_per_second: f64,
+    pub decode_tokens_per_second: f64,
+    pub finish_reason: FinishReason,
+    /// The sampler's seed, so a sampled run can be repeated.
+    pub seed: u64,
+}
+
+/// The result of [`generate`].
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationOutput {
+    pub text: String,
+    /// Generated token ids (the prompt excluded; a final stop token included).
+    pub tokens: Vec<u32>,
+    pub stats: GenerationStats,
+}
+
+/// Generates from `prompt` (token ids). `on_text` receives each piece of text as soon as it is final.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &SamplingParams,
+    eos_token_ids: &[u32],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationOutput> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidInput("the prompt is empty (no tokens to start from)".into()));
+    }
+    params.validate(model.config().vocab_size)?;
+    let limit = model.config().max_position_embeddings;
+    model.check_tokens(prompt, 0)?;
+    let _span = info_span!("generate", prompt_tokens = prompt.len()).entered();
+    let mut sampler = Sampler::new(params.clone())?;
+    let mut stops = StopChecker::new(&params.stop_strings);
+    let mut stream = tokenizer.decode_stream(true);
+    let mut state = model.new_state();
+
+    let t0 = Instant::now();
+    let mut logits = model.forward(prompt, &mut state, Logits::Last)?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut text = String::new();
+    let max_tokens = params.max_tokens.unwrap_or(usize::MAX);
+    let t1 = Instant::now();
+    let mut emit = |piece: &str, text: &mut String| {
+        if !piece.is_empty() {
+            on_text(piece);
+            text.push_str(piece);
+        }
+    };
+    let finish = loop {
+        if generated.len() >= max_tokens {
+            break FinishReason::Length;
+        }
+        let next = sampler.sample(&logits, &history)?;
+        generated.push(next);
+        history.push(next);
+        if !params.ignore_eos && eos_token_ids.contains(&next) {
+            break FinishReason::Eos;
+        }
+        if params.stop_token_ids.contains(&next) {
+            break FinishReason::StopToken;
+        }
+        if let Some(piece) = stream.step(next)? {
+            match stops.push(&piece) {
+                StopOutcome::Continue(out) => emit(&out, &mut text),
+                StopOutcome::Stopped { emit: out, .. } => {
+                    emit(&out, &mut text);
+                    break FinishReason::StopString;
+                }
+            }
+        }
+        if state.position >= limit {
+            break FinishReason::ContextLimit;
+        }
+        if generated.len() >= max_tokens {
+            break FinishReason::Length;
+        }
+        logits = model.forward(&[next], &mut state, Logits::Last)?;
+    };
+    if finish != FinishReason::StopString {
+        if let Some(piece) = stream.flush()? {
+            if let StopOutcome::Continue(out) | StopOutcome::Stopped { emit: out, .. } = stops.push(&piece) {
+                emit(&out, &mut text);
+            }
+        }
+        let rest = stops.finish();
+        emit(&rest, &mut text);
+    }
+    let decode_seconds = t1.elapsed().as_secs_f64();
+    let decoded = generated.len().saturating_sub(1);
+    Ok(GenerationOutput {
+        text,
+        stats: GenerationStats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: generated.len(),
+            prefill_seconds,
+            decode_seconds,
+            prefill_tokens_per_second: prompt.len() as f64 / prefill_seconds.max(1e-9),
+            // The first token comes from the prefill's logits; every later one costs one decode step.
+            decode_tokens_per_second: if decoded > 0 { decoded as f64 / decode_seconds.max(1e-9) } else { 0.0 },
+            finish_reason: finish,
+            seed: sampler.seed(),
+        },
+        tokens: generated,
+    })
+}
