@@ -2,5 +2,6 @@
 
 pub mod act;
 pub mod conv;
+pub mod gdn;
 pub mod gemm;
 pub mod norm;

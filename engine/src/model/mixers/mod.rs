@@ -1,0 +1,3 @@
+//! Sequence mixers: the per-layer token-mixing blocks (Mamba-2, Gated DeltaNet, attention).
+
+pub mod gdn;
