@@ -3,6 +3,7 @@
 pub mod act;
 pub mod attention;
 pub mod conv;
+pub mod gdn;
 pub mod gemm;
 pub mod moe;
 pub mod norm;
