@@ -1,0 +1,160 @@
+//! End-to-end tests of the `rewind` binary: contracts of `logits` and `generate --json`, determinism, and clear errors
+//! (one `error:` line, non-zero exit, never a panic) for every kind of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn rewind(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rewind")).args(args).output().expect("run rewind")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Asserts a clean failure whose message contains every one of `needles`.
+fn assert_fails(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic instead of an error: {err}");
+    assert!(err.contains("error:"), "no error line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
+    }
+}
+
+/// A tiny Nemotron-H checkpoint shared by the tests (built once per test process).
+fn tiny_model() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rewind-cli-tiny-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = rewind(&["init-model", "--arch", "nemotron_h", "--preset", "tiny", "--out", dir.to_str().expect("utf8"), "--seed", "3"]);
+        assert!(o.status.success(), "init-model failed: {}", stderr(&o));
+        dir
+    })
+}
+
+/// A copy of the tiny model that a test may damage.
+fn damaged_copy(name: &str) -> PathBuf {
+    let src = tiny_model();
+    let dir = std::env::temp_dir().join(format!("rewind-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for entry in std::fs::read_dir(src).expect("read tiny") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+    }
+    dir
+}
+
+#[test]
+fn logits_contract() {
+    let out = std::env::temp_dir().join(format!("rewind-cli-logits-{}.json", std::process::id()));
+    let model = tiny_model().to_str().expect("utf8");
+    let o = rewind(&["logits", "--model", model, "--tokens", "5,17,42,7,9", "--prefill", "3", "--out", out.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+    assert_eq!(v["tokens"], serde_json::json!([5, 17, 42, 7, 9]));
+    let rows = v["logits"].as_array().expect("logits");
+    assert_eq!(rows.len(), 5);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny_model().join("config.json")).expect("config")).expect("json");
+    let vocab = config["vocab_size"].as_u64().expect("vocab") as usize;
+    assert!(rows.iter().all(|r| r.as_array().map(Vec::len) == Some(vocab)));
+}
+
+#[test]
+fn generate_json_is_deterministic_with_a_seed() {
+    let model = tiny_model().to_str().expect("utf8");
+    let run = || {
+        let o = rewind(&["generate", "hello world", "--model", model, "--max-tokens", "8", "--seed", "11", "--temperature", "0.9", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json")
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert_eq!(a["text"], b["text"]);
+    assert!(a["stats"]["prompt_tokens"].as_u64().expect("prompt") > 0);
+    assert!(!a["tokens"].as_array().expect("tokens").is_empty());
+}
+
+#[test]
+fn generate_chat_streams_text() {
+    let model = tiny_model().to_str().expect("utf8");
+    let o = rewind(&["generate", "hi", "--model", model, "--chat", "--max-tokens", "4", "--temperature", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("decode"), "no summary: {}", stderr(&o));
+}
+
+#[test]
+fn missing_model_directory() {
+    assert_fails(&rewind(&["logits", "--model", "/nonexistent/rewind-model", "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["/nonexistent/rewind-model"]);
+}
+
+#[test]
+fn malformed_config() {
+    let dir = damaged_copy("badjson");
+    std::fs::write(dir.join("config.json"), "{ not json").expect("write");
+    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["config.json", "JSON"]);
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = damaged_copy("truncated");
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("read");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("write");
+    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["model.safetensors"]);
+}
+
+#[test]
+fn shape_mismatch_names_the_tensor() {
+    let dir = damaged_copy("shape");
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    v["intermediate_size"] = serde_json::json!(96);
+    std::fs::write(&path, v.to_string()).expect("write");
+    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["up_proj.weight", "96"]);
+}
+
+#[test]
+fn token_id_out_of_range() {
+    let model = tiny_model().to_str().expect("utf8");
+    assert_fails(&rewind(&["logits", "--model", model, "--tokens", "1,999999", "--prefill", "1", "--out", "/tmp/x.json"]), &["999999", "vocab"]);
+}
+
+#[test]
+fn prompt_over_the_context_limit() {
+    let dir = damaged_copy("context");
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    v["max_position_embeddings"] = serde_json::json!(4);
+    std::fs::write(&path, v.to_string()).expect("write");
+    let long = "one two three four five six seven eight nine ten";
+    assert_fails(&rewind(&["generate", long, "--model", dir.to_str().expect("utf8"), "--max-tokens", "2"]), &["max_position_embeddings"]);
+}
+
+#[test]
+fn invalid_sampling_values() {
+    let model = tiny_model().to_str().expect("utf8");
+    for (flag, value, needle) in [
+        ("--temperature", "-1", "temperature"),
+        ("--temperature", "NaN", "temperature"),
+        ("--top-p", "0", "top_p"),
+        ("--top-p", "1.5", "top_p"),
+        ("--min-p", "2", "min_p"),
+        ("--repetition-penalty", "0", "repetition_penalty"),
+    ] {
+        let o = rewind(&["generate", "hi", "--model", model, "--max-tokens", "2", flag, value]);
+        assert_fails(&o, &[needle]);
+    }
+}
+
+#[test]
+fn unknown_arch_and_preset() {
+    let out = std::env::temp_dir().join("rewind-cli-never-written");
+    assert_fails(&rewind(&["init-model", "--arch", "llama", "--preset", "tiny", "--out", out.to_str().expect("utf8")]), &["llama", "nemotron_h"]);
+    assert_fails(&rewind(&["init-model", "--arch", "qwen3_5", "--preset", "huge", "--out", out.to_str().expect("utf8")]), &["huge", "qwen3.5-4b"]);
+}
