@@ -2,6 +2,9 @@
 //! templates, sampling, and generation.
 
 pub mod error;
+pub mod generation_config;
 pub mod model;
+pub mod sample;
+pub mod tokenizer;
 
 pub use error::{EngineError, Result};
