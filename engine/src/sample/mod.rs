@@ -1,0 +1,295 @@
+//! Token sampling on the CPU: parameters and their validation, a seeded sampler (greedy, repetition penalty,
+//! temperature, top-k, top-p, min-p), and stop-string detection for streaming.
+
+mod stop;
+
+pub use stop::{StopChecker, StopOutcome};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+use crate::error::{EngineError, Result};
+
+/// Per-request sampling parameters. The defaults sample from the model's full distribution (temperature 1, no
+/// filtering); `temperature == 0` is greedy decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Logits are divided by this; 0 selects the argmax. Finite and ≥ 0.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 disables the filter.
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest most-likely set whose probability reaches `top_p`. In (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` × the top token's probability. In [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// HF repetition penalty over the set of previous tokens; 1 = off. Finite and > 0.
+    pub repetition_penalty: f32,
+    /// RNG seed; `None` draws one at random (see [`Sampler::seed`]).
+    pub seed: Option<u64>,
+    /// Maximum number of generated tokens; `None` = until a stop condition or the context limit.
+    pub max_tokens: Option<usize>,
+    /// Generation stops before any of these strings would be emitted (the string itself is not emitted).
+    pub stop_strings: Vec<String>,
+    /// Generation stops after any of these tokens (in addition to EOS unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's EOS tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            max_tokens: None,
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+fn invalid(name: &str, requirement: &str, value: impl std::fmt::Display) -> EngineError {
+    EngineError::InvalidInput(format!("{name} must be {requirement}, got {value}"))
+}
+
+impl SamplingParams {
+    /// Greedy decoding with otherwise default parameters.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks the numeric ranges (everything that does not depend on the model).
+    pub fn validate_ranges(&self) -> Result<()> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(invalid("temperature", "a finite number >= 0", t));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid("top_p", "in (0, 1]", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(invalid("min_p", "in [0, 1]", self.min_p));
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(invalid("repetition_penalty", "a finite number > 0", r));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(invalid("max_tokens", "at least 1", 0));
+        }
+        if let Some(i) = self.stop_strings.iter().position(String::is_empty) {
+            return Err(EngineError::InvalidInput(format!(
+                "stop_strings[{i}] must not be empty"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks every parameter, including that stop token ids are below `vocab_size`.
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
+        self.validate_ranges()?;
+        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "stop_token_ids: token id {id} is out of range for a vocabulary of {vocab_size} tokens"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether generating `token` ends the sequence: a stop token, or an EOS token unless `ignore_eos`.
+    pub fn stops_on(&self, token: u32, eos_token_ids: &[u32]) -> bool {
+        self.stop_token_ids.contains(&token) || (!self.ignore_eos && eos_token_ids.contains(&token))
+    }
+}
+
+/// Samples one token per call from a row of logits, reproducibly for a given seed.
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: ChaCha20Rng,
+    work: Vec<f32>,
+    cand: Vec<u32>,
+    weights: Vec<f32>,
+    seen: Vec<u32>,
+}
+
+impl Sampler {
+    /// A sampler for `params` (validated with [`SamplingParams::validate_ranges`]); ChaCha20 seeded from
+    /// `params.seed`, or from a random seed when it is `None`.
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate_ranges()?;
+        let seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        Ok(Self {
+            params,
+            seed,
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            work: Vec::new(),
+            cand: Vec::new(),
+            weights: Vec::new(),
+            seen: Vec::new(),
+        })
+    }
+
+    /// The parameters this sampler uses.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed actually in use (drawn at random when the parameters had none).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Picks the next token from `logits` (one row, `[vocab]`). `previous_tokens` (the context, prompt included, as HF
+    /// does) feeds the repetition penalty; its length is reported as the position of a non-finite logit.
+    ///
+    /// Order, as in HF: repetition penalty, then temperature 0 → argmax (lowest id on ties), else temperature,
+    /// top-k (exactly k tokens, ties broken by lower id), top-p (keeps at least one), min-p, and a draw.
+    pub fn sample(&mut self, logits: &[f32], previous_tokens: &[u32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "cannot sample from an empty row of logits".into(),
+            ));
+        }
+        if logits.iter().any(|x| !x.is_finite()) {
+            return Err(EngineError::NonFinite {
+                position: previous_tokens.len(),
+            });
+        }
+        let mut work = std::mem::take(&mut self.work);
+        let scores: &[f32] = if self.params.repetition_penalty != 1.0 && !previous_tokens.is_empty() {
+            work.clear();
+            work.extend_from_slice(logits);
+            if let Err(e) = self.penalize(&mut work, previous_tokens) {
+                self.work = work;
+                return Err(e);
+            }
+            &work
+        } else {
+            logits
+        };
+        let token = if self.params.temperature == 0.0 {
+            argmax(scores)
+        } else {
+            self.draw(scores)
+        };
+        self.work = work;
+        Ok(token)
+    }
+
+    /// HF `RepetitionPenaltyLogitsProcessor`: each distinct previous token's logit is divided by the penalty when
+    /// positive and multiplied by it otherwise.
+    fn penalize(&mut self, scores: &mut [f32], previous: &[u32]) -> Result<()> {
+        let penalty = self.params.repetition_penalty;
+        self.seen.clear();
+        self.seen.extend_from_slice(previous);
+        self.seen.sort_unstable();
+        self.seen.dedup();
+        if let Some(&last) = self.seen.last() {
+            if last as usize >= scores.len() {
+                return Err(EngineError::InvalidInput(format!(
+                    "previous token id {last} is out of range for {} logits",
+                    scores.len()
+                )));
+            }
+        }
+        for &id in &self.seen {
+            let s = &mut scores[id as usize];
+            *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
+        }
+        Ok(())
+    }
+
+    fn draw(&mut self, scores: &[f32]) -> u32 {
+        let p = &self.params;
+        let vocab = scores.len();
+        let by_score = |a: &u32, b: &u32| {
+            scores[*b as usize]
+                .total_cmp(&scores[*a as usize])
+                .then_with(|| a.cmp(b))
+        };
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(0..vocab as u32);
+        let mut sorted = false;
+        if p.top_k > 0 && p.top_k < vocab {
+            cand.select_nth_unstable_by(p.top_k - 1, by_score);
+            cand.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            cand.sort_unstable_by(by_score);
+            sorted = true;
+        }
+        // The maximum survives every filter, so weights relative to it are ≤ 1 and the top weight is exactly 1.
+        let max = cand
+            .iter()
+            .map(|&i| scores[i as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let inv_t = 1.0 / p.temperature;
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(cand.iter().map(|&i| ((scores[i as usize] - max) * inv_t).exp()));
+
+        if sorted {
+            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let target = f64::from(p.top_p) * total;
+            let mut cum = 0.0f64;
+            let mut keep = 0;
+            for &w in weights.iter() {
+                if keep > 0 && cum >= target {
+                    break;
+                }
+                cum += f64::from(w);
+                keep += 1;
+            }
+            cand.truncate(keep);
+            weights.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let mut j = 0;
+            for i in 0..cand.len() {
+                if weights[i] >= p.min_p {
+                    cand[j] = cand[i];
+                    weights[j] = weights[i];
+                    j += 1;
+                }
+            }
+            cand.truncate(j);
+            weights.truncate(j);
+        }
+
+        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        let u = self.rng.random::<f64>() * total;
+        let mut cum = 0.0f64;
+        for (&id, &w) in cand.iter().zip(weights.iter()) {
+            cum += f64::from(w);
+            if u < cum {
+                return id;
+            }
+        }
+        // Rounding can leave u == total; the last kept token then owns the remainder.
+        *cand.last().expect("the top token always survives filtering")
+    }
+}
+
+/// Index of the largest value, the lowest index on ties.
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in values.iter().enumerate().skip(1) {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,259 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+
+fn random_logits(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-8.0f32..8.0)).collect()
+}
+
+fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+    let mut p = SamplingParams {
+        seed: Some(1234),
+        ..SamplingParams::default()
+    };
+    f(&mut p);
+    p
+}
+
+fn softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f64> = logits.iter().map(|&l| f64::from(l - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+/// Empirical token frequencies over `n` draws.
+fn histogram(p: SamplingParams, logits: &[f32], n: usize) -> Vec<f64> {
+    let mut s = Sampler::new(p).unwrap();
+    let mut h = vec![0.0; logits.len()];
+    for _ in 0..n {
+        h[s.sample(logits, &[]).unwrap() as usize] += 1.0;
+    }
+    h.iter().map(|c| c / n as f64).collect()
+}
+
+#[test]
+fn validate_names_the_parameter_and_value() {
+    assert!(SamplingParams::default().validate(10).is_ok());
+    assert!(SamplingParams::greedy().validate(10).is_ok());
+    let cases: Vec<(SamplingParams, &str)> = vec![
+        (
+            params(|p| p.temperature = f32::NAN),
+            "temperature must be a finite number >= 0, got NaN",
+        ),
+        (
+            params(|p| p.temperature = -0.5),
+            "temperature must be a finite number >= 0, got -0.5",
+        ),
+        (
+            params(|p| p.temperature = f32::INFINITY),
+            "temperature must be a finite number >= 0, got inf",
+        ),
+        (params(|p| p.top_p = 0.0), "top_p must be in (0, 1], got 0"),
+        (params(|p| p.top_p = 1.5), "top_p must be in (0, 1], got 1.5"),
+        (params(|p| p.top_p = f32::NAN), "top_p must be in (0, 1], got NaN"),
+        (params(|p| p.min_p = -0.1), "min_p must be in [0, 1], got -0.1"),
+        (params(|p| p.min_p = f32::NAN), "min_p must be in [0, 1], got NaN"),
+        (
+            params(|p| p.repetition_penalty = 0.0),
+            "repetition_penalty must be a finite number > 0, got 0",
+        ),
+        (
+            params(|p| p.repetition_penalty = f32::NAN),
+            "repetition_penalty must be a finite number > 0, got NaN",
+        ),
+        (
+            params(|p| p.max_tokens = Some(0)),
+            "max_tokens must be at least 1, got 0",
+        ),
+        (
+            params(|p| p.stop_strings = vec!["a".into(), String::new()]),
+            "stop_strings[1] must not be empty",
+        ),
+        (
+            params(|p| p.stop_token_ids = vec![3, 10]),
+            "stop_token_ids: token id 10 is out of range",
+        ),
+    ];
+    for (p, want) in cases {
+        let e = p.validate(10).unwrap_err().to_string();
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+        assert!(e.starts_with("invalid input: "), "{e}");
+    }
+    assert!(Sampler::new(params(|p| p.top_p = 2.0)).is_err());
+}
+
+#[test]
+fn greedy_takes_lowest_id_on_ties_and_ignores_rng() {
+    let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+    assert_eq!(s.sample(&[1.0, 3.0, -2.0, 3.0], &[]).unwrap(), 1);
+    assert_eq!(s.sample(&[5.0], &[]).unwrap(), 0);
+    assert_eq!(argmax(&[-1.0, -1.0]), 0);
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for _ in 0..50 {
+        let l = random_logits(&mut rng, 257);
+        assert_eq!(s.sample(&l, &[]).unwrap(), argmax(&l));
+    }
+}
+
+#[test]
+fn non_finite_logits_are_an_error_with_the_position() {
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for p in [SamplingParams::greedy(), params(|_| ())] {
+            let mut s = Sampler::new(p).unwrap();
+            let e = s.sample(&[0.0, bad, 1.0], &[4, 5, 6]).unwrap_err();
+            assert!(matches!(e, EngineError::NonFinite { position: 3 }), "{e}");
+        }
+    }
+    let mut s = Sampler::new(params(|_| ())).unwrap();
+    assert!(matches!(s.sample(&[], &[]), Err(EngineError::InvalidInput(_))));
+}
+
+#[test]
+fn same_seed_same_tokens_different_seed_different_tokens() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let rows: Vec<Vec<f32>> = (0..200).map(|_| random_logits(&mut rng, 64)).collect();
+    let run = |seed: u64| {
+        let p = SamplingParams {
+            temperature: 1.3,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.01,
+            repetition_penalty: 1.1,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(p).unwrap();
+        let mut out: Vec<u32> = Vec::new();
+        for row in &rows {
+            let t = s.sample(row, &out).unwrap();
+            out.push(t);
+        }
+        out
+    };
+    assert_eq!(run(42), run(42));
+    assert_ne!(run(42), run(43));
+    // A random seed is reported so the run can be reproduced.
+    let s = Sampler::new(SamplingParams::default()).unwrap();
+    let again = Sampler::new(params(|p| p.seed = Some(s.seed()))).unwrap();
+    assert_eq!(again.seed(), s.seed());
+}
+
+#[test]
+fn top_k_one_and_tiny_top_p_equal_greedy() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let mut k1 = Sampler::new(params(|p| {
+        p.top_k = 1;
+        p.temperature = 2.0;
+    }))
+    .unwrap();
+    let mut p_tiny = Sampler::new(params(|p| p.top_p = 1e-6)).unwrap();
+    let mut min_p_one = Sampler::new(params(|p| p.min_p = 1.0)).unwrap();
+    for _ in 0..300 {
+        let l = random_logits(&mut rng, 1000);
+        let g = argmax(&l);
+        assert_eq!(k1.sample(&l, &[]).unwrap(), g);
+        assert_eq!(p_tiny.sample(&l, &[]).unwrap(), g);
+        assert_eq!(min_p_one.sample(&l, &[]).unwrap(), g);
+    }
+}
+
+#[test]
+fn unfiltered_sampling_matches_softmax() {
+    let logits = [1.0f32, 2.0, 0.5, -1.0, 2.5];
+    let h = histogram(params(|_| ()), &logits, 40_000);
+    for (got, want) in h.iter().zip(softmax(&logits)) {
+        assert!((got - want).abs() < 0.012, "{h:?}");
+    }
+    // Temperature 0.5 is softmax of doubled logits.
+    let h = histogram(params(|p| p.temperature = 0.5), &logits, 40_000);
+    let doubled: Vec<f32> = logits.iter().map(|l| l * 2.0).collect();
+    for (got, want) in h.iter().zip(softmax(&doubled)) {
+        assert!((got - want).abs() < 0.012, "{h:?}");
+    }
+}
+
+#[test]
+fn top_k_top_p_and_min_p_keep_the_right_sets() {
+    // Probabilities 0.5, 0.3, 0.15, 0.05 (in shuffled id order).
+    let probs = [0.15f32, 0.5, 0.05, 0.3];
+    let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+    let renorm = |keep: &[usize]| -> Vec<f64> {
+        let s: f32 = keep.iter().map(|&i| probs[i]).sum();
+        (0..4)
+            .map(|i| {
+                if keep.contains(&i) {
+                    f64::from(probs[i] / s)
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    let check = |p: SamplingParams, keep: &[usize]| {
+        let h = histogram(p, &logits, 30_000);
+        for (got, want) in h.iter().zip(renorm(keep)) {
+            if want == 0.0 {
+                assert_eq!(*got, 0.0, "{h:?} keep {keep:?}");
+            } else {
+                assert!((got - want).abs() < 0.015, "{h:?} keep {keep:?}");
+            }
+        }
+    };
+    check(params(|p| p.top_k = 2), &[1, 3]);
+    check(params(|p| p.top_k = 3), &[1, 3, 0]);
+    check(params(|p| p.top_p = 0.7), &[1, 3]);
+    check(params(|p| p.top_p = 0.85), &[1, 3, 0]);
+    // min_p 0.35: keep p >= 0.35 * 0.5 = 0.175.
+    check(params(|p| p.min_p = 0.35), &[1, 3]);
+    check(params(|p| p.min_p = 0.1), &[1, 3, 0]);
+    // Combined: top-k 3 then top-p 0.9 over the renormalized three (0.526, 0.316, 0.158) keeps all three,
+    // then min-p 0.4 drops the 0.158 one.
+    check(
+        params(|p| {
+            p.top_k = 3;
+            p.top_p = 0.9;
+            p.min_p = 0.4;
+        }),
+        &[1, 3],
+    );
+}
+
+#[test]
+fn repetition_penalty_follows_hf_semantics() {
+    let greedy_pen = |penalty: f32| {
+        Sampler::new(SamplingParams {
+            repetition_penalty: penalty,
+            ..SamplingParams::greedy()
+        })
+        .unwrap()
+    };
+    // Positive logits are divided.
+    assert_eq!(greedy_pen(2.0).sample(&[2.0, 1.9, -1.0], &[0]).unwrap(), 1);
+    // Negative logits are multiplied.
+    assert_eq!(greedy_pen(1.5).sample(&[-1.0, -1.2], &[0]).unwrap(), 1);
+    // The penalty applies once per distinct token: 2.0 / 1.1 = 1.82 > 1.7, but 2.0 / 1.1^3 = 1.50 would not be.
+    assert_eq!(greedy_pen(1.1).sample(&[2.0, 1.7], &[0, 0, 0]).unwrap(), 0);
+    // A penalty below 1 encourages repetition.
+    assert_eq!(greedy_pen(0.5).sample(&[1.0, 1.5], &[0]).unwrap(), 0);
+    let e = greedy_pen(1.2).sample(&[1.0, 2.0], &[7]).unwrap_err().to_string();
+    assert!(e.contains("previous token id 7"), "{e}");
+    // With sampling the penalized logits are what gets sampled: 3.0 / 50 = 0.06 gives p0 = e^0.06 / (e^0.06 + 2).
+    let mut s = Sampler::new(params(|p| p.repetition_penalty = 50.0)).unwrap();
+    let hits = (0..20_000)
+        .filter(|_| s.sample(&[3.0, 0.0, 0.0], &[0]).unwrap() == 0)
+        .count();
+    let want = 0.06f64.exp() / (0.06f64.exp() + 2.0);
+    assert!((hits as f64 / 20_000.0 - want).abs() < 0.015, "{hits}");
+}
+
+#[test]
+fn stops_on_respects_ignore_eos() {
+    let p = params(|p| p.stop_token_ids = vec![9]);
+    assert!(p.stops_on(9, &[2]));
+    assert!(p.stops_on(2, &[2]));
+    assert!(!p.stops_on(3, &[2]));
+    let p = params(|p| p.ignore_eos = true);
+    assert!(!p.stops_on(2, &[2]));
+}
