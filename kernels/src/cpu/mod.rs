@@ -3,4 +3,5 @@
 pub mod act;
 pub mod conv;
 pub mod gemm;
+pub mod mamba2;
 pub mod norm;
