@@ -19,7 +19,7 @@ use crate::model::hybrid::load_blocks;
 use crate::model::tensors::TensorSource;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
-use crate::tokenizer::bpe_builder::{build_bpe_tokenizer, write_tokenizer_files};
+use crate::tokenizer::bpe_builder::{build_bpe_tokenizer, write_tokenizer_files, SpecialTokenChoice};
 
 /// What to build.
 #[derive(Clone, Debug)]
@@ -185,7 +185,7 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
         &json!({"bos_token_id": bos, "eos_token_id": [eos], "pad_token_id": eos, "do_sample": true,
                 "temperature": 0.7, "top_p": 0.9, "top_k": 40, "transformers_version": "5.17.0"}),
     )?;
-    write_tokenizer_files(&opts.out, &tokenizer)?;
+    write_tokenizer_files(&opts.out, &tokenizer, &SpecialTokenChoice::default())?;
     let parameters = tensors.values().map(|s| s.iter().product::<usize>() as u64).sum();
     Ok(InitReport { dir: opts.out.clone(), parameters, tensors: tensors.len(), config })
 }

@@ -3,3 +3,4 @@
 pub mod attention;
 pub mod ffn;
 pub mod gdn;
+pub mod mamba2;
