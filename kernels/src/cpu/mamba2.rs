@@ -539,7 +539,7 @@ mod tests {
         assert_eq!(s, k.state);
     }
 
-    /// `cargo test -p rewind-kernels --release cpu::mamba2::tests::timing -- --ignored --nocapture`
+    /// `cargo test -p rewind-kernels cpu::mamba2::tests::timing -- --ignored --nocapture` (the test profile is optimised).
     #[test]
     #[ignore = "timing on Nemotron-H-8B shapes, not a correctness check"]
     fn timing_1024_token_prompt() {
