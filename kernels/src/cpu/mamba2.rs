@@ -135,46 +135,6 @@ pub fn mamba2_recurrent(
     }
 }
 
-/// Reorders `[seq, outer, inner]` into `[outer, seq, inner]`, so each head's or group's rows are contiguous.
-fn to_outer_major(src: &[f32], seq: usize, outer: usize, inner: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; src.len()];
-    for (t, row) in src.chunks_exact(outer * inner).enumerate() {
-        for (o, v) in row.chunks_exact(inner).enumerate() {
-            out[(o * seq + t) * inner..(o * seq + t + 1) * inner].copy_from_slice(v);
-        }
-    }
-    out
-}
-
-/// Scratch buffers of one head's walk over the chunks, sized for the longest chunk.
-struct HeadScratch {
-    /// `seg[t·len + s] = Σ_{s < r ≤ t} dt_r·A` for `s ≤ t`: the decay from token `s` to token `t` inside a chunk.
-    seg: Vec<f32>,
-    /// The masked, decayed `C·Bᵀ` of the chunk, times `dt_s`: `[len, len]`.
-    m: Vec<f32>,
-    /// Product outputs `[len, head_dim]`.
-    y_diag: Vec<f32>,
-    y_off: Vec<f32>,
-    /// `x_s·dt_s·exp(decay from s to the chunk end)`, `[len, head_dim]`.
-    xw: Vec<f32>,
-    /// The chunk's own contribution to the outgoing state, `[head_dim, state_dim]`.
-    ds: Vec<f32>,
-}
-
-impl HeadScratch {
-    fn new(chunk: usize, dims: Mamba2Dims) -> Self {
-        let (p, n) = (dims.head_dim, dims.state_dim);
-        HeadScratch {
-            seg: vec![0.0; chunk * chunk],
-            m: vec![0.0; chunk * chunk],
-            y_diag: vec![0.0; chunk * p],
-            y_off: vec![0.0; chunk * p],
-            xw: vec![0.0; chunk * p],
-            ds: vec![0.0; p * n],
-        }
-    }
-}
-
 /// The chunked (SSD) scan over `seq` tokens, starting from `state` and leaving the final state in it.
 ///
 /// `x` is `[seq, heads, head_dim]`, `dt` `[seq, heads]` (already softplus'd and clamped), `a` `[heads]` (negative),
@@ -186,6 +146,10 @@ impl HeadScratch {
 /// `y_t = Σ_{s≤t} exp(seg(t,s))·(C_t·B_s)·dt_s·x_s + exp(seg(t,−1))·S_in·C_t`, and
 /// `S_out = exp(seg(L−1,−1))·S_in + Σ_s exp(seg(L−1,s))·dt_s·x_s ⊗ B_s`. Every exponent is a sum of non-positive terms,
 /// accumulated directly rather than as a difference of prefix sums, so nothing cancels or overflows.
+///
+/// The heads of one group share `B` and `C`, and their states are contiguous, so the incoming-state output and the state
+/// update are one product per group and chunk (`[L, N]·[heads_per_group·P, N]ᵀ` and its transpose); only the masked
+/// intra-chunk product is per head. Groups run in parallel, and so do the heads inside a group.
 #[allow(clippy::too_many_arguments)]
 pub fn mamba2_chunked(
     dims: Mamba2Dims,
@@ -206,142 +170,170 @@ pub fn mamba2_chunked(
         return;
     }
     let hpg = dims.heads_per_group();
-    let (heads, p, n, groups) = (dims.heads, dims.head_dim, dims.state_dim, dims.groups);
-    let chunk = chunk_size.min(seq);
-    let chunks: Vec<(usize, usize)> = (0..seq).step_by(chunk).map(|s| (s, (seq - s).min(chunk))).collect();
-
-    let b_g = to_outer_major(b, seq, groups, n);
-    let c_g = to_outer_major(c, seq, groups, n);
-    let x_h = to_outer_major(x, seq, heads, p);
-    let dt_h = to_outer_major(dt, seq, heads, 1);
-
-    // C·Bᵀ of each chunk is shared by all heads of a group: compute it once, [groups][chunk][len, len].
-    let cb: Vec<Vec<Vec<f32>>> = (0..groups)
-        .into_par_iter()
-        .map(|g| {
-            chunks
-                .iter()
-                .map(|&(start, len)| {
-                    let rows = (g * seq + start) * n..(g * seq + start + len) * n;
-                    let mut out = vec![0.0f32; len * len];
-                    matmul_nt(&c_g[rows.clone()], &b_g[rows], &mut out, len, n, len);
-                    out
-                })
-                .collect()
-        })
-        .collect();
-
-    let mut y_h = vec![0.0f32; seq * heads * p];
+    let (heads, p, n) = (dims.heads, dims.head_dim, dims.state_dim);
+    let width = hpg * p;
+    let input = ScanInput {
+        dims,
+        seq,
+        chunk: chunk_size.min(seq),
+        x,
+        dt,
+        a,
+        b,
+        c,
+    };
+    // Each group writes its own [seq, heads_per_group·P] block; y interleaves groups within a row.
+    let mut y_groups = vec![0.0f32; seq * heads * p];
     state
-        .par_chunks_mut(p * n)
-        .zip(y_h.par_chunks_mut(seq * p))
+        .par_chunks_mut(width * n)
+        .zip(y_groups.par_chunks_mut(seq * width))
         .enumerate()
-        .for_each(|(h, (s_head, y_head))| {
-            let g = h / hpg;
-            let mut scratch = HeadScratch::new(chunk, dims);
-            for (ci, &(start, len)) in chunks.iter().enumerate() {
-                let rows = |w: usize, base: usize| (base + start) * w..(base + start + len) * w;
-                let chunk_scan = ChunkInput {
-                    len,
-                    dims,
-                    a: a[h],
-                    dt: &dt_h[rows(1, h * seq)],
-                    x: &x_h[rows(p, h * seq)],
-                    b: &b_g[rows(n, g * seq)],
-                    c: &c_g[rows(n, g * seq)],
-                    cb: &cb[g][ci],
-                };
-                chunk_scan.run(&mut scratch, s_head, &mut y_head[start * p..(start + len) * p]);
+        .for_each(|(g, (s_group, y_group))| input.scan_group(g, s_group, y_group));
+
+    y.par_chunks_mut(heads * p)
+        .zip(x.par_chunks(heads * p))
+        .enumerate()
+        .for_each(|(t, (y_row, x_row))| {
+            for (h, (y_head, x_head)) in y_row.chunks_exact_mut(p).zip(x_row.chunks_exact(p)).enumerate() {
+                let (g, j) = (h / hpg, h % hpg);
+                let src = &y_groups[(g * seq + t) * width + j * p..(g * seq + t) * width + (j + 1) * p];
+                for ((o, v), xv) in y_head.iter_mut().zip(src).zip(x_head) {
+                    *o = v + d_skip[h] * xv;
+                }
             }
         });
+}
 
-    // Back to [seq, heads, head_dim], adding the D·x skip.
-    for (t, (y_row, x_row)) in y.chunks_exact_mut(heads * p).zip(x.chunks_exact(heads * p)).enumerate() {
-        for h in 0..heads {
-            let src = &y_h[(h * seq + t) * p..(h * seq + t + 1) * p];
-            let dst = &mut y_row[h * p..(h + 1) * p];
-            for ((o, v), xv) in dst.iter_mut().zip(src).zip(&x_row[h * p..(h + 1) * p]) {
-                *o = v + d_skip[h] * xv;
+/// The operands of [`mamba2_chunked`], in their caller's layout.
+struct ScanInput<'a> {
+    dims: Mamba2Dims,
+    seq: usize,
+    /// Chunk length (the last chunk may be shorter).
+    chunk: usize,
+    x: &'a [f32],
+    dt: &'a [f32],
+    a: &'a [f32],
+    b: &'a [f32],
+    c: &'a [f32],
+}
+
+/// One head's share of one chunk: its intra-chunk output, its decay-weighted inputs for the state update, and its decays.
+struct HeadChunk {
+    /// `Σ_{s≤t} exp(seg(t,s))·(C_t·B_s)·dt_s·x_s`, `[len, P]`.
+    y_diag: Vec<f32>,
+    /// `x_s·dt_s·exp(seg(L−1, s))`, `[len, P]`.
+    x_weighted: Vec<f32>,
+    /// `exp(seg(t, −1))`: the decay of the incoming state up to token `t`, `[len]`.
+    from_start: Vec<f32>,
+}
+
+impl ScanInput<'_> {
+    /// Runs every chunk for group `g`: `s_group` is its heads' states `[heads_per_group·P, N]`, `y_group` receives
+    /// `[seq, heads_per_group·P]` (without the skip).
+    fn scan_group(&self, g: usize, s_group: &mut [f32], y_group: &mut [f32]) {
+        let d = self.dims;
+        let hpg = d.heads / d.groups;
+        let (p, n, width) = (d.head_dim, d.state_dim, hpg * d.head_dim);
+        let mut xg = vec![0.0f32; self.chunk * width];
+        let mut dtg = vec![0.0f32; self.chunk * hpg];
+        let mut bc = vec![0.0f32; self.chunk * n];
+        let mut cc = vec![0.0f32; self.chunk * n];
+        let mut cb = vec![0.0f32; self.chunk * self.chunk];
+        let mut y_off = vec![0.0f32; self.chunk * width];
+        let mut xw = vec![0.0f32; self.chunk * width];
+        let mut ds = vec![0.0f32; width * n];
+        for start in (0..self.seq).step_by(self.chunk) {
+            let len = (self.seq - start).min(self.chunk);
+            // Gather this group's rows into contiguous [len, ·] operands.
+            for t in 0..len {
+                let row = start + t;
+                let xo = (row * d.heads + g * hpg) * p;
+                xg[t * width..(t + 1) * width].copy_from_slice(&self.x[xo..xo + width]);
+                let dto = row * d.heads + g * hpg;
+                dtg[t * hpg..(t + 1) * hpg].copy_from_slice(&self.dt[dto..dto + hpg]);
+                let bo = (row * d.groups + g) * n;
+                bc[t * n..(t + 1) * n].copy_from_slice(&self.b[bo..bo + n]);
+                cc[t * n..(t + 1) * n].copy_from_slice(&self.c[bo..bo + n]);
+            }
+            let (xg, dtg, bc, cc) = (&xg[..len * width], &dtg[..len * hpg], &bc[..len * n], &cc[..len * n]);
+            let cb = &mut cb[..len * len];
+            matmul_nt(cc, bc, cb, len, n, len);
+            let y_off = &mut y_off[..len * width];
+            matmul_nt(cc, s_group, y_off, len, n, width);
+
+            let parts: Vec<HeadChunk> = (0..hpg)
+                .into_par_iter()
+                .map(|j| head_chunk(len, p, hpg, j, self.a[g * hpg + j], dtg, xg, cb))
+                .collect();
+
+            let xw = &mut xw[..len * width];
+            for (j, part) in parts.iter().enumerate() {
+                let cols = j * p..(j + 1) * p;
+                for t in 0..len {
+                    let out = &mut y_group[(start + t) * width..(start + t + 1) * width][cols.clone()];
+                    let decay = part.from_start[t];
+                    for ((o, dg), off) in out
+                        .iter_mut()
+                        .zip(&part.y_diag[t * p..(t + 1) * p])
+                        .zip(&y_off[t * width..(t + 1) * width][cols.clone()])
+                    {
+                        *o = dg + decay * off;
+                    }
+                    xw[t * width..(t + 1) * width][cols.clone()].copy_from_slice(&part.x_weighted[t * p..(t + 1) * p]);
+                }
+            }
+            matmul_tn(xw, bc, &mut ds, width, len, n);
+            for (j, part) in parts.iter().enumerate() {
+                let total = part.from_start[len - 1];
+                let rows = j * p * n..(j + 1) * p * n;
+                for (s, dv) in s_group[rows.clone()].iter_mut().zip(&ds[rows]) {
+                    *s = total * *s + dv;
+                }
             }
         }
     }
 }
 
-/// One head's inputs over one chunk, all row-major and contiguous.
-struct ChunkInput<'a> {
-    len: usize,
-    dims: Mamba2Dims,
-    a: f32,
-    /// `[len]`.
-    dt: &'a [f32],
-    /// `[len, head_dim]`.
-    x: &'a [f32],
-    /// `[len, state_dim]` (the head's group).
-    b: &'a [f32],
-    c: &'a [f32],
-    /// `C·Bᵀ`, `[len, len]`.
-    cb: &'a [f32],
-}
-
-impl ChunkInput<'_> {
-    /// Writes the chunk's SSM output (without the skip) to `y` (`[len, head_dim]`) and advances `state` past the chunk.
-    fn run(&self, sc: &mut HeadScratch, state: &mut [f32], y: &mut [f32]) {
-        let (len, p, n) = (self.len, self.dims.head_dim, self.dims.state_dim);
-        let seg = &mut sc.seg[..len * len];
-        for t in 0..len {
-            let row = &mut seg[t * len..(t + 1) * len];
-            let mut acc = 0.0f32;
-            row[t] = 0.0;
-            for s in (0..t).rev() {
-                acc += self.dt[s + 1] * self.a;
-                row[s] = acc;
+/// Head `j` of a group over one chunk of `len` tokens. `dtg` is `[len, hpg]`, `xg` `[len, hpg·P]`, `cb = C·Bᵀ` `[len, len]`.
+#[allow(clippy::too_many_arguments)]
+fn head_chunk(len: usize, p: usize, hpg: usize, j: usize, a: f32, dtg: &[f32], xg: &[f32], cb: &[f32]) -> HeadChunk {
+    let width = hpg * p;
+    let dt: Vec<f32> = (0..len).map(|t| dtg[t * hpg + j]).collect();
+    let a_dt: Vec<f32> = dt.iter().map(|d| d * a).collect();
+    // m[t, s] = exp(seg(t, s))·cb[t, s]·dt_s on and below the diagonal, with seg accumulated from t downwards.
+    let mut m = vec![0.0f32; len * len];
+    let mut from_start = vec![0.0f32; len];
+    let mut to_end = vec![0.0f32; len];
+    for t in 0..len {
+        let row = &mut m[t * len..(t + 1) * len];
+        let mut seg = 0.0f32;
+        row[t] = cb[t * len + t] * dt[t];
+        for s in (0..t).rev() {
+            seg += a_dt[s + 1];
+            row[s] = cb[t * len + s] * seg.exp() * dt[s];
+            if t == len - 1 {
+                to_end[s] = seg;
             }
         }
-        // Decay from the chunk's start (before token 0) to token t: seg(t, 0) + a_0.
-        let from_start = |t: usize| seg[t * len] + self.dt[0] * self.a;
-
-        // Intra-chunk (diagonal block): y_diag = (exp(seg) ∘ C·Bᵀ ∘ dt_s, lower triangle) · X.
-        let m = &mut sc.m[..len * len];
-        for t in 0..len {
-            for s in 0..len {
-                m[t * len + s] = if s <= t {
-                    self.cb[t * len + s] * seg[t * len + s].exp() * self.dt[s]
-                } else {
-                    0.0
-                };
-            }
+        from_start[t] = (seg + a_dt[0]).exp();
+    }
+    let mut xh = vec![0.0f32; len * p];
+    for t in 0..len {
+        xh[t * p..(t + 1) * p].copy_from_slice(&xg[t * width + j * p..t * width + (j + 1) * p]);
+    }
+    let mut y_diag = vec![0.0f32; len * p];
+    matmul_nn(&m, &xh, &mut y_diag, len, len, p);
+    let mut x_weighted = xh;
+    for (s, row) in x_weighted.chunks_exact_mut(p).enumerate() {
+        let w = dt[s] * to_end[s].exp();
+        for v in row {
+            *v *= w;
         }
-        let y_diag = &mut sc.y_diag[..len * p];
-        matmul_nn(m, self.x, y_diag, len, len, p);
-
-        // Incoming state (off-diagonal block): y_off[t] = exp(decay to t) · S_in·C_t.
-        let y_off = &mut sc.y_off[..len * p];
-        matmul_nt(self.c, state, y_off, len, n, p);
-        for t in 0..len {
-            let decay = from_start(t).exp();
-            for ((o, d), off) in y[t * p..(t + 1) * p]
-                .iter_mut()
-                .zip(&y_diag[t * p..(t + 1) * p])
-                .zip(&y_off[t * p..(t + 1) * p])
-            {
-                *o = d + decay * off;
-            }
-        }
-
-        // Outgoing state: S_out = exp(total decay)·S_in + Xwᵀ·B, with Xw[s] = x_s·dt_s·exp(seg(L−1, s)).
-        let last = len - 1;
-        let xw = &mut sc.xw[..len * p];
-        for s in 0..len {
-            let w = self.dt[s] * seg[last * len + s].exp();
-            for (o, v) in xw[s * p..(s + 1) * p].iter_mut().zip(&self.x[s * p..(s + 1) * p]) {
-                *o = v * w;
-            }
-        }
-        matmul_tn(xw, self.b, &mut sc.ds, p, len, n);
-        let total = from_start(last).exp();
-        for (s, d) in state.iter_mut().zip(&sc.ds) {
-            *s = total * *s + d;
-        }
+    }
+    HeadChunk {
+        y_diag,
+        x_weighted,
+        from_start,
     }
 }
 
@@ -545,5 +537,44 @@ mod tests {
         let (y, s) = chunked(&k, 8);
         assert!(y.is_empty());
         assert_eq!(s, k.state);
+    }
+
+    /// `cargo test -p rewind-kernels cpu::mamba2::tests::timing -- --ignored --nocapture` (the test profile is optimised).
+    #[test]
+    #[ignore = "timing on Nemotron-H-8B shapes, not a correctness check"]
+    fn timing_1024_token_prompt() {
+        let dims = Mamba2Dims {
+            heads: 128,
+            head_dim: 64,
+            state_dim: 128,
+            groups: 8,
+        };
+        let seq = 1024;
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let (h, p, n, g) = (dims.heads, dims.head_dim, dims.state_dim, dims.groups);
+        let k = Case {
+            dims,
+            seq,
+            state: uniform(&mut rng, h * p * n, -1.0, 1.0),
+            x: uniform(&mut rng, seq * h * p, -1.0, 1.0),
+            dt: uniform(&mut rng, seq * h, 0.001, 0.1),
+            a: uniform(&mut rng, h, -8.0, -1.0),
+            b: uniform(&mut rng, seq * g * n, -1.0, 1.0),
+            c: uniform(&mut rng, seq * g * n, -1.0, 1.0),
+            d: uniform(&mut rng, h, -1.0, 1.0),
+        };
+        let t0 = std::time::Instant::now();
+        let (y_ref, s_ref) = recurrent(&k);
+        let t_rec = t0.elapsed();
+        let t0 = std::time::Instant::now();
+        let (y, s) = chunked(&k, 128);
+        let t_chunk = t0.elapsed();
+        println!(
+            "recurrent {t_rec:?}, chunked {t_chunk:?} ({:.1}x), threads {}; rel err y {:e} state {:e}",
+            t_rec.as_secs_f64() / t_chunk.as_secs_f64(),
+            rayon::current_num_threads(),
+            rel(&y, &y_ref),
+            rel(&s, &s_ref)
+        );
     }
 }

@@ -3,6 +3,11 @@
 //! `in_proj → [z | xBC | dt]`; depthwise causal conv (+ bias) and SiLU over `xBC`; split `x | B | C`;
 //! `dt = clamp(softplus(dt + dt_bias))`; `A = −exp(A_log)`; the SSD scan with the `D·x` skip; gated RMSNorm with the gate
 //! applied first (`rms(y·silu(z))·w`, per group of `d_inner / n_groups` channels); `out_proj`.
+//!
+//! One deliberate difference from transformers 5.17: its multi-token path clamps `dt` to
+//! `(config.time_step_min, inf)` (not `config.time_step_limit`), while its one-token decode path does not clamp at all.
+//! Here both paths clamp to `spec.time_step_limit`, so prefill, decode and verification agree token for token; the two
+//! differ from transformers' decode only where `softplus(dt + dt_bias)` falls below the lower limit.
 
 use rewind_kernels::cpu::act::{silu, softplus};
 use rewind_kernels::cpu::conv::causal_conv1d;
