@@ -33,19 +33,19 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 0.7.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P, in (0, 1].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
     /// Drop tokens whose probability is below P times the most likely token's, in [0, 1].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub min_p: Option<f32>,
     /// Repetition penalty (> 0; 1 = off).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     /// Random seed: the same seed gives the same output.
     #[arg(long)]

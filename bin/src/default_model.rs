@@ -28,7 +28,10 @@ pub fn default_model_dir() -> Result<PathBuf> {
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
-    eprintln!("building the default model (nemotron_h `small` preset, seed 0) in {} ...", dir.display());
+    eprintln!(
+        "building the default model (nemotron_h `small` preset, seed 0) in {} ...",
+        dir.display()
+    );
     let parent = dir.parent().context("cache directory has no parent")?;
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     // Build beside the final place and rename, so an interrupted build never leaves a half-written cache.

@@ -6,7 +6,10 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 fn rewind(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rewind")).args(args).output().expect("run rewind")
+    Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(args)
+        .output()
+        .expect("run rewind")
 }
 
 fn stderr(o: &Output) -> String {
@@ -17,7 +20,10 @@ fn stderr(o: &Output) -> String {
 fn assert_fails(o: &Output, needles: &[&str]) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic instead of an error: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "panic instead of an error: {err}"
+    );
     assert!(err.contains("error:"), "no error line: {err}");
     for n in needles {
         assert!(err.contains(n), "stderr lacks `{n}`: {err}");
@@ -30,7 +36,17 @@ fn tiny_model() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("rewind-cli-tiny-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let o = rewind(&["init-model", "--arch", "nemotron_h", "--preset", "tiny", "--out", dir.to_str().expect("utf8"), "--seed", "3"]);
+        let o = rewind(&[
+            "init-model",
+            "--arch",
+            "nemotron_h",
+            "--preset",
+            "tiny",
+            "--out",
+            dir.to_str().expect("utf8"),
+            "--seed",
+            "3",
+        ]);
         assert!(o.status.success(), "init-model failed: {}", stderr(&o));
         dir
     })
@@ -53,14 +69,25 @@ fn damaged_copy(name: &str) -> PathBuf {
 fn logits_contract() {
     let out = std::env::temp_dir().join(format!("rewind-cli-logits-{}.json", std::process::id()));
     let model = tiny_model().to_str().expect("utf8");
-    let o = rewind(&["logits", "--model", model, "--tokens", "5,17,42,7,9", "--prefill", "3", "--out", out.to_str().expect("utf8")]);
+    let o = rewind(&[
+        "logits",
+        "--model",
+        model,
+        "--tokens",
+        "5,17,42,7,9",
+        "--prefill",
+        "3",
+        "--out",
+        out.to_str().expect("utf8"),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     assert_eq!(v["tokens"], serde_json::json!([5, 17, 42, 7, 9]));
     let rows = v["logits"].as_array().expect("logits");
     assert_eq!(rows.len(), 5);
     let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tiny_model().join("config.json")).expect("config")).expect("json");
+        serde_json::from_str(&std::fs::read_to_string(tiny_model().join("config.json")).expect("config"))
+            .expect("json");
     let vocab = config["vocab_size"].as_u64().expect("vocab") as usize;
     assert!(rows.iter().all(|r| r.as_array().map(Vec::len) == Some(vocab)));
 }
@@ -69,7 +96,19 @@ fn logits_contract() {
 fn generate_json_is_deterministic_with_a_seed() {
     let model = tiny_model().to_str().expect("utf8");
     let run = || {
-        let o = rewind(&["generate", "hello world", "--model", model, "--max-tokens", "8", "--seed", "11", "--temperature", "0.9", "--json"]);
+        let o = rewind(&[
+            "generate",
+            "hello world",
+            "--model",
+            model,
+            "--max-tokens",
+            "8",
+            "--seed",
+            "11",
+            "--temperature",
+            "0.9",
+            "--json",
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json")
     };
@@ -83,21 +122,57 @@ fn generate_json_is_deterministic_with_a_seed() {
 #[test]
 fn generate_chat_streams_text() {
     let model = tiny_model().to_str().expect("utf8");
-    let o = rewind(&["generate", "hi", "--model", model, "--chat", "--max-tokens", "4", "--temperature", "0"]);
+    let o = rewind(&[
+        "generate",
+        "hi",
+        "--model",
+        model,
+        "--chat",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("decode"), "no summary: {}", stderr(&o));
 }
 
 #[test]
 fn missing_model_directory() {
-    assert_fails(&rewind(&["logits", "--model", "/nonexistent/rewind-model", "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["/nonexistent/rewind-model"]);
+    assert_fails(
+        &rewind(&[
+            "logits",
+            "--model",
+            "/nonexistent/rewind-model",
+            "--tokens",
+            "1",
+            "--prefill",
+            "1",
+            "--out",
+            "/tmp/x.json",
+        ]),
+        &["/nonexistent/rewind-model"],
+    );
 }
 
 #[test]
 fn malformed_config() {
     let dir = damaged_copy("badjson");
     std::fs::write(dir.join("config.json"), "{ not json").expect("write");
-    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["config.json", "JSON"]);
+    assert_fails(
+        &rewind(&[
+            "logits",
+            "--model",
+            dir.to_str().expect("utf8"),
+            "--tokens",
+            "1",
+            "--prefill",
+            "1",
+            "--out",
+            "/tmp/x.json",
+        ]),
+        &["config.json", "JSON"],
+    );
 }
 
 #[test]
@@ -106,7 +181,20 @@ fn truncated_safetensors() {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).expect("read");
     std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("write");
-    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["model.safetensors"]);
+    assert_fails(
+        &rewind(&[
+            "logits",
+            "--model",
+            dir.to_str().expect("utf8"),
+            "--tokens",
+            "1",
+            "--prefill",
+            "1",
+            "--out",
+            "/tmp/x.json",
+        ]),
+        &["model.safetensors"],
+    );
 }
 
 #[test]
@@ -116,13 +204,39 @@ fn shape_mismatch_names_the_tensor() {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
     v["intermediate_size"] = serde_json::json!(96);
     std::fs::write(&path, v.to_string()).expect("write");
-    assert_fails(&rewind(&["logits", "--model", dir.to_str().expect("utf8"), "--tokens", "1", "--prefill", "1", "--out", "/tmp/x.json"]), &["up_proj.weight", "96"]);
+    assert_fails(
+        &rewind(&[
+            "logits",
+            "--model",
+            dir.to_str().expect("utf8"),
+            "--tokens",
+            "1",
+            "--prefill",
+            "1",
+            "--out",
+            "/tmp/x.json",
+        ]),
+        &["up_proj.weight", "96"],
+    );
 }
 
 #[test]
 fn token_id_out_of_range() {
     let model = tiny_model().to_str().expect("utf8");
-    assert_fails(&rewind(&["logits", "--model", model, "--tokens", "1,999999", "--prefill", "1", "--out", "/tmp/x.json"]), &["999999", "vocab"]);
+    assert_fails(
+        &rewind(&[
+            "logits",
+            "--model",
+            model,
+            "--tokens",
+            "1,999999",
+            "--prefill",
+            "1",
+            "--out",
+            "/tmp/x.json",
+        ]),
+        &["999999", "vocab"],
+    );
 }
 
 #[test]
@@ -133,7 +247,17 @@ fn prompt_over_the_context_limit() {
     v["max_position_embeddings"] = serde_json::json!(4);
     std::fs::write(&path, v.to_string()).expect("write");
     let long = "one two three four five six seven eight nine ten";
-    assert_fails(&rewind(&["generate", long, "--model", dir.to_str().expect("utf8"), "--max-tokens", "2"]), &["max_position_embeddings"]);
+    assert_fails(
+        &rewind(&[
+            "generate",
+            long,
+            "--model",
+            dir.to_str().expect("utf8"),
+            "--max-tokens",
+            "2",
+        ]),
+        &["max_position_embeddings"],
+    );
 }
 
 #[test]
@@ -155,6 +279,28 @@ fn invalid_sampling_values() {
 #[test]
 fn unknown_arch_and_preset() {
     let out = std::env::temp_dir().join("rewind-cli-never-written");
-    assert_fails(&rewind(&["init-model", "--arch", "llama", "--preset", "tiny", "--out", out.to_str().expect("utf8")]), &["llama", "nemotron_h"]);
-    assert_fails(&rewind(&["init-model", "--arch", "qwen3_5", "--preset", "huge", "--out", out.to_str().expect("utf8")]), &["huge", "qwen3.5-4b"]);
+    assert_fails(
+        &rewind(&[
+            "init-model",
+            "--arch",
+            "llama",
+            "--preset",
+            "tiny",
+            "--out",
+            out.to_str().expect("utf8"),
+        ]),
+        &["llama", "nemotron_h"],
+    );
+    assert_fails(
+        &rewind(&[
+            "init-model",
+            "--arch",
+            "qwen3_5",
+            "--preset",
+            "huge",
+            "--out",
+            out.to_str().expect("utf8"),
+        ]),
+        &["huge", "qwen3.5-4b"],
+    );
 }

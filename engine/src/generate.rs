@@ -60,7 +60,9 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationOutput> {
     if prompt.is_empty() {
-        return Err(EngineError::InvalidInput("the prompt is empty (no tokens to start from)".into()));
+        return Err(EngineError::InvalidInput(
+            "the prompt is empty (no tokens to start from)".into(),
+        ));
     }
     params.validate(model.config().vocab_size)?;
     let limit = model.config().max_position_embeddings;
@@ -118,9 +120,8 @@ pub fn generate(
     };
     if finish != FinishReason::StopString {
         if let Some(piece) = stream.flush()? {
-            if let StopOutcome::Continue(out) | StopOutcome::Stopped { emit: out, .. } = stops.push(&piece) {
-                emit(&out, &mut text);
-            }
+            let (StopOutcome::Continue(out) | StopOutcome::Stopped { emit: out, .. }) = stops.push(&piece);
+            emit(&out, &mut text);
         }
         let rest = stops.finish();
         emit(&rest, &mut text);
@@ -136,7 +137,11 @@ pub fn generate(
             decode_seconds,
             prefill_tokens_per_second: prompt.len() as f64 / prefill_seconds.max(1e-9),
             // The first token comes from the prefill's logits; every later one costs one decode step.
-            decode_tokens_per_second: if decoded > 0 { decoded as f64 / decode_seconds.max(1e-9) } else { 0.0 },
+            decode_tokens_per_second: if decoded > 0 {
+                decoded as f64 / decode_seconds.max(1e-9)
+            } else {
+                0.0
+            },
             finish_reason: finish,
             seed: sampler.seed(),
         },

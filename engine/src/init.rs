@@ -97,22 +97,36 @@ fn init_for(name: &str, shape: &[usize], family: Family, blocks: usize) -> Init 
     } else if name.ends_with(".D") {
         Init::Uniform { mean: 1.0, std: 0.1 }
     } else if name.ends_with("conv1d.weight") {
-        Init::Uniform { mean: 0.0, std: 0.5 / last.sqrt() }
+        Init::Uniform {
+            mean: 0.0,
+            std: 0.5 / last.sqrt(),
+        }
     } else if name.ends_with(".bias") || name.ends_with("e_score_correction_bias") {
         Init::Uniform { mean: 0.0, std: 0.05 }
     } else if shape.len() == 1 {
         // Norm weights: plain weights sit around 1, zero-centred ones around 0 (the GDN gated norm is plain).
         let plain = !zero_centred || name.ends_with("linear_attn.norm.weight");
-        Init::Uniform { mean: if plain { 1.0 } else { 0.0 }, std: 0.1 }
+        Init::Uniform {
+            mean: if plain { 1.0 } else { 0.0 },
+            std: 0.1,
+        }
     } else if name.ends_with("embeddings.weight") || name.ends_with("embed_tokens.weight") {
         Init::Uniform { mean: 0.0, std: 0.5 }
-    } else if ["o_proj.weight", "out_proj.weight", "down_proj.weight"].iter().any(|s| name.ends_with(s))
+    } else if ["o_proj.weight", "out_proj.weight", "down_proj.weight"]
+        .iter()
+        .any(|s| name.ends_with(s))
         || name.ends_with("experts.down_proj")
     {
         // Residual outputs shrink with depth so the residual stream stays O(1).
-        Init::Uniform { mean: 0.0, std: 1.0 / last.sqrt() / (blocks as f32).sqrt().max(1.0) }
+        Init::Uniform {
+            mean: 0.0,
+            std: 1.0 / last.sqrt() / (blocks as f32).sqrt().max(1.0),
+        }
     } else {
-        Init::Uniform { mean: 0.0, std: 1.0 / last.sqrt() }
+        Init::Uniform {
+            mean: 0.0,
+            std: 1.0 / last.sqrt(),
+        }
     }
 }
 
@@ -156,14 +170,23 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
     };
     let bos = id("<|endoftext|>")?;
     let eos = id("<|im_end|>")?;
-    let cfg_json = preset_config(opts.family, &opts.preset, opts.layers, tokenizer.get_vocab_size(true), bos, eos)?;
+    let cfg_json = preset_config(
+        opts.family,
+        &opts.preset,
+        opts.layers,
+        tokenizer.get_vocab_size(true),
+        bos,
+        eos,
+    )?;
     let config = ModelConfig::from_json(&cfg_json)?;
     let tensors = plan_tensors(&config)?;
-    let dtype = opts.dtype.unwrap_or(if matches!(opts.preset.as_str(), "tiny" | "small") {
-        WriteDtype::F32
-    } else {
-        WriteDtype::BF16
-    });
+    let dtype = opts
+        .dtype
+        .unwrap_or(if matches!(opts.preset.as_str(), "tiny" | "small") {
+            WriteDtype::F32
+        } else {
+            WriteDtype::BF16
+        });
     std::fs::create_dir_all(&opts.out).map_err(|e| EngineError::io(&opts.out, e))?;
     let blocks = config.num_blocks();
     let specs: Vec<(String, Vec<usize>)> = tensors.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
@@ -187,11 +210,19 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
     )?;
     write_tokenizer_files(&opts.out, &tokenizer, &SpecialTokenChoice::default())?;
     let parameters = tensors.values().map(|s| s.iter().product::<usize>() as u64).sum();
-    Ok(InitReport { dir: opts.out.clone(), parameters, tensors: tensors.len(), config })
+    Ok(InitReport {
+        dir: opts.out.clone(),
+        parameters,
+        tensors: tensors.len(),
+        config,
+    })
 }
 
 fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| EngineError::Json { path: path.into(), message: e.to_string() })?;
+    let text = serde_json::to_string_pretty(value).map_err(|e| EngineError::Json {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     std::fs::write(path, text + "\n").map_err(|e| EngineError::io(path, e))
 }
 

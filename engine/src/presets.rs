@@ -15,21 +15,81 @@ pub struct PresetInfo {
 
 /// Every preset, by family.
 pub const PRESETS: &[PresetInfo] = &[
-    PresetInfo { name: "tiny", family: Family::NemotronH, about: "tests: hidden 64, 6 layers" },
-    PresetInfo { name: "small", family: Family::NemotronH, about: "CPU demo: ~50M parameters" },
-    PresetInfo { name: "nemotron-h-8b", family: Family::NemotronH, about: "Nemotron-H-8B shapes (52 layers)" },
-    PresetInfo { name: "nemotron-3-nano-30b-a3b", family: Family::NemotronH, about: "Nemotron-3-Nano-30B-A3B shapes (52 layers, MoE)" },
-    PresetInfo { name: "tiny", family: Family::Qwen3Next, about: "tests" },
-    PresetInfo { name: "small", family: Family::Qwen3Next, about: "CPU demo" },
-    PresetInfo { name: "qwen3-next-80b-a3b", family: Family::Qwen3Next, about: "Qwen3-Next-80B-A3B shapes (48 layers, 512 experts)" },
-    PresetInfo { name: "tiny", family: Family::Qwen35, about: "tests" },
-    PresetInfo { name: "small", family: Family::Qwen35, about: "CPU demo" },
-    PresetInfo { name: "qwen3.5-4b", family: Family::Qwen35, about: "Qwen3.5-4B shapes (32 layers)" },
-    PresetInfo { name: "qwen3.5-9b", family: Family::Qwen35, about: "Qwen3.5-9B shapes (32 layers)" },
-    PresetInfo { name: "tiny", family: Family::Qwen35Moe, about: "tests" },
-    PresetInfo { name: "small", family: Family::Qwen35Moe, about: "CPU demo" },
-    PresetInfo { name: "qwen3.5-35b-a3b", family: Family::Qwen35Moe, about: "Qwen3.5-35B-A3B shapes (40 layers, 256 experts)" },
-    PresetInfo { name: "qwen3.5-122b-a10b", family: Family::Qwen35Moe, about: "Qwen3.5-122B-A10B shapes (48 layers)" },
+    PresetInfo {
+        name: "tiny",
+        family: Family::NemotronH,
+        about: "tests: hidden 64, 6 layers",
+    },
+    PresetInfo {
+        name: "small",
+        family: Family::NemotronH,
+        about: "CPU demo: ~50M parameters",
+    },
+    PresetInfo {
+        name: "nemotron-h-8b",
+        family: Family::NemotronH,
+        about: "Nemotron-H-8B shapes (52 layers)",
+    },
+    PresetInfo {
+        name: "nemotron-3-nano-30b-a3b",
+        family: Family::NemotronH,
+        about: "Nemotron-3-Nano-30B-A3B shapes (52 layers, MoE)",
+    },
+    PresetInfo {
+        name: "tiny",
+        family: Family::Qwen3Next,
+        about: "tests",
+    },
+    PresetInfo {
+        name: "small",
+        family: Family::Qwen3Next,
+        about: "CPU demo",
+    },
+    PresetInfo {
+        name: "qwen3-next-80b-a3b",
+        family: Family::Qwen3Next,
+        about: "Qwen3-Next-80B-A3B shapes (48 layers, 512 experts)",
+    },
+    PresetInfo {
+        name: "tiny",
+        family: Family::Qwen35,
+        about: "tests",
+    },
+    PresetInfo {
+        name: "small",
+        family: Family::Qwen35,
+        about: "CPU demo",
+    },
+    PresetInfo {
+        name: "qwen3.5-4b",
+        family: Family::Qwen35,
+        about: "Qwen3.5-4B shapes (32 layers)",
+    },
+    PresetInfo {
+        name: "qwen3.5-9b",
+        family: Family::Qwen35,
+        about: "Qwen3.5-9B shapes (32 layers)",
+    },
+    PresetInfo {
+        name: "tiny",
+        family: Family::Qwen35Moe,
+        about: "tests",
+    },
+    PresetInfo {
+        name: "small",
+        family: Family::Qwen35Moe,
+        about: "CPU demo",
+    },
+    PresetInfo {
+        name: "qwen3.5-35b-a3b",
+        family: Family::Qwen35Moe,
+        about: "Qwen3.5-35B-A3B shapes (40 layers, 256 experts)",
+    },
+    PresetInfo {
+        name: "qwen3.5-122b-a10b",
+        family: Family::Qwen35Moe,
+        about: "Qwen3.5-122B-A10B shapes (48 layers)",
+    },
 ];
 
 /// Parses an `--arch` value.
@@ -64,7 +124,14 @@ fn names_for(family: Family) -> Vec<&'static str> {
 
 /// The `config.json` of `preset` for `family`, cut to `layers` decoder layers if given. `vocab` is the tokenizer's
 /// vocabulary size, used by the small presets; `eos`/`bos` are the tokenizer's special ids.
-pub fn preset_config(family: Family, preset: &str, layers: Option<usize>, vocab: usize, bos: u32, eos: u32) -> Result<Value> {
+pub fn preset_config(
+    family: Family,
+    preset: &str,
+    layers: Option<usize>,
+    vocab: usize,
+    bos: u32,
+    eos: u32,
+) -> Result<Value> {
     let unknown = || {
         EngineError::InvalidInput(format!(
             "unknown --preset `{preset}` for {}; available: {}",
@@ -75,25 +142,37 @@ pub fn preset_config(family: Family, preset: &str, layers: Option<usize>, vocab:
     let mut cfg = match family {
         Family::NemotronH => {
             let (pattern, shape) = match preset {
-                "tiny" => ("M*-M-E", json!({"hidden_size": 64, "mamba_num_heads": 4, "mamba_head_dim": 16,
+                "tiny" => (
+                    "M*-M-E",
+                    json!({"hidden_size": 64, "mamba_num_heads": 4, "mamba_head_dim": 16,
                     "ssm_state_size": 16, "n_groups": 2, "chunk_size": 8, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "n_routed_experts": 4,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48,
-                    "routed_scaling_factor": 1.5, "vocab_size": vocab})),
-                "small" => ("M-M-M*-M-M-M-M*-M-M-M*-M-", json!({"hidden_size": 512, "mamba_num_heads": 16,
+                    "routed_scaling_factor": 1.5, "vocab_size": vocab}),
+                ),
+                "small" => (
+                    "M-M-M*-M-M-M-M*-M-M-M*-M-",
+                    json!({"hidden_size": 512, "mamba_num_heads": 16,
                     "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 2, "chunk_size": 64,
                     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 2048,
-                    "vocab_size": vocab})),
-                "nemotron-h-8b" => (NEMOTRON_H_8B_PATTERN, json!({"hidden_size": 4096, "mamba_num_heads": 128,
+                    "vocab_size": vocab}),
+                ),
+                "nemotron-h-8b" => (
+                    NEMOTRON_H_8B_PATTERN,
+                    json!({"hidden_size": 4096, "mamba_num_heads": 128,
                     "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "chunk_size": 128,
                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 21504,
-                    "vocab_size": 131072, "max_position_embeddings": 8192})),
-                "nemotron-3-nano-30b-a3b" => (NEMOTRON_3_NANO_PATTERN, json!({"hidden_size": 2688,
+                    "vocab_size": 131072, "max_position_embeddings": 8192}),
+                ),
+                "nemotron-3-nano-30b-a3b" => (
+                    NEMOTRON_3_NANO_PATTERN,
+                    json!({"hidden_size": 2688,
                     "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8,
                     "chunk_size": 128, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
                     "intermediate_size": 1856, "n_routed_experts": 128, "num_experts_per_tok": 6,
                     "moe_intermediate_size": 1856, "moe_shared_expert_intermediate_size": 3712,
-                    "routed_scaling_factor": 2.5, "vocab_size": 131072, "max_position_embeddings": 262144})),
+                    "routed_scaling_factor": 2.5, "vocab_size": 131072, "max_position_embeddings": 262144}),
+                ),
                 _ => return Err(unknown()),
             };
             let pattern: String = match layers {
@@ -154,8 +233,15 @@ pub fn preset_config(family: Family, preset: &str, layers: Option<usize>, vocab:
             merge(&mut base, shape);
             let n = layers.unwrap_or(base["num_hidden_layers"].as_u64().unwrap_or(1) as usize);
             let interval = base["full_attention_interval"].as_u64().unwrap_or(4) as usize;
-            let types: Vec<&str> =
-                (0..n).map(|i| if !(i + 1).is_multiple_of(interval) { "linear_attention" } else { "full_attention" }).collect();
+            let types: Vec<&str> = (0..n)
+                .map(|i| {
+                    if !(i + 1).is_multiple_of(interval) {
+                        "linear_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
             base["num_hidden_layers"] = json!(n);
             base["layer_types"] = json!(types);
             let obj = base.as_object_mut().expect("preset configs are objects");
@@ -171,15 +257,30 @@ pub fn preset_config(family: Family, preset: &str, layers: Option<usize>, vocab:
                 }
                 Family::Qwen35 | Family::Qwen35Moe => {
                     let moe = family == Family::Qwen35Moe;
-                    obj.insert("architectures".into(), json!([if moe { "Qwen3_5MoeForCausalLM" } else { "Qwen3_5ForCausalLM" }]));
-                    obj.insert("model_type".into(), json!(if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" }));
+                    obj.insert(
+                        "architectures".into(),
+                        json!([if moe {
+                            "Qwen3_5MoeForCausalLM"
+                        } else {
+                            "Qwen3_5ForCausalLM"
+                        }]),
+                    );
+                    obj.insert(
+                        "model_type".into(),
+                        json!(if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" }),
+                    );
                     obj.insert(
                         "rope_parameters".into(),
                         json!({"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
                                "mrope_section": [11, 11, 10], "mrope_interleaved": true}),
                     );
                     if !moe {
-                        for k in ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"] {
+                        for k in [
+                            "num_experts",
+                            "num_experts_per_tok",
+                            "moe_intermediate_size",
+                            "shared_expert_intermediate_size",
+                        ] {
                             obj.remove(k);
                         }
                     } else {
@@ -235,17 +336,29 @@ mod tests {
 
     #[test]
     fn real_shapes_match_targets() {
-        let c = ModelConfig::from_json(&preset_config(Family::NemotronH, "nemotron-h-8b", None, 0, 1, 2).expect("8b")).expect("parse");
+        let c = ModelConfig::from_json(&preset_config(Family::NemotronH, "nemotron-h-8b", None, 0, 1, 2).expect("8b"))
+            .expect("parse");
         let count = |l: &str| c.layers.iter().filter(|b| b[0].kind.label() == l).count();
-        assert_eq!((c.layers.len(), count("mamba2"), count("attention"), count("mlp")), (52, 24, 4, 24));
-        let c = ModelConfig::from_json(&preset_config(Family::NemotronH, "nemotron-3-nano-30b-a3b", None, 0, 1, 2).expect("nano")).expect("parse");
+        assert_eq!(
+            (c.layers.len(), count("mamba2"), count("attention"), count("mlp")),
+            (52, 24, 4, 24)
+        );
+        let c = ModelConfig::from_json(
+            &preset_config(Family::NemotronH, "nemotron-3-nano-30b-a3b", None, 0, 1, 2).expect("nano"),
+        )
+        .expect("parse");
         let count = |l: &str| c.layers.iter().filter(|b| b[0].kind.label() == l).count();
-        assert_eq!((c.layers.len(), count("mamba2"), count("attention"), count("moe")), (52, 23, 6, 23));
+        assert_eq!(
+            (c.layers.len(), count("mamba2"), count("attention"), count("moe")),
+            (52, 23, 6, 23)
+        );
     }
 
     #[test]
     fn unknown_preset_lists_available() {
-        let e = preset_config(Family::Qwen35, "huge", None, 512, 1, 2).unwrap_err().to_string();
+        let e = preset_config(Family::Qwen35, "huge", None, 512, 1, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("qwen3.5-4b") && e.contains("huge"), "{e}");
     }
 }

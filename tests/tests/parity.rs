@@ -27,31 +27,49 @@ fn rows(v: &Value, key: &str) -> Vec<Vec<f64>> {
         .as_array()
         .unwrap_or_else(|| panic!("reference.json lacks `{key}`"))
         .iter()
-        .map(|r| r.as_array().expect("row").iter().map(|x| x.as_f64().expect("number")).collect())
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("number"))
+                .collect()
+        })
         .collect()
 }
 
 fn rel_error(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len(), "vocab size differs");
     let max_ref = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    let max_diff = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
     max_diff / max_ref.max(1e-12)
 }
 
 /// Returns (worst prefill error, worst decode error, worst full-pass error).
 fn check(dir: &Path) -> (f64, f64, f64) {
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("read reference")).expect("json");
-    let tokens: Vec<u32> =
-        reference["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("id") as u32).collect();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("read reference"))
+            .expect("json");
+    let tokens: Vec<u32> = reference["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("id") as u32)
+        .collect();
     let prefill = reference["prefill_len"].as_u64().expect("prefill_len") as usize;
     let want = rows(&reference, "logits");
     let model = Model::from_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let vocab = model.config().vocab_size;
 
     let mut state = model.new_state();
-    let mut got: Vec<Vec<f32>> =
-        model.forward(&tokens[..prefill], &mut state, Logits::All).expect("prefill").chunks(vocab).map(<[f32]>::to_vec).collect();
+    let mut got: Vec<Vec<f32>> = model
+        .forward(&tokens[..prefill], &mut state, Logits::All)
+        .expect("prefill")
+        .chunks(vocab)
+        .map(<[f32]>::to_vec)
+        .collect();
     for &t in &tokens[prefill..] {
         got.push(model.forward(&[t], &mut state, Logits::All).expect("decode"));
     }
@@ -62,7 +80,11 @@ fn check(dir: &Path) -> (f64, f64, f64) {
     let mut full_state = model.new_state();
     let full = model.forward(&tokens, &mut full_state, Logits::All).expect("full pass");
     let full_want = rows(&reference, "full_logits");
-    let full_err = full.chunks(vocab).zip(&full_want).map(|(g, w)| rel_error(g, w)).fold(0.0, f64::max);
+    let full_err = full
+        .chunks(vocab)
+        .zip(&full_want)
+        .map(|(g, w)| rel_error(g, w))
+        .fold(0.0, f64::max);
     (pre, dec, full_err)
 }
 

@@ -32,8 +32,13 @@ fn argmax(xs: &[f32]) -> u32 {
 }
 
 fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -57,7 +62,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .collect();
     model.check_tokens(&prompt, 0)?;
     let threads = rayon::current_num_threads();
-    eprintln!("model: {} | prompt {} tokens | {threads} threads | {} repeats", model.config().summary(), prompt.len(), args.repeats);
+    eprintln!(
+        "model: {} | prompt {} tokens | {threads} threads | {} repeats",
+        model.config().summary(),
+        prompt.len(),
+        args.repeats
+    );
 
     let mut chunked = Vec::new();
     let mut stepwise = Vec::new();
@@ -78,7 +88,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
         let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
         max_rel_diff = max_rel_diff.max((num / den.max(1e-30)).sqrt());
-        eprintln!("  repeat {}: chunked {:.3} s, token-by-token {:.3} s", r + 1, chunked[r], stepwise[r]);
+        eprintln!(
+            "  repeat {}: chunked {:.3} s, token-by-token {:.3} s",
+            r + 1,
+            chunked[r],
+            stepwise[r]
+        );
     }
 
     let mut decode = Vec::new();
@@ -93,7 +108,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decode.push(args.decode_tokens as f64 / t0.elapsed().as_secs_f64());
     }
 
-    let (c, s, d) = (median(chunked.clone()), median(stepwise.clone()), median(decode.clone()));
+    let (c, s, d) = (
+        median(chunked.clone()),
+        median(stepwise.clone()),
+        median(decode.clone()),
+    );
     let result = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -114,13 +133,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
     });
     println!("| measure | value |");
     println!("|---|---|");
-    println!("| prefill, chunked ({} tokens) | {:.3} s ({:.0} tok/s) |", prompt.len(), c, prompt.len() as f64 / c);
-    println!("| prefill, token by token | {:.3} s ({:.0} tok/s) |", s, prompt.len() as f64 / s);
+    println!(
+        "| prefill, chunked ({} tokens) | {:.3} s ({:.0} tok/s) |",
+        prompt.len(),
+        c,
+        prompt.len() as f64 / c
+    );
+    println!(
+        "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
+        s,
+        prompt.len() as f64 / s
+    );
     println!("| chunked speed-up | {:.1}× |", s / c);
     println!("| decode | {:.1} tok/s |", d);
-    println!("| last-logit difference chunked vs token-by-token | {:.2e} (relative L2) |", max_rel_diff);
+    println!(
+        "| last-logit difference chunked vs token-by-token | {:.2e} (relative L2) |",
+        max_rel_diff
+    );
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)? + "\n").with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&result)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

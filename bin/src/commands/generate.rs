@@ -53,8 +53,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     };
     let config_path = dir.join("config.json");
-    let config_text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
-    let config_json = parse_relaxed(&config_text).with_context(|| format!("{}: malformed JSON", config_path.display()))?;
+    let config_text =
+        std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    let config_json =
+        parse_relaxed(&config_text).with_context(|| format!("{}: malformed JSON", config_path.display()))?;
     let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
     let params = sampling_params(&defaults, &args.sampling);
     let tokenizer = Tokenizer::from_dir(&dir)?;
@@ -69,7 +71,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         tokenizer.encode(&prompt_text, true)?
     };
     let mut eos = defaults.eos_token_ids.clone();
-    for id in model.config().eos_token_ids.iter().chain(tokenizer.eos_token_id().as_ref()) {
+    for id in model
+        .config()
+        .eos_token_ids
+        .iter()
+        .chain(tokenizer.eos_token_id().as_ref())
+    {
         if !eos.contains(id) {
             eos.push(*id);
         }

@@ -9,7 +9,11 @@ use crate::cli::LogitsArgs;
 
 pub fn run(args: LogitsArgs) -> Result<()> {
     if args.prefill > args.tokens.len() {
-        bail!("--prefill {} exceeds the number of tokens ({})", args.prefill, args.tokens.len());
+        bail!(
+            "--prefill {} exceeds the number of tokens ({})",
+            args.prefill,
+            args.tokens.len()
+        );
     }
     let model = Model::from_dir(&args.model)?;
     model.check_tokens(&args.tokens, 0)?;

@@ -20,7 +20,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let model = Model::from_dir(&args.model)?;
     let tokens = tokenizer.encode(&text, true)?;
     if tokens.len() < 2 {
-        bail!("{}: needs at least 2 tokens to score, found {}", args.file.display(), tokens.len());
+        bail!(
+            "{}: needs at least 2 tokens to score, found {}",
+            args.file.display(),
+            tokens.len()
+        );
     }
     let limit = model.config().max_position_embeddings;
     let window = args.window.unwrap_or(limit).min(limit);
@@ -46,9 +50,15 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let ppl = (total / count as f64).exp();
     let secs = start.elapsed().as_secs_f64();
     if args.json {
-        println!("{}", json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs}));
+        println!(
+            "{}",
+            json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs})
+        );
     } else {
-        println!("perplexity {ppl:.4} over {count} tokens ({:.0} tok/s)", count as f64 / secs);
+        println!(
+            "perplexity {ppl:.4} over {count} tokens ({:.0} tok/s)",
+            count as f64 / secs
+        );
     }
     Ok(())
 }

@@ -110,8 +110,10 @@ impl ModelConfig {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-        let value = super::json::parse_relaxed(&text)
-            .map_err(|e| EngineError::Json { path: path.clone(), message: e.to_string() })?;
+        let value = super::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         Self::from_json(&value)
     }
 
@@ -151,15 +153,18 @@ impl ModelConfig {
         match kind {
             ("nemotron_h", _) => parse_nemotron_h(top),
             (mt @ ("qwen3_5" | "qwen3_5_moe"), family) => {
-                let text = top.object("text_config")?.ok_or_else(|| top.error("text_config", "missing"))?;
+                let text = top
+                    .object("text_config")?
+                    .ok_or_else(|| top.error("text_config", "missing"))?;
                 let text = Fields::new(text, "text_config.")?;
                 let mut cfg = parse_qwen(text, family, mt)?;
                 // The multimodal checkpoint stores the text model under `model.language_model.`.
                 cfg.prefixes = vec!["model.language_model.".into(), "model.".into()];
                 cfg.ignore_prefixes = vec!["model.visual.".into(), "visual.".into()];
                 if let Some(tie) = top.raw("tie_word_embeddings") {
-                    cfg.tie_word_embeddings =
-                        tie.as_bool().ok_or_else(|| top.error("tie_word_embeddings", "expected true or false"))?;
+                    cfg.tie_word_embeddings = tie
+                        .as_bool()
+                        .ok_or_else(|| top.error("tie_word_embeddings", "expected true or false"))?;
                 }
                 if cfg.eos_token_ids.is_empty() {
                     cfg.eos_token_ids = top.token_ids("eos_token_id")?;
@@ -186,13 +191,23 @@ impl ModelConfig {
             }
         }
         let parts: Vec<String> = counts.iter().map(|(l, n)| format!("{n} {l}")).collect();
-        format!("{} ({} layers: {}), hidden {}, vocab {}", self.model_type, self.layers.len(), parts.join(", "), self.hidden_size, self.vocab_size)
+        format!(
+            "{} ({} layers: {}), hidden {}, vocab {}",
+            self.model_type,
+            self.layers.len(),
+            parts.join(", "),
+            self.hidden_size,
+            self.vocab_size
+        )
     }
 }
 
 fn check_divides(f: &Fields, field: &str, divisor: usize, divisor_name: &str, value: usize) -> Result<()> {
     if !value.is_multiple_of(divisor) {
-        return Err(f.error(field, format!("{value} is not a multiple of {divisor_name} ({divisor})")));
+        return Err(f.error(
+            field,
+            format!("{value} is not a multiple of {divisor_name} ({divisor})"),
+        ));
     }
     Ok(())
 }
@@ -222,11 +237,17 @@ fn nemotron_layer_types(f: &Fields) -> Result<Vec<char>> {
             .chars()
             .map(|c| match c {
                 'M' | '*' | '-' | 'E' => Ok(c),
-                other => Err(f.error("hybrid_override_pattern", format!("unknown layer letter `{other}` (expected M, *, - or E)"))),
+                other => Err(f.error(
+                    "hybrid_override_pattern",
+                    format!("unknown layer letter `{other}` (expected M, *, - or E)"),
+                )),
             })
             .collect();
     }
-    Err(f.error("layers_block_type", "missing: give `layers_block_type` or `hybrid_override_pattern`"))
+    Err(f.error(
+        "layers_block_type",
+        "missing: give `layers_block_type` or `hybrid_override_pattern`",
+    ))
 }
 
 fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
@@ -254,12 +275,26 @@ fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
             return Err(f.error("n_groups", "must be positive"));
         }
         check_divides(&f, "mamba_num_heads", groups, "n_groups", heads)?;
-        let conv_kernel =
-            if f.has("conv_kernel") { f.positive("conv_kernel")? } else { f.positive_or("mamba_d_conv", 4)? };
-        let chunk_size =
-            if f.has("chunk_size") { f.positive("chunk_size")? } else { f.positive_or("mamba_chunk_size", 128)? };
-        let conv_bias = if f.has("use_conv_bias") { f.bool_or("use_conv_bias", true)? } else { f.bool_or("mamba_conv_bias", true)? };
-        let dt_min = if f.has("time_step_min") { f.f64_or("time_step_min", 0.001)? } else { f.f64_or("mamba_dt_min", 0.001)? };
+        let conv_kernel = if f.has("conv_kernel") {
+            f.positive("conv_kernel")?
+        } else {
+            f.positive_or("mamba_d_conv", 4)?
+        };
+        let chunk_size = if f.has("chunk_size") {
+            f.positive("chunk_size")?
+        } else {
+            f.positive_or("mamba_chunk_size", 128)?
+        };
+        let conv_bias = if f.has("use_conv_bias") {
+            f.bool_or("use_conv_bias", true)?
+        } else {
+            f.bool_or("mamba_conv_bias", true)?
+        };
+        let dt_min = if f.has("time_step_min") {
+            f.f64_or("time_step_min", 0.001)?
+        } else {
+            f.f64_or("mamba_dt_min", 0.001)?
+        };
         let d_inner = heads * head_dim;
         Some(Mamba2Spec {
             hidden,
@@ -312,7 +347,12 @@ fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
         }
     }
     let mlp = if needs('-') {
-        Some(MlpSpec { hidden, intermediate: f.positive("intermediate_size")?, act: Activation::Relu2, bias: mlp_bias })
+        Some(MlpSpec {
+            hidden,
+            intermediate: f.positive("intermediate_size")?,
+            act: Activation::Relu2,
+            bias: mlp_bias,
+        })
     } else {
         None
     };
@@ -323,10 +363,17 @@ fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
                 "latent MoE projections (Nemotron-3-Super) are not supported yet; only moe_latent_size = null",
             ));
         }
-        let experts = if f.has("n_routed_experts") { f.positive("n_routed_experts")? } else { f.positive("num_local_experts")? };
+        let experts = if f.has("n_routed_experts") {
+            f.positive("n_routed_experts")?
+        } else {
+            f.positive("num_local_experts")?
+        };
         let top_k = f.positive("num_experts_per_tok")?;
         if top_k > experts {
-            return Err(f.error("num_experts_per_tok", format!("{top_k} exceeds the number of experts ({experts})")));
+            return Err(f.error(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds the number of experts ({experts})"),
+            ));
         }
         let n_group = f.positive_or("n_group", 1)?;
         let topk_group = f.positive_or("topk_group", 1)?;
@@ -338,7 +385,10 @@ fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
             return Err(f.error("num_experts_per_tok", "more experts than the selected groups hold"));
         }
         let shared = if f.positive_or("n_shared_experts", 1)? > 0 {
-            Some(SharedExpertSpec { intermediate: f.positive("moe_shared_expert_intermediate_size")?, sigmoid_gate: false })
+            Some(SharedExpertSpec {
+                intermediate: f.positive("moe_shared_expert_intermediate_size")?,
+                sigmoid_gate: false,
+            })
         } else {
             None
         };
@@ -369,7 +419,11 @@ fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
                 '-' => BlockKind::Mlp(mlp.clone().expect("parsed when present")),
                 _ => BlockKind::Moe(moe.clone().expect("parsed when present")),
             };
-            vec![BlockPlan { norm: "norm.weight".into(), mixer: "mixer.".into(), kind }]
+            vec![BlockPlan {
+                norm: "norm.weight".into(),
+                mixer: "mixer.".into(),
+                kind,
+            }]
         })
         .collect();
     let mtp_layers = f.opt_usize("num_nextn_predict_layers")?.unwrap_or(0);
@@ -399,11 +453,18 @@ fn qwen_rope(f: &Fields, head_dim: usize) -> Result<RopeSpec> {
     let params = f.object("rope_parameters")?.or(f.object("rope_scaling")?);
     let (theta, factor) = match params {
         Some(p) => {
-            let scope = if f.has("rope_parameters") { "rope_parameters." } else { "rope_scaling." };
+            let scope = if f.has("rope_parameters") {
+                "rope_parameters."
+            } else {
+                "rope_scaling."
+            };
             let p = Fields::new(p, scope)?;
             if let Some(t) = p.opt_str("rope_type")?.or(p.opt_str("type")?) {
                 if t != "default" {
-                    return Err(p.error("rope_type", format!("`{t}` is not supported (only default, with text-only mrope)")));
+                    return Err(p.error(
+                        "rope_type",
+                        format!("`{t}` is not supported (only default, with text-only mrope)"),
+                    ));
                 }
             }
             let theta = match p.opt_f64("rope_theta")? {
@@ -416,7 +477,10 @@ fn qwen_rope(f: &Fields, head_dim: usize) -> Result<RopeSpec> {
             };
             (theta, factor)
         }
-        None => (f.f64_or("rope_theta", 10000.0)?, f.f64_or("partial_rotary_factor", 0.25)?),
+        None => (
+            f.f64_or("rope_theta", 10000.0)?,
+            f.f64_or("partial_rotary_factor", 0.25)?,
+        ),
     };
     if theta <= 0.0 {
         return Err(f.error("rope_theta", format!("must be positive, found {theta}")));
@@ -426,9 +490,15 @@ fn qwen_rope(f: &Fields, head_dim: usize) -> Result<RopeSpec> {
     }
     let rotary_dim = (head_dim as f64 * factor) as usize;
     if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
-        return Err(f.error("partial_rotary_factor", format!("gives {rotary_dim} rotary channels of {head_dim}; must be even and positive")));
+        return Err(f.error(
+            "partial_rotary_factor",
+            format!("gives {rotary_dim} rotary channels of {head_dim}; must be even and positive"),
+        ));
     }
-    Ok(RopeSpec { theta: theta as f32, rotary_dim })
+    Ok(RopeSpec {
+        theta: theta as f32,
+        rotary_dim,
+    })
 }
 
 fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig> {
@@ -444,14 +514,23 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
     let types: Vec<String> = match f.opt_str_list("layer_types")? {
         Some(list) => {
             if list.len() != num_layers {
-                return Err(f.error("layer_types", format!("has {} entries but num_hidden_layers is {num_layers}", list.len())));
+                return Err(f.error(
+                    "layer_types",
+                    format!("has {} entries but num_hidden_layers is {num_layers}", list.len()),
+                ));
             }
             list
         }
         None => {
             let interval = f.positive_or("full_attention_interval", 4)?;
             (0..num_layers)
-                .map(|i| if !(i + 1).is_multiple_of(interval) { "linear_attention".into() } else { "full_attention".into() })
+                .map(|i| {
+                    if !(i + 1).is_multiple_of(interval) {
+                        "linear_attention".into()
+                    } else {
+                        "full_attention".into()
+                    }
+                })
                 .collect()
         }
     };
@@ -467,7 +546,11 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
         conv_kernel: f.positive_or("linear_conv_kernel_dim", 4)?,
         chunk_size: 64,
         norm_eps: eps,
-        layout: if family == Family::Qwen3Next { GdnLayout::FusedInterleaved } else { GdnLayout::Split },
+        layout: if family == Family::Qwen3Next {
+            GdnLayout::FusedInterleaved
+        } else {
+            GdnLayout::Split
+        },
     };
     let heads = f.positive("num_attention_heads")?;
     let kv_heads = f.positive_or("num_key_value_heads", heads)?;
@@ -490,9 +573,16 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
         let experts = f.positive("num_experts")?;
         let top_k = f.positive("num_experts_per_tok")?;
         if top_k > experts {
-            return Err(f.error("num_experts_per_tok", format!("{top_k} exceeds num_experts ({experts})")));
+            return Err(f.error(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds num_experts ({experts})"),
+            ));
         }
-        let norm_topk_prob = if family == Family::Qwen3Next { f.bool_or("norm_topk_prob", true)? } else { true };
+        let norm_topk_prob = if family == Family::Qwen3Next {
+            f.bool_or("norm_topk_prob", true)?
+        } else {
+            true
+        };
         Some(MoeSpec {
             hidden,
             num_experts: experts,
@@ -511,25 +601,49 @@ fn parse_qwen(f: Fields, family: Family, model_type: &str) -> Result<ModelConfig
     let mut layers = Vec::with_capacity(num_layers);
     for (i, t) in types.iter().enumerate() {
         let mixer = match t.as_str() {
-            "linear_attention" => BlockPlan { norm: "input_layernorm.weight".into(), mixer: "linear_attn.".into(), kind: BlockKind::Gdn(gdn.clone()) },
+            "linear_attention" => BlockPlan {
+                norm: "input_layernorm.weight".into(),
+                mixer: "linear_attn.".into(),
+                kind: BlockKind::Gdn(gdn.clone()),
+            },
             "full_attention" | "attention" => BlockPlan {
                 norm: "input_layernorm.weight".into(),
                 mixer: "self_attn.".into(),
                 kind: BlockKind::Attention(attention.clone()),
             },
             other => {
-                return Err(f.error("layer_types", format!("unknown layer type `{other}` (expected linear_attention or full_attention)")))
+                return Err(f.error(
+                    "layer_types",
+                    format!("unknown layer type `{other}` (expected linear_attention or full_attention)"),
+                ))
             }
         };
         let ffn_kind = match &moe {
-            Some(m) if family == Family::Qwen35Moe || (!mlp_only.contains(&i) && (i + 1).is_multiple_of(sparse_step)) => {
+            Some(m)
+                if family == Family::Qwen35Moe || (!mlp_only.contains(&i) && (i + 1).is_multiple_of(sparse_step)) =>
+            {
                 BlockKind::Moe(m.clone())
             }
-            _ => BlockKind::Mlp(MlpSpec { hidden, intermediate: f.positive("intermediate_size")?, act: Activation::SwiGlu, bias: false }),
+            _ => BlockKind::Mlp(MlpSpec {
+                hidden,
+                intermediate: f.positive("intermediate_size")?,
+                act: Activation::SwiGlu,
+                bias: false,
+            }),
         };
-        layers.push(vec![mixer, BlockPlan { norm: "post_attention_layernorm.weight".into(), mixer: "mlp.".into(), kind: ffn_kind }]);
+        layers.push(vec![
+            mixer,
+            BlockPlan {
+                norm: "post_attention_layernorm.weight".into(),
+                mixer: "mlp.".into(),
+                kind: ffn_kind,
+            },
+        ]);
     }
-    let mtp_layers = f.opt_usize("mtp_num_hidden_layers")?.or(f.opt_usize("num_nextn_predict_layers")?).unwrap_or(0);
+    let mtp_layers = f
+        .opt_usize("mtp_num_hidden_layers")?
+        .or(f.opt_usize("num_nextn_predict_layers")?)
+        .unwrap_or(0);
     Ok(ModelConfig {
         family,
         model_type: model_type.to_string(),
@@ -588,12 +702,20 @@ mod tests {
         assert!(e.contains("mamba_num_heads") && e.contains("n_groups"), "{e}");
         let mut v = nemotron();
         v["hybrid_override_pattern"] = json!("MX");
-        assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("hybrid_override_pattern"));
-        let e = ModelConfig::from_json(&json!({"model_type": "llama"})).unwrap_err().to_string();
+        assert!(ModelConfig::from_json(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("hybrid_override_pattern"));
+        let e = ModelConfig::from_json(&json!({"model_type": "llama"}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("llama") && e.contains("qwen3_next"), "{e}");
         let mut v = nemotron();
         v.as_object_mut().expect("object").remove("hidden_size");
-        assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("hidden_size"));
+        assert!(ModelConfig::from_json(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("hidden_size"));
     }
 
     #[test]
@@ -606,8 +728,20 @@ mod tests {
             "full_attention_interval": 2, "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mlp_only_layers": [1]
         });
         let c = ModelConfig::from_json(&v).expect("qwen3_next");
-        let kinds: Vec<_> = c.layers.iter().map(|l| (l[0].kind.label(), l[1].kind.label())).collect();
-        assert_eq!(kinds, [("gdn", "moe"), ("attention", "mlp"), ("gdn", "moe"), ("attention", "moe")]);
+        let kinds: Vec<_> = c
+            .layers
+            .iter()
+            .map(|l| (l[0].kind.label(), l[1].kind.label()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("gdn", "moe"),
+                ("attention", "mlp"),
+                ("gdn", "moe"),
+                ("attention", "moe")
+            ]
+        );
         match &c.layers[1][0].kind {
             BlockKind::Attention(a) => assert_eq!(a.rope.as_ref().map(|r| r.rotary_dim), Some(8)),
             other => panic!("expected attention, got {other:?}"),
@@ -623,6 +757,9 @@ mod tests {
         assert_eq!(c.prefixes[0], "model.language_model.");
         let mut bad = full.clone();
         bad["text_config"]["rope_parameters"]["rope_type"] = json!("yarn");
-        assert!(ModelConfig::from_json(&bad).unwrap_err().to_string().contains("rope_type"));
+        assert!(ModelConfig::from_json(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("rope_type"));
     }
 }

@@ -70,7 +70,13 @@ impl Model {
     pub fn load(config: ModelConfig, src: &mut dyn TensorSource) -> Result<Self> {
         let mut blocks = Vec::with_capacity(config.num_blocks());
         let outer = load_blocks(&config, src, |b| blocks.push(b))?;
-        Ok(Model { config, embed: outer.embed, blocks, final_norm: outer.final_norm, lm_head: outer.lm_head })
+        Ok(Model {
+            config,
+            embed: outer.embed,
+            blocks,
+            final_norm: outer.final_norm,
+            lm_head: outer.lm_head,
+        })
     }
 
     /// Loads `dir/config.json` and the safetensors checkpoint beside it.
@@ -102,7 +108,11 @@ impl Model {
 
     /// Checks that `tokens` can be appended to a sequence at `position`.
     pub fn check_tokens(&self, tokens: &[u32], position: usize) -> Result<()> {
-        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.config.vocab_size) {
+        if let Some((i, &t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.config.vocab_size)
+        {
             return Err(EngineError::InvalidInput(format!(
                 "token id {t} at index {i} is out of range (vocab size {})",
                 self.config.vocab_size
@@ -144,7 +154,11 @@ impl Model {
                 (Mixer::Attention(m), BlockState::Kv(c)) => m.forward(&h, t, pos, c),
                 (Mixer::Mlp(m), BlockState::Stateless) => m.forward(&h, t),
                 (Mixer::Moe(m), BlockState::Stateless) => m.forward(&h, t),
-                _ => return Err(EngineError::InvalidInput("sequence state does not belong to this model".into())),
+                _ => {
+                    return Err(EngineError::InvalidInput(
+                        "sequence state does not belong to this model".into(),
+                    ))
+                }
             };
             for (xi, yi) in x.iter_mut().zip(&y) {
                 *xi += yi;
@@ -161,7 +175,9 @@ impl Model {
         let logits = gemm::linear(&normed, head, None, rows, hidden, self.config.vocab_size);
         if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
             let row = i / self.config.vocab_size;
-            return Err(EngineError::NonFinite { position: pos + t - rows + row });
+            return Err(EngineError::NonFinite {
+                position: pos + t - rows + row,
+            });
         }
         Ok(logits)
     }
@@ -216,5 +232,9 @@ pub fn load_blocks(
     let keep: Vec<&str> = config.keep_prefixes.iter().map(String::as_str).collect();
     let ignore: Vec<&str> = config.ignore_prefixes.iter().map(String::as_str).collect();
     src.finish(&keep, &ignore)?;
-    Ok(OuterWeights { embed, final_norm, lm_head })
+    Ok(OuterWeights {
+        embed,
+        final_norm,
+        lm_head,
+    })
 }

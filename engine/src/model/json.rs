@@ -23,7 +23,9 @@ pub fn parse_relaxed(text: &str) -> serde_json::Result<Value> {
         } else if c == '"' {
             in_string = true;
         } else {
-            let literal = ["-Infinity", "Infinity", "NaN"].into_iter().find(|lit| rest.starts_with(lit));
+            let literal = ["-Infinity", "Infinity", "NaN"]
+                .into_iter()
+                .find(|lit| rest.starts_with(lit));
             if let Some(lit) = literal {
                 out.push_str("null");
                 rest = &rest[lit.len()..];
@@ -48,7 +50,10 @@ impl<'a> Fields<'a> {
     pub fn new(value: &'a Value, scope: &'a str) -> Result<Self> {
         match value.as_object() {
             Some(map) => Ok(Fields { map, scope }),
-            None => Err(EngineError::config(scope.trim_end_matches('.'), "expected a JSON object")),
+            None => Err(EngineError::config(
+                scope.trim_end_matches('.'),
+                "expected a JSON object",
+            )),
         }
     }
 
@@ -71,7 +76,10 @@ impl<'a> Fields<'a> {
         match self.raw(field) {
             None => Ok(None),
             Some(v) if v.is_object() => Ok(Some(v)),
-            Some(v) => Err(EngineError::config(self.name(field), format!("expected an object, found {v}"))),
+            Some(v) => Err(EngineError::config(
+                self.name(field),
+                format!("expected an object, found {v}"),
+            )),
         }
     }
 
@@ -79,17 +87,19 @@ impl<'a> Fields<'a> {
     pub fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
         match self.raw(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| EngineError::config(self.name(field), format!("expected a non-negative integer, found {v}"))),
+            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+                EngineError::config(self.name(field), format!("expected a non-negative integer, found {v}"))
+            }),
         }
     }
 
     /// A required positive integer.
     pub fn positive(&self, field: &str) -> Result<usize> {
         match self.opt_usize(field)? {
-            None => Err(EngineError::config(self.name(field), "missing (a positive integer is required)")),
+            None => Err(EngineError::config(
+                self.name(field),
+                "missing (a positive integer is required)",
+            )),
             Some(0) => Err(EngineError::config(self.name(field), "must be positive, found 0")),
             Some(x) => Ok(x),
         }
@@ -110,7 +120,10 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(v) => match v.as_f64() {
                 Some(x) if x.is_finite() => Ok(Some(x)),
-                _ => Err(EngineError::config(self.name(field), format!("expected a finite number, found {v}"))),
+                _ => Err(EngineError::config(
+                    self.name(field),
+                    format!("expected a finite number, found {v}"),
+                )),
             },
         }
     }
@@ -126,7 +139,10 @@ impl<'a> Fields<'a> {
         if x > 0.0 {
             Ok(x)
         } else {
-            Err(EngineError::config(self.name(field), format!("must be positive, found {x}")))
+            Err(EngineError::config(
+                self.name(field),
+                format!("must be positive, found {x}"),
+            ))
         }
     }
 
@@ -134,9 +150,9 @@ impl<'a> Fields<'a> {
     pub fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
         match self.raw(field) {
             None => Ok(default),
-            Some(v) => {
-                v.as_bool().ok_or_else(|| EngineError::config(self.name(field), format!("expected true or false, found {v}")))
-            }
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| EngineError::config(self.name(field), format!("expected true or false, found {v}"))),
         }
     }
 
@@ -144,9 +160,10 @@ impl<'a> Fields<'a> {
     pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
         match self.raw(field) {
             None => Ok(None),
-            Some(v) => {
-                v.as_str().map(Some).ok_or_else(|| EngineError::config(self.name(field), format!("expected a string, found {v}")))
-            }
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| EngineError::config(self.name(field), format!("expected a string, found {v}"))),
         }
     }
 
@@ -163,7 +180,10 @@ impl<'a> Fields<'a> {
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
-            Some(v) => Err(EngineError::config(self.name(field), format!("expected a list of strings, found {v}"))),
+            Some(v) => Err(EngineError::config(
+                self.name(field),
+                format!("expected a list of strings, found {v}"),
+            )),
         }
     }
 
@@ -180,7 +200,10 @@ impl<'a> Fields<'a> {
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
-            Some(v) => Err(EngineError::config(self.name(field), format!("expected a list of integers, found {v}"))),
+            Some(v) => Err(EngineError::config(
+                self.name(field),
+                format!("expected a list of integers, found {v}"),
+            )),
         }
     }
 
@@ -216,7 +239,8 @@ mod tests {
 
     #[test]
     fn relaxed_reads_python_literals_outside_strings() {
-        let v = parse_relaxed(r#"{"a": [0.0, Infinity], "b": -Infinity, "c": NaN, "d": "Infinity \" NaN"}"#).expect("parse");
+        let v = parse_relaxed(r#"{"a": [0.0, Infinity], "b": -Infinity, "c": NaN, "d": "Infinity \" NaN"}"#)
+            .expect("parse");
         assert_eq!(v["a"][1], Value::Null);
         assert_eq!(v["b"], Value::Null);
         assert_eq!(v["c"], Value::Null);
