@@ -9,3 +9,4 @@ pub mod mamba2;
 pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod traffic;
