@@ -184,7 +184,7 @@ pub fn preset_config(
                 "hybrid_override_pattern": pattern, "num_hidden_layers": pattern.len(),
                 "conv_kernel": 4, "use_conv_bias": true, "mamba_hidden_act": "silu", "use_bias": false,
                 "mlp_hidden_act": "relu2", "mlp_bias": false, "attention_bias": false,
-                "layer_norm_epsilon": 1e-5, "time_step_min": 0.001, "time_step_max": 0.1, "time_step_limit": [0.0, null],
+                "layer_norm_epsilon": 1e-5, "time_step_min": 0.001, "time_step_max": 0.1,
                 "n_group": 1, "topk_group": 1, "norm_topk_prob": true, "n_shared_experts": 1,
                 "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
                 "moe_shared_expert_intermediate_size": 256, "routed_scaling_factor": 1.0,
