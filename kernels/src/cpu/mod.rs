@@ -8,5 +8,6 @@ pub mod gemm;
 pub mod mamba2;
 pub mod moe;
 pub mod norm;
+pub mod replay_gdn;
 pub mod rope;
 pub mod traffic;
