@@ -8,6 +8,7 @@ pub mod gemm;
 pub mod mamba2;
 pub mod moe;
 pub mod norm;
+pub mod replay_gdn;
 pub mod replay_mamba2;
 pub mod rope;
 pub mod traffic;
