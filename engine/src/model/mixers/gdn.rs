@@ -181,19 +181,40 @@ impl GdnMixer {
         }
     }
 
-    /// Runs `t` tokens. `x` is `[t, hidden]`, the already-normalised block input; returns `[t, hidden]` and advances
-    /// `state`. `t > 1` runs the chunked delta rule, `t == 1` a single step.
+    /// Runs `t` tokens (`x` is `[t, hidden]`, the already-normalised block input) and returns `[t, hidden]`, advancing
+    /// `state`. `t > 1` uses the chunked delta rule (prefill), `t == 1` the one-token step (decode).
     pub fn forward(&self, x: &[f32], t: usize, state: &mut GdnState) -> Vec<f32> {
+        assert_eq!(state.ssm.len(), self.dims().state_len(), "gdn forward: ssm state");
+        let (dims, chunk) = (self.dims(), self.spec.chunk_size);
+        let ssm = &mut state.ssm;
+        self.forward_with(x, t, &mut state.conv, |inp, out| {
+            if inp.t == 1 {
+                gdn_step(dims, ssm, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, out);
+            } else {
+                gdn_chunked(dims, inp.t, chunk, ssm, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, out);
+            }
+        })
+    }
+
+    /// The mixer around a caller-chosen delta-rule scan: projection, conv (advancing `conv_state`,
+    /// `[K−1, conv_dim]`), activations, L2 norms, `β` and `g`, handed to `scan`, which writes the core output
+    /// (`[t, v_heads, v_dim]`); then the gated norm and output projection. The decode forms share the mixer this way.
+    pub fn forward_with(
+        &self,
+        x: &[f32],
+        t: usize,
+        conv_state: &mut [f32],
+        scan: impl FnOnce(&GdnInputs, &mut [f32]),
+    ) -> Vec<f32> {
         let s = &self.spec;
         let z = sizes(s);
         let (dk, dv, vh) = (s.k_head_dim, s.v_head_dim, s.v_heads);
         assert_eq!(x.len(), t * s.hidden, "gdn forward: x is not [t, hidden]");
         assert_eq!(
-            state.conv.len(),
+            conv_state.len(),
             (s.conv_kernel - 1) * z.conv_dim,
             "gdn forward: conv state"
         );
-        assert_eq!(state.ssm.len(), self.dims().state_len(), "gdn forward: ssm state");
         if t == 0 {
             return Vec::new();
         }
@@ -206,7 +227,7 @@ impl GdnMixer {
 
         let mixed = column(0, z.conv_dim);
         let mut conv_out = vec![0.0f32; t * z.conv_dim];
-        causal_conv1d(&mixed, t, z.conv_dim, &self.conv, None, &mut state.conv, &mut conv_out);
+        causal_conv1d(&mixed, t, z.conv_dim, &self.conv, None, conv_state, &mut conv_out);
         let (mut q, mut k, mut v) = (
             Vec::with_capacity(t * z.key_dim),
             Vec::with_capacity(t * z.key_dim),
@@ -235,13 +256,9 @@ impl GdnMixer {
             })
             .collect();
 
+        let inputs = GdnInputs { t, q, k, v, g, beta };
         let mut core = vec![0.0f32; t * z.value_dim];
-        let dims = self.dims();
-        if t == 1 {
-            gdn_step(dims, &mut state.ssm, &q, &k, &v, &g, &beta, &mut core);
-        } else {
-            gdn_chunked(dims, t, s.chunk_size, &mut state.ssm, &q, &k, &v, &g, &beta, &mut core);
-        }
+        scan(&inputs, &mut core);
         // The norm weight is per head width, so every value head is one row of the grouped norm.
         let mut normed = vec![0.0f32; core.len()];
         gated_rms_norm(
@@ -255,6 +272,21 @@ impl GdnMixer {
         );
         linear(&normed, &self.out_proj, None, t, z.value_dim, s.hidden)
     }
+}
+
+/// The delta-rule inputs of `t` tokens, after projection, conv, activations and norms.
+pub struct GdnInputs {
+    pub t: usize,
+    /// `[t, k_heads, k_dim]`, L2-normalised and scaled by `1/√k_dim`.
+    pub q: Vec<f32>,
+    /// `[t, k_heads, k_dim]`, L2-normalised.
+    pub k: Vec<f32>,
+    /// `[t, v_heads, v_dim]`.
+    pub v: Vec<f32>,
+    /// `[t, v_heads]` log-decay.
+    pub g: Vec<f32>,
+    /// `[t, v_heads]`.
+    pub beta: Vec<f32>,
 }
 
 #[cfg(test)]

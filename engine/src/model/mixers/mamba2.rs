@@ -159,7 +159,8 @@ impl Mamba2Mixer {
         }
     }
 
-    fn dims(&self) -> Mamba2Dims {
+    /// The scan's dimensions.
+    pub fn dims(&self) -> Mamba2Dims {
         Mamba2Dims {
             heads: self.spec.heads,
             head_dim: self.spec.head_dim,
@@ -168,19 +169,65 @@ impl Mamba2Mixer {
         }
     }
 
+    /// `A = −exp(A_log)` per head.
+    pub fn a(&self) -> &[f32] {
+        &self.a
+    }
+
+    /// The `D` skip per head.
+    pub fn d_skip(&self) -> &[f32] {
+        &self.d_skip
+    }
+
     /// Runs `t` tokens (`x` is `[t, hidden]`, the already-normalised block input) and returns `[t, hidden]`, advancing
-    /// `state`. `t > 1` uses the chunked scan, `t == 1` the one-token step; both give the same result.
+    /// `state`. `t > 1` uses the chunked scan (prefill), `t == 1` the one-token step (decode).
     pub fn forward(&self, x: &[f32], t: usize, state: &mut Mamba2State) -> Vec<f32> {
+        let s = &self.spec;
+        assert_eq!(
+            state.ssm.len(),
+            s.heads * s.head_dim * s.state_dim,
+            "mamba2 mixer: ssm state"
+        );
+        let (dims, chunk) = (self.dims(), s.chunk_size);
+        let ssm = &mut state.ssm;
+        self.forward_with(x, t, t > 1, &mut state.conv, |inp, y| {
+            if inp.t == 1 {
+                mamba2_step(dims, ssm, &inp.x, &inp.dt, &self.a, &inp.b, &inp.c, &self.d_skip, y);
+            } else {
+                mamba2_chunked(
+                    dims,
+                    inp.t,
+                    chunk,
+                    ssm,
+                    &inp.x,
+                    &inp.dt,
+                    &self.a,
+                    &inp.b,
+                    &inp.c,
+                    &self.d_skip,
+                    y,
+                );
+            }
+        })
+    }
+
+    /// The mixer around a caller-chosen scan: projection, conv (advancing `conv_state`, `[K−1, conv_dim]`), the scan
+    /// inputs handed to `scan`, which writes `y` (`[t, heads, head_dim]`, including the `D·x` skip), then the gated
+    /// norm and output projection. `prefill` selects the reference's prefill numerics (the `dt` clamp); decode forms and
+    /// speculative verification pass `false`. This is how the decode forms (recurrent, replay, kv-only) share one mixer.
+    pub fn forward_with(
+        &self,
+        x: &[f32],
+        t: usize,
+        prefill: bool,
+        conv_state: &mut [f32],
+        scan: impl FnOnce(&Mamba2Inputs, &mut [f32]),
+    ) -> Vec<f32> {
         let s = &self.spec;
         let (hidden, heads, di, cd) = (s.hidden, s.heads, d_inner(s), conv_dim(s));
         let gn = s.groups * s.state_dim;
         assert_eq!(x.len(), t * hidden, "mamba2 mixer: input is not [t, hidden]");
-        assert_eq!(state.conv.len(), (s.conv_kernel - 1) * cd, "mamba2 mixer: conv state");
-        assert_eq!(
-            state.ssm.len(),
-            heads * s.head_dim * s.state_dim,
-            "mamba2 mixer: ssm state"
-        );
+        assert_eq!(conv_state.len(), (s.conv_kernel - 1) * cd, "mamba2 mixer: conv state");
         if t == 0 {
             return Vec::new();
         }
@@ -191,7 +238,7 @@ impl Mamba2Mixer {
         let mut xbc = Vec::with_capacity(t * cd);
         let mut dt = Vec::with_capacity(t * heads);
         // The reference clamps on its chunked (multi-token) path only; see the module docs.
-        let (lo, hi) = if t > 1 {
+        let (lo, hi) = if prefill {
             s.time_step_limit
         } else {
             (f32::NEG_INFINITY, f32::INFINITY)
@@ -219,37 +266,24 @@ impl Mamba2Mixer {
             cd,
             &self.conv_w,
             self.conv_b.as_deref(),
-            &mut state.conv,
+            conv_state,
             &mut conv_out,
         );
-        let mut xs = Vec::with_capacity(t * di);
-        let mut b = Vec::with_capacity(t * gn);
-        let mut c = Vec::with_capacity(t * gn);
+        let mut inputs = Mamba2Inputs {
+            t,
+            x: Vec::with_capacity(t * di),
+            dt,
+            b: Vec::with_capacity(t * gn),
+            c: Vec::with_capacity(t * gn),
+        };
         for row in conv_out.chunks_exact(cd) {
-            xs.extend(row[..di].iter().map(|v| silu(*v)));
-            b.extend(row[di..di + gn].iter().map(|v| silu(*v)));
-            c.extend(row[di + gn..].iter().map(|v| silu(*v)));
+            inputs.x.extend(row[..di].iter().map(|v| silu(*v)));
+            inputs.b.extend(row[di..di + gn].iter().map(|v| silu(*v)));
+            inputs.c.extend(row[di + gn..].iter().map(|v| silu(*v)));
         }
 
         let mut y = vec![0.0f32; t * di];
-        let dims = self.dims();
-        if t == 1 {
-            mamba2_step(dims, &mut state.ssm, &xs, &dt, &self.a, &b, &c, &self.d_skip, &mut y);
-        } else {
-            mamba2_chunked(
-                dims,
-                t,
-                s.chunk_size,
-                &mut state.ssm,
-                &xs,
-                &dt,
-                &self.a,
-                &b,
-                &c,
-                &self.d_skip,
-                &mut y,
-            );
-        }
+        scan(&inputs, &mut y);
 
         let mut normed = vec![0.0f32; t * di];
         gated_rms_norm(
@@ -263,6 +297,19 @@ impl Mamba2Mixer {
         );
         linear(&normed, &self.out_proj, self.out_proj_bias.as_deref(), t, di, hidden)
     }
+}
+
+/// The scan inputs of `t` tokens, after projection, conv and activation.
+pub struct Mamba2Inputs {
+    pub t: usize,
+    /// `[t, heads, head_dim]`.
+    pub x: Vec<f32>,
+    /// `[t, heads]`, after softplus (and the prefill clamp).
+    pub dt: Vec<f32>,
+    /// `[t, groups, state_dim]`.
+    pub b: Vec<f32>,
+    /// `[t, groups, state_dim]`.
+    pub c: Vec<f32>,
 }
 
 #[cfg(test)]
