@@ -43,6 +43,9 @@ pub enum EngineError {
     /// A request or sampling parameter is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A state-pool operation failed (pool full, double free, ring or KV bounds).
+    #[error("state pool: {0}")]
+    Pool(#[from] crate::state::PoolError),
     /// The forward pass produced NaN or infinite logits.
     #[error("non-finite logits at position {position} (a NaN or infinity came out of the model)")]
     NonFinite { position: usize },

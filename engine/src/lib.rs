@@ -9,6 +9,7 @@ pub mod init;
 pub mod model;
 pub mod presets;
 pub mod sample;
+pub mod state;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};

@@ -1,0 +1,454 @@
+//! Memory accounting: bytes per sequence slot for each decode form and speculative window, weight bytes, and how
+//! many sequences fit a memory budget.
+//!
+//! Bytes are those of the GPU layout, not of the f32 CPU pools: fp32 SSM state, bf16 ring vectors and conv inputs,
+//! fp32 ring scalars (`dt`, `g`), bf16 attention KV and bf16 weights. One GPU, no tensor parallelism. Per SSM layer,
+//! with `S` the state, `C` one conv input row, `E` one ring entry, `K` the conv width, `T` the speculative window
+//! and `L` the ring capacity:
+//! - `recurrent`: `S + (K−1)·C` (no speculation);
+//! - `spec-baseline`, one state snapshot per draft: `(1 + T)·(S + (K−1)·C)`;
+//! - `replay`: `S + L·E + (K−1+T)·C`;
+//! - `kv-only`: below the threshold (≈ the state's key dim, KVBuffer §3.4) no state at all, a ring of
+//!   `N + T` entries for a context of `N` tokens, plus the conv ring. A sequence whose context reaches the threshold
+//!   must switch to replay, and a pool sized up front has to hold the switch: the checkpoint it creates plus the ring
+//!   of `threshold + T` entries it compresses — more than `replay`. So kv-only saves memory only for contexts below
+//!   the threshold.
+//!
+//! Each form adds the attention KV of `N` tokens, paged: `⌈N / block⌉·block` tokens of `2·kv_heads·head_dim` bf16
+//! values per attention layer. The per-slot counters and block tables (a few bytes per slot) are not counted.
+
+use serde::Serialize;
+
+use super::ssm::SsmDims;
+use crate::error::{EngineError, Result};
+use crate::model::spec::{Activation, RouterSpec};
+use crate::model::{BlockKind, ModelConfig};
+
+/// Bytes per fp32 state value.
+pub const STATE_BYTES: u64 = 4;
+/// Bytes per bf16 activation (conv inputs, ring vectors).
+pub const ACT_BYTES: u64 = 2;
+/// Bytes per bf16 KV value.
+pub const KV_BYTES: u64 = 2;
+/// Bytes per bf16 weight.
+pub const WEIGHT_BYTES: u64 = 2;
+
+/// A row of the plan: how a sequence's SSM state is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryForm {
+    /// State and conv state, updated in place; no speculation.
+    Recurrent,
+    /// Speculative decoding with one state and conv snapshot per draft (vLLM's path).
+    SpecBaseline,
+    /// Checkpoint, input ring of `L`, conv ring of `K − 1 + T`.
+    Replay,
+    /// No state while the context is below the threshold.
+    KvOnly,
+}
+
+impl MemoryForm {
+    /// The name printed in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryForm::Recurrent => "recurrent",
+            MemoryForm::SpecBaseline => "spec-baseline",
+            MemoryForm::Replay => "replay",
+            MemoryForm::KvOnly => "kv-only",
+        }
+    }
+}
+
+/// What the plan assumes besides the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Speculative window `T` (draft tokens per step).
+    pub spec_window: usize,
+    /// Input-ring capacity `L`.
+    pub buffer_len: usize,
+    /// Tokens of context each sequence reserves in its attention layers.
+    pub context: usize,
+    /// Tokens per KV block.
+    pub kv_block_size: usize,
+    /// Context length below which kv-only keeps no state; `None`: [`kv_only_threshold`].
+    pub kv_only_threshold: Option<usize>,
+}
+
+/// Bytes of one SSM layer's per-sequence tensors in the GPU layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsmLayerBytes {
+    /// The fp32 state.
+    pub state: u64,
+    /// One pre-conv input row.
+    pub conv_row: u64,
+    /// `K − 1`.
+    pub conv_window: u64,
+    /// One ring entry (all fields).
+    pub ring_entry: u64,
+}
+
+impl SsmLayerBytes {
+    /// The byte sizes of a layer with these pool dims.
+    pub fn from_dims(d: &SsmDims) -> Self {
+        SsmLayerBytes {
+            state: d.state_len() as u64 * STATE_BYTES,
+            conv_row: d.conv_dim as u64 * ACT_BYTES,
+            conv_window: d.conv_window as u64,
+            ring_entry: d.ring_fields.iter().map(|f| (f.width * f.gpu_bytes) as u64).sum(),
+        }
+    }
+
+    /// Bytes one sequence needs in this layer for `form` with window `t`, ring `l`, `context` tokens and the
+    /// kv-only `threshold`.
+    pub fn form_bytes(&self, form: MemoryForm, t: u64, l: u64, context: u64, threshold: u64) -> u64 {
+        let conv = self.conv_window * self.conv_row;
+        let conv_ring = (self.conv_window + t) * self.conv_row;
+        match form {
+            MemoryForm::Recurrent => self.state + conv,
+            MemoryForm::SpecBaseline => (1 + t) * (self.state + conv),
+            MemoryForm::Replay => self.state + l * self.ring_entry + conv_ring,
+            MemoryForm::KvOnly if context < threshold => (context + t) * self.ring_entry + conv_ring,
+            MemoryForm::KvOnly => self.state + (threshold + t) * self.ring_entry + conv_ring,
+        }
+    }
+}
+
+/// The pool dims of every SSM layer of `config`, in model order.
+pub fn ssm_layers(config: &ModelConfig) -> Vec<SsmDims> {
+    config
+        .layers
+        .iter()
+        .flatten()
+        .filter_map(|b| match &b.kind {
+            BlockKind::Mamba2(s) => Some(SsmDims::mamba2(s)),
+            BlockKind::Gdn(s) => Some(SsmDims::gdn(s)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The default kv-only threshold: the largest key dimension of any SSM state (Mamba-2 `state_dim`, GDN `k_dim`);
+/// 128 for every target model. KVBuffer (§3.4) prefers the KV form while the context is below the head dim `d`.
+pub fn kv_only_threshold(config: &ModelConfig) -> usize {
+    ssm_layers(config).iter().map(|d| d.key_dim).max().unwrap_or(0)
+}
+
+/// Attention KV bytes per token, all attention layers.
+pub fn kv_bytes_per_token(config: &ModelConfig) -> u64 {
+    config
+        .layers
+        .iter()
+        .flatten()
+        .map(|b| match &b.kind {
+            BlockKind::Attention(a) => 2 * (a.kv_heads * a.head_dim) as u64 * KV_BYTES,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Attention KV bytes of `context` tokens, paged: rounded up to whole blocks of `block` tokens.
+pub fn kv_bytes(config: &ModelConfig, context: usize, block: usize) -> u64 {
+    (context.div_ceil(block.max(1)) * block.max(1)) as u64 * kv_bytes_per_token(config)
+}
+
+/// SSM bytes of one sequence in `form` at window `spec_window`.
+pub fn ssm_bytes(config: &ModelConfig, form: MemoryForm, spec_window: usize, opts: &PlanOptions) -> u64 {
+    let threshold = opts.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(config)) as u64;
+    ssm_layers(config)
+        .iter()
+        .map(|d| {
+            SsmLayerBytes::from_dims(d).form_bytes(
+                form,
+                spec_window as u64,
+                opts.buffer_len as u64,
+                opts.context as u64,
+                threshold,
+            )
+        })
+        .sum()
+}
+
+/// Parameters of the model's main stack (embedding, decoder layers, final norm, LM head unless tied). MTP layers
+/// are not included.
+pub fn parameter_count(config: &ModelConfig) -> u64 {
+    let h = config.hidden_size as u64;
+    let v = config.vocab_size as u64;
+    let head = if config.tie_word_embeddings { 0 } else { v * h };
+    let blocks: u64 = config
+        .layers
+        .iter()
+        .flatten()
+        .map(|b| h + block_parameters(&b.kind))
+        .sum();
+    v * h + blocks + h + head
+}
+
+fn mlp_parameters(h: u64, i: u64, act: Activation, bias: bool) -> u64 {
+    let (mats, bias_len) = match act {
+        Activation::Relu2 => (2, i + h),
+        Activation::SwiGlu => (3, 2 * i + h),
+    };
+    mats * i * h + if bias { bias_len } else { 0 }
+}
+
+fn block_parameters(kind: &BlockKind) -> u64 {
+    match kind {
+        BlockKind::Mamba2(s) => {
+            let (h, heads) = (s.hidden as u64, s.heads as u64);
+            let di = heads * s.head_dim as u64;
+            let conv_dim = di + 2 * (s.groups * s.state_dim) as u64;
+            let in_proj = di + conv_dim + heads;
+            let bias = |b: bool, n: u64| if b { n } else { 0 };
+            in_proj * h
+                + bias(s.proj_bias, in_proj)
+                + conv_dim * s.conv_kernel as u64
+                + bias(s.conv_bias, conv_dim)
+                + 3 * heads
+                + di
+                + h * di
+                + bias(s.proj_bias, h)
+        }
+        BlockKind::Gdn(s) => {
+            let h = s.hidden as u64;
+            let vh = s.v_heads as u64;
+            let value_dim = vh * s.v_head_dim as u64;
+            let conv_dim = 2 * (s.k_heads * s.k_head_dim) as u64 + value_dim;
+            (conv_dim + value_dim + 2 * vh) * h
+                + conv_dim * s.conv_kernel as u64
+                + 2 * vh
+                + s.v_head_dim as u64
+                + h * value_dim
+        }
+        BlockKind::Attention(a) => {
+            let (h, d) = (a.hidden as u64, a.head_dim as u64);
+            let q = a.heads as u64 * d * if a.output_gate { 2 } else { 1 };
+            let kv = a.kv_heads as u64 * d;
+            let bias = if a.bias { q + 2 * kv + h } else { 0 };
+            let norms = if a.qk_norm.is_some() { 2 * d } else { 0 };
+            (q + 2 * kv) * h + h * a.heads as u64 * d + bias + norms
+        }
+        BlockKind::Mlp(m) => mlp_parameters(m.hidden as u64, m.intermediate as u64, m.act, m.bias),
+        BlockKind::Moe(m) => {
+            let (h, e) = (m.hidden as u64, m.num_experts as u64);
+            let router = e * h
+                + match m.router {
+                    RouterSpec::SigmoidGrouped { .. } => e,
+                    RouterSpec::Softmax { .. } => 0,
+                };
+            let experts = e * mlp_parameters(h, m.expert_intermediate as u64, m.act, false);
+            let shared = m.shared.as_ref().map_or(0, |s| {
+                mlp_parameters(h, s.intermediate as u64, m.act, false) + if s.sigmoid_gate { h } else { 0 }
+            });
+            router + experts + shared
+        }
+    }
+}
+
+/// Weight bytes (bf16) of the main stack.
+pub fn weight_bytes(config: &ModelConfig) -> u64 {
+    parameter_count(config) * WEIGHT_BYTES
+}
+
+/// `floor((budget − weights) / per_sequence)`, 0 when the weights alone fill the budget.
+pub fn max_sequences(budget: u64, weights: u64, per_sequence: u64) -> u64 {
+    budget.saturating_sub(weights).checked_div(per_sequence).unwrap_or(0)
+}
+
+/// One row of a memory plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FormPlan {
+    pub form: MemoryForm,
+    pub spec_window: usize,
+    pub bytes_per_sequence: u64,
+    /// The SSM part of `bytes_per_sequence`.
+    pub ssm_bytes: u64,
+    /// The attention-KV part of `bytes_per_sequence`.
+    pub kv_bytes: u64,
+    pub max_sequences: u64,
+    /// `max_sequences` over the spec-baseline's at the plan's window (recurrent's when the window is 0); `None`
+    /// when the baseline fits no sequence.
+    pub vs_baseline: Option<f64>,
+}
+
+/// How many sequences of each form fit a budget.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    pub budget_bytes: u64,
+    pub weights_bytes: u64,
+    pub parameters: u64,
+    pub context: usize,
+    pub spec_window: usize,
+    pub buffer_len: usize,
+    pub kv_block_size: usize,
+    pub kv_only_threshold: usize,
+    pub forms: Vec<FormPlan>,
+    /// Caveats for the reader (weights over budget, kv-only beyond its threshold, MTP not counted).
+    pub notes: Vec<String>,
+}
+
+/// The rows of a plan at window `t`: recurrent, then spec-baseline, replay and kv-only at window 0 and at `t`.
+fn rows(t: usize) -> Vec<(MemoryForm, usize)> {
+    let mut rows = vec![(MemoryForm::Recurrent, 0)];
+    if t > 0 {
+        rows.push((MemoryForm::SpecBaseline, t));
+    }
+    for form in [MemoryForm::Replay, MemoryForm::KvOnly] {
+        rows.push((form, 0));
+        if t > 0 {
+            rows.push((form, t));
+        }
+    }
+    rows
+}
+
+/// Plans `budget` bytes for `config`. Errors on options that cannot describe a pool (no stateful layer, a ring too
+/// short for one verify step, a zero block size).
+pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Result<MemoryPlan> {
+    let t = opts.spec_window;
+    if opts.kv_block_size == 0 {
+        return Err(EngineError::InvalidInput(
+            "the KV block size must be at least 1 token".into(),
+        ));
+    }
+    if opts.buffer_len < t + 1 {
+        return Err(EngineError::InvalidInput(format!(
+            "--buffer-len {} cannot hold one verify step of {} tokens (--spec-window {t} + 1)",
+            opts.buffer_len,
+            t + 1
+        )));
+    }
+    if ssm_layers(config).is_empty() && kv_bytes_per_token(config) == 0 {
+        return Err(EngineError::InvalidInput(
+            "the model has no SSM or attention layer: it keeps no per-sequence state".into(),
+        ));
+    }
+    let threshold = opts.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(config));
+    let weights = weight_bytes(config);
+    let kv = kv_bytes(config, opts.context, opts.kv_block_size);
+    let mut forms: Vec<FormPlan> = rows(t)
+        .into_iter()
+        .map(|(form, w)| {
+            let ssm = ssm_bytes(config, form, w, opts);
+            FormPlan {
+                form,
+                spec_window: w,
+                bytes_per_sequence: ssm + kv,
+                ssm_bytes: ssm,
+                kv_bytes: kv,
+                max_sequences: max_sequences(budget, weights, ssm + kv),
+                vs_baseline: None,
+            }
+        })
+        .collect();
+    let baseline = if t > 0 {
+        MemoryForm::SpecBaseline
+    } else {
+        MemoryForm::Recurrent
+    };
+    let base = forms.iter().find(|f| f.form == baseline).map_or(0, |f| f.max_sequences);
+    for f in &mut forms {
+        f.vs_baseline = (base > 0).then(|| f.max_sequences as f64 / base as f64);
+    }
+    let mut notes = Vec::new();
+    if weights >= budget {
+        notes.push(format!(
+            "the weights alone ({}) exceed the budget ({}): no sequence fits",
+            format_bytes(weights),
+            format_bytes(budget)
+        ));
+    }
+    if threshold > 0 && opts.context >= threshold {
+        notes.push(format!(
+            "kv-only keeps no state only below {threshold} tokens of context; at {} tokens a slot must hold the \
+             switch to replay (checkpoint + ring of {threshold} + T entries), more than replay",
+            opts.context
+        ));
+    }
+    if opts.context > config.max_position_embeddings {
+        notes.push(format!(
+            "the context ({}) exceeds the model's max_position_embeddings ({})",
+            opts.context, config.max_position_embeddings
+        ));
+    }
+    if config.mtp_layers > 0 {
+        notes.push(format!(
+            "the {} MTP layer(s) are not counted in the weights",
+            config.mtp_layers
+        ));
+    }
+    Ok(MemoryPlan {
+        budget_bytes: budget,
+        weights_bytes: weights,
+        parameters: parameter_count(config),
+        context: opts.context,
+        spec_window: t,
+        buffer_len: opts.buffer_len,
+        kv_block_size: opts.kv_block_size,
+        kv_only_threshold: threshold,
+        forms,
+        notes,
+    })
+}
+
+/// Parses a byte count: plain bytes (`1048576`) or a number with a unit — decimal `B`, `KB`, `MB`, `GB`, `TB` or
+/// binary `KiB`, `MiB`, `GiB`, `TiB`, case-insensitive (`70GiB`, `70 GB`, `1.5GiB`). The result must be positive.
+pub fn parse_bytes(text: &str) -> Result<u64> {
+    let bad = |why: &str| EngineError::InvalidInput(format!("`{text}` is not a byte count: {why}"));
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u128 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => {
+            return Err(bad(&format!(
+                "unknown unit `{}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)",
+                unit.trim()
+            )))
+        }
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() {
+        return Err(bad("expected a number, e.g. 70GiB"));
+    }
+    if frac.contains('.') || frac.len() > 18 {
+        return Err(bad("malformed number"));
+    }
+    let digits = |s: &str| -> Option<u128> {
+        s.bytes()
+            .try_fold(0u128, |a, b| a.checked_mul(10)?.checked_add((b - b'0') as u128))
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    let value = digits(int)
+        .and_then(|i| i.checked_mul(scale))
+        .and_then(|i| i.checked_add(digits(frac)?))
+        .and_then(|v| v.checked_mul(mult))
+        .map(|v| v / scale)
+        .ok_or_else(|| bad("too large"))?;
+    if value == 0 {
+        return Err(bad("must be positive"));
+    }
+    u64::try_from(value).map_err(|_| bad("too large"))
+}
+
+/// A byte count for people: `53.77 GiB`, `1.50 MiB`, `512 B`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.2} {name}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+#[path = "memory_tests.rs"]
+mod tests;

@@ -1,0 +1,211 @@
+use serde_json::json;
+
+use super::*;
+use crate::init::plan_tensors;
+use crate::model::Family;
+use crate::presets::{preset_config, tokenizer_vocab, PRESETS};
+
+/// Mamba-2 (2 heads × 4, state 8, 1 group, K 4), attention (2 heads, 1 KV head of 4), MLP 16; hidden 8, vocab 10.
+fn tiny_nemotron() -> ModelConfig {
+    ModelConfig::from_json(&json!({
+        "model_type": "nemotron_h", "hidden_size": 8, "vocab_size": 10, "hybrid_override_pattern": "M*-",
+        "mamba_num_heads": 2, "mamba_head_dim": 4, "ssm_state_size": 8, "n_groups": 1, "conv_kernel": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16,
+        "max_position_embeddings": 64
+    }))
+    .expect("tiny nemotron")
+}
+
+/// GDN (1 key head × 4, 2 value heads × 3, K 4) then attention (2 heads, 1 KV head of 8, gated); hidden 8, vocab
+/// 10, dense MLP 16, tied embeddings.
+fn tiny_qwen() -> ModelConfig {
+    ModelConfig::from_json(&json!({
+        "model_type": "qwen3_5_text", "hidden_size": 8, "vocab_size": 10, "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 8, "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 4,
+        "linear_value_head_dim": 3, "linear_conv_kernel_dim": 4, "intermediate_size": 16,
+        "tie_word_embeddings": true, "partial_rotary_factor": 0.25
+    }))
+    .expect("tiny qwen")
+}
+
+fn opts(t: usize, context: usize) -> PlanOptions {
+    PlanOptions {
+        spec_window: t,
+        buffer_len: 4,
+        context,
+        kv_block_size: 16,
+        kv_only_threshold: None,
+    }
+}
+
+#[test]
+fn mamba2_bytes_by_hand() {
+    let c = tiny_nemotron();
+    // State 2·4·8 fp32 = 256 B. Conv row (8 + 2·8) bf16 = 48 B, K − 1 = 3 rows = 144 B.
+    // Ring entry: x 8 bf16 (16) + dt 2 fp32 (8) + B 8 bf16 (16) = 40 B.
+    let o = opts(2, 20);
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 256 + 144);
+    assert_eq!(ssm_bytes(&c, MemoryForm::SpecBaseline, 2, &o), 3 * 400);
+    // Replay, L = 4, T = 2: 256 + 4·40 + (3 + 2)·48.
+    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 2, &o), 656);
+    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 0, &o), 256 + 160 + 144);
+    // kv-only, threshold = state dim 8. Context 20 ≥ 8: 256 + (8 + 2)·40 + 240. Context 5: (5 + 2)·40 + 240.
+    assert_eq!(kv_only_threshold(&c), 8);
+    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &o), 896);
+    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &opts(2, 5)), 520);
+    // KV: 1 head × 4, K and V bf16 = 16 B per token; 20 tokens take 2 blocks of 16.
+    assert_eq!(kv_bytes_per_token(&c), 16);
+    assert_eq!(kv_bytes(&c, 20, 16), 512);
+    assert_eq!(kv_bytes(&c, 16, 16), 256);
+    assert_eq!(kv_bytes(&c, 0, 16), 0);
+    // Weights: embed 80 + head 80 + final norm 8; Mamba block 8 + in_proj 34·8 + conv 24·4 + 24 + 3·2 + 8 + 8·8;
+    // attention block 8 + (8 + 4 + 4)·8 + 8·8; MLP block 8 + 2·16·8.
+    assert_eq!(parameter_count(&c), 168 + 478 + 200 + 264);
+    assert_eq!(weight_bytes(&c), 2220);
+}
+
+#[test]
+fn gdn_bytes_by_hand() {
+    let c = tiny_qwen();
+    // State 2·3·4 fp32 = 96 B. Conv row (2·4 + 6) bf16 = 28 B, 3 rows = 84 B.
+    // Ring entry: u 6 bf16 (12) + k 4 bf16 (8) + g 2 fp32 (8) = 28 B.
+    let o = opts(4, 100);
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 180);
+    assert_eq!(ssm_bytes(&c, MemoryForm::SpecBaseline, 4, &o), 5 * 180);
+    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 4, &o), 96 + 4 * 28 + 7 * 28);
+    // KV: 1 head × 8 → 32 B per token; 100 tokens → 112.
+    assert_eq!(kv_bytes(&c, 100, 16), 112 * 32);
+    // Weights: embed 80 (tied) + final norm 8; GDN block 8 + (14 + 6 + 4)·8 + 14·4 + 2·2 + 3 + 8·6;
+    // attention block 8 + (32 + 8 + 8)·8 + 8·16 + 2·8; MLP blocks 8 + 3·16·8 (two per layer: after GDN, after attention).
+    let gdn = 8 + 192 + 56 + 4 + 3 + 48;
+    let attn = 8 + 384 + 128 + 16;
+    let mlp = 8 + 384;
+    assert_eq!(parameter_count(&c), 88 + gdn + attn + 2 * mlp);
+}
+
+#[test]
+fn plan_counts_sequences_and_ratios() {
+    let c = tiny_nemotron();
+    // Replay at T = 2, context 20: 656 + 512 = 1168 B per sequence; leave room for 10 and a bit.
+    let budget = 2220 + 10 * 1168 + 1000;
+    let p = plan_memory(&c, budget, &opts(2, 20)).expect("plan");
+    let row = |f: MemoryForm, t: usize| {
+        p.forms
+            .iter()
+            .find(|r| r.form == f && r.spec_window == t)
+            .unwrap_or_else(|| panic!("row {f:?} {t}"))
+    };
+    let names: Vec<_> = p.forms.iter().map(|r| (r.form.name(), r.spec_window)).collect();
+    assert_eq!(
+        names,
+        [
+            ("recurrent", 0),
+            ("spec-baseline", 2),
+            ("replay", 0),
+            ("replay", 2),
+            ("kv-only", 0),
+            ("kv-only", 2)
+        ]
+    );
+    let replay = row(MemoryForm::Replay, 2);
+    assert_eq!((replay.bytes_per_sequence, replay.max_sequences), (1168, 10));
+    let base = row(MemoryForm::SpecBaseline, 2);
+    assert_eq!(base.bytes_per_sequence, 1200 + 512);
+    assert_eq!(base.max_sequences, (10 * 1168 + 1000) / 1712);
+    assert_eq!(base.vs_baseline, Some(1.0));
+    let want = 10.0 / base.max_sequences as f64;
+    assert!((replay.vs_baseline.expect("ratio") - want).abs() < 1e-12);
+    assert_eq!(p.weights_bytes, 2220);
+    assert!(p.notes.iter().any(|n| n.contains("kv-only")), "{:?}", p.notes);
+}
+
+#[test]
+fn weights_over_budget_fit_nothing() {
+    let c = tiny_nemotron();
+    let p = plan_memory(&c, 2000, &opts(0, 20)).expect("plan");
+    assert!(p.forms.iter().all(|f| f.max_sequences == 0 && f.vs_baseline.is_none()));
+    assert!(p.notes[0].contains("exceed the budget"), "{:?}", p.notes);
+    assert_eq!(p.forms.len(), 3, "no speculative rows at T = 0");
+    assert_eq!(max_sequences(100, 100, 7), 0);
+    assert_eq!(max_sequences(100, 30, 7), 10);
+    assert_eq!(max_sequences(100, 30, 0), 0);
+}
+
+#[test]
+fn plan_rejects_bad_options() {
+    let c = tiny_nemotron();
+    let mut o = opts(4, 20);
+    let e = plan_memory(&c, 1 << 30, &o).unwrap_err().to_string();
+    assert!(e.contains("--buffer-len 4") && e.contains("--spec-window 4"), "{e}");
+    o.buffer_len = 16;
+    o.kv_block_size = 0;
+    assert!(plan_memory(&c, 1 << 30, &o)
+        .unwrap_err()
+        .to_string()
+        .contains("block size"));
+}
+
+#[test]
+fn parameter_count_matches_the_checkpoint_layout() {
+    // Every tiny and small preset: the closed form equals the element count of the tensors a checkpoint holds.
+    for p in PRESETS.iter().filter(|p| p.name == "tiny" || p.name == "small") {
+        let json = preset_config(p.family, p.name, None, tokenizer_vocab(p.name), 1, 2).expect("preset");
+        let c = ModelConfig::from_json(&json).expect("parse");
+        let counted: u64 = plan_tensors(&c)
+            .expect("plan tensors")
+            .values()
+            .map(|s| s.iter().product::<usize>() as u64)
+            .sum();
+        assert_eq!(parameter_count(&c), counted, "{} {}", p.family.name(), p.name);
+    }
+}
+
+#[test]
+fn real_shapes_state_sizes() {
+    // targets.md: a Nemotron-H-8B Mamba-2 layer holds 128·64·128 fp32 = 4 MiB of state; 24 such layers.
+    let c = ModelConfig::from_json(&preset_config(Family::NemotronH, "nemotron-h-8b", None, 0, 1, 2).expect("8b"))
+        .expect("parse");
+    let o = opts(0, 0);
+    let conv = 24 * 3 * (8192 + 2 * 8 * 128) * 2;
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 24 * (4 << 20) + conv);
+    let params = parameter_count(&c) as f64 / 1e9;
+    assert!((7.5..8.5).contains(&params), "{params}B parameters");
+    // Qwen3.5-4B: 24 GDN layers of 32 × 128 × 128 fp32 = 2 MiB each.
+    let c = ModelConfig::from_json(&preset_config(Family::Qwen35, "qwen3.5-4b", None, 0, 1, 2).expect("4b"))
+        .expect("parse");
+    let conv = 24 * 3 * (2 * 16 * 128 + 32 * 128) * 2;
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 24 * (2 << 20) + conv);
+}
+
+#[test]
+fn budgets_parse() {
+    assert_eq!(parse_bytes("70GiB").expect("GiB"), 70 << 30);
+    assert_eq!(parse_bytes("70GB").expect("GB"), 70_000_000_000);
+    assert_eq!(parse_bytes("512MiB").expect("MiB"), 512 << 20);
+    assert_eq!(parse_bytes("123456").expect("bytes"), 123_456);
+    assert_eq!(parse_bytes(" 1.5 gib ").expect("fraction"), 3 << 29);
+    assert_eq!(parse_bytes("2TiB").expect("TiB"), 2 << 40);
+    assert_eq!(parse_bytes("10B").expect("B"), 10);
+    for (bad, why) in [
+        ("", "expected a number"),
+        ("GiB", "expected a number"),
+        ("70XB", "unknown unit `XB`"),
+        ("-5GiB", "unknown unit"),
+        ("0", "positive"),
+        ("0.1B", "positive"),
+        ("1.2.3GB", "malformed"),
+        ("99999999999999999999999GiB", "too large"),
+        ("7e9", "unknown unit"),
+    ] {
+        let e = parse_bytes(bad).unwrap_err().to_string();
+        assert!(e.contains(why) && e.contains(&format!("`{bad}`")), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn bytes_format() {
+    assert_eq!(format_bytes(512), "512 B");
+    assert_eq!(format_bytes(3 << 19), "1.50 MiB");
+    assert_eq!(format_bytes(70 << 30), "70.00 GiB");
+}

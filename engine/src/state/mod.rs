@@ -1,0 +1,103 @@
+//! State pools: every per-sequence tensor the decode forms need, allocated once for a fixed number of sequence
+//! slots and indexed by slot, in the layout a GPU kernel reads.
+//!
+//! Per SSM layer ([`ssm::SsmLayerPool`]): the fp32 checkpoint state, an input ring of capacity `L` (Mamba-2
+//! `x, dt, B`; GDN `u, k, g`) and a conv ring of `K − 1 + T` pre-conv inputs. Per attention layer
+//! ([`kv::KvLayerPool`]): paged K/V storage; one block table per slot ([`kv::KvBlocks`]) serves every attention
+//! layer, because a sequence has the same length in all of them. The per-slot counters ([`counters::SlotCounters`])
+//! are plain arrays — ring start, cached count `h`, flush flag, conv head, KV length, decode form — so that a commit
+//! or a rollback is a pointer move written as data, never a copy and never a host object per sequence.
+//!
+//! CPU storage is f32 throughout; [`memory`] counts the bytes of the GPU layout (fp32 state, bf16 vectors).
+
+pub mod counters;
+pub mod kv;
+pub mod memory;
+pub mod pools;
+pub mod slots;
+pub mod ssm;
+
+#[cfg(test)]
+mod tests;
+
+pub use counters::{DecodeForm, RingIndex, SlotCounters};
+pub use kv::{KvBlocks, KvLayerPool, KvSlotMut};
+pub use pools::{PoolConfig, StatePools, StateRef};
+pub use slots::SlotAllocator;
+pub use ssm::{GdnSlotMut, Mamba2SlotMut, SsmDims, SsmLayerPool, SsmSlotMut};
+
+/// The ring capacity `L` used when none is given (ReplaySSM's choice for Qwen3.5; 8–16 for Nemotron).
+pub const DEFAULT_BUFFER_LEN: usize = 16;
+/// Tokens per paged KV block when none is given.
+pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
+/// The most slots a pool may have (the per-slot arrays are allocated without a fallible path).
+pub const MAX_SLOTS: usize = 1 << 24;
+
+/// What went wrong in a state-pool operation. The scheduler matches on the variant (a full pool is a reason to
+/// wait, a double free is a bug); the messages are complete sentences for logs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// Every slot is in use.
+    #[error("all {capacity} sequence slots are in use")]
+    SlotsFull { capacity: usize },
+    /// A slot index beyond the pool.
+    #[error("slot {slot} is out of range (the pool has {capacity} slots)")]
+    SlotOutOfRange { slot: usize, capacity: usize },
+    /// `free` of a slot that is not allocated.
+    #[error("slot {slot} freed twice (it is not allocated)")]
+    DoubleFree { slot: usize },
+    /// Access to a slot that is not allocated.
+    #[error("slot {slot} is not allocated")]
+    NotAllocated { slot: usize },
+    /// Growing a KV cache needs more free blocks than the pool has.
+    #[error("KV blocks exhausted: slot {slot} needs {needed} more block(s), {free} free")]
+    KvBlocksFull { slot: usize, needed: usize, free: usize },
+    /// A KV length beyond what a slot's block table can map.
+    #[error("slot {slot}: KV length {len} exceeds the per-slot limit of {max} tokens")]
+    KvTooLong { slot: usize, len: usize, max: usize },
+    /// A KV growth that would shorten the cache, or a truncation that would lengthen it.
+    #[error("slot {slot}: cannot {op} KV length {len} to {new_len}")]
+    KvLength {
+        slot: usize,
+        op: &'static str,
+        len: usize,
+        new_len: usize,
+    },
+    /// A ring operation that would overfill or underflow a slot's input ring.
+    #[error("slot {slot}: input ring holds {len} of {capacity} entries; {op} {n} is not possible")]
+    Ring {
+        slot: usize,
+        op: &'static str,
+        n: usize,
+        len: usize,
+        capacity: usize,
+    },
+    /// A conv-ring advance longer than the speculative room of the ring.
+    #[error("slot {slot}: conv ring can advance at most {max} entries at once, asked {n}")]
+    ConvAdvance { slot: usize, n: usize, max: usize },
+    /// A layer index beyond the pool, or of the wrong kind.
+    #[error("layer {layer}: {message}")]
+    Layer { layer: usize, message: String },
+    /// A pool configuration that cannot work.
+    #[error("invalid pool configuration: {0}")]
+    Config(String),
+}
+
+/// `n` copies of `value`, or a [`PoolError::Config`] naming `what` when the memory cannot be had (instead of
+/// aborting the process).
+fn filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>, PoolError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        PoolError::Config(format!(
+            "could not allocate {} for {what}",
+            memory::format_bytes((n as u64).saturating_mul(std::mem::size_of::<T>() as u64))
+        ))
+    })?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// `n` f32 zeros (see [`filled`]).
+fn zeroed(n: usize, what: &str) -> Result<Vec<f32>, PoolError> {
+    filled(n, 0.0, what)
+}
