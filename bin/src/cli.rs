@@ -6,7 +6,12 @@ use clap::{Args, Parser, Subcommand};
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]
-#[command(name = "rewind", version, about, long_about = None)]
+#[command(
+    name = "rewind",
+    version,
+    about = "rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5)",
+    long_about = None
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -32,14 +37,14 @@ pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 0.7.
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.0.
     #[arg(long, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P, in (0, 1].
     #[arg(long, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub top_k: Option<usize>,
     /// Drop tokens whose probability is below P times the most likely token's, in [0, 1].
     #[arg(long, allow_hyphen_values = true)]
@@ -63,7 +68,7 @@ pub struct SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// The prompt (default: a short greeting).
+    /// The prompt (default: "The quick brown fox").
     pub prompt: Option<String>,
     /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
     #[arg(long)]
