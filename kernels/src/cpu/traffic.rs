@@ -67,8 +67,16 @@ mod tests {
 
     #[test]
     fn sums_by_kind() {
-        let a = Traffic { state_read: 1, ring_written: 2, ..Traffic::default() };
-        let mut b = Traffic { state_read: 10, outputs: 3, ..Traffic::default() };
+        let a = Traffic {
+            state_read: 1,
+            ring_written: 2,
+            ..Traffic::default()
+        };
+        let mut b = Traffic {
+            state_read: 10,
+            outputs: 3,
+            ..Traffic::default()
+        };
         b += a;
         assert_eq!((b.state_read, b.ring_written, b.outputs, b.total()), (11, 2, 3, 16));
         assert_eq!((Traffic::f32s(3), Traffic::bf16s(3)), (12, 6));
