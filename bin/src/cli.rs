@@ -29,6 +29,8 @@ pub enum Command {
     InitModel(InitModelArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
     Bench(BenchArgs),
+    /// How many sequences fit a memory budget, for each decode form and speculative window.
+    PlanMemory(PlanMemoryArgs),
 }
 
 /// Sampling flags shared by the commands that generate.
@@ -155,4 +157,36 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanMemoryArgs {
+    /// Model directory (only config.json is read).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Plan a preset shape instead of a model directory (with --arch), e.g. nemotron-h-8b, qwen3.5-4b.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Model family of --preset: nemotron_h, qwen3_next, qwen3_5 or qwen3_5_moe.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Memory budget for weights plus sequences: 70GiB, 70GB, 512MiB, or plain bytes.
+    #[arg(long)]
+    pub budget: String,
+    /// Tokens of context each sequence reserves in its attention layers (default: max_position_embeddings).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Speculative window T (draft tokens per step); 0 plans standard decoding only.
+    #[arg(long, default_value_t = 0)]
+    pub spec_window: usize,
+    /// Input-ring capacity L of the replay form.
+    #[arg(long, default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN)]
+    pub buffer_len: usize,
+    /// Tokens per paged KV block.
+    #[arg(long, default_value_t = rewind_engine::state::DEFAULT_KV_BLOCK_SIZE)]
+    pub kv_block_size: usize,
+    /// Print one JSON object `{ "forms": [ { "form", "spec_window", "bytes_per_sequence", "max_sequences", ... } ],
+    /// ... }` instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
