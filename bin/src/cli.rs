@@ -24,6 +24,8 @@ pub enum Command {
     InitModel(InitModelArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
     Bench(BenchArgs),
+    /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
+    Selftest(SelftestArgs),
 }
 
 /// Sampling flags shared by the commands that generate.
@@ -150,4 +152,23 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SelftestArgs {
+    /// Device to check: `cuda` (GPU 0) or `cuda:N`. The CPU ops are the reference, so `cpu` is refused.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Write the full report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random inputs (default: from the clock; it is printed, so a run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run only the ops whose name contains this string.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Skip the NCCL all-reduce check (it runs when at least 2 GPUs are visible).
+    #[arg(long)]
+    pub no_nccl: bool,
 }

@@ -5,6 +5,7 @@ mod generate;
 mod init_model;
 mod logits;
 mod perplexity;
+mod selftest;
 
 use anyhow::Result;
 
@@ -18,5 +19,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Perplexity(a) => perplexity::run(a),
         Command::InitModel(a) => init_model::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Selftest(a) => selftest::run(a),
     }
 }
