@@ -312,6 +312,7 @@ fn selftest_refuses_the_cpu_device() {
 }
 
 /// Without a driver (CI) `selftest --device cuda` is a clear error and a non-zero exit, never a panic.
+#[cfg(feature = "cuda")]
 #[test]
 fn selftest_without_a_driver_is_a_clear_error() {
     if rewind_kernels::cuda::device_count().is_ok() {
