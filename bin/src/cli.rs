@@ -31,6 +31,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// How many sequences fit a memory budget, for each decode form and speculative window.
     PlanMemory(PlanMemoryArgs),
+    /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
+    Selftest(SelftestArgs),
 }
 
 /// Sampling flags shared by the commands that generate.
@@ -189,4 +191,20 @@ pub struct PlanMemoryArgs {
     /// ... }` instead of a table.
     #[arg(long)]
     pub json: bool,
+pub struct SelftestArgs {
+    /// Device to check: `cuda` (GPU 0) or `cuda:N`. The CPU ops are the reference, so `cpu` is refused.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Write the full report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random inputs (default: from the clock; it is printed, so a run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run only the ops whose name contains this string.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Skip the NCCL all-reduce check (it runs when at least 2 GPUs are visible).
+    #[arg(long)]
+    pub no_nccl: bool,
 }

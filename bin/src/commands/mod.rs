@@ -6,6 +6,7 @@ mod init_model;
 mod logits;
 mod perplexity;
 mod plan_memory;
+mod selftest;
 
 use anyhow::Result;
 
@@ -20,5 +21,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::InitModel(a) => init_model::run(a),
         Command::Bench(a) => bench::run(a),
         Command::PlanMemory(a) => plan_memory::run(a),
+        Command::Selftest(a) => selftest::run(a),
     }
 }
