@@ -191,6 +191,9 @@ pub struct PlanMemoryArgs {
     /// ... }` instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct SelftestArgs {
     /// Device to check: `cuda` (GPU 0) or `cuda:N`. The CPU ops are the reference, so `cpu` is refused.
     #[arg(long, default_value = "cuda")]
