@@ -43,7 +43,9 @@ impl PagedKv {
         ensure(op, (1..=256).contains(&self.head_dim), || {
             format!("head_dim {} is outside 1..=256", self.head_dim)
         })?;
-        ensure(op, self.block_size > 0 && self.kv_heads > 0, || format!("bad layout {self:?}"))?;
+        ensure(op, self.block_size > 0 && self.kv_heads > 0, || {
+            format!("bad layout {self:?}")
+        })?;
         check_len(op, "k_pool", k_pool.len(), self.pool_len())?;
         check_len(op, "v_pool", v_pool.len(), self.pool_len())?;
         check_len(op, "block_table", table.len(), self.num_slots * self.blocks_per_slot)?;
@@ -74,12 +76,19 @@ pub fn kv_write<T: Elem>(
     check_len(OP, "positions", positions.len(), n)?;
     check_len(OP, "k_new", k_new.len(), n * row)?;
     check_len(OP, "v_new", v_new.len(), n * row)?;
-    ensure(OP, (1..=256).contains(&layout.head_dim) && layout.block_size > 0, || {
-        format!("bad layout {layout:?}")
-    })?;
+    ensure(
+        OP,
+        (1..=256).contains(&layout.head_dim) && layout.block_size > 0,
+        || format!("bad layout {layout:?}"),
+    )?;
     check_len(OP, "k_pool", k_pool.len(), layout.pool_len())?;
     check_len(OP, "v_pool", v_pool.len(), layout.pool_len())?;
-    check_len(OP, "block_table", block_table.len(), layout.num_slots * layout.blocks_per_slot)?;
+    check_len(
+        OP,
+        "block_table",
+        block_table.len(),
+        layout.num_slots * layout.blocks_per_slot,
+    )?;
     fits_u32(OP, "rows", n * row)?;
     if n == 0 {
         return Ok(());
@@ -177,11 +186,7 @@ pub fn paged_attention<T: Elem>(
             .map_err(driver_err(format!("raising the shared memory limit of {name}")))?;
     }
     let cfg = LaunchConfig {
-        grid_dim: (
-            (t * group).div_ceil(ATTN_WARPS) as u32,
-            kv_heads as u32,
-            batch as u32,
-        ),
+        grid_dim: ((t * group).div_ceil(ATTN_WARPS) as u32, kv_heads as u32, batch as u32),
         block_dim: (32 * ATTN_WARPS as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };

@@ -60,7 +60,17 @@ pub fn route_softmax(
     let (lp, _gl) = logits.device_ptr(dev.stream());
     let (ip, _gi) = ids.device_ptr_mut(dev.stream());
     let (wp, _gw) = weights.device_ptr_mut(dev.stream());
-    launch!(dev, "route_softmax", route_cfg(tokens, experts, top_k), lp, ip, wp, e_i, k_i, norm)
+    launch!(
+        dev,
+        "route_softmax",
+        route_cfg(tokens, experts, top_k),
+        lp,
+        ip,
+        wp,
+        e_i,
+        k_i,
+        norm
+    )
 }
 
 /// Parameters of grouped sigmoid routing (Nemotron-H's router).
@@ -246,7 +256,18 @@ pub fn moe_gemm<T: Elem, G: DevicePtr<i32>>(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(dev, format!("moe_gemm_{}", T::NAME), cfg, ap, gp, wp, offp, op, k_i, n_i)
+    launch!(
+        dev,
+        format!("moe_gemm_{}", T::NAME),
+        cfg,
+        ap,
+        gp,
+        wp,
+        offp,
+        op,
+        k_i,
+        n_i
+    )
 }
 
 /// `out[t] (+)= Σ_k weights[t, k] · y[pos[t, k]]` over `top_k` assignments per token, in `k` order, skipping `pos`

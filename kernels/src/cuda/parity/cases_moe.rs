@@ -49,7 +49,11 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         (64, sig(128, 6, 1, 1, true, 2.5), "Nemotron-3-Nano 128 experts top-6"),
         (64, sig(512, 22, 1, 1, true, 5.0), "Nemotron-3-Super 512 experts top-22"),
         (33, sig(256, 8, 8, 4, true, 2.5), "8 groups, keep 4"),
-        (7, sig(24, 3, 4, 2, false, 1.0), "odd, 4 groups, keep 2, no renormalisation"),
+        (
+            7,
+            sig(24, 3, 4, 2, false, 1.0),
+            "odd, 4 groups, keep 2, no renormalisation",
+        ),
     ] {
         let shape = format!(
             "{tokens} tokens, {} experts top-{}, groups {}/{}, {what}",
@@ -95,7 +99,14 @@ fn ids_match(got: &[i32], want: &[usize]) -> bool {
     got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| g >= 0 && g as usize == w)
 }
 
-fn route_softmax(cx: &Ctx, rng: &mut Rng, tokens: usize, experts: usize, top_k: usize, norm: bool) -> Result<Vec<Check>> {
+fn route_softmax(
+    cx: &Ctx,
+    rng: &mut Rng,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    norm: bool,
+) -> Result<Vec<Check>> {
     let logits = rng.uniform_vec(tokens * experts, 4.0);
     let dl = cx.dev.upload(&logits)?;
     let mut ids = cx.dev.alloc_zeros::<i32>(tokens * top_k)?;
@@ -175,7 +186,14 @@ fn moe_experts<T: Elem>(cx: &Ctx, rng: &mut Rng, c: ExpertCase) -> Result<Vec<Ch
     let weights: Vec<f32> = (0..tokens * top_k).map(|_| rng.uniform(0.05, 1.0)).collect();
     let (w_up, up_host) = expert_weights::<T>(cx, rng, experts, distinct, i * h, 1.0 / (h as f32).sqrt())?;
     let gate = if gated {
-        Some(expert_weights::<T>(cx, rng, experts, distinct, i * h, 1.0 / (h as f32).sqrt())?)
+        Some(expert_weights::<T>(
+            cx,
+            rng,
+            experts,
+            distinct,
+            i * h,
+            1.0 / (h as f32).sqrt(),
+        )?)
     } else {
         None
     };
@@ -213,7 +231,10 @@ fn moe_experts<T: Elem>(cx: &Ctx, rng: &mut Rng, c: ExpertCase) -> Result<Vec<Ch
         }
         let r = toks.len();
         let set = e % distinct;
-        let xs: Vec<f32> = toks.iter().flat_map(|&t| x[t * h..(t + 1) * h].iter().copied()).collect();
+        let xs: Vec<f32> = toks
+            .iter()
+            .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
+            .collect();
         let mut u = vec![0.0f32; r * i];
         cpu::gemm::matmul_nt(&xs, &up_host[set * i * h..(set + 1) * i * h], &mut u, r, h, i);
         let mut a = rounded::<T>(&u);

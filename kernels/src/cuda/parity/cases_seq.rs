@@ -39,7 +39,10 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         (attn(3, 1, 70, 32, 2, 128, 16), "decode, Nemotron-Nano 32/2 × 128"),
         (attn(1, 1024, 1024, 32, 8, 128, 16), "prefill 1024, 32/8 × 128"),
         (attn(1, 1024, 1024, 16, 4, 256, 16), "prefill 1024, 16/4 × 256"),
-        (attn(1, 300, 817, 16, 2, 256, 16), "prefill 300 after 517 cached, 16/2 × 256"),
+        (
+            attn(1, 300, 817, 16, 2, 256, 16),
+            "prefill 300 after 517 cached, 16/2 × 256",
+        ),
         (attn(1, 200, 333, 8, 8, 64, 16), "prefill 200 after 133, 8/8 × 64"),
         (attn(3, 1, 41, 6, 3, 40, 5), "odd decode"),
         (attn(2, 7, 19, 6, 2, 40, 5), "odd, 2 rows × 7 tokens"),
@@ -264,7 +267,11 @@ fn gdn_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, seq: usize, chun
     let mut state = rng.uniform_vec(dims.state_len(), 0.5);
     let dev = cx.dev;
     let mut dstate = dev.upload(&state)?;
-    let (dq, dk_, dv_) = (dev.upload_as::<T>(&q)?, dev.upload_as::<T>(&k)?, dev.upload_as::<T>(&v)?);
+    let (dq, dk_, dv_) = (
+        dev.upload_as::<T>(&q)?,
+        dev.upload_as::<T>(&k)?,
+        dev.upload_as::<T>(&v)?,
+    );
     let (dg, db) = (dev.upload(&g)?, dev.upload(&beta)?);
     let mut out = dev.alloc_nan::<T>(seq * hv * dv)?;
     let mut ws = dev.alloc_nan::<f32>(ops::gdn_chunked_workspace(dims, seq, chunk))?;
