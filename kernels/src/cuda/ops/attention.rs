@@ -144,6 +144,7 @@ const ATTN_KEYS: usize = 32;
 /// position `lens[slots[b]] − t + i` and sees keys `0 ..= lens − t + i`. Query head `h` reads KV head
 /// `h / (heads / kv_heads)`. `scores = q·kᵀ·scale`, softmax in f32, then `·v`. A row whose slot is out of range or whose
 /// length is below `t` or beyond the slot's capacity gets NaN outputs.
+/// A block id outside the pool reads block 0 instead (the table is trusted; this only keeps reads in bounds).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: Elem>(
     dev: &CudaDevice,
