@@ -71,6 +71,11 @@ pub const MODULES: &[KernelModule] = &[
     module!("embedding", typed: true, ["embedding"]),
     module!("mamba2", typed: true, ["mamba2_step"]),
     module!("gdn", typed: true, ["gdn_step"]),
+    module!("attention", typed: true, ["kv_write", "attn_paged"]),
+    module!("ssd", typed: true, ["ssd_chunk_state", "ssd_state_scan", "ssd_chunk_out"]),
+    module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),
+    module!("moe_route", typed: false, ["route_softmax", "route_sigmoid_grouped", "moe_align"]),
+    module!("moe", typed: true, ["moe_gemm", "moe_combine"]),
 ];
 
 /// Compiler options besides the target.

@@ -622,3 +622,12 @@ pub fn gdn_step<T: Elem>(
         dv_i
     )
 }
+
+// Declared after `launch!` so the submodules can use it.
+mod attention;
+mod moe;
+mod scan;
+
+pub use attention::{kv_write, paged_attention, PagedKv};
+pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
+pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};

@@ -23,6 +23,7 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
 }
 
 __device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
+__device__ __forceinline__ float neg_inf_f32() { return __uint_as_float(0xff800000u); }
 
 // PyTorch's definitions (see kernels/src/cpu/act.rs).
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }

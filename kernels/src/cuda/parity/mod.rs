@@ -26,6 +26,8 @@ macro_rules! both {
 }
 
 pub mod cases;
+mod cases_moe;
+mod cases_seq;
 mod cases_ssm;
 
 /// SplitMix64: a small seeded generator, so the parity cases need no extra dependency.

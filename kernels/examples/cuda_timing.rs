@@ -1,0 +1,240 @@
+//! Kernel times of the prefill / attention / MoE ops at the target shapes (bf16 storage), with CUDA events: 3 warm-up
+//! launches, then the median of 20. Correctness is the selftest's job; this only says where time goes.
+//!
+//! `cargo run --release -p rewind-kernels --example cuda_timing` on a machine with a GPU; prints one line per op.
+
+use half::bf16;
+use rewind_kernels::cpu::gdn::GdnDims;
+use rewind_kernels::cpu::mamba2::Mamba2Dims;
+use rewind_kernels::cuda::ops::{self, Activation, PagedKv, SigmoidRouting};
+use rewind_kernels::cuda::parity::Rng;
+use rewind_kernels::cuda::{CudaDevice, CudaSlice, Result};
+
+const WARMUP: usize = 3;
+const REPS: usize = 20;
+
+/// Median milliseconds of `f` over [`REPS`] timed runs after [`WARMUP`] untimed ones.
+fn time(dev: &CudaDevice, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let err = |e| rewind_kernels::cuda::CudaError::Unavailable(format!("event: {e:?}"));
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    for _ in 0..WARMUP {
+        f()?;
+    }
+    let mut ms = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let start = dev.stream().record_event(flags).map_err(err)?;
+        f()?;
+        let end = dev.stream().record_event(flags).map_err(err)?;
+        ms.push(start.elapsed_ms(&end).map_err(err)? as f64);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[REPS / 2])
+}
+
+/// `n` random bf16 values: a random block of at most 4 Mi values repeated on the device (drawing gigabytes on the host
+/// would take minutes; the values only need to be ordinary numbers).
+fn random(dev: &CudaDevice, rng: &mut Rng, n: usize, scale: f32) -> Result<CudaSlice<bf16>> {
+    let block = n.min(1 << 22);
+    let src = dev.upload_as::<bf16>(&rng.uniform_vec(block, scale))?;
+    let mut out = dev.alloc::<bf16>(n)?;
+    let mut at = 0;
+    while at < n {
+        let len = block.min(n - at);
+        let mut dst = out.slice_mut(at..at + len);
+        dev.stream()
+            .memcpy_dtod(&src.slice(..len), &mut dst)
+            .map_err(|e| rewind_kernels::cuda::CudaError::Unavailable(format!("copy: {e:?}")))?;
+        at += len;
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    batch: usize,
+    t: usize,
+    len: usize,
+    heads: usize,
+    kvh: usize,
+    d: usize,
+) -> Result<()> {
+    let bs = 16;
+    let bps = len.div_ceil(bs);
+    let layout = PagedKv {
+        num_blocks: batch * bps,
+        block_size: bs,
+        kv_heads: kvh,
+        head_dim: d,
+        num_slots: batch,
+        blocks_per_slot: bps,
+    };
+    let (kp, vp) = (
+        random(dev, rng, layout.pool_len(), 1.0)?,
+        random(dev, rng, layout.pool_len(), 1.0)?,
+    );
+    let table: Vec<i32> = rng
+        .distinct(batch * bps, batch * bps)
+        .iter()
+        .map(|&b| b as i32)
+        .collect();
+    let (dt, dl, ds) = (
+        dev.upload(&table)?,
+        dev.upload(&vec![len as i32; batch])?,
+        dev.upload(&(0..batch as i32).collect::<Vec<_>>())?,
+    );
+    let q = random(dev, rng, batch * t * heads * d, 1.0)?;
+    let mut out = dev.alloc::<bf16>(batch * t * heads * d)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let ms = time(dev, || {
+        ops::paged_attention(dev, layout, heads, t, &q, &kp, &vp, &dt, &dl, &ds, scale, &mut out)
+    })?;
+    // Decode reads each row's K and V once; prefill is compute-bound: report causal FLOPs instead.
+    let kv_bytes = (batch * len * kvh * d * 2 * 2) as f64;
+    let flops = 4.0 * (batch * heads * d) as f64 * (t as f64) * (len as f64 - t as f64 / 2.0);
+    println!(
+        "paged_attention  batch {batch} t {t} len {len} {heads}/{kvh}×{d}: {ms:.3} ms, K/V {:.0} GB/s, {:.1} TFLOP/s",
+        kv_bytes / ms / 1e6,
+        flops / ms / 1e9
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let dev = CudaDevice::open(0)?;
+    println!("{} (compute capability {:?})", dev.name(), dev.arch());
+    let rng = &mut Rng::new(7);
+    for (batch, t, len, heads, kvh, d) in [
+        (32, 1, 4096, 32, 8, 128),
+        (32, 1, 4096, 16, 4, 256),
+        (32, 1, 4096, 16, 2, 256),
+        (1, 1024, 1024, 32, 8, 128),
+        (1, 1024, 1024, 16, 4, 256),
+    ] {
+        attention(&dev, rng, batch, t, len, heads, kvh, d)?;
+    }
+
+    let (seq, chunk) = (1024, 64);
+    let md = Mamba2Dims {
+        heads: 128,
+        head_dim: 64,
+        state_dim: 128,
+        groups: 8,
+    };
+    let x = random(&dev, rng, seq * 128 * 64, 1.0)?;
+    let (b, c) = (
+        random(&dev, rng, seq * 8 * 128, 1.0)?,
+        random(&dev, rng, seq * 8 * 128, 1.0)?,
+    );
+    let dt = dev.upload(&(0..seq * 128).map(|_| rng.uniform(0.01, 0.2)).collect::<Vec<f32>>())?;
+    let a = dev.upload(&(0..128).map(|_| -rng.uniform(0.5, 4.0)).collect::<Vec<f32>>())?;
+    let dsk = dev.upload(&rng.uniform_vec(128, 1.0))?;
+    let mut state = dev.upload(&rng.uniform_vec(128 * 64 * 128, 1.0))?;
+    let mut y = dev.alloc::<bf16>(seq * 128 * 64)?;
+    let mut ws = dev.alloc::<f32>(ops::mamba2_chunked_workspace(md, seq, chunk))?;
+    let ms = time(&dev, || {
+        ops::mamba2_chunked(
+            &dev, md, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &dsk, &mut y, &mut ws,
+        )
+    })?;
+    println!("mamba2_chunked   Nemotron-H-8B 128×64 state 128, seq {seq}: {ms:.3} ms");
+
+    let gd = GdnDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+    };
+    let (q, k) = (
+        random(&dev, rng, seq * 16 * 128, 0.09)?,
+        random(&dev, rng, seq * 16 * 128, 0.09)?,
+    );
+    let v = random(&dev, rng, seq * 32 * 128, 1.0)?;
+    let g = dev.upload(&(0..seq * 32).map(|_| -rng.uniform(0.01, 1.0)).collect::<Vec<f32>>())?;
+    let beta = dev.upload(&(0..seq * 32).map(|_| rng.uniform(0.1, 0.9)).collect::<Vec<f32>>())?;
+    let mut gstate = dev.upload(&rng.uniform_vec(gd.state_len(), 0.5))?;
+    let mut o = dev.alloc::<bf16>(seq * 32 * 128)?;
+    let mut gws = dev.alloc::<f32>(ops::gdn_chunked_workspace(gd, seq, chunk))?;
+    let ms = time(&dev, || {
+        ops::gdn_chunked(
+            &dev,
+            gd,
+            seq,
+            chunk,
+            &mut gstate,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &mut o,
+            &mut gws,
+        )
+    })?;
+    println!("gdn_chunked      Qwen3.5-4B 16/32×128, seq {seq}: {ms:.3} ms");
+
+    for (tokens, experts, top_k, h, i, gated) in [(64, 128, 6, 2688, 1856, false), (64, 512, 10, 2048, 512, true)] {
+        let logits = dev.upload(&rng.uniform_vec(tokens * experts, 4.0))?;
+        let bias = dev.upload(&rng.uniform_vec(experts, 0.5))?;
+        let mut ids = dev.alloc_zeros::<i32>(tokens * top_k)?;
+        let mut wts = dev.alloc_zeros::<f32>(tokens * top_k)?;
+        let ms_route = if gated {
+            time(&dev, || {
+                ops::route_softmax(&dev, &logits, experts, top_k, true, &mut ids, &mut wts)
+            })?
+        } else {
+            let cfg = SigmoidRouting {
+                experts,
+                top_k,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: true,
+                routed_scaling_factor: 2.5,
+            };
+            time(&dev, || {
+                ops::route_sigmoid_grouped(&dev, cfg, &logits, &bias, &mut ids, &mut wts)
+            })?
+        };
+        let n = tokens * top_k;
+        let x = random(&dev, rng, tokens * h, 1.0)?;
+        let w_up = random(&dev, rng, experts * i * h, 0.02)?;
+        let w_gate = random(&dev, rng, if gated { experts * i * h } else { 1 }, 0.02)?;
+        let w_down = random(&dev, rng, experts * h * i, 0.02)?;
+        let mut offsets = dev.alloc_zeros::<i32>(experts + 1)?;
+        let (mut rows, mut pos) = (dev.alloc_zeros::<i32>(n)?, dev.alloc_zeros::<i32>(n)?);
+        let (mut up, mut gt, mut act) = (
+            dev.alloc::<bf16>(n * i)?,
+            dev.alloc::<bf16>(n * i)?,
+            dev.alloc::<bf16>(n * i)?,
+        );
+        let mut yv = dev.alloc::<bf16>(n * h)?;
+        let mut out = dev.alloc::<bf16>(tokens * h)?;
+        ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
+        let ms_up = time(&dev, || {
+            ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)
+        })?;
+        let ms = time(&dev, || {
+            ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
+            ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
+            if gated {
+                ops::moe_gemm(&dev, &x, Some(&rows), &w_gate, &offsets, &mut gt, tokens, h, i)?;
+                ops::swiglu(&dev, &gt, &up, &mut act)?;
+            } else {
+                ops::activation(&dev, Activation::Relu2, &up, &mut act)?;
+            }
+            ops::moe_gemm::<bf16, CudaSlice<i32>>(&dev, &act, None, &w_down, &offsets, &mut yv, tokens, i, h)?;
+            ops::moe_combine(&dev, &yv, &pos, &wts, top_k, false, &mut out)
+        })?;
+        let used: Vec<i32> = dev.download(&offsets)?;
+        let active = used.windows(2).filter(|w| w[1] > w[0]).count();
+        let mats = if gated { 3 } else { 2 };
+        let bytes = (active * mats * i * h * 2) as f64;
+        println!(
+            "moe {experts} experts top-{top_k} {h}/{i}, {tokens} tokens: route {ms_route:.3} ms, up GEMM {ms_up:.3} ms, \
+             whole pass {ms:.3} ms ({active} experts active, weights {:.0} GB/s)",
+            bytes / ms / 1e6
+        );
+    }
+    Ok(())
+}
