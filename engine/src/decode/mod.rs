@@ -163,6 +163,16 @@ pub struct Decoder<'m> {
     traffic: Traffic,
 }
 
+impl fmt::Debug for Decoder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decoder")
+            .field("config", &self.config)
+            .field("slots_in_use", &self.pools.slots().used_count())
+            .field("last_traffic", &self.traffic)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'m> Decoder<'m> {
     /// Pools for `config.slots` sequences of `model`, all slots free.
     pub fn new(model: &'m Model, config: DecoderConfig) -> Result<Self> {
@@ -237,9 +247,10 @@ impl<'m> Decoder<'m> {
         &self.pools
     }
 
-    /// The bytes the decode kernels of the last step moved, summed over layers and sequences (GPU layout, see
-    /// [`Traffic`]); after a [`Decoder::commit`], the verify's traffic plus the commit's. Prefill counts only
-    /// the KV-only ring writes; the chunked scans are not decode-path ops.
+    /// The bytes the decode kernels of the last operation moved, summed over layers and sequences (GPU layout, see
+    /// [`Traffic`]): a decode step, a verify, or a commit (nothing for replay and kv-only, the snapshot copies of
+    /// the recurrent baseline). Prefill counts only the KV-only ring writes; the chunked scans are not decode-path
+    /// ops.
     pub fn last_traffic(&self) -> Traffic {
         self.traffic
     }
@@ -427,6 +438,7 @@ impl<'m> Decoder<'m> {
             )));
         }
         let _span = debug_span!("commit", slot, accepted, drafts = t).entered();
+        self.traffic = Traffic::default();
         match self.pools.counters().form_of(slot) {
             DecodeForm::Recurrent => self.commit_baseline(slot, accepted)?,
             DecodeForm::Replay | DecodeForm::KvOnly => self.pools.ring_commit(slot, accepted)?,
