@@ -7,7 +7,12 @@ use rewind_engine::decode::{DecodeOptions, FormChoice};
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]
-#[command(name = "rewind", version, about, long_about = None)]
+#[command(
+    name = "rewind",
+    version,
+    about = "rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5)",
+    long_about = None
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -25,6 +30,10 @@ pub enum Command {
     InitModel(InitModelArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
     Bench(BenchArgs),
+    /// How many sequences fit a memory budget, for each decode form and speculative window.
+    PlanMemory(PlanMemoryArgs),
+    /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
+    Selftest(SelftestArgs),
 }
 
 /// Sampling flags shared by the commands that generate.
@@ -33,14 +42,14 @@ pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 0.7.
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.0.
     #[arg(long, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P, in (0, 1].
     #[arg(long, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub top_k: Option<usize>,
     /// Drop tokens whose probability is below P times the most likely token's, in [0, 1].
     #[arg(long, allow_hyphen_values = true)]
@@ -64,7 +73,7 @@ pub struct SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// The prompt (default: a short greeting).
+    /// The prompt (default: "The quick brown fox").
     pub prompt: Option<String>,
     /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
     #[arg(long)]
@@ -188,4 +197,55 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanMemoryArgs {
+    /// Model directory (only config.json is read).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Plan a preset shape instead of a model directory (with --arch), e.g. nemotron-h-8b, qwen3.5-4b.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Model family of --preset: nemotron_h, qwen3_next, qwen3_5 or qwen3_5_moe.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Memory budget for weights plus sequences: 70GiB, 70GB, 512MiB, or plain bytes.
+    #[arg(long)]
+    pub budget: String,
+    /// Tokens of context each sequence reserves in its attention layers (default: max_position_embeddings).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Speculative window T (draft tokens per step); 0 plans standard decoding only.
+    #[arg(long, default_value_t = 0)]
+    pub spec_window: usize,
+    /// Input-ring capacity L of the replay form.
+    #[arg(long, default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN)]
+    pub buffer_len: usize,
+    /// Tokens per paged KV block.
+    #[arg(long, default_value_t = rewind_engine::state::DEFAULT_KV_BLOCK_SIZE)]
+    pub kv_block_size: usize,
+    /// Print one JSON object `{ "forms": [ { "form", "spec_window", "bytes_per_sequence", "max_sequences", ... } ],
+    /// ... }` instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SelftestArgs {
+    /// Device to check: `cuda` (GPU 0) or `cuda:N`. The CPU ops are the reference, so `cpu` is refused.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Write the full report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random inputs (default: from the clock; it is printed, so a run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run only the ops whose name contains this string.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Skip the NCCL all-reduce check (it runs when at least 2 GPUs are visible).
+    #[arg(long)]
+    pub no_nccl: bool,
 }

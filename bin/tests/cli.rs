@@ -304,3 +304,24 @@ fn unknown_arch_and_preset() {
         &["huge", "qwen3.5-4b"],
     );
 }
+
+#[test]
+fn selftest_refuses_the_cpu_device() {
+    assert_fails(&rewind(&["selftest", "--device", "cpu"]), &["nothing to compare"]);
+    assert_fails(&rewind(&["selftest", "--device", "tpu"]), &["unknown device"]);
+}
+
+/// Without a driver (CI) `selftest --device cuda` is a clear error and a non-zero exit, never a panic.
+#[cfg(feature = "cuda")]
+#[test]
+fn selftest_without_a_driver_is_a_clear_error() {
+    if rewind_kernels::cuda::device_count().is_ok() {
+        eprintln!("a CUDA driver is present: the no-driver path is not exercised here");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rewind-cli-selftest-{}", std::process::id()));
+    let json = dir.join("report.json");
+    let o = rewind(&["selftest", "--device", "cuda", "--json", json.to_str().expect("utf8")]);
+    assert_fails(&o, &["CUDA unavailable", "libcuda"]);
+    assert!(!json.exists(), "no report without a device");
+}

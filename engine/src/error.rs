@@ -6,12 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// A file or directory could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The I/O error is part of the message rather than a `source`, so a printed error chain names it once.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     /// A JSON file could not be parsed.
     #[error("{path}: malformed JSON: {message}")]
     Json { path: PathBuf, message: String },
@@ -59,7 +56,7 @@ impl EngineError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         EngineError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 

@@ -5,6 +5,8 @@ mod generate;
 mod init_model;
 mod logits;
 mod perplexity;
+mod plan_memory;
+mod selftest;
 
 use anyhow::Result;
 
@@ -18,5 +20,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Perplexity(a) => perplexity::run(a),
         Command::InitModel(a) => init_model::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::PlanMemory(a) => plan_memory::run(a),
+        Command::Selftest(a) => selftest::run(a),
     }
 }

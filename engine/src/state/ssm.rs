@@ -210,9 +210,19 @@ impl SsmLayerPool {
         &self.ring[f]
     }
 
+    /// Ring field `f` for every slot, mutable.
+    pub fn ring_field_mut(&mut self, f: usize) -> &mut [f32] {
+        &mut self.ring[f]
+    }
+
     /// Every slot's conv ring, `[slots, K − 1 + T, conv_dim]`.
     pub fn conv_rings(&self) -> &[f32] {
         &self.conv
+    }
+
+    /// Every slot's conv ring, mutable.
+    pub fn conv_rings_mut(&mut self) -> &mut [f32] {
+        &mut self.conv
     }
 
     /// Values of storage this pool holds (all slots, all tensors).

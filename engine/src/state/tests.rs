@@ -204,7 +204,7 @@ const BLOCKS: usize = 20;
 
 fn check(p: &StatePools, model: &[Option<Model>]) -> Result<(), TestCaseError> {
     let kv = p.kv_blocks();
-    let mut owned = vec![false; BLOCKS];
+    let mut owned = [false; BLOCKS];
     for &b in kv.free_blocks() {
         prop_assert!(!owned[b as usize], "block {} twice on the free list", b);
         owned[b as usize] = true;

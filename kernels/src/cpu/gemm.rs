@@ -11,11 +11,18 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
-/// `out[m, n] = a[m, k] · b[n, k]ᵀ` — the shape of `x · Wᵀ` with an HF `[out, in]` weight. Overwrites `out`.
-pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(a.len(), m * k, "matmul_nt: lhs");
-    assert_eq!(b.len(), n * k, "matmul_nt: rhs");
-    assert_eq!(out.len(), m * n, "matmul_nt: out");
+/// A row-major operand read through its strides: element `(i, j)` is at `i * rs + j * cs`.
+struct Operand<'a> {
+    data: &'a [f32],
+    rs: isize,
+    cs: isize,
+}
+
+/// `out[m, n] = lhs[m, k] · rhs[k, n]` for operands given by strides. Overwrites `out`.
+fn product(lhs: Operand, rhs: Operand, out: &mut [f32], m: usize, k: usize, n: usize, what: &str) {
+    assert_eq!(lhs.data.len(), m * k, "{what}: lhs");
+    assert_eq!(rhs.data.len(), k * n, "{what}: rhs");
+    assert_eq!(out.len(), m * n, "{what}: out");
     if m == 0 || n == 0 {
         return;
     }
@@ -23,7 +30,7 @@ pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
         out.fill(0.0);
         return;
     }
-    // SAFETY: the lengths were checked above; strides describe row-major a[m,k], bᵀ (b is [n,k]) and out[m,n].
+    // SAFETY: the lengths were checked above, and every caller's strides keep indices inside `m·k` / `k·n` / `m·n`.
     unsafe {
         gemm::gemm(
             m,
@@ -33,12 +40,12 @@ pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
             1,
             n as isize,
             false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            k as isize,
-            1,
+            lhs.data.as_ptr(),
+            lhs.cs,
+            lhs.rs,
+            rhs.data.as_ptr(),
+            rhs.cs,
+            rhs.rs,
             0.0f32,
             1.0f32,
             false,
@@ -47,82 +54,48 @@ pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: u
             parallelism(m, n, k),
         );
     }
+}
+
+/// `out[m, n] = a[m, k] · b[n, k]ᵀ` — the shape of `x · Wᵀ` with an HF `[out, in]` weight. Overwrites `out`.
+pub fn matmul_nt(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    let ki = k as isize;
+    product(
+        Operand { data: a, rs: ki, cs: 1 },
+        Operand { data: b, rs: 1, cs: ki },
+        out,
+        m,
+        k,
+        n,
+        "matmul_nt",
+    );
 }
 
 /// `out[m, n] = a[m, k] · b[k, n]`. Overwrites `out`.
 pub fn matmul_nn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(a.len(), m * k, "matmul_nn: lhs");
-    assert_eq!(b.len(), k * n, "matmul_nn: rhs");
-    assert_eq!(out.len(), m * n, "matmul_nn: out");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out.fill(0.0);
-        return;
-    }
-    // SAFETY: lengths checked above; all three operands are row-major.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism(m, n, k),
-        );
-    }
+    let (ki, ni) = (k as isize, n as isize);
+    product(
+        Operand { data: a, rs: ki, cs: 1 },
+        Operand { data: b, rs: ni, cs: 1 },
+        out,
+        m,
+        k,
+        n,
+        "matmul_nn",
+    );
 }
 
 /// `out[m, n] = a[k, m]ᵀ · b[k, n]`. Overwrites `out`.
 pub fn matmul_tn(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(a.len(), k * m, "matmul_tn: lhs");
-    assert_eq!(b.len(), k * n, "matmul_tn: rhs");
-    assert_eq!(out.len(), m * n, "matmul_tn: out");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out.fill(0.0);
-        return;
-    }
-    // SAFETY: lengths checked above; a is read transposed through its strides.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            m as isize,
-            1,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism(m, n, k),
-        );
-    }
+    let (mi, ni) = (m as isize, n as isize);
+    product(
+        Operand { data: a, rs: 1, cs: mi },
+        Operand { data: b, rs: ni, cs: 1 },
+        out,
+        m,
+        k,
+        n,
+        "matmul_tn",
+    );
 }
 
 /// A linear layer over `rows` inputs: `x[rows, in] · w[out, in]ᵀ (+ bias[out])`.

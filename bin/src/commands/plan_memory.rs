@@ -1,0 +1,99 @@
+//! `rewind plan-memory`: bytes per sequence slot and the number of sequences that fit a budget, for each decode form
+//! and speculative window, from a model directory's config or a preset shape (no checkpoint needed).
+
+use anyhow::{bail, Context, Result};
+use rewind_engine::model::ModelConfig;
+use rewind_engine::presets::{parse_arch, preset_config, tokenizer_vocab};
+use rewind_engine::state::memory::{format_bytes, parse_bytes, plan_memory, MemoryPlan, PlanOptions};
+
+use crate::cli::PlanMemoryArgs;
+
+fn load_config(args: &PlanMemoryArgs) -> Result<ModelConfig> {
+    match (&args.model, &args.preset, &args.arch) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            bail!("give either --model DIR or --preset NAME --arch ARCH, not both")
+        }
+        (Some(dir), None, None) => Ok(ModelConfig::from_dir(dir)?),
+        (None, Some(preset), Some(arch)) => {
+            let family = parse_arch(arch)?;
+            // The token ids only fill config fields; the plan does not depend on them.
+            let json = preset_config(family, preset, None, tokenizer_vocab(preset), 1, 2)?;
+            Ok(ModelConfig::from_json(&json)?)
+        }
+        (None, Some(_), None) => {
+            bail!("--preset needs --arch (nemotron_h, qwen3_next, qwen3_5 or qwen3_5_moe)")
+        }
+        (None, None, Some(_)) => bail!("--arch needs --preset"),
+        (None, None, None) => bail!("give --model DIR, or --preset NAME --arch ARCH"),
+    }
+}
+
+fn print_table(config: &ModelConfig, plan: &MemoryPlan) {
+    let left = plan.budget_bytes.saturating_sub(plan.weights_bytes);
+    println!("model        {}", config.summary());
+    println!(
+        "weights      {:.2}B parameters, {} (bf16)",
+        plan.parameters as f64 / 1e9,
+        format_bytes(plan.weights_bytes)
+    );
+    println!(
+        "budget       {}, {} left for sequences",
+        format_bytes(plan.budget_bytes),
+        format_bytes(left)
+    );
+    println!(
+        "sequence     {} tokens of context (KV blocks of {}), ring L = {}, kv-only below {} tokens",
+        plan.context, plan.kv_block_size, plan.buffer_len, plan.kv_only_threshold
+    );
+    let baseline = if plan.spec_window > 0 {
+        format!("spec-baseline at T = {}", plan.spec_window)
+    } else {
+        "recurrent".to_string()
+    };
+    println!();
+    println!(
+        "{:<14} {:>3} {:>16} {:>12} {:>12} {:>12} {:>10}",
+        "form", "T", "bytes/sequence", "(ssm)", "(kv)", "max seqs", "vs base"
+    );
+    for f in &plan.forms {
+        let ratio = f.vs_baseline.map_or("-".to_string(), |r| format!("{r:.2}x"));
+        println!(
+            "{:<14} {:>3} {:>16} {:>12} {:>12} {:>12} {:>10}",
+            f.form.name(),
+            f.spec_window,
+            format_bytes(f.bytes_per_sequence),
+            format_bytes(f.ssm_bytes),
+            format_bytes(f.kv_bytes),
+            f.max_sequences,
+            ratio
+        );
+    }
+    println!();
+    println!("vs base: max sequences relative to {baseline}.");
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+}
+
+pub fn run(args: PlanMemoryArgs) -> Result<()> {
+    let budget = parse_bytes(&args.budget).context("--budget")?;
+    let config = load_config(&args)?;
+    let opts = PlanOptions {
+        spec_window: args.spec_window,
+        buffer_len: args.buffer_len,
+        context: args.context.unwrap_or(config.max_position_embeddings),
+        kv_block_size: args.kv_block_size,
+        kv_only_threshold: None,
+    };
+    let plan = plan_memory(&config, budget, &opts)?;
+    if args.json {
+        let mut value = serde_json::to_value(&plan)?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("model".into(), serde_json::Value::String(config.summary()));
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_table(&config, &plan);
+    }
+    Ok(())
+}
