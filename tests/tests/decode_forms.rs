@@ -178,7 +178,13 @@ fn every_form_matches_recurrent_on_every_fixture() {
 
 /// Replays speculative steps on `form` and checks every verified row against the recurrent decode of the committed
 /// history plus the drafts before it. Returns the worst relative error and the accepted counts seen.
-fn verify_walk(model: &Model, tokens: &[u32], prefill: usize, form: FormChoice, seed: u64) -> (f64, Vec<usize>) {
+fn verify_walk(
+    model: &Model,
+    tokens: &[u32],
+    prefill: usize,
+    form: FormChoice,
+    seed: u64,
+) -> (f64, Vec<(usize, usize)>) {
     const T_MAX: usize = 4;
     let vocab = model.config().vocab_size;
     let steps = 24;
@@ -217,7 +223,7 @@ fn verify_walk(model: &Model, tokens: &[u32], prefill: usize, form: FormChoice, 
         }
         let accepted = rng.below(t + 1);
         dec.commit(slot, accepted).expect("commit");
-        accepted_seen.push(accepted);
+        accepted_seen.push((accepted, t));
         for &d in &drafts[..accepted] {
             model.forward(&[d], &mut reference, Logits::All).expect("advance");
         }
@@ -240,7 +246,14 @@ fn verify_and_commit_match_recurrent_decode() {
             FormChoice::Auto,
         ] {
             let (worst, accepted) = verify_walk(&model, &tokens, prefill, form, 17 + i as u64);
-            assert!(accepted.contains(&0), "the walk never rejects everything");
+            assert!(
+                accepted.iter().any(|&(a, _)| a == 0),
+                "the walk never rejects every draft"
+            );
+            assert!(
+                accepted.iter().any(|&(a, t)| a == t && t > 1),
+                "the walk never accepts a whole window"
+            );
             println!(
                 "{:<18} verify {form:<9} worst {worst:.2e} accepted {accepted:?}",
                 name(&dir)
@@ -315,4 +328,85 @@ fn mixed_form_batch_equals_each_sequence_alone() {
             name(&dir)
         );
     }
+}
+
+/// Random events over one decoder whose slots hold sequences in every form: batched decodes of random subsets,
+/// verifies with random accepted counts. Every row equals the recurrent decode of that sequence's committed history.
+#[test]
+fn random_events_over_mixed_slots_match_recurrent() {
+    let forms = [
+        FormChoice::Recurrent,
+        FormChoice::Replay,
+        FormChoice::KvOnly,
+        FormChoice::Auto,
+        FormChoice::Replay,
+    ];
+    let mut failures = Vec::new();
+    for (i, dir) in fixtures().into_iter().enumerate() {
+        let (model, tokens, _) = load(&dir);
+        let vocab = model.config().vocab_size;
+        let config = DecoderConfig {
+            buffer_len: 6,
+            max_verify: 3,
+            ..DecoderConfig::new(forms.len(), 200)
+        };
+        let mut dec = Decoder::new(&model, config).expect("decoder");
+        let mut rng = Rng(1000 + i as u64);
+        let mut worst = 0.0f64;
+        let mut slots = Vec::new();
+        let mut refs: Vec<SequenceState> = Vec::new();
+        for form in forms {
+            let slot = dec.start(form).expect("slot");
+            let p = 1 + rng.below(6);
+            let mut state = model.new_state();
+            let want = model.forward(&tokens[..p], &mut state, Logits::Last).expect("prefill");
+            let got = dec.prefill(slot, &tokens[..p], Logits::Last).expect("prefill");
+            worst = worst.max(rel(&got, &want));
+            slots.push(slot);
+            refs.push(state);
+        }
+        let (mut decodes, mut verifies) = (0, 0);
+        for _ in 0..40 {
+            if rng.below(3) < 2 {
+                let mut members: Vec<usize> = (0..forms.len()).filter(|_| rng.below(2) == 0).collect();
+                if members.is_empty() {
+                    members.push(rng.below(forms.len()));
+                }
+                let batch: Vec<(usize, u32)> = members.iter().map(|&k| (slots[k], rng.below(vocab) as u32)).collect();
+                let out = dec.decode(&batch).expect("batch decode");
+                for (row, (&k, &(_, tok))) in out.chunks_exact(vocab).zip(members.iter().zip(&batch)) {
+                    let want = model.forward(&[tok], &mut refs[k], Logits::All).expect("decode");
+                    worst = worst.max(rel(row, &want));
+                }
+                decodes += 1;
+            } else {
+                let k = rng.below(forms.len());
+                let t = 1 + rng.below(3);
+                let drafts: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
+                let got = dec.verify(slots[k], &drafts).expect("verify");
+                let mut probe = refs[k].clone();
+                for (s, &d) in drafts.iter().enumerate() {
+                    let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
+                    worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                }
+                let accepted = rng.below(t + 1);
+                dec.commit(slots[k], accepted).expect("commit");
+                for &d in &drafts[..accepted] {
+                    model.forward(&[d], &mut refs[k], Logits::All).expect("advance");
+                }
+                verifies += 1;
+            }
+        }
+        for (k, &slot) in slots.iter().enumerate() {
+            assert_eq!(dec.position(slot).expect("position"), refs[k].position);
+        }
+        println!(
+            "{:<18} random events: {decodes} batched decodes, {verifies} verifies, worst {worst:.2e}",
+            name(&dir)
+        );
+        if worst > TOLERANCE {
+            failures.push(format!("{}: {worst:.2e}", name(&dir)));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
