@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use rewind_engine::decode::{DecodeOptions, FormChoice};
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]
@@ -85,6 +86,41 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+}
+
+/// How SSM layers decode (shared by `generate` and `logits`).
+#[derive(Args, Debug, Clone)]
+pub struct DecodeArgs {
+    /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay).
+    #[arg(long = "decode", value_name = "FORM", default_value = "auto", value_parser = parse_form)]
+    pub form: FormChoice,
+    /// Input-ring capacity L of the replay and kv-only forms (at least 2).
+    #[arg(long, value_name = "L", default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN, value_parser = parse_buffer_len)]
+    pub buffer_len: usize,
+}
+
+impl DecodeArgs {
+    /// The engine's options.
+    pub fn options(&self) -> DecodeOptions {
+        DecodeOptions {
+            form: self.form,
+            buffer_len: self.buffer_len,
+        }
+    }
+}
+
+fn parse_form(s: &str) -> Result<FormChoice, String> {
+    s.parse().map_err(|e: rewind_engine::EngineError| e.to_string())
+}
+
+fn parse_buffer_len(s: &str) -> Result<usize, String> {
+    let l: usize = s.parse().map_err(|e| format!("`{s}` is not a whole number: {e}"))?;
+    if l < 2 {
+        return Err(format!("the input ring must hold at least 2 entries, found {l}"));
+    }
+    Ok(l)
 }
 
 #[derive(Args, Debug)]
@@ -101,6 +137,8 @@ pub struct LogitsArgs {
     /// Output JSON file: { "tokens": [...], "logits": [[f32; vocab] per position] }.
     #[arg(long)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
 }
 
 #[derive(Args, Debug)]

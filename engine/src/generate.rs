@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tracing::info_span;
 
+use crate::decode::{DecodeOptions, Decoder, DecoderConfig};
 use crate::error::{EngineError, Result};
 use crate::model::{Logits, Model};
 use crate::sample::{Sampler, SamplingParams, StopChecker, StopOutcome};
@@ -50,13 +51,35 @@ pub struct GenerationOutput {
     pub stats: GenerationStats,
 }
 
-/// Generates from `prompt` (token ids). `on_text` receives each piece of text as soon as it is final.
+/// Generates from `prompt` (token ids) with the default decode options (`auto`, `L = 16`). `on_text` receives each
+/// piece of text as soon as it is final.
 pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     params: &SamplingParams,
     eos_token_ids: &[u32],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationOutput> {
+    generate_with(
+        model,
+        tokenizer,
+        prompt,
+        params,
+        eos_token_ids,
+        DecodeOptions::default(),
+        on_text,
+    )
+}
+
+/// [`generate`] in the decode form and ring length `decode` asks for.
+pub fn generate_with(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &SamplingParams,
+    eos_token_ids: &[u32],
+    decode: DecodeOptions,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationOutput> {
     if prompt.is_empty() {
@@ -71,10 +94,23 @@ pub fn generate(
     let mut sampler = Sampler::new(params.clone())?;
     let mut stops = StopChecker::new(&params.stop_strings);
     let mut stream = tokenizer.decode_stream(true);
-    let mut state = model.new_state();
+    // The KV pool holds what this generation can reach, not the model's whole context.
+    let context = prompt
+        .len()
+        .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
+        .min(limit);
+    let mut decoder = Decoder::new(
+        model,
+        DecoderConfig {
+            buffer_len: decode.buffer_len,
+            ..DecoderConfig::new(1, context)
+        },
+    )?;
+    let slot = decoder.start(decode.form)?;
+    let mut position = prompt.len();
 
     let t0 = Instant::now();
-    let mut logits = model.forward(prompt, &mut state, Logits::Last)?;
+    let mut logits = decoder.prefill(slot, prompt, Logits::Last)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
 
     let mut history: Vec<u32> = prompt.to_vec();
@@ -110,13 +146,14 @@ pub fn generate(
                 }
             }
         }
-        if state.position >= limit {
+        if position >= limit {
             break FinishReason::ContextLimit;
         }
         if generated.len() >= max_tokens {
             break FinishReason::Length;
         }
-        logits = model.forward(&[next], &mut state, Logits::Last)?;
+        logits = decoder.decode(&[(slot, next)])?;
+        position += 1;
     };
     if finish != FinishReason::StopString {
         if let Some(piece) = stream.flush()? {

@@ -2,6 +2,7 @@
 //! templates, sampling, and generation.
 
 pub mod checkpoint;
+pub mod decode;
 pub mod error;
 pub mod generate;
 pub mod generation_config;

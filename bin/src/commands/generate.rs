@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use rewind_engine::generate::generate;
+use rewind_engine::generate::generate_with;
 use rewind_engine::generation_config::GenerationDefaults;
 use rewind_engine::model::json::parse_relaxed;
 use rewind_engine::model::Model;
@@ -86,13 +86,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut out = stdout.lock();
     let json = args.json;
     let mut write_err: Option<std::io::Error> = None;
-    let result = generate(&model, &tokenizer, &prompt, &params, &eos, &mut |piece| {
-        if !json && write_err.is_none() {
-            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                write_err = Some(e);
+    let result = generate_with(
+        &model,
+        &tokenizer,
+        &prompt,
+        &params,
+        &eos,
+        args.decode.options(),
+        &mut |piece| {
+            if !json && write_err.is_none() {
+                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                    write_err = Some(e);
+                }
             }
-        }
-    })?;
+        },
+    )?;
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }

@@ -1,8 +1,10 @@
-//! `rewind logits`: per-position logits, prefill for the first N tokens and decode for the rest.
+//! `rewind logits`: per-position logits, prefill for the first N tokens and decode for the rest, in the chosen decode
+//! form.
 
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
+use rewind_engine::decode::{Decoder, DecoderConfig};
 use rewind_engine::model::{Logits, Model};
 
 use crate::cli::LogitsArgs;
@@ -18,14 +20,22 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     let model = Model::from_dir(&args.model)?;
     model.check_tokens(&args.tokens, 0)?;
     let vocab = model.config().vocab_size;
-    let mut state = model.new_state();
+    let opts = args.decode.options();
+    let mut decoder = Decoder::new(
+        &model,
+        DecoderConfig {
+            buffer_len: opts.buffer_len,
+            ..DecoderConfig::new(1, args.tokens.len())
+        },
+    )?;
+    let slot = decoder.start(opts.form)?;
     let mut rows: Vec<Vec<f32>> = Vec::with_capacity(args.tokens.len());
     if args.prefill > 0 {
-        let logits = model.forward(&args.tokens[..args.prefill], &mut state, Logits::All)?;
+        let logits = decoder.prefill(slot, &args.tokens[..args.prefill], Logits::All)?;
         rows.extend(logits.chunks_exact(vocab).map(<[f32]>::to_vec));
     }
     for &tok in &args.tokens[args.prefill..] {
-        rows.push(model.forward(&[tok], &mut state, Logits::All)?);
+        rows.push(decoder.decode(&[(slot, tok)])?);
     }
     let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let mut w = std::io::BufWriter::new(file);

@@ -30,6 +30,7 @@ pub struct Block {
 }
 
 /// The state one block keeps for one sequence.
+#[derive(Clone)]
 pub enum BlockState {
     /// FFN blocks keep nothing.
     Stateless,
@@ -38,7 +39,8 @@ pub enum BlockState {
     Kv(KvCache),
 }
 
-/// Everything a sequence carries between forward calls.
+/// Everything a sequence carries between forward calls (cloneable, so a test can branch a sequence).
+#[derive(Clone)]
 pub struct SequenceState {
     pub blocks: Vec<BlockState>,
     /// Number of tokens processed so far (the next token's position).
@@ -138,16 +140,10 @@ impl Model {
         self.check_tokens(tokens, state.position)?;
         let _span = debug_span!("forward", tokens = t, position = state.position).entered();
         let hidden = self.config.hidden_size;
-        let mut x = Vec::with_capacity(t * hidden);
-        for &tok in tokens {
-            let row = tok as usize * hidden;
-            x.extend_from_slice(&self.embed[row..row + hidden]);
-        }
+        let mut x = self.embed_tokens(tokens);
         let pos = state.position;
-        let offset = self.config.norm_offset;
-        let eps = self.config.norm_eps;
         for (block, bstate) in self.blocks.iter().zip(state.blocks.iter_mut()) {
-            let h = norm::rms_norm_vec(&x, &block.norm, eps, offset);
+            let h = self.block_input(block, &x);
             let y = match (&block.mixer, bstate) {
                 (Mixer::Mamba2(m), BlockState::Mamba2(s)) => m.forward(&h, t, s),
                 (Mixer::Gdn(m), BlockState::Gdn(s)) => m.forward(&h, t, s),
@@ -169,17 +165,52 @@ impl Model {
             Logits::All => t,
             Logits::Last => 1,
         };
-        let last = &x[(t - rows) * hidden..];
-        let normed = norm::rms_norm_vec(last, &self.final_norm, eps, offset);
+        self.head_logits(&x[(t - rows) * hidden..], pos + t - rows)
+    }
+
+    /// The residual blocks, in model order (`layers` flattened).
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// The embedding rows of `tokens`, `[t, hidden]`. Ids must have passed [`Model::check_tokens`].
+    pub fn embed_tokens(&self, tokens: &[u32]) -> Vec<f32> {
+        let hidden = self.config.hidden_size;
+        let mut x = Vec::with_capacity(tokens.len() * hidden);
+        for &tok in tokens {
+            let row = tok as usize * hidden;
+            x.extend_from_slice(&self.embed[row..row + hidden]);
+        }
+        x
+    }
+
+    /// A block's mixer input: the residual stream `x` (`[t, hidden]`) under the block's RMSNorm.
+    pub fn block_input(&self, block: &Block, x: &[f32]) -> Vec<f32> {
+        norm::rms_norm_vec(x, &block.norm, self.config.norm_eps, self.config.norm_offset)
+    }
+
+    /// Final norm and LM head over residual rows `x` (`[rows, hidden]`), the first of which is at
+    /// `first_position` (for the error message). Returns `[rows, vocab]`; non-finite logits are an error.
+    pub fn head_logits(&self, x: &[f32], first_position: usize) -> Result<Vec<f32>> {
+        let hidden = self.config.hidden_size;
+        let rows = x.len() / hidden.max(1);
+        let normed = norm::rms_norm_vec(x, &self.final_norm, self.config.norm_eps, self.config.norm_offset);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
         let logits = gemm::linear(&normed, head, None, rows, hidden, self.config.vocab_size);
         if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
             let row = i / self.config.vocab_size;
             return Err(EngineError::NonFinite {
-                position: pos + t - rows + row,
+                position: first_position + row,
             });
         }
         Ok(logits)
+    }
+}
+
+impl Block {
+    /// The block's mixer.
+    pub fn mixer(&self) -> &Mixer {
+        &self.mixer
     }
 }
 

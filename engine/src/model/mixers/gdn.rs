@@ -256,7 +256,15 @@ impl GdnMixer {
             })
             .collect();
 
-        let inputs = GdnInputs { t, q, k, v, g, beta };
+        let inputs = GdnInputs {
+            t,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            conv_in: mixed,
+        };
         let mut core = vec![0.0f32; t * z.value_dim];
         scan(&inputs, &mut core);
         // The norm weight is per head width, so every value head is one row of the grouped norm.
@@ -287,6 +295,9 @@ pub struct GdnInputs {
     pub g: Vec<f32>,
     /// `[t, v_heads]`.
     pub beta: Vec<f32>,
+    /// The pre-conv `q | k | v` rows `[t, conv_dim]`: what a conv ring keeps, so a speculative step can roll its
+    /// conv history back to any accepted prefix.
+    pub conv_in: Vec<f32>,
 }
 
 #[cfg(test)]

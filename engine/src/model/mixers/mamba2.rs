@@ -275,6 +275,7 @@ impl Mamba2Mixer {
             dt,
             b: Vec::with_capacity(t * gn),
             c: Vec::with_capacity(t * gn),
+            conv_in: Vec::new(),
         };
         for row in conv_out.chunks_exact(cd) {
             inputs.x.extend(row[..di].iter().map(|v| silu(*v)));
@@ -282,6 +283,7 @@ impl Mamba2Mixer {
             inputs.c.extend(row[di + gn..].iter().map(|v| silu(*v)));
         }
 
+        inputs.conv_in = xbc;
         let mut y = vec![0.0f32; t * di];
         scan(&inputs, &mut y);
 
@@ -310,6 +312,9 @@ pub struct Mamba2Inputs {
     pub b: Vec<f32>,
     /// `[t, groups, state_dim]`.
     pub c: Vec<f32>,
+    /// The pre-conv `xBC` rows `[t, conv_dim]`: what a conv ring keeps, so a speculative step can roll its conv
+    /// history back to any accepted prefix.
+    pub conv_in: Vec<f32>,
 }
 
 #[cfg(test)]

@@ -1,0 +1,136 @@
+//! `rewind logits --decode ... --buffer-len ...` end to end: every decode form gives the recurrent form's logits on tiny
+//! init-model checkpoints of both SSM families, and bad values are clear errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn rewind(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(args)
+        .output()
+        .expect("run rewind")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn tiny_model(arch: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rewind-decode-cli-{arch}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = rewind(&[
+        "init-model",
+        "--arch",
+        arch,
+        "--preset",
+        "tiny",
+        "--out",
+        dir.to_str().expect("utf8"),
+        "--seed",
+        "11",
+    ]);
+    assert!(o.status.success(), "init-model failed: {}", stderr(&o));
+    dir
+}
+
+/// `rewind logits` rows for `tokens`, the first `prefill` through prefill, with `extra` flags.
+fn logits(model: &Path, tokens: &str, prefill: usize, extra: &[&str]) -> Vec<Vec<f64>> {
+    let out = std::env::temp_dir().join(format!(
+        "rewind-decode-cli-{}-{}.json",
+        std::process::id(),
+        extra.join("_")
+    ));
+    let prefill = prefill.to_string();
+    let mut args = vec![
+        "logits",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--tokens",
+        tokens,
+        "--prefill",
+        &prefill,
+        "--out",
+        out.to_str().expect("utf8"),
+    ];
+    args.extend_from_slice(extra);
+    let o = rewind(&args);
+    assert!(o.status.success(), "logits {extra:?} failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+    let _ = std::fs::remove_file(&out);
+    v["logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("f64"))
+                .collect()
+        })
+        .collect()
+}
+
+fn rel(got: &[f64], want: &[f64]) -> f64 {
+    let max_ref = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let max_diff = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+    max_diff / max_ref.max(1e-12)
+}
+
+#[test]
+fn logits_in_every_form_match_recurrent() {
+    let tokens = "5,17,42,7,9,33,2,8,61,4,19,23,6,50,11,3,27,14";
+    for arch in ["nemotron_h", "qwen3_5"] {
+        let model = tiny_model(arch);
+        for prefill in [5, 1] {
+            let want = logits(&model, tokens, prefill, &["--decode", "recurrent"]);
+            assert_eq!(want.len(), 18);
+            for flags in [
+                &["--decode", "replay", "--buffer-len", "3"][..],
+                &["--decode", "kv-only"],
+                &["--decode", "auto", "--buffer-len", "4"],
+                &[],
+            ] {
+                let got = logits(&model, tokens, prefill, flags);
+                assert_eq!(got.len(), want.len());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let e = rel(g, w);
+                    assert!(
+                        e < 1e-4,
+                        "{arch} prefill {prefill} {flags:?}: position {i} off by {e:.2e}"
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&model);
+    }
+}
+
+#[test]
+fn bad_decode_flags_are_clear_errors() {
+    for (flags, needle) in [
+        (&["--decode", "fast"][..], "unknown decode form `fast`"),
+        (&["--buffer-len", "1"], "at least 2"),
+        (&["--buffer-len", "many"], "not a whole number"),
+    ] {
+        let mut args = vec![
+            "logits",
+            "--model",
+            "/nonexistent",
+            "--tokens",
+            "1,2",
+            "--prefill",
+            "1",
+            "--out",
+            "/dev/null",
+        ];
+        args.extend_from_slice(flags);
+        let o = rewind(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{flags:?} accepted");
+        assert!(err.contains("error:") && !err.contains("panicked"), "{flags:?}: {err}");
+        assert!(err.contains(needle), "{flags:?}: `{err}` lacks `{needle}`");
+        let o = rewind(&[&["generate", "hi"][..], flags].concat());
+        assert!(!o.status.success() && stderr(&o).contains(needle), "generate {flags:?}");
+    }
+}

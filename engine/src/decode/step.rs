@@ -1,0 +1,185 @@
+//! One step of the decoder through every block: FFN blocks over all rows at once, SSM and attention blocks per
+//! sequence, each over its slot's state in the pools.
+
+use rewind_kernels::cpu::{replay_gdn, replay_mamba2};
+
+use super::ssm;
+use super::Decoder;
+use crate::error::{EngineError, Result};
+use crate::model::hybrid::Mixer;
+use crate::model::mixers::attention::AttentionMixer;
+use crate::state::{DecodeForm, StatePools, StateRef};
+
+/// What a step does with its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// A prompt into a fresh sequence: chunked scans, committed.
+    Prefill,
+    /// One token per sequence, committed.
+    Decode,
+    /// Drafts, pending until a commit.
+    Verify,
+}
+
+/// One sequence of a step, planned before any layer runs.
+pub(super) struct Seq<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Committed tokens before this step (the position of `tokens[0]`).
+    pub pos: usize,
+    pub form: DecodeForm,
+    /// Fold the committed ring entries into the checkpoint in this step.
+    pub flush: bool,
+}
+
+impl Decoder<'_> {
+    /// Runs `seqs` through every block and returns the final residual rows `[Σ t, hidden]`, in batch order. SSM and
+    /// attention state moves as `phase` says; the slot counters are the caller's to update.
+    pub(super) fn run(&mut self, seqs: &[Seq], phase: Phase) -> Result<Vec<f32>> {
+        let model = self.model;
+        let hidden = model.config().hidden_size;
+        let rows: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let mut x = Vec::with_capacity(rows * hidden);
+        for s in seqs {
+            x.extend(model.embed_tokens(s.tokens));
+        }
+        for (b, block) in model.blocks().iter().enumerate() {
+            let h = model.block_input(block, &x);
+            let y = match (block.mixer(), self.pools.block_refs()[b]) {
+                (Mixer::Mlp(m), _) => m.forward(&h, rows),
+                (Mixer::Moe(m), _) => m.forward(&h, rows),
+                (mixer, state) => {
+                    let mut y = Vec::with_capacity(rows * hidden);
+                    let mut at = 0;
+                    for s in seqs {
+                        let t = s.tokens.len();
+                        let xs = &h[at * hidden..(at + t) * hidden];
+                        at += t;
+                        y.extend(self.mixer_step(mixer, state, s, xs, phase)?);
+                    }
+                    y
+                }
+            };
+            for (xi, yi) in x.iter_mut().zip(&y) {
+                *xi += yi;
+            }
+        }
+        Ok(x)
+    }
+
+    /// One stateful block for one sequence.
+    fn mixer_step(&mut self, mixer: &Mixer, state: StateRef, s: &Seq, x: &[f32], phase: Phase) -> Result<Vec<f32>> {
+        let t = s.tokens.len();
+        let step = ssm::Step {
+            phase,
+            form: s.form,
+            flush: s.flush,
+        };
+        match (mixer, state) {
+            (Mixer::Mamba2(m), StateRef::Ssm(layer)) => {
+                let view = self.pools.mamba2_slot_mut(layer, s.slot)?;
+                let snaps = snapshot_buf(&mut self.snapshots[s.slot], layer);
+                Ok(ssm::mamba2(m, view, x, t, step, snaps, &mut self.traffic))
+            }
+            (Mixer::Gdn(m), StateRef::Ssm(layer)) => {
+                let view = self.pools.gdn_slot_mut(layer, s.slot)?;
+                let snaps = snapshot_buf(&mut self.snapshots[s.slot], layer);
+                Ok(ssm::gdn(m, view, x, t, step, snaps, &mut self.traffic))
+            }
+            (Mixer::Attention(m), StateRef::Attention(layer)) => attention(&mut self.pools, m, layer, s, x),
+            _ => Err(EngineError::InvalidInput(
+                "the state pools do not match the model's blocks".into(),
+            )),
+        }
+    }
+
+    /// Folds every committed ring entry of `slot` into its checkpoint (as if replayed from a zero state) in every
+    /// SSM layer, empties the ring, and moves the slot to replay.
+    pub(super) fn compress(&mut self, slot: usize) -> Result<()> {
+        let h = self.pools.counters().ring(slot).len;
+        let mixers: Vec<(usize, &Mixer)> = self.ssm_mixers().collect();
+        for (layer, mixer) in mixers {
+            self.traffic += match mixer {
+                Mixer::Mamba2(m) => {
+                    let v = self.pools.mamba2_slot_mut(layer, slot)?;
+                    let mut cursor = replay_mamba2::RingCursor {
+                        start: v.ring.start,
+                        len: v.ring.len,
+                    };
+                    let mut ring =
+                        replay_mamba2::Mamba2RingMut::new(m.dims(), v.ring.capacity, v.x, v.dt, v.b, &mut cursor);
+                    replay_mamba2::compress(v.state, &mut ring, m.a())
+                }
+                Mixer::Gdn(m) => {
+                    let v = self.pools.gdn_slot_mut(layer, slot)?;
+                    let mut index = replay_gdn::RingIndex {
+                        start: v.ring.start,
+                        len: v.ring.len,
+                        pending: 0,
+                    };
+                    let mut ring = replay_gdn::GdnRing::new(m.dims(), v.ring.capacity, v.u, v.k, v.g, &mut index);
+                    replay_gdn::compress(&mut ring, v.state)
+                }
+                _ => continue,
+            };
+        }
+        self.pools.ring_flush(slot, h)?;
+        self.pools.set_form(slot, DecodeForm::Replay)?;
+        Ok(())
+    }
+
+    /// The baseline's commit in every SSM layer: the state becomes snapshot `accepted − 1`.
+    pub(super) fn commit_baseline(&mut self, slot: usize, accepted: usize) -> Result<()> {
+        let mixers: Vec<(usize, &Mixer)> = self.ssm_mixers().collect();
+        for (layer, mixer) in mixers {
+            let snaps = snapshot_buf(&mut self.snapshots[slot], layer);
+            self.traffic += match mixer {
+                Mixer::Mamba2(m) => {
+                    let v = self.pools.mamba2_slot_mut(layer, slot)?;
+                    replay_mamba2::commit_baseline(m.dims(), v.state, snaps, accepted)
+                }
+                Mixer::Gdn(m) => {
+                    let v = self.pools.gdn_slot_mut(layer, slot)?;
+                    replay_gdn::commit_baseline(m.dims(), v.state, snaps, accepted)
+                }
+                _ => continue,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// A slot's snapshot buffer of SSM layer `layer`, created on first use.
+fn snapshot_buf(per_layer: &mut Vec<Vec<f32>>, layer: usize) -> &mut Vec<f32> {
+    if per_layer.len() <= layer {
+        per_layer.resize(layer + 1, Vec::new());
+    }
+    &mut per_layer[layer]
+}
+
+/// An attention block for one sequence over its paged KV: the cached positions are gathered for the attention
+/// kernel, and the step's new keys and values written back to the slot's blocks (whose length the caller grew).
+fn attention(pools: &mut StatePools, m: &AttentionMixer, layer: usize, s: &Seq, x: &[f32]) -> Result<Vec<f32>> {
+    let t = s.tokens.len();
+    let mut cache = m.new_cache();
+    {
+        let view = pools.kv_slot_mut(layer, s.slot)?;
+        if s.pos > 0 {
+            let mut k = Vec::with_capacity(s.pos * view.row);
+            let mut v = Vec::with_capacity(s.pos * view.row);
+            for p in 0..s.pos {
+                k.extend_from_slice(view.key(p));
+                v.extend_from_slice(view.value(p));
+            }
+            cache.append(&k, &v);
+        }
+    }
+    let y = m.forward(x, t, s.pos, &mut cache);
+    let mut view = pools.kv_slot_mut(layer, s.slot)?;
+    let row = view.row;
+    let (keys, values) = (cache.keys(), cache.values());
+    for p in s.pos..s.pos + t {
+        view.write(p, &keys[p * row..(p + 1) * row], &values[p * row..(p + 1) * row]);
+    }
+    Ok(y)
+}
