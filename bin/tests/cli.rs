@@ -325,3 +325,66 @@ fn selftest_without_a_driver_is_a_clear_error() {
     assert_fails(&o, &["CUDA unavailable", "libcuda"]);
     assert!(!json.exists(), "no report without a device");
 }
+
+#[test]
+fn perplexity_of_a_text() {
+    let text = std::env::temp_dir().join(format!("rewind-cli-ppl-{}.txt", std::process::id()));
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. It was the best of times.",
+    )
+    .expect("write");
+    let model = tiny_model().to_str().expect("utf8");
+    let o = rewind(&[
+        "perplexity",
+        "--model",
+        model,
+        "--file",
+        text.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let ppl = v["perplexity"].as_f64().expect("perplexity");
+    // A random model over a 512-token vocabulary: finite, above 1, and not wildly above the vocabulary size.
+    assert!(ppl.is_finite() && ppl > 1.0 && ppl < 5000.0, "perplexity {ppl}");
+    assert!(v["tokens_scored"].as_u64().expect("count") > 5);
+    // Scoring in short windows covers the same tokens.
+    let o = rewind(&[
+        "perplexity",
+        "--model",
+        model,
+        "--file",
+        text.to_str().expect("utf8"),
+        "--window",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(w["tokens_scored"], v["tokens_scored"]);
+}
+
+#[test]
+fn non_finite_logits_are_reported() {
+    let dir = damaged_copy("nan");
+    let path = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).expect("read");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).expect("header");
+    let start = header["backbone.norm_f.weight"]["data_offsets"][0]
+        .as_u64()
+        .expect("offset") as usize;
+    let at = 8 + header_len + start;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, bytes).expect("write");
+    let o = rewind(&[
+        "generate",
+        "hello",
+        "--model",
+        dir.to_str().expect("utf8"),
+        "--max-tokens",
+        "2",
+    ]);
+    assert_fails(&o, &["non-finite"]);
+}
