@@ -60,8 +60,15 @@ fn run(
     vocab: usize,
 ) -> Vec<Vec<f32>> {
     let cut = prefill / 2 + 1;
-    let mut rows: Vec<Vec<f32>> = forward(&tokens[..cut], Logits::All).chunks(vocab).map(<[f32]>::to_vec).collect();
-    rows.extend(forward(&tokens[cut..prefill], Logits::All).chunks(vocab).map(<[f32]>::to_vec));
+    let mut rows: Vec<Vec<f32>> = forward(&tokens[..cut], Logits::All)
+        .chunks(vocab)
+        .map(<[f32]>::to_vec)
+        .collect();
+    rows.extend(
+        forward(&tokens[cut..prefill], Logits::All)
+            .chunks(vocab)
+            .map(<[f32]>::to_vec),
+    );
     for &t in &tokens[prefill..] {
         rows.push(forward(&[t], Logits::Last));
     }
@@ -96,7 +103,10 @@ fn tensor_parallel_ranks_reproduce_single_rank_logits() {
     for dir in fixtures() {
         let name = dir.file_name().expect("name").to_string_lossy().into_owned();
         let (tokens, prefill) = tokens(&dir);
-        assert!(prefill >= 2 && prefill < tokens.len(), "{name}: needs prefill and decode positions");
+        assert!(
+            prefill >= 2 && prefill < tokens.len(),
+            "{name}: needs prefill and decode positions"
+        );
         let model = Model::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let vocab = model.config().vocab_size;
         let mut state = model.new_state();

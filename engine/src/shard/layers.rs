@@ -179,11 +179,27 @@ fn gdn(s: &GdnSpec, mp: &str, tp: usize, rank: usize) -> Result<(BlockKind, Shar
     match s.layout {
         GdnLayout::Split => {
             let v = scaled(&gs.heads, dv);
-            let qkv = || pieces(keys(dk, 0).chain(keys(dk, kd)).chain([(2 * kd + v.start..2 * kd + v.end, true)]));
+            let qkv = || {
+                pieces(
+                    keys(dk, 0)
+                        .chain(keys(dk, kd))
+                        .chain([(2 * kd + v.start..2 * kd + v.end, true)]),
+                )
+            };
             t.push(own(name("in_proj_qkv.weight"), &[2 * kd + vd, h], 0, qkv()));
             t.push(own(name("in_proj_z.weight"), &[vd, h], 0, split_range(v.clone())));
-            t.push(own(name("in_proj_b.weight"), &[vh, h], 0, split_range(gs.heads.clone())));
-            t.push(own(name("in_proj_a.weight"), &[vh, h], 0, split_range(gs.heads.clone())));
+            t.push(own(
+                name("in_proj_b.weight"),
+                &[vh, h],
+                0,
+                split_range(gs.heads.clone()),
+            ));
+            t.push(own(
+                name("in_proj_a.weight"),
+                &[vh, h],
+                0,
+                split_range(gs.heads.clone()),
+            ));
             t.push(own(name("conv1d.weight"), &[2 * kd + vd, 1, s.conv_kernel], 0, qkv()));
         }
         GdnLayout::FusedInterleaved => {
@@ -204,19 +220,46 @@ fn gdn(s: &GdnSpec, mp: &str, tp: usize, rank: usize) -> Result<(BlockKind, Shar
             let fused = name("in_proj_qkvz.weight");
             let ba = name("in_proj_ba.weight");
             t.push(cut(name("in_proj_qkv.weight"), fused.clone(), &qkvz_shape, 0, qkv));
-            t.push(cut(name("in_proj_z.weight"), fused, &qkvz_shape, 0, per_head(2 * dk + r * dv, dv, stride)));
-            t.push(cut(name("in_proj_b.weight"), ba.clone(), &[2 * vh, h], 0, per_head(0, 1, 2 * r)));
-            t.push(cut(name("in_proj_a.weight"), ba, &[2 * vh, h], 0, per_head(r, 1, 2 * r)));
+            t.push(cut(
+                name("in_proj_z.weight"),
+                fused,
+                &qkvz_shape,
+                0,
+                per_head(2 * dk + r * dv, dv, stride),
+            ));
+            t.push(cut(
+                name("in_proj_b.weight"),
+                ba.clone(),
+                &[2 * vh, h],
+                0,
+                per_head(0, 1, 2 * r),
+            ));
+            t.push(cut(
+                name("in_proj_a.weight"),
+                ba,
+                &[2 * vh, h],
+                0,
+                per_head(r, 1, 2 * r),
+            ));
             // The conv runs over the deinterleaved `q | k | v` channels, stored in that order.
             let v = scaled(&gs.heads, dv);
-            let conv = pieces(keys(dk, 0).chain(keys(dk, kd)).chain([(2 * kd + v.start..2 * kd + v.end, true)]));
+            let conv = pieces(
+                keys(dk, 0)
+                    .chain(keys(dk, kd))
+                    .chain([(2 * kd + v.start..2 * kd + v.end, true)]),
+            );
             t.push(own(name("conv1d.weight"), &[2 * kd + vd, 1, s.conv_kernel], 0, conv));
         }
     }
     t.push(own(name("dt_bias"), &[vh], 0, split_range(gs.heads.clone())));
     t.push(own(name("A_log"), &[vh], 0, split_range(gs.heads.clone())));
     t.push(LocalTensor::replicated(name("norm.weight"), &[dv]));
-    t.push(own(name("out_proj.weight"), &[h, vd], 1, split_range(scaled(&gs.heads, dv))));
+    t.push(own(
+        name("out_proj.weight"),
+        &[h, vd],
+        1,
+        split_range(scaled(&gs.heads, dv)),
+    ));
     let local = GdnSpec {
         k_heads: gs.groups.len(),
         v_heads: gs.heads.len(),
@@ -229,7 +272,10 @@ fn gdn(s: &GdnSpec, mp: &str, tp: usize, rank: usize) -> Result<(BlockKind, Shar
 fn attention(s: &AttentionSpec, mp: &str, tp: usize, rank: usize) -> Result<(BlockKind, ShardKind, Vec<LocalTensor>)> {
     need(s.heads, tp, "an attention layer's head count")?;
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
-        return Err(EngineError::config("num_key_value_heads", "must divide num_attention_heads"));
+        return Err(EngineError::config(
+            "num_key_value_heads",
+            "must divide num_attention_heads",
+        ));
     }
     let gs = GroupedSplit::new(s.heads, s.kv_heads, tp, rank);
     let (d, h) = (s.head_dim, s.hidden);
@@ -255,7 +301,12 @@ fn attention(s: &AttentionSpec, mp: &str, tp: usize, rank: usize) -> Result<(Blo
         own(name("q_proj.weight"), &[q_out, h], 0, q_rows()),
         own(name("k_proj.weight"), &[kv_out, h], 0, kv_rows()),
         own(name("v_proj.weight"), &[kv_out, h], 0, kv_rows()),
-        own(name("o_proj.weight"), &[h, s.heads * d], 1, split_range(scaled(&gs.heads, d))),
+        own(
+            name("o_proj.weight"),
+            &[h, s.heads * d],
+            1,
+            split_range(scaled(&gs.heads, d)),
+        ),
     ];
     if s.bias {
         t.push(own(name("q_proj.bias"), &[q_out], 0, q_rows()));

@@ -279,7 +279,19 @@ fn mamba2(
         if inp.t == 1 {
             mamba2_step(dims, ssm, &inp.x, &inp.dt, m.a(), &b, &c, m.d_skip(), y);
         } else {
-            mamba2_chunked(dims, inp.t, s.chunk_size, ssm, &inp.x, &inp.dt, m.a(), &b, &c, m.d_skip(), y);
+            mamba2_chunked(
+                dims,
+                inp.t,
+                s.chunk_size,
+                ssm,
+                &inp.x,
+                &inp.dt,
+                m.a(),
+                &b,
+                &c,
+                m.d_skip(),
+                y,
+            );
         }
     });
     let di = s.heads * s.head_dim;

@@ -165,7 +165,9 @@ impl LocalTensor {
                 let mut out = Vec::with_capacity(self.local_shape().iter().product());
                 for o in 0..outer {
                     for p in pieces {
-                        out.extend_from_slice(&data[(o * dim + p.range.start) * inner..(o * dim + p.range.end) * inner]);
+                        out.extend_from_slice(
+                            &data[(o * dim + p.range.start) * inner..(o * dim + p.range.end) * inner],
+                        );
                     }
                 }
                 out
@@ -298,6 +300,10 @@ impl RankPlan {
         [&self.embed, &self.final_norm]
             .into_iter()
             .chain(self.lm_head.as_ref())
-            .chain(self.blocks.iter().flat_map(|b| std::iter::once(&b.norm).chain(&b.tensors)))
+            .chain(
+                self.blocks
+                    .iter()
+                    .flat_map(|b| std::iter::once(&b.norm).chain(&b.tensors)),
+            )
     }
 }

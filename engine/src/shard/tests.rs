@@ -78,7 +78,11 @@ fn check_ownership(name: &str, tp: usize, plans: &[RankPlan]) {
                     }
                     assert_eq!(c.axis_len, len, "{name} tp {tp}: {} cut along different axes", t.source);
                     for p in pieces {
-                        assert!(p.range.end <= len && !p.range.is_empty(), "{name}: {} piece {p:?}", t.source);
+                        assert!(
+                            p.range.end <= len && !p.range.is_empty(),
+                            "{name}: {} piece {p:?}",
+                            t.source
+                        );
                         let counts = if p.split { &mut c.split } else { &mut c.shared };
                         for i in p.range.clone() {
                             counts[i] += 1;
@@ -92,10 +96,17 @@ fn check_ownership(name: &str, tp: usize, plans: &[RankPlan]) {
         let kinds = usize::from(c.replicated > 0) + usize::from(c.first_rank > 0) + usize::from(!c.split.is_empty());
         assert_eq!(kinds, 1, "{name} tp {tp}: {source} is cut in more than one way");
         if c.replicated > 0 {
-            assert_eq!(c.replicated, tp, "{name} tp {tp}: replicated {source} not on every rank");
+            assert_eq!(
+                c.replicated, tp,
+                "{name} tp {tp}: replicated {source} not on every rank"
+            );
         }
         if c.first_rank > 0 {
-            assert_eq!((c.first_rank, c.first_rank_owners), (tp, 1), "{name} tp {tp}: bias {source}");
+            assert_eq!(
+                (c.first_rank, c.first_rank_owners),
+                (tp, 1),
+                "{name} tp {tp}: bias {source}"
+            );
         }
         for i in 0..c.axis_len {
             let (s, sh) = (c.split[i], c.shared[i]);

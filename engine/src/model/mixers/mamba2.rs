@@ -340,7 +340,14 @@ impl Mamba2Mixer {
     /// `out_proj` (+ bias) of the normalised `[t, d_inner]` activations: `[t, hidden]`.
     pub fn project_out(&self, normed: &[f32], t: usize) -> Vec<f32> {
         let s = &self.spec;
-        linear(normed, &self.out_proj, self.out_proj_bias.as_deref(), t, d_inner(s), s.hidden)
+        linear(
+            normed,
+            &self.out_proj,
+            self.out_proj_bias.as_deref(),
+            t,
+            d_inner(s),
+            s.hidden,
+        )
     }
 }
 
