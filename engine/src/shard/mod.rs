@@ -13,6 +13,8 @@ pub mod plan;
 pub mod source;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
 
 pub use comm::{Communicator, LocalComm};
