@@ -10,6 +10,9 @@ use crate::model::mixers::ffn::tests::{random, MapSource};
 use crate::model::{Family, Logits, Model, ModelConfig};
 use crate::presets::preset_config;
 
+/// One expert's projection: (expert, gate-before-up order, shape, data).
+type ExpertPart = (usize, usize, Vec<usize>, Vec<f32>);
+
 /// A checkpoint of `config` with seeded random weights; with `fused`, per-expert tensors are stacked into the fused
 /// layout transformers keeps in memory.
 fn checkpoint(config: &ModelConfig, fused: bool) -> MapSource {
@@ -32,7 +35,7 @@ fn checkpoint(config: &ModelConfig, fused: bool) -> MapSource {
         });
         match expert {
             Some((prefix, _, proj)) if fused => {
-                // Experts come in index order within each layer (BTreeMap order is lexicographic, so sort below).
+                // Collected per fused tensor and sorted by expert index below (map order is lexicographic).
                 let fused_name = match proj {
                     "down_proj.weight" => "down_proj",
                     _ => "up",
@@ -45,8 +48,7 @@ fn checkpoint(config: &ModelConfig, fused: bool) -> MapSource {
     }
     if fused {
         // Group by fused tensor, in numeric expert order; gate rows before up rows for SwiGLU.
-        let mut groups: std::collections::BTreeMap<String, Vec<(usize, usize, Vec<usize>, Vec<f32>)>> =
-            Default::default();
+        let mut groups: std::collections::BTreeMap<String, Vec<ExpertPart>> = Default::default();
         for (key, (shape, values)) in stacked {
             let (fused_name, name) = key.split_once('|').expect("key");
             let rest = name.split_once(".experts.").expect("expert").1;
