@@ -18,6 +18,6 @@ mod model_tests;
 mod tests;
 
 pub use comm::{Communicator, LocalComm};
-pub use model::ShardedModel;
+pub use model::{summarise, ShardedModel, VocabSummary};
 pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, Piece, RankPlan, ShardKind};
 pub use source::ShardSource;

@@ -9,6 +9,7 @@
 //! (each rank's logits are all-gathered).
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use rewind_kernels::cpu::act::silu;
 use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step, GdnDims};
@@ -131,6 +132,28 @@ impl ShardedModel {
         which: Logits,
         comm: &dyn Communicator,
     ) -> Result<Vec<f32>> {
+        let (vocab, first) = (self.config.vocab_size, state.position);
+        let local = self.forward_local(tokens, state, which, comm)?;
+        let rows = local.len() / self.plan.vocab.len();
+        let logits = gather_vocab(&local, rows, vocab, comm)?;
+        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+            return Err(EngineError::NonFinite {
+                position: first + tokens.len() - rows + i / vocab,
+            });
+        }
+        Ok(logits)
+    }
+
+    /// Like [`ShardedModel::forward`], but returns only this rank's logits, `[rows, plan().vocab.len()]` for vocabulary
+    /// ids `plan().vocab`; summarise them across ranks with [`summarise`]. Not checked for non-finite values (ranks
+    /// would disagree on the error; the summary carries NaN/inf to every rank instead).
+    pub fn forward_local(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState,
+        which: Logits,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<f32>> {
         let (t, hidden, vocab) = (tokens.len(), self.config.hidden_size, self.config.vocab_size);
         if comm.size() != self.plan.tp || comm.rank() != self.plan.rank {
             return Err(EngineError::Communicator(format!(
@@ -194,15 +217,61 @@ impl ShardedModel {
         };
         let normed = norm::rms_norm_vec(&x[(t - rows) * hidden..], &self.final_norm, eps, offset);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let local = gemm::linear(&normed, head, None, rows, hidden, vr.len());
-        let logits = gather_vocab(&local, rows, vocab, comm)?;
-        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-            return Err(EngineError::NonFinite {
-                position: pos + t - rows + i / vocab,
-            });
-        }
-        Ok(logits)
+        Ok(gemm::linear(&normed, head, None, rows, hidden, vr.len()))
     }
+}
+
+/// What every rank learns about one position's full logits from the ranks' vocabulary slices, without gathering
+/// them (design.md: ranks exchange summaries, not logits).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VocabSummary {
+    /// The greedy token: the lowest id among the largest logits.
+    pub argmax: u32,
+    pub max_logit: f32,
+    /// `log Σ exp(logit)` over the whole vocabulary.
+    pub log_sum_exp: f32,
+}
+
+/// Combines every rank's `[rows, its vocab slice]` logits (from [`ShardedModel::forward_local`]; `vocab` is the slice's
+/// id range) into per-row summaries, the same on every rank. One all-gather of three values per row and rank.
+pub fn summarise(local: &[f32], vocab: &Range<usize>, comm: &dyn Communicator) -> Result<Vec<VocabSummary>> {
+    let width = vocab.len();
+    if width == 0 || !local.len().is_multiple_of(width) {
+        return Err(EngineError::InvalidInput(format!(
+            "summarise: {} logits are not rows of the vocabulary slice ({width})",
+            local.len()
+        )));
+    }
+    let rows = local.len() / width;
+    let mut send = Vec::with_capacity(3 * rows);
+    for row in local.chunks_exact(width) {
+        let (arg, max) = row.iter().enumerate().fold(
+            (0, f32::NEG_INFINITY),
+            |(a, m), (i, &v)| if v > m { (i, v) } else { (a, m) },
+        );
+        let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+        // Ids travel as f32: exact below 2^24, far above any vocabulary.
+        send.extend([(vocab.start + arg) as f32, max, sum]);
+    }
+    let mut recv = vec![0.0f32; send.len() * comm.size()];
+    comm.all_gather(&send, &mut recv)?;
+    let per_rank: Vec<&[f32]> = recv.chunks_exact(3 * rows).collect();
+    Ok((0..rows)
+        .map(|r| {
+            let parts = per_rank.iter().map(|p| &p[3 * r..3 * r + 3]);
+            // Ranks hold ascending id ranges, so the first rank reaching the maximum has the lowest id.
+            let (arg, max) = parts.clone().fold(
+                (0.0, f32::NEG_INFINITY),
+                |(a, m), p| if p[1] > m { (p[0], p[1]) } else { (a, m) },
+            );
+            let sum: f32 = parts.map(|p| p[2] * (p[1] - max).exp()).sum();
+            VocabSummary {
+                argmax: arg as u32,
+                max_logit: max,
+                log_sum_exp: max + sum.ln(),
+            }
+        })
+        .collect())
 }
 
 /// All-gathers every rank's `[rows, its vocab slice]` logits into `[rows, vocab]`; slices are padded to the largest

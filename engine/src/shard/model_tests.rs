@@ -1,10 +1,10 @@
 //! Sharded forward vs single-rank forward on random in-memory checkpoints that the fixtures do not cover: projection,
 //! conv and MLP biases (row-parallel biases added once), and the fused expert layouts (`experts.up_proj`,
-//! `experts.gate_up_proj`, `experts.down_proj`).
+//! `experts.gate_up_proj`, `experts.down_proj`); and vocabulary summaries against the single-rank logits.
 
 use serde_json::{json, Value};
 
-use super::{LocalComm, RankPlan, ShardedModel};
+use super::{summarise, LocalComm, RankPlan, ShardedModel, VocabSummary};
 use crate::init::plan_tensors;
 use crate::model::mixers::ffn::tests::{random, MapSource};
 use crate::model::{Family, Logits, Model, ModelConfig};
@@ -78,9 +78,11 @@ fn checkpoint(config: &ModelConfig, fused: bool) -> MapSource {
     src
 }
 
+const TOKENS: [u32; 9] = [5, 17, 3, 42, 8, 29, 11, 60, 2];
+
 /// Logits per position: a prefill of 6 tokens, then 3 decode steps.
 fn run(forward: &mut dyn FnMut(&[u32], Logits) -> Vec<f32>, vocab: usize) -> Vec<Vec<f32>> {
-    let tokens = [5u32, 17, 3, 42, 8, 29, 11, 60, 2];
+    let tokens = TOKENS;
     let mut rows: Vec<Vec<f32>> = forward(&tokens[..6], Logits::All)
         .chunks(vocab)
         .map(<[f32]>::to_vec)
@@ -104,7 +106,7 @@ fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
     let want = run(&mut |t, w| model.forward(t, &mut state, w).expect("forward"), vocab);
     for &tp in tps {
         RankPlan::new(&config, tp, 0, &|_| false).unwrap_or_else(|e| panic!("{label} tp {tp}: {e}"));
-        let got: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let got: Vec<(Vec<Vec<f32>>, Vec<VocabSummary>)> = std::thread::scope(|s| {
             let handles: Vec<_> = LocalComm::group(tp)
                 .into_iter()
                 .enumerate()
@@ -115,15 +117,35 @@ fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
                         let m = ShardedModel::load(config, tp, rank, &mut src).expect("sharded load");
                         src.assert_all_taken();
                         let mut st = m.new_state();
-                        run(&mut |t, w| m.forward(t, &mut st, w, &comm).expect("forward"), vocab)
+                        let logits = run(&mut |t, w| m.forward(t, &mut st, w, &comm).expect("forward"), vocab);
+                        let mut st = m.new_state();
+                        let local = m.forward_local(&TOKENS, &mut st, Logits::All, &comm).expect("local");
+                        (logits, summarise(&local, &m.plan().vocab, &comm).expect("summarise"))
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("rank")).collect()
         });
-        for (pos, (g, w)) in got[0].iter().zip(&want).enumerate() {
+        for (pos, (g, w)) in got[0].0.iter().zip(&want).enumerate() {
             let e = rel(g, w);
             assert!(e < 1e-4, "{label} tp {tp} position {pos}: {e:e}");
+        }
+        // Summaries of the vocabulary slices agree with the single-rank logits of every position.
+        let mut state = model.new_state();
+        let full = model.forward(&TOKENS, &mut state, Logits::All).expect("forward");
+        for (rank, (_, summaries)) in got.iter().enumerate() {
+            assert_eq!(summaries, &got[0].1, "{label} tp {tp}: rank {rank} summary differs");
+        }
+        for (row, s) in full.chunks_exact(vocab).zip(&got[0].1) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            let arg = row.iter().position(|v| *v == max).expect("max");
+            let lse = max as f64 + row.iter().map(|v| ((v - max) as f64).exp()).sum::<f64>().ln();
+            assert_eq!(s.argmax as usize, arg, "{label} tp {tp}: argmax");
+            assert!(
+                (s.log_sum_exp as f64 - lse).abs() < 1e-4 * lse.abs().max(1.0),
+                "{label} tp {tp}: {s:?} vs {lse}"
+            );
+            assert!((s.max_logit - max).abs() <= 1e-4 * max.abs().max(1.0));
         }
     }
 }
