@@ -46,6 +46,9 @@ pub enum EngineError {
     /// The forward pass produced NaN or infinite logits.
     #[error("non-finite logits at position {position} (a NaN or infinity came out of the model)")]
     NonFinite { position: usize },
+    /// A tensor-parallel collective failed: a rank left (panicked, aborted) or ranks disagreed on the operation.
+    #[error("communicator: {0}")]
+    Communicator(String),
 }
 
 /// The engine's result type.

@@ -10,6 +10,7 @@ pub mod init;
 pub mod model;
 pub mod presets;
 pub mod sample;
+pub mod shard;
 pub mod state;
 pub mod tokenizer;
 

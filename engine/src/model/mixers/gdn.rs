@@ -65,7 +65,9 @@ fn sizes(s: &GdnSpec) -> Sizes {
     }
 }
 
-fn validate(s: &GdnSpec) -> Result<()> {
+/// Validates `s`. `whole` is false for a tensor-parallel shard, whose value heads may cover key heads unevenly (the
+/// shard expands q/k to its value heads itself, see `crate::shard`).
+fn validate(s: &GdnSpec, whole: bool) -> Result<()> {
     let positive = [
         ("hidden_size", s.hidden),
         ("linear_num_key_heads", s.k_heads),
@@ -80,7 +82,7 @@ fn validate(s: &GdnSpec) -> Result<()> {
             return Err(EngineError::config(field, "must be positive"));
         }
     }
-    if !s.v_heads.is_multiple_of(s.k_heads) {
+    if whole && !s.v_heads.is_multiple_of(s.k_heads) {
         return Err(EngineError::config(
             "linear_num_value_heads",
             format!(
@@ -123,7 +125,18 @@ fn deinterleave(s: &GdnSpec, qkvz: &[f32], ba: &[f32]) -> Vec<f32> {
 impl GdnMixer {
     /// Loads a layer's weights; `prefix` ends with '.', e.g. `"model.layers.0.linear_attn."`.
     pub fn load(spec: &GdnSpec, src: &mut dyn TensorSource, prefix: &str) -> Result<Self> {
-        validate(spec)?;
+        Self::load_checked(spec, src, prefix, true)
+    }
+
+    /// Loads one tensor-parallel rank's slice: `spec` describes the rank's value heads and the key heads they read,
+    /// which need not divide evenly (so [`GdnMixer::forward`] must not be used; a shard runs
+    /// [`GdnMixer::forward_with`] with a scan that expands q/k to its value heads).
+    pub fn load_shard(spec: &GdnSpec, src: &mut dyn TensorSource, prefix: &str) -> Result<Self> {
+        Self::load_checked(spec, src, prefix, false)
+    }
+
+    fn load_checked(spec: &GdnSpec, src: &mut dyn TensorSource, prefix: &str, whole: bool) -> Result<Self> {
+        validate(spec, whole)?;
         let z = sizes(spec);
         let (h, vh) = (spec.hidden, spec.v_heads);
         let name = |n: &str| format!("{prefix}{n}");

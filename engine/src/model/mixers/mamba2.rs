@@ -57,7 +57,9 @@ fn conv_dim(spec: &Mamba2Spec) -> usize {
     d_inner(spec) + 2 * spec.groups * spec.state_dim
 }
 
-fn check_spec(spec: &Mamba2Spec) -> Result<()> {
+/// Validates `spec`. `whole` is false for a tensor-parallel shard, whose heads may cover groups unevenly (the shard
+/// expands B/C to its heads itself, see `crate::shard`).
+fn check_spec(spec: &Mamba2Spec, whole: bool) -> Result<()> {
     let positive = [
         ("hidden_size", spec.hidden),
         ("mamba_num_heads", spec.heads),
@@ -71,7 +73,7 @@ fn check_spec(spec: &Mamba2Spec) -> Result<()> {
     if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(EngineError::config(*field, "must be positive"));
     }
-    if !spec.heads.is_multiple_of(spec.groups) {
+    if whole && !spec.heads.is_multiple_of(spec.groups) {
         return Err(EngineError::config(
             "n_groups",
             format!(
@@ -107,7 +109,18 @@ impl Mamba2Mixer {
     /// Loads the mixer's tensors named `{prefix}in_proj.weight` etc.; `prefix` ends with '.', e.g.
     /// `"backbone.layers.3.mixer."`.
     pub fn load(spec: &Mamba2Spec, src: &mut dyn TensorSource, prefix: &str) -> Result<Self> {
-        check_spec(spec)?;
+        Self::load_checked(spec, src, prefix, true)
+    }
+
+    /// Loads one tensor-parallel rank's slice: `spec` describes the rank's heads and the B/C groups it holds, which
+    /// need not divide its heads evenly (so [`Mamba2Mixer::forward`] must not be used; a shard runs
+    /// [`Mamba2Mixer::scan_outputs`] with its own scan and norm).
+    pub fn load_shard(spec: &Mamba2Spec, src: &mut dyn TensorSource, prefix: &str) -> Result<Self> {
+        Self::load_checked(spec, src, prefix, false)
+    }
+
+    fn load_checked(spec: &Mamba2Spec, src: &mut dyn TensorSource, prefix: &str, whole: bool) -> Result<Self> {
+        check_spec(spec, whole)?;
         let (hidden, heads, di, cd) = (spec.hidden, spec.heads, d_inner(spec), conv_dim(spec));
         let d_in_proj = di + cd + heads;
         let name = |n: &str| format!("{prefix}{n}");
@@ -224,12 +237,41 @@ impl Mamba2Mixer {
         scan: impl FnOnce(&Mamba2Inputs, &mut [f32]),
     ) -> Vec<f32> {
         let s = &self.spec;
+        if t == 0 {
+            return Vec::new();
+        }
+        let (y, z) = self.scan_outputs(x, t, prefill, conv_state, scan);
+        let mut normed = vec![0.0f32; y.len()];
+        gated_rms_norm(
+            &y,
+            &z,
+            &self.norm_w,
+            s.norm_group_size,
+            s.norm_eps,
+            GateOrder::BeforeNorm,
+            &mut normed,
+        );
+        self.project_out(&normed, t)
+    }
+
+    /// The first half of [`Mamba2Mixer::forward_with`]: projection, conv and `scan`; returns the scan output `y` and
+    /// the gate `z`, both `[t, d_inner]`, for a caller that normalises itself (a tensor-parallel shard whose norm groups
+    /// span ranks).
+    pub fn scan_outputs(
+        &self,
+        x: &[f32],
+        t: usize,
+        prefill: bool,
+        conv_state: &mut [f32],
+        scan: impl FnOnce(&Mamba2Inputs, &mut [f32]),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let s = &self.spec;
         let (hidden, heads, di, cd) = (s.hidden, s.heads, d_inner(s), conv_dim(s));
         let gn = s.groups * s.state_dim;
         assert_eq!(x.len(), t * hidden, "mamba2 mixer: input is not [t, hidden]");
         assert_eq!(conv_state.len(), (s.conv_kernel - 1) * cd, "mamba2 mixer: conv state");
         if t == 0 {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         let d_in_proj = di + cd + heads;
         let proj = linear(x, &self.in_proj, self.in_proj_bias.as_deref(), t, hidden, d_in_proj);
@@ -287,17 +329,25 @@ impl Mamba2Mixer {
         let mut y = vec![0.0f32; t * di];
         scan(&inputs, &mut y);
 
-        let mut normed = vec![0.0f32; t * di];
-        gated_rms_norm(
-            &y,
-            &z,
-            &self.norm_w,
-            s.norm_group_size,
-            s.norm_eps,
-            GateOrder::BeforeNorm,
-            &mut normed,
-        );
-        linear(&normed, &self.out_proj, self.out_proj_bias.as_deref(), t, di, hidden)
+        (y, z)
+    }
+
+    /// The gated norm's weight, `[d_inner]`.
+    pub fn norm_weight(&self) -> &[f32] {
+        &self.norm_w
+    }
+
+    /// `out_proj` (+ bias) of the normalised `[t, d_inner]` activations: `[t, hidden]`.
+    pub fn project_out(&self, normed: &[f32], t: usize) -> Vec<f32> {
+        let s = &self.spec;
+        linear(
+            normed,
+            &self.out_proj,
+            self.out_proj_bias.as_deref(),
+            t,
+            d_inner(s),
+            s.hidden,
+        )
     }
 }
 

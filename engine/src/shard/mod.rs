@@ -1,0 +1,23 @@
+//! Tensor parallelism on the CPU: the per-rank plan ([`plan`]), the collectives ([`comm`]), a slicing tensor source
+//! ([`source`]) and a rank's forward pass ([`model`]). See design.md "Tensor parallelism".
+//!
+//! A rank's mixers are the single-rank mixers built from local specs (fewer heads, a slice of the FFN width) and loaded
+//! through [`source::ShardSource`], which cuts each tensor out of the whole checkpoint by the plan; all-reduces after
+//! row-parallel projections make every rank's residual stream equal to the single-rank model's, up to the order of
+//! floating-point sums.
+
+pub mod comm;
+mod layers;
+pub mod model;
+pub mod plan;
+pub mod source;
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;
+
+pub use comm::{Communicator, LocalComm};
+pub use model::{summarise, ShardedModel, VocabSummary};
+pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, Piece, RankPlan, ShardKind};
+pub use source::ShardSource;
