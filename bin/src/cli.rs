@@ -96,7 +96,8 @@ pub struct DecodeArgs {
     /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay).
     #[arg(long = "decode", value_name = "FORM", default_value = "auto", value_parser = parse_form)]
     pub form: FormChoice,
-    /// Input-ring capacity L of the replay and kv-only forms (at least 2).
+    /// Input-ring capacity L of the replay form (at least 2); a kv-only sequence holds up to threshold + T entries
+    /// until it compresses into replay.
     #[arg(long, value_name = "L", default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN, value_parser = parse_buffer_len)]
     pub buffer_len: usize,
 }

@@ -1,8 +1,9 @@
 //! The decode forms at model level, on every fixture under `tests/fixtures/`: replay (`L = 3` and 16), kv-only and
 //! auto decode give the recurrent form's greedy tokens and logits within 1e-4 relative at every position, across
 //! flushes and compressions; speculative verify + commit (replay, kv-only and the recurrent baseline) reproduces the
-//! recurrent decode of the same committed history under a random walk of accepted counts; and a batch mixing forms
-//! equals each sequence run alone.
+//! recurrent decode of the same committed history under a random walk of accepted counts; a batch mixing forms
+//! equals each sequence run alone; and kv-only / auto keep no state until the context reaches the kv-only threshold
+//! (independent of `L`, also when a verify window crosses it), then continue in replay.
 
 use std::path::{Path, PathBuf};
 
@@ -406,6 +407,187 @@ fn random_events_over_mixed_slots_match_recurrent() {
         );
         if worst > TOLERANCE {
             failures.push(format!("{}: {worst:.2e}", name(&dir)));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Context length at which the threshold tests switch kv-only to replay: far past the default ring `L = 16` and
+/// past every fixture's key dim, so a coupling of the threshold to `L` or to the key dim would show.
+const THRESHOLD: usize = 40;
+
+/// A one-slot decoder with the default ring length `L = 16` and the given threshold and verify window.
+fn threshold_decoder(model: &Model, threshold: Option<usize>, max_verify: usize, context: usize) -> Decoder<'_> {
+    let config = DecoderConfig {
+        max_verify,
+        kv_only_threshold: threshold,
+        ..DecoderConfig::new(1, context)
+    };
+    assert_eq!(config.buffer_len, 16, "the default buffer length");
+    Decoder::new(model, config).expect("decoder")
+}
+
+/// kv-only and auto keep no state (no checkpoint read or written, form `KvOnly`) while the context is below the
+/// threshold — with the default `L = 16`, an explicit threshold of 40 and the default one (the key dim) — then
+/// compress once and continue in replay, with the recurrent form's logits and greedy tokens throughout.
+#[test]
+fn kv_only_and_auto_stay_stateless_below_the_threshold() {
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let (model, tokens, _) = load(&dir);
+        let prefill = 3;
+        let total = tokens.len().max(THRESHOLD + 12);
+        // The recurrent reference, teacher-forced on the fixture's tokens and greedy after them.
+        let mut state = model.new_state();
+        let mut want = vec![model
+            .forward(&tokens[..prefill], &mut state, Logits::Last)
+            .expect("prefill")];
+        let mut all = tokens[..prefill].to_vec();
+        for i in prefill..total {
+            all.push(tokens.get(i).copied().unwrap_or_else(|| argmax(&want[i - prefill])));
+            want.push(model.forward(&all[i..=i], &mut state, Logits::All).expect("decode"));
+        }
+        let default_threshold = rewind_engine::state::memory::kv_only_threshold(model.config());
+        for (threshold, expect) in [(Some(THRESHOLD), THRESHOLD), (None, default_threshold)] {
+            for form in [FormChoice::KvOnly, FormChoice::Auto] {
+                let mut dec = threshold_decoder(&model, threshold, 1, total);
+                assert_eq!(dec.kv_only_threshold(), expect);
+                let slot = dec.start(form).expect("slot");
+                let mut got = vec![dec.prefill(slot, &all[..prefill], Logits::Last).expect("prefill")];
+                let mut switched_at = None;
+                for (i, &tok) in all.iter().enumerate().skip(prefill) {
+                    got.push(dec.decode(&[(slot, tok)]).expect("decode"));
+                    let (f, tr) = (dec.form(slot).expect("form"), dec.last_traffic());
+                    // `i` tokens were committed before this step.
+                    if i < expect {
+                        assert_eq!(f, DecodeForm::KvOnly, "{} {form}: context {i}", name(&dir));
+                        assert_eq!(
+                            (tr.state_read, tr.state_written),
+                            (0, 0),
+                            "{} {form}: context {i}: kv-only reads no state",
+                            name(&dir)
+                        );
+                    } else {
+                        assert_eq!(f, DecodeForm::Replay, "{} {form}: context {i}", name(&dir));
+                        assert!(tr.state_read > 0, "{} {form}: context {i}", name(&dir));
+                        switched_at.get_or_insert(i);
+                    }
+                }
+                assert_eq!(switched_at, Some(expect.max(prefill)), "{} {form}", name(&dir));
+                let mut worst = 0.0f64;
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    worst = worst.max(rel(g, w));
+                    if argmax(g) != argmax(w) && k + prefill >= tokens.len() {
+                        failures.push(format!(
+                            "{} {form} threshold {expect}: greedy differs at {k}",
+                            name(&dir)
+                        ));
+                    }
+                }
+                println!(
+                    "{:<18} {form:<9} threshold {expect:>2} L=16 switched at {switched_at:?} worst {worst:.2e}",
+                    name(&dir)
+                );
+                if worst > TOLERANCE {
+                    failures.push(format!("{} {form} threshold {expect}: {worst:.2e}", name(&dir)));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A verify window that crosses the threshold runs kv-only (its ring holds `threshold + T` entries); whatever it
+/// commits, the first step with the committed context at or past the threshold compresses into replay. Every row
+/// matches the recurrent decode.
+#[test]
+fn a_verify_window_crossing_the_threshold_stays_kv_only() {
+    const T: usize = 4;
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let (model, tokens, _) = load(&dir);
+        let vocab = model.config().vocab_size;
+        let prefill = 3;
+        for form in [FormChoice::KvOnly, FormChoice::Auto] {
+            for accepted in [T, 2, 1, 0] {
+                let mut dec = threshold_decoder(&model, Some(THRESHOLD), T, THRESHOLD + 4 * T);
+                let slot = dec.start(form).expect("slot");
+                let mut reference: SequenceState = model.new_state();
+                let got = dec.prefill(slot, &tokens[..prefill], Logits::Last).expect("prefill");
+                let want = model
+                    .forward(&tokens[..prefill], &mut reference, Logits::Last)
+                    .expect("prefill");
+                let mut worst = rel(&got, &want);
+                let mut rng = Rng(7 + accepted as u64);
+                // Plain decodes up to two tokens below the threshold.
+                while dec.position(slot).expect("position") < THRESHOLD - 2 {
+                    let tok = rng.below(vocab) as u32;
+                    let got = dec.decode(&[(slot, tok)]).expect("decode");
+                    let want = model.forward(&[tok], &mut reference, Logits::All).expect("decode");
+                    worst = worst.max(rel(&got, &want));
+                }
+                assert_eq!(dec.form(slot).expect("form"), DecodeForm::KvOnly);
+                // The window covers positions threshold − 2 .. threshold + 2.
+                let drafts: Vec<u32> = (0..T).map(|_| rng.below(vocab) as u32).collect();
+                let got = dec.verify(slot, &drafts).expect("verify");
+                let tr = dec.last_traffic();
+                assert_eq!(
+                    (dec.form(slot).expect("form"), tr.state_read, tr.state_written),
+                    (DecodeForm::KvOnly, 0, 0),
+                    "{} {form}: the crossing verify keeps no state",
+                    name(&dir)
+                );
+                let mut probe = reference.clone();
+                for (s, &d) in drafts.iter().enumerate() {
+                    let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
+                    worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                }
+                dec.commit(slot, accepted).expect("commit");
+                for &d in &drafts[..accepted] {
+                    model.forward(&[d], &mut reference, Logits::All).expect("advance");
+                }
+                let context = THRESHOLD - 2 + accepted;
+                assert_eq!(dec.pools().counters().ring_len()[slot] as usize, context);
+                // Steps until a few past the switch: kv-only exactly while the committed context is below it.
+                for _ in 0..6 {
+                    let before = dec.position(slot).expect("position");
+                    let tok = rng.below(vocab) as u32;
+                    let got = dec.decode(&[(slot, tok)]).expect("decode");
+                    let want = model.forward(&[tok], &mut reference, Logits::All).expect("decode");
+                    worst = worst.max(rel(&got, &want));
+                    let (f, tr) = (dec.form(slot).expect("form"), dec.last_traffic());
+                    if before < THRESHOLD {
+                        assert_eq!((f, tr.state_read), (DecodeForm::KvOnly, 0), "{}", name(&dir));
+                    } else {
+                        assert_eq!(f, DecodeForm::Replay, "{}", name(&dir));
+                        assert!(tr.state_read > 0);
+                    }
+                }
+                // Replay verifies after the switch.
+                for _ in 0..3 {
+                    let drafts: Vec<u32> = (0..T).map(|_| rng.below(vocab) as u32).collect();
+                    let got = dec.verify(slot, &drafts).expect("verify");
+                    let mut probe = reference.clone();
+                    for (s, &d) in drafts.iter().enumerate() {
+                        let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
+                        worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                    }
+                    let a = rng.below(T + 1);
+                    dec.commit(slot, a).expect("commit");
+                    for &d in &drafts[..a] {
+                        model.forward(&[d], &mut reference, Logits::All).expect("advance");
+                    }
+                }
+                assert_eq!(dec.form(slot).expect("form"), DecodeForm::Replay);
+                assert_eq!(dec.position(slot).expect("position"), reference.position);
+                println!(
+                    "{:<18} crossing verify {form:<9} accepted {accepted} worst {worst:.2e}",
+                    name(&dir)
+                );
+                if worst > TOLERANCE {
+                    failures.push(format!("{} {form} accepted {accepted}: {worst:.2e}", name(&dir)));
+                }
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

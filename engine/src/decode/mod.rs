@@ -7,8 +7,11 @@
 //! - `replay` keeps a checkpoint plus a ring of the inputs since it, reads the state only through the replay kernels
 //!   (Alg. 2 / 6 decode, Alg. 4 / 8 verify) and writes it only at a flush, decided per slot as data (`h + 2T > L`, one
 //!   window early) and folding committed entries only;
-//! - `kv-only` keeps no state at all while the context fits its limit: the ring alone is the history; past the limit
-//!   the slot compresses its ring into a checkpoint and continues in `replay`.
+//! - `kv-only` keeps no state at all while the context is below the threshold (KVBuffer §3.4; by default the state's
+//!   key dim, [`memory::kv_only_threshold`]): the ring alone is the history, with a capacity of `threshold + T` so
+//!   that a verify started just below the threshold still fits. The first step once the committed context has
+//!   reached the threshold compresses the ring into a checkpoint, and the slot continues in `replay` with a ring of
+//!   `L` (the slot's ring capacity is per-slot data in the counters; the pool rows hold the larger of the two).
 //!
 //! A commit of `accepted ∈ 0..=T` drafts moves the ring length, the conv head and the KV length; nothing is copied
 //! (but the baseline's snapshot). The conv ring keeps `K − 1 + T` pre-conv inputs, so rolling back the conv history
@@ -44,9 +47,9 @@ pub enum FormChoice {
     Recurrent,
     /// Checkpoint plus input ring.
     Replay,
-    /// No state while the ring can hold the whole context; then replay.
+    /// No state while the context is below the kv-only threshold (≈ the state's key dim); then replay.
     KvOnly,
-    /// KV-only while the context is below the KV-only threshold (≈ the state's key dim), then replay.
+    /// KV-only while the context is short, then replay: today the same schedule as `KvOnly`.
     #[default]
     Auto,
 }
@@ -127,7 +130,8 @@ pub struct DecoderConfig {
     pub max_verify: usize,
     /// The longest context a slot may reach (sizes the KV pool); capped at the model's `max_position_embeddings`.
     pub max_context: usize,
-    /// Context length up to which an `auto` sequence stays KV-only; `None`: [`memory::kv_only_threshold`].
+    /// Context length below which a `kv-only` or `auto` sequence keeps no state (its ring then holds up to
+    /// `threshold + max_verify` entries); `None`: [`memory::kv_only_threshold`].
     pub kv_only_threshold: Option<usize>,
 }
 
@@ -149,7 +153,8 @@ pub struct Decoder<'m> {
     model: &'m Model,
     pools: StatePools,
     config: DecoderConfig,
-    auto_threshold: usize,
+    /// The context length at which a kv-only sequence compresses into replay.
+    kv_threshold: usize,
     /// `(block index, SSM layer index)` of every SSM block, in model order.
     ssm_blocks: Vec<(usize, usize)>,
     /// Per slot: the form asked for at [`Decoder::start`].
@@ -193,8 +198,16 @@ impl<'m> Decoder<'m> {
             ));
         }
         let max_context = config.max_context.min(model.config().max_position_embeddings).max(1);
+        let kv_threshold = config
+            .kv_only_threshold
+            .unwrap_or_else(|| memory::kv_only_threshold(model.config()));
+        // A kv-only step starts below the threshold and appends at most a window.
+        let kv_only_ring = kv_threshold.checked_add(config.max_verify).ok_or_else(|| {
+            EngineError::InvalidInput(format!("a kv-only threshold of {kv_threshold} tokens is too large"))
+        })?;
         let pool = PoolConfig {
             buffer_len: config.buffer_len,
+            kv_only_ring: Some(kv_only_ring),
             spec_window: config.max_verify,
             default_form: DecodeForm::Replay,
             ..PoolConfig::new(config.slots, max_context)
@@ -214,14 +227,11 @@ impl<'m> Decoder<'m> {
                 _ => None,
             })
             .collect();
-        let auto_threshold = config
-            .kv_only_threshold
-            .unwrap_or_else(|| memory::kv_only_threshold(model.config()));
         let n = config.slots;
         Ok(Decoder {
             model,
             pools,
-            auto_threshold,
+            kv_threshold,
             ssm_blocks,
             choice: vec![FormChoice::Auto; n],
             position: vec![0; n],
@@ -240,6 +250,11 @@ impl<'m> Decoder<'m> {
     /// The sizes the decoder was built with (`max_context` as capped).
     pub fn config(&self) -> &DecoderConfig {
         &self.config
+    }
+
+    /// The context length below which a kv-only or auto sequence keeps no state.
+    pub fn kv_only_threshold(&self) -> usize {
+        self.kv_threshold
     }
 
     /// The state pools (counters, rings, checkpoints), read-only.
@@ -274,10 +289,17 @@ impl<'m> Decoder<'m> {
         Ok(())
     }
 
-    /// A slot's current form (`kv-only` turns into `replay` once the context passes its limit).
+    /// A slot's current form (`kv-only` turns into `replay` at the first step once the context has reached the
+    /// kv-only threshold).
     pub fn form(&self, slot: usize) -> Result<DecodeForm> {
         self.check_slot(slot)?;
         Ok(self.pools.counters().form_of(slot))
+    }
+
+    /// The form a slot's sequence asked for at [`Decoder::start`].
+    pub fn form_choice(&self, slot: usize) -> Result<FormChoice> {
+        self.check_slot(slot)?;
+        Ok(self.choice[slot])
     }
 
     /// A slot's committed token count.
@@ -288,7 +310,8 @@ impl<'m> Decoder<'m> {
 
     /// Runs a prompt through a fresh sequence in one pass (the chunked scans, the reference's prefill numerics).
     /// Afterwards a recurrent or replay sequence holds the prompt's state as its checkpoint with an empty ring; a
-    /// KV-only sequence holds the prompt's ring entries if they fit its limit, else it continues in replay. Returns
+    /// KV-only sequence holds the prompt's ring entries if the prompt is shorter than the kv-only threshold, else it
+    /// continues in replay. Returns
     /// logits as `which` asks: `[t, vocab]` or `[vocab]`.
     pub fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         self.check_idle(slot)?;
@@ -306,7 +329,7 @@ impl<'m> Decoder<'m> {
         let _span = debug_span!("prefill", slot, tokens = t).entered();
         self.traffic = Traffic::default();
         let mut form = self.pools.counters().form_of(slot);
-        if form == DecodeForm::KvOnly && t > self.kv_limit(slot) {
+        if form == DecodeForm::KvOnly && t >= self.kv_threshold {
             form = DecodeForm::Replay;
             self.pools.set_form(slot, form)?;
         }
@@ -468,17 +491,11 @@ impl<'m> Decoder<'m> {
         Ok(())
     }
 
-    /// The most ring entries a KV-only sequence in `slot` may hold before it compresses.
-    fn kv_limit(&self, slot: usize) -> usize {
-        let limit = match self.choice[slot] {
-            FormChoice::KvOnly => usize::MAX,
-            _ => self.auto_threshold,
-        };
-        limit.min(self.config.buffer_len)
-    }
-
-    /// Decides, before a step appending `t` tokens to `slot`, its form (compressing a KV-only sequence past its
-    /// limit) and its flush flag, which is written to the slot's counters.
+    /// Decides, before a step appending `t` tokens to `slot`, its form (compressing a KV-only sequence whose context
+    /// has reached the threshold) and its flush flag, which is written to the slot's counters.
+    ///
+    /// A kv-only step starts with `h < threshold` committed entries and appends `t ≤ T`, so it fits the slot's ring
+    /// of `threshold + T`; a verify may cross the threshold, and the step after its commit compresses.
     ///
     /// The flush is one window early: the step flushes unless the ring keeps room for the next window after it,
     /// `h + t + T ≤ L` with `T` the verify window (`max_verify`). With every step a full window (`t = T`) this is
@@ -487,7 +504,7 @@ impl<'m> Decoder<'m> {
     fn plan_step(&mut self, slot: usize, t: usize) -> Result<(DecodeForm, bool)> {
         let mut form = self.pools.counters().form_of(slot);
         let h = self.pools.counters().ring(slot).len;
-        if form == DecodeForm::KvOnly && h + t > self.kv_limit(slot) {
+        if form == DecodeForm::KvOnly && h >= self.kv_threshold {
             self.compress(slot)?;
             form = DecodeForm::Replay;
         }

@@ -130,7 +130,13 @@ fn commit_moves_pointers_only() {
 #[test]
 fn traffic_follows_the_form() {
     let (_dir, model) = tiny(Family::NemotronH);
-    let mut dec = Decoder::new(&model, config(4, 1)).expect("decoder");
+    let threshold = 4;
+    let cfg = DecoderConfig {
+        kv_only_threshold: Some(threshold),
+        ..config(4, 1)
+    };
+    let mut dec = Decoder::new(&model, cfg).expect("decoder");
+    assert_eq!(dec.kv_only_threshold(), threshold);
     let rec = dec.start(FormChoice::Recurrent).expect("slot");
     let rep = dec.start(FormChoice::Replay).expect("slot");
     let kv = dec.start(FormChoice::KvOnly).expect("slot");
@@ -155,21 +161,33 @@ fn traffic_follows_the_form() {
                 "a decode flush empties the ring"
             );
         }
-        let form = dec.form(kv).expect("form");
+        // Context before this step: the 2 prompt tokens plus `step`.
+        let context = 2 + step;
+        let c = dec.pools().counters();
+        if context <= threshold {
+            assert_eq!(c.ring_len()[kv] as usize, context, "the ring is the whole history");
+        }
         dec.decode(&[(kv, 1)]).expect("kv-only");
         let k = dec.last_traffic();
-        if form == DecodeForm::KvOnly && dec.form(kv).expect("form") == DecodeForm::KvOnly {
+        let c = dec.pools().counters();
+        if context < threshold {
+            assert_eq!(dec.form(kv).expect("form"), DecodeForm::KvOnly, "step {step}");
+            assert_eq!(
+                c.ring_cap()[kv] as usize,
+                threshold + 1,
+                "a kv-only ring of threshold + T"
+            );
             assert_eq!(
                 (k.state_read, k.state_written),
                 (0, 0),
                 "step {step}: kv-only keeps no state"
             );
+        } else {
+            assert_eq!(dec.form(kv).expect("form"), DecodeForm::Replay, "step {step}");
+            assert_eq!(c.ring_cap()[kv], 4, "replay continues with a ring of L");
+            assert!(k.state_read > 0, "step {step}: compressed at the threshold");
         }
     }
     assert!(flushed > 0, "L = 4 must flush within six steps");
-    assert_eq!(
-        dec.form(kv).expect("form"),
-        DecodeForm::Replay,
-        "kv-only compressed once the ring filled"
-    );
+    assert_eq!(dec.form_choice(kv).expect("choice"), FormChoice::KvOnly);
 }

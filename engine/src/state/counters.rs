@@ -52,15 +52,21 @@ impl RingIndex {
 }
 
 /// The per-slot counters.
+///
+/// Each slot has its own logical input-ring capacity (`ring_cap`, a plain array next to start and length, so a
+/// kernel indexes entry `j` at `(start + j) % ring_cap[slot]`): `L` for replay and recurrent slots, `threshold + T`
+/// for a kv-only slot, whose ring is its whole history. The physical rows per slot hold the largest of them.
 #[derive(Clone, Debug)]
 pub struct SlotCounters {
     ring_start: Vec<u32>,
     ring_len: Vec<u32>,
+    ring_cap: Vec<u32>,
     flush: Vec<u8>,
     conv_head: Vec<u32>,
     kv_len: Vec<u32>,
     form: Vec<u8>,
     ring_capacity: usize,
+    kv_only_capacity: usize,
     conv_capacity: usize,
     conv_window: usize,
     max_step: usize,
@@ -68,16 +74,19 @@ pub struct SlotCounters {
 
 impl SlotCounters {
     /// Counters for `slots` slots with an input ring of `ring_capacity` entries and a conv ring holding a history of
-    /// `conv_window` (`K − 1`) entries plus `spec_window` speculative ones.
+    /// `conv_window` (`K − 1`) entries plus `spec_window` speculative ones. Kv-only slots use the same ring capacity;
+    /// see [`SlotCounters::with_kv_only_capacity`].
     pub fn new(slots: usize, ring_capacity: usize, conv_window: usize, spec_window: usize) -> Self {
         SlotCounters {
             ring_start: vec![0; slots],
             ring_len: vec![0; slots],
+            ring_cap: vec![ring_capacity as u32; slots],
             flush: vec![0; slots],
             conv_head: vec![0; slots],
             kv_len: vec![0; slots],
             form: vec![DecodeForm::Replay as u8; slots],
             ring_capacity,
+            kv_only_capacity: ring_capacity,
             conv_capacity: conv_window + spec_window,
             conv_window,
             // A verify step feeds the last sampled token plus the T drafts.
@@ -85,10 +94,30 @@ impl SlotCounters {
         }
     }
 
-    /// Counters of a fresh sequence: empty ring, conv head 0, KV length 0, no flush pending, `form`.
+    /// The same counters, with kv-only slots given a ring of `capacity` entries (`threshold + T`) instead of `L`.
+    /// Every slot is reset to its form's capacity.
+    pub fn with_kv_only_capacity(mut self, capacity: usize) -> Self {
+        self.kv_only_capacity = capacity;
+        for slot in 0..self.ring_cap.len() {
+            self.ring_cap[slot] = self.capacity_for(self.form_of(slot)) as u32;
+        }
+        self
+    }
+
+    /// The ring capacity a slot in `form` uses: `threshold + T` for kv-only, `L` otherwise.
+    pub fn capacity_for(&self, form: DecodeForm) -> usize {
+        match form {
+            DecodeForm::KvOnly => self.kv_only_capacity,
+            DecodeForm::Recurrent | DecodeForm::Replay => self.ring_capacity,
+        }
+    }
+
+    /// Counters of a fresh sequence: empty ring of `form`'s capacity, conv head 0, KV length 0, no flush pending,
+    /// `form`.
     pub fn reset(&mut self, slot: usize, form: DecodeForm) {
         self.ring_start[slot] = 0;
         self.ring_len[slot] = 0;
+        self.ring_cap[slot] = self.capacity_for(form) as u32;
         self.flush[slot] = 0;
         self.conv_head[slot] = 0;
         self.kv_len[slot] = 0;
@@ -102,6 +131,10 @@ impl SlotCounters {
     /// Cached entry count `h`, per slot.
     pub fn ring_len(&self) -> &[u32] {
         &self.ring_len
+    }
+    /// Logical input-ring capacity, per slot.
+    pub fn ring_cap(&self) -> &[u32] {
+        &self.ring_cap
     }
     /// Flush flag (0 or 1), per slot.
     pub fn flush(&self) -> &[u8] {
@@ -120,9 +153,17 @@ impl SlotCounters {
         &self.form
     }
 
-    /// Input-ring capacity `L`.
+    /// Input-ring capacity `L` of replay and recurrent slots.
     pub fn ring_capacity(&self) -> usize {
         self.ring_capacity
+    }
+    /// Input-ring capacity of kv-only slots (`threshold + T`; `L` unless set).
+    pub fn kv_only_capacity(&self) -> usize {
+        self.kv_only_capacity
+    }
+    /// The physical ring rows each slot needs: the largest capacity any form uses.
+    pub fn ring_rows(&self) -> usize {
+        self.ring_capacity.max(self.kv_only_capacity)
     }
     /// Conv-ring capacity `K − 1 + T`.
     pub fn conv_capacity(&self) -> usize {
@@ -134,7 +175,7 @@ impl SlotCounters {
         RingIndex {
             start: self.ring_start[slot] as usize,
             len: self.ring_len[slot] as usize,
-            capacity: self.ring_capacity,
+            capacity: self.ring_cap[slot] as usize,
         }
     }
 
@@ -153,9 +194,27 @@ impl SlotCounters {
         DecodeForm::from_code(self.form[slot]).unwrap_or(DecodeForm::Replay)
     }
 
-    /// Sets a slot's decode form.
-    pub fn set_form(&mut self, slot: usize, form: DecodeForm) {
+    /// Sets a slot's decode form, and its ring capacity to the form's. A capacity change re-indexes the ring, so it
+    /// is allowed only while the ring is empty (a kv-only slot switches to replay right after its compress); the
+    /// start goes back to row 0.
+    pub fn set_form(&mut self, slot: usize, form: DecodeForm) -> Result<(), PoolError> {
+        let cap = self.capacity_for(form);
+        if cap != self.ring_cap[slot] as usize {
+            let len = self.ring_len[slot] as usize;
+            if len > 0 {
+                return Err(PoolError::Ring {
+                    slot,
+                    op: "resize to a ring of",
+                    n: cap,
+                    len,
+                    capacity: self.ring_cap[slot] as usize,
+                });
+            }
+            self.ring_cap[slot] = cap as u32;
+            self.ring_start[slot] = 0;
+        }
         self.form[slot] = form as u8;
+        Ok(())
     }
 
     /// Sets a slot's flush flag.
@@ -167,7 +226,7 @@ impl SlotCounters {
     /// rollback is the absence of this move.
     pub fn ring_commit(&mut self, slot: usize, n: usize) -> Result<(), PoolError> {
         let len = self.ring_len[slot] as usize;
-        if len + n > self.ring_capacity {
+        if len + n > self.ring_cap[slot] as usize {
             return Err(self.ring_error(slot, "commit", n));
         }
         self.ring_len[slot] = (len + n) as u32;
@@ -180,7 +239,7 @@ impl SlotCounters {
         if n > len {
             return Err(self.ring_error(slot, "flush", n));
         }
-        self.ring_start[slot] = ((self.ring_start[slot] as usize + n) % self.ring_capacity) as u32;
+        self.ring_start[slot] = ((self.ring_start[slot] as usize + n) % self.ring_cap[slot] as usize) as u32;
         self.ring_len[slot] = (len - n) as u32;
         Ok(())
     }
@@ -211,7 +270,7 @@ impl SlotCounters {
             op,
             n,
             len: self.ring_len[slot] as usize,
-            capacity: self.ring_capacity,
+            capacity: self.ring_cap[slot] as usize,
         }
     }
 }
@@ -277,7 +336,7 @@ mod tests {
     #[test]
     fn reset_form_and_flush_flag() {
         let mut c = SlotCounters::new(3, 8, 3, 2);
-        c.set_form(2, DecodeForm::KvOnly);
+        c.set_form(2, DecodeForm::KvOnly).expect("form");
         c.set_flush(2, true);
         c.ring_commit(2, 4).expect("commit");
         c.set_kv_len(2, 40);
@@ -291,6 +350,30 @@ mod tests {
             assert_eq!(DecodeForm::from_code(f as u8), Some(f));
         }
         assert_eq!(DecodeForm::from_code(9), None);
+    }
+
+    #[test]
+    fn kv_only_slots_have_their_own_capacity() {
+        let mut c = SlotCounters::new(3, 8, 3, 2).with_kv_only_capacity(42);
+        assert_eq!((c.ring_rows(), c.kv_only_capacity(), c.ring_capacity()), (42, 42, 8));
+        c.reset(1, DecodeForm::KvOnly);
+        c.ring_commit(1, 40)
+            .expect("a kv-only ring holds threshold + T entries");
+        assert_eq!(c.ring(1).capacity, 42);
+        assert_eq!(c.ring(0).capacity, 8, "other slots keep L");
+        assert!(matches!(c.ring_commit(1, 3), Err(PoolError::Ring { capacity: 42, .. })));
+        assert!(
+            c.set_form(1, DecodeForm::Replay).is_err(),
+            "the capacity cannot change under cached entries"
+        );
+        c.ring_flush(1, 40).expect("compress");
+        c.set_form(1, DecodeForm::Replay).expect("switch on an empty ring");
+        assert_eq!((c.ring(1).start, c.ring(1).capacity, c.ring_cap()[1]), (0, 8, 8));
+        c.ring_commit(1, 8).expect("replay ring of L");
+        assert!(c.ring_commit(1, 1).is_err());
+        c.set_form(1, DecodeForm::Recurrent)
+            .expect("same capacity: no resize needed");
+        assert_eq!(c.ring(1).len, 8);
     }
 
     #[test]

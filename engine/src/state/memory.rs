@@ -11,8 +11,9 @@
 //! - `kv-only`: below the threshold (≈ the state's key dim, KVBuffer §3.4) no state at all, a ring of
 //!   `N + T` entries for a context of `N` tokens, plus the conv ring. A sequence whose context reaches the threshold
 //!   must switch to replay, and a pool sized up front has to hold the switch: the checkpoint it creates plus the ring
-//!   of `threshold + T` entries it compresses — more than `replay`. So kv-only saves memory only for contexts below
-//!   the threshold.
+//!   of `threshold + T` entries it compresses (at least the `L` of the replay it continues in) — more than
+//!   `replay`. So kv-only saves memory only for contexts below the threshold. This is what the decoder's pools
+//!   allocate per slot: a checkpoint and `max(L, threshold + T)` ring rows, since any slot may start kv-only.
 //!
 //! Each form adds the attention KV of `N` tokens, paged: `⌈N / block⌉·block` tokens of `2·kv_heads·head_dim` bf16
 //! values per attention layer. The per-slot counters and block tables (a few bytes per slot) are not counted.
@@ -108,7 +109,7 @@ impl SsmLayerBytes {
             MemoryForm::SpecBaseline => (1 + t) * (self.state + conv),
             MemoryForm::Replay => self.state + l * self.ring_entry + conv_ring,
             MemoryForm::KvOnly if context < threshold => (context + t) * self.ring_entry + conv_ring,
-            MemoryForm::KvOnly => self.state + (threshold + t) * self.ring_entry + conv_ring,
+            MemoryForm::KvOnly => self.state + l.max(threshold + t) * self.ring_entry + conv_ring,
         }
     }
 }
@@ -362,6 +363,14 @@ pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Res
             "kv-only keeps no state only below {threshold} tokens of context; at {} tokens a slot must hold the \
              switch to replay (checkpoint + ring of {threshold} + T entries), more than replay",
             opts.context
+        ));
+    }
+    if threshold + t > opts.buffer_len {
+        notes.push(format!(
+            "pools that may hold kv-only or auto sequences give every slot {} ring entries (threshold {threshold} + \
+             T {t}) instead of L = {}: a replay slot in them takes the kv-only row's bytes",
+            threshold + t,
+            opts.buffer_len
         ));
     }
     if opts.context > config.max_position_embeddings {

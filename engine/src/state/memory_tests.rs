@@ -54,6 +54,12 @@ fn mamba2_bytes_by_hand() {
     assert_eq!(kv_only_threshold(&c), 8);
     assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &o), 896);
     assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &opts(2, 5)), 520);
+    // A ring L = 16 longer than threshold + T = 10: the switch continues in replay with L entries.
+    let long = PlanOptions {
+        buffer_len: 16,
+        ..opts(2, 20)
+    };
+    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &long), 256 + 16 * 40 + 240);
     // KV: 1 head × 4, K and V bf16 = 16 B per token; 20 tokens take 2 blocks of 16.
     assert_eq!(kv_bytes_per_token(&c), 16);
     assert_eq!(kv_bytes(&c, 20, 16), 512);

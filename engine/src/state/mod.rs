@@ -2,10 +2,11 @@
 //! slots and indexed by slot, in the layout a GPU kernel reads.
 //!
 //! Per SSM layer ([`ssm::SsmLayerPool`]): the fp32 checkpoint state, an input ring of capacity `L` (Mamba-2
-//! `x, dt, B`; GDN `u, k, g`) and a conv ring of `K − 1 + T` pre-conv inputs. Per attention layer
+//! `x, dt, B`; GDN `u, k, g`; a kv-only slot's ring holds `threshold + T` entries, so the rows per slot are the
+//! larger of the two) and a conv ring of `K − 1 + T` pre-conv inputs. Per attention layer
 //! ([`kv::KvLayerPool`]): paged K/V storage; one block table per slot ([`kv::KvBlocks`]) serves every attention
 //! layer, because a sequence has the same length in all of them. The per-slot counters ([`counters::SlotCounters`])
-//! are plain arrays — ring start, cached count `h`, flush flag, conv head, KV length, decode form — so that a commit
+//! are plain arrays — ring start, cached count `h`, ring capacity, flush flag, conv head, KV length, decode form — so that a commit
 //! or a rollback is a pointer move written as data, never a copy and never a host object per sequence.
 //!
 //! CPU storage is f32 throughout; [`memory`] counts the bytes of the GPU layout (fp32 state, bf16 vectors).

@@ -14,6 +14,9 @@ pub struct PoolConfig {
     pub slots: usize,
     /// Input-ring capacity `L`. A verify step writes `T + 1` entries, so `L ≥ T + 1`; below `2T` every step flushes.
     pub buffer_len: usize,
+    /// Input-ring capacity of a slot in the kv-only form, whose ring is its whole history until it compresses:
+    /// `threshold + T`. `None`: `buffer_len`. Every slot's ring rows are sized for the larger of the two.
+    pub kv_only_ring: Option<usize>,
     /// Speculative window `T` (draft tokens per step; 0 for standard decode).
     pub spec_window: usize,
     /// Tokens per KV block.
@@ -33,6 +36,7 @@ impl PoolConfig {
         PoolConfig {
             slots,
             buffer_len: DEFAULT_BUFFER_LEN,
+            kv_only_ring: None,
             spec_window: 0,
             kv_block_size: DEFAULT_KV_BLOCK_SIZE,
             max_context,
@@ -77,8 +81,10 @@ impl StatePools {
         }
         // Counters are u32 on the device.
         let limit = u32::MAX as usize;
+        let kv_only_ring = config.kv_only_ring.unwrap_or(config.buffer_len);
         for (name, v) in [
             ("buffer length", config.buffer_len),
+            ("kv-only ring", kv_only_ring),
             ("spec window", config.spec_window),
             ("max context", config.max_context),
         ] {
@@ -97,6 +103,11 @@ impl StatePools {
                 config.spec_window
             ));
         }
+        // A kv-only step starts below the threshold, so `threshold + T` holds it; only an empty ring is unusable.
+        if kv_only_ring == 0 {
+            return bad("the kv-only ring must hold at least 1 entry".into());
+        }
+        let ring_rows = config.buffer_len.max(kv_only_ring);
         let mut block_refs = Vec::new();
         let mut ssm_dims = Vec::new();
         let mut attn_specs = Vec::new();
@@ -140,11 +151,7 @@ impl StatePools {
             ));
         }
         // Refuse sizes that cannot be allocated before trying, with the size in the message.
-        let (s, l, t) = (
-            config.slots as u128,
-            config.buffer_len as u128,
-            config.spec_window as u128,
-        );
+        let (s, l, t) = (config.slots as u128, ring_rows as u128, config.spec_window as u128);
         let ssm_values: u128 = ssm_dims
             .iter()
             .map(|d| {
@@ -161,7 +168,7 @@ impl StatePools {
         }
         let ssm = ssm_dims
             .into_iter()
-            .map(|d| SsmLayerPool::new(d, config.slots, config.buffer_len, config.spec_window))
+            .map(|d| SsmLayerPool::new(d, config.slots, ring_rows, config.spec_window))
             .collect::<Result<_, _>>()?;
         let attention = attn_specs
             .into_iter()
@@ -169,7 +176,8 @@ impl StatePools {
             .collect::<Result<_, _>>()?;
         Ok(StatePools {
             slots: SlotAllocator::new(config.slots),
-            counters: SlotCounters::new(config.slots, config.buffer_len, conv_window, config.spec_window),
+            counters: SlotCounters::new(config.slots, config.buffer_len, conv_window, config.spec_window)
+                .with_kv_only_capacity(kv_only_ring),
             kv: KvBlocks::new(config.slots, config.kv_block_size, per_slot, kv_blocks)?,
             ssm,
             attention,
@@ -321,11 +329,11 @@ impl StatePools {
         Ok(())
     }
 
-    /// Sets a slot's decode form.
+    /// Sets a slot's decode form and with it the slot's ring capacity (see [`SlotCounters::set_form`]: a change of
+    /// capacity needs an empty ring).
     pub fn set_form(&mut self, slot: usize, form: DecodeForm) -> Result<(), PoolError> {
         self.slots.check_allocated(slot)?;
-        self.counters.set_form(slot, form);
-        Ok(())
+        self.counters.set_form(slot, form)
     }
 
     /// Lengthens a slot's KV cache to `new_len` tokens (allocating blocks) before the step writes them. On error

@@ -2,7 +2,8 @@
 //!
 //! Layouts (row-major, slot outermost), CPU storage f32:
 //! - checkpoint: Mamba-2 `[slots, heads, head_dim, state_dim]`, GDN `[slots, v_heads, v_dim, k_dim]`;
-//! - input ring, three fields of `L` rows each: Mamba-2 `x [slots, L, heads, head_dim]`, `dt [slots, L, heads]`,
+//! - input ring, three fields of `R` rows per slot (`R` the largest capacity a slot may use: `L`, or `threshold + T`
+//!   for a kv-only slot; a slot uses the first `capacity` rows of its block, its capacity in the counters): Mamba-2 `x [slots, L, heads, head_dim]`, `dt [slots, L, heads]`,
 //!   `B [slots, L, groups, state_dim]`; GDN `u [slots, L, v_heads, v_dim]`, `k [slots, L, k_heads, k_dim]`,
 //!   `g [slots, L, v_heads]`. GDN caches the corrected value `u = β(v − S k)`, never the raw `v`: replaying raw
 //!   values would need the state after every entry, the serial dependency replay removes;
@@ -161,7 +162,7 @@ pub struct GdnSlotMut<'a> {
 pub struct SsmLayerPool {
     dims: SsmDims,
     slots: usize,
-    ring_capacity: usize,
+    ring_rows: usize,
     conv_capacity: usize,
     state: Vec<f32>,
     ring: [Vec<f32>; 3],
@@ -169,15 +170,15 @@ pub struct SsmLayerPool {
 }
 
 impl SsmLayerPool {
-    /// Zeroed pools for `slots` slots, a ring of `ring_capacity` (`L`) entries and a conv ring of
-    /// `dims.conv_window + spec_window` entries.
-    pub fn new(dims: SsmDims, slots: usize, ring_capacity: usize, spec_window: usize) -> Result<Self, PoolError> {
+    /// Zeroed pools for `slots` slots, `ring_rows` input-ring rows per slot (the largest capacity any form uses) and
+    /// a conv ring of `dims.conv_window + spec_window` entries.
+    pub fn new(dims: SsmDims, slots: usize, ring_rows: usize, spec_window: usize) -> Result<Self, PoolError> {
         let conv_capacity = dims.conv_window + spec_window;
         let [f0, f1, f2] = dims.ring_fields;
         let ring = [
-            zeroed(slots * ring_capacity * f0.width, "input rings")?,
-            zeroed(slots * ring_capacity * f1.width, "input rings")?,
-            zeroed(slots * ring_capacity * f2.width, "input rings")?,
+            zeroed(slots * ring_rows * f0.width, "input rings")?,
+            zeroed(slots * ring_rows * f1.width, "input rings")?,
+            zeroed(slots * ring_rows * f2.width, "input rings")?,
         ];
         Ok(SsmLayerPool {
             state: zeroed(slots * dims.state_len(), "checkpoint states")?,
@@ -185,7 +186,7 @@ impl SsmLayerPool {
             ring,
             dims,
             slots,
-            ring_capacity,
+            ring_rows,
             conv_capacity,
         })
     }
@@ -205,7 +206,12 @@ impl SsmLayerPool {
         &mut self.state
     }
 
-    /// Ring field `f` for every slot, `[slots, L, width]`.
+    /// Input-ring rows per slot (the stride between slots in the ring fields).
+    pub fn ring_rows(&self) -> usize {
+        self.ring_rows
+    }
+
+    /// Ring field `f` for every slot, `[slots, ring_rows, width]`.
     pub fn ring_field(&self, f: usize) -> &[f32] {
         &self.ring[f]
     }
@@ -230,21 +236,21 @@ impl SsmLayerPool {
         self.state.len() + self.ring.iter().map(Vec::len).sum::<usize>() + self.conv.len()
     }
 
-    /// One slot's storage with the given ring indices (from [`super::SlotCounters`]).
+    /// One slot's storage with the given ring indices (from [`super::SlotCounters`]): the ring fields are the first
+    /// `ring_index.capacity` rows of the slot's block.
     pub fn slot_mut(&mut self, slot: usize, ring_index: RingIndex, conv_index: RingIndex) -> SsmSlotMut<'_> {
         assert!(slot < self.slots, "ssm pool: slot {slot} of {}", self.slots);
+        let (rows, cap) = (self.ring_rows, ring_index.capacity);
+        assert!(cap <= rows, "ssm pool: a ring of {cap} entries in {rows} rows");
         let sl = self.dims.state_len();
-        let (l, cc, cd) = (self.ring_capacity, self.conv_capacity, self.dims.conv_dim);
+        let (cc, cd) = (self.conv_capacity, self.dims.conv_dim);
         let w = self.dims.ring_fields.map(|f| f.width);
         let [r0, r1, r2] = &mut self.ring;
+        let field = |w: usize| slot * rows * w..(slot * rows + cap) * w;
         SsmSlotMut {
             kind: self.dims.kind,
             state: &mut self.state[slot * sl..(slot + 1) * sl],
-            ring: [
-                &mut r0[slot * l * w[0]..(slot + 1) * l * w[0]],
-                &mut r1[slot * l * w[1]..(slot + 1) * l * w[1]],
-                &mut r2[slot * l * w[2]..(slot + 1) * l * w[2]],
-            ],
+            ring: [&mut r0[field(w[0])], &mut r1[field(w[1])], &mut r2[field(w[2])]],
             ring_index,
             conv: &mut self.conv[slot * cc * cd..(slot + 1) * cc * cd],
             conv_index,

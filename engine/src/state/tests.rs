@@ -66,6 +66,41 @@ fn layout_follows_the_model() {
 }
 
 #[test]
+fn kv_only_slots_use_a_longer_ring_in_shared_rows() {
+    let mut cfg = PoolConfig::new(3, 40);
+    cfg.spec_window = 2;
+    cfg.buffer_len = 4;
+    cfg.kv_only_ring = Some(10);
+    cfg.kv_block_size = 4;
+    let mut p = StatePools::new(&tiny(Family::NemotronH), cfg).expect("pools");
+    let plain = pools(3, 2, 4, None);
+    let widths: usize = (0..p.num_ssm_layers())
+        .map(|i| p.ssm_layer(i).expect("layer").dims().entry_len())
+        .sum();
+    assert_eq!(p.ssm_layer(0).expect("layer").ring_rows(), 10);
+    assert_eq!(
+        p.storage_values() - plain.storage_values(),
+        3 * 6 * widths,
+        "three slots, six more rows each in every SSM layer"
+    );
+    let (a, b) = (p.alloc().expect("alloc"), p.alloc().expect("alloc"));
+    p.set_form(b, DecodeForm::KvOnly).expect("kv-only on an empty ring");
+    let v = p.mamba2_slot_mut(0, b).expect("view");
+    assert_eq!((v.ring.capacity, v.x.len()), (10, 10 * 64));
+    v.x.fill(1.0);
+    let v = p.mamba2_slot_mut(0, a).expect("view");
+    assert_eq!((v.ring.capacity, v.x.len()), (4, 4 * 64));
+    assert!(v.x.iter().all(|&x| x == 0.0), "slots do not overlap");
+    p.ring_commit(b, 9).expect("commit");
+    assert!(p.set_form(b, DecodeForm::Replay).is_err(), "resize under entries");
+    p.ring_flush(b, 9).expect("flush");
+    p.set_form(b, DecodeForm::Replay).expect("resize when empty");
+    assert_eq!(p.counters().ring(b).capacity, 4);
+    p.free(b).expect("free");
+    assert_eq!(p.counters().ring_cap()[b], 4, "a free slot has the default form's ring");
+}
+
+#[test]
 fn bad_configs_are_clear_errors() {
     let m = tiny(Family::NemotronH);
     let mut c = PoolConfig::new(2, 16);
