@@ -388,3 +388,82 @@ fn non_finite_logits_are_reported() {
     ]);
     assert_fails(&o, &["non-finite"]);
 }
+
+#[test]
+fn absurd_sizes_are_clear_errors() {
+    let model = tiny_model().to_str().expect("utf8");
+    let out = std::env::temp_dir().join("rewind-cli-never-written-2");
+    let out = out.to_str().expect("utf8");
+    assert_fails(
+        &rewind(&[
+            "init-model",
+            "--arch",
+            "qwen3_5",
+            "--preset",
+            "tiny",
+            "--out",
+            out,
+            "--layers",
+            "18446744073709551615",
+        ]),
+        &["--layers"],
+    );
+    assert_fails(
+        &rewind(&[
+            "bench",
+            "--model",
+            model,
+            "--prompt-len",
+            "18446744073709551615",
+            "--repeats",
+            "1",
+        ]),
+        &["--prompt-len", "context"],
+    );
+    assert_fails(
+        &rewind(&[
+            "bench",
+            "--model",
+            model,
+            "--decode-tokens",
+            "18446744073709551615",
+            "--repeats",
+            "1",
+        ]),
+        &["--decode-tokens"],
+    );
+    for (flag, value) in [
+        ("--spec-window", "18446744073709551615"),
+        ("--buffer-len", "18446744073709551615"),
+        ("--context", "18446744073709551615"),
+    ] {
+        assert_fails(
+            &rewind(&[
+                "plan-memory",
+                "--arch",
+                "nemotron_h",
+                "--preset",
+                "tiny",
+                "--budget",
+                "1GiB",
+                flag,
+                value,
+            ]),
+            &[flag],
+        );
+    }
+    let o = rewind(&[
+        "generate",
+        "hi",
+        "--model",
+        model,
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "1e-45",
+        "--min-p",
+        "0.5",
+        "--json",
+    ]);
+    assert!(o.status.success(), "tiny temperature: {}", stderr(&o));
+}

@@ -41,7 +41,8 @@ pub enum EngineError {
     #[error("invalid input: {0}")]
     InvalidInput(String),
     /// A state-pool operation failed (pool full, double free, ring or KV bounds).
-    #[error("state pool: {0}")]
+    // Transparent, so a printed error chain states the pool's message once.
+    #[error(transparent)]
     Pool(#[from] crate::state::PoolError),
     /// The forward pass produced NaN or infinite logits.
     #[error("non-finite logits at position {position} (a NaN or infinity came out of the model)")]

@@ -113,6 +113,9 @@ pub fn tokenizer_vocab(preset: &str) -> usize {
     }
 }
 
+/// The deepest stack `--layers` may ask for (the deepest supported model has 88 layers).
+pub const MAX_LAYERS: usize = 1024;
+
 /// Nemotron-H-8B's layer pattern: 24 Mamba-2, 4 attention, 24 MLP.
 const NEMOTRON_H_8B_PATTERN: &str = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-";
 /// Nemotron-3-Nano-30B-A3B's layer pattern: 23 Mamba-2, 6 attention, 23 MoE.
@@ -132,6 +135,13 @@ pub fn preset_config(
     bos: u32,
     eos: u32,
 ) -> Result<Value> {
+    if let Some(n) = layers {
+        if n == 0 || n > MAX_LAYERS {
+            return Err(EngineError::InvalidInput(format!(
+                "--layers must be between 1 and {MAX_LAYERS}, got {n}"
+            )));
+        }
+    }
     let unknown = || {
         EngineError::InvalidInput(format!(
             "unknown --preset `{preset}` for {}; available: {}",
@@ -299,15 +309,6 @@ pub fn preset_config(
     obj.insert("pad_token_id".into(), json!(eos));
     obj.insert("torch_dtype".into(), json!("float32"));
     obj.insert("transformers_version".into(), json!("5.17.0"));
-    if family == Family::NemotronH {
-        if let Some(n) = layers {
-            if n == 0 {
-                return Err(EngineError::InvalidInput("--layers must be at least 1".into()));
-            }
-        }
-    } else if layers == Some(0) {
-        return Err(EngineError::InvalidInput("--layers must be at least 1".into()));
-    }
     Ok(cfg)
 }
 

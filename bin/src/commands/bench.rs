@@ -49,6 +49,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     let model = Model::from_dir(&dir)?;
+    let limit = model.config().max_position_embeddings;
+    // Checked before anything is allocated for the prompt.
+    anyhow::ensure!(
+        args.prompt_len <= limit,
+        "--prompt-len {} exceeds the model's context limit of {limit} tokens (max_position_embeddings)",
+        args.prompt_len
+    );
+    anyhow::ensure!(
+        args.decode_tokens.saturating_add(16) <= limit,
+        "--decode-tokens {} (after a 16-token prompt) exceeds the model's context limit of {limit} tokens",
+        args.decode_tokens
+    );
     let vocab = model.config().vocab_size as u64;
     // A fixed pseudo-random prompt: the same tokens for every variant and every run.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -77,6 +77,27 @@ fn print_table(config: &ModelConfig, plan: &MemoryPlan) {
 
 pub fn run(args: PlanMemoryArgs) -> Result<()> {
     let budget = parse_bytes(&args.budget).context("--budget")?;
+    // Bounds far above any real deployment, so the byte arithmetic below cannot overflow.
+    anyhow::ensure!(
+        args.spec_window <= 1024,
+        "--spec-window must be at most 1024, got {}",
+        args.spec_window
+    );
+    anyhow::ensure!(
+        args.buffer_len <= 1 << 20,
+        "--buffer-len must be at most {}, got {}",
+        1 << 20,
+        args.buffer_len
+    );
+    anyhow::ensure!(
+        args.kv_block_size <= 1 << 16,
+        "--kv-block-size must be at most {}, got {}",
+        1 << 16,
+        args.kv_block_size
+    );
+    if let Some(c) = args.context {
+        anyhow::ensure!(c <= 1 << 30, "--context must be at most {} tokens, got {c}", 1u64 << 30);
+    }
     let config = load_config(&args)?;
     let opts = PlanOptions {
         spec_window: args.spec_window,

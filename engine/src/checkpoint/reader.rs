@@ -316,8 +316,8 @@ fn header_error(path: &Path, buf: &[u8], e: SafeTensorError) -> EngineError {
         .map_or(0, u64::from_le_bytes);
     let what = match e {
         SafeTensorError::InvalidHeaderLength | SafeTensorError::HeaderTooLarge => format!(
-            "header declares {declared} bytes but the file is {} bytes (truncated, or not a safetensors file)",
-            buf.len()
+            "header declares {declared} bytes but only {} follow its 8-byte length (truncated, or not a safetensors file)",
+            buf.len().saturating_sub(8)
         ),
         SafeTensorError::MetadataIncompleteBuffer => format!(
             "the header's tensors do not cover the {} data bytes exactly (file truncated or corrupt)",

@@ -233,10 +233,12 @@ impl Sampler {
             .iter()
             .map(|&i| scores[i as usize])
             .fold(f32::NEG_INFINITY, f32::max);
-        let inv_t = 1.0 / p.temperature;
+        // Divide rather than multiply by 1/t: for a tiny temperature 1/t overflows to infinity and `0 · inf` is NaN,
+        // while `0 / t` stays 0 (the top token keeps weight 1) and the rest go to `exp(−inf) = 0`.
+        let t = p.temperature;
         let weights = &mut self.weights;
         weights.clear();
-        weights.extend(cand.iter().map(|&i| ((scores[i as usize] - max) * inv_t).exp()));
+        weights.extend(cand.iter().map(|&i| ((scores[i as usize] - max) / t).exp()));
 
         if sorted {
             let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();

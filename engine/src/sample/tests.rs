@@ -257,3 +257,20 @@ fn stops_on_respects_ignore_eos() {
     let p = params(|p| p.ignore_eos = true);
     assert!(!p.stops_on(2, &[2]));
 }
+
+#[test]
+fn a_tiny_temperature_is_greedy_not_a_crash() {
+    let logits = [0.5f32, 2.0, -1.0, 1.9];
+    for t in [1e-45f32, 1e-40, 1e-30] {
+        for min_p in [0.0f32, 0.5] {
+            let params = SamplingParams {
+                temperature: t,
+                min_p,
+                seed: Some(1),
+                ..SamplingParams::default()
+            };
+            let mut s = Sampler::new(params).expect("valid");
+            assert_eq!(s.sample(&logits, &[]).expect("sample"), 1, "t {t}, min_p {min_p}");
+        }
+    }
+}
