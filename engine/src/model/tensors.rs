@@ -38,3 +38,63 @@ pub fn shape_error(name: &str, found: &[usize], expected: &[usize]) -> EngineErr
         expected: expected.to_vec(),
     }
 }
+
+/// Test support: a checkpoint held in memory.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::collections::HashMap;
+
+    use super::{shape_error, TensorSource};
+    use crate::error::{EngineError, Result};
+
+    /// Named tensors in memory (`name → (shape, data)`); `take` removes a tensor, and `finish` reports what is left,
+    /// like a checkpoint.
+    #[derive(Clone, Default)]
+    pub(crate) struct MapSource(pub(crate) HashMap<String, (Vec<usize>, Vec<f32>)>);
+
+    impl MapSource {
+        pub(crate) fn put(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+            assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
+            self.0.insert(name.to_string(), (shape.to_vec(), data));
+        }
+
+        pub(crate) fn get(&self, name: &str) -> &[f32] {
+            &self.0[name].1
+        }
+    }
+
+    impl TensorSource for MapSource {
+        fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+            let (found, data) = self.0.remove(name).ok_or_else(|| EngineError::MissingTensor {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+            })?;
+            if found != shape {
+                return Err(shape_error(name, &found, shape));
+            }
+            Ok(data)
+        }
+
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+
+        fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
+            self.0.get(name).map(|(s, _)| s.clone())
+        }
+
+        fn finish(&mut self, keep: &[&str], ignore: &[&str]) -> Result<()> {
+            let mut left: Vec<&String> = self
+                .0
+                .keys()
+                .filter(|n| !keep.iter().chain(ignore).any(|p| n.starts_with(p)))
+                .collect();
+            left.sort();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(EngineError::UnexpectedTensors(format!("{left:?}")))
+            }
+        }
+    }
+}

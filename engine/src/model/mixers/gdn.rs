@@ -318,53 +318,8 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use std::collections::HashMap;
 
-    use crate::model::tensors::shape_error;
-
-    /// Named tensors in memory.
-    #[derive(Default)]
-    struct MapSource(HashMap<String, (Vec<usize>, Vec<f32>)>);
-
-    impl MapSource {
-        fn put(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
-            assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
-            self.0.insert(name.to_string(), (shape.to_vec(), data));
-        }
-    }
-
-    impl TensorSource for MapSource {
-        fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-            let (found, data) = self.0.remove(name).ok_or_else(|| EngineError::MissingTensor {
-                name: name.to_string(),
-                expected: shape.to_vec(),
-            })?;
-            if found != shape {
-                return Err(shape_error(name, &found, shape));
-            }
-            Ok(data)
-        }
-
-        fn contains(&self, name: &str) -> bool {
-            self.0.contains_key(name)
-        }
-
-        fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
-            self.0.get(name).map(|(s, _)| s.clone())
-        }
-
-        fn finish(&mut self, keep: &[&str], ignore: &[&str]) -> Result<()> {
-            let mut left: Vec<&String> = (self.0.keys())
-                .filter(|n| !keep.iter().chain(ignore).any(|p| n.starts_with(p)))
-                .collect();
-            left.sort();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(EngineError::UnexpectedTensors(format!("{left:?}")))
-            }
-        }
-    }
+    use crate::model::tensors::test_support::MapSource;
 
     const PREFIX: &str = "model.layers.3.linear_attn.";
 

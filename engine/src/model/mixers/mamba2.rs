@@ -369,61 +369,12 @@ pub struct Mamba2Inputs {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::model::tensors::shape_error;
-
-    /// Tensors in memory, taken by name.
-    #[derive(Clone, Default)]
-    struct MapSource(HashMap<String, (Vec<usize>, Vec<f32>)>);
-
-    impl MapSource {
-        fn put(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
-            assert_eq!(shape.iter().product::<usize>(), data.len());
-            self.0.insert(name.to_string(), (shape.to_vec(), data));
-        }
-
-        fn get(&self, name: &str) -> &[f32] {
-            &self.0[name].1
-        }
-    }
-
-    impl TensorSource for MapSource {
-        fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-            let (found, data) = self.0.remove(name).ok_or_else(|| EngineError::MissingTensor {
-                name: name.to_string(),
-                expected: shape.to_vec(),
-            })?;
-            if found != shape {
-                return Err(shape_error(name, &found, shape));
-            }
-            Ok(data)
-        }
-
-        fn contains(&self, name: &str) -> bool {
-            self.0.contains_key(name)
-        }
-
-        fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
-            self.0.get(name).map(|(s, _)| s.clone())
-        }
-
-        fn finish(&mut self, keep: &[&str], ignore: &[&str]) -> Result<()> {
-            let left: Vec<&String> = self
-                .0
-                .keys()
-                .filter(|k| !keep.iter().chain(ignore).any(|p| k.starts_with(p)))
-                .collect();
-            match left.is_empty() {
-                true => Ok(()),
-                false => Err(EngineError::UnexpectedTensors(format!("{left:?}"))),
-            }
-        }
-    }
+    use crate::model::tensors::test_support::MapSource;
 
     const PREFIX: &str = "backbone.layers.3.mixer.";
 
