@@ -88,14 +88,17 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub decode: DecodeArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// How SSM layers decode (shared by `generate` and `logits`).
 #[derive(Args, Debug, Clone)]
 pub struct DecodeArgs {
     /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay).
-    #[arg(long = "decode", value_name = "FORM", default_value = "auto", value_parser = parse_form)]
-    pub form: FormChoice,
+    /// Default: auto on the CPU, recurrent on a GPU (the only form the GPU runner has yet).
+    #[arg(long = "decode", value_name = "FORM", value_parser = parse_form)]
+    pub form: Option<FormChoice>,
     /// Input-ring capacity L of the replay form (at least 2); a kv-only sequence holds up to threshold + T entries
     /// until it compresses into replay.
     #[arg(long, value_name = "L", default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN, value_parser = parse_buffer_len)]
@@ -103,12 +106,80 @@ pub struct DecodeArgs {
 }
 
 impl DecodeArgs {
-    /// The engine's options.
+    /// The engine's options on the CPU.
     pub fn options(&self) -> DecodeOptions {
         DecodeOptions {
-            form: self.form,
+            form: self.form.unwrap_or(FormChoice::Auto),
             buffer_len: self.buffer_len,
         }
+    }
+
+    /// Fails unless the form can run on a GPU (recurrent, the default there).
+    pub fn check_gpu(&self) -> anyhow::Result<()> {
+        match self.form {
+            None | Some(FormChoice::Recurrent) => Ok(()),
+            Some(f) => anyhow::bail!(
+                "--decode {f}: the GPU runner decodes with the recurrent form only so far; the replay, kv-only and auto \
+                 forms run on the CPU (--device cpu)"
+            ),
+        }
+    }
+}
+
+/// Where a model runs (shared by `generate`, `logits` and `bench`).
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Device: `cpu`, `cuda` (GPU 0) or `cuda:N` (with --tp, GPUs N .. N + tp − 1).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Tensor-parallel ranks, one GPU each (NCCL all-reduces between them).
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// Fraction of each GPU's memory rewind may take for weights, activations and state pools, in (0, 1].
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_fraction: f64,
+    /// Most sequences alive at once on a GPU (state slots; also the largest decode batch).
+    #[arg(long, default_value_t = 64)]
+    pub max_seqs: usize,
+    /// Longest sequence on a GPU, in tokens (default: the model's limit, at most 32768).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Tokens per prefill chunk on a GPU.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+}
+
+/// A parsed `--device`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// The GPU ordinals of the ranks.
+    Cuda(Vec<usize>),
+}
+
+impl DeviceArgs {
+    /// Parses `--device` and `--tp`.
+    pub fn device(&self) -> anyhow::Result<Device> {
+        if self.tp == 0 {
+            anyhow::bail!("--tp must be at least 1");
+        }
+        let first = match self.device.as_str() {
+            "cpu" => {
+                if self.tp > 1 {
+                    anyhow::bail!(
+                        "--tp {}: tensor parallelism runs on GPUs (--device cuda); the CPU runs one rank",
+                        self.tp
+                    );
+                }
+                return Ok(Device::Cpu);
+            }
+            "cuda" => 0,
+            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => n,
+                _ => anyhow::bail!("unknown device `{d}`: expected `cpu`, `cuda` or `cuda:N`"),
+            },
+        };
+        Ok(Device::Cuda((first..first + self.tp).collect()))
     }
 }
 
@@ -140,6 +211,8 @@ pub struct LogitsArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub decode: DecodeArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +271,11 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Decode batch sizes (GPU only; default 1,64): each runs that many sequences through the batched step.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Option<Vec<usize>>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 #[derive(Args, Debug)]
@@ -249,4 +327,10 @@ pub struct SelftestArgs {
     /// Skip the NCCL all-reduce check (it runs when at least 2 GPUs are visible).
     #[arg(long)]
     pub no_nccl: bool,
+    /// Fixture models for the model-level check (teacher-forced GPU logits against the CPU; with 2 GPUs also --tp 2).
+    #[arg(long, default_value = "tests/fixtures")]
+    pub fixtures: PathBuf,
+    /// Skip the model-level check.
+    #[arg(long)]
+    pub no_model: bool,
 }

@@ -50,6 +50,16 @@ pub enum EngineError {
     /// A tensor-parallel collective failed: a rank left (panicked, aborted) or ranks disagreed on the operation.
     #[error("communicator: {0}")]
     Communicator(String),
+    /// The GPU backend failed (no usable device, a CUDA / cuBLAS / NCCL call failed) or a model does not fit on it.
+    #[error("GPU: {0}")]
+    Gpu(String),
+}
+
+#[cfg(feature = "cuda")]
+impl From<rewind_kernels::cuda::CudaError> for EngineError {
+    fn from(e: rewind_kernels::cuda::CudaError) -> Self {
+        EngineError::Gpu(e.to_string())
+    }
 }
 
 /// The engine's result type.

@@ -88,13 +88,9 @@ pub fn generate_with(
         ));
     }
     params.validate(model.config().vocab_size)?;
-    let limit = model.config().max_position_embeddings;
     model.check_tokens(prompt, 0)?;
-    let _span = info_span!("generate", prompt_tokens = prompt.len()).entered();
-    let mut sampler = Sampler::new(params.clone())?;
-    let mut stops = StopChecker::new(&params.stop_strings);
-    let mut stream = tokenizer.decode_stream(true);
     // The KV pool holds what this generation can reach, not the model's whole context.
+    let limit = model.config().max_position_embeddings;
     let context = prompt
         .len()
         .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
@@ -107,10 +103,72 @@ pub fn generate_with(
         },
     )?;
     let slot = decoder.start(decode.form)?;
+    let mut stepper = CpuStepper { decoder, slot, limit };
+    generate_on(&mut stepper, tokenizer, prompt, params, eos_token_ids, on_text)
+}
+
+/// What the generation loop needs from a backend running one sequence.
+pub trait SequenceStepper {
+    /// The longest context the sequence may reach.
+    fn context_limit(&self) -> usize;
+    /// Runs the prompt; returns the last position's logits (`[vocab]`).
+    fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>>;
+    /// Appends one token; returns the next position's logits.
+    fn decode(&mut self, token: u32) -> Result<Vec<f32>>;
+    /// Appends one token and returns the greedy next token, where the backend can pick it without handing back the
+    /// logits (a GPU's argmax); `None` when it cannot (the caller then uses [`SequenceStepper::decode`]).
+    fn decode_greedy(&mut self, _token: u32) -> Result<Option<u32>> {
+        Ok(None)
+    }
+}
+
+struct CpuStepper<'m> {
+    decoder: Decoder<'m>,
+    slot: usize,
+    limit: usize,
+}
+
+impl SequenceStepper for CpuStepper<'_> {
+    fn context_limit(&self) -> usize {
+        self.limit
+    }
+
+    fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        self.decoder.prefill(self.slot, prompt, Logits::Last)
+    }
+
+    fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.decoder.decode(&[(self.slot, token)])
+    }
+}
+
+/// The generation loop over any backend: prefill, then sample → decode until a stop condition. The backend has
+/// already checked the prompt's ids; `params` must be valid for its vocabulary.
+pub fn generate_on(
+    stepper: &mut dyn SequenceStepper,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &SamplingParams,
+    eos_token_ids: &[u32],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationOutput> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidInput(
+            "the prompt is empty (no tokens to start from)".into(),
+        ));
+    }
+    let limit = stepper.context_limit();
+    let _span = info_span!("generate", prompt_tokens = prompt.len()).entered();
+    let mut sampler = Sampler::new(params.clone())?;
+    let mut stops = StopChecker::new(&params.stop_strings);
+    let mut stream = tokenizer.decode_stream(true);
     let mut position = prompt.len();
+    // Greedy without a penalty needs no logits on the host: the backend may pick the token itself.
+    let greedy = params.temperature == 0.0 && params.repetition_penalty == 1.0;
+    let mut picked: Option<u32> = None;
 
     let t0 = Instant::now();
-    let mut logits = decoder.prefill(slot, prompt, Logits::Last)?;
+    let mut logits = stepper.prefill(prompt)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
 
     let mut history: Vec<u32> = prompt.to_vec();
@@ -128,7 +186,10 @@ pub fn generate_with(
         if generated.len() >= max_tokens {
             break FinishReason::Length;
         }
-        let next = sampler.sample(&logits, &history)?;
+        let next = match picked.take() {
+            Some(t) => t,
+            None => sampler.sample(&logits, &history)?,
+        };
         generated.push(next);
         history.push(next);
         if !params.ignore_eos && eos_token_ids.contains(&next) {
@@ -152,7 +213,10 @@ pub fn generate_with(
         if generated.len() >= max_tokens {
             break FinishReason::Length;
         }
-        logits = decoder.decode(&[(slot, next)])?;
+        match greedy.then(|| stepper.decode_greedy(next)).transpose()?.flatten() {
+            Some(t) => picked = Some(t),
+            None => logits = stepper.decode(next)?,
+        }
         position += 1;
     };
     if finish != FinishReason::StopString {

@@ -6,6 +6,8 @@ pub mod decode;
 pub mod error;
 pub mod generate;
 pub mod generation_config;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod init;
 pub mod model;
 pub mod presets;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use rewind_engine::model::{Logits, Model};
 use serde_json::json;
 
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, Device};
 use crate::default_model::default_model_dir;
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -48,6 +48,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
+    match args.device.device()? {
+        Device::Cpu => anyhow::ensure!(
+            args.batch.is_none(),
+            "--batch: the batched decode benchmark runs on GPUs (--device cuda); the CPU bench decodes one sequence"
+        ),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(devices) => return super::gpu::bench(&args, &dir, devices, git_commit()),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(super::no_cuda()),
+    }
     let model = Model::from_dir(&dir)?;
     let limit = model.config().max_position_embeddings;
     // Checked before anything is allocated for the prompt.

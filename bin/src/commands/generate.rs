@@ -11,7 +11,7 @@ use rewind_engine::sample::SamplingParams;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::Tokenizer;
 
-use crate::cli::{GenerateArgs, SamplingArgs};
+use crate::cli::{Device, GenerateArgs, SamplingArgs};
 use crate::default_model::default_model_dir;
 
 const DEFAULT_PROMPT: &str = "The quick brown fox";
@@ -60,8 +60,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
     let params = sampling_params(&defaults, &args.sampling);
     let tokenizer = Tokenizer::from_dir(&dir)?;
-    let model = Model::from_dir(&dir)?;
-    params.validate(model.config().vocab_size)?;
+    let device = args.device.device()?;
+    if device != Device::Cpu {
+        args.decode.check_gpu()?;
+    }
+    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
+    params.validate(config.vocab_size)?;
 
     let prompt_text = args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string());
     let prompt = if args.chat {
@@ -71,12 +75,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         tokenizer.encode(&prompt_text, true)?
     };
     let mut eos = defaults.eos_token_ids.clone();
-    for id in model
-        .config()
-        .eos_token_ids
-        .iter()
-        .chain(tokenizer.eos_token_id().as_ref())
-    {
+    for id in config.eos_token_ids.iter().chain(tokenizer.eos_token_id().as_ref()) {
         if !eos.contains(id) {
             eos.push(*id);
         }
@@ -86,21 +85,47 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut out = stdout.lock();
     let json = args.json;
     let mut write_err: Option<std::io::Error> = None;
-    let result = generate_with(
-        &model,
-        &tokenizer,
-        &prompt,
-        &params,
-        &eos,
-        args.decode.options(),
-        &mut |piece| {
-            if !json && write_err.is_none() {
-                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                    write_err = Some(e);
-                }
+    let mut on_text = |piece: &str| {
+        if !json && write_err.is_none() {
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                write_err = Some(e);
             }
-        },
-    )?;
+        }
+    };
+    let result = match device {
+        Device::Cpu => {
+            let model = Model::from_dir(&dir)?;
+            generate_with(
+                &model,
+                &tokenizer,
+                &prompt,
+                &params,
+                &eos,
+                args.decode.options(),
+                &mut on_text,
+            )?
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(devices) => {
+            use rewind_engine::generate::generate_on;
+            use rewind_engine::gpu::GpuSequence;
+            if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab_size) {
+                anyhow::bail!("token id {bad} is out of range (vocab size {})", config.vocab_size);
+            }
+            let mut dargs = args.device.clone();
+            let want = prompt.len().saturating_add(params.max_tokens.unwrap_or(usize::MAX));
+            if dargs.max_model_len.is_none() {
+                dargs.max_model_len = Some(want.min(config.max_position_embeddings));
+            }
+            dargs.max_seqs = dargs.max_seqs.min(8);
+            let mut model = super::gpu::load(&dir, &dargs, devices)?;
+            let mut seq = GpuSequence::open(&mut model, want.min(config.max_position_embeddings))?;
+            generate_on(&mut seq, &tokenizer, &prompt, &params, &eos, &mut on_text)?
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(super::no_cuda()),
+    };
+    drop(on_text);
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }

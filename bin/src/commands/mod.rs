@@ -2,15 +2,25 @@
 
 mod bench;
 mod generate;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod init_model;
 mod logits;
 mod perplexity;
 mod plan_memory;
 mod selftest;
+#[cfg(feature = "cuda")]
+mod selftest_model;
 
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
+
+/// The error for `--device cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn no_cuda() -> anyhow::Error {
+    anyhow::anyhow!("this rewind was built without the `cuda` feature; --device cuda is not available")
+}
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<()> {

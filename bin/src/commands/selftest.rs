@@ -209,6 +209,12 @@ mod cuda {
         let results = run_all(&dev, &blas, seed, args.only.as_deref());
         print_table(&results);
         let (nccl, nccl_ok) = nccl_section(args.no_nccl);
+        let (model, model_ok) = if args.no_model {
+            println!("\nmodel-level: skipped (--no-model)");
+            (json!({ "status": "skipped", "reason": "--no-model" }), true)
+        } else {
+            super::super::selftest_model::section(&args.fixtures, ordinal, device_count().unwrap_or(1))
+        };
 
         let checks: usize = results.iter().map(|r| r.checks.len().max(1)).sum();
         let failed_cases: Vec<&CaseResult> = results.iter().filter(|r| !r.passed()).collect();
@@ -249,12 +255,13 @@ mod cuda {
                 "nvrtc": { "version": format!("{nv_major}.{nv_minor}"), "cache_dir": cache, "modules": modules },
                 "cases": results.iter().map(case_json).collect::<Vec<_>>(),
                 "nccl": nccl,
+                "model": model,
                 "summary": {
                     "cases": results.len(),
                     "checks": checks,
                     "failed_checks": failed_checks,
                     "worst_f32_rel_err": worst_f32,
-                    "passed": failed_checks == 0 && nccl_ok,
+                    "passed": failed_checks == 0 && nccl_ok && model_ok,
                 },
             });
             let text = serde_json::to_string_pretty(&report)?;
@@ -263,10 +270,11 @@ mod cuda {
         if results.is_empty() {
             bail!("selftest: no case matches --only {:?}", args.only.unwrap_or_default());
         }
-        if failed_checks > 0 || !nccl_ok {
+        if failed_checks > 0 || !nccl_ok || !model_ok {
             bail!(
-                "selftest: {failed_checks} of {checks} checks failed{}",
-                if nccl_ok { "" } else { ", NCCL all-reduce failed" }
+                "selftest: {failed_checks} of {checks} checks failed{}{}",
+                if nccl_ok { "" } else { ", NCCL all-reduce failed" },
+                if model_ok { "" } else { ", the model-level check failed" }
             );
         }
         Ok(())

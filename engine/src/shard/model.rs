@@ -29,10 +29,21 @@ use crate::model::mixers::gdn::{GdnMixer, GdnState};
 use crate::model::mixers::mamba2::{Mamba2Mixer, Mamba2State};
 use crate::model::tensors::TensorSource;
 
-struct ShardBlock {
-    norm: Vec<f32>,
-    mixer: Mixer,
-    shard: ShardKind,
+/// One block of a rank: its pre-norm weight, its local mixer and how the mixer is split.
+pub(crate) struct ShardBlock {
+    pub(crate) norm: Vec<f32>,
+    pub(crate) mixer: Mixer,
+    pub(crate) shard: ShardKind,
+}
+
+/// A rank's weights taken apart, for a backend that copies them elsewhere (the GPU runner).
+pub(crate) struct ShardParts {
+    pub(crate) config: ModelConfig,
+    pub(crate) plan: RankPlan,
+    pub(crate) embed: Vec<f32>,
+    pub(crate) blocks: Vec<ShardBlock>,
+    pub(crate) final_norm: Vec<f32>,
+    pub(crate) lm_head: Option<Vec<f32>>,
 }
 
 /// One rank's share of a model.
@@ -96,6 +107,18 @@ impl ShardedModel {
         let config = ModelConfig::from_dir(dir)?;
         let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
         Self::load(config, tp, rank, &mut src)
+    }
+
+    /// Takes the rank apart (the GPU runner uploads the pieces and drops them block by block).
+    pub(crate) fn into_parts(self) -> ShardParts {
+        ShardParts {
+            config: self.config,
+            plan: self.plan,
+            embed: self.embed,
+            blocks: self.blocks,
+            final_norm: self.final_norm,
+            lm_head: self.lm_head,
+        }
     }
 
     /// The whole model's config.

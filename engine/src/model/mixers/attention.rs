@@ -84,11 +84,11 @@ impl KvCache {
 }
 
 /// A linear projection's weight `[out, in]` and optional bias `[out]`.
-struct Proj {
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-    in_dim: usize,
-    out_dim: usize,
+pub(crate) struct Proj {
+    pub(crate) w: Vec<f32>,
+    pub(crate) b: Option<Vec<f32>>,
+    pub(crate) in_dim: usize,
+    pub(crate) out_dim: usize,
 }
 
 impl Proj {
@@ -109,13 +109,13 @@ impl Proj {
 
 /// One attention layer's weights.
 pub struct AttentionMixer {
-    spec: AttentionSpec,
-    q_proj: Proj,
-    k_proj: Proj,
-    v_proj: Proj,
-    o_proj: Proj,
+    pub(crate) spec: AttentionSpec,
+    pub(crate) q_proj: Proj,
+    pub(crate) k_proj: Proj,
+    pub(crate) v_proj: Proj,
+    pub(crate) o_proj: Proj,
     /// `(q_norm, k_norm)` weights, `[head_dim]` each.
-    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl AttentionMixer {

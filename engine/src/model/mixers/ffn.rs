@@ -21,10 +21,10 @@ use crate::model::tensors::TensorSource;
 
 /// A linear projection: weight `[out, in]`, optional bias `[out]`.
 pub(crate) struct Linear {
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-    in_dim: usize,
-    out_dim: usize,
+    pub(crate) w: Vec<f32>,
+    pub(crate) b: Option<Vec<f32>>,
+    pub(crate) in_dim: usize,
+    pub(crate) out_dim: usize,
 }
 
 impl Linear {
@@ -53,10 +53,10 @@ impl Linear {
 
 /// A dense MLP: relu² non-gated (`up_proj`, `down_proj`) or SwiGLU (`gate_proj`, `up_proj`, `down_proj`).
 pub struct Mlp {
-    spec: MlpSpec,
-    gate: Option<Linear>,
-    up: Linear,
-    down: Linear,
+    pub(crate) spec: MlpSpec,
+    pub(crate) gate: Option<Linear>,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
 }
 
 impl Mlp {
@@ -105,19 +105,19 @@ impl Mlp {
 
 /// A mixture-of-experts FFN with an optional shared expert.
 pub struct Moe {
-    spec: MoeSpec,
+    pub(crate) spec: MoeSpec,
     /// Router weight `[experts, hidden]`.
-    router: Vec<f32>,
+    pub(crate) router: Vec<f32>,
     /// `e_score_correction_bias` `[experts]` of the grouped sigmoid router.
-    correction_bias: Option<Vec<f32>>,
+    pub(crate) correction_bias: Option<Vec<f32>>,
     /// Per expert `[up_rows, hidden]`, experts back to back: SwiGLU stacks `gate` rows then `up` rows
     /// (`up_rows = 2·I`), relu² has `up` only (`up_rows = I`).
-    up: Vec<f32>,
+    pub(crate) up: Vec<f32>,
     /// Per expert `[hidden, I]`, back to back.
-    down: Vec<f32>,
-    shared: Option<Mlp>,
+    pub(crate) down: Vec<f32>,
+    pub(crate) shared: Option<Mlp>,
     /// Qwen's `shared_expert_gate.weight` `[1, hidden]`.
-    shared_gate: Option<Vec<f32>>,
+    pub(crate) shared_gate: Option<Vec<f32>>,
 }
 
 fn up_rows(spec: &MoeSpec) -> usize {

@@ -30,18 +30,18 @@ pub struct GdnState {
 /// A Gated DeltaNet layer's weights, with the input projections stored in one `[q | k | v | z | b | a]` matrix whatever
 /// the checkpoint's layout, so the forward pass does one projection GEMM.
 pub struct GdnMixer {
-    spec: GdnSpec,
+    pub(crate) spec: GdnSpec,
     /// `[conv_dim + value_dim + 2·v_heads, hidden]`, rows `q | k | v | z | b | a`, heads in order within each.
-    in_proj: Vec<f32>,
+    pub(crate) in_proj: Vec<f32>,
     /// `[conv_dim, K]`.
-    conv: Vec<f32>,
-    dt_bias: Vec<f32>,
+    pub(crate) conv: Vec<f32>,
+    pub(crate) dt_bias: Vec<f32>,
     /// `−exp(A_log)`, per value head.
-    neg_a: Vec<f32>,
+    pub(crate) neg_a: Vec<f32>,
     /// `[v_head_dim]`, shared by every value head.
-    norm: Vec<f32>,
+    pub(crate) norm: Vec<f32>,
     /// `[hidden, value_dim]`.
-    out_proj: Vec<f32>,
+    pub(crate) out_proj: Vec<f32>,
 }
 
 /// Sizes derived from a spec.

@@ -32,21 +32,21 @@ pub struct Mamba2State {
 /// A loaded Mamba-2 mixer.
 #[derive(Clone, Debug)]
 pub struct Mamba2Mixer {
-    spec: Mamba2Spec,
+    pub(crate) spec: Mamba2Spec,
     /// `[d_in_proj, hidden]`, rows ordered `[z (d_inner) | xBC (conv_dim) | dt (heads)]`.
-    in_proj: Vec<f32>,
-    in_proj_bias: Option<Vec<f32>>,
+    pub(crate) in_proj: Vec<f32>,
+    pub(crate) in_proj_bias: Option<Vec<f32>>,
     /// `[conv_dim, K]`.
-    conv_w: Vec<f32>,
-    conv_b: Option<Vec<f32>>,
-    dt_bias: Vec<f32>,
+    pub(crate) conv_w: Vec<f32>,
+    pub(crate) conv_b: Option<Vec<f32>>,
+    pub(crate) dt_bias: Vec<f32>,
     /// `A = −exp(A_log)`, computed once at load.
-    a: Vec<f32>,
-    d_skip: Vec<f32>,
-    norm_w: Vec<f32>,
+    pub(crate) a: Vec<f32>,
+    pub(crate) d_skip: Vec<f32>,
+    pub(crate) norm_w: Vec<f32>,
     /// `[hidden, d_inner]`.
-    out_proj: Vec<f32>,
-    out_proj_bias: Option<Vec<f32>>,
+    pub(crate) out_proj: Vec<f32>,
+    pub(crate) out_proj_bias: Option<Vec<f32>>,
 }
 
 fn d_inner(spec: &Mamba2Spec) -> usize {

@@ -1,0 +1,124 @@
+//! The model-level part of `rewind selftest --device cuda`: every fixture model (F1's transformers fixtures) run on the
+//! GPU teacher-forced against the CPU f32 reference, with one GPU and, where two are visible, with `--tp 2`.
+
+use std::path::{Path, PathBuf};
+
+use rewind_engine::gpu::{teacher_forced, GpuOptions, TeacherForcedReport};
+use serde_json::{json, Value};
+
+/// Per-position tolerance: `max|Δlogit| / max|logit_cpu|` (bf16 weights and activations against f32).
+pub const TOLERANCE: f64 = 2e-2;
+/// Greedy steps decoded after each prompt.
+const STEPS: usize = 12;
+
+fn fixture_dirs(root: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e} (pass --fixtures DIR)", root.display()))?;
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("reference.json").is_file() && p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    if dirs.is_empty() {
+        return Err(format!("no fixture models under {}", root.display()));
+    }
+    Ok(dirs)
+}
+
+/// Two prompts per fixture (its reference tokens' prompt, and a shifted window of them), decoded as one batch.
+fn prompts(dir: &Path) -> Result<Vec<Vec<u32>>, String> {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tokens: Vec<u32> = v["tokens"]
+        .as_array()
+        .ok_or_else(|| format!("{}: no `tokens`", path.display()))?
+        .iter()
+        .filter_map(|t| t.as_u64().map(|t| t as u32))
+        .collect();
+    let n = v["prefill_len"].as_u64().unwrap_or(tokens.len() as u64) as usize;
+    if n < 2 || n > tokens.len() {
+        return Err(format!("{}: bad prefill_len {n}", path.display()));
+    }
+    Ok(vec![tokens[..n].to_vec(), tokens[n / 2..].to_vec()])
+}
+
+fn line(case: &str, tp: usize, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
+    match r {
+        Ok(r) => {
+            println!(
+                "{:<20} tp {}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e})  argmax {}/{} equal  {}",
+                case,
+                tp,
+                r.positions,
+                r.sequences,
+                r.worst_rel,
+                r.tolerance,
+                r.argmax_checked - r.argmax_mismatches,
+                r.argmax_checked,
+                if r.pass { "pass" } else { "FAIL" }
+            );
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["case"] = json!(case);
+            if !r.worst_rel.is_finite() {
+                v["worst_rel"] = json!(format!("{}", r.worst_rel));
+            }
+            (v, r.pass)
+        }
+        Err(e) => {
+            println!("{case:<20} tp {tp}  FAIL: {e}");
+            (json!({ "case": case, "tp": tp, "pass": false, "error": e }), false)
+        }
+    }
+}
+
+/// Runs the check on every fixture under `root` with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2).
+pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
+    println!(
+        "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference ({STEPS} decode steps, 2 sequences per \
+         batch, prefill in chunks of 8)"
+    );
+    let dirs = match fixture_dirs(root) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("model-level: FAIL: {e}");
+            return (json!({ "status": "error", "error": e }), false);
+        }
+    };
+    let mut tps = vec![(1usize, vec![ordinal])];
+    if gpus >= 2 {
+        tps.push((2, vec![0, 1]));
+    }
+    let mut all_ok = true;
+    let mut rows = Vec::new();
+    for dir in &dirs {
+        let case = dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let prompts = match prompts(dir) {
+            Ok(p) => p,
+            Err(e) => {
+                let (v, _) = line(&case, 1, &Err(e));
+                rows.push(v);
+                all_ok = false;
+                continue;
+            }
+        };
+        for (tp, devices) in &tps {
+            let opts = GpuOptions {
+                devices: devices.clone(),
+                gpu_memory_fraction: 0.9,
+                max_seqs: 4,
+                max_model_len: None,
+                prefill_chunk: 8,
+            };
+            let r = teacher_forced(dir, &prompts, STEPS, &opts, TOLERANCE).map_err(|e| e.to_string());
+            let (v, ok) = line(&case, *tp, &r);
+            all_ok &= ok;
+            rows.push(v);
+        }
+    }
+    (
+        json!({ "status": if all_ok { "pass" } else { "fail" }, "tolerance": TOLERANCE, "steps": STEPS, "results": rows }),
+        all_ok,
+    )
+}

@@ -1,0 +1,488 @@
+//! The GPU model as the rest of rewind sees it: one rank per GPU, each in its own thread owning its device, weights,
+//! pools and NCCL communicator; every call is broadcast to all ranks, which run the same step in lockstep (their
+//! all-reduces meet inside NCCL), and the ranks' vocabulary slices of the logits are joined here.
+//!
+//! The coordinator keeps its own copy of the books (slots, lengths, KV blocks) and validates every request against it
+//! before broadcasting, so a bad request fails here, identically for every rank, and never strands a rank inside a
+//! collective.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rewind_kernels::cuda::CudaDevice;
+use tracing::info;
+
+use super::rank::{Capacity, GpuRank, LoadedRank, StepOut};
+use super::state::{Books, PoolSizes, BLOCK_SIZE};
+use super::DeviceComm;
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+use crate::model::hybrid::Logits;
+use crate::shard::even_split;
+
+/// How to place and size the GPU model.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// GPU ordinals, one per tensor-parallel rank (`[0]` for one GPU, `[0, 1]` for `--tp 2`).
+    pub devices: Vec<usize>,
+    /// Fraction of each GPU's memory rewind may use (weights, activations, state pools).
+    pub gpu_memory_fraction: f64,
+    /// Most sequences alive at once (SSM state slots; also the largest decode batch).
+    pub max_seqs: usize,
+    /// Longest sequence in tokens; `None` takes the model's `max_position_embeddings`, capped at 32768.
+    pub max_model_len: Option<usize>,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            devices: vec![0],
+            gpu_memory_fraction: 0.9,
+            max_seqs: 64,
+            max_model_len: None,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+/// What loading found, for logs and reports.
+#[derive(Clone, Debug)]
+pub struct GpuReport {
+    /// Device names, per rank.
+    pub devices: Vec<String>,
+    pub sizes: PoolSizes,
+    /// Per rank: bytes of weights (and runtime), state pools, activations; total device memory.
+    pub weight_bytes: Vec<usize>,
+    pub state_bytes: Vec<usize>,
+    pub scratch_bytes: Vec<usize>,
+    pub total_bytes: Vec<usize>,
+}
+
+type Job = Box<dyn FnOnce(&mut RankSlot) -> Result<Reply> + Send>;
+
+enum Reply {
+    Unit,
+    Capacity(Capacity, String),
+    Slot(usize),
+    Step(StepOut),
+    Logits(Vec<f32>),
+}
+
+/// A rank's thread state: loaded, then allocated.
+enum RankSlot {
+    Loaded(Option<LoadedRank>),
+    Ready(GpuRank),
+}
+
+impl RankSlot {
+    fn ready(&mut self) -> Result<&mut GpuRank> {
+        match self {
+            RankSlot::Ready(r) => Ok(r),
+            RankSlot::Loaded(_) => Err(EngineError::Gpu("rank used before its pools were allocated".into())),
+        }
+    }
+}
+
+struct RankHandle {
+    jobs: Sender<Job>,
+    replies: Receiver<Result<Reply>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The model on one or more GPUs.
+pub struct GpuModel {
+    ranks: Vec<RankHandle>,
+    config: ModelConfig,
+    vocab: Vec<Range<usize>>,
+    books: Books,
+    has_attention: bool,
+    rows: usize,
+    report: GpuReport,
+}
+
+fn dead(rank: usize) -> EngineError {
+    EngineError::Gpu(format!("GPU rank {rank} has stopped"))
+}
+
+impl GpuModel {
+    /// Loads the checkpoint in `dir` onto `opts.devices` (one tensor-parallel rank each) and sizes the pools.
+    pub fn load(dir: &Path, opts: &GpuOptions) -> Result<Self> {
+        let tp = opts.devices.len();
+        if tp == 0 {
+            return Err(EngineError::InvalidInput("no GPU given".into()));
+        }
+        if !(opts.gpu_memory_fraction > 0.0 && opts.gpu_memory_fraction <= 1.0) {
+            return Err(EngineError::InvalidInput(format!(
+                "--gpu-memory-fraction {} is outside (0, 1]",
+                opts.gpu_memory_fraction
+            )));
+        }
+        if opts.max_seqs == 0 || opts.prefill_chunk == 0 {
+            return Err(EngineError::InvalidInput(
+                "--max-seqs and the prefill chunk must be positive".into(),
+            ));
+        }
+        let visible = rewind_kernels::cuda::device_count()?;
+        if let Some(&bad) = opts.devices.iter().find(|&&d| d >= visible) {
+            return Err(EngineError::Gpu(format!(
+                "GPU {bad} requested, {visible} visible{}",
+                if tp > 1 {
+                    format!(" (--tp {tp} needs {tp} GPUs)")
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        let config = ModelConfig::from_dir(dir)?;
+        let max_len = opts
+            .max_model_len
+            .unwrap_or(config.max_position_embeddings.min(32_768))
+            .min(config.max_position_embeddings)
+            .next_multiple_of(BLOCK_SIZE);
+        let rows = opts.prefill_chunk.max(opts.max_seqs);
+        let nccl_id = if tp > 1 {
+            rewind_kernels::cuda::nccl::disable_nvls_unless_set();
+            Some(rewind_kernels::cuda::nccl::NcclId::new()?)
+        } else {
+            None
+        };
+        let mut ranks = Vec::with_capacity(tp);
+        for (rank, &ordinal) in opts.devices.iter().enumerate() {
+            let (jobs_tx, jobs_rx) = channel::<Job>();
+            let (reply_tx, reply_rx) = channel::<Result<Reply>>();
+            let dir: PathBuf = dir.to_path_buf();
+            let id = nccl_id.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("gpu-rank-{rank}"))
+                .spawn(move || {
+                    let loaded = (|| -> Result<(LoadedRank, String)> {
+                        let dev = Arc::new(CudaDevice::open(ordinal)?);
+                        let name = dev.name().to_string();
+                        let comm: Option<Box<dyn DeviceComm>> = match &id {
+                            Some(id) => Some(Box::new(rewind_kernels::cuda::nccl::NcclComm::init(
+                                &dev, rank, tp, id,
+                            )?)),
+                            None => None,
+                        };
+                        Ok((LoadedRank::load(dev, comm, &dir, tp, rank)?, name))
+                    })();
+                    let mut slot = match loaded {
+                        Ok((r, name)) => {
+                            let _ = reply_tx.send(Ok(Reply::Capacity(
+                                Capacity {
+                                    kv_blocks: 0,
+                                    weight_bytes: 0,
+                                    state_bytes: 0,
+                                    scratch_bytes: 0,
+                                    total_bytes: 0,
+                                },
+                                name,
+                            )));
+                            RankSlot::Loaded(Some(r))
+                        }
+                        Err(e) => {
+                            let _ = reply_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    while let Ok(job) = jobs_rx.recv() {
+                        if reply_tx.send(job(&mut slot)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| EngineError::Gpu(format!("starting the thread of rank {rank}: {e}")))?;
+            ranks.push(RankHandle {
+                jobs: jobs_tx,
+                replies: reply_rx,
+                thread: Some(thread),
+            });
+        }
+        let mut devices = Vec::with_capacity(tp);
+        let mut first_err = None;
+        for (rank, h) in ranks.iter().enumerate() {
+            match h.replies.recv().map_err(|_| dead(rank)).and_then(|r| r) {
+                Ok(Reply::Capacity(_, name)) => devices.push(name),
+                Ok(_) => first_err = first_err.or(Some(EngineError::Gpu("unexpected reply while loading".into()))),
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        let vocab = (0..tp).map(|r| even_split(config.vocab_size, tp, r)).collect();
+        let mut model = GpuModel {
+            ranks,
+            has_attention: config
+                .layers
+                .iter()
+                .flatten()
+                .any(|b| matches!(b.kind, crate::model::config::BlockKind::Attention(_))),
+            config,
+            vocab,
+            books: Books::new(PoolSizes {
+                max_seqs: 1,
+                max_len: BLOCK_SIZE,
+                num_blocks: 0,
+            }),
+            rows,
+            report: GpuReport {
+                devices,
+                sizes: PoolSizes {
+                    max_seqs: 0,
+                    max_len: 0,
+                    num_blocks: 0,
+                },
+                weight_bytes: vec![],
+                state_bytes: vec![],
+                scratch_bytes: vec![],
+                total_bytes: vec![],
+            },
+        };
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let (fraction, max_seqs) = (opts.gpu_memory_fraction, opts.max_seqs);
+        let caps: Vec<Capacity> = model
+            .broadcast(move |r| match r {
+                RankSlot::Loaded(Some(l)) => Ok(Reply::Capacity(
+                    l.capacity(fraction, max_seqs, max_len, rows)?,
+                    String::new(),
+                )),
+                _ => Err(EngineError::Gpu("rank is not in its loading state".into())),
+            })?
+            .into_iter()
+            .map(|r| match r {
+                Reply::Capacity(c, _) => Ok(c),
+                _ => Err(EngineError::Gpu("unexpected reply while sizing".into())),
+            })
+            .collect::<Result<_>>()?;
+        let sizes = PoolSizes {
+            max_seqs,
+            max_len,
+            num_blocks: caps.iter().map(|c| c.kv_blocks).min().unwrap_or(0),
+        };
+        model.broadcast(move |r| match r {
+            RankSlot::Loaded(l) => {
+                let loaded = l
+                    .take()
+                    .ok_or_else(|| EngineError::Gpu("rank already allocated".into()))?;
+                *r = RankSlot::Ready(loaded.allocate(sizes, rows)?);
+                Ok(Reply::Unit)
+            }
+            RankSlot::Ready(_) => Err(EngineError::Gpu("rank already allocated".into())),
+        })?;
+        model.books = Books::new(sizes);
+        model.report.sizes = sizes;
+        model.report.weight_bytes = caps.iter().map(|c| c.weight_bytes).collect();
+        model.report.state_bytes = caps.iter().map(|c| c.state_bytes).collect();
+        model.report.scratch_bytes = caps.iter().map(|c| c.scratch_bytes).collect();
+        model.report.total_bytes = caps.iter().map(|c| c.total_bytes).collect();
+        info!(?sizes, tp, "GPU model loaded");
+        Ok(model)
+    }
+
+    /// Runs `job` on every rank and collects their replies in rank order (the first error wins, after every rank
+    /// has answered, so no rank is left mid-step).
+    fn broadcast(
+        &self,
+        job: impl Fn(&mut RankSlot) -> Result<Reply> + Send + Sync + Clone + 'static,
+    ) -> Result<Vec<Reply>> {
+        for (rank, h) in self.ranks.iter().enumerate() {
+            let j = job.clone();
+            h.jobs.send(Box::new(move |r| j(r))).map_err(|_| dead(rank))?;
+        }
+        let mut out = Vec::with_capacity(self.ranks.len());
+        let mut err = None;
+        for (rank, h) in self.ranks.iter().enumerate() {
+            match h.replies.recv().map_err(|_| dead(rank)).and_then(|r| r) {
+                Ok(r) => out.push(r),
+                Err(e) => err = err.or(Some(e)),
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// What loading found.
+    pub fn report(&self) -> &GpuReport {
+        &self.report
+    }
+
+    /// Tensor-parallel ranks.
+    pub fn tp(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Opens a new sequence; returns its id.
+    pub fn open(&mut self) -> Result<usize> {
+        let slot = self.books.open()?;
+        let replies = self.broadcast(|r| Ok(Reply::Slot(r.ready()?.open()?)));
+        match replies {
+            Ok(rs) if rs.iter().all(|r| matches!(r, Reply::Slot(s) if *s == slot)) => Ok(slot),
+            Ok(_) => Err(EngineError::Gpu("ranks disagree on a new sequence's slot".into())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases sequence `seq` and its KV blocks.
+    pub fn release(&mut self, seq: usize) -> Result<()> {
+        self.books.close(seq)?;
+        self.broadcast(move |r| {
+            r.ready()?.close(seq)?;
+            Ok(Reply::Unit)
+        })?;
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: impl IntoIterator<Item = u32>) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.into_iter().find(|&t| t as usize >= vocab) {
+            Some(t) => Err(EngineError::InvalidInput(format!(
+                "token id {t} is out of range (vocab size {vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Joins the ranks' `[rows, slice]` logits into `[rows, vocab]`; non-finite logits are an error.
+    fn join(&self, parts: Vec<Vec<f32>>, first_position: usize) -> Result<Vec<f32>> {
+        let vocab = self.config.vocab_size;
+        let rows = parts.first().map_or(0, |p| p.len() / self.vocab[0].len().max(1));
+        let mut out = vec![0.0f32; rows * vocab];
+        for (part, range) in parts.iter().zip(&self.vocab) {
+            let w = range.len();
+            if part.len() != rows * w {
+                return Err(EngineError::Gpu("ranks returned logits of different shapes".into()));
+            }
+            for (r, src) in part.chunks_exact(w).enumerate() {
+                out[r * vocab + range.start..r * vocab + range.end].copy_from_slice(src);
+            }
+        }
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(EngineError::NonFinite {
+                position: first_position + i / vocab,
+            });
+        }
+        Ok(out)
+    }
+
+    fn logits_of(replies: Vec<Reply>) -> Result<Vec<Vec<f32>>> {
+        replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Logits(l) | Reply::Step(StepOut::Logits(l)) => Ok(l),
+                _ => Err(EngineError::Gpu("unexpected reply to a step".into())),
+            })
+            .collect()
+    }
+
+    /// Appends `tokens` to sequence `seq` (a prompt, or the next part of one); returns `[t, vocab]` logits with
+    /// `Logits::All`, `[vocab]` with `Logits::Last`.
+    pub fn prefill(&mut self, seq: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidInput("no tokens to process".into()));
+        }
+        self.check_tokens(tokens.iter().copied())?;
+        let first = self.books.lens.get(seq).copied().unwrap_or(0) as usize;
+        let mut books = self.books.clone();
+        books.grow(seq, tokens.len(), self.has_attention)?;
+        let toks: Arc<Vec<u32>> = Arc::new(tokens.to_vec());
+        let replies = self.broadcast(move |r| Ok(Reply::Logits(r.ready()?.prefill(seq, &toks, which)?)))?;
+        self.books = books;
+        let rows = match which {
+            Logits::All => tokens.len(),
+            Logits::Last => 1,
+        };
+        self.join(Self::logits_of(replies)?, first + tokens.len() - rows)
+    }
+
+    fn check_batch(&self, rows: &[(usize, u32)]) -> Result<Books> {
+        if rows.is_empty() {
+            return Err(EngineError::InvalidInput("an empty decode batch".into()));
+        }
+        if rows.len() > self.rows {
+            return Err(EngineError::InvalidInput(format!(
+                "a decode batch of {} exceeds --max-seqs {}",
+                rows.len(),
+                self.rows
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some((s, _)) = rows.iter().find(|(s, _)| !seen.insert(*s)) {
+            return Err(EngineError::InvalidInput(format!(
+                "sequence {s} appears twice in one decode batch"
+            )));
+        }
+        self.check_tokens(rows.iter().map(|r| r.1))?;
+        let mut books = self.books.clone();
+        for &(s, _) in rows {
+            books.grow(s, 1, self.has_attention)?;
+        }
+        Ok(books)
+    }
+
+    /// One decode step over a batch of distinct sequences (`(sequence, token)`); returns `[batch, vocab]` logits.
+    pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<f32>> {
+        let books = self.check_batch(rows)?;
+        let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
+        let replies = self.broadcast(move |r| Ok(Reply::Step(r.ready()?.decode(&batch, false)?)))?;
+        let first = self.books.lens[rows[0].0] as usize;
+        self.books = books;
+        self.join(Self::logits_of(replies)?, first)
+    }
+
+    /// One decode step returning each row's greedy token. On one GPU the argmax runs on the device and only the ids
+    /// come back; with tensor parallelism the ranks' slices are joined and reduced here.
+    pub fn decode_greedy(&mut self, rows: &[(usize, u32)]) -> Result<Vec<u32>> {
+        if self.ranks.len() > 1 {
+            let logits = self.decode(rows)?;
+            let vocab = self.config.vocab_size;
+            return Ok(logits.chunks_exact(vocab).map(crate::sample::argmax).collect());
+        }
+        let books = self.check_batch(rows)?;
+        let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
+        let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.ready()?.decode(&batch, true)?)))?;
+        self.books = books;
+        match replies.pop() {
+            Some(Reply::Step(StepOut::Argmax(ids))) => {
+                if let Some(i) = ids.iter().position(|&t| t as usize >= self.config.vocab_size) {
+                    return Err(EngineError::NonFinite {
+                        position: self.books.lens[rows[i].0] as usize - 1,
+                    });
+                }
+                Ok(ids)
+            }
+            _ => Err(EngineError::Gpu("unexpected reply to a greedy step".into())),
+        }
+    }
+
+    /// Waits for every rank's queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.broadcast(|r| {
+            r.ready()?.device().synchronize()?;
+            Ok(Reply::Unit)
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for GpuModel {
+    fn drop(&mut self) {
+        // Closing the job channels ends the rank threads.
+        let handles: Vec<_> = self.ranks.iter_mut().filter_map(|h| h.thread.take()).collect();
+        self.ranks.clear();
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! One forward step of a rank over `rows` tokens: either one sequence's prompt chunk (`seqs = 1`, `t = rows`) or one
+//! token of each of `rows` sequences (decode, `t = 1`). Everything stays on the device; the caller uploads the step's
+//! metadata (tokens, slots, positions, lengths, block table) into the scratch first.
+//!
+//! Per block: `h = rms_norm(x += y_prev)`, the mixer writes its (partial) output `y` in f32, and with tensor
+//! parallelism `y` is all-reduced. The residual stream stays f32; activations and weights are bf16 with f32
+//! accumulation; SSM states are f32.
+
+use half::bf16;
+use rewind_kernels::cpu::norm::GateOrder;
+use rewind_kernels::cuda::ops::{self, glue, Activation as Act, ConvDims, SigmoidRouting, MAX_CHUNK};
+use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut};
+
+use super::layers::{GatedNorm, GpuAttention, GpuBlock, GpuGdn, GpuMamba2, GpuMixer, GpuMlp, GpuMoe};
+use super::scratch::Scratch;
+use super::state::LayerPool;
+use super::DeviceComm;
+use crate::error::{EngineError, Result};
+use crate::model::spec::{Activation, RouterSpec};
+
+/// The shape of one step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Step {
+    /// Tokens in the step.
+    pub(crate) rows: usize,
+    /// Sequences in the step (1 for a prompt chunk).
+    pub(crate) seqs: usize,
+    /// Tokens per sequence (`rows / seqs`).
+    pub(crate) t: usize,
+    /// Prompt numerics (the Mamba-2 `dt` clamp, chunked scans); the slot of the one sequence.
+    pub(crate) prefill: Option<PrefillOf>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PrefillOf {
+    pub(crate) slot: usize,
+    /// Whether the reference's prompt path applies (prompts longer than one token clamp `dt`).
+    pub(crate) clamp: bool,
+}
+
+/// What a forward needs besides the weights and pools.
+pub(crate) struct Cx<'a> {
+    pub(crate) dev: &'a CudaDevice,
+    pub(crate) blas: &'a Blas,
+    pub(crate) s: &'a mut Scratch,
+    pub(crate) comm: Option<&'a dyn DeviceComm>,
+    pub(crate) hidden: usize,
+    pub(crate) max_seqs: usize,
+    pub(crate) eps: f32,
+    pub(crate) offset: f32,
+}
+
+fn lin<O: rewind_kernels::cuda::Elem>(
+    blas: &Blas,
+    dev: &CudaDevice,
+    x: &impl DevicePtr<bf16>,
+    l: &super::weights::DeviceLinear,
+    out: &mut impl DevicePtrMut<O>,
+    rows: usize,
+) -> Result<()> {
+    blas.linear(x, &l.w, out, rows, l.in_dim, l.out_dim)?;
+    if let Some(b) = &l.b {
+        glue::add_bias(dev, out, b)?;
+    }
+    Ok(())
+}
+
+fn all_reduce(comm: Option<&dyn DeviceComm>, buf: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+    if let Some(c) = comm {
+        c.all_reduce_f32(&mut buf.slice_mut(..n))?;
+    }
+    Ok(())
+}
+
+/// Runs the blocks over the step: on return `x` holds the residual stream before the final norm and `y` the last
+/// block's output (not yet added).
+pub(crate) fn blocks(cx: &mut Cx, blocks: &[GpuBlock], pools: &mut [LayerPool], step: Step) -> Result<()> {
+    let (rows, hid) = (step.rows, cx.hidden);
+    for (i, (block, pool)) in blocks.iter().zip(pools.iter_mut()).enumerate() {
+        {
+            let s = &mut *cx.s;
+            let mut x = s.x.slice_mut(..rows * hid);
+            let mut h = s.h.slice_mut(..rows * hid);
+            if i == 0 {
+                glue::add_rms_norm(
+                    cx.dev,
+                    &mut x,
+                    None::<&CudaSlice<f32>>,
+                    &block.norm,
+                    cx.eps,
+                    cx.offset,
+                    &mut h,
+                )?;
+            } else {
+                glue::add_rms_norm(
+                    cx.dev,
+                    &mut x,
+                    Some(&s.y.slice(..rows * hid)),
+                    &block.norm,
+                    cx.eps,
+                    cx.offset,
+                    &mut h,
+                )?;
+            }
+        }
+        match (&block.mixer, pool) {
+            (GpuMixer::Mamba2(m), LayerPool::Ssm { conv, ssm }) => mamba2(cx, m, conv, ssm, step)?,
+            (GpuMixer::Gdn(m), LayerPool::Ssm { conv, ssm }) => gdn(cx, m, conv, ssm, step)?,
+            (GpuMixer::Attention(a), LayerPool::Kv { k, v, layout }) => attention(cx, a, k, v, *layout, step)?,
+            (GpuMixer::Mlp(m), LayerPool::None) => {
+                let s = &mut *cx.s;
+                mlp(cx.dev, cx.blas, m, s, rows, hid, false)?
+            }
+            (GpuMixer::Moe(m), LayerPool::None) => moe(cx, m, step)?,
+            _ => return Err(EngineError::Gpu("a layer and its state pool disagree".into())),
+        }
+        all_reduce(cx.comm, &mut cx.s.y, rows * hid)?;
+    }
+    Ok(())
+}
+
+fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<f32>, step: Step) -> Result<()> {
+    let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
+    let s = &mut *cx.s;
+    let d = m.dims;
+    let di = d.heads * d.head_dim;
+    let (cd, wp) = (m.conv_dim, m.in_proj.out_dim);
+    let bc = d.groups * d.state_dim;
+    lin(
+        cx.blas,
+        dev,
+        &s.h.slice(..rows * hid),
+        &m.in_proj,
+        &mut s.proj.slice_mut(..rows * wp),
+        rows,
+    )?;
+    let proj = s.proj.slice(..rows * wp);
+    glue::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
+    let dims = ConvDims {
+        batch: step.seqs,
+        seq: step.t,
+        channels: cd,
+        k: m.spec.conv_kernel,
+        slots: cx.max_seqs,
+    };
+    ops::causal_conv1d(
+        dev,
+        dims,
+        &s.a.slice(..rows * cd),
+        &m.conv_w,
+        m.conv_b.as_ref(),
+        conv,
+        &s.seq_slots.slice(..step.seqs),
+        true,
+        &mut s.b.slice_mut(..rows * cd),
+    )?;
+    let conv_out = s.b.slice(..rows * cd);
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.c_idx, &mut s.e.slice_mut(..rows * bc))?;
+    let (lo, hi) = match step.prefill {
+        Some(p) if p.clamp => m.spec.time_step_limit,
+        _ => (f32::NEG_INFINITY, f32::INFINITY),
+    };
+    glue::dt_softplus(
+        dev,
+        &proj,
+        rows,
+        wp,
+        di + cd,
+        &m.dt_bias,
+        lo,
+        hi,
+        &mut s.f0.slice_mut(..rows * d.heads),
+    )?;
+    let state_len = d.heads * d.head_dim * d.state_dim;
+    match step.prefill {
+        Some(p) => ops::mamba2_chunked(
+            dev,
+            d,
+            rows,
+            m.spec.chunk_size.min(MAX_CHUNK),
+            &mut ssm.slice_mut(p.slot * state_len..(p.slot + 1) * state_len),
+            &s.c.slice(..rows * di),
+            &s.f0.slice(..rows * d.heads),
+            &m.a,
+            &s.d.slice(..rows * bc),
+            &s.e.slice(..rows * bc),
+            &m.d_skip,
+            &mut s.g.slice_mut(..rows * di),
+            &mut s.ws,
+        )?,
+        None => ops::mamba2_step(
+            dev,
+            d,
+            ssm,
+            &s.seq_slots.slice(..step.seqs),
+            &s.c.slice(..rows * di),
+            &s.f0.slice(..rows * d.heads),
+            &m.a,
+            &s.d.slice(..rows * bc),
+            &s.e.slice(..rows * bc),
+            &m.d_skip,
+            &mut s.g.slice_mut(..rows * di),
+        )?,
+    }
+    glue::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
+    let (y, z) = (s.g.slice(..rows * di), s.a.slice(..rows * di));
+    let mut normed = s.b.slice_mut(..rows * di);
+    match m.norm {
+        GatedNorm::Local { group } => ops::gated_rms_norm(
+            dev,
+            &y,
+            &z,
+            &m.norm_w,
+            group,
+            m.spec.norm_eps,
+            GateOrder::BeforeNorm,
+            &mut normed,
+        )?,
+        GatedNorm::Split {
+            first_channel,
+            group,
+            groups,
+            all_reduce: reduce,
+        } => {
+            let mut sums = s.f1.slice_mut(..rows * groups);
+            glue::gated_sq_sums(dev, &y, &z, rows, first_channel, group, groups, &mut sums)?;
+            if reduce {
+                if let Some(c) = cx.comm {
+                    c.all_reduce_f32(&mut sums)?;
+                }
+            }
+            glue::gated_norm_apply(
+                dev,
+                &y,
+                &z,
+                &sums,
+                &m.norm_w,
+                rows,
+                first_channel,
+                group,
+                groups,
+                m.spec.norm_eps,
+                &mut normed,
+            )?;
+        }
+    }
+    lin(
+        cx.blas,
+        dev,
+        &normed,
+        &m.out_proj,
+        &mut s.y.slice_mut(..rows * hid),
+        rows,
+    )
+}
+
+fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<f32>, step: Step) -> Result<()> {
+    let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
+    let s = &mut *cx.s;
+    let d = m.dims;
+    let (cd, wp) = (m.conv_dim, m.proj_dim);
+    let (qk, vd) = (d.k_heads * d.k_dim, d.v_heads * d.v_dim);
+    lin(
+        cx.blas,
+        dev,
+        &s.h.slice(..rows * hid),
+        &m.in_proj,
+        &mut s.proj.slice_mut(..rows * wp),
+        rows,
+    )?;
+    let proj = s.proj.slice(..rows * wp);
+    glue::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
+    let dims = ConvDims {
+        batch: step.seqs,
+        seq: step.t,
+        channels: cd,
+        k: m.spec.conv_kernel,
+        slots: cx.max_seqs,
+    };
+    ops::causal_conv1d(
+        dev,
+        dims,
+        &s.a.slice(..rows * cd),
+        &m.conv_w,
+        None::<&CudaSlice<bf16>>,
+        conv,
+        &s.seq_slots.slice(..step.seqs),
+        true,
+        &mut s.b.slice_mut(..rows * cd),
+    )?;
+    let conv_out = s.b.slice(..rows * cd);
+    // q, k: expanded to the virtual key heads, L2-normalised (q also scaled); v as is.
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.q_idx, &mut s.c.slice_mut(..rows * qk))?;
+    ops::l2_norm(
+        dev,
+        &s.c.slice(..rows * qk),
+        d.k_dim,
+        1e-6,
+        &mut s.d.slice_mut(..rows * qk),
+    )?;
+    glue::scale(
+        dev,
+        &mut s.d.slice_mut(..rows * qk),
+        (1.0 / (d.k_dim as f64).sqrt()) as f32,
+    )?;
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.k_idx, &mut s.c.slice_mut(..rows * qk))?;
+    ops::l2_norm(
+        dev,
+        &s.c.slice(..rows * qk),
+        d.k_dim,
+        1e-6,
+        &mut s.e.slice_mut(..rows * qk),
+    )?;
+    glue::gather_cols(dev, &conv_out, rows, cd, &m.v_idx, &mut s.c.slice_mut(..rows * vd))?;
+    let nv = d.v_heads;
+    glue::gdn_gates(
+        dev,
+        &proj,
+        rows,
+        wp,
+        m.b_col,
+        m.a_col,
+        &m.dt_bias,
+        &m.neg_a,
+        &mut s.f0.slice_mut(..rows * nv),
+        &mut s.f1.slice_mut(..rows * nv),
+    )?;
+    let (beta, g) = (s.f0.slice(..rows * nv), s.f1.slice(..rows * nv));
+    match step.prefill {
+        Some(p) => ops::gdn_chunked(
+            dev,
+            d,
+            rows,
+            m.spec.chunk_size.min(MAX_CHUNK),
+            &mut ssm.slice_mut(p.slot * d.state_len()..(p.slot + 1) * d.state_len()),
+            &s.d.slice(..rows * qk),
+            &s.e.slice(..rows * qk),
+            &s.c.slice(..rows * vd),
+            &g,
+            &beta,
+            &mut s.g.slice_mut(..rows * vd),
+            &mut s.ws,
+        )?,
+        None => ops::gdn_step(
+            dev,
+            d,
+            ssm,
+            &s.seq_slots.slice(..step.seqs),
+            &s.d.slice(..rows * qk),
+            &s.e.slice(..rows * qk),
+            &s.c.slice(..rows * vd),
+            &g,
+            &beta,
+            &mut s.g.slice_mut(..rows * vd),
+        )?,
+    }
+    glue::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
+    ops::gated_rms_norm(
+        dev,
+        &s.g.slice(..rows * vd),
+        &s.a.slice(..rows * vd),
+        &m.norm_w,
+        d.v_dim,
+        m.spec.norm_eps,
+        GateOrder::AfterNorm,
+        &mut s.b.slice_mut(..rows * vd),
+    )?;
+    lin(
+        cx.blas,
+        dev,
+        &s.b.slice(..rows * vd),
+        &m.out_proj,
+        &mut s.y.slice_mut(..rows * hid),
+        rows,
+    )
+}
+
+fn attention(
+    cx: &mut Cx,
+    a: &GpuAttention,
+    k_pool: &mut CudaSlice<bf16>,
+    v_pool: &mut CudaSlice<bf16>,
+    layout: ops::PagedKv,
+    step: Step,
+) -> Result<()> {
+    let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
+    let s = &mut *cx.s;
+    let sp = &a.spec;
+    let (h, kv, d) = (sp.heads, sp.kv_heads, sp.head_dim);
+    let (qn, kn) = (rows * h * d, rows * kv * d);
+    let hs = s.h.slice(..rows * hid);
+    // q → a (gate → e), k → b, v → c.
+    match &a.gate_idx {
+        Some((qi, gi)) => {
+            let w = a.q_proj.out_dim;
+            lin(cx.blas, dev, &hs, &a.q_proj, &mut s.proj.slice_mut(..rows * w), rows)?;
+            glue::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, qi, &mut s.a.slice_mut(..qn))?;
+            glue::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, gi, &mut s.e.slice_mut(..qn))?;
+        }
+        None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows)?,
+    }
+    lin(cx.blas, dev, &hs, &a.k_proj, &mut s.b.slice_mut(..kn), rows)?;
+    lin(cx.blas, dev, &hs, &a.v_proj, &mut s.c.slice_mut(..kn), rows)?;
+    if let (Some(norm), Some((qw, kw))) = (&sp.qk_norm, &a.qk_norm) {
+        ops::rms_norm(
+            dev,
+            &s.a.slice(..qn),
+            qw,
+            norm.eps,
+            norm.offset,
+            &mut s.d.slice_mut(..qn),
+        )?;
+        ops::rms_norm(
+            dev,
+            &s.b.slice(..kn),
+            kw,
+            norm.eps,
+            norm.offset,
+            &mut s.g.slice_mut(..kn),
+        )?;
+        dev.stream()
+            .memcpy_dtod(&s.d.slice(..qn), &mut s.a.slice_mut(..qn))
+            .map_err(|e| EngineError::Gpu(format!("copying normalised q: {e}")))?;
+        dev.stream()
+            .memcpy_dtod(&s.g.slice(..kn), &mut s.b.slice_mut(..kn))
+            .map_err(|e| EngineError::Gpu(format!("copying normalised k: {e}")))?;
+    }
+    if let (Some(rope), Some(inv)) = (&sp.rope, &a.inv_freq) {
+        let pos = s.row_pos.slice(..rows);
+        ops::rope(dev, &mut s.a.slice_mut(..qn), &pos, inv, rows, h, d, rope.rotary_dim)?;
+        ops::rope(dev, &mut s.b.slice_mut(..kn), &pos, inv, rows, kv, d, rope.rotary_dim)?;
+    }
+    ops::kv_write(
+        dev,
+        layout,
+        &s.b.slice(..kn),
+        &s.c.slice(..kn),
+        &s.row_slots.slice(..rows),
+        &s.row_pos.slice(..rows),
+        &s.table,
+        k_pool,
+        v_pool,
+    )?;
+    ops::paged_attention(
+        dev,
+        layout,
+        h,
+        step.t,
+        &s.a.slice(..qn),
+        k_pool,
+        v_pool,
+        &s.table,
+        &s.lens,
+        &s.seq_slots.slice(..step.seqs),
+        sp.scale,
+        &mut s.d.slice_mut(..qn),
+    )?;
+    if a.gate_idx.is_some() {
+        glue::sigmoid_mul(dev, &mut s.d.slice_mut(..qn), &s.e.slice(..qn))?;
+    }
+    lin(
+        cx.blas,
+        dev,
+        &s.d.slice(..qn),
+        &a.o_proj,
+        &mut s.y.slice_mut(..rows * hid),
+        rows,
+    )
+}
+
+/// The MLP of `h` into `y` (or `y2` with `into_y2`, for a shared expert).
+fn mlp(
+    dev: &CudaDevice,
+    blas: &Blas,
+    m: &GpuMlp,
+    s: &mut Scratch,
+    rows: usize,
+    hid: usize,
+    into_y2: bool,
+) -> Result<()> {
+    let i = m.up.out_dim;
+    let hs = s.h.slice(..rows * hid);
+    lin(blas, dev, &hs, &m.up, &mut s.a.slice_mut(..rows * i), rows)?;
+    match (&m.gate, m.act) {
+        (Some(gate), Activation::SwiGlu) => {
+            lin(blas, dev, &hs, gate, &mut s.b.slice_mut(..rows * i), rows)?;
+            ops::swiglu(
+                dev,
+                &s.b.slice(..rows * i),
+                &s.a.slice(..rows * i),
+                &mut s.c.slice_mut(..rows * i),
+            )?;
+        }
+        (None, Activation::Relu2) => {
+            ops::activation(dev, Act::Relu2, &s.a.slice(..rows * i), &mut s.c.slice_mut(..rows * i))?
+        }
+        _ => return Err(EngineError::Gpu("an MLP's gate and activation disagree".into())),
+    }
+    let out = if into_y2 { &mut s.y2 } else { &mut s.y };
+    lin(
+        blas,
+        dev,
+        &s.c.slice(..rows * i),
+        &m.down,
+        &mut out.slice_mut(..rows * hid),
+        rows,
+    )
+}
+
+fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
+    let (dev, blas, rows, hid) = (cx.dev, cx.blas, step.rows, cx.hidden);
+    let s = &mut *cx.s;
+    let sp = &m.spec;
+    let (e, k) = (sp.num_experts, sp.top_k);
+    let inter = sp.expert_intermediate;
+    let up_rows = m.up.len() / (e * hid);
+    let n = rows * k;
+    lin(
+        blas,
+        dev,
+        &s.h.slice(..rows * hid),
+        &m.router,
+        &mut s.f0.slice_mut(..rows * e),
+        rows,
+    )?;
+    let logits = s.f0.slice(..rows * e);
+    let (mut ids, mut weights) = (s.ids.slice_mut(..n), s.weights.slice_mut(..n));
+    match &sp.router {
+        RouterSpec::Softmax { norm_topk_prob } => {
+            ops::route_softmax(dev, &logits, e, k, *norm_topk_prob, &mut ids, &mut weights)?
+        }
+        RouterSpec::SigmoidGrouped {
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            routed_scaling_factor,
+        } => {
+            let bias = m
+                .correction_bias
+                .as_ref()
+                .ok_or_else(|| EngineError::Gpu("a sigmoid router without its correction bias".into()))?;
+            let cfg = SigmoidRouting {
+                experts: e,
+                top_k: k,
+                n_group: *n_group,
+                topk_group: *topk_group,
+                norm_topk_prob: *norm_topk_prob,
+                routed_scaling_factor: *routed_scaling_factor,
+            };
+            ops::route_sigmoid_grouped(dev, cfg, &logits, bias, &mut ids, &mut weights)?
+        }
+    }
+    drop((ids, weights));
+    ops::moe_align(
+        dev,
+        &s.ids.slice(..n),
+        k,
+        e,
+        &mut s.offsets.slice_mut(..e + 1),
+        &mut s.grouped.slice_mut(..n),
+        &mut s.pos.slice_mut(..n),
+    )?;
+    let offsets = s.offsets.slice(..e + 1);
+    ops::moe_gemm(
+        dev,
+        &s.h.slice(..rows * hid),
+        Some(&s.grouped.slice(..n)),
+        &m.up,
+        &offsets,
+        &mut s.moe_up.slice_mut(..n * up_rows),
+        rows,
+        hid,
+        up_rows,
+    )?;
+    match sp.act {
+        Activation::SwiGlu => glue::swiglu_split(
+            dev,
+            &s.moe_up.slice(..n * up_rows),
+            inter,
+            &mut s.moe_mid.slice_mut(..n * inter),
+        )?,
+        Activation::Relu2 => ops::activation(
+            dev,
+            Act::Relu2,
+            &s.moe_up.slice(..n * up_rows),
+            &mut s.moe_mid.slice_mut(..n * inter),
+        )?,
+    }
+    ops::moe_gemm(
+        dev,
+        &s.moe_mid.slice(..n * inter),
+        None::<&CudaSlice<i32>>,
+        &m.down,
+        &offsets,
+        &mut s.moe_down.slice_mut(..n * hid),
+        rows,
+        inter,
+        hid,
+    )?;
+    ops::moe_combine(
+        dev,
+        &s.moe_down.slice(..n * hid),
+        &s.pos.slice(..n),
+        &s.weights.slice(..n),
+        k,
+        false,
+        &mut s.g.slice_mut(..rows * hid),
+    )?;
+    if let Some(shared) = &m.shared {
+        mlp(dev, blas, shared, s, rows, hid, true)?;
+    }
+    if let Some(gate) = &m.shared_gate {
+        lin(
+            blas,
+            dev,
+            &s.h.slice(..rows * hid),
+            gate,
+            &mut s.f1.slice_mut(..rows),
+            rows,
+        )?;
+    }
+    let shared = m.shared.as_ref().map(|_| s.y2.slice(..rows * hid));
+    let gate = m.shared_gate.as_ref().map(|_| s.f1.slice(..rows));
+    glue::moe_finish(
+        dev,
+        &s.g.slice(..rows * hid),
+        shared.as_ref(),
+        gate.as_ref(),
+        &mut s.y.slice_mut(..rows * hid),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! The model on NVIDIA GPUs: bf16 weights and activations with f32 accumulation, f32 SSM state, slot pools and a paged
+//! KV cache sized up front from `--gpu-memory-fraction`, and tensor parallelism over NCCL with one rank (thread) per GPU.
+//!
+//! The CPU engine is the reference: a rank is built from the same tensor-parallel plan and loaders as
+//! [`crate::shard::ShardedModel`] (with one rank the plan is the whole model), uploaded layer by layer, and runs the
+//! ops of `rewind_kernels::cuda` — chunked scans for prompts, recurrent steps over slot pools for decoding.
+//!
+//! - [`cluster`]: [`GpuModel`], the API (open / prefill / decode / release), one thread per rank.
+//! - `rank`: a rank's load, memory plan and steps; `forward`: the layers; `state`: pools and books; `scratch`:
+//!   activation buffers; `layers`, `weights`: device copies of the weights.
+
+pub mod check;
+pub mod cluster;
+mod forward;
+mod layers;
+mod rank;
+mod scratch;
+pub mod state;
+pub mod stepper;
+mod weights;
+
+pub use check::{teacher_forced, TeacherForcedReport};
+pub use cluster::{GpuModel, GpuOptions, GpuReport};
+pub use state::{PoolSizes, BLOCK_SIZE};
+pub use stepper::GpuSequence;
+
+use rewind_kernels::cuda::CudaViewMut;
+
+use crate::error::Result;
+
+/// The device collective a rank's forward pass needs: an in-place sum across ranks on the rank's stream.
+pub(crate) trait DeviceComm: Send {
+    fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()>;
+}
+
+impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
+    fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()> {
+        Ok(self.all_reduce_sum_f32(buf)?)
+    }
+}

@@ -1,0 +1,370 @@
+//! One tensor-parallel rank on one GPU: its weights, pools, books and scratch, and the two steps the coordinator asks
+//! for — a prompt (in chunks of the scratch's rows) and a decode step over a batch of sequences.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use half::bf16;
+use rewind_kernels::cuda::ops::glue;
+use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
+use tracing::{debug_span, info};
+
+use super::forward::{self, Cx, PrefillOf, Step};
+use super::layers::{GpuBlock, GpuMixer};
+use super::scratch::{widths, Scratch, Widths};
+use super::state::{alloc_pools, state_bytes, Books, LayerPool, PoolSizes};
+use super::weights::bf16_of;
+use super::DeviceComm;
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+use crate::model::hybrid::Logits;
+use crate::shard::ShardedModel;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// A rank whose weights are on the device, before its pools are sized.
+pub(crate) struct LoadedRank {
+    dev: Arc<CudaDevice>,
+    blas: Blas,
+    comm: Option<Box<dyn DeviceComm>>,
+    config: ModelConfig,
+    vocab: Range<usize>,
+    embed: CudaSlice<bf16>,
+    lm_head: Option<CudaSlice<bf16>>,
+    final_norm: CudaSlice<bf16>,
+    blocks: Vec<GpuBlock>,
+    weight_bytes: usize,
+}
+
+/// What a rank can hold, reported before the pools are allocated (ranks then agree on the smallest).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Capacity {
+    /// KV blocks that fit in the budget after weights, scratch and SSM state.
+    pub(crate) kv_blocks: usize,
+    pub(crate) weight_bytes: usize,
+    pub(crate) state_bytes: usize,
+    pub(crate) scratch_bytes: usize,
+    pub(crate) total_bytes: usize,
+}
+
+impl LoadedRank {
+    /// Loads rank `rank` of `tp` from the checkpoint in `dir` onto `dev`.
+    pub(crate) fn load(
+        dev: Arc<CudaDevice>,
+        comm: Option<Box<dyn DeviceComm>>,
+        dir: &std::path::Path,
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self> {
+        let _span = debug_span!("gpu_load", rank, tp).entered();
+        let blas = Blas::new(&dev)?;
+        let parts = ShardedModel::from_dir(dir, tp, rank)?.into_parts();
+        let mut blocks = Vec::with_capacity(parts.blocks.len());
+        for b in parts.blocks {
+            blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
+        }
+        let embed = bf16_of(&dev, &parts.embed)?;
+        let lm_head = parts.lm_head.as_deref().map(|h| bf16_of(&dev, h)).transpose()?;
+        let final_norm = bf16_of(&dev, &parts.final_norm)?;
+        dev.synchronize()?;
+        let (free, total) = dev.memory()?;
+        Ok(LoadedRank {
+            dev,
+            blas,
+            comm,
+            vocab: parts.plan.vocab.clone(),
+            config: parts.config,
+            embed,
+            lm_head,
+            final_norm,
+            blocks,
+            weight_bytes: total - free,
+        })
+    }
+
+    fn has_attention(&self) -> bool {
+        self.blocks.iter().any(|b| matches!(b.mixer, GpuMixer::Attention(_)))
+    }
+
+    /// The KV blocks that fit in `fraction` of the device's memory with `max_seqs` sequences of up to `max_len`
+    /// tokens and steps of `rows` tokens; a clear error with the numbers when not even one full-length sequence fits.
+    pub(crate) fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity> {
+        let (free, total) = self.dev.memory()?;
+        let used = total - free;
+        let hidden = self.config.hidden_size;
+        let probe = PoolSizes {
+            max_seqs,
+            max_len,
+            num_blocks: 0,
+        };
+        let w = widths(&self.blocks, hidden, rows);
+        let scratch = Scratch::bytes(&w, rows, hidden, self.vocab.len(), probe);
+        let (per_seq, per_block) = state_bytes(&self.blocks);
+        let ssm = per_seq * max_seqs;
+        let budget = (fraction * total as f64) as usize;
+        let fixed = used + scratch + ssm;
+        let one_seq_blocks = if self.has_attention() {
+            probe.blocks_per_seq()
+        } else {
+            0
+        };
+        let kv_min = one_seq_blocks * per_block;
+        if fixed + kv_min > budget {
+            return Err(EngineError::Gpu(format!(
+                "the model does not fit on GPU {}: weights and runtime {:.2} GiB + activations {:.2} GiB + SSM state for \
+                 {max_seqs} sequences {:.2} GiB + KV cache for one {max_len}-token sequence {:.2} GiB = {:.2} GiB exceed \
+                 --gpu-memory-fraction {fraction} × {:.2} GiB = {:.2} GiB (lower --max-seqs or --max-model-len, raise \
+                 the fraction, or use more GPUs with --tp)",
+                self.dev.ordinal(),
+                used as f64 / GIB,
+                scratch as f64 / GIB,
+                ssm as f64 / GIB,
+                kv_min as f64 / GIB,
+                (fixed + kv_min) as f64 / GIB,
+                total as f64 / GIB,
+                budget as f64 / GIB
+            )));
+        }
+        let kv_blocks = match per_block {
+            0 => 0,
+            b => ((budget - fixed) / b).min(max_seqs * probe.blocks_per_seq()),
+        };
+        Ok(Capacity {
+            kv_blocks,
+            weight_bytes: self.weight_bytes,
+            state_bytes: ssm + kv_blocks * per_block,
+            scratch_bytes: scratch,
+            total_bytes: total,
+        })
+    }
+
+    /// Allocates the pools and scratch.
+    pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize) -> Result<GpuRank> {
+        let hidden = self.config.hidden_size;
+        let w: Widths = widths(&self.blocks, hidden, rows);
+        let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
+        let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes)?;
+        self.dev.synchronize()?;
+        info!(
+            gpu = self.dev.ordinal(),
+            max_seqs = sizes.max_seqs,
+            kv_blocks = sizes.num_blocks,
+            rows,
+            "GPU pools allocated"
+        );
+        Ok(GpuRank {
+            books: Books::new(sizes),
+            pools,
+            scratch,
+            inner: self,
+        })
+    }
+}
+
+/// A rank ready to run steps.
+pub(crate) struct GpuRank {
+    inner: LoadedRank,
+    pools: Vec<LayerPool>,
+    books: Books,
+    scratch: Scratch,
+}
+
+/// What a step returns.
+pub(crate) enum StepOut {
+    /// The rank's logits, `[rows, vocab slice]`.
+    Logits(Vec<f32>),
+    /// The greedy token per row (single rank only).
+    Argmax(Vec<u32>),
+}
+
+fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
+    v.into_iter().map(|x| x as i32).collect()
+}
+
+impl GpuRank {
+    pub(crate) fn open(&mut self) -> Result<usize> {
+        let slot = self.books.open()?;
+        // A fresh sequence starts from zero conv and SSM state.
+        for pool in &mut self.pools {
+            if let LayerPool::Ssm { conv, ssm } = pool {
+                let (cl, sl) = (
+                    conv.len() / self.books.sizes.max_seqs,
+                    ssm.len() / self.books.sizes.max_seqs,
+                );
+                let stream = self.inner.dev.stream().clone();
+                stream
+                    .memset_zeros(&mut conv.slice_mut(slot * cl..(slot + 1) * cl))
+                    .map_err(|e| EngineError::Gpu(format!("clearing a conv state: {e}")))?;
+                stream
+                    .memset_zeros(&mut ssm.slice_mut(slot * sl..(slot + 1) * sl))
+                    .map_err(|e| EngineError::Gpu(format!("clearing an SSM state: {e}")))?;
+            }
+        }
+        Ok(slot)
+    }
+
+    pub(crate) fn close(&mut self, slot: usize) -> Result<()> {
+        self.books.close(slot)
+    }
+
+    fn upload(&mut self, which: &str, data: &[i32]) -> Result<()> {
+        let s = &mut self.scratch;
+        let buf = match which {
+            "tokens" => &mut s.tokens,
+            "row_slots" => &mut s.row_slots,
+            "row_pos" => &mut s.row_pos,
+            "seq_slots" => &mut s.seq_slots,
+            "lens" => &mut s.lens,
+            _ => &mut s.table,
+        };
+        self.inner
+            .dev
+            .stream()
+            .memcpy_htod(data, &mut buf.slice_mut(..data.len()))
+            .map_err(|e| EngineError::Gpu(format!("uploading {which}: {e}")))
+    }
+
+    fn sync_books(&mut self) -> Result<()> {
+        if self.books.table_dirty {
+            let table = self.books.table.clone();
+            self.upload("table", &table)?;
+            self.books.table_dirty = false;
+        }
+        let lens = self.books.lens.clone();
+        self.upload("lens", &lens)
+    }
+
+    /// Embedding, blocks, final norm and LM head for a step whose metadata is uploaded; the head runs on the last
+    /// `head_rows` rows.
+    fn run(&mut self, step: Step, head_rows: usize, argmax: bool) -> Result<Option<StepOut>> {
+        let r = &mut self.inner;
+        let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
+        let s = &mut self.scratch;
+        glue::embed_rows_f32(
+            dev,
+            &r.embed,
+            &s.tokens.slice(..rows),
+            hid,
+            r.vocab.start,
+            &mut s.x.slice_mut(..rows * hid),
+        )?;
+        if let Some(c) = &r.comm {
+            c.all_reduce_f32(&mut s.x.slice_mut(..rows * hid))?;
+        }
+        let mut cx = Cx {
+            dev,
+            blas: &r.blas,
+            s,
+            comm: r.comm.as_deref(),
+            hidden: hid,
+            max_seqs: self.books.sizes.max_seqs,
+            eps: r.config.norm_eps,
+            offset: r.config.norm_offset,
+        };
+        forward::blocks(&mut cx, &r.blocks, &mut self.pools, step)?;
+        if head_rows == 0 {
+            return Ok(None);
+        }
+        let s = &mut self.scratch;
+        glue::add_rms_norm(
+            dev,
+            &mut s.x.slice_mut(..rows * hid),
+            Some(&s.y.slice(..rows * hid)),
+            &r.final_norm,
+            r.config.norm_eps,
+            r.config.norm_offset,
+            &mut s.h.slice_mut(..rows * hid),
+        )?;
+        let v = r.vocab.len();
+        let head = r.lm_head.as_ref().unwrap_or(&r.embed);
+        let first = rows - head_rows;
+        r.blas.linear(
+            &s.h.slice(first * hid..rows * hid),
+            head,
+            &mut s.logits.slice_mut(..head_rows * v),
+            head_rows,
+            hid,
+            v,
+        )?;
+        if argmax {
+            glue::argmax_rows(
+                dev,
+                &s.logits.slice(..head_rows * v),
+                head_rows,
+                &mut s.argmax.slice_mut(..head_rows),
+            )?;
+            let ids = dev.download(&s.argmax.slice(..head_rows))?;
+            return Ok(Some(StepOut::Argmax(ids.into_iter().map(|i| i as u32).collect())));
+        }
+        Ok(Some(StepOut::Logits(dev.download(&s.logits.slice(..head_rows * v))?)))
+    }
+
+    /// Runs a prompt for `slot` in chunks; returns the rank's logits for every token (`Logits::All`) or the last.
+    pub(crate) fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let _span = debug_span!("gpu_prefill", slot, tokens = tokens.len()).entered();
+        self.books.check_grow(slot, tokens.len())?;
+        let clamp = tokens.len() > 1;
+        let chunk = self.scratch.rows;
+        let with_kv = self.inner.has_attention();
+        let mut out = Vec::new();
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (ci, part) in tokens.chunks(chunk).enumerate() {
+            let t = part.len();
+            let pos = self.books.lens[slot] as usize;
+            self.books.grow(slot, t, with_kv)?;
+            self.upload("tokens", &to_i32(part.iter().map(|&x| x as usize)))?;
+            self.upload("row_slots", &vec![slot as i32; t])?;
+            self.upload("row_pos", &to_i32(pos..pos + t))?;
+            self.upload("seq_slots", &[slot as i32])?;
+            self.sync_books()?;
+            let step = Step {
+                rows: t,
+                seqs: 1,
+                t,
+                prefill: Some(PrefillOf { slot, clamp }),
+            };
+            let head_rows = match which {
+                Logits::All => t,
+                Logits::Last if ci + 1 == n_chunks => 1,
+                Logits::Last => 0,
+            };
+            if let Some(StepOut::Logits(l)) = self.run(step, head_rows, false)? {
+                out.extend(l);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One decode step: token `rows[i].1` appended to sequence `rows[i].0`, distinct sequences.
+    pub(crate) fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut> {
+        let _span = debug_span!("gpu_decode", batch = rows.len()).entered();
+        let b = rows.len();
+        for &(slot, _) in rows {
+            self.books.check_grow(slot, 1)?;
+        }
+        let with_kv = self.inner.has_attention();
+        let positions: Vec<usize> = rows.iter().map(|&(s, _)| self.books.lens[s] as usize).collect();
+        for &(slot, _) in rows {
+            self.books.grow(slot, 1, with_kv)?;
+        }
+        let slots = to_i32(rows.iter().map(|&(s, _)| s));
+        self.upload("tokens", &to_i32(rows.iter().map(|&(_, t)| t as usize)))?;
+        self.upload("row_slots", &slots)?;
+        self.upload("row_pos", &to_i32(positions))?;
+        self.upload("seq_slots", &slots)?;
+        self.sync_books()?;
+        let step = Step {
+            rows: b,
+            seqs: b,
+            t: 1,
+            prefill: None,
+        };
+        self.run(step, b, argmax)?
+            .ok_or_else(|| EngineError::Gpu("a decode step produced no logits".into()))
+    }
+
+    /// The device (for synchronisation and timing).
+    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
+        &self.inner.dev
+    }
+}

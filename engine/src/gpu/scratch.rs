@@ -1,0 +1,168 @@
+//! Activation buffers of a rank, allocated once for the largest step (`rows` tokens: the prefill chunk or the
+//! decode batch, whichever is larger) and reused by every layer.
+
+use half::bf16;
+use rewind_kernels::cuda::ops::{gdn_chunked_workspace, mamba2_chunked_workspace, MAX_CHUNK};
+use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+
+use super::layers::{GpuBlock, GpuMixer};
+use super::state::PoolSizes;
+use crate::error::Result;
+
+pub(crate) struct Scratch {
+    pub(crate) rows: usize,
+    /// The residual stream `[rows, hidden]` (f32), a block's output and a second f32 output (shared expert).
+    pub(crate) x: CudaSlice<f32>,
+    pub(crate) y: CudaSlice<f32>,
+    pub(crate) y2: CudaSlice<f32>,
+    /// The normalised block input.
+    pub(crate) h: CudaSlice<bf16>,
+    /// `[rows, wide]` bf16 temporaries.
+    pub(crate) proj: CudaSlice<bf16>,
+    pub(crate) a: CudaSlice<bf16>,
+    pub(crate) b: CudaSlice<bf16>,
+    pub(crate) c: CudaSlice<bf16>,
+    pub(crate) d: CudaSlice<bf16>,
+    pub(crate) e: CudaSlice<bf16>,
+    pub(crate) g: CudaSlice<bf16>,
+    /// `[rows, narrow]` f32 temporaries (dt, β, g, router logits, norm sums).
+    pub(crate) f0: CudaSlice<f32>,
+    pub(crate) f1: CudaSlice<f32>,
+    pub(crate) ws: CudaSlice<f32>,
+    /// MoE: `[rows · top_k, ·]` expert activations and the routing arrays.
+    pub(crate) moe_up: CudaSlice<bf16>,
+    pub(crate) moe_mid: CudaSlice<bf16>,
+    pub(crate) moe_down: CudaSlice<bf16>,
+    pub(crate) ids: CudaSlice<i32>,
+    pub(crate) weights: CudaSlice<f32>,
+    pub(crate) offsets: CudaSlice<i32>,
+    pub(crate) grouped: CudaSlice<i32>,
+    pub(crate) pos: CudaSlice<i32>,
+    /// `[rows, local vocab]` logits and per-row argmax.
+    pub(crate) logits: CudaSlice<f32>,
+    pub(crate) argmax: CudaSlice<i32>,
+    /// Per-step metadata: token ids, each row's slot and position, each sequence's slot.
+    pub(crate) tokens: CudaSlice<i32>,
+    pub(crate) row_slots: CudaSlice<i32>,
+    pub(crate) row_pos: CudaSlice<i32>,
+    pub(crate) seq_slots: CudaSlice<i32>,
+    /// The block table and lengths, mirrored from the books.
+    pub(crate) table: CudaSlice<i32>,
+    pub(crate) lens: CudaSlice<i32>,
+}
+
+/// Widths the temporaries need over every block.
+#[derive(Default, Debug, Clone, Copy)]
+pub(crate) struct Widths {
+    pub(crate) wide: usize,
+    pub(crate) narrow: usize,
+    pub(crate) moe_rows_per_token: usize,
+    pub(crate) moe_width: usize,
+    pub(crate) experts: usize,
+    pub(crate) workspace: usize,
+}
+
+pub(crate) fn widths(blocks: &[GpuBlock], hidden: usize, rows: usize) -> Widths {
+    let mut w = Widths {
+        wide: hidden,
+        narrow: 1,
+        ..Default::default()
+    };
+    for b in blocks {
+        match &b.mixer {
+            GpuMixer::Mamba2(m) => {
+                w.wide = w.wide.max(m.in_proj.out_dim).max(m.conv_dim);
+                w.narrow = w.narrow.max(m.dims.heads);
+                if let super::layers::GatedNorm::Split { groups, .. } = m.norm {
+                    w.narrow = w.narrow.max(groups);
+                }
+                let chunk = m.spec.chunk_size.min(MAX_CHUNK);
+                w.workspace = w.workspace.max(mamba2_chunked_workspace(m.dims, rows, chunk));
+            }
+            GpuMixer::Gdn(m) => {
+                w.wide = w.wide.max(m.proj_dim).max(m.conv_dim);
+                w.wide = w.wide.max(m.dims.k_heads * m.dims.k_dim);
+                w.narrow = w.narrow.max(m.dims.v_heads);
+                let chunk = m.spec.chunk_size.min(MAX_CHUNK);
+                w.workspace = w.workspace.max(gdn_chunked_workspace(m.dims, rows, chunk));
+            }
+            GpuMixer::Attention(a) => {
+                w.wide = w.wide.max(a.q_proj.out_dim).max(a.spec.heads * a.spec.head_dim);
+            }
+            GpuMixer::Mlp(m) => w.wide = w.wide.max(m.up.out_dim),
+            GpuMixer::Moe(m) => {
+                let s = &m.spec;
+                let up_rows = m.up.len() / (s.num_experts * s.hidden);
+                w.narrow = w.narrow.max(s.num_experts);
+                w.moe_rows_per_token = w.moe_rows_per_token.max(s.top_k);
+                w.moe_width = w.moe_width.max(up_rows).max(hidden);
+                w.experts = w.experts.max(s.num_experts);
+                if let Some(sh) = &m.shared {
+                    w.wide = w.wide.max(sh.up.out_dim);
+                }
+            }
+        }
+    }
+    w
+}
+
+impl Scratch {
+    /// Bytes [`Scratch::new`] allocates.
+    pub(crate) fn bytes(w: &Widths, rows: usize, hidden: usize, vocab_local: usize, sizes: PoolSizes) -> usize {
+        let moe = rows * w.moe_rows_per_token;
+        4 * 3 * rows * hidden
+            + 2 * rows * hidden
+            + 2 * 7 * rows * w.wide
+            + 4 * 2 * rows * w.narrow
+            + 4 * w.workspace
+            + 2 * 3 * moe * w.moe_width
+            + 4 * (4 * moe + w.experts + 1)
+            + 4 * rows * vocab_local
+            + 4 * 6 * rows
+            + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
+    }
+
+    pub(crate) fn new(
+        dev: &CudaDevice,
+        w: &Widths,
+        rows: usize,
+        hidden: usize,
+        vocab_local: usize,
+        sizes: PoolSizes,
+    ) -> Result<Self> {
+        let moe = rows * w.moe_rows_per_token;
+        Ok(Scratch {
+            rows,
+            x: dev.alloc_zeros(rows * hidden)?,
+            y: dev.alloc_zeros(rows * hidden)?,
+            y2: dev.alloc_zeros(rows * hidden)?,
+            h: dev.alloc_zeros(rows * hidden)?,
+            proj: dev.alloc_zeros(rows * w.wide)?,
+            a: dev.alloc_zeros(rows * w.wide)?,
+            b: dev.alloc_zeros(rows * w.wide)?,
+            c: dev.alloc_zeros(rows * w.wide)?,
+            d: dev.alloc_zeros(rows * w.wide)?,
+            e: dev.alloc_zeros(rows * w.wide)?,
+            g: dev.alloc_zeros(rows * w.wide)?,
+            f0: dev.alloc_zeros(rows * w.narrow)?,
+            f1: dev.alloc_zeros(rows * w.narrow)?,
+            ws: dev.alloc_zeros(w.workspace.max(1))?,
+            moe_up: dev.alloc_zeros(moe * w.moe_width)?,
+            moe_mid: dev.alloc_zeros(moe * w.moe_width)?,
+            moe_down: dev.alloc_zeros(moe * w.moe_width)?,
+            ids: dev.alloc_zeros(moe)?,
+            weights: dev.alloc_zeros(moe)?,
+            offsets: dev.alloc_zeros(w.experts + 1)?,
+            grouped: dev.alloc_zeros(moe)?,
+            pos: dev.alloc_zeros(moe)?,
+            logits: dev.alloc_zeros(rows * vocab_local)?,
+            argmax: dev.alloc_zeros(rows)?,
+            tokens: dev.alloc_zeros(rows)?,
+            row_slots: dev.alloc_zeros(rows)?,
+            row_pos: dev.alloc_zeros(rows)?,
+            seq_slots: dev.alloc_zeros(rows)?,
+            table: dev.alloc_zeros(sizes.max_seqs * sizes.blocks_per_seq())?,
+            lens: dev.alloc_zeros(sizes.max_seqs)?,
+        })
+    }
+}

@@ -1,0 +1,240 @@
+//! A rank's sequence state on the device: per layer a conv-state pool (bf16) and an SSM-state pool (f32) with one
+//! slot per sequence, paged K/V pools for the attention layers, and the host-side books (free slots, free KV blocks,
+//! block tables, lengths) that every rank keeps identically because every rank sees the same commands.
+
+use half::bf16;
+use rewind_kernels::cuda::ops::PagedKv;
+use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+
+use super::layers::{GpuBlock, GpuMixer};
+use crate::error::{EngineError, Result};
+
+/// Tokens per KV block.
+pub const BLOCK_SIZE: usize = 16;
+
+/// How many sequences and KV blocks the pools hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSizes {
+    /// Sequence slots (the most sequences alive at once).
+    pub max_seqs: usize,
+    /// Longest sequence, in tokens (a multiple of [`BLOCK_SIZE`]).
+    pub max_len: usize,
+    /// KV blocks shared by all sequences (per attention layer).
+    pub num_blocks: usize,
+}
+
+impl PoolSizes {
+    /// Block-table entries per sequence.
+    pub fn blocks_per_seq(&self) -> usize {
+        self.max_len.div_ceil(BLOCK_SIZE)
+    }
+}
+
+/// One layer's pools.
+pub(crate) enum LayerPool {
+    None,
+    Ssm {
+        conv: CudaSlice<bf16>,
+        ssm: CudaSlice<f32>,
+    },
+    Kv {
+        k: CudaSlice<bf16>,
+        v: CudaSlice<bf16>,
+        layout: PagedKv,
+    },
+}
+
+/// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
+/// layers.
+pub(crate) fn state_bytes(blocks: &[GpuBlock]) -> (usize, usize) {
+    let (mut per_seq, mut per_block) = (0, 0);
+    for b in blocks {
+        match &b.mixer {
+            GpuMixer::Mamba2(m) => {
+                per_seq +=
+                    (m.spec.conv_kernel - 1) * m.conv_dim * 2 + m.dims.heads * m.dims.head_dim * m.dims.state_dim * 4
+            }
+            GpuMixer::Gdn(m) => per_seq += (m.spec.conv_kernel - 1) * m.conv_dim * 2 + m.dims.state_len() * 4,
+            GpuMixer::Attention(a) => per_block += 2 * BLOCK_SIZE * a.spec.kv_heads * a.spec.head_dim * 2,
+            GpuMixer::Mlp(_) | GpuMixer::Moe(_) => {}
+        }
+    }
+    (per_seq, per_block)
+}
+
+/// Allocates every layer's pools (SSM pools zeroed: a fresh slot starts from zero state anyway).
+pub(crate) fn alloc_pools(dev: &CudaDevice, blocks: &[GpuBlock], sizes: PoolSizes) -> Result<Vec<LayerPool>> {
+    blocks
+        .iter()
+        .map(|b| {
+            Ok(match &b.mixer {
+                GpuMixer::Mamba2(m) => LayerPool::Ssm {
+                    conv: dev.alloc_zeros(sizes.max_seqs * (m.spec.conv_kernel - 1) * m.conv_dim)?,
+                    ssm: dev.alloc_zeros(sizes.max_seqs * m.dims.heads * m.dims.head_dim * m.dims.state_dim)?,
+                },
+                GpuMixer::Gdn(m) => LayerPool::Ssm {
+                    conv: dev.alloc_zeros(sizes.max_seqs * (m.spec.conv_kernel - 1) * m.conv_dim)?,
+                    ssm: dev.alloc_zeros(sizes.max_seqs * m.dims.state_len())?,
+                },
+                GpuMixer::Attention(a) => {
+                    let layout = PagedKv {
+                        num_blocks: sizes.num_blocks,
+                        block_size: BLOCK_SIZE,
+                        kv_heads: a.spec.kv_heads,
+                        head_dim: a.spec.head_dim,
+                        num_slots: sizes.max_seqs,
+                        blocks_per_slot: sizes.blocks_per_seq(),
+                    };
+                    LayerPool::Kv {
+                        k: dev.alloc(layout.pool_len())?,
+                        v: dev.alloc(layout.pool_len())?,
+                        layout,
+                    }
+                }
+                GpuMixer::Mlp(_) | GpuMixer::Moe(_) => LayerPool::None,
+            })
+        })
+        .collect()
+}
+
+/// The host books: which slots and KV blocks are free, each slot's block table row and length.
+#[derive(Clone, Debug)]
+pub(crate) struct Books {
+    pub(crate) sizes: PoolSizes,
+    free_slots: Vec<usize>,
+    free_blocks: Vec<i32>,
+    /// `[max_seqs, blocks_per_seq]`, −1 where no block is assigned.
+    pub(crate) table: Vec<i32>,
+    /// Tokens cached per slot.
+    pub(crate) lens: Vec<i32>,
+    live: Vec<bool>,
+    /// The table changed since it was last uploaded.
+    pub(crate) table_dirty: bool,
+}
+
+impl Books {
+    pub(crate) fn new(sizes: PoolSizes) -> Self {
+        Books {
+            sizes,
+            free_slots: (0..sizes.max_seqs).rev().collect(),
+            free_blocks: (0..sizes.num_blocks as i32).rev().collect(),
+            table: vec![-1; sizes.max_seqs * sizes.blocks_per_seq()],
+            lens: vec![0; sizes.max_seqs],
+            live: vec![false; sizes.max_seqs],
+            table_dirty: true,
+        }
+    }
+
+    /// Takes a free slot for a new sequence.
+    pub(crate) fn open(&mut self) -> Result<usize> {
+        let slot = self.free_slots.pop().ok_or_else(|| {
+            EngineError::InvalidInput(format!(
+                "all {} sequence slots are in use (raise --max-seqs)",
+                self.sizes.max_seqs
+            ))
+        })?;
+        self.live[slot] = true;
+        self.lens[slot] = 0;
+        Ok(slot)
+    }
+
+    /// Frees a slot and its KV blocks.
+    pub(crate) fn close(&mut self, slot: usize) -> Result<()> {
+        self.check_live(slot)?;
+        let bps = self.sizes.blocks_per_seq();
+        for e in &mut self.table[slot * bps..(slot + 1) * bps] {
+            if *e >= 0 {
+                self.free_blocks.push(*e);
+                *e = -1;
+            }
+        }
+        self.live[slot] = false;
+        self.lens[slot] = 0;
+        self.free_slots.push(slot);
+        self.table_dirty = true;
+        Ok(())
+    }
+
+    pub(crate) fn check_live(&self, slot: usize) -> Result<()> {
+        if slot < self.live.len() && self.live[slot] {
+            Ok(())
+        } else {
+            Err(EngineError::InvalidInput(format!("sequence {slot} is not open")))
+        }
+    }
+
+    /// The length slot `slot` would have after `t` more tokens, checked against the capacity.
+    pub(crate) fn check_grow(&self, slot: usize, t: usize) -> Result<usize> {
+        self.check_live(slot)?;
+        let new_len = self.lens[slot] as usize + t;
+        if new_len > self.sizes.max_len {
+            return Err(EngineError::InvalidInput(format!(
+                "sequence {slot} would reach {new_len} tokens, beyond the pools' limit of {} (raise --max-model-len)",
+                self.sizes.max_len
+            )));
+        }
+        Ok(new_len)
+    }
+
+    /// Grows slot `slot` by `t` tokens, assigning KV blocks as needed (only when the model has attention layers,
+    /// `with_kv`). On failure nothing changes.
+    pub(crate) fn grow(&mut self, slot: usize, t: usize, with_kv: bool) -> Result<()> {
+        let new_len = self.check_grow(slot, t)?;
+        if with_kv {
+            let bps = self.sizes.blocks_per_seq();
+            let have = self.table[slot * bps..(slot + 1) * bps]
+                .iter()
+                .filter(|e| **e >= 0)
+                .count();
+            let need = new_len.div_ceil(BLOCK_SIZE);
+            if need > have {
+                if self.free_blocks.len() < need - have {
+                    return Err(EngineError::InvalidInput(format!(
+                        "the KV cache is full ({} blocks of {BLOCK_SIZE} tokens in use); release sequences or give the \
+                         pools more memory",
+                        self.sizes.num_blocks - self.free_blocks.len()
+                    )));
+                }
+                for i in have..need {
+                    let b = self.free_blocks.pop().expect("checked above");
+                    self.table[slot * bps + i] = b;
+                }
+                self.table_dirty = true;
+            }
+        }
+        self.lens[slot] = new_len as i32;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn books_assign_and_free_blocks() {
+        let sizes = PoolSizes {
+            max_seqs: 2,
+            max_len: 64,
+            num_blocks: 5,
+        };
+        let mut b = Books::new(sizes);
+        let s0 = b.open().unwrap();
+        let s1 = b.open().unwrap();
+        assert!(b.open().is_err());
+        b.grow(s0, 17, true).unwrap();
+        assert_eq!(b.lens[s0], 17);
+        assert_eq!(b.table[..4].iter().filter(|e| **e >= 0).count(), 2);
+        b.grow(s1, 48, true).unwrap();
+        // 2 + 3 blocks used: one more token on s0 fits its second block, a third block does not exist.
+        b.grow(s0, 15, true).unwrap();
+        let err = b.grow(s0, 1, true).unwrap_err().to_string();
+        assert!(err.contains("KV cache is full"), "{err}");
+        assert_eq!(b.lens[s0], 32, "a failed grow changes nothing");
+        assert!(b.grow(s1, 17, true).unwrap_err().to_string().contains("limit of 64"));
+        b.close(s1).unwrap();
+        assert!(b.close(s1).is_err());
+        b.grow(s0, 1, true).unwrap();
+        assert_eq!(b.lens[s0], 33);
+    }
+}
