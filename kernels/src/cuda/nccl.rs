@@ -1,14 +1,19 @@
-//! NCCL across the visible GPUs of one process: the all-reduce check of `rewind selftest`.
+//! NCCL across the visible GPUs of one process: [`NcclComm`], one tensor-parallel rank's communicator (one rank per
+//! GPU, each rank on its own OS thread), and the all-reduce check of `rewind selftest`.
 //!
 //! NVLink multicast (NVLS) stays off: `NCCL_NVLS_ENABLE=0` is set before NCCL initialises unless the caller chose a
-//! value (the lent machines forbid multicast objects).
+//! value (the lent machines forbid multicast objects). Programs call [`disable_nvls_unless_set`] once at start-up,
+//! before spawning rank threads.
 
+use std::panic::catch_unwind;
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaContext;
-use cudarc::nccl::{self, Comm, ReduceOp};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{self, Comm, Id, NcclType, ReduceOp};
+use half::bf16;
 
-use super::device::{device_count, probe_driver};
+use super::device::{device_count, probe_driver, CudaDevice};
 use super::parity::Rng;
 use super::{driver_err, CudaError, Result};
 
@@ -38,6 +43,170 @@ pub fn probe_nccl() -> Result<()> {
 pub fn disable_nvls_unless_set() {
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
+}
+
+/// The rendezvous token of one communicator group: created once (by one thread), then cloned to every rank, which
+/// passes it to [`NcclComm::init`].
+#[derive(Clone, Copy, Debug)]
+pub struct NcclId(Id);
+
+impl NcclId {
+    /// A fresh group id; `Unavailable` without the CUDA driver or libnccl (never panics).
+    pub fn new() -> Result<Self> {
+        probe_nccl()?;
+        // cudarc panics when a symbol it expects is missing from the library it loaded.
+        let id = catch_unwind(Id::new).map_err(|_| {
+            CudaError::Unavailable("libnccl.so.2 was loaded but lacks ncclGetUniqueId (too old?)".into())
+        })?;
+        id.map(Self).map_err(nccl_err("ncclGetUniqueId"))
+    }
+}
+
+/// One rank's NCCL communicator, bound to its device's stream: collectives are enqueued there, in stream order with the
+/// rank's kernels, and return without waiting (synchronise the device to read results on the host).
+///
+/// Every rank must issue the same collectives in the same order with the same element counts; a rank that skips one
+/// makes the others wait forever. With `world == 1` no NCCL call is made (all-reduce is a no-op, all-gather a device
+/// copy), so single-GPU code paths can share the tensor-parallel ones without libnccl.
+///
+/// `Send` (a rank may build it on one thread and hand it to another) but not `Sync`: NCCL forbids using one
+/// communicator from two threads at once.
+pub struct NcclComm {
+    /// `None` when `world == 1`.
+    comm: Option<Comm>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("ordinal", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+// SAFETY: the NCCL handle may be used from any thread as long as only one thread uses it at a time, which `!Sync` and
+// the `&mut`-free API (one owner) guarantee; the context and stream handles are already `Send`.
+unsafe impl Send for NcclComm {}
+
+impl NcclComm {
+    /// Joins group `id` as `rank` of `world`, on `dev`'s stream. Every rank calls this concurrently from its own thread;
+    /// it blocks until all `world` ranks have joined. `id` is ignored when `world == 1`.
+    ///
+    /// Call [`disable_nvls_unless_set`] at program start-up, before rank threads exist (it writes the environment).
+    pub fn init(dev: &CudaDevice, rank: usize, world: usize, id: &NcclId) -> Result<Self> {
+        if world == 0 || rank >= world {
+            return Err(CudaError::Shape {
+                op: "NcclComm::init",
+                message: format!("rank {rank} is outside a world of {world}"),
+            });
+        }
+        if world == 1 {
+            return Ok(Self::single(dev));
+        }
+        probe_nccl()?;
+        let ctx = dev.context().clone();
+        // ncclCommInitRank sets up on the calling thread's current device.
+        ctx.bind_to_thread().map_err(driver_err(format!(
+            "binding GPU {} to rank {rank}'s thread",
+            ctx.ordinal()
+        )))?;
+        let comm = Comm::from_rank(dev.stream().clone(), rank, world, id.0)
+            .map_err(nccl_err(&format!("ncclCommInitRank (rank {rank} of {world})")))?;
+        Ok(Self {
+            comm: Some(comm),
+            ctx,
+            stream: dev.stream().clone(),
+            rank,
+            world,
+        })
+    }
+
+    /// A world of one on `dev` (no NCCL): rank 0 of 1.
+    pub fn single(dev: &CudaDevice) -> Self {
+        Self {
+            comm: None,
+            ctx: dev.context().clone(),
+            stream: dev.stream().clone(),
+            rank: 0,
+            world: 1,
+        }
+    }
+
+    /// This rank, `0..world()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The stream collectives are enqueued on (the device's).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Sums `buf` over all ranks, in place (works on sub-views of larger buffers).
+    pub fn all_reduce_sum_f32(&self, buf: &mut impl DevicePtrMut<f32>) -> Result<()> {
+        self.all_reduce_sum(buf, "all_reduce_sum_f32")
+    }
+
+    /// Sums `buf` over all ranks, in place; NCCL accumulates each step in f32 and rounds to bf16 between steps.
+    pub fn all_reduce_sum_bf16(&self, buf: &mut impl DevicePtrMut<bf16>) -> Result<()> {
+        self.all_reduce_sum(buf, "all_reduce_sum_bf16")
+    }
+
+    /// Concatenates every rank's `send` in rank order into `recv` (`recv.len() == world · send.len()`, rank-major).
+    pub fn all_gather_f32(&self, send: &impl DevicePtr<f32>, recv: &mut impl DevicePtrMut<f32>) -> Result<()> {
+        super::check_len("all_gather_f32", "recv", recv.len(), self.world * send.len())?;
+        if send.is_empty() {
+            return Ok(());
+        }
+        let Some(comm) = &self.comm else {
+            return self
+                .stream
+                .memcpy_dtod(send, recv)
+                .map_err(driver_err("all_gather_f32: copying a world-of-one gather"));
+        };
+        self.bind()?;
+        comm.all_gather(send, recv).map(drop).map_err(nccl_err(&format!(
+            "ncclAllGather (all_gather_f32, rank {} of {})",
+            self.rank, self.world
+        )))
+    }
+
+    fn all_reduce_sum<T: NcclType>(&self, buf: &mut impl DevicePtrMut<T>, op: &str) -> Result<()> {
+        let Some(comm) = &self.comm else {
+            return Ok(());
+        };
+        // A zero-length collective is skipped on every rank alike (all ranks pass equal counts).
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        comm.all_reduce_in_place(buf, &ReduceOp::Sum)
+            .map(drop)
+            .map_err(nccl_err(&format!(
+                "ncclAllReduce ({op}, rank {} of {})",
+                self.rank, self.world
+            )))
+    }
+
+    /// NCCL launches on the current device; the rank's thread may have touched another context in between.
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_err(format!(
+            "binding GPU {} to rank {}",
+            self.ctx.ordinal(),
+            self.rank
+        )))
     }
 }
 
@@ -117,4 +286,37 @@ pub fn all_reduce_check(elements: usize, seed: u64) -> Result<AllReduceReport> {
         rel_err: worst,
         seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without libcuda or libnccl (CI), asking for a group id is an `Unavailable` error naming the library, never a
+    /// panic; with both it must succeed.
+    #[test]
+    fn id_is_unavailable_without_nccl() {
+        match (probe_nccl(), NcclId::new()) {
+            (Ok(()), id) => assert!(id.is_ok(), "NCCL loads but no id: {:?}", id.err()),
+            (Err(_), Err(CudaError::Unavailable(msg))) => {
+                assert!(msg.contains("libnccl") || msg.contains("libcuda"), "{msg}");
+            }
+            (Err(_), other) => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+
+    /// A rank outside its world is refused before any library is touched.
+    #[test]
+    fn init_rejects_a_rank_outside_the_world() {
+        let Ok(dev) = CudaDevice::open(0) else {
+            // No GPU here: the check happens before the device is used, but it needs a device to be called at all.
+            assert!(device_count().is_err() || device_count().is_ok_and(|n| n == 0));
+            return;
+        };
+        let id = NcclId(Id::uninit([0; 128]));
+        assert!(matches!(NcclComm::init(&dev, 2, 2, &id), Err(CudaError::Shape { .. })));
+        assert!(matches!(NcclComm::init(&dev, 0, 0, &id), Err(CudaError::Shape { .. })));
+        let solo = NcclComm::init(&dev, 0, 1, &id).expect("a world of one needs no NCCL");
+        assert_eq!((solo.rank(), solo.world()), (0, 1));
+    }
 }
