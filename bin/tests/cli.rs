@@ -467,3 +467,36 @@ fn absurd_sizes_are_clear_errors() {
     ]);
     assert!(o.status.success(), "tiny temperature: {}", stderr(&o));
 }
+
+#[test]
+fn gpu_flags_are_checked_before_anything_loads() {
+    let model = tiny_model().to_str().expect("utf8");
+    let o = rewind(&["generate", "--model", model, "--device", "gpu"]);
+    assert_fails(&o, &["unknown device `gpu`", "cuda:N"]);
+    let o = rewind(&["generate", "--model", model, "--device", "cpu", "--tp", "2"]);
+    assert_fails(&o, &["--tp 2", "GPUs"]);
+    let o = rewind(&["generate", "--model", model, "--device", "cuda", "--tp", "0"]);
+    assert_fails(&o, &["--tp must be at least 1"]);
+    let o = rewind(&["generate", "--model", model, "--device", "cuda", "--decode", "replay"]);
+    assert_fails(&o, &["--decode replay", "recurrent"]);
+    let o = rewind(&["bench", "--model", model, "--batch", "4"]);
+    assert_fails(&o, &["--batch", "GPUs"]);
+}
+
+/// Without a driver (CI), asking for a GPU is one clear error from every command that takes `--device`.
+#[test]
+fn gpu_without_a_driver_is_a_clear_error() {
+    if rewind_kernels::cuda::device_count().is_ok() {
+        eprintln!("a CUDA driver is present: the no-driver path is not exercised here");
+        return;
+    }
+    let model = tiny_model().to_str().expect("utf8");
+    for args in [
+        vec!["generate", "--model", model, "--device", "cuda", "--max-tokens", "2"],
+        vec!["logits", "--model", model, "--device", "cuda", "--tokens", "1,2", "--prefill", "1", "--out", "/dev/null"],
+        vec!["bench", "--model", model, "--device", "cuda:1", "--tp", "2"],
+    ] {
+        let o = rewind(&args);
+        assert_fails(&o, &["CUDA unavailable"]);
+    }
+}
