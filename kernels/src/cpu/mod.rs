@@ -11,4 +11,5 @@ pub mod norm;
 pub mod replay_gdn;
 pub mod replay_mamba2;
 pub mod rope;
+pub mod sample;
 pub mod traffic;

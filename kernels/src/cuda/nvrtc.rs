@@ -76,6 +76,25 @@ pub const MODULES: &[KernelModule] = &[
     module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),
     module!("moe_route", typed: false, ["route_softmax", "route_sigmoid_grouped", "moe_align"]),
     module!("moe", typed: true, ["moe_gemm", "moe_combine"]),
+    module!(
+        "glue",
+        typed: true,
+        [
+            "gather_cols",
+            "add_rms_norm",
+            "dt_softplus",
+            "gdn_gates",
+            "scale",
+            "sigmoid_mul",
+            "swiglu_split",
+            "add_bias",
+            "embed_rows_f32",
+            "moe_finish",
+            "gated_sq_sums",
+            "gated_norm_apply",
+        ]
+    ),
+    module!("sample", typed: false, ["argmax_rows"]),
 ];
 
 /// Compiler options besides the target.

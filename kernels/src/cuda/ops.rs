@@ -625,9 +625,16 @@ pub fn gdn_step<T: Elem>(
 
 // Declared after `launch!` so the submodules can use it.
 mod attention;
+mod glue;
 mod moe;
+mod sample;
 mod scan;
 
 pub use attention::{kv_write, paged_attention, PagedKv};
+pub use glue::{
+    add_bias, add_rms_norm, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols, gdn_gates,
+    moe_finish, scale, sigmoid_mul, swiglu_split,
+};
 pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
+pub use sample::argmax_rows;
 pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};

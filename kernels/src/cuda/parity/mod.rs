@@ -26,6 +26,7 @@ macro_rules! both {
 }
 
 pub mod cases;
+mod cases_glue;
 mod cases_moe;
 mod cases_seq;
 mod cases_ssm;
