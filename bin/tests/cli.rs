@@ -493,7 +493,19 @@ fn gpu_without_a_driver_is_a_clear_error() {
     let model = tiny_model().to_str().expect("utf8");
     for args in [
         vec!["generate", "--model", model, "--device", "cuda", "--max-tokens", "2"],
-        vec!["logits", "--model", model, "--device", "cuda", "--tokens", "1,2", "--prefill", "1", "--out", "/dev/null"],
+        vec![
+            "logits",
+            "--model",
+            model,
+            "--device",
+            "cuda",
+            "--tokens",
+            "1,2",
+            "--prefill",
+            "1",
+            "--out",
+            "/dev/null",
+        ],
         vec!["bench", "--model", model, "--device", "cuda:1", "--tp", "2"],
     ] {
         let o = rewind(&args);

@@ -8,7 +8,7 @@
 
 use half::bf16;
 use rewind_kernels::cpu::norm::GateOrder;
-use rewind_kernels::cuda::ops::{self, glue, Activation as Act, ConvDims, SigmoidRouting, MAX_CHUNK};
+use rewind_kernels::cuda::ops::{self, Activation as Act, ConvDims, SigmoidRouting, MAX_CHUNK};
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut};
 
 use super::layers::{GatedNorm, GpuAttention, GpuBlock, GpuGdn, GpuMamba2, GpuMixer, GpuMlp, GpuMoe};
@@ -60,7 +60,7 @@ fn lin<O: rewind_kernels::cuda::Elem>(
 ) -> Result<()> {
     blas.linear(x, &l.w, out, rows, l.in_dim, l.out_dim)?;
     if let Some(b) = &l.b {
-        glue::add_bias(dev, out, b)?;
+        ops::add_bias(dev, out, b)?;
     }
     Ok(())
 }
@@ -82,7 +82,7 @@ pub(crate) fn blocks(cx: &mut Cx, blocks: &[GpuBlock], pools: &mut [LayerPool], 
             let mut x = s.x.slice_mut(..rows * hid);
             let mut h = s.h.slice_mut(..rows * hid);
             if i == 0 {
-                glue::add_rms_norm(
+                ops::add_rms_norm(
                     cx.dev,
                     &mut x,
                     None::<&CudaSlice<f32>>,
@@ -92,7 +92,7 @@ pub(crate) fn blocks(cx: &mut Cx, blocks: &[GpuBlock], pools: &mut [LayerPool], 
                     &mut h,
                 )?;
             } else {
-                glue::add_rms_norm(
+                ops::add_rms_norm(
                     cx.dev,
                     &mut x,
                     Some(&s.y.slice(..rows * hid)),
@@ -135,7 +135,7 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
         rows,
     )?;
     let proj = s.proj.slice(..rows * wp);
-    glue::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
+    ops::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
     let dims = ConvDims {
         batch: step.seqs,
         seq: step.t,
@@ -155,14 +155,14 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
         &mut s.b.slice_mut(..rows * cd),
     )?;
     let conv_out = s.b.slice(..rows * cd);
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.c_idx, &mut s.e.slice_mut(..rows * bc))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.c_idx, &mut s.e.slice_mut(..rows * bc))?;
     let (lo, hi) = match step.prefill {
         Some(p) if p.clamp => m.spec.time_step_limit,
         _ => (f32::NEG_INFINITY, f32::INFINITY),
     };
-    glue::dt_softplus(
+    ops::dt_softplus(
         dev,
         &proj,
         rows,
@@ -204,7 +204,7 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
             &mut s.g.slice_mut(..rows * di),
         )?,
     }
-    glue::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
+    ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
     let (y, z) = (s.g.slice(..rows * di), s.a.slice(..rows * di));
     let mut normed = s.b.slice_mut(..rows * di);
     match m.norm {
@@ -225,13 +225,13 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
             all_reduce: reduce,
         } => {
             let mut sums = s.f1.slice_mut(..rows * groups);
-            glue::gated_sq_sums(dev, &y, &z, rows, first_channel, group, groups, &mut sums)?;
+            ops::gated_sq_sums(dev, &y, &z, rows, first_channel, group, groups, &mut sums)?;
             if reduce {
                 if let Some(c) = cx.comm {
                     c.all_reduce_f32(&mut sums)?;
                 }
             }
-            glue::gated_norm_apply(
+            ops::gated_norm_apply(
                 dev,
                 &y,
                 &z,
@@ -271,7 +271,7 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         rows,
     )?;
     let proj = s.proj.slice(..rows * wp);
-    glue::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
+    ops::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
     let dims = ConvDims {
         batch: step.seqs,
         seq: step.t,
@@ -292,7 +292,7 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
     )?;
     let conv_out = s.b.slice(..rows * cd);
     // q, k: expanded to the virtual key heads, L2-normalised (q also scaled); v as is.
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.q_idx, &mut s.c.slice_mut(..rows * qk))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.q_idx, &mut s.c.slice_mut(..rows * qk))?;
     ops::l2_norm(
         dev,
         &s.c.slice(..rows * qk),
@@ -300,12 +300,12 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         1e-6,
         &mut s.d.slice_mut(..rows * qk),
     )?;
-    glue::scale(
+    ops::scale(
         dev,
         &mut s.d.slice_mut(..rows * qk),
         (1.0 / (d.k_dim as f64).sqrt()) as f32,
     )?;
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.k_idx, &mut s.c.slice_mut(..rows * qk))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.k_idx, &mut s.c.slice_mut(..rows * qk))?;
     ops::l2_norm(
         dev,
         &s.c.slice(..rows * qk),
@@ -313,9 +313,9 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         1e-6,
         &mut s.e.slice_mut(..rows * qk),
     )?;
-    glue::gather_cols(dev, &conv_out, rows, cd, &m.v_idx, &mut s.c.slice_mut(..rows * vd))?;
+    ops::gather_cols(dev, &conv_out, rows, cd, &m.v_idx, &mut s.c.slice_mut(..rows * vd))?;
     let nv = d.v_heads;
-    glue::gdn_gates(
+    ops::gdn_gates(
         dev,
         &proj,
         rows,
@@ -356,7 +356,7 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
             &mut s.g.slice_mut(..rows * vd),
         )?,
     }
-    glue::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
+    ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
     ops::gated_rms_norm(
         dev,
         &s.g.slice(..rows * vd),
@@ -396,8 +396,8 @@ fn attention(
         Some((qi, gi)) => {
             let w = a.q_proj.out_dim;
             lin(cx.blas, dev, &hs, &a.q_proj, &mut s.proj.slice_mut(..rows * w), rows)?;
-            glue::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, qi, &mut s.a.slice_mut(..qn))?;
-            glue::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, gi, &mut s.e.slice_mut(..qn))?;
+            ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, qi, &mut s.a.slice_mut(..qn))?;
+            ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, gi, &mut s.e.slice_mut(..qn))?;
         }
         None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows)?,
     }
@@ -458,7 +458,7 @@ fn attention(
         &mut s.d.slice_mut(..qn),
     )?;
     if a.gate_idx.is_some() {
-        glue::sigmoid_mul(dev, &mut s.d.slice_mut(..qn), &s.e.slice(..qn))?;
+        ops::sigmoid_mul(dev, &mut s.d.slice_mut(..qn), &s.e.slice(..qn))?;
     }
     lin(
         cx.blas,
@@ -575,7 +575,7 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
         up_rows,
     )?;
     match sp.act {
-        Activation::SwiGlu => glue::swiglu_split(
+        Activation::SwiGlu => ops::swiglu_split(
             dev,
             &s.moe_up.slice(..n * up_rows),
             inter,
@@ -623,11 +623,12 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
     }
     let shared = m.shared.as_ref().map(|_| s.y2.slice(..rows * hid));
     let gate = m.shared_gate.as_ref().map(|_| s.f1.slice(..rows));
-    glue::moe_finish(
+    ops::moe_finish(
         dev,
         &s.g.slice(..rows * hid),
         shared.as_ref(),
         gate.as_ref(),
+        rows,
         &mut s.y.slice_mut(..rows * hid),
     )?;
     Ok(())

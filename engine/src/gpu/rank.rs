@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use half::bf16;
-use rewind_kernels::cuda::ops::glue;
+use rewind_kernels::cuda::ops;
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
 use tracing::{debug_span, info};
 
@@ -240,7 +240,7 @@ impl GpuRank {
         let r = &mut self.inner;
         let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
         let s = &mut self.scratch;
-        glue::embed_rows_f32(
+        ops::embed_rows_f32(
             dev,
             &r.embed,
             &s.tokens.slice(..rows),
@@ -266,7 +266,7 @@ impl GpuRank {
             return Ok(None);
         }
         let s = &mut self.scratch;
-        glue::add_rms_norm(
+        ops::add_rms_norm(
             dev,
             &mut s.x.slice_mut(..rows * hid),
             Some(&s.y.slice(..rows * hid)),
@@ -287,7 +287,7 @@ impl GpuRank {
             v,
         )?;
         if argmax {
-            glue::argmax_rows(
+            ops::argmax_rows(
                 dev,
                 &s.logits.slice(..head_rows * v),
                 head_rows,
