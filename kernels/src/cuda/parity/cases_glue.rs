@@ -141,9 +141,10 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             sample_rows(cx, rng, rows, vocab)
         }));
     }
+    // dtype "-": the check is a statistical score, not an f32 rounding error (keeps the selftest's worst f32 honest).
     cases.push(Case::new(
         "sample_rows",
-        "f32",
+        "-",
         "vocab 7, 200000 draws: frequencies",
         sample_frequencies,
     ));
