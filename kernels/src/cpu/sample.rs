@@ -1,4 +1,5 @@
-//! CPU twins of the device token-selection kernels: [`argmax`] (greedy) with the engine Sampler's tie rule.
+//! CPU twins of the device token-selection kernels: [`argmax`] (greedy) and [`sample_row`] (filtered sampling), with
+//! the semantics of the engine's `Sampler` (engine/src/sample/mod.rs) written on a sorted vocabulary.
 
 /// Index of the largest value, the lowest index on ties (−0 and +0 are equal), as the engine's `sample::argmax`.
 pub fn argmax(values: &[f32]) -> u32 {
@@ -11,9 +12,155 @@ pub fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// The tokens the Sampler's filters keep, in ascending id order, with their weights `exp((l − max) / t)` (f32).
+///
+/// Order (engine Sampler): sort by logit descending (total order, so −0 below +0), ties by lower id; keep the first
+/// `top_k` (0 or ≥ vocab: off); with `top_p < 1`, keep the shortest prefix of those whose weight mass (f64, in sorted
+/// order) reaches `top_p` × their mass (at least one token); with `min_p > 0`, keep the weights ≥ `min_p` (the top
+/// token's weight is 1). `temperature` must be > 0 and the logits finite.
+pub fn kept_weights(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> Vec<(u32, f32)> {
+    assert!(
+        !logits.is_empty() && temperature > 0.0,
+        "kept_weights: empty row or temperature ≤ 0"
+    );
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then_with(|| a.cmp(&b))
+    });
+    if top_k > 0 && top_k < order.len() {
+        order.truncate(top_k);
+    }
+    let max = order
+        .iter()
+        .map(|&i| logits[i as usize])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut kept: Vec<(u32, f32)> = order
+        .iter()
+        .map(|&i| (i, ((logits[i as usize] - max) / temperature).exp()))
+        .collect();
+    if top_p < 1.0 {
+        let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+        let target = f64::from(top_p) * total;
+        let (mut cum, mut keep) = (0.0f64, 0);
+        for &(_, w) in &kept {
+            if keep > 0 && cum >= target {
+                break;
+            }
+            cum += f64::from(w);
+            keep += 1;
+        }
+        kept.truncate(keep);
+    }
+    if min_p > 0.0 {
+        kept.retain(|&(_, w)| w >= min_p);
+    }
+    kept.sort_unstable_by_key(|&(i, _)| i);
+    kept
+}
+
+/// Samples one id from a row of finite logits with uniform `u` in `[0, 1)`: greedy ([`argmax`]) when `temperature` is
+/// 0, else the first id of [`kept_weights`] (ascending id order) whose cumulative weight (f64) exceeds `u · total`,
+/// or the last kept id when rounding leaves none.
+///
+/// The engine Sampler draws over the same kept set and weights but walks it in its internal candidate order; the
+/// distribution is the same, the id a given `u` maps to is not.
+pub fn sample_row(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p: f32, u: f32) -> u32 {
+    if temperature <= 0.0 {
+        return argmax(logits);
+    }
+    let kept = kept_weights(logits, temperature, top_k, top_p, min_p);
+    let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+    let x = f64::from(u) * total;
+    let mut cum = 0.0f64;
+    for &(id, w) in &kept {
+        cum += f64::from(w);
+        if x < cum {
+            return id;
+        }
+    }
+    kept.last().expect("the top token always survives filtering").0
+}
+
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
     use super::*;
+
+    fn ids(kept: &[(u32, f32)]) -> Vec<u32> {
+        kept.iter().map(|&(i, _)| i).collect()
+    }
+
+    #[test]
+    fn top_k_breaks_ties_by_lower_id_and_total_order() {
+        let l = [1.0, 3.0, 2.0, 3.0, 2.0, 0.0, -0.0];
+        assert_eq!(ids(&kept_weights(&l, 1.0, 1, 1.0, 0.0)), [1]);
+        assert_eq!(ids(&kept_weights(&l, 1.0, 3, 1.0, 0.0)), [1, 2, 3]);
+        assert_eq!(ids(&kept_weights(&l, 1.0, 4, 1.0, 0.0)), [1, 2, 3, 4]);
+        // +0 sorts above −0.
+        let z = [-0.0, 0.0, -1.0];
+        assert_eq!(ids(&kept_weights(&z, 1.0, 1, 1.0, 0.0)), [1]);
+        assert_eq!(ids(&kept_weights(&l, 1.0, 0, 1.0, 0.0)).len(), l.len());
+        assert_eq!(ids(&kept_weights(&l, 1.0, 99, 1.0, 0.0)).len(), l.len());
+    }
+
+    #[test]
+    fn top_p_keeps_the_shortest_reaching_prefix_and_min_p_filters() {
+        // Weights 1, 1/2, 1/4, 1/8 (t = 1/ln 2): mass 1.875.
+        let t = 1.0 / std::f32::consts::LN_2;
+        let l = [-2.0, 0.0, -3.0, -1.0];
+        // 0.5 × 1.875 = 0.9375 ≤ 1: the top token alone.
+        assert_eq!(ids(&kept_weights(&l, t, 0, 0.5, 0.0)), [1]);
+        // 0.6 × 1.875 = 1.125: the top two.
+        assert_eq!(ids(&kept_weights(&l, t, 0, 0.6, 0.0)), [1, 3]);
+        // Never empty, even for a tiny top_p.
+        assert_eq!(ids(&kept_weights(&l, t, 0, 1e-6, 0.0)), [1]);
+        // min_p 0.3 keeps weights 1 and 1/2; with top_k 3 first.
+        assert_eq!(ids(&kept_weights(&l, t, 3, 1.0, 0.3)), [1, 3]);
+        let w = kept_weights(&l, t, 0, 1.0, 0.0);
+        assert!((w[0].1 - 0.25).abs() < 1e-6 && w[1].1 == 1.0);
+    }
+
+    #[test]
+    fn draw_is_inverse_cdf_in_id_order() {
+        let t = 1.0 / std::f32::consts::LN_2;
+        let l = [-2.0, 0.0, -3.0, -1.0]; // weights 1/4, 1, 1/8, 1/2 in id order, total 1.875
+        let at = |u: f32| sample_row(&l, t, 0, 1.0, 0.0, u);
+        assert_eq!(at(0.0), 0);
+        assert_eq!(at(0.25 / 1.875 - 1e-4), 0);
+        assert_eq!(at(0.25 / 1.875 + 1e-4), 1);
+        assert_eq!(at(1.25 / 1.875 + 1e-4), 2);
+        assert_eq!(at(1.375 / 1.875 + 1e-4), 3);
+        assert_eq!(at(0.999_999_9), 3);
+        assert_eq!(sample_row(&l, 0.0, 0, 1.0, 0.0, 0.7), 1);
+    }
+
+    #[test]
+    fn frequencies_follow_the_kept_weights() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let l: Vec<f32> = (0..12).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let kept = kept_weights(&l, 0.8, 8, 0.9, 0.05);
+        let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+        let n = 200_000;
+        let mut counts = vec![0usize; l.len()];
+        for _ in 0..n {
+            counts[sample_row(&l, 0.8, 8, 0.9, 0.05, rng.random::<f32>()) as usize] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let p = kept
+                .iter()
+                .find(|&&(k, _)| k as usize == i)
+                .map_or(0.0, |&(_, w)| f64::from(w) / total);
+            let f = c as f64 / n as f64;
+            assert!(
+                (f - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt() + 1e-9,
+                "id {i}: {f} vs {p}"
+            );
+        }
+    }
 
     #[test]
     fn argmax_takes_the_lowest_index_of_ties() {

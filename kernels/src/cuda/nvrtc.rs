@@ -94,7 +94,7 @@ pub const MODULES: &[KernelModule] = &[
             "gated_norm_apply",
         ]
     ),
-    module!("sample", typed: false, ["argmax_rows"]),
+    module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "sample_rows"]),
 ];
 
 /// Compiler options besides the target.

@@ -636,5 +636,5 @@ pub use glue::{
     moe_finish, scale, sigmoid_mul, swiglu_split,
 };
 pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
-pub use sample::argmax_rows;
+pub use sample::{argmax_rows, repetition_penalty, sample_rows};
 pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};

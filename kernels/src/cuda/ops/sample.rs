@@ -1,8 +1,10 @@
-//! Token selection on the device: row argmax (greedy decoding).
+//! Token selection on the device: row argmax (greedy decoding), the repetition penalty, and filtered sampling
+//! (temperature, top-k, top-p, min-p, inverse-CDF draw) with the CPU Sampler's semantics; the CPU twin is
+//! [`crate::cpu::sample::sample_row`].
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_u32};
+use super::{after_launch, fits_u32, grid_1d};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -46,4 +48,66 @@ pub fn argmax_rows(
     let (lp, _gl) = logits.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
     launch!(dev, "argmax_rows", per_row_cfg(rows), lp, vocab, op)
+}
+
+/// HF repetition penalty on `logits` `[rows, vocab]` for each pair `i`: row `rows_of[i]`, token `tokens[i]`:
+/// `l = l > 0 ? l / p : l · p` with `p = penalty[row]` (`penalty` `[rows]`). The pairs must be distinct (a repeated
+/// pair would be penalised twice, racing); a pair outside the logits is skipped.
+pub fn repetition_penalty(
+    dev: &CudaDevice,
+    logits: &mut impl DevicePtrMut<f32>,
+    vocab: usize,
+    rows_of: &impl DevicePtr<i32>,
+    tokens: &impl DevicePtr<i32>,
+    penalty: &impl DevicePtr<f32>,
+) -> Result<()> {
+    const OP: &str = "repetition_penalty";
+    let rows = penalty.len();
+    check_len(OP, "logits", logits.len(), rows * vocab)?;
+    check_len(OP, "tokens", tokens.len(), rows_of.len())?;
+    ensure(OP, vocab <= i32::MAX as usize && rows <= i32::MAX as usize, || {
+        format!("[{rows}, {vocab}] exceeds i32")
+    })?;
+    fits_u32(OP, "pairs", tokens.len())?;
+    if tokens.is_empty() || rows == 0 {
+        return Ok(());
+    }
+    let (rows_i, vocab_i, n_i) = (rows as i32, vocab as i32, tokens.len() as i32);
+    let cfg = grid_1d(tokens.len());
+    let (lp, _gl) = logits.device_ptr_mut(dev.stream());
+    let (rp, _gr) = rows_of.device_ptr(dev.stream());
+    let (tp, _gt) = tokens.device_ptr(dev.stream());
+    let (pp, _gp) = penalty.device_ptr(dev.stream());
+    launch!(dev, "repetition_penalty", cfg, lp, rows_i, vocab_i, rp, tp, n_i, pp)
+}
+
+/// Samples one id per row of `logits` `[rows, vocab]` with `params` `[rows, 4]` = (temperature, top_k as f32 (0 =
+/// off), top_p (1 = off), min_p (0 = off)) and `uniforms` `[rows]` in `[0, 1)`; a temperature ≤ 0 is greedy
+/// ([`argmax_rows`]). The filters and tie rules are the CPU Sampler's (see [`crate::cpu::sample::sample_row`]); the
+/// draw is the first kept id, in ascending id order, whose cumulative weight exceeds `u · total`. A row holding a
+/// non-finite logit gives −1 (the CPU Sampler refuses it). No sorting: the top-k / top-p cut-offs are found by
+/// bisection over the logits' 32-bit order keys, about 32 passes over the row each.
+pub fn sample_rows(
+    dev: &CudaDevice,
+    logits: &impl DevicePtr<f32>,
+    rows: usize,
+    vocab: usize,
+    params: &impl DevicePtr<f32>,
+    uniforms: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<i32>,
+) -> Result<()> {
+    const OP: &str = "sample_rows";
+    check_len(OP, "logits", logits.len(), rows * vocab)?;
+    check_len(OP, "params", params.len(), rows * 4)?;
+    check_len(OP, "uniforms", uniforms.len(), rows)?;
+    check_len(OP, "out", out.len(), rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let vocab_i = check_rows(OP, logits.len(), rows)? as i32;
+    let (lp, _gl) = logits.device_ptr(dev.stream());
+    let (pp, _gp) = params.device_ptr(dev.stream());
+    let (up, _gu) = uniforms.device_ptr(dev.stream());
+    let (op, _go) = out.device_ptr_mut(dev.stream());
+    launch!(dev, "sample_rows", per_row_cfg(rows), lp, vocab_i, pp, up, op)
 }
