@@ -147,6 +147,10 @@ pub struct DeviceArgs {
     /// Tokens per prefill chunk on a GPU.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
+    /// Storage type of GPU activations and state: bf16, or f32 (GEMM inputs still rounded to bf16; for accuracy
+    /// checks).
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
 }
 
 /// A parsed `--device`.

@@ -31,14 +31,9 @@ fn argmax(xs: &[f32]) -> u32 {
     best as u32
 }
 
+/// The commit this binary was built from (recorded at build time; `-dirty` marks uncommitted changes).
 fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    Some(env!("REWIND_GIT_COMMIT").to_string())
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {

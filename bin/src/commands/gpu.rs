@@ -11,27 +11,29 @@ use serde_json::json;
 use crate::cli::{BenchArgs, DeviceArgs};
 
 /// The engine's options from the flags.
-pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> GpuOptions {
-    GpuOptions {
+pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
+    Ok(GpuOptions {
         devices,
         gpu_memory_fraction: d.gpu_memory_fraction,
         max_seqs: d.max_seqs,
         max_model_len: d.max_model_len,
         prefill_chunk: d.prefill_chunk,
-    }
+        dtype: d.dtype.parse()?,
+    })
 }
 
 /// Loads `dir` onto `devices`, printing what was placed where.
 pub fn load(dir: &Path, d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuModel> {
     let t0 = Instant::now();
-    let model = GpuModel::load(dir, &options(d, devices))?;
+    let model = GpuModel::load(dir, &options(d, devices)?)?;
     let r = model.report();
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     eprintln!(
-        "GPU: {} | tp {} | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB per rank of {:.1} GiB | \
+        "GPU: {} | tp {} | {} activations | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB per rank of {:.1} GiB | \
          {} sequences × {} tokens, {} KV blocks | loaded in {:.1} s",
         r.devices.join(", "),
         model.tp(),
+        d.dtype,
         gib(r.weight_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.state_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.scratch_bytes.iter().copied().max().unwrap_or(0)),
@@ -175,6 +177,7 @@ pub fn bench(args: &BenchArgs, dir: &Path, devices: Vec<usize>, commit: Option<S
             "prefill_tok_per_s": prompt.len() as f64 / prefill_s,
             "decode_tokens_per_sequence": args.decode_tokens,
             "decode_form": "recurrent",
+            "dtype": args.device.dtype,
             "sampling": "greedy, argmax on the device",
             "decode": rows,
         });

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rewind_engine::gpu::{teacher_forced, GpuOptions, TeacherForcedReport};
+use rewind_engine::gpu::{teacher_forced, GpuDtype, GpuOptions, TeacherForcedReport};
 use serde_json::{json, Value};
 
 /// Per-position tolerance: `max|Δlogit| / max|logit_cpu|` (bf16 weights and activations against f32).
@@ -42,13 +42,14 @@ fn prompts(dir: &Path) -> Result<Vec<Vec<u32>>, String> {
     Ok(vec![tokens[..n].to_vec(), tokens[n / 2..].to_vec()])
 }
 
-fn line(case: &str, tp: usize, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
+fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
     match r {
         Ok(r) => {
             println!(
-                "{:<20} tp {}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e})  argmax {}/{} equal  {}",
+                "{:<20} tp {}  {:<4}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e})  argmax {}/{} equal  {}",
                 case,
                 tp,
+                dtype,
                 r.positions,
                 r.sequences,
                 r.worst_rel,
@@ -57,6 +58,12 @@ fn line(case: &str, tp: usize, r: &Result<TeacherForcedReport, String>) -> (Valu
                 r.argmax_checked,
                 if r.pass { "pass" } else { "FAIL" }
             );
+            if !r.pass {
+                for (i, errs) in r.per_position.iter().enumerate() {
+                    let e: Vec<String> = errs.iter().map(|e| format!("{e:.1e}")).collect();
+                    println!("    sequence {i} per position: {}", e.join(" "));
+                }
+            }
             let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
             v["case"] = json!(case);
             if !r.worst_rel.is_finite() {
@@ -65,8 +72,11 @@ fn line(case: &str, tp: usize, r: &Result<TeacherForcedReport, String>) -> (Valu
             (v, r.pass)
         }
         Err(e) => {
-            println!("{case:<20} tp {tp}  FAIL: {e}");
-            (json!({ "case": case, "tp": tp, "pass": false, "error": e }), false)
+            println!("{case:<20} tp {tp}  {dtype:<4}  FAIL: {e}");
+            (
+                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "pass": false, "error": e }),
+                false,
+            )
         }
     }
 }
@@ -97,24 +107,27 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
         let prompts = match prompts(dir) {
             Ok(p) => p,
             Err(e) => {
-                let (v, _) = line(&case, 1, &Err(e));
+                let (v, _) = line(&case, 1, GpuDtype::Bf16, &Err(e));
                 rows.push(v);
                 all_ok = false;
                 continue;
             }
         };
         for (tp, devices) in &tps {
-            let opts = GpuOptions {
-                devices: devices.clone(),
-                gpu_memory_fraction: 0.9,
-                max_seqs: 4,
-                max_model_len: None,
-                prefill_chunk: 8,
-            };
-            let r = teacher_forced(dir, &prompts, STEPS, &opts, TOLERANCE).map_err(|e| e.to_string());
-            let (v, ok) = line(&case, *tp, &r);
-            all_ok &= ok;
-            rows.push(v);
+            for dtype in [GpuDtype::Bf16, GpuDtype::F32] {
+                let opts = GpuOptions {
+                    devices: devices.clone(),
+                    gpu_memory_fraction: 0.9,
+                    max_seqs: 4,
+                    max_model_len: None,
+                    prefill_chunk: 8,
+                    dtype,
+                };
+                let r = teacher_forced(dir, &prompts, STEPS, &opts, TOLERANCE).map_err(|e| e.to_string());
+                let (v, ok) = line(&case, *tp, dtype, &r);
+                all_ok &= ok;
+                rows.push(v);
+            }
         }
     }
     (

@@ -30,7 +30,11 @@ pub struct TeacherForcedReport {
     pub argmax_mismatches: usize,
     pub tolerance: f64,
     pub tp: usize,
+    /// Activation storage type on the GPU.
+    pub dtype: String,
     pub pass: bool,
+    /// Per sequence: the error at each position (prompt positions first, then decode steps).
+    pub per_position: Vec<Vec<f64>>,
 }
 
 fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
@@ -113,10 +117,13 @@ pub fn teacher_forced(
         }
     }
     let (mut worst, mut positions, mut checked, mut mismatches) = (0.0f64, 0, 0, 0);
+    let mut per_position = Vec::with_capacity(refs.len());
     for ((_, want), have) in refs.iter().zip(&got) {
+        let mut errs = Vec::with_capacity(want.len());
         for (w, h) in want.iter().zip(have) {
             positions += 1;
             let e = rel(h, w);
+            errs.push(e);
             worst = if e.is_nan() || e > worst { e } else { worst };
             let (top, second) = top_two(w);
             let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -127,6 +134,7 @@ pub fn teacher_forced(
                 }
             }
         }
+        per_position.push(errs);
     }
     let tp = gpu.tp();
     Ok(TeacherForcedReport {
@@ -137,6 +145,8 @@ pub fn teacher_forced(
         argmax_mismatches: mismatches,
         tolerance,
         tp,
+        dtype: opts.dtype.to_string(),
         pass: worst <= tolerance && mismatches == 0,
+        per_position,
     })
 }

@@ -15,7 +15,9 @@ use std::thread::JoinHandle;
 use rewind_kernels::cuda::CudaDevice;
 use tracing::info;
 
-use super::rank::{Capacity, GpuRank, LoadedRank, StepOut};
+use half::bf16;
+
+use super::rank::{Capacity, LoadedRank, RankCtl, RankSlot, StepOut};
 use super::state::{Books, PoolSizes, BLOCK_SIZE};
 use super::DeviceComm;
 use crate::error::{EngineError, Result};
@@ -36,6 +38,42 @@ pub struct GpuOptions {
     pub max_model_len: Option<usize>,
     /// Tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Storage type of activations and state (`--dtype`).
+    pub dtype: GpuDtype,
+}
+
+/// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
+/// states and accumulation are f32 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GpuDtype {
+    /// bf16 activations: the serving default.
+    #[default]
+    Bf16,
+    /// f32 activations: only GEMM inputs are rounded to bf16 (for accuracy checks).
+    F32,
+}
+
+impl std::str::FromStr for GpuDtype {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bf16" | "bfloat16" => Ok(GpuDtype::Bf16),
+            "f32" | "float32" => Ok(GpuDtype::F32),
+            other => Err(EngineError::InvalidInput(format!(
+                "unknown GPU dtype `{other}`: expected bf16 or f32"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for GpuDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuDtype::Bf16 => "bf16",
+            GpuDtype::F32 => "f32",
+        })
+    }
 }
 
 impl Default for GpuOptions {
@@ -46,6 +84,7 @@ impl Default for GpuOptions {
             max_seqs: 64,
             max_model_len: None,
             prefill_chunk: 512,
+            dtype: GpuDtype::Bf16,
         }
     }
 }
@@ -63,7 +102,7 @@ pub struct GpuReport {
     pub total_bytes: Vec<usize>,
 }
 
-type Job = Box<dyn FnOnce(&mut RankSlot) -> Result<Reply> + Send>;
+type Job = Box<dyn FnOnce(&mut dyn RankCtl) -> Result<Reply> + Send>;
 
 enum Reply {
     Unit,
@@ -71,21 +110,6 @@ enum Reply {
     Slot(usize),
     Step(StepOut),
     Logits(Vec<f32>),
-}
-
-/// A rank's thread state: loaded, then allocated.
-enum RankSlot {
-    Loaded(Option<LoadedRank>),
-    Ready(GpuRank),
-}
-
-impl RankSlot {
-    fn ready(&mut self) -> Result<&mut GpuRank> {
-        match self {
-            RankSlot::Ready(r) => Ok(r),
-            RankSlot::Loaded(_) => Err(EngineError::Gpu("rank used before its pools were allocated".into())),
-        }
-    }
 }
 
 struct RankHandle {
@@ -145,6 +169,7 @@ impl GpuModel {
             .min(config.max_position_embeddings)
             .next_multiple_of(BLOCK_SIZE);
         let rows = opts.prefill_chunk.max(opts.max_seqs);
+        let dtype = opts.dtype;
         let nccl_id = if tp > 1 {
             rewind_kernels::cuda::nccl::disable_nvls_unless_set();
             Some(rewind_kernels::cuda::nccl::NcclId::new()?)
@@ -159,42 +184,9 @@ impl GpuModel {
             let id = nccl_id.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("gpu-rank-{rank}"))
-                .spawn(move || {
-                    let loaded = (|| -> Result<(LoadedRank, String)> {
-                        let dev = Arc::new(CudaDevice::open(ordinal)?);
-                        let name = dev.name().to_string();
-                        let comm: Option<Box<dyn DeviceComm>> = match &id {
-                            Some(id) => Some(Box::new(rewind_kernels::cuda::nccl::NcclComm::init(
-                                &dev, rank, tp, id,
-                            )?)),
-                            None => None,
-                        };
-                        Ok((LoadedRank::load(dev, comm, &dir, tp, rank)?, name))
-                    })();
-                    let mut slot = match loaded {
-                        Ok((r, name)) => {
-                            let _ = reply_tx.send(Ok(Reply::Capacity(
-                                Capacity {
-                                    kv_blocks: 0,
-                                    weight_bytes: 0,
-                                    state_bytes: 0,
-                                    scratch_bytes: 0,
-                                    total_bytes: 0,
-                                },
-                                name,
-                            )));
-                            RankSlot::Loaded(Some(r))
-                        }
-                        Err(e) => {
-                            let _ = reply_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    while let Ok(job) = jobs_rx.recv() {
-                        if reply_tx.send(job(&mut slot)).is_err() {
-                            break;
-                        }
-                    }
+                .spawn(move || match dtype {
+                    GpuDtype::Bf16 => rank_main::<bf16>(ordinal, rank, tp, id, &dir, jobs_rx, reply_tx),
+                    GpuDtype::F32 => rank_main::<f32>(ordinal, rank, tp, id, &dir, jobs_rx, reply_tx),
                 })
                 .map_err(|e| EngineError::Gpu(format!("starting the thread of rank {rank}: {e}")))?;
             ranks.push(RankHandle {
@@ -246,12 +238,11 @@ impl GpuModel {
         }
         let (fraction, max_seqs) = (opts.gpu_memory_fraction, opts.max_seqs);
         let caps: Vec<Capacity> = model
-            .broadcast(move |r| match r {
-                RankSlot::Loaded(Some(l)) => Ok(Reply::Capacity(
-                    l.capacity(fraction, max_seqs, max_len, rows)?,
+            .broadcast(move |r| {
+                Ok(Reply::Capacity(
+                    r.capacity(fraction, max_seqs, max_len, rows)?,
                     String::new(),
-                )),
-                _ => Err(EngineError::Gpu("rank is not in its loading state".into())),
+                ))
             })?
             .into_iter()
             .map(|r| match r {
@@ -264,15 +255,9 @@ impl GpuModel {
             max_len,
             num_blocks: caps.iter().map(|c| c.kv_blocks).min().unwrap_or(0),
         };
-        model.broadcast(move |r| match r {
-            RankSlot::Loaded(l) => {
-                let loaded = l
-                    .take()
-                    .ok_or_else(|| EngineError::Gpu("rank already allocated".into()))?;
-                *r = RankSlot::Ready(loaded.allocate(sizes, rows)?);
-                Ok(Reply::Unit)
-            }
-            RankSlot::Ready(_) => Err(EngineError::Gpu("rank already allocated".into())),
+        model.broadcast(move |r| {
+            r.allocate(sizes, rows)?;
+            Ok(Reply::Unit)
         })?;
         model.books = Books::new(sizes);
         model.report.sizes = sizes;
@@ -288,7 +273,7 @@ impl GpuModel {
     /// has answered, so no rank is left mid-step).
     fn broadcast(
         &self,
-        job: impl Fn(&mut RankSlot) -> Result<Reply> + Send + Sync + Clone + 'static,
+        job: impl Fn(&mut dyn RankCtl) -> Result<Reply> + Send + Sync + Clone + 'static,
     ) -> Result<Vec<Reply>> {
         for (rank, h) in self.ranks.iter().enumerate() {
             let j = job.clone();
@@ -326,7 +311,7 @@ impl GpuModel {
     /// Opens a new sequence; returns its id.
     pub fn open(&mut self) -> Result<usize> {
         let slot = self.books.open()?;
-        let replies = self.broadcast(|r| Ok(Reply::Slot(r.ready()?.open()?)));
+        let replies = self.broadcast(|r| Ok(Reply::Slot(r.open()?)));
         match replies {
             Ok(rs) if rs.iter().all(|r| matches!(r, Reply::Slot(s) if *s == slot)) => Ok(slot),
             Ok(_) => Err(EngineError::Gpu("ranks disagree on a new sequence's slot".into())),
@@ -338,7 +323,7 @@ impl GpuModel {
     pub fn release(&mut self, seq: usize) -> Result<()> {
         self.books.close(seq)?;
         self.broadcast(move |r| {
-            r.ready()?.close(seq)?;
+            r.close(seq)?;
             Ok(Reply::Unit)
         })?;
         Ok(())
@@ -397,7 +382,7 @@ impl GpuModel {
         let mut books = self.books.clone();
         books.grow(seq, tokens.len(), self.has_attention)?;
         let toks: Arc<Vec<u32>> = Arc::new(tokens.to_vec());
-        let replies = self.broadcast(move |r| Ok(Reply::Logits(r.ready()?.prefill(seq, &toks, which)?)))?;
+        let replies = self.broadcast(move |r| Ok(Reply::Logits(r.prefill(seq, &toks, which)?)))?;
         self.books = books;
         let rows = match which {
             Logits::All => tokens.len(),
@@ -435,7 +420,7 @@ impl GpuModel {
     pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<f32>> {
         let books = self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
-        let replies = self.broadcast(move |r| Ok(Reply::Step(r.ready()?.decode(&batch, false)?)))?;
+        let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, false)?)))?;
         let first = self.books.lens[rows[0].0] as usize;
         self.books = books;
         self.join(Self::logits_of(replies)?, first)
@@ -451,7 +436,7 @@ impl GpuModel {
         }
         let books = self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
-        let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.ready()?.decode(&batch, true)?)))?;
+        let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, true)?)))?;
         self.books = books;
         match replies.pop() {
             Some(Reply::Step(StepOut::Argmax(ids))) => {
@@ -469,7 +454,7 @@ impl GpuModel {
     /// Waits for every rank's queued work (for timing).
     pub fn synchronize(&self) -> Result<()> {
         self.broadcast(|r| {
-            r.ready()?.device().synchronize()?;
+            r.synchronize()?;
             Ok(Reply::Unit)
         })?;
         Ok(())
@@ -483,6 +468,51 @@ impl Drop for GpuModel {
         self.ranks.clear();
         for h in handles {
             let _ = h.join();
+        }
+    }
+}
+
+/// A rank's thread: opens its GPU, joins the NCCL group, loads its shard, then serves jobs until the coordinator goes.
+fn rank_main<A: super::Act>(
+    ordinal: usize,
+    rank: usize,
+    tp: usize,
+    id: Option<rewind_kernels::cuda::nccl::NcclId>,
+    dir: &Path,
+    jobs: Receiver<Job>,
+    replies: Sender<Result<Reply>>,
+) {
+    let loaded = (|| -> Result<(LoadedRank<A>, String)> {
+        let dev = Arc::new(CudaDevice::open(ordinal)?);
+        let name = dev.name().to_string();
+        let comm: Option<Box<dyn DeviceComm>> = match &id {
+            Some(id) => Some(Box::new(rewind_kernels::cuda::nccl::NcclComm::init(
+                &dev, rank, tp, id,
+            )?)),
+            None => None,
+        };
+        Ok((LoadedRank::load(dev, comm, dir, tp, rank)?, name))
+    })();
+    let mut slot = match loaded {
+        Ok((r, name)) => {
+            let empty = Capacity {
+                kv_blocks: 0,
+                weight_bytes: 0,
+                state_bytes: 0,
+                scratch_bytes: 0,
+                total_bytes: 0,
+            };
+            let _ = replies.send(Ok(Reply::Capacity(empty, name)));
+            RankSlot::Loaded(Some(r))
+        }
+        Err(e) => {
+            let _ = replies.send(Err(e));
+            return;
+        }
+    };
+    while let Ok(job) = jobs.recv() {
+        if replies.send(job(&mut slot)).is_err() {
+            break;
         }
     }
 }

@@ -8,13 +8,13 @@
 
 use half::bf16;
 use rewind_kernels::cpu::norm::GateOrder;
-use rewind_kernels::cuda::ops::{self, Activation as Act, ConvDims, SigmoidRouting, MAX_CHUNK};
-use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut};
+use rewind_kernels::cuda::ops::{self, Activation as Fx, ConvDims, SigmoidRouting, MAX_CHUNK};
+use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut, Elem};
 
 use super::layers::{GatedNorm, GpuAttention, GpuBlock, GpuGdn, GpuMamba2, GpuMixer, GpuMlp, GpuMoe};
 use super::scratch::Scratch;
 use super::state::LayerPool;
-use super::DeviceComm;
+use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::spec::{Activation, RouterSpec};
 
@@ -39,10 +39,10 @@ pub(crate) struct PrefillOf {
 }
 
 /// What a forward needs besides the weights and pools.
-pub(crate) struct Cx<'a> {
+pub(crate) struct Cx<'a, A: Act> {
     pub(crate) dev: &'a CudaDevice,
     pub(crate) blas: &'a Blas,
-    pub(crate) s: &'a mut Scratch,
+    pub(crate) s: &'a mut Scratch<A>,
     pub(crate) comm: Option<&'a dyn DeviceComm>,
     pub(crate) hidden: usize,
     pub(crate) max_seqs: usize,
@@ -50,15 +50,18 @@ pub(crate) struct Cx<'a> {
     pub(crate) offset: f32,
 }
 
-fn lin<O: rewind_kernels::cuda::Elem>(
+/// `out = x · Wᵀ (+ b)`; `gin` holds x rounded to bf16 when activations are f32.
+#[allow(clippy::too_many_arguments)]
+fn lin<A: Act, O: Elem>(
     blas: &Blas,
     dev: &CudaDevice,
-    x: &impl DevicePtr<bf16>,
+    x: &impl DevicePtr<A>,
     l: &super::weights::DeviceLinear,
     out: &mut impl DevicePtrMut<O>,
     rows: usize,
+    gin: &mut CudaSlice<bf16>,
 ) -> Result<()> {
-    blas.linear(x, &l.w, out, rows, l.in_dim, l.out_dim)?;
+    A::gemm(blas, dev, x, &l.w, out, rows, l.in_dim, l.out_dim, gin)?;
     if let Some(b) = &l.b {
         ops::add_bias(dev, out, b)?;
     }
@@ -74,7 +77,12 @@ fn all_reduce(comm: Option<&dyn DeviceComm>, buf: &mut CudaSlice<f32>, n: usize)
 
 /// Runs the blocks over the step: on return `x` holds the residual stream before the final norm and `y` the last
 /// block's output (not yet added).
-pub(crate) fn blocks(cx: &mut Cx, blocks: &[GpuBlock], pools: &mut [LayerPool], step: Step) -> Result<()> {
+pub(crate) fn blocks<A: Act>(
+    cx: &mut Cx<A>,
+    blocks: &[GpuBlock<A>],
+    pools: &mut [LayerPool<A>],
+    step: Step,
+) -> Result<()> {
     let (rows, hid) = (step.rows, cx.hidden);
     for (i, (block, pool)) in blocks.iter().zip(pools.iter_mut()).enumerate() {
         {
@@ -119,7 +127,13 @@ pub(crate) fn blocks(cx: &mut Cx, blocks: &[GpuBlock], pools: &mut [LayerPool], 
     Ok(())
 }
 
-fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<f32>, step: Step) -> Result<()> {
+fn mamba2<A: Act>(
+    cx: &mut Cx<A>,
+    m: &GpuMamba2<A>,
+    conv: &mut CudaSlice<A>,
+    ssm: &mut CudaSlice<f32>,
+    step: Step,
+) -> Result<()> {
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let d = m.dims;
@@ -133,6 +147,7 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
         &m.in_proj,
         &mut s.proj.slice_mut(..rows * wp),
         rows,
+        &mut s.gin,
     )?;
     let proj = s.proj.slice(..rows * wp);
     ops::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
@@ -253,10 +268,17 @@ fn mamba2(cx: &mut Cx, m: &GpuMamba2, conv: &mut CudaSlice<bf16>, ssm: &mut Cuda
         &m.out_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
+        &mut s.gin,
     )
 }
 
-fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<f32>, step: Step) -> Result<()> {
+fn gdn<A: Act>(
+    cx: &mut Cx<A>,
+    m: &GpuGdn<A>,
+    conv: &mut CudaSlice<A>,
+    ssm: &mut CudaSlice<f32>,
+    step: Step,
+) -> Result<()> {
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let d = m.dims;
@@ -269,6 +291,7 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         &m.in_proj,
         &mut s.proj.slice_mut(..rows * wp),
         rows,
+        &mut s.gin,
     )?;
     let proj = s.proj.slice(..rows * wp);
     ops::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
@@ -284,7 +307,7 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         dims,
         &s.a.slice(..rows * cd),
         &m.conv_w,
-        None::<&CudaSlice<bf16>>,
+        None::<&CudaSlice<A>>,
         conv,
         &s.seq_slots.slice(..step.seqs),
         true,
@@ -374,14 +397,15 @@ fn gdn(cx: &mut Cx, m: &GpuGdn, conv: &mut CudaSlice<bf16>, ssm: &mut CudaSlice<
         &m.out_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
+        &mut s.gin,
     )
 }
 
-fn attention(
-    cx: &mut Cx,
-    a: &GpuAttention,
-    k_pool: &mut CudaSlice<bf16>,
-    v_pool: &mut CudaSlice<bf16>,
+fn attention<A: Act>(
+    cx: &mut Cx<A>,
+    a: &GpuAttention<A>,
+    k_pool: &mut CudaSlice<A>,
+    v_pool: &mut CudaSlice<A>,
     layout: ops::PagedKv,
     step: Step,
 ) -> Result<()> {
@@ -395,14 +419,22 @@ fn attention(
     match &a.gate_idx {
         Some((qi, gi)) => {
             let w = a.q_proj.out_dim;
-            lin(cx.blas, dev, &hs, &a.q_proj, &mut s.proj.slice_mut(..rows * w), rows)?;
+            lin(
+                cx.blas,
+                dev,
+                &hs,
+                &a.q_proj,
+                &mut s.proj.slice_mut(..rows * w),
+                rows,
+                &mut s.gin,
+            )?;
             ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, qi, &mut s.a.slice_mut(..qn))?;
             ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, gi, &mut s.e.slice_mut(..qn))?;
         }
-        None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows)?,
+        None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows, &mut s.gin)?,
     }
-    lin(cx.blas, dev, &hs, &a.k_proj, &mut s.b.slice_mut(..kn), rows)?;
-    lin(cx.blas, dev, &hs, &a.v_proj, &mut s.c.slice_mut(..kn), rows)?;
+    lin(cx.blas, dev, &hs, &a.k_proj, &mut s.b.slice_mut(..kn), rows, &mut s.gin)?;
+    lin(cx.blas, dev, &hs, &a.v_proj, &mut s.c.slice_mut(..kn), rows, &mut s.gin)?;
     if let (Some(norm), Some((qw, kw))) = (&sp.qk_norm, &a.qk_norm) {
         ops::rms_norm(
             dev,
@@ -467,25 +499,26 @@ fn attention(
         &a.o_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
+        &mut s.gin,
     )
 }
 
 /// The MLP of `h` into `y` (or `y2` with `into_y2`, for a shared expert).
-fn mlp(
+fn mlp<A: Act>(
     dev: &CudaDevice,
     blas: &Blas,
     m: &GpuMlp,
-    s: &mut Scratch,
+    s: &mut Scratch<A>,
     rows: usize,
     hid: usize,
     into_y2: bool,
 ) -> Result<()> {
     let i = m.up.out_dim;
     let hs = s.h.slice(..rows * hid);
-    lin(blas, dev, &hs, &m.up, &mut s.a.slice_mut(..rows * i), rows)?;
+    lin(blas, dev, &hs, &m.up, &mut s.a.slice_mut(..rows * i), rows, &mut s.gin)?;
     match (&m.gate, m.act) {
         (Some(gate), Activation::SwiGlu) => {
-            lin(blas, dev, &hs, gate, &mut s.b.slice_mut(..rows * i), rows)?;
+            lin(blas, dev, &hs, gate, &mut s.b.slice_mut(..rows * i), rows, &mut s.gin)?;
             ops::swiglu(
                 dev,
                 &s.b.slice(..rows * i),
@@ -494,7 +527,7 @@ fn mlp(
             )?;
         }
         (None, Activation::Relu2) => {
-            ops::activation(dev, Act::Relu2, &s.a.slice(..rows * i), &mut s.c.slice_mut(..rows * i))?
+            ops::activation(dev, Fx::Relu2, &s.a.slice(..rows * i), &mut s.c.slice_mut(..rows * i))?
         }
         _ => return Err(EngineError::Gpu("an MLP's gate and activation disagree".into())),
     }
@@ -506,10 +539,11 @@ fn mlp(
         &m.down,
         &mut out.slice_mut(..rows * hid),
         rows,
+        &mut s.gin,
     )
 }
 
-fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
+fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe, step: Step) -> Result<()> {
     let (dev, blas, rows, hid) = (cx.dev, cx.blas, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let sp = &m.spec;
@@ -517,13 +551,14 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
     let inter = sp.expert_intermediate;
     let up_rows = m.up.len() / (e * hid);
     let n = rows * k;
-    lin(
-        blas,
-        dev,
-        &s.h.slice(..rows * hid),
+    <A as Act>::to_f32(dev, &s.h.slice(..rows * hid), &mut s.hf.slice_mut(..rows * hid))?;
+    blas.linear_f32(
+        &s.hf.slice(..rows * hid),
         &m.router,
         &mut s.f0.slice_mut(..rows * e),
         rows,
+        hid,
+        e,
     )?;
     let logits = s.f0.slice(..rows * e);
     let (mut ids, mut weights) = (s.ids.slice_mut(..n), s.weights.slice_mut(..n));
@@ -563,9 +598,10 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
         &mut s.pos.slice_mut(..n),
     )?;
     let offsets = s.offsets.slice(..e + 1);
+    A::to_bf16(dev, &s.h.slice(..rows * hid), &mut s.hb.slice_mut(..rows * hid))?;
     ops::moe_gemm(
         dev,
-        &s.h.slice(..rows * hid),
+        &s.hb.slice(..rows * hid),
         Some(&s.grouped.slice(..n)),
         &m.up,
         &offsets,
@@ -583,7 +619,7 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
         )?,
         Activation::Relu2 => ops::activation(
             dev,
-            Act::Relu2,
+            Fx::Relu2,
             &s.moe_up.slice(..n * up_rows),
             &mut s.moe_mid.slice_mut(..n * inter),
         )?,
@@ -606,7 +642,7 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
         &s.weights.slice(..n),
         k,
         false,
-        &mut s.g.slice_mut(..rows * hid),
+        &mut s.routed.slice_mut(..rows * hid),
     )?;
     if let Some(shared) = &m.shared {
         mlp(dev, blas, shared, s, rows, hid, true)?;
@@ -619,13 +655,14 @@ fn moe(cx: &mut Cx, m: &GpuMoe, step: Step) -> Result<()> {
             gate,
             &mut s.f1.slice_mut(..rows),
             rows,
+            &mut s.gin,
         )?;
     }
     let shared = m.shared.as_ref().map(|_| s.y2.slice(..rows * hid));
     let gate = m.shared_gate.as_ref().map(|_| s.f1.slice(..rows));
     ops::moe_finish(
         dev,
-        &s.g.slice(..rows * hid),
+        &s.routed.slice(..rows * hid),
         shared.as_ref(),
         gate.as_ref(),
         rows,

@@ -1,12 +1,14 @@
 //! A rank's layers on the device, built from its CPU mixers (which the tensor-parallel loader already cut to the
-//! rank's share): weights in bf16, per-head parameters in f32, and the column maps that split each projection.
+//! rank's share): GEMM weights in bf16, norm and conv weights in the activation type `A`, per-head parameters in f32,
+//! and the column maps that split each projection.
 
 use half::bf16;
 use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
-use super::weights::{bf16_of, f32_of, group_idx, idx_of, range_idx, DeviceLinear};
+use super::weights::{act_of, bf16_of, f32_of, group_idx, idx_of, range_idx, DeviceLinear};
+use super::Act;
 use crate::error::{EngineError, Result};
 use crate::model::hybrid::Mixer;
 use crate::model::mixers::attention::{AttentionMixer, Proj};
@@ -29,17 +31,17 @@ pub(crate) enum GatedNorm {
     },
 }
 
-pub(crate) struct GpuMamba2 {
+pub(crate) struct GpuMamba2<A: Act> {
     pub(crate) spec: Mamba2Spec,
     /// The scan's dims, with B/C expanded to the rank's virtual groups.
     pub(crate) dims: Mamba2Dims,
     pub(crate) in_proj: DeviceLinear,
-    pub(crate) conv_w: CudaSlice<bf16>,
-    pub(crate) conv_b: Option<CudaSlice<bf16>>,
+    pub(crate) conv_w: CudaSlice<A>,
+    pub(crate) conv_b: Option<CudaSlice<A>>,
     pub(crate) dt_bias: CudaSlice<f32>,
     pub(crate) a: CudaSlice<f32>,
     pub(crate) d_skip: CudaSlice<f32>,
-    pub(crate) norm_w: CudaSlice<bf16>,
+    pub(crate) norm_w: CudaSlice<A>,
     pub(crate) out_proj: DeviceLinear,
     pub(crate) norm: GatedNorm,
     /// Column maps: `z` and `xBC` out of the projection; `x`, `B`, `C` (expanded) out of the conv output.
@@ -51,15 +53,15 @@ pub(crate) struct GpuMamba2 {
     pub(crate) conv_dim: usize,
 }
 
-pub(crate) struct GpuGdn {
+pub(crate) struct GpuGdn<A: Act> {
     pub(crate) spec: GdnSpec,
     pub(crate) dims: GdnDims,
     pub(crate) in_proj: DeviceLinear,
-    pub(crate) conv_w: CudaSlice<bf16>,
+    pub(crate) conv_w: CudaSlice<A>,
     pub(crate) dt_bias: CudaSlice<f32>,
     pub(crate) neg_a: CudaSlice<f32>,
     /// The per-head norm weight tiled over the rank's value heads (`[value_dim]`).
-    pub(crate) norm_w: CudaSlice<bf16>,
+    pub(crate) norm_w: CudaSlice<A>,
     pub(crate) out_proj: DeviceLinear,
     pub(crate) mixed_idx: CudaSlice<i32>,
     pub(crate) q_idx: CudaSlice<i32>,
@@ -73,13 +75,13 @@ pub(crate) struct GpuGdn {
     pub(crate) a_col: usize,
 }
 
-pub(crate) struct GpuAttention {
+pub(crate) struct GpuAttention<A: Act> {
     pub(crate) spec: AttentionSpec,
     pub(crate) q_proj: DeviceLinear,
     pub(crate) k_proj: DeviceLinear,
     pub(crate) v_proj: DeviceLinear,
     pub(crate) o_proj: DeviceLinear,
-    pub(crate) qk_norm: Option<(CudaSlice<bf16>, CudaSlice<bf16>)>,
+    pub(crate) qk_norm: Option<(CudaSlice<A>, CudaSlice<A>)>,
     /// With the output gate: the `q` and `gate` columns of each head's `[q_h | gate_h]` pair.
     pub(crate) gate_idx: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
     pub(crate) inv_freq: Option<CudaSlice<f32>>,
@@ -94,8 +96,8 @@ pub(crate) struct GpuMlp {
 
 pub(crate) struct GpuMoe {
     pub(crate) spec: MoeSpec,
-    /// The router in bf16, f32 logits out.
-    pub(crate) router: DeviceLinear,
+    /// The router `[experts, hidden]` in f32: its logits pick experts, so they are computed in f32 from an f32 input.
+    pub(crate) router: CudaSlice<f32>,
     pub(crate) correction_bias: Option<CudaSlice<f32>>,
     /// `[experts, up_rows, hidden]` and `[experts, hidden, intermediate]`.
     pub(crate) up: CudaSlice<bf16>,
@@ -104,17 +106,17 @@ pub(crate) struct GpuMoe {
     pub(crate) shared_gate: Option<DeviceLinear>,
 }
 
-pub(crate) enum GpuMixer {
-    Mamba2(Box<GpuMamba2>),
-    Gdn(Box<GpuGdn>),
-    Attention(Box<GpuAttention>),
+pub(crate) enum GpuMixer<A: Act> {
+    Mamba2(Box<GpuMamba2<A>>),
+    Gdn(Box<GpuGdn<A>>),
+    Attention(Box<GpuAttention<A>>),
     Mlp(GpuMlp),
     Moe(Box<GpuMoe>),
 }
 
-pub(crate) struct GpuBlock {
-    pub(crate) norm: CudaSlice<bf16>,
-    pub(crate) mixer: GpuMixer,
+pub(crate) struct GpuBlock<A: Act> {
+    pub(crate) norm: CudaSlice<A>,
+    pub(crate) mixer: GpuMixer<A>,
 }
 
 fn wrong(kind: &str) -> EngineError {
@@ -129,7 +131,7 @@ fn proj(dev: &CudaDevice, p: &Proj) -> Result<DeviceLinear> {
     DeviceLinear::new(dev, &p.w, p.b.as_deref(), p.out_dim, p.in_dim)
 }
 
-impl GpuBlock {
+impl<A: Act> GpuBlock<A> {
     /// Uploads one block of a rank.
     pub(crate) fn upload(dev: &CudaDevice, norm: &[f32], mixer: &Mixer, shard: &ShardKind) -> Result<Self> {
         let mixer = match mixer {
@@ -140,13 +142,13 @@ impl GpuBlock {
             Mixer::Moe(m) => GpuMixer::Moe(Box::new(moe(dev, m)?)),
         };
         Ok(GpuBlock {
-            norm: bf16_of(dev, norm)?,
+            norm: act_of(dev, norm)?,
             mixer,
         })
     }
 }
 
-fn mamba2(dev: &CudaDevice, m: &Mamba2Mixer, shard: &ShardKind) -> Result<GpuMamba2> {
+fn mamba2<A: Act>(dev: &CudaDevice, m: &Mamba2Mixer, shard: &ShardKind) -> Result<GpuMamba2<A>> {
     let ShardKind::Mamba2 {
         split,
         norm_group_size,
@@ -184,12 +186,12 @@ fn mamba2(dev: &CudaDevice, m: &Mamba2Mixer, shard: &ShardKind) -> Result<GpuMam
     Ok(GpuMamba2 {
         dims,
         in_proj: DeviceLinear::new(dev, &m.in_proj, m.in_proj_bias.as_deref(), d_in_proj, s.hidden)?,
-        conv_w: bf16_of(dev, &m.conv_w)?,
-        conv_b: m.conv_b.as_deref().map(|b| bf16_of(dev, b)).transpose()?,
+        conv_w: act_of(dev, &m.conv_w)?,
+        conv_b: m.conv_b.as_deref().map(|b| act_of(dev, b)).transpose()?,
         dt_bias: f32_of(dev, &m.dt_bias)?,
         a: f32_of(dev, &m.a)?,
         d_skip: f32_of(dev, &m.d_skip)?,
-        norm_w: bf16_of(dev, &m.norm_w)?,
+        norm_w: act_of(dev, &m.norm_w)?,
         out_proj: DeviceLinear::new(dev, &m.out_proj, m.out_proj_bias.as_deref(), s.hidden, di)?,
         norm,
         z_idx: idx_of(dev, &range_idx(0, di))?,
@@ -202,7 +204,7 @@ fn mamba2(dev: &CudaDevice, m: &Mamba2Mixer, shard: &ShardKind) -> Result<GpuMam
     })
 }
 
-fn gdn(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuGdn> {
+fn gdn<A: Act>(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuGdn<A>> {
     let ShardKind::Gdn(split) = shard else {
         return Err(wrong("Gated DeltaNet"));
     };
@@ -222,10 +224,10 @@ fn gdn(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuGdn> {
     Ok(GpuGdn {
         dims,
         in_proj: DeviceLinear::new(dev, &m.in_proj, None, proj_dim, s.hidden)?,
-        conv_w: bf16_of(dev, &m.conv)?,
+        conv_w: act_of(dev, &m.conv)?,
         dt_bias: f32_of(dev, &m.dt_bias)?,
         neg_a: f32_of(dev, &m.neg_a)?,
-        norm_w: bf16_of(dev, &tiled)?,
+        norm_w: act_of(dev, &tiled)?,
         out_proj: DeviceLinear::new(dev, &m.out_proj, None, s.hidden, value_dim)?,
         mixed_idx: idx_of(dev, &range_idx(0, conv_dim))?,
         q_idx: idx_of(dev, &group_idx(0, dk, &split.virtual_groups))?,
@@ -240,7 +242,7 @@ fn gdn(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuGdn> {
     })
 }
 
-fn attention(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttention> {
+fn attention<A: Act>(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttention<A>> {
     let s = m.spec().clone();
     let (h, d) = (s.heads, s.head_dim);
     let gate_idx = if s.output_gate {
@@ -258,7 +260,7 @@ fn attention(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttention> {
         None => None,
     };
     let qk_norm = match &m.qk_norm {
-        Some((q, k)) => Some((bf16_of(dev, q)?, bf16_of(dev, k)?)),
+        Some((q, k)) => Some((act_of(dev, q)?, act_of(dev, k)?)),
         None => None,
     };
     Ok(GpuAttention {
@@ -289,7 +291,7 @@ fn moe(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe> {
         _ => None,
     };
     Ok(GpuMoe {
-        router: DeviceLinear::new(dev, &m.router, None, s.num_experts, s.hidden)?,
+        router: f32_of(dev, &m.router)?,
         correction_bias,
         up: bf16_of(dev, &m.up)?,
         down: bf16_of(dev, &m.down)?,

@@ -20,7 +20,7 @@ pub mod stepper;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
-pub use cluster::{GpuModel, GpuOptions, GpuReport};
+pub use cluster::{GpuDtype, GpuModel, GpuOptions, GpuReport};
 pub use state::{PoolSizes, BLOCK_SIZE};
 pub use stepper::GpuSequence;
 
@@ -36,5 +36,116 @@ pub(crate) trait DeviceComm: Send {
 impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()> {
         Ok(self.all_reduce_sum_f32(buf)?)
+    }
+}
+
+/// The storage type of activations, conv and KV state, and the weights the elementwise kernels read beside them
+/// (norms, conv): bf16 (the default: half the traffic) or f32 (`--dtype f32`: only GEMM inputs are rounded to bf16, for
+/// checking the engine against the CPU reference without bf16 activation noise).
+pub trait Act: rewind_kernels::cuda::Elem {
+    /// Rounds `x` to bf16 into `out` (a copy for bf16).
+    fn to_bf16(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
+    ) -> Result<()>;
+
+    /// Widens `x` to f32 into `out` (a copy for f32).
+    fn to_f32(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<f32>,
+    ) -> Result<()>;
+
+    /// `out[rows, out_dim] = x · wᵀ` with a bf16 weight and f32 accumulation; f32 activations are rounded into `gin`
+    /// first.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm<O: rewind_kernels::cuda::Elem>(
+        blas: &rewind_kernels::cuda::Blas,
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
+    ) -> Result<()>;
+}
+
+impl Act for half::bf16 {
+    fn to_f32(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<f32>,
+    ) -> Result<()> {
+        Ok(rewind_kernels::cuda::ops::cast_bf16_to_f32(dev, x, out)?)
+    }
+
+    fn to_bf16(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
+    ) -> Result<()> {
+        dev.stream()
+            .memcpy_dtod(x, out)
+            .map_err(|e| crate::EngineError::Gpu(format!("copying activations: {e}")))
+    }
+
+    fn gemm<O: rewind_kernels::cuda::Elem>(
+        blas: &rewind_kernels::cuda::Blas,
+        _dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        _gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
+    ) -> Result<()> {
+        Ok(blas.linear(x, w, out, rows, in_dim, out_dim)?)
+    }
+}
+
+impl Act for f32 {
+    fn to_f32(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<f32>,
+    ) -> Result<()> {
+        dev.stream()
+            .memcpy_dtod(x, out)
+            .map_err(|e| crate::EngineError::Gpu(format!("copying activations: {e}")))
+    }
+
+    fn to_bf16(
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
+    ) -> Result<()> {
+        Ok(rewind_kernels::cuda::ops::cast_f32_to_bf16(dev, x, out)?)
+    }
+
+    fn gemm<O: rewind_kernels::cuda::Elem>(
+        blas: &rewind_kernels::cuda::Blas,
+        dev: &rewind_kernels::cuda::CudaDevice,
+        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
+        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
+    ) -> Result<()> {
+        let n = rows * in_dim;
+        if gin.len() < n {
+            return Err(crate::EngineError::Gpu(format!(
+                "GEMM input of {n} exceeds its buffer of {}",
+                gin.len()
+            )));
+        }
+        let mut g = gin.slice_mut(..n);
+        rewind_kernels::cuda::ops::cast_f32_to_bf16(dev, x, &mut g)?;
+        Ok(blas.linear(&g, w, out, rows, in_dim, out_dim)?)
     }
 }

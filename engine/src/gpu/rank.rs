@@ -14,7 +14,7 @@ use super::layers::{GpuBlock, GpuMixer};
 use super::scratch::{widths, Scratch, Widths};
 use super::state::{alloc_pools, state_bytes, Books, LayerPool, PoolSizes};
 use super::weights::bf16_of;
-use super::DeviceComm;
+use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::Logits;
@@ -23,7 +23,7 @@ use crate::shard::ShardedModel;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A rank whose weights are on the device, before its pools are sized.
-pub(crate) struct LoadedRank {
+pub(crate) struct LoadedRank<A: Act> {
     dev: Arc<CudaDevice>,
     blas: Blas,
     comm: Option<Box<dyn DeviceComm>>,
@@ -31,8 +31,8 @@ pub(crate) struct LoadedRank {
     vocab: Range<usize>,
     embed: CudaSlice<bf16>,
     lm_head: Option<CudaSlice<bf16>>,
-    final_norm: CudaSlice<bf16>,
-    blocks: Vec<GpuBlock>,
+    final_norm: CudaSlice<A>,
+    blocks: Vec<GpuBlock<A>>,
     weight_bytes: usize,
 }
 
@@ -47,7 +47,7 @@ pub(crate) struct Capacity {
     pub(crate) total_bytes: usize,
 }
 
-impl LoadedRank {
+impl<A: Act> LoadedRank<A> {
     /// Loads rank `rank` of `tp` from the checkpoint in `dir` onto `dev`.
     pub(crate) fn load(
         dev: Arc<CudaDevice>,
@@ -65,7 +65,7 @@ impl LoadedRank {
         }
         let embed = bf16_of(&dev, &parts.embed)?;
         let lm_head = parts.lm_head.as_deref().map(|h| bf16_of(&dev, h)).transpose()?;
-        let final_norm = bf16_of(&dev, &parts.final_norm)?;
+        let final_norm = super::weights::act_of(&dev, &parts.final_norm)?;
         dev.synchronize()?;
         let (free, total) = dev.memory()?;
         Ok(LoadedRank {
@@ -98,7 +98,7 @@ impl LoadedRank {
             num_blocks: 0,
         };
         let w = widths(&self.blocks, hidden, rows);
-        let scratch = Scratch::bytes(&w, rows, hidden, self.vocab.len(), probe);
+        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe);
         let (per_seq, per_block) = state_bytes(&self.blocks);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;
@@ -139,7 +139,7 @@ impl LoadedRank {
     }
 
     /// Allocates the pools and scratch.
-    pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize) -> Result<GpuRank> {
+    pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize) -> Result<GpuRank<A>> {
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
@@ -162,11 +162,11 @@ impl LoadedRank {
 }
 
 /// A rank ready to run steps.
-pub(crate) struct GpuRank {
-    inner: LoadedRank,
-    pools: Vec<LayerPool>,
+pub(crate) struct GpuRank<A: Act> {
+    inner: LoadedRank<A>,
+    pools: Vec<LayerPool<A>>,
     books: Books,
-    scratch: Scratch,
+    scratch: Scratch<A>,
 }
 
 /// What a step returns.
@@ -181,7 +181,7 @@ fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
     v.into_iter().map(|x| x as i32).collect()
 }
 
-impl GpuRank {
+impl<A: Act> GpuRank<A> {
     pub(crate) fn open(&mut self) -> Result<usize> {
         let slot = self.books.open()?;
         // A fresh sequence starts from zero conv and SSM state.
@@ -278,13 +278,16 @@ impl GpuRank {
         let v = r.vocab.len();
         let head = r.lm_head.as_ref().unwrap_or(&r.embed);
         let first = rows - head_rows;
-        r.blas.linear(
+        A::gemm(
+            &r.blas,
+            dev,
             &s.h.slice(first * hid..rows * hid),
             head,
             &mut s.logits.slice_mut(..head_rows * v),
             head_rows,
             hid,
             v,
+            &mut s.gin,
         )?;
         if argmax {
             ops::argmax_rows(
@@ -366,5 +369,80 @@ impl GpuRank {
     /// The device (for synchronisation and timing).
     pub(crate) fn device(&self) -> &Arc<CudaDevice> {
         &self.inner.dev
+    }
+}
+
+/// A rank's thread-side state, whatever its activation type: loaded, then allocated.
+pub(crate) enum RankSlot<A: Act> {
+    Loaded(Option<LoadedRank<A>>),
+    Ready(GpuRank<A>),
+}
+
+/// What the coordinator asks of a rank (object-safe, so one thread type serves every activation type).
+pub(crate) trait RankCtl {
+    fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity>;
+    fn allocate(&mut self, sizes: PoolSizes, rows: usize) -> Result<()>;
+    fn open(&mut self) -> Result<usize>;
+    fn close(&mut self, slot: usize) -> Result<()>;
+    fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>>;
+    fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut>;
+    fn synchronize(&self) -> Result<()>;
+}
+
+fn not_ready() -> EngineError {
+    EngineError::Gpu("rank used before its pools were allocated".into())
+}
+
+impl<A: Act> RankSlot<A> {
+    fn ready(&mut self) -> Result<&mut GpuRank<A>> {
+        match self {
+            RankSlot::Ready(r) => Ok(r),
+            RankSlot::Loaded(_) => Err(not_ready()),
+        }
+    }
+}
+
+impl<A: Act> RankCtl for RankSlot<A> {
+    fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity> {
+        match self {
+            RankSlot::Loaded(Some(l)) => l.capacity(fraction, max_seqs, max_len, rows),
+            _ => Err(EngineError::Gpu("rank is not in its loading state".into())),
+        }
+    }
+
+    fn allocate(&mut self, sizes: PoolSizes, rows: usize) -> Result<()> {
+        match self {
+            RankSlot::Loaded(l) => {
+                let loaded = l
+                    .take()
+                    .ok_or_else(|| EngineError::Gpu("rank already allocated".into()))?;
+                *self = RankSlot::Ready(loaded.allocate(sizes, rows)?);
+                Ok(())
+            }
+            RankSlot::Ready(_) => Err(EngineError::Gpu("rank already allocated".into())),
+        }
+    }
+
+    fn open(&mut self) -> Result<usize> {
+        self.ready()?.open()
+    }
+
+    fn close(&mut self, slot: usize) -> Result<()> {
+        self.ready()?.close(slot)
+    }
+
+    fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.ready()?.prefill(slot, tokens, which)
+    }
+
+    fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut> {
+        self.ready()?.decode(rows, argmax)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        match self {
+            RankSlot::Ready(r) => Ok(r.device().synchronize()?),
+            RankSlot::Loaded(_) => Err(not_ready()),
+        }
     }
 }

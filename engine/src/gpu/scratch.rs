@@ -7,24 +7,32 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use super::layers::{GpuBlock, GpuMixer};
 use super::state::PoolSizes;
+use super::Act;
 use crate::error::Result;
 
-pub(crate) struct Scratch {
+pub(crate) struct Scratch<A: Act> {
     pub(crate) rows: usize,
     /// The residual stream `[rows, hidden]` (f32), a block's output and a second f32 output (shared expert).
     pub(crate) x: CudaSlice<f32>,
     pub(crate) y: CudaSlice<f32>,
     pub(crate) y2: CudaSlice<f32>,
     /// The normalised block input.
-    pub(crate) h: CudaSlice<bf16>,
-    /// `[rows, wide]` bf16 temporaries.
-    pub(crate) proj: CudaSlice<bf16>,
-    pub(crate) a: CudaSlice<bf16>,
-    pub(crate) b: CudaSlice<bf16>,
-    pub(crate) c: CudaSlice<bf16>,
-    pub(crate) d: CudaSlice<bf16>,
-    pub(crate) e: CudaSlice<bf16>,
-    pub(crate) g: CudaSlice<bf16>,
+    pub(crate) h: CudaSlice<A>,
+    /// `[rows, wide]` activation temporaries.
+    pub(crate) proj: CudaSlice<A>,
+    pub(crate) a: CudaSlice<A>,
+    pub(crate) b: CudaSlice<A>,
+    pub(crate) c: CudaSlice<A>,
+    pub(crate) d: CudaSlice<A>,
+    pub(crate) e: CudaSlice<A>,
+    pub(crate) g: CudaSlice<A>,
+    /// `[rows, wide]` bf16: a GEMM's input rounded from f32 activations, and the routed-expert input.
+    pub(crate) gin: CudaSlice<bf16>,
+    pub(crate) hb: CudaSlice<bf16>,
+    /// `[rows, hidden]` f32: the router's input.
+    pub(crate) hf: CudaSlice<f32>,
+    /// `[rows, hidden]` bf16: the routed experts' combined output.
+    pub(crate) routed: CudaSlice<bf16>,
     /// `[rows, narrow]` f32 temporaries (dt, β, g, router logits, norm sums).
     pub(crate) f0: CudaSlice<f32>,
     pub(crate) f1: CudaSlice<f32>,
@@ -62,7 +70,7 @@ pub(crate) struct Widths {
     pub(crate) workspace: usize,
 }
 
-pub(crate) fn widths(blocks: &[GpuBlock], hidden: usize, rows: usize) -> Widths {
+pub(crate) fn widths<A: Act>(blocks: &[GpuBlock<A>], hidden: usize, rows: usize) -> Widths {
     let mut w = Widths {
         wide: hidden,
         narrow: 1,
@@ -106,13 +114,15 @@ pub(crate) fn widths(blocks: &[GpuBlock], hidden: usize, rows: usize) -> Widths 
     w
 }
 
-impl Scratch {
+impl<A: Act> Scratch<A> {
     /// Bytes [`Scratch::new`] allocates.
     pub(crate) fn bytes(w: &Widths, rows: usize, hidden: usize, vocab_local: usize, sizes: PoolSizes) -> usize {
         let moe = rows * w.moe_rows_per_token;
-        4 * 3 * rows * hidden
-            + 2 * rows * hidden
-            + 2 * 7 * rows * w.wide
+        let e = std::mem::size_of::<A>();
+        4 * 4 * rows * hidden
+            + e * rows * hidden
+            + e * 7 * rows * w.wide
+            + 2 * (rows * w.wide + 2 * rows * hidden)
             + 4 * 2 * rows * w.narrow
             + 4 * w.workspace
             + 2 * 3 * moe * w.moe_width
@@ -144,6 +154,10 @@ impl Scratch {
             d: dev.alloc_zeros(rows * w.wide)?,
             e: dev.alloc_zeros(rows * w.wide)?,
             g: dev.alloc_zeros(rows * w.wide)?,
+            gin: dev.alloc_zeros(rows * w.wide)?,
+            hb: dev.alloc_zeros(rows * hidden)?,
+            hf: dev.alloc_zeros(rows * hidden)?,
+            routed: dev.alloc_zeros(rows * hidden)?,
             f0: dev.alloc_zeros(rows * w.narrow)?,
             f1: dev.alloc_zeros(rows * w.narrow)?,
             ws: dev.alloc_zeros(w.workspace.max(1))?,

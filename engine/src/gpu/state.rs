@@ -2,11 +2,11 @@
 //! slot per sequence, paged K/V pools for the attention layers, and the host-side books (free slots, free KV blocks,
 //! block tables, lengths) that every rank keeps identically because every rank sees the same commands.
 
-use half::bf16;
 use rewind_kernels::cuda::ops::PagedKv;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use super::layers::{GpuBlock, GpuMixer};
+use super::Act;
 use crate::error::{EngineError, Result};
 
 /// Tokens per KV block.
@@ -31,31 +31,32 @@ impl PoolSizes {
 }
 
 /// One layer's pools.
-pub(crate) enum LayerPool {
+pub(crate) enum LayerPool<A: Act> {
     None,
     Ssm {
-        conv: CudaSlice<bf16>,
+        conv: CudaSlice<A>,
         ssm: CudaSlice<f32>,
     },
     Kv {
-        k: CudaSlice<bf16>,
-        v: CudaSlice<bf16>,
+        k: CudaSlice<A>,
+        v: CudaSlice<A>,
         layout: PagedKv,
     },
 }
 
 /// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
 /// layers.
-pub(crate) fn state_bytes(blocks: &[GpuBlock]) -> (usize, usize) {
+pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>]) -> (usize, usize) {
     let (mut per_seq, mut per_block) = (0, 0);
+    let e = std::mem::size_of::<A>();
     for b in blocks {
         match &b.mixer {
             GpuMixer::Mamba2(m) => {
                 per_seq +=
                     (m.spec.conv_kernel - 1) * m.conv_dim * 2 + m.dims.heads * m.dims.head_dim * m.dims.state_dim * 4
             }
-            GpuMixer::Gdn(m) => per_seq += (m.spec.conv_kernel - 1) * m.conv_dim * 2 + m.dims.state_len() * 4,
-            GpuMixer::Attention(a) => per_block += 2 * BLOCK_SIZE * a.spec.kv_heads * a.spec.head_dim * 2,
+            GpuMixer::Gdn(m) => per_seq += (m.spec.conv_kernel - 1) * m.conv_dim * e + m.dims.state_len() * 4,
+            GpuMixer::Attention(a) => per_block += 2 * BLOCK_SIZE * a.spec.kv_heads * a.spec.head_dim * e,
             GpuMixer::Mlp(_) | GpuMixer::Moe(_) => {}
         }
     }
@@ -63,7 +64,11 @@ pub(crate) fn state_bytes(blocks: &[GpuBlock]) -> (usize, usize) {
 }
 
 /// Allocates every layer's pools (SSM pools zeroed: a fresh slot starts from zero state anyway).
-pub(crate) fn alloc_pools(dev: &CudaDevice, blocks: &[GpuBlock], sizes: PoolSizes) -> Result<Vec<LayerPool>> {
+pub(crate) fn alloc_pools<A: Act>(
+    dev: &CudaDevice,
+    blocks: &[GpuBlock<A>],
+    sizes: PoolSizes,
+) -> Result<Vec<LayerPool<A>>> {
     blocks
         .iter()
         .map(|b| {

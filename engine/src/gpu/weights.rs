@@ -13,6 +13,11 @@ pub(crate) fn bf16_of(dev: &CudaDevice, data: &[f32]) -> Result<CudaSlice<bf16>>
     Ok(dev.upload(&v)?)
 }
 
+/// Uploads in the activation type (the weights elementwise kernels read next to activations: norms, conv).
+pub(crate) fn act_of<A: super::Act>(dev: &CudaDevice, data: &[f32]) -> Result<CudaSlice<A>> {
+    Ok(dev.upload_as::<A>(data)?)
+}
+
 /// Uploads f32 values as they are.
 pub(crate) fn f32_of(dev: &CudaDevice, data: &[f32]) -> Result<CudaSlice<f32>> {
     Ok(dev.upload(data)?)

@@ -125,6 +125,58 @@ impl Blas {
         .map_err(blas_err("cublasGemmEx (linear)"))
     }
 
+    /// `out[rows, out_dim] = x[rows, in_dim] · w[out_dim, in_dim]ᵀ` all in f32 (`CUBLAS_COMPUTE_32F`, no TF32): for the
+    /// small GEMMs whose outputs make discrete decisions (MoE routers).
+    pub fn linear_f32(
+        &self,
+        x: &impl DevicePtr<f32>,
+        w: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<f32>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "linear_f32";
+        check_len(OP, "x", x.len(), rows * in_dim)?;
+        check_len(OP, "w", w.len(), out_dim * in_dim)?;
+        check_len(OP, "out", out.len(), rows * out_dim)?;
+        let (r, k, n) = dims_i32(OP, rows, in_dim, out_dim)?;
+        if rows == 0 || out_dim == 0 {
+            return Ok(());
+        }
+        ensure(OP, in_dim > 0, || "in_dim is 0".into())?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (op, _go) = out.device_ptr_mut(&self.stream);
+        let f32_t = cublas::sys::cudaDataType_t::CUDA_R_32F;
+        // SAFETY: lengths were checked against the dimensions; the pointers live on the handle's stream.
+        unsafe {
+            cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas::sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                n,
+                r,
+                k,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                f32_t,
+                k,
+                xp as *const _,
+                f32_t,
+                k,
+                (&beta as *const f32).cast(),
+                op as *mut _,
+                f32_t,
+                n,
+                cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
+                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("cublasGemmEx (linear_f32)"))
+    }
+
     /// `out = x · wᵀ (+ bias)` through cuBLASLt with bf16 operands and output, f32 accumulation; the bias
     /// (`[out_dim]`) is added in the GEMM's epilogue.
     #[allow(clippy::too_many_arguments)]

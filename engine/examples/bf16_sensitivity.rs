@@ -1,0 +1,48 @@
+//! How much do a fixture's logits move when its weights are rounded to bf16 (what a GPU stores)? Compares the CPU
+//! model with the checkpoint's f32 weights against the CPU model with the same weights rounded to bf16, teacher-forced
+//! on the fixture's tokens: `cargo run --release -p rewind-engine --example bf16_sensitivity -- tests/fixtures/X`.
+
+use half::bf16;
+use rewind_engine::checkpoint::SafetensorsSource;
+use rewind_engine::model::tensors::TensorSource;
+use rewind_engine::model::{Logits, Model, ModelConfig};
+
+struct Rounded(SafetensorsSource);
+
+impl TensorSource for Rounded {
+    fn take(&mut self, name: &str, shape: &[usize]) -> rewind_engine::Result<Vec<f32>> {
+        let v = self.0.take(name, shape)?;
+        Ok(v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect())
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+    fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.shape_of(name)
+    }
+    fn finish(&mut self, k: &[&str], i: &[&str]) -> rewind_engine::Result<()> {
+        self.0.finish(k, i)
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::path::PathBuf::from(std::env::args().nth(1).ok_or("usage: bf16_sensitivity DIR")?);
+    let exact = Model::from_dir(&dir)?;
+    let rounded = Model::load(ModelConfig::from_dir(&dir)?, &mut Rounded(SafetensorsSource::open(&dir)?))?;
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json"))?)?;
+    let tokens: Vec<u32> = reference["tokens"].as_array().ok_or("tokens")?.iter().map(|t| t.as_u64().unwrap_or(0) as u32).collect();
+    let vocab = exact.config().vocab_size;
+    let (mut se, mut sr) = (exact.new_state(), rounded.new_state());
+    let a = exact.forward(&tokens, &mut se, Logits::All)?;
+    let b = rounded.forward(&tokens, &mut sr, Logits::All)?;
+    let mut worst = 0.0f32;
+    let mut per = Vec::new();
+    for (x, y) in a.chunks_exact(vocab).zip(b.chunks_exact(vocab)) {
+        let scale = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = x.iter().zip(y).fold(0.0f32, |m, (p, q)| m.max((p - q).abs())) / scale;
+        worst = worst.max(d);
+        per.push(format!("{d:.1e}"));
+    }
+    println!("{}: worst {worst:.2e}; per position {}", dir.display(), per.join(" "));
+    Ok(())
+}
