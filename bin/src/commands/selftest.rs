@@ -62,6 +62,7 @@ mod cuda {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use anyhow::{bail, Context, Result};
+    use rewind_engine::shard::nccl::{communicator_check, CommCheckReport};
     use rewind_kernels::cuda::nccl::all_reduce_check;
     use rewind_kernels::cuda::parity::{run_all, CaseResult};
     use rewind_kernels::cuda::{device_count, nvrtc, Blas, CudaDevice};
@@ -74,6 +75,8 @@ mod cuda {
     const NCCL_ELEMENTS: usize = (1 << 24) + 7;
     /// The all-reduce sums at most a handful of f32 values per element in some order.
     const NCCL_THRESHOLD: f64 = 1e-6;
+    /// Elements per rank in the communicator check (odd; host slices are staged through the device).
+    const COMM_ELEMENTS: usize = (1 << 20) + 3;
 
     fn fmt_err(e: f64) -> String {
         if e.is_nan() {
@@ -147,7 +150,7 @@ mod cuda {
                 true,
             );
         }
-        match all_reduce_check(NCCL_ELEMENTS, 0x5eed) {
+        let (mut v, ok) = match all_reduce_check(NCCL_ELEMENTS, 0x5eed) {
             Ok(r) => {
                 let ok = r.rel_err.is_finite() && r.rel_err <= NCCL_THRESHOLD;
                 let gbs = (r.elements * 4) as f64 / r.seconds / 1e9;
@@ -174,6 +177,55 @@ mod cuda {
             }
             Err(e) => {
                 println!("\nNCCL all-reduce: FAIL: {e}");
+                (json!({ "status": "error", "error": e.to_string() }), false)
+            }
+        };
+        let (comm, comm_ok) = communicator_section(gpus);
+        v["communicator"] = comm;
+        (v, ok && comm_ok)
+    }
+
+    /// The engine's `NcclCommunicator`: one rank thread per GPU, collectives through the `Communicator` trait and on
+    /// device buffers (an f32 sub-view, bf16), against host sums.
+    fn communicator_section(gpus: usize) -> (Value, bool) {
+        match communicator_check(gpus, COMM_ELEMENTS) {
+            Ok(r) => {
+                let ok = r.passed();
+                println!(
+                    "NCCL communicator (rank threads): {} GPUs × {} elements: all_reduce_sum rel err {}, all_gather {} \
+                     mismatches, sub-view f32 rel err {} (padding {}), bf16 rel err {} (threshold {:.0e}), ranks {} {} \
+                     [{:.2} s with set-up]",
+                    r.gpus,
+                    r.elements,
+                    fmt_err(r.all_reduce_rel_err),
+                    r.all_gather_mismatches,
+                    fmt_err(r.subview_rel_err),
+                    if r.subview_padding_intact { "intact" } else { "CHANGED" },
+                    fmt_err(r.bf16_rel_err),
+                    CommCheckReport::BF16_THRESHOLD,
+                    if r.ranks_agree { "agree" } else { "DISAGREE" },
+                    if ok { "pass" } else { "FAIL" },
+                    r.seconds
+                );
+                let num = |e: f64| if e.is_finite() { json!(e) } else { json!(fmt_err(e)) };
+                let v = json!({
+                    "status": if ok { "pass" } else { "fail" },
+                    "gpus": r.gpus,
+                    "elements": r.elements,
+                    "all_reduce_rel_err": num(r.all_reduce_rel_err),
+                    "all_gather_mismatches": r.all_gather_mismatches,
+                    "subview_rel_err": num(r.subview_rel_err),
+                    "subview_padding_intact": r.subview_padding_intact,
+                    "bf16_rel_err": num(r.bf16_rel_err),
+                    "ranks_agree": r.ranks_agree,
+                    "f32_threshold": CommCheckReport::F32_THRESHOLD,
+                    "bf16_threshold": CommCheckReport::BF16_THRESHOLD,
+                    "seconds": r.seconds,
+                });
+                (v, ok)
+            }
+            Err(e) => {
+                println!("NCCL communicator (rank threads): FAIL: {e}");
                 (json!({ "status": "error", "error": e.to_string() }), false)
             }
         }
@@ -273,7 +325,7 @@ mod cuda {
         if failed_checks > 0 || !nccl_ok || !model_ok {
             bail!(
                 "selftest: {failed_checks} of {checks} checks failed{}{}",
-                if nccl_ok { "" } else { ", NCCL all-reduce failed" },
+                if nccl_ok { "" } else { ", NCCL checks failed" },
                 if model_ok { "" } else { ", the model-level check failed" }
             );
         }

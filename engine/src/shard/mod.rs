@@ -9,6 +9,8 @@
 pub mod comm;
 mod layers;
 pub mod model;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod plan;
 pub mod source;
 
