@@ -28,9 +28,17 @@ impl TensorSource for Rounded {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).ok_or("usage: bf16_sensitivity DIR")?);
     let exact = Model::from_dir(&dir)?;
-    let rounded = Model::load(ModelConfig::from_dir(&dir)?, &mut Rounded(SafetensorsSource::open(&dir)?))?;
+    let rounded = Model::load(
+        ModelConfig::from_dir(&dir)?,
+        &mut Rounded(SafetensorsSource::open(&dir)?),
+    )?;
     let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json"))?)?;
-    let tokens: Vec<u32> = reference["tokens"].as_array().ok_or("tokens")?.iter().map(|t| t.as_u64().unwrap_or(0) as u32).collect();
+    let tokens: Vec<u32> = reference["tokens"]
+        .as_array()
+        .ok_or("tokens")?
+        .iter()
+        .map(|t| t.as_u64().unwrap_or(0) as u32)
+        .collect();
     let vocab = exact.config().vocab_size;
     let (mut se, mut sr) = (exact.new_state(), rounded.new_state());
     let a = exact.forward(&tokens, &mut se, Logits::All)?;

@@ -46,7 +46,8 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
     match r {
         Ok(r) => {
             println!(
-                "{:<20} tp {}  {:<4}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e})  argmax {}/{} equal  {}",
+                "{:<20} tp {}  {:<4}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e}; {:.1e} vs unrounded \
+                 weights)  argmax {}/{} equal  {}",
                 case,
                 tp,
                 dtype,
@@ -54,6 +55,7 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
                 r.sequences,
                 r.worst_rel,
                 r.tolerance,
+                r.worst_rel_unrounded,
                 r.argmax_checked - r.argmax_mismatches,
                 r.argmax_checked,
                 if r.pass { "pass" } else { "FAIL" }
@@ -66,8 +68,14 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
             }
             let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
             v["case"] = json!(case);
-            if !r.worst_rel.is_finite() {
-                v["worst_rel"] = json!(format!("{}", r.worst_rel));
+            // JSON has no NaN or infinity: spell them.
+            for (key, val) in [
+                ("worst_rel", r.worst_rel),
+                ("worst_rel_unrounded", r.worst_rel_unrounded),
+            ] {
+                if !val.is_finite() {
+                    v[key] = json!(val.to_string());
+                }
             }
             (v, r.pass)
         }
@@ -84,8 +92,8 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
 /// Runs the check on every fixture under `root` with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2).
 pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
     println!(
-        "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference ({STEPS} decode steps, 2 sequences per \
-         batch, prefill in chunks of 8)"
+        "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
+         steps, 2 sequences per batch, prefill in chunks of 8)"
     );
     let dirs = match fixture_dirs(root) {
         Ok(d) => d,

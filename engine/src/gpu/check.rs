@@ -5,16 +5,91 @@
 //! batch), so both see identical inputs however their argmaxes differ. Per position the error is
 //! `max|Δlogit| / max|logit_cpu|`; the GPU's argmax must equal the CPU's wherever the CPU's top-two margin exceeds the
 //! tolerance (relative to the same scale).
+//!
+//! The reference is the model the GPU actually serves: the checkpoint's weights rounded the way the GPU stores them
+//! ([`GpuRounded`]: bf16 GEMM weights and embeddings, activation-typed norm and conv weights, f32 per-head parameters,
+//! biases and routers), computed in f32 on the CPU. For a bf16 checkpoint that is the checkpoint itself; the f32
+//! fixtures of F1, with random weights and tiny widths, move by 2e-2 to 1.0 relative from that rounding alone
+//! (`cargo run --release -p rewind-engine --example bf16_sensitivity`), so the report also gives the distance to the
+//! unrounded f32 model as information.
 
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::{GpuModel, GpuOptions};
+use half::bf16;
+
+use super::{GpuDtype, GpuModel, GpuOptions};
+use crate::checkpoint::SafetensorsSource;
 use crate::error::{EngineError, Result};
 use crate::model::hybrid::Logits;
-use crate::model::Model;
+use crate::model::tensors::TensorSource;
+use crate::model::{Model, ModelConfig};
 use crate::sample::argmax;
+
+/// How the GPU stores a checkpoint tensor (mirrors `gpu::layers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Kept in f32: `A_log`, `dt_bias`, `D`, GEMM biases, MoE routers and their correction bias.
+    F32,
+    /// In the activation type: norm weights, conv weights and bias.
+    Activation,
+    /// bf16: GEMM weights, embeddings, LM head, experts.
+    Bf16,
+}
+
+/// The storage class of tensor `name`.
+pub fn stored_as(name: &str) -> Stored {
+    let router = name.ends_with(".gate.weight") && !name.contains("shared_expert_gate");
+    if name.ends_with("A_log")
+        || name.ends_with("dt_bias")
+        || name.ends_with(".D")
+        || name.ends_with("e_score_correction_bias")
+        || router
+    {
+        Stored::F32
+    } else if name.contains("conv1d") || name.contains("norm") {
+        Stored::Activation
+    } else if name.ends_with(".bias") {
+        Stored::F32
+    } else {
+        Stored::Bf16
+    }
+}
+
+/// A tensor source whose values are rounded as the GPU with activation type `dtype` stores them.
+pub struct GpuRounded<'a> {
+    pub inner: &'a mut dyn TensorSource,
+    pub dtype: GpuDtype,
+}
+
+impl TensorSource for GpuRounded<'_> {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let v = self.inner.take(name, shape)?;
+        let round = match stored_as(name) {
+            Stored::F32 => false,
+            Stored::Activation => self.dtype == GpuDtype::Bf16,
+            Stored::Bf16 => true,
+        };
+        Ok(if round {
+            v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
+        } else {
+            v
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
+        self.inner.shape_of(name)
+    }
+
+    fn finish(&mut self, keep_prefixes: &[&str], ignore_prefixes: &[&str]) -> Result<()> {
+        self.inner.finish(keep_prefixes, ignore_prefixes)
+    }
+}
 
 /// The outcome for one model.
 #[derive(Clone, Debug, Serialize)]
@@ -23,8 +98,10 @@ pub struct TeacherForcedReport {
     pub sequences: usize,
     /// Positions compared over all sequences (prompt positions and decode steps).
     pub positions: usize,
-    /// Worst `max|Δ| / max|cpu|` over the positions.
+    /// Worst `max|Δ| / max|cpu|` over the positions, against the CPU running the weights the GPU stores.
     pub worst_rel: f64,
+    /// The same against the CPU running the checkpoint's unrounded weights (information: what weight rounding moves).
+    pub worst_rel_unrounded: f64,
     /// Positions whose CPU top-two margin exceeds the tolerance, and how many of them the GPU's argmax missed.
     pub argmax_checked: usize,
     pub argmax_mismatches: usize,
@@ -93,13 +170,36 @@ pub fn teacher_forced(
             "teacher forcing needs non-empty prompts".into(),
         ));
     }
-    let cpu = Model::from_dir(dir)?;
+    let cpu = {
+        let mut src = SafetensorsSource::open(dir)?;
+        let mut rounded = GpuRounded {
+            inner: &mut src,
+            dtype: opts.dtype,
+        };
+        Model::load(ModelConfig::from_dir(dir)?, &mut rounded)?
+    };
     let vocab = cpu.config().vocab_size;
     let refs: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts
         .iter()
         .map(|p| cpu_reference(&cpu, p, steps))
         .collect::<Result<_>>()?;
     drop(cpu);
+    // The unrounded model, teacher-forced with the same tokens.
+    let exact = Model::from_dir(dir)?;
+    let mut unrounded = Vec::with_capacity(prompts.len());
+    for (p, (toks, _)) in prompts.iter().zip(&refs) {
+        let mut state = exact.new_state();
+        let mut rows: Vec<Vec<f32>> = exact
+            .forward(p, &mut state, Logits::All)?
+            .chunks_exact(vocab)
+            .map(<[f32]>::to_vec)
+            .collect();
+        for &t in toks {
+            rows.push(exact.forward(&[t], &mut state, Logits::Last)?);
+        }
+        unrounded.push(rows);
+    }
+    drop(exact);
     let mut gpu = GpuModel::load(dir, opts)?;
     let mut got: Vec<Vec<Vec<f32>>> = Vec::with_capacity(prompts.len());
     let mut seqs = Vec::with_capacity(prompts.len());
@@ -118,6 +218,17 @@ pub fn teacher_forced(
     }
     let (mut worst, mut positions, mut checked, mut mismatches) = (0.0f64, 0, 0, 0);
     let mut per_position = Vec::with_capacity(refs.len());
+    let mut worst_unrounded = 0.0f64;
+    for (u, have) in unrounded.iter().zip(&got) {
+        for (w, h) in u.iter().zip(have) {
+            let e = rel(h, w);
+            worst_unrounded = if e.is_nan() || e > worst_unrounded {
+                e
+            } else {
+                worst_unrounded
+            };
+        }
+    }
     for ((_, want), have) in refs.iter().zip(&got) {
         let mut errs = Vec::with_capacity(want.len());
         for (w, h) in want.iter().zip(have) {
@@ -141,6 +252,7 @@ pub fn teacher_forced(
         sequences: prompts.len(),
         positions,
         worst_rel: worst,
+        worst_rel_unrounded: worst_unrounded,
         argmax_checked: checked,
         argmax_mismatches: mismatches,
         tolerance,
@@ -149,4 +261,35 @@ pub fn teacher_forced(
         pass: worst <= tolerance && mismatches == 0,
         per_position,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_classes_follow_the_gpu_layers() {
+        for (name, want) in [
+            ("backbone.layers.0.mixer.A_log", Stored::F32),
+            ("backbone.layers.0.mixer.D", Stored::F32),
+            ("backbone.layers.0.mixer.dt_bias", Stored::F32),
+            ("backbone.layers.1.mixer.gate.weight", Stored::F32),
+            ("backbone.layers.1.mixer.gate.e_score_correction_bias", Stored::F32),
+            ("model.layers.2.mlp.gate.weight", Stored::F32),
+            ("model.layers.2.self_attn.q_proj.bias", Stored::F32),
+            ("backbone.layers.0.mixer.conv1d.weight", Stored::Activation),
+            ("backbone.layers.0.mixer.conv1d.bias", Stored::Activation),
+            ("backbone.layers.0.mixer.norm.weight", Stored::Activation),
+            ("model.layers.3.self_attn.q_norm.weight", Stored::Activation),
+            ("backbone.norm_f.weight", Stored::Activation),
+            ("model.layers.0.input_layernorm.weight", Stored::Activation),
+            ("model.layers.2.mlp.shared_expert_gate.weight", Stored::Bf16),
+            ("model.layers.2.mlp.gate_proj.weight", Stored::Bf16),
+            ("model.layers.0.linear_attn.in_proj_qkvz.weight", Stored::Bf16),
+            ("backbone.embeddings.weight", Stored::Bf16),
+            ("lm_head.weight", Stored::Bf16),
+        ] {
+            assert_eq!(stored_as(name), want, "{name}");
+        }
+    }
 }
