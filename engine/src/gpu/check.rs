@@ -7,8 +7,8 @@
 //! tolerance (relative to the same scale).
 //!
 //! The reference is the model the GPU actually serves: the checkpoint's weights rounded the way the GPU stores them
-//! ([`GpuRounded`]: bf16 GEMM weights and embeddings, activation-typed norm and conv weights, f32 per-head parameters,
-//! biases and routers), computed in f32 on the CPU. For a bf16 checkpoint that is the checkpoint itself; the f32
+//! ([`GpuRounded`]: with `--dtype bf16` every weight rounded to bf16 but the f32 per-head parameters, biases and
+//! routers), computed in f32 on the CPU; with `--dtype f32` the checkpoint as it is. For a bf16 checkpoint that is the checkpoint itself; the f32
 //! fixtures of F1, with random weights and tiny widths, move by 2e-2 to 1.0 relative from that rounding alone
 //! (`cargo run --release -p rewind-engine --example bf16_sensitivity`), so the report also gives the distance to the
 //! unrounded f32 model as information.
@@ -32,10 +32,8 @@ use crate::sample::argmax;
 pub enum Stored {
     /// Kept in f32: `A_log`, `dt_bias`, `D`, GEMM biases, MoE routers and their correction bias.
     F32,
-    /// In the activation type: norm weights, conv weights and bias.
-    Activation,
-    /// bf16: GEMM weights, embeddings, LM head, experts.
-    Bf16,
+    /// In the storage type (bf16 or f32, `--dtype`): everything else.
+    Stored,
 }
 
 /// The storage class of tensor `name`.
@@ -48,12 +46,10 @@ pub fn stored_as(name: &str) -> Stored {
         || router
     {
         Stored::F32
-    } else if name.contains("conv1d") || name.contains("norm") {
-        Stored::Activation
-    } else if name.ends_with(".bias") {
+    } else if name.ends_with(".bias") && !name.contains("conv1d") {
         Stored::F32
     } else {
-        Stored::Bf16
+        Stored::Stored
     }
 }
 
@@ -66,11 +62,7 @@ pub struct GpuRounded<'a> {
 impl TensorSource for GpuRounded<'_> {
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let v = self.inner.take(name, shape)?;
-        let round = match stored_as(name) {
-            Stored::F32 => false,
-            Stored::Activation => self.dtype == GpuDtype::Bf16,
-            Stored::Bf16 => true,
-        };
+        let round = self.dtype == GpuDtype::Bf16 && stored_as(name) != Stored::F32;
         Ok(if round {
             v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
         } else {
@@ -277,17 +269,17 @@ mod tests {
             ("backbone.layers.1.mixer.gate.e_score_correction_bias", Stored::F32),
             ("model.layers.2.mlp.gate.weight", Stored::F32),
             ("model.layers.2.self_attn.q_proj.bias", Stored::F32),
-            ("backbone.layers.0.mixer.conv1d.weight", Stored::Activation),
-            ("backbone.layers.0.mixer.conv1d.bias", Stored::Activation),
-            ("backbone.layers.0.mixer.norm.weight", Stored::Activation),
-            ("model.layers.3.self_attn.q_norm.weight", Stored::Activation),
-            ("backbone.norm_f.weight", Stored::Activation),
-            ("model.layers.0.input_layernorm.weight", Stored::Activation),
-            ("model.layers.2.mlp.shared_expert_gate.weight", Stored::Bf16),
-            ("model.layers.2.mlp.gate_proj.weight", Stored::Bf16),
-            ("model.layers.0.linear_attn.in_proj_qkvz.weight", Stored::Bf16),
-            ("backbone.embeddings.weight", Stored::Bf16),
-            ("lm_head.weight", Stored::Bf16),
+            ("backbone.layers.0.mixer.conv1d.weight", Stored::Stored),
+            ("backbone.layers.0.mixer.conv1d.bias", Stored::Stored),
+            ("backbone.layers.0.mixer.norm.weight", Stored::Stored),
+            ("model.layers.3.self_attn.q_norm.weight", Stored::Stored),
+            ("backbone.norm_f.weight", Stored::Stored),
+            ("model.layers.0.input_layernorm.weight", Stored::Stored),
+            ("model.layers.2.mlp.shared_expert_gate.weight", Stored::Stored),
+            ("model.layers.2.mlp.gate_proj.weight", Stored::Stored),
+            ("model.layers.0.linear_attn.in_proj_qkvz.weight", Stored::Stored),
+            ("backbone.embeddings.weight", Stored::Stored),
+            ("lm_head.weight", Stored::Stored),
         ] {
             assert_eq!(stored_as(name), want, "{name}");
         }

@@ -6,7 +6,6 @@
 //! parallelism `y` is all-reduced. The residual stream stays f32; activations and weights are bf16 with f32
 //! accumulation; SSM states are f32.
 
-use half::bf16;
 use rewind_kernels::cpu::norm::GateOrder;
 use rewind_kernels::cuda::ops::{self, Activation as Fx, ConvDims, SigmoidRouting, MAX_CHUNK};
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut, Elem};
@@ -50,18 +49,16 @@ pub(crate) struct Cx<'a, A: Act> {
     pub(crate) offset: f32,
 }
 
-/// `out = x · Wᵀ (+ b)`; `gin` holds x rounded to bf16 when activations are f32.
-#[allow(clippy::too_many_arguments)]
+/// `out = x · Wᵀ (+ b)`.
 fn lin<A: Act, O: Elem>(
     blas: &Blas,
     dev: &CudaDevice,
     x: &impl DevicePtr<A>,
-    l: &super::weights::DeviceLinear,
+    l: &super::weights::DeviceLinear<A>,
     out: &mut impl DevicePtrMut<O>,
     rows: usize,
-    gin: &mut CudaSlice<bf16>,
 ) -> Result<()> {
-    A::gemm(blas, dev, x, &l.w, out, rows, l.in_dim, l.out_dim, gin)?;
+    A::gemm(blas, x, &l.w, out, rows, l.in_dim, l.out_dim)?;
     if let Some(b) = &l.b {
         ops::add_bias(dev, out, b)?;
     }
@@ -147,7 +144,6 @@ fn mamba2<A: Act>(
         &m.in_proj,
         &mut s.proj.slice_mut(..rows * wp),
         rows,
-        &mut s.gin,
     )?;
     let proj = s.proj.slice(..rows * wp);
     ops::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
@@ -268,7 +264,6 @@ fn mamba2<A: Act>(
         &m.out_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
-        &mut s.gin,
     )
 }
 
@@ -291,7 +286,6 @@ fn gdn<A: Act>(
         &m.in_proj,
         &mut s.proj.slice_mut(..rows * wp),
         rows,
-        &mut s.gin,
     )?;
     let proj = s.proj.slice(..rows * wp);
     ops::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
@@ -397,7 +391,6 @@ fn gdn<A: Act>(
         &m.out_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
-        &mut s.gin,
     )
 }
 
@@ -419,22 +412,14 @@ fn attention<A: Act>(
     match &a.gate_idx {
         Some((qi, gi)) => {
             let w = a.q_proj.out_dim;
-            lin(
-                cx.blas,
-                dev,
-                &hs,
-                &a.q_proj,
-                &mut s.proj.slice_mut(..rows * w),
-                rows,
-                &mut s.gin,
-            )?;
+            lin(cx.blas, dev, &hs, &a.q_proj, &mut s.proj.slice_mut(..rows * w), rows)?;
             ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, qi, &mut s.a.slice_mut(..qn))?;
             ops::gather_cols(dev, &s.proj.slice(..rows * w), rows, w, gi, &mut s.e.slice_mut(..qn))?;
         }
-        None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows, &mut s.gin)?,
+        None => lin(cx.blas, dev, &hs, &a.q_proj, &mut s.a.slice_mut(..qn), rows)?,
     }
-    lin(cx.blas, dev, &hs, &a.k_proj, &mut s.b.slice_mut(..kn), rows, &mut s.gin)?;
-    lin(cx.blas, dev, &hs, &a.v_proj, &mut s.c.slice_mut(..kn), rows, &mut s.gin)?;
+    lin(cx.blas, dev, &hs, &a.k_proj, &mut s.b.slice_mut(..kn), rows)?;
+    lin(cx.blas, dev, &hs, &a.v_proj, &mut s.c.slice_mut(..kn), rows)?;
     if let (Some(norm), Some((qw, kw))) = (&sp.qk_norm, &a.qk_norm) {
         ops::rms_norm(
             dev,
@@ -499,7 +484,6 @@ fn attention<A: Act>(
         &a.o_proj,
         &mut s.y.slice_mut(..rows * hid),
         rows,
-        &mut s.gin,
     )
 }
 
@@ -507,7 +491,7 @@ fn attention<A: Act>(
 fn mlp<A: Act>(
     dev: &CudaDevice,
     blas: &Blas,
-    m: &GpuMlp,
+    m: &GpuMlp<A>,
     s: &mut Scratch<A>,
     rows: usize,
     hid: usize,
@@ -515,10 +499,10 @@ fn mlp<A: Act>(
 ) -> Result<()> {
     let i = m.up.out_dim;
     let hs = s.h.slice(..rows * hid);
-    lin(blas, dev, &hs, &m.up, &mut s.a.slice_mut(..rows * i), rows, &mut s.gin)?;
+    lin(blas, dev, &hs, &m.up, &mut s.a.slice_mut(..rows * i), rows)?;
     match (&m.gate, m.act) {
         (Some(gate), Activation::SwiGlu) => {
-            lin(blas, dev, &hs, gate, &mut s.b.slice_mut(..rows * i), rows, &mut s.gin)?;
+            lin(blas, dev, &hs, gate, &mut s.b.slice_mut(..rows * i), rows)?;
             ops::swiglu(
                 dev,
                 &s.b.slice(..rows * i),
@@ -539,11 +523,10 @@ fn mlp<A: Act>(
         &m.down,
         &mut out.slice_mut(..rows * hid),
         rows,
-        &mut s.gin,
     )
 }
 
-fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe, step: Step) -> Result<()> {
+fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe<A>, step: Step) -> Result<()> {
     let (dev, blas, rows, hid) = (cx.dev, cx.blas, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let sp = &m.spec;
@@ -598,10 +581,9 @@ fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe, step: Step) -> Result<()> {
         &mut s.pos.slice_mut(..n),
     )?;
     let offsets = s.offsets.slice(..e + 1);
-    A::to_bf16(dev, &s.h.slice(..rows * hid), &mut s.hb.slice_mut(..rows * hid))?;
     ops::moe_gemm(
         dev,
-        &s.hb.slice(..rows * hid),
+        &s.h.slice(..rows * hid),
         Some(&s.grouped.slice(..n)),
         &m.up,
         &offsets,
@@ -655,7 +637,6 @@ fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe, step: Step) -> Result<()> {
             gate,
             &mut s.f1.slice_mut(..rows),
             rows,
-            &mut s.gin,
         )?;
     }
     let shared = m.shared.as_ref().map(|_| s.y2.slice(..rows * hid));

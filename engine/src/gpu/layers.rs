@@ -1,13 +1,12 @@
 //! A rank's layers on the device, built from its CPU mixers (which the tensor-parallel loader already cut to the
-//! rank's share): GEMM weights in bf16, norm and conv weights in the activation type `A`, per-head parameters in f32,
-//! and the column maps that split each projection.
+//! rank's share): weights in the storage type `A` (bf16, or f32 with `--dtype f32`), per-head parameters and MoE
+//! routers in f32, and the column maps that split each projection.
 
-use half::bf16;
 use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
-use super::weights::{act_of, bf16_of, f32_of, group_idx, idx_of, range_idx, DeviceLinear};
+use super::weights::{act_of, f32_of, group_idx, idx_of, range_idx, stored, DeviceLinear};
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::model::hybrid::Mixer;
@@ -35,14 +34,14 @@ pub(crate) struct GpuMamba2<A: Act> {
     pub(crate) spec: Mamba2Spec,
     /// The scan's dims, with B/C expanded to the rank's virtual groups.
     pub(crate) dims: Mamba2Dims,
-    pub(crate) in_proj: DeviceLinear,
+    pub(crate) in_proj: DeviceLinear<A>,
     pub(crate) conv_w: CudaSlice<A>,
     pub(crate) conv_b: Option<CudaSlice<A>>,
     pub(crate) dt_bias: CudaSlice<f32>,
     pub(crate) a: CudaSlice<f32>,
     pub(crate) d_skip: CudaSlice<f32>,
     pub(crate) norm_w: CudaSlice<A>,
-    pub(crate) out_proj: DeviceLinear,
+    pub(crate) out_proj: DeviceLinear<A>,
     pub(crate) norm: GatedNorm,
     /// Column maps: `z` and `xBC` out of the projection; `x`, `B`, `C` (expanded) out of the conv output.
     pub(crate) z_idx: CudaSlice<i32>,
@@ -56,13 +55,13 @@ pub(crate) struct GpuMamba2<A: Act> {
 pub(crate) struct GpuGdn<A: Act> {
     pub(crate) spec: GdnSpec,
     pub(crate) dims: GdnDims,
-    pub(crate) in_proj: DeviceLinear,
+    pub(crate) in_proj: DeviceLinear<A>,
     pub(crate) conv_w: CudaSlice<A>,
     pub(crate) dt_bias: CudaSlice<f32>,
     pub(crate) neg_a: CudaSlice<f32>,
     /// The per-head norm weight tiled over the rank's value heads (`[value_dim]`).
     pub(crate) norm_w: CudaSlice<A>,
-    pub(crate) out_proj: DeviceLinear,
+    pub(crate) out_proj: DeviceLinear<A>,
     pub(crate) mixed_idx: CudaSlice<i32>,
     pub(crate) q_idx: CudaSlice<i32>,
     pub(crate) k_idx: CudaSlice<i32>,
@@ -77,41 +76,41 @@ pub(crate) struct GpuGdn<A: Act> {
 
 pub(crate) struct GpuAttention<A: Act> {
     pub(crate) spec: AttentionSpec,
-    pub(crate) q_proj: DeviceLinear,
-    pub(crate) k_proj: DeviceLinear,
-    pub(crate) v_proj: DeviceLinear,
-    pub(crate) o_proj: DeviceLinear,
+    pub(crate) q_proj: DeviceLinear<A>,
+    pub(crate) k_proj: DeviceLinear<A>,
+    pub(crate) v_proj: DeviceLinear<A>,
+    pub(crate) o_proj: DeviceLinear<A>,
     pub(crate) qk_norm: Option<(CudaSlice<A>, CudaSlice<A>)>,
     /// With the output gate: the `q` and `gate` columns of each head's `[q_h | gate_h]` pair.
     pub(crate) gate_idx: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
     pub(crate) inv_freq: Option<CudaSlice<f32>>,
 }
 
-pub(crate) struct GpuMlp {
+pub(crate) struct GpuMlp<A: Act> {
     pub(crate) act: Activation,
-    pub(crate) gate: Option<DeviceLinear>,
-    pub(crate) up: DeviceLinear,
-    pub(crate) down: DeviceLinear,
+    pub(crate) gate: Option<DeviceLinear<A>>,
+    pub(crate) up: DeviceLinear<A>,
+    pub(crate) down: DeviceLinear<A>,
 }
 
-pub(crate) struct GpuMoe {
+pub(crate) struct GpuMoe<A: Act> {
     pub(crate) spec: MoeSpec,
     /// The router `[experts, hidden]` in f32: its logits pick experts, so they are computed in f32 from an f32 input.
     pub(crate) router: CudaSlice<f32>,
     pub(crate) correction_bias: Option<CudaSlice<f32>>,
     /// `[experts, up_rows, hidden]` and `[experts, hidden, intermediate]`.
-    pub(crate) up: CudaSlice<bf16>,
-    pub(crate) down: CudaSlice<bf16>,
-    pub(crate) shared: Option<GpuMlp>,
-    pub(crate) shared_gate: Option<DeviceLinear>,
+    pub(crate) up: CudaSlice<A>,
+    pub(crate) down: CudaSlice<A>,
+    pub(crate) shared: Option<GpuMlp<A>>,
+    pub(crate) shared_gate: Option<DeviceLinear<A>>,
 }
 
 pub(crate) enum GpuMixer<A: Act> {
     Mamba2(Box<GpuMamba2<A>>),
     Gdn(Box<GpuGdn<A>>),
     Attention(Box<GpuAttention<A>>),
-    Mlp(GpuMlp),
-    Moe(Box<GpuMoe>),
+    Mlp(GpuMlp<A>),
+    Moe(Box<GpuMoe<A>>),
 }
 
 pub(crate) struct GpuBlock<A: Act> {
@@ -123,11 +122,11 @@ fn wrong(kind: &str) -> EngineError {
     EngineError::InvalidInput(format!("tensor-parallel plan does not describe a {kind} layer"))
 }
 
-fn linear(dev: &CudaDevice, l: &Linear) -> Result<DeviceLinear> {
+fn linear<A: Act>(dev: &CudaDevice, l: &Linear) -> Result<DeviceLinear<A>> {
     DeviceLinear::new(dev, &l.w, l.b.as_deref(), l.out_dim, l.in_dim)
 }
 
-fn proj(dev: &CudaDevice, p: &Proj) -> Result<DeviceLinear> {
+fn proj<A: Act>(dev: &CudaDevice, p: &Proj) -> Result<DeviceLinear<A>> {
     DeviceLinear::new(dev, &p.w, p.b.as_deref(), p.out_dim, p.in_dim)
 }
 
@@ -275,7 +274,7 @@ fn attention<A: Act>(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttentio
     })
 }
 
-fn mlp(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp> {
+fn mlp<A: Act>(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp<A>> {
     Ok(GpuMlp {
         act: m.spec().act,
         gate: m.gate.as_ref().map(|g| linear(dev, g)).transpose()?,
@@ -284,7 +283,7 @@ fn mlp(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp> {
     })
 }
 
-fn moe(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe> {
+fn moe<A: Act>(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe<A>> {
     let s = m.spec().clone();
     let correction_bias = match (&s.router, &m.correction_bias) {
         (RouterSpec::SigmoidGrouped { .. }, Some(b)) => Some(f32_of(dev, b)?),
@@ -293,8 +292,8 @@ fn moe(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe> {
     Ok(GpuMoe {
         router: f32_of(dev, &m.router)?,
         correction_bias,
-        up: bf16_of(dev, &m.up)?,
-        down: bf16_of(dev, &m.down)?,
+        up: stored(dev, &m.up)?,
+        down: stored(dev, &m.down)?,
         shared: m.shared.as_ref().map(|sh| mlp(dev, sh)).transpose()?,
         shared_gate: m
             .shared_gate

@@ -39,17 +39,10 @@ impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
     }
 }
 
-/// The storage type of activations, conv and KV state, and the weights the elementwise kernels read beside them
-/// (norms, conv): bf16 (the default: half the traffic) or f32 (`--dtype f32`: only GEMM inputs are rounded to bf16, for
-/// checking the engine against the CPU reference without bf16 activation noise).
+/// The storage type of weights, activations, conv state and KV cache: bf16 (the default: half the traffic, f32
+/// accumulation) or f32 (`--dtype f32`: the engine in full f32, for checking it against the CPU reference). SSM states,
+/// the residual stream, MoE routers and per-head parameters are f32 in both.
 pub trait Act: rewind_kernels::cuda::Elem {
-    /// Rounds `x` to bf16 into `out` (a copy for bf16).
-    fn to_bf16(
-        dev: &rewind_kernels::cuda::CudaDevice,
-        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
-    ) -> Result<()>;
-
     /// Widens `x` to f32 into `out` (a copy for f32).
     fn to_f32(
         dev: &rewind_kernels::cuda::CudaDevice,
@@ -57,19 +50,15 @@ pub trait Act: rewind_kernels::cuda::Elem {
         out: &mut impl rewind_kernels::cuda::DevicePtrMut<f32>,
     ) -> Result<()>;
 
-    /// `out[rows, out_dim] = x · wᵀ` with a bf16 weight and f32 accumulation; f32 activations are rounded into `gin`
-    /// first.
-    #[allow(clippy::too_many_arguments)]
+    /// `out[rows, out_dim] = x · wᵀ` with f32 accumulation.
     fn gemm<O: rewind_kernels::cuda::Elem>(
         blas: &rewind_kernels::cuda::Blas,
-        dev: &rewind_kernels::cuda::CudaDevice,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        w: &rewind_kernels::cuda::CudaSlice<Self>,
         out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
-        gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
     ) -> Result<()>;
 }
 
@@ -82,26 +71,14 @@ impl Act for half::bf16 {
         Ok(rewind_kernels::cuda::ops::cast_bf16_to_f32(dev, x, out)?)
     }
 
-    fn to_bf16(
-        dev: &rewind_kernels::cuda::CudaDevice,
-        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
-    ) -> Result<()> {
-        dev.stream()
-            .memcpy_dtod(x, out)
-            .map_err(|e| crate::EngineError::Gpu(format!("copying activations: {e}")))
-    }
-
     fn gemm<O: rewind_kernels::cuda::Elem>(
         blas: &rewind_kernels::cuda::Blas,
-        _dev: &rewind_kernels::cuda::CudaDevice,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        w: &rewind_kernels::cuda::CudaSlice<Self>,
         out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
-        _gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
     ) -> Result<()> {
         Ok(blas.linear(x, w, out, rows, in_dim, out_dim)?)
     }
@@ -118,34 +95,15 @@ impl Act for f32 {
             .map_err(|e| crate::EngineError::Gpu(format!("copying activations: {e}")))
     }
 
-    fn to_bf16(
-        dev: &rewind_kernels::cuda::CudaDevice,
-        x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        out: &mut impl rewind_kernels::cuda::DevicePtrMut<half::bf16>,
-    ) -> Result<()> {
-        Ok(rewind_kernels::cuda::ops::cast_f32_to_bf16(dev, x, out)?)
-    }
-
     fn gemm<O: rewind_kernels::cuda::Elem>(
         blas: &rewind_kernels::cuda::Blas,
-        dev: &rewind_kernels::cuda::CudaDevice,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
-        w: &rewind_kernels::cuda::CudaSlice<half::bf16>,
+        w: &rewind_kernels::cuda::CudaSlice<Self>,
         out: &mut impl rewind_kernels::cuda::DevicePtrMut<O>,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
-        gin: &mut rewind_kernels::cuda::CudaSlice<half::bf16>,
     ) -> Result<()> {
-        let n = rows * in_dim;
-        if gin.len() < n {
-            return Err(crate::EngineError::Gpu(format!(
-                "GEMM input of {n} exceeds its buffer of {}",
-                gin.len()
-            )));
-        }
-        let mut g = gin.slice_mut(..n);
-        rewind_kernels::cuda::ops::cast_f32_to_bf16(dev, x, &mut g)?;
-        Ok(blas.linear(&g, w, out, rows, in_dim, out_dim)?)
+        Ok(blas.linear_f32(x, w, out, rows, in_dim, out_dim)?)
     }
 }

@@ -4,7 +4,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use half::bf16;
 use rewind_kernels::cuda::ops;
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
 use tracing::{debug_span, info};
@@ -13,7 +12,7 @@ use super::forward::{self, Cx, PrefillOf, Step};
 use super::layers::{GpuBlock, GpuMixer};
 use super::scratch::{widths, Scratch, Widths};
 use super::state::{alloc_pools, state_bytes, Books, LayerPool, PoolSizes};
-use super::weights::bf16_of;
+use super::weights::stored;
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
@@ -29,8 +28,8 @@ pub(crate) struct LoadedRank<A: Act> {
     comm: Option<Box<dyn DeviceComm>>,
     config: ModelConfig,
     vocab: Range<usize>,
-    embed: CudaSlice<bf16>,
-    lm_head: Option<CudaSlice<bf16>>,
+    embed: CudaSlice<A>,
+    lm_head: Option<CudaSlice<A>>,
     final_norm: CudaSlice<A>,
     blocks: Vec<GpuBlock<A>>,
     weight_bytes: usize,
@@ -63,8 +62,8 @@ impl<A: Act> LoadedRank<A> {
         for b in parts.blocks {
             blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
         }
-        let embed = bf16_of(&dev, &parts.embed)?;
-        let lm_head = parts.lm_head.as_deref().map(|h| bf16_of(&dev, h)).transpose()?;
+        let embed = stored(&dev, &parts.embed)?;
+        let lm_head = parts.lm_head.as_deref().map(|h| stored(&dev, h)).transpose()?;
         let final_norm = super::weights::act_of(&dev, &parts.final_norm)?;
         dev.synchronize()?;
         let (free, total) = dev.memory()?;
@@ -280,14 +279,12 @@ impl<A: Act> GpuRank<A> {
         let first = rows - head_rows;
         A::gemm(
             &r.blas,
-            dev,
             &s.h.slice(first * hid..rows * hid),
             head,
             &mut s.logits.slice_mut(..head_rows * v),
             head_rows,
             hid,
             v,
-            &mut s.gin,
         )?;
         if argmax {
             ops::argmax_rows(

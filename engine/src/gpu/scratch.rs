@@ -1,7 +1,6 @@
 //! Activation buffers of a rank, allocated once for the largest step (`rows` tokens: the prefill chunk or the
 //! decode batch, whichever is larger) and reused by every layer.
 
-use half::bf16;
 use rewind_kernels::cuda::ops::{gdn_chunked_workspace, mamba2_chunked_workspace, MAX_CHUNK};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
@@ -26,21 +25,18 @@ pub(crate) struct Scratch<A: Act> {
     pub(crate) d: CudaSlice<A>,
     pub(crate) e: CudaSlice<A>,
     pub(crate) g: CudaSlice<A>,
-    /// `[rows, wide]` bf16: a GEMM's input rounded from f32 activations, and the routed-expert input.
-    pub(crate) gin: CudaSlice<bf16>,
-    pub(crate) hb: CudaSlice<bf16>,
     /// `[rows, hidden]` f32: the router's input.
     pub(crate) hf: CudaSlice<f32>,
-    /// `[rows, hidden]` bf16: the routed experts' combined output.
-    pub(crate) routed: CudaSlice<bf16>,
+    /// `[rows, hidden]`: the routed experts' combined output.
+    pub(crate) routed: CudaSlice<A>,
     /// `[rows, narrow]` f32 temporaries (dt, β, g, router logits, norm sums).
     pub(crate) f0: CudaSlice<f32>,
     pub(crate) f1: CudaSlice<f32>,
     pub(crate) ws: CudaSlice<f32>,
     /// MoE: `[rows · top_k, ·]` expert activations and the routing arrays.
-    pub(crate) moe_up: CudaSlice<bf16>,
-    pub(crate) moe_mid: CudaSlice<bf16>,
-    pub(crate) moe_down: CudaSlice<bf16>,
+    pub(crate) moe_up: CudaSlice<A>,
+    pub(crate) moe_mid: CudaSlice<A>,
+    pub(crate) moe_down: CudaSlice<A>,
     pub(crate) ids: CudaSlice<i32>,
     pub(crate) weights: CudaSlice<f32>,
     pub(crate) offsets: CudaSlice<i32>,
@@ -122,10 +118,10 @@ impl<A: Act> Scratch<A> {
         4 * 4 * rows * hidden
             + e * rows * hidden
             + e * 7 * rows * w.wide
-            + 2 * (rows * w.wide + 2 * rows * hidden)
+            + e * rows * hidden
             + 4 * 2 * rows * w.narrow
             + 4 * w.workspace
-            + 2 * 3 * moe * w.moe_width
+            + e * 3 * moe * w.moe_width
             + 4 * (4 * moe + w.experts + 1)
             + 4 * rows * vocab_local
             + 4 * 6 * rows
@@ -154,8 +150,6 @@ impl<A: Act> Scratch<A> {
             d: dev.alloc_zeros(rows * w.wide)?,
             e: dev.alloc_zeros(rows * w.wide)?,
             g: dev.alloc_zeros(rows * w.wide)?,
-            gin: dev.alloc_zeros(rows * w.wide)?,
-            hb: dev.alloc_zeros(rows * hidden)?,
             hf: dev.alloc_zeros(rows * hidden)?,
             routed: dev.alloc_zeros(rows * hidden)?,
             f0: dev.alloc_zeros(rows * w.narrow)?,

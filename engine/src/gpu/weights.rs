@@ -1,15 +1,14 @@
 //! Device copies of a rank's weights: bf16 matrices and norm weights, f32 per-head parameters, and the column maps
 //! (`gather_cols` indices) each layer uses to split its projections.
 
-use half::bf16;
 use rayon::prelude::*;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use crate::error::Result;
 
-/// Converts to bf16 (round to nearest even) on all cores and uploads.
-pub(crate) fn bf16_of(dev: &CudaDevice, data: &[f32]) -> Result<CudaSlice<bf16>> {
-    let v: Vec<bf16> = data.par_iter().map(|&x| bf16::from_f32(x)).collect();
+/// Converts to the storage type (round to nearest even for bf16) on all cores and uploads.
+pub(crate) fn stored<A: super::Act>(dev: &CudaDevice, data: &[f32]) -> Result<CudaSlice<A>> {
+    let v: Vec<A> = data.par_iter().map(|&x| A::from_f32(x)).collect();
     Ok(dev.upload(&v)?)
 }
 
@@ -29,19 +28,19 @@ pub(crate) fn idx_of(dev: &CudaDevice, idx: &[usize]) -> Result<CudaSlice<i32>> 
     Ok(dev.upload(&v)?)
 }
 
-/// `x · Wᵀ (+ b)`: a bf16 weight `[out, in]` and an optional f32 bias.
-pub(crate) struct DeviceLinear {
-    pub(crate) w: CudaSlice<bf16>,
+/// `x · Wᵀ (+ b)`: a weight `[out, in]` in the storage type and an optional f32 bias.
+pub(crate) struct DeviceLinear<A: super::Act> {
+    pub(crate) w: CudaSlice<A>,
     pub(crate) b: Option<CudaSlice<f32>>,
     pub(crate) in_dim: usize,
     pub(crate) out_dim: usize,
 }
 
-impl DeviceLinear {
+impl<A: super::Act> DeviceLinear<A> {
     pub(crate) fn new(dev: &CudaDevice, w: &[f32], b: Option<&[f32]>, out_dim: usize, in_dim: usize) -> Result<Self> {
         debug_assert_eq!(w.len(), out_dim * in_dim);
         Ok(DeviceLinear {
-            w: bf16_of(dev, w)?,
+            w: stored(dev, w)?,
             b: b.map(|b| f32_of(dev, b)).transpose()?,
             in_dim,
             out_dim,

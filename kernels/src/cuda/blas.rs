@@ -127,16 +127,19 @@ impl Blas {
 
     /// `out[rows, out_dim] = x[rows, in_dim] · w[out_dim, in_dim]ᵀ` all in f32 (`CUBLAS_COMPUTE_32F`, no TF32): for the
     /// small GEMMs whose outputs make discrete decisions (MoE routers).
-    pub fn linear_f32(
+    pub fn linear_f32<O: Elem>(
         &self,
         x: &impl DevicePtr<f32>,
         w: &impl DevicePtr<f32>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<O>,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
     ) -> Result<()> {
         const OP: &str = "linear_f32";
+        ensure(OP, O::NAME == "f32", || {
+            format!("output stored as {}, expected f32", O::NAME)
+        })?;
         check_len(OP, "x", x.len(), rows * in_dim)?;
         check_len(OP, "w", w.len(), out_dim * in_dim)?;
         check_len(OP, "out", out.len(), rows * out_dim)?;
