@@ -125,7 +125,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => return Err(super::no_cuda()),
     };
-    drop(on_text);
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }

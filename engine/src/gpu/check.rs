@@ -39,14 +39,14 @@ pub enum Stored {
 /// The storage class of tensor `name`.
 pub fn stored_as(name: &str) -> Stored {
     let router = name.ends_with(".gate.weight") && !name.contains("shared_expert_gate");
+    let gemm_bias = name.ends_with(".bias") && !name.contains("conv1d");
     if name.ends_with("A_log")
         || name.ends_with("dt_bias")
         || name.ends_with(".D")
         || name.ends_with("e_score_correction_bias")
         || router
+        || gemm_bias
     {
-        Stored::F32
-    } else if name.ends_with(".bias") && !name.contains("conv1d") {
         Stored::F32
     } else {
         Stored::Stored

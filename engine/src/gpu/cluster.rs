@@ -181,7 +181,7 @@ impl GpuModel {
             let (jobs_tx, jobs_rx) = channel::<Job>();
             let (reply_tx, reply_rx) = channel::<Result<Reply>>();
             let dir: PathBuf = dir.to_path_buf();
-            let id = nccl_id.clone();
+            let id = nccl_id;
             let thread = std::thread::Builder::new()
                 .name(format!("gpu-rank-{rank}"))
                 .spawn(move || match dtype {
@@ -503,7 +503,7 @@ fn rank_main<A: super::Act>(
                 total_bytes: 0,
             };
             let _ = replies.send(Ok(Reply::Capacity(empty, name)));
-            RankSlot::Loaded(Some(r))
+            RankSlot::Loaded(Some(Box::new(r)))
         }
         Err(e) => {
             let _ = replies.send(Err(e));

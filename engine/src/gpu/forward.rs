@@ -544,33 +544,34 @@ fn moe<A: Act>(cx: &mut Cx<A>, m: &GpuMoe<A>, step: Step) -> Result<()> {
         e,
     )?;
     let logits = s.f0.slice(..rows * e);
-    let (mut ids, mut weights) = (s.ids.slice_mut(..n), s.weights.slice_mut(..n));
-    match &sp.router {
-        RouterSpec::Softmax { norm_topk_prob } => {
-            ops::route_softmax(dev, &logits, e, k, *norm_topk_prob, &mut ids, &mut weights)?
-        }
-        RouterSpec::SigmoidGrouped {
-            n_group,
-            topk_group,
-            norm_topk_prob,
-            routed_scaling_factor,
-        } => {
-            let bias = m
-                .correction_bias
-                .as_ref()
-                .ok_or_else(|| EngineError::Gpu("a sigmoid router without its correction bias".into()))?;
-            let cfg = SigmoidRouting {
-                experts: e,
-                top_k: k,
-                n_group: *n_group,
-                topk_group: *topk_group,
-                norm_topk_prob: *norm_topk_prob,
-                routed_scaling_factor: *routed_scaling_factor,
-            };
-            ops::route_sigmoid_grouped(dev, cfg, &logits, bias, &mut ids, &mut weights)?
+    {
+        let (mut ids, mut weights) = (s.ids.slice_mut(..n), s.weights.slice_mut(..n));
+        match &sp.router {
+            RouterSpec::Softmax { norm_topk_prob } => {
+                ops::route_softmax(dev, &logits, e, k, *norm_topk_prob, &mut ids, &mut weights)?
+            }
+            RouterSpec::SigmoidGrouped {
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+            } => {
+                let bias = m
+                    .correction_bias
+                    .as_ref()
+                    .ok_or_else(|| EngineError::Gpu("a sigmoid router without its correction bias".into()))?;
+                let cfg = SigmoidRouting {
+                    experts: e,
+                    top_k: k,
+                    n_group: *n_group,
+                    topk_group: *topk_group,
+                    norm_topk_prob: *norm_topk_prob,
+                    routed_scaling_factor: *routed_scaling_factor,
+                };
+                ops::route_sigmoid_grouped(dev, cfg, &logits, bias, &mut ids, &mut weights)?
+            }
         }
     }
-    drop((ids, weights));
     ops::moe_align(
         dev,
         &s.ids.slice(..n),

@@ -109,7 +109,7 @@ pub(crate) enum GpuMixer<A: Act> {
     Mamba2(Box<GpuMamba2<A>>),
     Gdn(Box<GpuGdn<A>>),
     Attention(Box<GpuAttention<A>>),
-    Mlp(GpuMlp<A>),
+    Mlp(Box<GpuMlp<A>>),
     Moe(Box<GpuMoe<A>>),
 }
 
@@ -137,7 +137,7 @@ impl<A: Act> GpuBlock<A> {
             Mixer::Mamba2(m) => GpuMixer::Mamba2(Box::new(mamba2(dev, m, shard)?)),
             Mixer::Gdn(m) => GpuMixer::Gdn(Box::new(gdn(dev, m, shard)?)),
             Mixer::Attention(m) => GpuMixer::Attention(Box::new(attention(dev, m)?)),
-            Mixer::Mlp(m) => GpuMixer::Mlp(mlp(dev, m)?),
+            Mixer::Mlp(m) => GpuMixer::Mlp(Box::new(mlp(dev, m)?)),
             Mixer::Moe(m) => GpuMixer::Moe(Box::new(moe(dev, m)?)),
         };
         Ok(GpuBlock {

@@ -371,8 +371,8 @@ impl<A: Act> GpuRank<A> {
 
 /// A rank's thread-side state, whatever its activation type: loaded, then allocated.
 pub(crate) enum RankSlot<A: Act> {
-    Loaded(Option<LoadedRank<A>>),
-    Ready(GpuRank<A>),
+    Loaded(Option<Box<LoadedRank<A>>>),
+    Ready(Box<GpuRank<A>>),
 }
 
 /// What the coordinator asks of a rank (object-safe, so one thread type serves every activation type).
@@ -413,7 +413,7 @@ impl<A: Act> RankCtl for RankSlot<A> {
                 let loaded = l
                     .take()
                     .ok_or_else(|| EngineError::Gpu("rank already allocated".into()))?;
-                *self = RankSlot::Ready(loaded.allocate(sizes, rows)?);
+                *self = RankSlot::Ready(Box::new(loaded.allocate(sizes, rows)?));
                 Ok(())
             }
             RankSlot::Ready(_) => Err(EngineError::Gpu("rank already allocated".into())),
