@@ -120,6 +120,12 @@ pub trait SequenceStepper {
     fn decode_greedy(&mut self, _token: u32) -> Result<Option<u32>> {
         Ok(None)
     }
+
+    /// Appends one token and samples the next on the backend with `sampler`'s parameters and next uniform draw;
+    /// `None` when the backend hands back logits instead (the caller then samples them itself).
+    fn decode_sampled(&mut self, _token: u32, _sampler: &mut Sampler, _history: &[u32]) -> Result<Option<u32>> {
+        Ok(None)
+    }
 }
 
 struct CpuStepper<'m> {
@@ -213,7 +219,12 @@ pub fn generate_on(
         if generated.len() >= max_tokens {
             break FinishReason::Length;
         }
-        match greedy.then(|| stepper.decode_greedy(next)).transpose()?.flatten() {
+        let on_backend = if greedy {
+            stepper.decode_greedy(next)?
+        } else {
+            stepper.decode_sampled(next, &mut sampler, &history)?
+        };
+        match on_backend {
             Some(t) => picked = Some(t),
             None => logits = stepper.decode(next)?,
         }

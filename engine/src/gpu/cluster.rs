@@ -17,7 +17,7 @@ use tracing::info;
 
 use half::bf16;
 
-use super::rank::{Capacity, LoadedRank, RankCtl, RankSlot, StepOut};
+use super::rank::{Capacity, LoadedRank, Pick, RankCtl, RankSlot, SampleRow, StepOut};
 use super::state::{Books, PoolSizes, BLOCK_SIZE};
 use super::DeviceComm;
 use crate::error::{EngineError, Result};
@@ -420,7 +420,7 @@ impl GpuModel {
     pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<f32>> {
         let books = self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
-        let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, false)?)))?;
+        let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &Pick::Logits)?)))?;
         let first = self.books.lens[rows[0].0] as usize;
         self.books = books;
         self.join(Self::logits_of(replies)?, first)
@@ -434,12 +434,69 @@ impl GpuModel {
             let vocab = self.config.vocab_size;
             return Ok(logits.chunks_exact(vocab).map(crate::sample::argmax).collect());
         }
+        self.decode_pick(rows, Pick::Argmax)
+    }
+
+    /// One decode step that samples each row's next token as `sampling[i]` says: on the device with one GPU (only
+    /// the ids come back); with tensor parallelism the joined logits are sampled here by the device kernel's CPU twin
+    /// (same filters, same draw).
+    pub fn decode_sampled(&mut self, rows: &[(usize, u32)], sampling: &[SampleRow]) -> Result<Vec<u32>> {
+        if sampling.len() != rows.len() {
+            return Err(EngineError::InvalidInput(format!(
+                "{} sampling rows for a batch of {}",
+                sampling.len(),
+                rows.len()
+            )));
+        }
+        let vocab = self.config.vocab_size;
+        for s in sampling {
+            if !(0.0..1.0).contains(&s.uniform) {
+                return Err(EngineError::InvalidInput(format!(
+                    "uniform {} is outside [0, 1)",
+                    s.uniform
+                )));
+            }
+            if let Some(&t) = s.history.iter().find(|&&t| t as usize >= vocab) {
+                return Err(EngineError::InvalidInput(format!(
+                    "previous token id {t} is out of range (vocab size {vocab})"
+                )));
+            }
+        }
+        if self.ranks.len() > 1 {
+            let logits = self.decode(rows)?;
+            return Ok(logits
+                .chunks_exact(vocab)
+                .zip(sampling)
+                .map(|(row, s)| {
+                    let mut row = row.to_vec();
+                    if s.repetition_penalty != 1.0 {
+                        let mut seen = s.history.clone();
+                        seen.sort_unstable();
+                        seen.dedup();
+                        for t in seen {
+                            let l = &mut row[t as usize];
+                            *l = if *l > 0.0 {
+                                *l / s.repetition_penalty
+                            } else {
+                                *l * s.repetition_penalty
+                            };
+                        }
+                    }
+                    rewind_kernels::cpu::sample::sample_row(&row, s.temperature, s.top_k, s.top_p, s.min_p, s.uniform)
+                })
+                .collect());
+        }
+        self.decode_pick(rows, Pick::Sample(sampling.to_vec()))
+    }
+
+    fn decode_pick(&mut self, rows: &[(usize, u32)], pick: Pick) -> Result<Vec<u32>> {
         let books = self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
-        let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, true)?)))?;
+        let pick = Arc::new(pick);
+        let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &pick)?)))?;
         self.books = books;
         match replies.pop() {
-            Some(Reply::Step(StepOut::Argmax(ids))) => {
+            Some(Reply::Step(StepOut::Ids(ids))) => {
                 if let Some(i) = ids.iter().position(|&t| t as usize >= self.config.vocab_size) {
                     return Err(EngineError::NonFinite {
                         position: self.books.lens[rows[i].0] as usize - 1,
@@ -447,7 +504,7 @@ impl GpuModel {
                 }
                 Ok(ids)
             }
-            _ => Err(EngineError::Gpu("unexpected reply to a greedy step".into())),
+            _ => Err(EngineError::Gpu("unexpected reply to a decode step".into())),
         }
     }
 

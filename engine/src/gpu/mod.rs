@@ -21,6 +21,7 @@ mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
 pub use cluster::{GpuDtype, GpuModel, GpuOptions, GpuReport};
+pub use rank::SampleRow;
 pub use state::{PoolSizes, BLOCK_SIZE};
 pub use stepper::GpuSequence;
 

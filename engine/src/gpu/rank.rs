@@ -168,12 +168,38 @@ pub(crate) struct GpuRank<A: Act> {
     scratch: Scratch<A>,
 }
 
+/// One row's sampling on the device: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`),
+/// the repetition penalty over `history`, and the draw `uniform`.
+#[derive(Clone, Debug)]
+pub struct SampleRow {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    /// The context the penalty applies to (ignored when the penalty is 1).
+    pub history: Vec<u32>,
+    /// Uniform in `[0, 1)`.
+    pub uniform: f32,
+}
+
+/// What the step hands back.
+#[derive(Clone, Debug)]
+pub(crate) enum Pick {
+    /// The logits.
+    Logits,
+    /// The greedy token per row, on the device.
+    Argmax,
+    /// A sampled token per row, on the device.
+    Sample(Vec<SampleRow>),
+}
+
 /// What a step returns.
 pub(crate) enum StepOut {
     /// The rank's logits, `[rows, vocab slice]`.
     Logits(Vec<f32>),
-    /// The greedy token per row (single rank only).
-    Argmax(Vec<u32>),
+    /// The chosen token per row (single rank only).
+    Ids(Vec<u32>),
 }
 
 fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
@@ -235,7 +261,7 @@ impl<A: Act> GpuRank<A> {
 
     /// Embedding, blocks, final norm and LM head for a step whose metadata is uploaded; the head runs on the last
     /// `head_rows` rows.
-    fn run(&mut self, step: Step, head_rows: usize, argmax: bool) -> Result<Option<StepOut>> {
+    fn run(&mut self, step: Step, head_rows: usize, pick: &Pick) -> Result<Option<StepOut>> {
         let r = &mut self.inner;
         let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
         let s = &mut self.scratch;
@@ -286,17 +312,20 @@ impl<A: Act> GpuRank<A> {
             hid,
             v,
         )?;
-        if argmax {
-            ops::argmax_rows(
-                dev,
-                &s.logits.slice(..head_rows * v),
-                head_rows,
-                &mut s.argmax.slice_mut(..head_rows),
-            )?;
-            let ids = dev.download(&s.argmax.slice(..head_rows))?;
-            return Ok(Some(StepOut::Argmax(ids.into_iter().map(|i| i as u32).collect())));
+        match pick {
+            Pick::Logits => Ok(Some(StepOut::Logits(dev.download(&s.logits.slice(..head_rows * v))?))),
+            Pick::Argmax => {
+                let mut out = s.argmax.slice_mut(..head_rows);
+                ops::argmax_rows(dev, &s.logits.slice(..head_rows * v), head_rows, &mut out)?;
+                let ids = dev.download(&s.argmax.slice(..head_rows))?;
+                Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())))
+            }
+            Pick::Sample(rows) => {
+                sample_on_device(dev, &mut s.logits.slice_mut(..head_rows * v), v, rows, &mut s.argmax)?;
+                let ids = dev.download(&s.argmax.slice(..head_rows))?;
+                Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())))
+            }
         }
-        Ok(Some(StepOut::Logits(dev.download(&s.logits.slice(..head_rows * v))?)))
     }
 
     /// Runs a prompt for `slot` in chunks; returns the rank's logits for every token (`Logits::All`) or the last.
@@ -328,7 +357,7 @@ impl<A: Act> GpuRank<A> {
                 Logits::Last if ci + 1 == n_chunks => 1,
                 Logits::Last => 0,
             };
-            if let Some(StepOut::Logits(l)) = self.run(step, head_rows, false)? {
+            if let Some(StepOut::Logits(l)) = self.run(step, head_rows, &Pick::Logits)? {
                 out.extend(l);
             }
         }
@@ -336,7 +365,7 @@ impl<A: Act> GpuRank<A> {
     }
 
     /// One decode step: token `rows[i].1` appended to sequence `rows[i].0`, distinct sequences.
-    pub(crate) fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut> {
+    pub(crate) fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut> {
         let _span = debug_span!("gpu_decode", batch = rows.len()).entered();
         let b = rows.len();
         for &(slot, _) in rows {
@@ -359,7 +388,7 @@ impl<A: Act> GpuRank<A> {
             t: 1,
             prefill: None,
         };
-        self.run(step, b, argmax)?
+        self.run(step, b, pick)?
             .ok_or_else(|| EngineError::Gpu("a decode step produced no logits".into()))
     }
 
@@ -382,7 +411,7 @@ pub(crate) trait RankCtl {
     fn open(&mut self) -> Result<usize>;
     fn close(&mut self, slot: usize) -> Result<()>;
     fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>>;
-    fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut>;
+    fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut>;
     fn synchronize(&self) -> Result<()>;
 }
 
@@ -432,8 +461,8 @@ impl<A: Act> RankCtl for RankSlot<A> {
         self.ready()?.prefill(slot, tokens, which)
     }
 
-    fn decode(&mut self, rows: &[(usize, u32)], argmax: bool) -> Result<StepOut> {
-        self.ready()?.decode(rows, argmax)
+    fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut> {
+        self.ready()?.decode(rows, pick)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -442,4 +471,45 @@ impl<A: Act> RankCtl for RankSlot<A> {
             RankSlot::Loaded(_) => Err(not_ready()),
         }
     }
+}
+
+/// The repetition penalty and the draw for `rows` on the device; the ids land in `ids`.
+fn sample_on_device(
+    dev: &CudaDevice,
+    logits: &mut rewind_kernels::cuda::CudaViewMut<'_, f32>,
+    vocab: usize,
+    rows: &[SampleRow],
+    ids: &mut CudaSlice<i32>,
+) -> Result<()> {
+    let b = rows.len();
+    if rows
+        .iter()
+        .any(|r| r.repetition_penalty != 1.0 && !r.history.is_empty())
+    {
+        let (mut rows_of, mut tokens) = (Vec::new(), Vec::new());
+        for (i, r) in rows.iter().enumerate() {
+            if r.repetition_penalty == 1.0 {
+                continue;
+            }
+            let mut seen = r.history.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            for t in seen {
+                rows_of.push(i as i32);
+                tokens.push(t as i32);
+            }
+        }
+        let penalty: Vec<f32> = rows.iter().map(|r| r.repetition_penalty).collect();
+        let (rows_of, tokens, penalty) = (dev.upload(&rows_of)?, dev.upload(&tokens)?, dev.upload(&penalty)?);
+        ops::repetition_penalty(dev, logits, vocab, &rows_of, &tokens, &penalty)?;
+    }
+    let params: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| [r.temperature, r.top_k as f32, r.top_p, r.min_p])
+        .collect();
+    let uniforms: Vec<f32> = rows.iter().map(|r| r.uniform).collect();
+    let (params, uniforms) = (dev.upload(&params)?, dev.upload(&uniforms)?);
+    let mut out = ids.slice_mut(..b);
+    ops::sample_rows(dev, logits, b, vocab, &params, &uniforms, &mut out)?;
+    Ok(())
 }

@@ -1,9 +1,10 @@
 //! One sequence of a [`GpuModel`] as the generation loop's backend.
 
-use super::GpuModel;
+use super::{GpuModel, SampleRow};
 use crate::error::Result;
 use crate::generate::SequenceStepper;
 use crate::model::hybrid::Logits;
+use crate::sample::Sampler;
 
 /// A sequence opened on a [`GpuModel`]; released when dropped.
 pub struct GpuSequence<'m> {
@@ -36,6 +37,24 @@ impl SequenceStepper for GpuSequence<'_> {
 
     fn decode_greedy(&mut self, token: u32) -> Result<Option<u32>> {
         Ok(Some(self.model.decode_greedy(&[(self.seq, token)])?[0]))
+    }
+
+    fn decode_sampled(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<Option<u32>> {
+        let p = sampler.params();
+        let row = SampleRow {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            history: if p.repetition_penalty != 1.0 {
+                history.to_vec()
+            } else {
+                Vec::new()
+            },
+            uniform: sampler.uniform(),
+        };
+        Ok(Some(self.model.decode_sampled(&[(self.seq, token)], &[row])?[0]))
     }
 }
 

@@ -143,6 +143,13 @@ impl Sampler {
         &self.params
     }
 
+    /// The next uniform draw in `[0, 1)` from this sampler's stream: what a device-side sampler consumes in place of
+    /// [`Sampler::sample`]'s own draw, so a seeded generation stays reproducible.
+    pub fn uniform(&mut self) -> f32 {
+        // `random::<f32>()` is in [0, 1); keep it strictly below 1 after any rounding.
+        self.rng.random::<f32>().min(1.0 - f32::EPSILON)
+    }
+
     /// The seed actually in use (drawn at random when the parameters had none).
     pub fn seed(&self) -> u64 {
         self.seed
