@@ -426,15 +426,37 @@ impl GpuModel {
         self.join(Self::logits_of(replies)?, first)
     }
 
-    /// One decode step returning each row's greedy token. On one GPU the argmax runs on the device and only the ids
-    /// come back; with tensor parallelism the ranks' slices are joined and reduced here.
+    /// One decode step returning each row's greedy token. The argmax runs on the device: with one GPU only the ids
+    /// come back; with tensor parallelism each rank reports its slice's best id and logit, and the best of those wins
+    /// (the lowest id on ties, as ranks hold ascending slices).
     pub fn decode_greedy(&mut self, rows: &[(usize, u32)]) -> Result<Vec<u32>> {
-        if self.ranks.len() > 1 {
-            let logits = self.decode(rows)?;
-            let vocab = self.config.vocab_size;
-            return Ok(logits.chunks_exact(vocab).map(crate::sample::argmax).collect());
+        if self.ranks.len() == 1 {
+            return self.decode_pick(rows, Pick::Argmax);
         }
-        self.decode_pick(rows, Pick::Argmax)
+        let books = self.check_batch(rows)?;
+        let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
+        let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &Pick::Argmax)?)))?;
+        self.books = books;
+        let mut best: Vec<(i64, f32)> = vec![(-1, f32::NEG_INFINITY); rows.len()];
+        let mut poisoned = vec![false; rows.len()];
+        for reply in replies {
+            let Reply::Step(StepOut::Best(ids, vals)) = reply else {
+                return Err(EngineError::Gpu("unexpected reply to a greedy step".into()));
+            };
+            for (i, (&id, &val)) in ids.iter().zip(&vals).enumerate() {
+                if id < 0 {
+                    poisoned[i] = true;
+                } else if best[i].0 < 0 || val > best[i].1 {
+                    best[i] = (id, val);
+                }
+            }
+        }
+        if let Some(i) = poisoned.iter().position(|&p| p) {
+            return Err(EngineError::NonFinite {
+                position: self.books.lens[rows[i].0] as usize - 1,
+            });
+        }
+        Ok(best.into_iter().map(|(id, _)| id as u32).collect())
     }
 
     /// One decode step that samples each row's next token as `sampling[i]` says: on the device with one GPU (only

@@ -200,6 +200,8 @@ pub(crate) enum StepOut {
     Logits(Vec<f32>),
     /// The chosen token per row (single rank only).
     Ids(Vec<u32>),
+    /// A tensor-parallel rank's best vocabulary id (global, −1 for a row with NaN) and its logit, per row.
+    Best(Vec<i64>, Vec<f32>),
 }
 
 fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
@@ -318,7 +320,23 @@ impl<A: Act> GpuRank<A> {
                 let mut out = s.argmax.slice_mut(..head_rows);
                 ops::argmax_rows(dev, &s.logits.slice(..head_rows * v), head_rows, &mut out)?;
                 let ids = dev.download(&s.argmax.slice(..head_rows))?;
-                Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())))
+                if r.comm.is_none() {
+                    return Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())));
+                }
+                // A tensor-parallel rank reports its slice's best (id, logit) per row; the coordinator picks across
+                // ranks. A row with NaN keeps id −1.
+                let idx: Vec<i32> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(row, &id)| (row * v) as i32 + id.max(0))
+                    .collect();
+                let idx = dev.upload(&idx)?;
+                let mut vals = dev.alloc_zeros::<f32>(head_rows)?;
+                ops::gather_cols(dev, &s.logits.slice(..head_rows * v), 1, head_rows * v, &idx, &mut vals)?;
+                let vals = dev.download(&vals)?;
+                let start = r.vocab.start as i64;
+                let ids = ids.iter().map(|&i| if i < 0 { -1 } else { i as i64 + start }).collect();
+                Ok(Some(StepOut::Best(ids, vals)))
             }
             Pick::Sample(rows) => {
                 sample_on_device(dev, &mut s.logits.slice_mut(..head_rows * v), v, rows, &mut s.argmax)?;
