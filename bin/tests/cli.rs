@@ -512,3 +512,30 @@ fn gpu_without_a_driver_is_a_clear_error() {
         assert_fails(&o, &["CUDA unavailable"]);
     }
 }
+
+#[test]
+fn gpu_pool_sizes_are_checked_against_the_model() {
+    let model = tiny_model().to_str().expect("utf8");
+    let o = rewind(&[
+        "generate",
+        "--model",
+        model,
+        "--device",
+        "cuda",
+        "--max-model-len",
+        "100000000",
+    ]);
+    assert_fails(&o, &["--max-model-len 100000000", "max_position_embeddings"]);
+    let o = rewind(&[
+        "generate",
+        "--model",
+        model,
+        "--device",
+        "cuda",
+        "--gpu-memory-fraction",
+        "1.5",
+    ]);
+    assert_fails(&o, &["--gpu-memory-fraction 1.5", "(0, 1]"]);
+    let o = rewind(&["generate", "--model", model, "--device", "cuda", "--dtype", "fp8"]);
+    assert_fails(&o, &["unknown GPU dtype `fp8`"]);
+}

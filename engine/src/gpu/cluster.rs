@@ -151,6 +151,15 @@ impl GpuModel {
                 "--max-seqs and the prefill chunk must be positive".into(),
             ));
         }
+        let config = ModelConfig::from_dir(dir)?;
+        if let Some(n) = opts.max_model_len {
+            if n == 0 || n > config.max_position_embeddings {
+                return Err(EngineError::InvalidInput(format!(
+                    "--max-model-len {n} is outside 1..={} (the model's max_position_embeddings)",
+                    config.max_position_embeddings
+                )));
+            }
+        }
         let visible = rewind_kernels::cuda::device_count()?;
         if let Some(&bad) = opts.devices.iter().find(|&&d| d >= visible) {
             return Err(EngineError::Gpu(format!(
@@ -162,7 +171,6 @@ impl GpuModel {
                 }
             )));
         }
-        let config = ModelConfig::from_dir(dir)?;
         let max_len = opts
             .max_model_len
             .unwrap_or(config.max_position_embeddings.min(32_768))
