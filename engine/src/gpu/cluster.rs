@@ -17,6 +17,7 @@ use tracing::info;
 
 use half::bf16;
 
+use super::options::{GpuDtype, GpuOptions};
 use super::rank::{Capacity, LoadedRank, Pick, RankCtl, RankSlot, SampleRow, StepOut};
 use super::state::{Books, PoolSizes, BLOCK_SIZE};
 use super::DeviceComm;
@@ -24,70 +25,6 @@ use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::Logits;
 use crate::shard::even_split;
-
-/// How to place and size the GPU model.
-#[derive(Clone, Debug)]
-pub struct GpuOptions {
-    /// GPU ordinals, one per tensor-parallel rank (`[0]` for one GPU, `[0, 1]` for `--tp 2`).
-    pub devices: Vec<usize>,
-    /// Fraction of each GPU's memory rewind may use (weights, activations, state pools).
-    pub gpu_memory_fraction: f64,
-    /// Most sequences alive at once (SSM state slots; also the largest decode batch).
-    pub max_seqs: usize,
-    /// Longest sequence in tokens; `None` takes the model's `max_position_embeddings`, capped at 32768.
-    pub max_model_len: Option<usize>,
-    /// Tokens per prefill chunk.
-    pub prefill_chunk: usize,
-    /// Storage type of activations and state (`--dtype`).
-    pub dtype: GpuDtype,
-}
-
-/// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
-/// states and accumulation are f32 either way).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum GpuDtype {
-    /// bf16 activations: the serving default.
-    #[default]
-    Bf16,
-    /// f32 activations: only GEMM inputs are rounded to bf16 (for accuracy checks).
-    F32,
-}
-
-impl std::str::FromStr for GpuDtype {
-    type Err = EngineError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "bf16" | "bfloat16" => Ok(GpuDtype::Bf16),
-            "f32" | "float32" => Ok(GpuDtype::F32),
-            other => Err(EngineError::InvalidInput(format!(
-                "unknown GPU dtype `{other}`: expected bf16 or f32"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for GpuDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            GpuDtype::Bf16 => "bf16",
-            GpuDtype::F32 => "f32",
-        })
-    }
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        GpuOptions {
-            devices: vec![0],
-            gpu_memory_fraction: 0.9,
-            max_seqs: 64,
-            max_model_len: None,
-            prefill_chunk: 512,
-            dtype: GpuDtype::Bf16,
-        }
-    }
-}
 
 /// What loading found, for logs and reports.
 #[derive(Clone, Debug)]

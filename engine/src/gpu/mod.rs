@@ -6,13 +6,17 @@
 //! ops of `rewind_kernels::cuda` — chunked scans for prompts, recurrent steps over slot pools for decoding.
 //!
 //! - [`cluster`]: [`GpuModel`], the API (open / prefill / decode / release), one thread per rank.
-//! - `rank`: a rank's load, memory plan and steps; `forward`: the layers; `state`: pools and books; `scratch`:
-//!   activation buffers; `layers`, `weights`: device copies of the weights.
+//! - [`options`]: devices, memory fraction, pool sizes, storage type; [`check`]: the teacher-forced check against the
+//!   CPU; [`stepper`]: one sequence as the generation loop's backend.
+//! - `rank`: a rank's load, memory plan and steps; `forward` (mixers) and `ffn` (MLP, MoE): the layers; `state`:
+//!   pools and books; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights.
 
 pub mod check;
 pub mod cluster;
+mod ffn;
 mod forward;
 mod layers;
+pub mod options;
 mod rank;
 mod scratch;
 pub mod state;
@@ -20,7 +24,8 @@ pub mod stepper;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
-pub use cluster::{GpuDtype, GpuModel, GpuOptions, GpuReport};
+pub use cluster::{GpuModel, GpuReport};
+pub use options::{GpuDtype, GpuOptions};
 pub use rank::SampleRow;
 pub use state::{PoolSizes, BLOCK_SIZE};
 pub use stepper::GpuSequence;
