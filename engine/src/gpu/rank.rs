@@ -57,11 +57,14 @@ impl<A: Act> LoadedRank<A> {
     ) -> Result<Self> {
         let _span = debug_span!("gpu_load", rank, tp).entered();
         let blas = Blas::new(&dev)?;
-        let parts = ShardedModel::from_dir(dir, tp, rank)?.into_parts();
-        let mut blocks = Vec::with_capacity(parts.blocks.len());
-        for b in parts.blocks {
+        let config = crate::model::ModelConfig::from_dir(dir)?;
+        let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
+        let mut blocks = Vec::with_capacity(config.num_blocks());
+        // Each block is uploaded and dropped as soon as it is read: host memory holds one block at a time.
+        let parts = ShardedModel::load_streaming(config, tp, rank, &mut src, |b| {
             blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
-        }
+            Ok(())
+        })?;
         let embed = stored(&dev, &parts.embed)?;
         let lm_head = parts.lm_head.as_deref().map(|h| stored(&dev, h)).transpose()?;
         let final_norm = super::weights::act_of(&dev, &parts.final_norm)?;

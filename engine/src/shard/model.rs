@@ -36,12 +36,11 @@ pub(crate) struct ShardBlock {
     pub(crate) shard: ShardKind,
 }
 
-/// A rank's weights taken apart, for a backend that copies them elsewhere (the GPU runner).
+/// A rank's weights outside its blocks (which [`ShardedModel::load_streaming`] hands out one by one).
 pub(crate) struct ShardParts {
     pub(crate) config: ModelConfig,
     pub(crate) plan: RankPlan,
     pub(crate) embed: Vec<f32>,
-    pub(crate) blocks: Vec<ShardBlock>,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Option<Vec<f32>>,
 }
@@ -60,6 +59,31 @@ pub struct ShardedModel {
 impl ShardedModel {
     /// Loads rank `rank` of `tp` from `src` (a whole-model source, e.g. the memory-mapped checkpoint every rank opens).
     pub fn load(config: ModelConfig, tp: usize, rank: usize, src: &mut dyn TensorSource) -> Result<Self> {
+        let mut blocks = Vec::new();
+        let parts = Self::load_streaming(config, tp, rank, src, |b| {
+            blocks.push(b);
+            Ok(())
+        })?;
+        Ok(ShardedModel {
+            config: parts.config,
+            plan: parts.plan,
+            embed: parts.embed,
+            blocks,
+            final_norm: parts.final_norm,
+            lm_head: parts.lm_head,
+        })
+    }
+
+    /// Like [`ShardedModel::load`], but hands each block to `on_block` as soon as it is loaded instead of keeping it
+    /// (the returned parts hold no blocks): a backend that copies blocks elsewhere (the GPU runner) never holds more
+    /// than one block in host memory.
+    pub(crate) fn load_streaming(
+        config: ModelConfig,
+        tp: usize,
+        rank: usize,
+        src: &mut dyn TensorSource,
+        mut on_block: impl FnMut(ShardBlock) -> Result<()>,
+    ) -> Result<ShardParts> {
         let plan = {
             let view: &dyn TensorSource = src;
             RankPlan::new(&config, tp, rank, &|n| view.contains(n))?
@@ -67,7 +91,6 @@ impl ShardedModel {
         let hidden = config.hidden_size;
         let mut ss = ShardSource::new(src, plan.tensors());
         let embed = ss.take(&plan.embed.name, &plan.embed.local_shape())?;
-        let mut blocks = Vec::with_capacity(plan.blocks.len());
         for b in &plan.blocks {
             let norm = ss.take(&b.norm.name, &[hidden])?;
             let p = b.prefix.as_str();
@@ -78,11 +101,11 @@ impl ShardedModel {
                 BlockKind::Mlp(s) => Mixer::Mlp(Mlp::load(s, &mut ss, p)?),
                 BlockKind::Moe(s) => Mixer::Moe(Moe::load(s, &mut ss, p)?),
             };
-            blocks.push(ShardBlock {
+            on_block(ShardBlock {
                 norm,
                 mixer,
                 shard: b.shard.clone(),
-            });
+            })?;
         }
         let final_norm = ss.take(&plan.final_norm.name, &[hidden])?;
         let lm_head = match &plan.lm_head {
@@ -92,11 +115,10 @@ impl ShardedModel {
         let keep: Vec<&str> = config.keep_prefixes.iter().map(String::as_str).collect();
         let ignore: Vec<&str> = config.ignore_prefixes.iter().map(String::as_str).collect();
         ss.finish(&keep, &ignore)?;
-        Ok(ShardedModel {
+        Ok(ShardParts {
             config,
             plan,
             embed,
-            blocks,
             final_norm,
             lm_head,
         })
@@ -107,18 +129,6 @@ impl ShardedModel {
         let config = ModelConfig::from_dir(dir)?;
         let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
         Self::load(config, tp, rank, &mut src)
-    }
-
-    /// Takes the rank apart (the GPU runner uploads the pieces and drops them block by block).
-    pub(crate) fn into_parts(self) -> ShardParts {
-        ShardParts {
-            config: self.config,
-            plan: self.plan,
-            embed: self.embed,
-            blocks: self.blocks,
-            final_norm: self.final_norm,
-            lm_head: self.lm_head,
-        }
     }
 
     /// The whole model's config.
