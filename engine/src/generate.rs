@@ -260,3 +260,101 @@ pub fn generate_on(
         tokens: generated,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::bpe_builder::{self, SpecialTokenChoice};
+
+    /// A backend whose logits always favour `last + 1`, and which can pick tokens itself (as a GPU does).
+    struct Counting {
+        vocab: usize,
+        picks: bool,
+        logits_calls: usize,
+        greedy_calls: usize,
+        sampled_calls: usize,
+    }
+
+    impl Counting {
+        fn next(&self, token: u32) -> u32 {
+            (token + 1) % self.vocab as u32
+        }
+
+        fn logits_after(&self, token: u32) -> Vec<f32> {
+            let mut l = vec![0.0; self.vocab];
+            l[self.next(token) as usize] = 10.0;
+            l
+        }
+    }
+
+    impl SequenceStepper for Counting {
+        fn context_limit(&self) -> usize {
+            1000
+        }
+
+        fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+            Ok(self.logits_after(*prompt.last().expect("a prompt")))
+        }
+
+        fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
+            self.logits_calls += 1;
+            Ok(self.logits_after(token))
+        }
+
+        fn decode_greedy(&mut self, token: u32) -> Result<Option<u32>> {
+            if !self.picks {
+                return Ok(None);
+            }
+            self.greedy_calls += 1;
+            Ok(Some(self.next(token)))
+        }
+
+        fn decode_sampled(&mut self, token: u32, sampler: &mut Sampler, _history: &[u32]) -> Result<Option<u32>> {
+            if !self.picks {
+                return Ok(None);
+            }
+            self.sampled_calls += 1;
+            let _ = sampler.uniform();
+            Ok(Some(self.next(token)))
+        }
+    }
+
+    fn run(picks: bool, temperature: f32) -> (Vec<u32>, Counting) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bpe = bpe_builder::build_bpe_tokenizer(600).expect("tokenizer");
+        bpe_builder::write_tokenizer_files(dir.path(), &bpe, &SpecialTokenChoice::default()).expect("write");
+        let tokenizer = Tokenizer::from_dir(dir.path()).expect("load");
+        let mut backend = Counting {
+            vocab: 600,
+            picks,
+            logits_calls: 0,
+            greedy_calls: 0,
+            sampled_calls: 0,
+        };
+        let params = SamplingParams {
+            temperature,
+            top_k: 1,
+            max_tokens: Some(6),
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        let out = generate_on(&mut backend, &tokenizer, &[40, 41], &params, &[], &mut |_| {}).expect("generate");
+        (out.tokens, backend)
+    }
+
+    /// The loop takes the backend's own picks when it offers them (greedy and sampled), and the same tokens come out
+    /// as when it samples the backend's logits itself.
+    #[test]
+    fn backend_picks_replace_host_sampling() {
+        let want: Vec<u32> = (42..48).collect();
+        let (tokens, b) = run(true, 0.0);
+        assert_eq!(tokens, want);
+        assert_eq!((b.greedy_calls, b.sampled_calls, b.logits_calls), (5, 0, 0));
+        let (tokens, b) = run(true, 1.0);
+        assert_eq!(tokens, want);
+        assert_eq!((b.greedy_calls, b.sampled_calls, b.logits_calls), (0, 5, 0));
+        let (tokens, b) = run(false, 0.0);
+        assert_eq!(tokens, want);
+        assert_eq!((b.greedy_calls, b.sampled_calls, b.logits_calls), (0, 0, 5));
+    }
+}

@@ -274,3 +274,19 @@ fn a_tiny_temperature_is_greedy_not_a_crash() {
         }
     }
 }
+
+#[test]
+fn uniform_draws_are_reproducible_and_in_range() {
+    let params = SamplingParams {
+        seed: Some(11),
+        ..SamplingParams::default()
+    };
+    let mut a = Sampler::new(params.clone()).expect("sampler");
+    let mut b = Sampler::new(params).expect("sampler");
+    let xs: Vec<f32> = (0..1000).map(|_| a.uniform()).collect();
+    let ys: Vec<f32> = (0..1000).map(|_| b.uniform()).collect();
+    assert_eq!(xs, ys, "the same seed gives the same draws");
+    assert!(xs.iter().all(|u| (0.0..1.0).contains(u)));
+    let mean = xs.iter().map(|&u| f64::from(u)).sum::<f64>() / xs.len() as f64;
+    assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+}
