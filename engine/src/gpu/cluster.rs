@@ -163,7 +163,7 @@ impl GpuModel {
                 max_seqs: 1,
                 max_len: BLOCK_SIZE,
                 num_blocks: 0,
-            }),
+            })?,
             rows,
             report: GpuReport {
                 devices,
@@ -204,7 +204,7 @@ impl GpuModel {
             r.allocate(sizes, rows)?;
             Ok(Reply::Unit)
         })?;
-        model.books = Books::new(sizes);
+        model.books = Books::new(sizes)?;
         model.report.sizes = sizes;
         model.report.weight_bytes = caps.iter().map(|c| c.weight_bytes).collect();
         model.report.state_bytes = caps.iter().map(|c| c.state_bytes).collect();

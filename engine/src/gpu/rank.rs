@@ -155,7 +155,7 @@ impl<A: Act> LoadedRank<A> {
             "GPU pools allocated"
         );
         Ok(GpuRank {
-            books: Books::new(sizes),
+            books: Books::new(sizes)?,
             pools,
             scratch,
             inner: self,
@@ -256,7 +256,7 @@ impl<A: Act> GpuRank<A> {
 
     fn sync_books(&mut self) -> Result<()> {
         if self.books.table_dirty {
-            let table = self.books.table.clone();
+            let table = self.books.table_i32();
             self.upload("table", &table)?;
             self.books.table_dirty = false;
         }

@@ -8,6 +8,8 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use super::layers::{GpuBlock, GpuMixer};
 use super::Act;
 use crate::error::{EngineError, Result};
+use crate::state::kv::{KvBlocks, NO_BLOCK};
+use crate::state::{PoolError, SlotAllocator};
 
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = 16;
@@ -102,43 +104,46 @@ pub(crate) fn alloc_pools<A: Act>(
         .collect()
 }
 
-/// The host books: which slots and KV blocks are free, each slot's block table row and length.
+/// The host books: the engine's slot allocator and KV block tables (`crate::state`), plus each slot's length.
 #[derive(Clone, Debug)]
 pub(crate) struct Books {
     pub(crate) sizes: PoolSizes,
-    free_slots: Vec<usize>,
-    free_blocks: Vec<i32>,
-    /// `[max_seqs, blocks_per_seq]`, −1 where no block is assigned.
-    pub(crate) table: Vec<i32>,
+    slots: SlotAllocator,
+    kv: KvBlocks,
     /// Tokens cached per slot.
     pub(crate) lens: Vec<i32>,
-    live: Vec<bool>,
-    /// The table changed since it was last uploaded.
+    /// The block tables changed since they were last uploaded.
     pub(crate) table_dirty: bool,
 }
 
 impl Books {
-    pub(crate) fn new(sizes: PoolSizes) -> Self {
-        Books {
+    pub(crate) fn new(sizes: PoolSizes) -> Result<Self> {
+        Ok(Books {
             sizes,
-            free_slots: (0..sizes.max_seqs).rev().collect(),
-            free_blocks: (0..sizes.num_blocks as i32).rev().collect(),
-            table: vec![-1; sizes.max_seqs * sizes.blocks_per_seq()],
+            slots: SlotAllocator::new(sizes.max_seqs),
+            kv: KvBlocks::new(sizes.max_seqs, BLOCK_SIZE, sizes.blocks_per_seq(), sizes.num_blocks)?,
             lens: vec![0; sizes.max_seqs],
-            live: vec![false; sizes.max_seqs],
             table_dirty: true,
-        }
+        })
+    }
+
+    /// The block tables as the kernels read them: `[max_seqs, blocks_per_seq]` i32, −1 where no block is assigned.
+    pub(crate) fn table_i32(&self) -> Vec<i32> {
+        self.kv
+            .tables()
+            .iter()
+            .map(|&b| if b == NO_BLOCK { -1 } else { b as i32 })
+            .collect()
     }
 
     /// Takes a free slot for a new sequence.
     pub(crate) fn open(&mut self) -> Result<usize> {
-        let slot = self.free_slots.pop().ok_or_else(|| {
+        let slot = self.slots.alloc().map_err(|_| {
             EngineError::InvalidInput(format!(
                 "all {} sequence slots are in use (raise --max-seqs)",
                 self.sizes.max_seqs
             ))
         })?;
-        self.live[slot] = true;
         self.lens[slot] = 0;
         Ok(slot)
     }
@@ -146,22 +151,17 @@ impl Books {
     /// Frees a slot and its KV blocks.
     pub(crate) fn close(&mut self, slot: usize) -> Result<()> {
         self.check_live(slot)?;
-        let bps = self.sizes.blocks_per_seq();
-        for e in &mut self.table[slot * bps..(slot + 1) * bps] {
-            if *e >= 0 {
-                self.free_blocks.push(*e);
-                *e = -1;
-            }
+        if self.kv.held(slot) > 0 {
+            self.kv.fit(slot, 0)?;
+            self.table_dirty = true;
         }
-        self.live[slot] = false;
+        self.slots.free(slot)?;
         self.lens[slot] = 0;
-        self.free_slots.push(slot);
-        self.table_dirty = true;
         Ok(())
     }
 
     pub(crate) fn check_live(&self, slot: usize) -> Result<()> {
-        if slot < self.live.len() && self.live[slot] {
+        if self.slots.is_allocated(slot) {
             Ok(())
         } else {
             Err(EngineError::InvalidInput(format!("sequence {slot} is not open")))
@@ -186,26 +186,16 @@ impl Books {
     pub(crate) fn grow(&mut self, slot: usize, t: usize, with_kv: bool) -> Result<()> {
         let new_len = self.check_grow(slot, t)?;
         if with_kv {
-            let bps = self.sizes.blocks_per_seq();
-            let have = self.table[slot * bps..(slot + 1) * bps]
-                .iter()
-                .filter(|e| **e >= 0)
-                .count();
-            let need = new_len.div_ceil(BLOCK_SIZE);
-            if need > have {
-                if self.free_blocks.len() < need - have {
-                    return Err(EngineError::InvalidInput(format!(
-                        "the KV cache is full ({} blocks of {BLOCK_SIZE} tokens in use); release sequences or give the \
-                         pools more memory",
-                        self.sizes.num_blocks - self.free_blocks.len()
-                    )));
-                }
-                for i in have..need {
-                    let b = self.free_blocks.pop().expect("checked above");
-                    self.table[slot * bps + i] = b;
-                }
-                self.table_dirty = true;
-            }
+            let before = self.kv.held(slot);
+            self.kv.fit(slot, new_len).map_err(|e| match e {
+                PoolError::KvBlocksFull { .. } => EngineError::InvalidInput(format!(
+                    "the KV cache is full ({} blocks of {BLOCK_SIZE} tokens in use); release sequences or give the \
+                     pools more memory",
+                    self.kv.used_count()
+                )),
+                other => other.into(),
+            })?;
+            self.table_dirty |= self.kv.held(slot) != before;
         }
         self.lens[slot] = new_len as i32;
         Ok(())
@@ -223,13 +213,13 @@ mod tests {
             max_len: 64,
             num_blocks: 5,
         };
-        let mut b = Books::new(sizes);
+        let mut b = Books::new(sizes).unwrap();
         let s0 = b.open().unwrap();
         let s1 = b.open().unwrap();
         assert!(b.open().is_err());
         b.grow(s0, 17, true).unwrap();
         assert_eq!(b.lens[s0], 17);
-        assert_eq!(b.table[..4].iter().filter(|e| **e >= 0).count(), 2);
+        assert_eq!(b.table_i32()[..4].iter().filter(|e| **e >= 0).count(), 2);
         b.grow(s1, 48, true).unwrap();
         // 2 + 3 blocks used: one more token on s0 fits its second block, a third block does not exist.
         b.grow(s0, 15, true).unwrap();
