@@ -437,17 +437,9 @@ impl GpuModel {
                 .map(|(row, s)| {
                     let mut row = row.to_vec();
                     if s.repetition_penalty != 1.0 {
-                        let mut seen = s.history.clone();
-                        seen.sort_unstable();
-                        seen.dedup();
-                        for t in seen {
-                            let l = &mut row[t as usize];
-                            *l = if *l > 0.0 {
-                                *l / s.repetition_penalty
-                            } else {
-                                *l * s.repetition_penalty
-                            };
-                        }
+                        let mut seen = Vec::new();
+                        crate::sample::distinct_ids(&s.history, &mut seen);
+                        crate::sample::apply_repetition_penalty(&mut row, &seen, s.repetition_penalty);
                     }
                     rewind_kernels::cpu::sample::sample_row(&row, s.temperature, s.top_k, s.top_p, s.min_p, s.uniform)
                 })

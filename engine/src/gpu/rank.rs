@@ -507,15 +507,13 @@ fn sample_on_device(
         .iter()
         .any(|r| r.repetition_penalty != 1.0 && !r.history.is_empty())
     {
-        let (mut rows_of, mut tokens) = (Vec::new(), Vec::new());
+        let (mut rows_of, mut tokens, mut seen) = (Vec::new(), Vec::new(), Vec::new());
         for (i, r) in rows.iter().enumerate() {
             if r.repetition_penalty == 1.0 {
                 continue;
             }
-            let mut seen = r.history.clone();
-            seen.sort_unstable();
-            seen.dedup();
-            for t in seen {
+            crate::sample::distinct_ids(&r.history, &mut seen);
+            for &t in &seen {
                 rows_of.push(i as i32);
                 tokens.push(t as i32);
             }

@@ -195,11 +195,7 @@ impl Sampler {
     /// HF `RepetitionPenaltyLogitsProcessor`: each distinct previous token's logit is divided by the penalty when
     /// positive and multiplied by it otherwise.
     fn penalize(&mut self, scores: &mut [f32], previous: &[u32]) -> Result<()> {
-        let penalty = self.params.repetition_penalty;
-        self.seen.clear();
-        self.seen.extend_from_slice(previous);
-        self.seen.sort_unstable();
-        self.seen.dedup();
+        distinct_ids(previous, &mut self.seen);
         if let Some(&last) = self.seen.last() {
             if last as usize >= scores.len() {
                 return Err(EngineError::InvalidInput(format!(
@@ -208,10 +204,7 @@ impl Sampler {
                 )));
             }
         }
-        for &id in &self.seen {
-            let s = &mut scores[id as usize];
-            *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
-        }
+        apply_repetition_penalty(scores, &self.seen, self.params.repetition_penalty);
         Ok(())
     }
 
@@ -286,6 +279,23 @@ impl Sampler {
         }
         // Rounding can leave u == total; the last kept token then owns the remainder.
         *cand.last().expect("the top token always survives filtering")
+    }
+}
+
+/// The distinct ids of `previous`, ascending, into `out` (the tokens a repetition penalty applies to).
+pub fn distinct_ids(previous: &[u32], out: &mut Vec<u32>) {
+    out.clear();
+    out.extend_from_slice(previous);
+    out.sort_unstable();
+    out.dedup();
+}
+
+/// HF `RepetitionPenaltyLogitsProcessor` over distinct in-range ids: a logit is divided by `penalty` when positive and
+/// multiplied by it otherwise.
+pub fn apply_repetition_penalty(scores: &mut [f32], distinct: &[u32], penalty: f32) {
+    for &id in distinct {
+        let s = &mut scores[id as usize];
+        *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
     }
 }
 
