@@ -11,9 +11,16 @@ use serde_json::json;
 use crate::cli::{BenchArgs, Device};
 use crate::default_model::default_model_dir;
 
-fn median(mut xs: Vec<f64>) -> f64 {
+/// Seed of the benchmark prompt (CPU and GPU benches use the same prompt).
+pub(super) const PROMPT_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The median (NaN for no samples).
+pub(super) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
+    if n == 0 {
+        return f64::NAN;
+    }
     if n % 2 == 1 {
         xs[n / 2]
     } else {
@@ -21,14 +28,17 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-fn argmax(xs: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in xs.iter().enumerate() {
-        if *v > xs[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// A fixed pseudo-random token sequence (xorshift from `seed`), the same on every run.
+pub(super) fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
 }
 
 /// The commit this binary was built from (recorded at build time; `-dirty` marks uncommitted changes).
@@ -66,17 +76,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "--decode-tokens {} (after a 16-token prompt) exceeds the model's context limit of {limit} tokens",
         args.decode_tokens
     );
-    let vocab = model.config().vocab_size as u64;
     // A fixed pseudo-random prompt: the same tokens for every variant and every run.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let prompt: Vec<u32> = (0..args.prompt_len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
-        .collect();
+    let prompt = tokens(args.prompt_len, model.config().vocab_size, PROMPT_SEED);
     model.check_tokens(&prompt, 0)?;
     let threads = rayon::current_num_threads();
     eprintln!(
@@ -119,7 +120,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let mut logits = model.forward(&prompt[..16.min(prompt.len())], &mut s, Logits::Last)?;
         let t0 = Instant::now();
         for _ in 0..args.decode_tokens {
-            let next = argmax(&logits);
+            let next = rewind_engine::sample::argmax(&logits);
             logits = model.forward(&[next], &mut s, Logits::Last)?;
         }
         decode.push(args.decode_tokens as f64 / t0.elapsed().as_secs_f64());

@@ -8,6 +8,7 @@ use rewind_engine::gpu::{GpuModel, GpuOptions};
 use rewind_engine::model::Logits;
 use serde_json::json;
 
+use super::bench::{median, tokens, PROMPT_SEED};
 use crate::cli::{BenchArgs, DeviceArgs};
 
 /// The engine's options from the flags.
@@ -46,32 +47,6 @@ pub fn load(dir: &Path, d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuModel>
     Ok(model)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
-/// A fixed pseudo-random token sequence (xorshift), the same on every run.
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// `rewind bench --device cuda`: prefill rate of one prompt, and greedy decode rates of the batched step at each
 /// `--batch` size (every row a sequence of its own), medians over `--repeats`.
 pub fn bench(args: &BenchArgs, dir: &Path, devices: Vec<usize>, commit: Option<String>) -> Result<()> {
@@ -87,7 +62,7 @@ pub fn bench(args: &BenchArgs, dir: &Path, devices: Vec<usize>, commit: Option<S
     let summary = model.config().summary();
     let device_names = model.report().devices.clone();
 
-    let prompt = tokens(args.prompt_len, vocab, 0x9e37_79b9_7f4a_7c15);
+    let prompt = tokens(args.prompt_len, vocab, PROMPT_SEED);
     let mut prefill = Vec::new();
     for _ in 0..args.repeats + 1 {
         let seq = model.open()?;
