@@ -14,6 +14,7 @@ use super::ffn;
 use super::layers::{GatedNorm, GpuAttention, GpuBlock, GpuGdn, GpuMamba2, GpuMixer};
 use super::scratch::Scratch;
 use super::state::LayerPool;
+use super::weights::DeviceLinear;
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 
@@ -124,6 +125,47 @@ pub(crate) fn blocks<A: Act>(
     Ok(())
 }
 
+/// The SSM mixers' shared front: `proj = h · in_projᵀ` into `s.proj`, the conv channels (`conv_idx`) gathered out of
+/// it and run through the causal conv with SiLU over the step's slots (advancing their conv state), leaving
+/// `[rows, conv channels]` in `s.b`.
+#[allow(clippy::too_many_arguments)]
+fn project_and_conv<A: Act>(
+    cx: &mut Cx<A>,
+    in_proj: &DeviceLinear<A>,
+    conv_idx: &CudaSlice<i32>,
+    conv_w: &CudaSlice<A>,
+    conv_b: Option<&CudaSlice<A>>,
+    kernel: usize,
+    conv: &mut CudaSlice<A>,
+    step: Step,
+) -> Result<()> {
+    let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
+    let s = &mut *cx.s;
+    let (cd, wp) = (conv_idx.len(), in_proj.out_dim);
+    let mut proj = s.proj.slice_mut(..rows * wp);
+    lin(cx.blas, dev, &s.h.slice(..rows * hid), in_proj, &mut proj, rows)?;
+    ops::gather_cols(dev, &proj, rows, wp, conv_idx, &mut s.a.slice_mut(..rows * cd))?;
+    let dims = ConvDims {
+        batch: step.seqs,
+        seq: step.t,
+        channels: cd,
+        k: kernel,
+        slots: cx.max_seqs,
+    };
+    ops::causal_conv1d(
+        dev,
+        dims,
+        &s.a.slice(..rows * cd),
+        conv_w,
+        conv_b,
+        conv,
+        &s.seq_slots.slice(..step.seqs),
+        true,
+        &mut s.b.slice_mut(..rows * cd),
+    )
+    .map_err(Into::into)
+}
+
 fn mamba2<A: Act>(
     cx: &mut Cx<A>,
     m: &GpuMamba2<A>,
@@ -131,40 +173,23 @@ fn mamba2<A: Act>(
     ssm: &mut CudaSlice<f32>,
     step: Step,
 ) -> Result<()> {
+    project_and_conv(
+        cx,
+        &m.in_proj,
+        &m.xbc_idx,
+        &m.conv_w,
+        m.conv_b.as_ref(),
+        m.spec.conv_kernel,
+        conv,
+        step,
+    )?;
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let d = m.dims;
     let di = d.heads * d.head_dim;
     let (cd, wp) = (m.conv_dim, m.in_proj.out_dim);
     let bc = d.groups * d.state_dim;
-    lin(
-        cx.blas,
-        dev,
-        &s.h.slice(..rows * hid),
-        &m.in_proj,
-        &mut s.proj.slice_mut(..rows * wp),
-        rows,
-    )?;
     let proj = s.proj.slice(..rows * wp);
-    ops::gather_cols(dev, &proj, rows, wp, &m.xbc_idx, &mut s.a.slice_mut(..rows * cd))?;
-    let dims = ConvDims {
-        batch: step.seqs,
-        seq: step.t,
-        channels: cd,
-        k: m.spec.conv_kernel,
-        slots: cx.max_seqs,
-    };
-    ops::causal_conv1d(
-        dev,
-        dims,
-        &s.a.slice(..rows * cd),
-        &m.conv_w,
-        m.conv_b.as_ref(),
-        conv,
-        &s.seq_slots.slice(..step.seqs),
-        true,
-        &mut s.b.slice_mut(..rows * cd),
-    )?;
     let conv_out = s.b.slice(..rows * cd);
     ops::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
     ops::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
@@ -274,39 +299,22 @@ fn gdn<A: Act>(
     ssm: &mut CudaSlice<f32>,
     step: Step,
 ) -> Result<()> {
+    project_and_conv(
+        cx,
+        &m.in_proj,
+        &m.mixed_idx,
+        &m.conv_w,
+        None,
+        m.spec.conv_kernel,
+        conv,
+        step,
+    )?;
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let d = m.dims;
     let (cd, wp) = (m.conv_dim, m.proj_dim);
     let (qk, vd) = (d.k_heads * d.k_dim, d.v_heads * d.v_dim);
-    lin(
-        cx.blas,
-        dev,
-        &s.h.slice(..rows * hid),
-        &m.in_proj,
-        &mut s.proj.slice_mut(..rows * wp),
-        rows,
-    )?;
     let proj = s.proj.slice(..rows * wp);
-    ops::gather_cols(dev, &proj, rows, wp, &m.mixed_idx, &mut s.a.slice_mut(..rows * cd))?;
-    let dims = ConvDims {
-        batch: step.seqs,
-        seq: step.t,
-        channels: cd,
-        k: m.spec.conv_kernel,
-        slots: cx.max_seqs,
-    };
-    ops::causal_conv1d(
-        dev,
-        dims,
-        &s.a.slice(..rows * cd),
-        &m.conv_w,
-        None::<&CudaSlice<A>>,
-        conv,
-        &s.seq_slots.slice(..step.seqs),
-        true,
-        &mut s.b.slice_mut(..rows * cd),
-    )?;
     let conv_out = s.b.slice(..rows * cd);
     // q, k: expanded to the virtual key heads, L2-normalised (q also scaled); v as is.
     ops::gather_cols(dev, &conv_out, rows, cd, &m.q_idx, &mut s.c.slice_mut(..rows * qk))?;
