@@ -26,6 +26,7 @@ use crate::model::hybrid::Logits;
 use crate::model::tensors::TensorSource;
 use crate::model::{Model, ModelConfig};
 use crate::sample::argmax;
+use rewind_kernels::cuda::parity::worse;
 
 /// How the GPU stores a checkpoint tensor (mirrors `gpu::layers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,16 +134,19 @@ fn top_two(row: &[f32]) -> (f32, f32) {
     (a, b)
 }
 
-/// The CPU's greedy run of `prompt` for `steps` tokens: its tokens and its logits per position (`[prompt + steps]`
-/// rows, the last position's row being the one that picked the final token).
-fn cpu_reference(model: &Model, prompt: &[u32], steps: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+/// The CPU's logits per position (`[prompt + steps]` rows) for `prompt` followed by `steps` tokens: the `forced` ones
+/// when given, else its own greedy picks, which are returned.
+fn cpu_rows(model: &Model, prompt: &[u32], steps: usize, forced: Option<&[u32]>) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
     let vocab = model.config().vocab_size;
     let mut state = model.new_state();
     let all = model.forward(prompt, &mut state, Logits::All)?;
     let mut rows: Vec<Vec<f32>> = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
     let mut tokens = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let next = argmax(rows.last().expect("a prompt has logits"));
+    for i in 0..steps {
+        let next = match forced {
+            Some(f) => f[i],
+            None => argmax(rows.last().expect("a prompt has logits")),
+        };
         tokens.push(next);
         rows.push(model.forward(&[next], &mut state, Logits::Last)?);
     }
@@ -173,24 +177,16 @@ pub fn teacher_forced(
     let vocab = cpu.config().vocab_size;
     let refs: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts
         .iter()
-        .map(|p| cpu_reference(&cpu, p, steps))
+        .map(|p| cpu_rows(&cpu, p, steps, None))
         .collect::<Result<_>>()?;
     drop(cpu);
     // The unrounded model, teacher-forced with the same tokens.
     let exact = Model::from_dir(dir)?;
-    let mut unrounded = Vec::with_capacity(prompts.len());
-    for (p, (toks, _)) in prompts.iter().zip(&refs) {
-        let mut state = exact.new_state();
-        let mut rows: Vec<Vec<f32>> = exact
-            .forward(p, &mut state, Logits::All)?
-            .chunks_exact(vocab)
-            .map(<[f32]>::to_vec)
-            .collect();
-        for &t in toks {
-            rows.push(exact.forward(&[t], &mut state, Logits::Last)?);
-        }
-        unrounded.push(rows);
-    }
+    let unrounded: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .zip(&refs)
+        .map(|(p, (toks, _))| Ok(cpu_rows(&exact, p, toks.len(), Some(toks))?.1))
+        .collect::<Result<_>>()?;
     drop(exact);
     let mut gpu = GpuModel::load(dir, opts)?;
     let mut got: Vec<Vec<Vec<f32>>> = Vec::with_capacity(prompts.len());
@@ -210,24 +206,18 @@ pub fn teacher_forced(
     }
     let (mut worst, mut positions, mut checked, mut mismatches) = (0.0f64, 0, 0, 0);
     let mut per_position = Vec::with_capacity(refs.len());
-    let mut worst_unrounded = 0.0f64;
-    for (u, have) in unrounded.iter().zip(&got) {
-        for (w, h) in u.iter().zip(have) {
-            let e = rel(h, w);
-            worst_unrounded = if e.is_nan() || e > worst_unrounded {
-                e
-            } else {
-                worst_unrounded
-            };
-        }
-    }
+    let worst_unrounded = unrounded
+        .iter()
+        .zip(&got)
+        .flat_map(|(u, have)| u.iter().zip(have).map(|(w, h)| rel(h, w)))
+        .fold(0.0f64, worse);
     for ((_, want), have) in refs.iter().zip(&got) {
         let mut errs = Vec::with_capacity(want.len());
         for (w, h) in want.iter().zip(have) {
             positions += 1;
             let e = rel(h, w);
             errs.push(e);
-            worst = if e.is_nan() || e > worst { e } else { worst };
+            worst = worse(worst, e);
             let (top, second) = top_two(w);
             let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             if f64::from(top - second) > tolerance * f64::from(scale) {
