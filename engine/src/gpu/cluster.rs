@@ -324,11 +324,10 @@ impl GpuModel {
         }
         self.check_tokens(tokens.iter().copied())?;
         let first = self.books.lens.get(seq).copied().unwrap_or(0) as usize;
-        let mut books = self.books.clone();
-        books.grow(seq, tokens.len(), self.has_attention)?;
+        self.books.check_growth(&[(seq, tokens.len())], self.has_attention)?;
         let toks: Arc<Vec<u32>> = Arc::new(tokens.to_vec());
         let replies = self.broadcast(move |r| Ok(Reply::Logits(r.prefill(seq, &toks, which)?)))?;
-        self.books = books;
+        self.books.grow(seq, tokens.len(), self.has_attention)?;
         let rows = match which {
             Logits::All => tokens.len(),
             Logits::Last => 1,
@@ -336,7 +335,9 @@ impl GpuModel {
         self.join(Self::logits_of(replies)?, first + tokens.len() - rows)
     }
 
-    fn check_batch(&self, rows: &[(usize, u32)]) -> Result<Books> {
+    /// Validates a decode batch against the books (changing nothing); [`GpuModel::advance`] records it once the ranks
+    /// have run it.
+    fn check_batch(&self, rows: &[(usize, u32)]) -> Result<()> {
         if rows.is_empty() {
             return Err(EngineError::InvalidInput("an empty decode batch".into()));
         }
@@ -354,20 +355,25 @@ impl GpuModel {
             )));
         }
         self.check_tokens(rows.iter().map(|r| r.1))?;
-        let mut books = self.books.clone();
+        let growth: Vec<(usize, usize)> = rows.iter().map(|&(s, _)| (s, 1)).collect();
+        self.books.check_growth(&growth, self.has_attention)
+    }
+
+    /// Records one decoded token for every sequence of a checked batch.
+    fn advance(&mut self, rows: &[(usize, u32)]) -> Result<()> {
         for &(s, _) in rows {
-            books.grow(s, 1, self.has_attention)?;
+            self.books.grow(s, 1, self.has_attention)?;
         }
-        Ok(books)
+        Ok(())
     }
 
     /// One decode step over a batch of distinct sequences (`(sequence, token)`); returns `[batch, vocab]` logits.
     pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<f32>> {
-        let books = self.check_batch(rows)?;
+        self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
         let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &Pick::Logits)?)))?;
         let first = self.books.lens[rows[0].0] as usize;
-        self.books = books;
+        self.advance(rows)?;
         self.join(Self::logits_of(replies)?, first)
     }
 
@@ -378,10 +384,10 @@ impl GpuModel {
         if self.ranks.len() == 1 {
             return self.decode_pick(rows, Pick::Argmax);
         }
-        let books = self.check_batch(rows)?;
+        self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
         let replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &Pick::Argmax)?)))?;
-        self.books = books;
+        self.advance(rows)?;
         let mut best: Vec<(i64, f32)> = vec![(-1, f32::NEG_INFINITY); rows.len()];
         let mut poisoned = vec![false; rows.len()];
         for reply in replies {
@@ -449,11 +455,11 @@ impl GpuModel {
     }
 
     fn decode_pick(&mut self, rows: &[(usize, u32)], pick: Pick) -> Result<Vec<u32>> {
-        let books = self.check_batch(rows)?;
+        self.check_batch(rows)?;
         let batch: Arc<Vec<(usize, u32)>> = Arc::new(rows.to_vec());
         let pick = Arc::new(pick);
         let mut replies = self.broadcast(move |r| Ok(Reply::Step(r.decode(&batch, &pick)?)))?;
-        self.books = books;
+        self.advance(rows)?;
         match replies.pop() {
             Some(Reply::Step(StepOut::Ids(ids))) => {
                 if let Some(i) = ids.iter().position(|&t| t as usize >= self.config.vocab_size) {

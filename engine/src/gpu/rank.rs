@@ -207,6 +207,13 @@ pub(crate) enum StepOut {
     Best(Vec<i64>, Vec<f32>),
 }
 
+/// Copies `data` into the front of `buf`.
+fn put(dev: &CudaDevice, buf: &mut CudaSlice<i32>, data: &[i32], what: &str) -> Result<()> {
+    dev.stream()
+        .memcpy_htod(data, &mut buf.slice_mut(..data.len()))
+        .map_err(|e| EngineError::Gpu(format!("uploading {what}: {e}")))
+}
+
 fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
     v.into_iter().map(|x| x as i32).collect()
 }
@@ -237,31 +244,18 @@ impl<A: Act> GpuRank<A> {
         self.books.close(slot)
     }
 
-    fn upload(&mut self, which: &str, data: &[i32]) -> Result<()> {
-        let s = &mut self.scratch;
-        let buf = match which {
-            "tokens" => &mut s.tokens,
-            "row_slots" => &mut s.row_slots,
-            "row_pos" => &mut s.row_pos,
-            "seq_slots" => &mut s.seq_slots,
-            "lens" => &mut s.lens,
-            _ => &mut s.table,
-        };
-        self.inner
-            .dev
-            .stream()
-            .memcpy_htod(data, &mut buf.slice_mut(..data.len()))
-            .map_err(|e| EngineError::Gpu(format!("uploading {which}: {e}")))
-    }
-
-    fn sync_books(&mut self) -> Result<()> {
+    /// Uploads the step's per-row metadata and the books (the block tables only when they changed).
+    fn upload_step(&mut self, tokens: &[i32], row_slots: &[i32], row_pos: &[i32], seq_slots: &[i32]) -> Result<()> {
+        let (dev, s) = (&*self.inner.dev, &mut self.scratch);
+        put(dev, &mut s.tokens, tokens, "tokens")?;
+        put(dev, &mut s.row_slots, row_slots, "row slots")?;
+        put(dev, &mut s.row_pos, row_pos, "positions")?;
+        put(dev, &mut s.seq_slots, seq_slots, "sequence slots")?;
         if self.books.table_dirty {
-            let table = self.books.table_i32();
-            self.upload("table", &table)?;
+            put(dev, &mut s.table, &self.books.table_i32(), "block tables")?;
             self.books.table_dirty = false;
         }
-        let lens = self.books.lens.clone();
-        self.upload("lens", &lens)
+        put(dev, &mut s.lens, &self.books.lens, "lengths")
     }
 
     /// Embedding, blocks, final norm and LM head for a step whose metadata is uploaded; the head runs on the last
@@ -352,7 +346,8 @@ impl<A: Act> GpuRank<A> {
     /// Runs a prompt for `slot` in chunks; returns the rank's logits for every token (`Logits::All`) or the last.
     pub(crate) fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         let _span = debug_span!("gpu_prefill", slot, tokens = tokens.len()).entered();
-        self.books.check_grow(slot, tokens.len())?;
+        self.books
+            .check_growth(&[(slot, tokens.len())], self.inner.has_attention())?;
         let clamp = tokens.len() > 1;
         let chunk = self.scratch.rows;
         let with_kv = self.inner.has_attention();
@@ -362,11 +357,12 @@ impl<A: Act> GpuRank<A> {
             let t = part.len();
             let pos = self.books.lens[slot] as usize;
             self.books.grow(slot, t, with_kv)?;
-            self.upload("tokens", &to_i32(part.iter().map(|&x| x as usize)))?;
-            self.upload("row_slots", &vec![slot as i32; t])?;
-            self.upload("row_pos", &to_i32(pos..pos + t))?;
-            self.upload("seq_slots", &[slot as i32])?;
-            self.sync_books()?;
+            self.upload_step(
+                &to_i32(part.iter().map(|&x| x as usize)),
+                &vec![slot as i32; t],
+                &to_i32(pos..pos + t),
+                &[slot as i32],
+            )?;
             let step = Step {
                 rows: t,
                 seqs: 1,
@@ -389,20 +385,20 @@ impl<A: Act> GpuRank<A> {
     pub(crate) fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut> {
         let _span = debug_span!("gpu_decode", batch = rows.len()).entered();
         let b = rows.len();
-        for &(slot, _) in rows {
-            self.books.check_grow(slot, 1)?;
-        }
         let with_kv = self.inner.has_attention();
+        let growth: Vec<(usize, usize)> = rows.iter().map(|&(s, _)| (s, 1)).collect();
+        self.books.check_growth(&growth, with_kv)?;
         let positions: Vec<usize> = rows.iter().map(|&(s, _)| self.books.lens[s] as usize).collect();
         for &(slot, _) in rows {
             self.books.grow(slot, 1, with_kv)?;
         }
         let slots = to_i32(rows.iter().map(|&(s, _)| s));
-        self.upload("tokens", &to_i32(rows.iter().map(|&(_, t)| t as usize)))?;
-        self.upload("row_slots", &slots)?;
-        self.upload("row_pos", &to_i32(positions))?;
-        self.upload("seq_slots", &slots)?;
-        self.sync_books()?;
+        self.upload_step(
+            &to_i32(rows.iter().map(|&(_, t)| t as usize)),
+            &slots,
+            &to_i32(positions),
+            &slots,
+        )?;
         let step = Step {
             rows: b,
             seqs: b,

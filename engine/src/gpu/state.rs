@@ -181,20 +181,42 @@ impl Books {
         Ok(new_len)
     }
 
+    /// Checks that every `(slot, t)` of `growth` (distinct slots) can grow by `t` tokens together — lengths and KV
+    /// blocks — with the errors [`Books::grow`] would give; changes nothing.
+    pub(crate) fn check_growth(&self, growth: &[(usize, usize)], with_kv: bool) -> Result<()> {
+        let mut blocks = 0;
+        for &(slot, t) in growth {
+            let new_len = self.check_grow(slot, t)?;
+            if with_kv {
+                blocks += self.kv.blocks_for(new_len).saturating_sub(self.kv.held(slot));
+            }
+        }
+        if blocks > self.kv.free_count() {
+            return Err(self.kv_full());
+        }
+        Ok(())
+    }
+
+    fn kv_full(&self) -> EngineError {
+        EngineError::InvalidInput(format!(
+            "the KV cache is full ({} blocks of {BLOCK_SIZE} tokens in use); release sequences or give the pools more \
+             memory",
+            self.kv.used_count()
+        ))
+    }
+
     /// Grows slot `slot` by `t` tokens, assigning KV blocks as needed (only when the model has attention layers,
     /// `with_kv`). On failure nothing changes.
     pub(crate) fn grow(&mut self, slot: usize, t: usize, with_kv: bool) -> Result<()> {
         let new_len = self.check_grow(slot, t)?;
         if with_kv {
             let before = self.kv.held(slot);
-            self.kv.fit(slot, new_len).map_err(|e| match e {
-                PoolError::KvBlocksFull { .. } => EngineError::InvalidInput(format!(
-                    "the KV cache is full ({} blocks of {BLOCK_SIZE} tokens in use); release sequences or give the \
-                     pools more memory",
-                    self.kv.used_count()
-                )),
-                other => other.into(),
-            })?;
+            if let Err(e) = self.kv.fit(slot, new_len) {
+                return Err(match e {
+                    PoolError::KvBlocksFull { .. } => self.kv_full(),
+                    other => other.into(),
+                });
+            }
             self.table_dirty |= self.kv.held(slot) != before;
         }
         self.lens[slot] = new_len as i32;
@@ -231,5 +253,30 @@ mod tests {
         assert!(b.close(s1).is_err());
         b.grow(s0, 1, true).unwrap();
         assert_eq!(b.lens[s0], 33);
+    }
+
+    #[test]
+    fn a_batch_is_checked_as_a_whole_before_anything_grows() {
+        let sizes = PoolSizes {
+            max_seqs: 3,
+            max_len: 64,
+            num_blocks: 4,
+        };
+        let mut b = Books::new(sizes).unwrap();
+        let (s0, s1, s2) = (b.open().unwrap(), b.open().unwrap(), b.open().unwrap());
+        b.grow(s0, 16, true).unwrap();
+        b.grow(s1, 16, true).unwrap();
+        b.grow(s2, 16, true).unwrap();
+        // Each needs one more block for its 17th token; only one is free.
+        let err = b.check_growth(&[(s0, 1), (s1, 1)], true).unwrap_err().to_string();
+        assert!(err.contains("KV cache is full"), "{err}");
+        b.check_growth(&[(s0, 1)], true).unwrap();
+        b.check_growth(&[(s0, 1), (s1, 1)], false).unwrap();
+        assert!(b
+            .check_growth(&[(s0, 49)], true)
+            .unwrap_err()
+            .to_string()
+            .contains("limit of 64"));
+        assert_eq!(b.lens[..3], [16, 16, 16], "checks change nothing");
     }
 }
