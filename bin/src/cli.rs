@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use rewind_engine::decode::{DecodeOptions, FormChoice};
+use rewind_engine::decode::FormChoice;
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]
@@ -96,7 +96,7 @@ pub struct GenerateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DecodeArgs {
     /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay).
-    /// Default: auto on the CPU, recurrent on a GPU (the only form the GPU runner has yet).
+    /// Default: auto on the CPU, recurrent on a GPU (the only form the GPU rank has yet).
     #[arg(long = "decode", value_name = "FORM", value_parser = parse_form)]
     pub form: Option<FormChoice>,
     /// Input-ring capacity L of the replay form (at least 2); a kv-only sequence holds up to threshold + T entries
@@ -106,14 +106,6 @@ pub struct DecodeArgs {
 }
 
 impl DecodeArgs {
-    /// The engine's options on the CPU.
-    pub fn options(&self) -> DecodeOptions {
-        DecodeOptions {
-            form: self.form.unwrap_or(FormChoice::Auto),
-            buffer_len: self.buffer_len,
-        }
-    }
-
     /// Fails unless the form can run on a GPU (recurrent, the default there).
     pub fn check_gpu(&self) -> anyhow::Result<()> {
         match self.form {
@@ -132,7 +124,8 @@ pub struct DeviceArgs {
     /// Device: `cpu`, `cuda` (GPU 0) or `cuda:N` (with --tp, GPUs N .. N + tp − 1).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Tensor-parallel ranks, one GPU each (NCCL all-reduces between them).
+    /// Tensor-parallel ranks: one GPU each (NCCL all-reduces between them), or on the CPU one thread each (in-process
+    /// all-reduces).
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Fraction of each GPU's memory rewind may take for weights, activations and state pools, in (0, 1].
@@ -168,15 +161,7 @@ impl DeviceArgs {
             anyhow::bail!("--tp must be at least 1");
         }
         let first = match self.device.as_str() {
-            "cpu" => {
-                if self.tp > 1 {
-                    anyhow::bail!(
-                        "--tp {}: tensor parallelism runs on GPUs (--device cuda); the CPU runs one rank",
-                        self.tp
-                    );
-                }
-                return Ok(Device::Cpu);
-            }
+            "cpu" => return Ok(Device::Cpu),
             "cuda" => 0,
             d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(n)) => n,

@@ -50,6 +50,12 @@ pub enum EngineError {
     /// A tensor-parallel collective failed: a rank left (panicked, aborted) or ranks disagreed on the operation.
     #[error("communicator: {0}")]
     Communicator(String),
+    /// A feature this backend cannot run yet (a decode form, speculation, snapshots on the GPU, ...).
+    #[error("not supported yet: {0}")]
+    NotSupported(String),
+    /// A rank's thread stopped (it panicked, or its device failed) and cannot answer.
+    #[error("rank {rank} has stopped")]
+    RankStopped { rank: usize },
     /// The GPU backend failed (no usable device, a CUDA / cuBLAS / NCCL call failed) or a model does not fit on it.
     #[error("GPU: {0}")]
     Gpu(String),

@@ -1,4 +1,5 @@
-//! Single-sequence generation on the CPU: chunked prefill of the prompt, then sample → decode one token at a time,
+//! Single-sequence generation over any backend ([`SequenceStepper`]; a rank group's is
+//! [`crate::rank::GroupSequence`]): chunked prefill of the prompt, then sample → decode one token at a time,
 //! streaming text as it becomes complete UTF-8 and stopping on EOS, stop ids, stop strings, length or context limit.
 
 use std::time::Instant;
@@ -6,9 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tracing::info_span;
 
-use crate::decode::{DecodeOptions, Decoder, DecoderConfig};
 use crate::error::{EngineError, Result};
-use crate::model::{Logits, Model};
 use crate::sample::{Sampler, SamplingParams, StopChecker, StopOutcome};
 use crate::tokenizer::Tokenizer;
 
@@ -51,62 +50,6 @@ pub struct GenerationOutput {
     pub stats: GenerationStats,
 }
 
-/// Generates from `prompt` (token ids) with the default decode options (`auto`, `L = 16`). `on_text` receives each
-/// piece of text as soon as it is final.
-pub fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
-    params: &SamplingParams,
-    eos_token_ids: &[u32],
-    on_text: &mut dyn FnMut(&str),
-) -> Result<GenerationOutput> {
-    generate_with(
-        model,
-        tokenizer,
-        prompt,
-        params,
-        eos_token_ids,
-        DecodeOptions::default(),
-        on_text,
-    )
-}
-
-/// [`generate`] in the decode form and ring length `decode` asks for.
-pub fn generate_with(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
-    params: &SamplingParams,
-    eos_token_ids: &[u32],
-    decode: DecodeOptions,
-    on_text: &mut dyn FnMut(&str),
-) -> Result<GenerationOutput> {
-    if prompt.is_empty() {
-        return Err(EngineError::InvalidInput(
-            "the prompt is empty (no tokens to start from)".into(),
-        ));
-    }
-    params.validate(model.config().vocab_size)?;
-    model.check_tokens(prompt, 0)?;
-    // The KV pool holds what this generation can reach, not the model's whole context.
-    let limit = model.config().max_position_embeddings;
-    let context = prompt
-        .len()
-        .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
-        .min(limit);
-    let mut decoder = Decoder::new(
-        model,
-        DecoderConfig {
-            buffer_len: decode.buffer_len,
-            ..DecoderConfig::new(1, context)
-        },
-    )?;
-    let slot = decoder.start(decode.form)?;
-    let mut stepper = CpuStepper { decoder, slot, limit };
-    generate_on(&mut stepper, tokenizer, prompt, params, eos_token_ids, on_text)
-}
-
 /// What the generation loop needs from a backend running one sequence.
 pub trait SequenceStepper {
     /// The longest context the sequence may reach.
@@ -125,26 +68,6 @@ pub trait SequenceStepper {
     /// `None` when the backend hands back logits instead (the caller then samples them itself).
     fn decode_sampled(&mut self, _token: u32, _sampler: &mut Sampler, _history: &[u32]) -> Result<Option<u32>> {
         Ok(None)
-    }
-}
-
-struct CpuStepper<'m> {
-    decoder: Decoder<'m>,
-    slot: usize,
-    limit: usize,
-}
-
-impl SequenceStepper for CpuStepper<'_> {
-    fn context_limit(&self) -> usize {
-        self.limit
-    }
-
-    fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
-        self.decoder.prefill(self.slot, prompt, Logits::Last)
-    }
-
-    fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
-        self.decoder.decode(&[(self.slot, token)])
     }
 }
 

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::checkpoint::writer::{write_streaming, WriteDtype};
 use crate::error::{EngineError, Result};
-use crate::model::hybrid::load_blocks;
+use crate::shard::ShardedModel;
 use crate::model::tensors::TensorSource;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
@@ -72,7 +72,7 @@ impl TensorSource for ShapeRecorder {
 /// Every tensor (name → shape) a checkpoint of `config` holds.
 pub fn plan_tensors(config: &ModelConfig) -> Result<BTreeMap<String, Vec<usize>>> {
     let mut rec = ShapeRecorder::default();
-    load_blocks(config, &mut rec, |_| ())?;
+    ShardedModel::load_streaming(config.clone(), 1, 0, &mut rec, |_| Ok(()))?;
     Ok(rec.tensors)
 }
 

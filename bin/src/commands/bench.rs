@@ -1,13 +1,14 @@
-//! `rewind bench`: chunked prefill against token-by-token prefill on one prompt, and the decode rate.
-//!
-//! Both prefill variants run side by side in one process on the same prompt; each is repeated and the median reported.
+//! `rewind bench`: the prefill rate of one prompt and the greedy decode rate at each batch size, on any backend,
+//! through the rank interface. On the CPU the chunked prefill is also timed against the same prompt run token by
+//! token, side by side in one process. Every measure is repeated and the median reported.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rewind_engine::model::{Logits, Model};
+use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StepPlan};
 use serde_json::json;
 
+use super::backend::{self, Loaded, Needs};
 use crate::cli::{BenchArgs, Device};
 use crate::default_model::default_model_dir;
 
@@ -46,6 +47,109 @@ fn git_commit() -> Option<String> {
     Some(env!("REWIND_GIT_COMMIT").to_string())
 }
 
+/// One step of one sequence.
+fn one(loaded: &Loaded, slot: usize, kind: SeqKind, position: usize, tokens: Vec<u32>, logits: bool) -> StepPlan {
+    StepPlan {
+        commits: Vec::new(),
+        seqs: vec![SeqStep {
+            slot,
+            kind,
+            position,
+            tokens,
+            form: loaded.form,
+            rows: Rows::Last,
+            sample: None,
+        }],
+        full_logits: logits,
+    }
+}
+
+/// Seconds to prefill `prompt` into a fresh sequence, in one step (the chunked scans) or token by token (one
+/// decode step per token); returns the last position's logits too.
+fn prefill(loaded: &mut Loaded, prompt: &[u32], token_by_token: bool) -> Result<(f64, Vec<f32>)> {
+    let slot = loaded.group.open(loaded.form)?;
+    loaded.group.synchronize()?;
+    let t0 = Instant::now();
+    let out = if token_by_token {
+        let mut last = None;
+        for (i, &tok) in prompt.iter().enumerate() {
+            let plan = one(loaded, slot, SeqKind::Decode, i, vec![tok], i + 1 == prompt.len());
+            last = Some(loaded.group.step(plan)?);
+        }
+        last.context("an empty prompt")?
+    } else {
+        let plan = one(loaded, slot, SeqKind::Prefill, 0, prompt.to_vec(), true);
+        loaded.group.step(plan)?
+    };
+    loaded.group.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    loaded.group.release(slot)?;
+    Ok((secs, out.logits.unwrap_or_default()))
+}
+
+/// Greedy decode tokens per second of a batch of `b` sequences (each its own 16-token prompt), `steps` timed steps
+/// after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
+fn decode_rate(group: &mut RankGroup, form: rewind_engine::decode::FormChoice, b: usize, steps: usize, seed: u64)
+    -> Result<f64> {
+    let vocab = group.vocab_size();
+    let mut seqs = Vec::with_capacity(b);
+    for i in 0..b {
+        let slot = group.open(form)?;
+        let p = tokens(16, vocab, 1000 + i as u64 + seed);
+        let out = group.step(StepPlan {
+            commits: Vec::new(),
+            seqs: vec![SeqStep {
+                slot,
+                kind: SeqKind::Prefill,
+                position: 0,
+                tokens: p,
+                form,
+                rows: Rows::Last,
+                sample: None,
+            }],
+            full_logits: false,
+        })?;
+        seqs.push((slot, 16usize, out.rows[0].argmax));
+    }
+    let step = |group: &mut RankGroup, seqs: &mut Vec<(usize, usize, u32)>| -> Result<()> {
+        let plan = StepPlan {
+            commits: Vec::new(),
+            seqs: seqs
+                .iter()
+                .map(|&(slot, pos, next)| SeqStep {
+                    slot,
+                    kind: SeqKind::Decode,
+                    position: pos,
+                    tokens: vec![next],
+                    form,
+                    rows: Rows::Last,
+                    sample: None,
+                })
+                .collect(),
+            full_logits: false,
+        };
+        let out = group.step(plan)?;
+        for (s, r) in seqs.iter_mut().zip(&out.rows) {
+            (s.1, s.2) = (s.1 + 1, r.argmax);
+        }
+        Ok(())
+    };
+    for _ in 0..3 {
+        step(group, &mut seqs)?;
+    }
+    group.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        step(group, &mut seqs)?;
+    }
+    group.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    for (slot, _, _) in seqs {
+        group.release(slot)?;
+    }
+    Ok((b * steps) as f64 / secs)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let dir = match &args.model {
         Some(d) => d.clone(),
@@ -53,18 +157,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
-    match args.device.device()? {
-        Device::Cpu => anyhow::ensure!(
-            args.batch.is_none(),
-            "--batch: the batched decode benchmark runs on GPUs (--device cuda); the CPU bench decodes one sequence"
-        ),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(devices) => return super::gpu::bench(&args, &dir, devices, git_commit()),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => return Err(super::no_cuda()),
-    }
-    let model = Model::from_dir(&dir)?;
-    let limit = model.config().max_position_embeddings;
+    let device = args.device.device()?;
+    let cpu = device == Device::Cpu;
+    let batches = args.batch.clone().unwrap_or_else(|| if cpu { vec![1] } else { vec![1, 64] });
+    anyhow::ensure!(batches.iter().all(|&b| b > 0), "--batch sizes must be positive");
+    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
+    let limit = config.max_position_embeddings;
     // Checked before anything is allocated for the prompt.
     anyhow::ensure!(
         args.prompt_len <= limit,
@@ -72,102 +170,108 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.prompt_len
     );
     anyhow::ensure!(
-        args.decode_tokens.saturating_add(16) <= limit,
-        "--decode-tokens {} (after a 16-token prompt) exceeds the model's context limit of {limit} tokens",
+        args.decode_tokens.saturating_add(16 + 3) <= limit,
+        "--decode-tokens {} (after a 16-token prompt and 3 warm-up steps) exceeds the model's context limit of \
+         {limit} tokens",
         args.decode_tokens
     );
-    // A fixed pseudo-random prompt: the same tokens for every variant and every run.
-    let prompt = tokens(args.prompt_len, model.config().vocab_size, PROMPT_SEED);
-    model.check_tokens(&prompt, 0)?;
-    let threads = rayon::current_num_threads();
+    let biggest = batches.iter().copied().max().unwrap_or(1);
+    let needs = Needs {
+        slots: biggest,
+        context: args.prompt_len.max(16 + 3 + args.decode_tokens),
+    };
+    let mut dargs = args.device.clone();
+    dargs.max_seqs = dargs.max_seqs.max(biggest);
+    let mut loaded = backend::open(&dir, &dargs, None, needs)?;
+    let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
     eprintln!(
-        "model: {} | prompt {} tokens | {threads} threads | {} repeats",
-        model.config().summary(),
+        "model: {} | {} | prompt {} tokens | {} form | {} repeats",
+        config.summary(),
+        loaded.device,
         prompt.len(),
+        loaded.form,
         args.repeats
     );
 
-    let mut chunked = Vec::new();
-    let mut stepwise = Vec::new();
+    // A first, untimed run warms caches, allocators and (on a GPU) cuBLAS's heuristics.
+    prefill(&mut loaded, &prompt, false)?;
+    let (mut chunked, mut stepwise) = (Vec::new(), Vec::new());
     let mut max_rel_diff = 0.0f64;
     for r in 0..args.repeats {
-        let mut s = model.new_state();
-        let t0 = Instant::now();
-        let a = model.forward(&prompt, &mut s, Logits::Last)?;
-        chunked.push(t0.elapsed().as_secs_f64());
-
-        let mut s = model.new_state();
-        let t0 = Instant::now();
-        let mut b = Vec::new();
-        for &tok in &prompt {
-            b = model.forward(&[tok], &mut s, Logits::Last)?;
+        let (c, a) = prefill(&mut loaded, &prompt, false)?;
+        chunked.push(c);
+        if cpu {
+            let (s, b) = prefill(&mut loaded, &prompt, true)?;
+            stepwise.push(s);
+            let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+            let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
+            max_rel_diff = max_rel_diff.max((num / den.max(1e-30)).sqrt());
+            eprintln!("  repeat {}: chunked {c:.3} s, token-by-token {s:.3} s", r + 1);
+        } else {
+            eprintln!("  repeat {}: prefill {c:.3} s", r + 1);
         }
-        stepwise.push(t0.elapsed().as_secs_f64());
-        let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
-        let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
-        max_rel_diff = max_rel_diff.max((num / den.max(1e-30)).sqrt());
-        eprintln!(
-            "  repeat {}: chunked {:.3} s, token-by-token {:.3} s",
-            r + 1,
-            chunked[r],
-            stepwise[r]
-        );
+    }
+    let c = median(chunked.clone());
+
+    let mut rows = Vec::new();
+    for &b in &batches {
+        let rates = (0..args.repeats)
+            .map(|rep| decode_rate(&mut loaded.group, loaded.form, b, args.decode_tokens, 7919 * rep as u64))
+            .collect::<Result<Vec<f64>>>()?;
+        let m = median(rates.clone());
+        eprintln!("decode batch {b}: {m:.1} tok/s median ({:.2} ms per step)", 1e3 * b as f64 / m);
+        rows.push(json!({
+            "batch": b,
+            "decode_tok_per_s": rates,
+            "decode_tok_per_s_median": m,
+            "step_ms_median": 1e3 * b as f64 / m,
+        }));
     }
 
-    let mut decode = Vec::new();
-    for _ in 0..args.repeats {
-        let mut s = model.new_state();
-        let mut logits = model.forward(&prompt[..16.min(prompt.len())], &mut s, Logits::Last)?;
-        let t0 = Instant::now();
-        for _ in 0..args.decode_tokens {
-            let next = rewind_engine::sample::argmax(&logits);
-            logits = model.forward(&[next], &mut s, Logits::Last)?;
-        }
-        decode.push(args.decode_tokens as f64 / t0.elapsed().as_secs_f64());
-    }
-
-    let (c, s, d) = (
-        median(chunked.clone()),
-        median(stepwise.clone()),
-        median(decode.clone()),
-    );
-    let result = json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        "commit": git_commit(),
-        "device": format!("cpu ({threads} threads)"),
-        "model": model.config().summary(),
-        "prompt_tokens": prompt.len(),
-        "prefill_chunked_s": chunked,
-        "prefill_token_by_token_s": stepwise,
-        "prefill_chunked_median_s": c,
-        "prefill_token_by_token_median_s": s,
-        "prefill_speedup": s / c,
-        "prefill_chunked_tok_per_s": prompt.len() as f64 / c,
-        "chunked_vs_stepwise_rel_diff": max_rel_diff,
-        "decode_tokens": args.decode_tokens,
-        "decode_tok_per_s": decode,
-        "decode_tok_per_s_median": d,
-    });
     println!("| measure | value |");
     println!("|---|---|");
     println!(
-        "| prefill, chunked ({} tokens) | {:.3} s ({:.0} tok/s) |",
+        "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
         prompt.len(),
         c,
         prompt.len() as f64 / c
     );
-    println!(
-        "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
-        s,
-        prompt.len() as f64 / s
-    );
-    println!("| chunked speed-up | {:.1}× |", s / c);
-    println!("| decode | {:.1} tok/s |", d);
-    println!(
-        "| last-logit difference chunked vs token-by-token | {:.2e} (relative L2) |",
-        max_rel_diff
-    );
+    let mut result = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "commit": git_commit(),
+        "device": loaded.device,
+        "tp": loaded.group.tp(),
+        "model": config.summary(),
+        "prompt_tokens": prompt.len(),
+        "prefill_s": chunked,
+        "prefill_median_s": c,
+        "prefill_tok_per_s": prompt.len() as f64 / c,
+        "decode_tokens_per_sequence": args.decode_tokens,
+        "decode_form": loaded.form.name(),
+        "sampling": "greedy, each row's argmax from the ranks' summaries",
+        "decode": rows,
+    });
+    if cpu {
+        let s = median(stepwise.clone());
+        println!("| prefill, token by token | {:.3} s ({:.0} tok/s) |", s, prompt.len() as f64 / s);
+        println!("| chunked speed-up | {:.1}× |", s / c);
+        println!("| last-logit difference chunked vs token-by-token | {max_rel_diff:.2e} (relative L2) |");
+        result["prefill_token_by_token_s"] = json!(stepwise);
+        result["prefill_token_by_token_median_s"] = json!(s);
+        result["prefill_speedup"] = json!(s / c);
+        result["chunked_vs_stepwise_rel_diff"] = json!(max_rel_diff);
+    } else {
+        result["dtype"] = json!(args.device.dtype);
+    }
+    for r in &rows {
+        println!(
+            "| decode, batch {} | {:.1} tok/s ({:.2} ms per step) |",
+            r["batch"],
+            r["decode_tok_per_s_median"].as_f64().unwrap_or(f64::NAN),
+            r["step_ms_median"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -3,15 +3,16 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use rewind_engine::generate::generate_with;
+use rewind_engine::generate::generate_on;
 use rewind_engine::generation_config::GenerationDefaults;
 use rewind_engine::model::json::parse_relaxed;
-use rewind_engine::model::Model;
+use rewind_engine::rank::GroupSequence;
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::Tokenizer;
 
-use crate::cli::{Device, GenerateArgs, SamplingArgs};
+use super::backend::{self, Needs};
+use crate::cli::{GenerateArgs, SamplingArgs};
 use crate::default_model::default_model_dir;
 
 const DEFAULT_PROMPT: &str = "The quick brown fox";
@@ -60,8 +61,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
     let params = sampling_params(&defaults, &args.sampling);
     let tokenizer = Tokenizer::from_dir(&dir)?;
-    let device = args.device.device()?;
-    if device != Device::Cpu {
+    if args.device.device()? != crate::cli::Device::Cpu {
         args.decode.check_gpu()?;
     }
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
@@ -92,38 +92,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
         }
     };
-    let result = match device {
-        Device::Cpu => {
-            let model = Model::from_dir(&dir)?;
-            generate_with(
-                &model,
-                &tokenizer,
-                &prompt,
-                &params,
-                &eos,
-                args.decode.options(),
-                &mut on_text,
-            )?
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(devices) => {
-            use rewind_engine::generate::generate_on;
-            use rewind_engine::gpu::GpuSequence;
-            if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab_size) {
-                anyhow::bail!("token id {bad} is out of range (vocab size {})", config.vocab_size);
-            }
-            let mut dargs = args.device.clone();
-            let want = prompt.len().saturating_add(params.max_tokens.unwrap_or(usize::MAX));
-            if dargs.max_model_len.is_none() {
-                dargs.max_model_len = Some(want.min(config.max_position_embeddings));
-            }
-            dargs.max_seqs = dargs.max_seqs.min(8);
-            let mut model = super::gpu::load(&dir, &dargs, devices)?;
-            let mut seq = GpuSequence::open(&mut model, want.min(config.max_position_embeddings))?;
-            generate_on(&mut seq, &tokenizer, &prompt, &params, &eos, &mut on_text)?
-        }
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => return Err(super::no_cuda()),
+    // One sequence: the pools hold what this generation can reach, not the model's whole context.
+    let want = prompt
+        .len()
+        .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
+        .min(config.max_position_embeddings);
+    let mut dargs = args.device.clone();
+    dargs.max_seqs = dargs.max_seqs.min(8);
+    let needs = Needs {
+        slots: 1,
+        context: want,
+    };
+    let mut loaded = backend::open(&dir, &dargs, Some(&args.decode), needs)?;
+    let result = {
+        let mut seq = GroupSequence::open(&mut loaded.group, loaded.form, want)?;
+        generate_on(&mut seq, &tokenizer, &prompt, &params, &eos, &mut on_text)?
     };
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");

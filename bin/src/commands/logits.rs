@@ -1,13 +1,13 @@
 //! `rewind logits`: per-position logits, prefill for the first N tokens and decode for the rest, in the chosen decode
-//! form.
+//! form, on any backend (`--device`, `--tp`).
 
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use rewind_engine::decode::{Decoder, DecoderConfig};
-use rewind_engine::model::{Logits, Model};
+use rewind_engine::rank::{GroupSequence, Rows, SeqKind};
 
-use crate::cli::{Device, LogitsArgs};
+use super::backend::{self, Needs};
+use crate::cli::LogitsArgs;
 
 pub fn run(args: LogitsArgs) -> Result<()> {
     if args.prefill > args.tokens.len() {
@@ -17,60 +17,30 @@ pub fn run(args: LogitsArgs) -> Result<()> {
             args.tokens.len()
         );
     }
-    let rows = match args.device.device()? {
-        Device::Cpu => cpu_rows(&args)?,
-        #[cfg(feature = "cuda")]
-        Device::Cuda(devices) => gpu_rows(&args, devices)?,
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => return Err(super::no_cuda()),
+    let needs = Needs {
+        slots: 1,
+        context: args.tokens.len(),
     };
+    let mut loaded = backend::open(&args.model, &args.device, Some(&args.decode), needs)?;
+    let vocab = loaded.config.vocab_size;
+    let limit = args.tokens.len();
+    let mut seq = GroupSequence::open(&mut loaded.group, loaded.form, limit)?;
+    let mut rows: Vec<Vec<f32>> = Vec::with_capacity(args.tokens.len());
+    let mut logits_of = |out: rewind_engine::rank::StepResult| -> Result<()> {
+        let l = out.logits.context("the step returned no logits")?;
+        rows.extend(l.chunks_exact(vocab).map(<[f32]>::to_vec));
+        Ok(())
+    };
+    if args.prefill > 0 {
+        logits_of(seq.run(SeqKind::Prefill, &args.tokens[..args.prefill], Rows::All, true)?)?;
+    }
+    for &tok in &args.tokens[args.prefill..] {
+        logits_of(seq.run(SeqKind::Decode, &[tok], Rows::Last, true)?)?;
+    }
+    drop(seq);
     let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let mut w = std::io::BufWriter::new(file);
     serde_json::to_writer(&mut w, &serde_json::json!({ "tokens": args.tokens, "logits": rows }))?;
     w.flush().with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
-}
-
-/// The same prefill / decode split on GPUs (recurrent decoding).
-#[cfg(feature = "cuda")]
-fn gpu_rows(args: &LogitsArgs, devices: Vec<usize>) -> Result<Vec<Vec<f32>>> {
-    args.decode.check_gpu()?;
-    let mut dargs = args.device.clone();
-    dargs.max_model_len = Some(dargs.max_model_len.unwrap_or(args.tokens.len()).max(args.tokens.len()));
-    let mut model = super::gpu::load(&args.model, &dargs, devices)?;
-    let vocab = model.config().vocab_size;
-    let seq = model.open()?;
-    let mut rows: Vec<Vec<f32>> = Vec::with_capacity(args.tokens.len());
-    if args.prefill > 0 {
-        let logits = model.prefill(seq, &args.tokens[..args.prefill], Logits::All)?;
-        rows.extend(logits.chunks_exact(vocab).map(<[f32]>::to_vec));
-    }
-    for &tok in &args.tokens[args.prefill..] {
-        rows.push(model.decode(&[(seq, tok)])?);
-    }
-    Ok(rows)
-}
-
-fn cpu_rows(args: &LogitsArgs) -> Result<Vec<Vec<f32>>> {
-    let model = Model::from_dir(&args.model)?;
-    model.check_tokens(&args.tokens, 0)?;
-    let vocab = model.config().vocab_size;
-    let opts = args.decode.options();
-    let mut decoder = Decoder::new(
-        &model,
-        DecoderConfig {
-            buffer_len: opts.buffer_len,
-            ..DecoderConfig::new(1, args.tokens.len())
-        },
-    )?;
-    let slot = decoder.start(opts.form)?;
-    let mut rows: Vec<Vec<f32>> = Vec::with_capacity(args.tokens.len());
-    if args.prefill > 0 {
-        let logits = decoder.prefill(slot, &args.tokens[..args.prefill], Logits::All)?;
-        rows.extend(logits.chunks_exact(vocab).map(<[f32]>::to_vec));
-    }
-    for &tok in &args.tokens[args.prefill..] {
-        rows.push(decoder.decode(&[(slot, tok)])?);
-    }
-    Ok(rows)
 }

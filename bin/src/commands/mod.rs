@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod backend;
 mod bench;
 mod generate;
 #[cfg(feature = "cuda")]

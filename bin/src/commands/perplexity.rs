@@ -1,11 +1,14 @@
-//! `rewind perplexity`: exp of the mean negative log-likelihood of a text under the model.
+//! `rewind perplexity`: exp of the mean negative log-likelihood of a text under the model (CPU, through the rank
+//! interface: each window is one sequence whose prompt chunks report every position).
 
 use anyhow::{bail, Context, Result};
-use rewind_engine::model::{Logits, Model};
+use rewind_engine::decode::FormChoice;
+use rewind_engine::rank::{GroupSequence, Rows, SeqKind};
 use rewind_engine::tokenizer::Tokenizer;
 use serde_json::json;
 
-use crate::cli::PerplexityArgs;
+use super::backend::{self, Needs};
+use crate::cli::{DeviceArgs, PerplexityArgs};
 
 /// Negative log-likelihood of `next` under `logits` (log-sum-exp in f64).
 fn nll(logits: &[f32], next: u32) -> f64 {
@@ -14,10 +17,12 @@ fn nll(logits: &[f32], next: u32) -> f64 {
     lse - logits[next as usize] as f64
 }
 
+/// Tokens per prompt chunk (bounds the logits held at once).
+const CHUNK: usize = 512;
+
 pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let tokenizer = Tokenizer::from_dir(&args.model)?;
-    let model = Model::from_dir(&args.model)?;
     let tokens = tokenizer.encode(&text, true)?;
     if tokens.len() < 2 {
         bail!(
@@ -26,12 +31,27 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             tokens.len()
         );
     }
-    let limit = model.config().max_position_embeddings;
+    let config = rewind_engine::model::ModelConfig::from_dir(&args.model)?;
+    let limit = config.max_position_embeddings;
     let window = args.window.unwrap_or(limit).min(limit);
     if window < 2 {
         bail!("--window must be at least 2");
     }
-    let vocab = model.config().vocab_size;
+    let device = DeviceArgs {
+        device: "cpu".into(),
+        tp: 1,
+        gpu_memory_fraction: 0.9,
+        max_seqs: 1,
+        max_model_len: None,
+        prefill_chunk: CHUNK,
+        dtype: "bf16".into(),
+    };
+    let needs = Needs {
+        slots: 1,
+        context: window.min(tokens.len()),
+    };
+    let mut loaded = backend::open(&args.model, &device, None, needs)?;
+    let vocab = config.vocab_size;
     let start = std::time::Instant::now();
     let (mut total, mut count) = (0.0f64, 0usize);
     // Windows overlap by one token so that every token after the first is scored exactly once.
@@ -39,11 +59,17 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     while begin + 1 < tokens.len() {
         let end = (begin + window).min(tokens.len());
         let chunk = &tokens[begin..end];
-        let mut state = model.new_state();
-        let logits = model.forward(chunk, &mut state, Logits::All)?;
-        for (i, row) in logits.chunks_exact(vocab).take(chunk.len() - 1).enumerate() {
-            total += nll(row, chunk[i + 1]);
-            count += 1;
+        let mut seq = GroupSequence::open(&mut loaded.group, FormChoice::Recurrent, chunk.len())?;
+        for (c, part) in chunk.chunks(CHUNK).enumerate() {
+            let out = seq.run(SeqKind::Prefill, part, Rows::All, true)?;
+            let logits = out.logits.context("the step returned no logits")?;
+            for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                let at = c * CHUNK + i;
+                if at + 1 < chunk.len() {
+                    total += nll(row, chunk[at + 1]);
+                    count += 1;
+                }
+            }
         }
         begin = end - 1;
     }

@@ -17,8 +17,11 @@
 //! (but the baseline's snapshot). The conv ring keeps `K − 1 + T` pre-conv inputs, so rolling back the conv history
 //! is choosing where the `K − 1` window starts.
 //!
-//! One [`Decoder::decode`] call runs a batch of sequences, each in its own form: layer by layer, the FFN blocks over
-//! every row at once, the SSM and attention blocks per sequence over that sequence's state.
+//! The decoder runs one tensor-parallel rank's shard (an unsharded model is the plan with one rank) with its
+//! communicator; each rank holds only its part of every pool. One step ([`Decoder::advance`], behind
+//! [`Decoder::prefill`], [`Decoder::decode`], [`Decoder::verify`] and the [`crate::rank::Rank`] interface) runs a
+//! batch of sequences, each in its own phase and form: layer by layer, the FFN blocks over every row at once, the SSM
+//! and attention blocks per sequence over that sequence's state.
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,18 +29,22 @@ use std::str::FromStr;
 use rewind_kernels::cpu::traffic::Traffic;
 use tracing::debug_span;
 
+use std::sync::Arc;
+
 use crate::error::{EngineError, Result};
-use crate::model::hybrid::Mixer;
-use crate::model::{Logits, Model};
+use crate::rank::Rows;
+use crate::shard::{Communicator, LocalComm, ShardedModel};
 use crate::state::{memory, DecodeForm, PoolConfig, StatePools, StateRef, DEFAULT_BUFFER_LEN};
 
+mod snapshot;
 mod ssm;
 mod step;
 
 #[cfg(test)]
 mod tests;
 
-use step::{Phase, Seq};
+pub(crate) use step::Phase;
+use step::Seq;
 
 /// The decode form a sequence asks for. `Auto` (the default) starts KV-only while the context is short, then
 /// compresses into replay.
@@ -101,24 +108,6 @@ impl FromStr for FormChoice {
     }
 }
 
-/// What a user picks on the command line: the form and the input-ring length `L`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeOptions {
-    /// The decode form of the sequence.
-    pub form: FormChoice,
-    /// Input-ring capacity `L` (at least 2).
-    pub buffer_len: usize,
-}
-
-impl Default for DecodeOptions {
-    fn default() -> Self {
-        DecodeOptions {
-            form: FormChoice::Auto,
-            buffer_len: DEFAULT_BUFFER_LEN,
-        }
-    }
-}
-
 /// The sizes of a [`Decoder`]'s pools.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecoderConfig {
@@ -148,9 +137,12 @@ impl DecoderConfig {
     }
 }
 
-/// Sequences of one model in slot-indexed state pools; see the module docs.
-pub struct Decoder<'m> {
-    model: &'m Model,
+/// Sequences of one rank's shard of a model in slot-indexed state pools (each holding only the rank's part of every
+/// checkpoint, ring, conv ring and KV row); see the module docs. Every rank of a tensor-parallel group must make the
+/// same calls in the same order: the block loop all-reduces through the rank's communicator.
+pub struct Decoder {
+    model: Arc<ShardedModel>,
+    comm: Box<dyn Communicator>,
     pools: StatePools,
     config: DecoderConfig,
     /// The context length at which a kv-only sequence compresses into replay.
@@ -166,21 +158,34 @@ pub struct Decoder<'m> {
     /// Per slot and SSM layer: the baseline's per-draft state snapshots `[T, state]` (recurrent verify only).
     snapshots: Vec<Vec<Vec<f32>>>,
     traffic: Traffic,
+    /// Steps run (for health reports).
+    steps: u64,
 }
 
-impl fmt::Debug for Decoder<'_> {
+impl fmt::Debug for Decoder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decoder")
             .field("config", &self.config)
+            .field("rank", &self.model.plan().rank)
+            .field("tp", &self.model.plan().tp)
             .field("slots_in_use", &self.pools.slots().used_count())
             .field("last_traffic", &self.traffic)
             .finish_non_exhaustive()
     }
 }
 
-impl<'m> Decoder<'m> {
-    /// Pools for `config.slots` sequences of `model`, all slots free.
-    pub fn new(model: &'m Model, config: DecoderConfig) -> Result<Self> {
+/// One sequence's part of a [`Decoder::advance`] call.
+pub(crate) struct Item<'a> {
+    pub slot: usize,
+    pub phase: Phase,
+    pub tokens: &'a [u32],
+}
+
+impl Decoder {
+    /// Pools for `config.slots` sequences of `model` (one rank's shard; `comm` is that rank's communicator), all
+    /// slots free.
+    pub fn new(model: Arc<ShardedModel>, comm: Box<dyn Communicator>, config: DecoderConfig) -> Result<Self> {
+        model.check_comm(&*comm)?;
         let bad = |m: String| Err(EngineError::InvalidInput(m));
         if config.buffer_len < 2 {
             return bad(format!(
@@ -212,12 +217,7 @@ impl<'m> Decoder<'m> {
             default_form: DecodeForm::Replay,
             ..PoolConfig::new(config.slots, max_context)
         };
-        let pools = StatePools::new(model.config(), pool)?;
-        if pools.block_refs().len() != model.blocks().len() {
-            return Err(EngineError::InvalidInput(
-                "the state pools do not match the model's blocks".into(),
-            ));
-        }
+        let pools = StatePools::with_layers(model.layer_states(), pool)?;
         let ssm_blocks = pools
             .block_refs()
             .iter()
@@ -230,6 +230,7 @@ impl<'m> Decoder<'m> {
         let n = config.slots;
         Ok(Decoder {
             model,
+            comm,
             pools,
             kv_threshold,
             ssm_blocks,
@@ -238,13 +239,22 @@ impl<'m> Decoder<'m> {
             pending: vec![0; n],
             snapshots: vec![Vec::new(); n],
             traffic: Traffic::default(),
+            steps: 0,
             config: DecoderConfig { max_context, ..config },
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &'m Model {
-        self.model
+    /// A decoder of an unsharded model (the plan with one rank), with a one-rank communicator.
+    pub fn single(model: ShardedModel, config: DecoderConfig) -> Result<Self> {
+        let comm = LocalComm::group(1).pop().ok_or_else(|| {
+            EngineError::Communicator("a one-rank group has no handle".into())
+        })?;
+        Self::new(Arc::new(model), Box::new(comm), config)
+    }
+
+    /// The rank's shard of the model.
+    pub fn model(&self) -> &ShardedModel {
+        &self.model
     }
 
     /// The sizes the decoder was built with (`max_context` as capped).
@@ -273,11 +283,23 @@ impl<'m> Decoder<'m> {
     /// Takes a free slot for a new sequence decoded in `form`.
     pub fn start(&mut self, form: FormChoice) -> Result<usize> {
         let slot = self.pools.alloc()?;
-        self.pools.set_form(slot, form.initial())?;
+        self.begin(slot, form);
+        Ok(slot)
+    }
+
+    /// Takes the free slot `slot` for a new sequence decoded in `form` (a rank following the coordinator's books).
+    pub fn start_at(&mut self, slot: usize, form: FormChoice) -> Result<()> {
+        self.pools.alloc_at(slot)?;
+        self.begin(slot, form);
+        Ok(())
+    }
+
+    fn begin(&mut self, slot: usize, form: FormChoice) {
+        // A freshly allocated slot is in range and reset; its form is one the counters accept.
+        let _ = self.pools.set_form(slot, form.initial());
         self.choice[slot] = form;
         self.position[slot] = 0;
         self.pending[slot] = 0;
-        Ok(slot)
     }
 
     /// Ends a sequence and frees its slot.
@@ -308,146 +330,225 @@ impl<'m> Decoder<'m> {
         Ok(self.position[slot])
     }
 
-    /// Runs a prompt through a fresh sequence in one pass (the chunked scans, the reference's prefill numerics).
-    /// Afterwards a recurrent or replay sequence holds the prompt's state as its checkpoint with an empty ring; a
-    /// KV-only sequence holds the prompt's ring entries if the prompt is shorter than the kv-only threshold, else it
-    /// continues in replay. Returns
-    /// logits as `which` asks: `[t, vocab]` or `[vocab]`.
-    pub fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        self.check_idle(slot)?;
-        if self.position[slot] != 0 {
-            return Err(EngineError::InvalidInput(format!(
-                "prefill starts a sequence, but slot {slot} already holds {} tokens",
-                self.position[slot]
-            )));
-        }
-        if tokens.is_empty() {
-            return Err(EngineError::InvalidInput("no tokens to prefill".into()));
-        }
-        self.model.check_tokens(tokens, 0)?;
-        let t = tokens.len();
-        let _span = debug_span!("prefill", slot, tokens = t).entered();
-        self.traffic = Traffic::default();
-        let mut form = self.pools.counters().form_of(slot);
-        if form == DecodeForm::KvOnly && t >= self.kv_threshold {
-            form = DecodeForm::Replay;
-            self.pools.set_form(slot, form)?;
-        }
-        self.pools.set_flush(slot, false)?;
-        self.pools.kv_grow(slot, t)?;
-        let seq = Seq {
+    /// Steps run since the decoder was built.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Drafts of the slot's verify awaiting a commit (0: none).
+    pub fn pending(&self, slot: usize) -> Result<usize> {
+        self.check_slot(slot)?;
+        Ok(self.pending[slot])
+    }
+
+    /// Runs a prompt chunk through a sequence in one pass (the chunked scans, the reference's prefill numerics).
+    /// The first chunk (at position 0) of a recurrent or replay sequence leaves the prompt's state as its checkpoint
+    /// with an empty ring; a KV-only sequence keeps the prompt as ring entries while it is shorter than the kv-only
+    /// threshold, else it continues in replay. A later chunk first folds the ring into the checkpoint (compressing
+    /// a kv-only sequence into replay). Returns this rank's logits as `which` asks: `[t, slice]`, `[slice]` or
+    /// nothing; non-finite logits are an error.
+    pub fn prefill(&mut self, slot: usize, tokens: &[u32], which: Rows) -> Result<Vec<f32>> {
+        let _span = debug_span!("prefill", slot, tokens = tokens.len()).entered();
+        let pos = self.position.get(slot).copied().unwrap_or(0);
+        let x = self.advance(&[Item {
             slot,
+            phase: Phase::Prefill,
             tokens,
-            pos: 0,
-            form,
-            flush: false,
-        };
-        let x = self.run(&[seq], Phase::Prefill)?;
-        if form == DecodeForm::KvOnly {
-            self.pools.ring_commit(slot, t)?;
-        }
-        self.position[slot] = t;
+        }])?;
+        let t = tokens.len();
         let hidden = self.model.config().hidden_size;
-        match which {
-            Logits::All => self.model.head_logits(&x, 0),
-            Logits::Last => self.model.head_logits(&x[(t - 1) * hidden..], t - 1),
-        }
+        let skip = match which {
+            Rows::All => 0,
+            Rows::Last => t - 1,
+            Rows::None => t,
+        };
+        self.checked_head(&x[skip * hidden..], &(pos + skip..pos + t).collect::<Vec<_>>())
     }
 
     /// One decode step of a batch: every `(slot, token)` appends `token` to its sequence, in the slot's own form.
-    /// Returns logits `[n, vocab]` in batch order. Slots must be distinct and have no verify awaiting its commit.
+    /// Returns this rank's logits `[n, slice]` in batch order. Slots must be distinct and have no verify awaiting
+    /// its commit.
     pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<Vec<f32>> {
-        if batch.is_empty() {
-            return Err(EngineError::InvalidInput("an empty decode batch".into()));
+        let _span = debug_span!("decode_step", batch = batch.len()).entered();
+        let tokens: Vec<[u32; 1]> = batch.iter().map(|&(_, t)| [t]).collect();
+        let items: Vec<Item> = batch
+            .iter()
+            .zip(&tokens)
+            .map(|(&(slot, _), tok)| Item {
+                slot,
+                phase: Phase::Decode,
+                tokens: tok,
+            })
+            .collect();
+        let x = self.advance(&items)?;
+        let positions: Vec<usize> = batch.iter().map(|&(s, _)| self.position[s] - 1).collect();
+        self.checked_head(&x, &positions)
+    }
+
+    /// Speculative verification of `tokens` (`T` of them, `1 ≤ T ≤ max_verify`) appended to a sequence: returns
+    /// this rank's logits `[T, slice]`, row `s` being the prediction after `tokens[..=s]`. Nothing is committed until
+    /// [`Decoder::commit`]: replay and kv-only sequences read their checkpoint and ring (Alg. 4 / 8, drafts written
+    /// past the committed entries); recurrent ones run the baseline with one state snapshot per draft.
+    pub fn verify(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+        let _span = debug_span!("verify", slot, drafts = tokens.len()).entered();
+        let pos = self.position.get(slot).copied().unwrap_or(0);
+        let x = self.advance(&[Item {
+            slot,
+            phase: Phase::Verify,
+            tokens,
+        }])?;
+        self.checked_head(&x, &(pos..pos + tokens.len()).collect::<Vec<_>>())
+    }
+
+    /// This rank's logits of residual rows `x`; a non-finite logit is an error naming its position.
+    fn checked_head(&self, x: &[f32], positions: &[usize]) -> Result<Vec<f32>> {
+        let logits = self.model.head(x);
+        let width = self.model.plan().vocab.len().max(1);
+        match logits.iter().position(|v| !v.is_finite()) {
+            Some(i) => Err(EngineError::NonFinite {
+                position: positions.get(i / width).copied().unwrap_or(i / width),
+            }),
+            None => Ok(logits),
         }
-        for (i, &(slot, tok)) in batch.iter().enumerate() {
-            self.check_idle(slot)?;
-            if batch[..i].iter().any(|&(s, _)| s == slot) {
+    }
+
+    /// Runs a batch of sequences — prompt chunks, decodes and verifies, each in its slot's form — after checking
+    /// the whole batch (nothing changes when a check fails), and returns the final residual rows `[Σ t, hidden]`.
+    pub(crate) fn advance(&mut self, items: &[Item]) -> Result<Vec<f32>> {
+        if items.is_empty() {
+            return Err(EngineError::InvalidInput("an empty step (no sequences)".into()));
+        }
+        for (i, it) in items.iter().enumerate() {
+            self.check_idle(it.slot)?;
+            if items[..i].iter().any(|o| o.slot == it.slot) {
                 return Err(EngineError::InvalidInput(format!(
-                    "slot {slot} appears twice in one decode batch"
+                    "slot {} appears twice in one step",
+                    it.slot
                 )));
             }
-            self.model.check_tokens(&[tok], self.position[slot])?;
+            let t = it.tokens.len();
+            match it.phase {
+                Phase::Prefill if t == 0 => {
+                    return Err(EngineError::InvalidInput("no tokens to prefill".into()));
+                }
+                Phase::Decode if t != 1 => {
+                    return Err(EngineError::InvalidInput(format!(
+                        "a decode step takes 1 token per sequence, found {t}"
+                    )));
+                }
+                Phase::Verify if t == 0 || t > self.config.max_verify => {
+                    return Err(EngineError::InvalidInput(format!(
+                        "a verify takes 1 to {} tokens, found {t}",
+                        self.config.max_verify
+                    )));
+                }
+                _ => {}
+            }
+            let pos = self.position[it.slot];
+            self.model.check_tokens(it.tokens, pos)?;
+            if pos + t > self.config.max_context {
+                return Err(EngineError::InvalidInput(format!(
+                    "slot {} would reach {} tokens, beyond the decoder's context of {}",
+                    it.slot,
+                    pos + t,
+                    self.config.max_context
+                )));
+            }
         }
-        let _span = debug_span!("decode_step", batch = batch.len()).entered();
         self.traffic = Traffic::default();
-        let tokens: Vec<[u32; 1]> = batch.iter().map(|&(_, t)| [t]).collect();
-        let mut seqs = Vec::with_capacity(batch.len());
-        for (&(slot, _), tok) in batch.iter().zip(&tokens) {
-            let (form, flush) = self.plan_step(slot, 1)?;
+        self.steps += 1;
+        let mut seqs = Vec::with_capacity(items.len());
+        for it in items {
+            let (slot, t) = (it.slot, it.tokens.len());
+            let pos = self.position[slot];
+            let (form, flush) = match it.phase {
+                Phase::Prefill => {
+                    self.prepare_prefill(slot, t)?;
+                    (self.pools.counters().form_of(slot), false)
+                }
+                Phase::Decode | Phase::Verify => self.plan_step(slot, t)?,
+            };
             seqs.push(Seq {
                 slot,
-                tokens: tok,
-                pos: self.position[slot],
+                tokens: it.tokens,
+                pos,
+                phase: it.phase,
                 form,
                 flush,
             });
         }
         self.grow_kv(&seqs)?;
-        let x = self.run(&seqs, Phase::Decode)?;
-        for s in &seqs {
-            let h = self.pools.counters().ring(s.slot).len;
-            match s.form {
-                DecodeForm::Recurrent => {}
-                DecodeForm::KvOnly => self.pools.ring_commit(s.slot, 1)?,
-                DecodeForm::Replay => {
+        let before: Vec<usize> = seqs.iter().map(|s| self.pools.counters().ring(s.slot).len).collect();
+        let x = self.run(&seqs)?;
+        for (s, h) in seqs.iter().zip(before) {
+            let t = s.tokens.len();
+            match (s.phase, s.form) {
+                (Phase::Prefill, DecodeForm::KvOnly) => self.pools.ring_commit(s.slot, t)?,
+                (Phase::Prefill, _) => {}
+                (Phase::Decode, DecodeForm::Recurrent) => self.pools.conv_advance(s.slot, 1)?,
+                (Phase::Decode, DecodeForm::KvOnly) => {
+                    self.pools.ring_commit(s.slot, 1)?;
+                    self.pools.conv_advance(s.slot, 1)?;
+                }
+                (Phase::Decode, DecodeForm::Replay) => {
                     self.pools.ring_commit(s.slot, 1)?;
                     if s.flush {
                         // The step folded every committed entry, its own included.
                         self.pools.ring_flush(s.slot, h + 1)?;
                     }
+                    self.pools.conv_advance(s.slot, 1)?;
+                }
+                (Phase::Verify, _) => {
+                    if s.flush {
+                        // The verify folded the committed history into the checkpoint; the drafts stay pending.
+                        self.pools.ring_flush(s.slot, h)?;
+                    }
+                    self.pending[s.slot] = t;
+                    continue;
                 }
             }
-            self.pools.conv_advance(s.slot, 1)?;
-            self.position[s.slot] += 1;
+            self.position[s.slot] += t;
         }
-        self.model.head_logits(&x, 0).map_err(|e| match e {
-            EngineError::NonFinite { position } => EngineError::NonFinite {
-                position: seqs.get(position).map_or(position, |s| s.pos),
-            },
-            other => other,
-        })
+        Ok(x)
     }
 
-    /// Speculative verification of `tokens` (`T` of them, `1 ≤ T ≤ max_verify`) appended to a sequence: returns
-    /// logits `[T, vocab]`, row `s` being the prediction after `tokens[..=s]`. Nothing is committed until
-    /// [`Decoder::commit`]: replay and kv-only sequences read their checkpoint and ring (Alg. 4 / 8, drafts written
-    /// past the committed entries); recurrent ones run the baseline with one state snapshot per draft.
-    pub fn verify(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check_idle(slot)?;
-        let t = tokens.len();
-        if t == 0 || t > self.config.max_verify {
-            return Err(EngineError::InvalidInput(format!(
-                "a verify takes 1 to {} tokens, found {t}",
-                self.config.max_verify
-            )));
+    /// Before a prompt chunk of `t` tokens: the first chunk of a kv-only sequence at least as long as the threshold
+    /// starts it in replay; a later chunk folds the ring into the checkpoint, so the chunked scan starts from the
+    /// whole history.
+    fn prepare_prefill(&mut self, slot: usize, t: usize) -> Result<()> {
+        let form = self.pools.counters().form_of(slot);
+        if self.position[slot] == 0 {
+            if form == DecodeForm::KvOnly && t >= self.kv_threshold {
+                self.pools.set_form(slot, DecodeForm::Replay)?;
+            }
+        } else if form == DecodeForm::KvOnly || self.pools.counters().ring(slot).len > 0 {
+            self.fold(slot)?;
         }
-        let pos = self.position[slot];
-        self.model.check_tokens(tokens, pos)?;
-        let _span = debug_span!("verify", slot, drafts = t).entered();
-        self.traffic = Traffic::default();
-        let (form, flush) = self.plan_step(slot, t)?;
-        let seq = Seq {
-            slot,
-            tokens,
-            pos,
-            form,
-            flush,
-        };
-        self.grow_kv(std::slice::from_ref(&seq))?;
-        let h = self.pools.counters().ring(slot).len;
-        let x = self.run(std::slice::from_ref(&seq), Phase::Verify)?;
-        if flush {
-            // The verify folded the committed history into the checkpoint; the drafts stay pending.
-            self.pools.ring_flush(slot, h)?;
-        }
-        self.pending[slot] = t;
-        self.model.head_logits(&x, pos)
+        self.pools.set_flush(slot, false)?;
+        Ok(())
     }
 
     /// Accepts the first `accepted` (0..=T) tokens of the slot's last verify: ring length, conv head and KV length
     /// advance by `accepted` (pointer moves); a recurrent sequence takes snapshot `accepted − 1` as its state.
     pub fn commit(&mut self, slot: usize, accepted: usize) -> Result<()> {
+        self.check_commit(slot, accepted)?;
+        let t = self.pending[slot];
+        let _span = debug_span!("commit", slot, accepted, drafts = t).entered();
+        self.traffic = Traffic::default();
+        match self.pools.counters().form_of(slot) {
+            DecodeForm::Recurrent => self.commit_baseline(slot, accepted)?,
+            DecodeForm::Replay | DecodeForm::KvOnly => self.pools.ring_commit(slot, accepted)?,
+        }
+        self.pools.conv_advance(slot, accepted)?;
+        let pos = self.position[slot] + accepted;
+        self.pools.kv_truncate(slot, pos)?;
+        self.position[slot] = pos;
+        self.pending[slot] = 0;
+        Ok(())
+    }
+
+    /// Checks a commit of `accepted` tokens of the slot's pending verify, changing nothing.
+    pub fn check_commit(&self, slot: usize, accepted: usize) -> Result<()> {
         self.check_slot(slot)?;
         let t = self.pending[slot];
         if t == 0 {
@@ -460,17 +561,6 @@ impl<'m> Decoder<'m> {
                 "cannot accept {accepted} of {t} verified tokens"
             )));
         }
-        let _span = debug_span!("commit", slot, accepted, drafts = t).entered();
-        self.traffic = Traffic::default();
-        match self.pools.counters().form_of(slot) {
-            DecodeForm::Recurrent => self.commit_baseline(slot, accepted)?,
-            DecodeForm::Replay | DecodeForm::KvOnly => self.pools.ring_commit(slot, accepted)?,
-        }
-        self.pools.conv_advance(slot, accepted)?;
-        let pos = self.position[slot] + accepted;
-        self.pools.kv_truncate(slot, pos)?;
-        self.position[slot] = pos;
-        self.pending[slot] = 0;
         Ok(())
     }
 
@@ -505,7 +595,7 @@ impl<'m> Decoder<'m> {
         let mut form = self.pools.counters().form_of(slot);
         let h = self.pools.counters().ring(slot).len;
         if form == DecodeForm::KvOnly && h >= self.kv_threshold {
-            self.compress(slot)?;
+            self.fold(slot)?;
             form = DecodeForm::Replay;
         }
         let h = self.pools.counters().ring(slot).len;
@@ -526,11 +616,5 @@ impl<'m> Decoder<'m> {
             }
         }
         Ok(())
-    }
-
-    /// The SSM blocks' mixers with their SSM layer indices.
-    fn ssm_mixers(&self) -> impl Iterator<Item = (usize, &'m Mixer)> + '_ {
-        let blocks = self.model.blocks();
-        self.ssm_blocks.iter().map(move |&(b, i)| (i, blocks[b].mixer()))
     }
 }

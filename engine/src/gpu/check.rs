@@ -19,13 +19,15 @@ use serde::Serialize;
 
 use half::bf16;
 
-use super::{GpuDtype, GpuModel, GpuOptions};
+use super::{gpu_group, GpuDtype, GpuOptions};
 use crate::checkpoint::SafetensorsSource;
+use crate::decode::{Decoder, DecoderConfig, FormChoice};
 use crate::error::{EngineError, Result};
-use crate::model::hybrid::Logits;
 use crate::model::tensors::TensorSource;
-use crate::model::{Model, ModelConfig};
+use crate::model::ModelConfig;
+use crate::rank::{Rows, SeqKind, SeqStep, StepPlan};
 use crate::sample::argmax;
+use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::worse;
 
 /// How the GPU stores a checkpoint tensor (mirrors `gpu::layers`).
@@ -134,23 +136,38 @@ fn top_two(row: &[f32]) -> (f32, f32) {
     (a, b)
 }
 
+/// Per prompt: the tokens fed after it and the logits at every position.
+type Teacher = Vec<(Vec<u32>, Vec<Vec<f32>>)>;
+
 /// The CPU's logits per position (`[prompt + steps]` rows) for `prompt` followed by `steps` tokens: the `forced` ones
-/// when given, else its own greedy picks, which are returned.
-fn cpu_rows(model: &Model, prompt: &[u32], steps: usize, forced: Option<&[u32]>) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+/// when given, else its own greedy picks, which are returned. The CPU engine at TP = 1 in the recurrent form.
+fn cpu_rows(
+    model: ShardedModel,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    forced: Option<&[Vec<u32>]>,
+) -> Result<Teacher> {
     let vocab = model.config().vocab_size;
-    let mut state = model.new_state();
-    let all = model.forward(prompt, &mut state, Logits::All)?;
-    let mut rows: Vec<Vec<f32>> = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
-    let mut tokens = Vec::with_capacity(steps);
-    for i in 0..steps {
-        let next = match forced {
-            Some(f) => f[i],
-            None => argmax(rows.last().expect("a prompt has logits")),
-        };
-        tokens.push(next);
-        rows.push(model.forward(&[next], &mut state, Logits::Last)?);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
+    let mut dec = Decoder::single(model, DecoderConfig::new(1, longest))?;
+    let mut out = Vec::with_capacity(prompts.len());
+    for (p, prompt) in prompts.iter().enumerate() {
+        let slot = dec.start(FormChoice::Recurrent)?;
+        let all = dec.prefill(slot, prompt, Rows::All)?;
+        let mut rows: Vec<Vec<f32>> = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
+        let mut tokens = Vec::with_capacity(steps);
+        for i in 0..steps {
+            let next = match forced {
+                Some(f) => f[p][i],
+                None => argmax(rows.last().expect("a prompt has logits")),
+            };
+            tokens.push(next);
+            rows.push(dec.decode(&[(slot, next)])?);
+        }
+        dec.release(slot)?;
+        out.push((tokens, rows));
     }
-    Ok((tokens, rows))
+    Ok(out)
 }
 
 /// Runs the check for the checkpoint in `dir` on `prompts` (decoded together as one batch), `steps` tokens each.
@@ -166,40 +183,64 @@ pub fn teacher_forced(
             "teacher forcing needs non-empty prompts".into(),
         ));
     }
+    let config = ModelConfig::from_dir(dir)?;
+    let vocab = config.vocab_size;
     let cpu = {
         let mut src = SafetensorsSource::open(dir)?;
         let mut rounded = GpuRounded {
             inner: &mut src,
             dtype: opts.dtype,
         };
-        Model::load(ModelConfig::from_dir(dir)?, &mut rounded)?
+        ShardedModel::load(config, 1, 0, &mut rounded)?
     };
-    let vocab = cpu.config().vocab_size;
-    let refs: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts
-        .iter()
-        .map(|p| cpu_rows(&cpu, p, steps, None))
-        .collect::<Result<_>>()?;
-    drop(cpu);
+    let refs = cpu_rows(cpu, prompts, steps, None)?;
     // The unrounded model, teacher-forced with the same tokens.
-    let exact = Model::from_dir(dir)?;
-    let unrounded: Vec<Vec<Vec<f32>>> = prompts
-        .iter()
-        .zip(&refs)
-        .map(|(p, (toks, _))| Ok(cpu_rows(&exact, p, toks.len(), Some(toks))?.1))
-        .collect::<Result<_>>()?;
-    drop(exact);
-    let mut gpu = GpuModel::load(dir, opts)?;
+    let forced: Vec<Vec<u32>> = refs.iter().map(|(t, _)| t.clone()).collect();
+    let unrounded: Vec<Vec<Vec<f32>>> = cpu_rows(ShardedModel::from_dir(dir, 1, 0)?, prompts, steps, Some(&forced))?
+        .into_iter()
+        .map(|(_, rows)| rows)
+        .collect();
+    let (mut gpu, _) = gpu_group(dir, opts)?;
     let mut got: Vec<Vec<Vec<f32>>> = Vec::with_capacity(prompts.len());
     let mut seqs = Vec::with_capacity(prompts.len());
     for p in prompts {
-        let seq = gpu.open()?;
-        let all = gpu.prefill(seq, p, Logits::All)?;
+        let slot = gpu.open(FormChoice::Recurrent)?;
+        let out = gpu.step(StepPlan {
+            commits: Vec::new(),
+            seqs: vec![SeqStep {
+                slot,
+                kind: SeqKind::Prefill,
+                position: 0,
+                tokens: p.clone(),
+                form: FormChoice::Recurrent,
+                rows: Rows::All,
+                sample: None,
+            }],
+            full_logits: true,
+        })?;
+        let all = out.logits.unwrap_or_default();
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
-        seqs.push(seq);
+        seqs.push((slot, p.len()));
     }
     for step in 0..steps {
-        let batch: Vec<(usize, u32)> = seqs.iter().zip(&refs).map(|(&s, (toks, _))| (s, toks[step])).collect();
-        let logits = gpu.decode(&batch)?;
+        let plan = StepPlan {
+            commits: Vec::new(),
+            seqs: seqs
+                .iter()
+                .zip(&refs)
+                .map(|(&(slot, len), (toks, _))| SeqStep {
+                    slot,
+                    kind: SeqKind::Decode,
+                    position: len + step,
+                    tokens: vec![toks[step]],
+                    form: FormChoice::Recurrent,
+                    rows: Rows::Last,
+                    sample: None,
+                })
+                .collect(),
+            full_logits: true,
+        };
+        let logits = gpu.step(plan)?.logits.unwrap_or_default();
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             got[i].push(row.to_vec());
         }

@@ -9,7 +9,7 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use super::weights::{act_of, f32_of, group_idx, idx_of, range_idx, stored, DeviceLinear};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::model::hybrid::Mixer;
+use crate::model::Mixer;
 use crate::model::mixers::attention::{AttentionMixer, Proj};
 use crate::model::mixers::ffn::{Linear, Mlp, Moe};
 use crate::model::mixers::gdn::GdnMixer;

@@ -5,30 +5,28 @@
 //! [`crate::shard::ShardedModel`] (with one rank the plan is the whole model), uploaded layer by layer, and runs the
 //! ops of `rewind_kernels::cuda` — chunked scans for prompts, recurrent steps over slot pools for decoding.
 //!
-//! - [`cluster`]: [`GpuModel`], the API (open / prefill / decode / release), one thread per rank.
+//! - [`load`]: [`gpu_group`], the model on GPUs as a [`crate::rank::RankGroup`] (one rank thread per GPU), which the
+//!   rest of rewind drives through the [`crate::rank::Rank`] interface like CPU ranks.
 //! - [`options`]: devices, memory fraction, pool sizes, storage type; [`check`]: the teacher-forced check against the
-//!   CPU; [`stepper`]: one sequence as the generation loop's backend.
+//!   CPU.
 //! - `rank`: a rank's load, memory plan and steps; `forward` (mixers) and `ffn` (MLP, MoE): the layers; `state`:
-//!   pools and books; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights.
+//!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights.
 
 pub mod check;
-pub mod cluster;
 mod ffn;
 mod forward;
 mod layers;
+pub mod load;
 pub mod options;
 mod rank;
 mod scratch;
 pub mod state;
-pub mod stepper;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
-pub use cluster::{GpuModel, GpuReport};
+pub use load::{gpu_group, GpuReport};
 pub use options::{GpuDtype, GpuOptions};
-pub use rank::SampleRow;
 pub use state::{PoolSizes, BLOCK_SIZE};
-pub use stepper::GpuSequence;
 
 use rewind_kernels::cuda::CudaViewMut;
 

@@ -1,5 +1,7 @@
-//! One tensor-parallel rank on one GPU: its weights, pools, books and scratch, and the two steps the coordinator asks
-//! for — a prompt (in chunks of the scratch's rows) and a decode step over a batch of sequences.
+//! One tensor-parallel rank on one GPU behind the [`Rank`] interface: its weights, pools, books and scratch. A step
+//! runs its prompt chunks one sequence at a time (in chunks of the scratch's rows) and its decodes as one batch; the
+//! LM head reports each row's best id and logit in the rank's vocabulary slice (and samples on the device when the
+//! rank holds the whole vocabulary).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -11,18 +13,24 @@ use tracing::{debug_span, info};
 use super::forward::{self, Cx, PrefillOf, Step};
 use super::layers::{GpuBlock, GpuMixer};
 use super::scratch::{widths, Scratch, Widths};
-use super::state::{alloc_pools, state_bytes, Books, LayerPool, PoolSizes};
+use super::state::{alloc_pools, state_bytes, LayerPool, PoolSizes, BLOCK_SIZE};
 use super::weights::stored;
 use super::{Act, DeviceComm};
+use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
-use crate::model::hybrid::Logits;
+use crate::rank::{
+    Books, Rank, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan,
+};
 use crate::shard::ShardedModel;
+use crate::state::kv::NO_BLOCK;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A rank whose weights are on the device, before its pools are sized.
 pub(crate) struct LoadedRank<A: Act> {
+    rank: usize,
+    tp: usize,
     dev: Arc<CudaDevice>,
     blas: Blas,
     comm: Option<Box<dyn DeviceComm>>,
@@ -71,6 +79,8 @@ impl<A: Act> LoadedRank<A> {
         dev.synchronize()?;
         let (free, total) = dev.memory()?;
         Ok(LoadedRank {
+            rank,
+            tp,
             dev,
             blas,
             comm,
@@ -140,7 +150,7 @@ impl<A: Act> LoadedRank<A> {
         })
     }
 
-    /// Allocates the pools and scratch.
+    /// Allocates the pools and scratch; the rank then serves steps.
     pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize) -> Result<GpuRank<A>> {
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows);
@@ -154,57 +164,53 @@ impl<A: Act> LoadedRank<A> {
             rows,
             "GPU pools allocated"
         );
+        let info = RankInfo {
+            rank: self.rank,
+            tp: self.tp,
+            device: self.dev.name().to_string(),
+            vocab: self.vocab.clone(),
+            slots: sizes.max_seqs,
+            max_context: sizes.max_len,
+            max_verify: 0,
+            max_batch: Some(rows),
+            kv_blocks: if self.has_attention() { sizes.num_blocks } else { 0 },
+            kv_block_size: BLOCK_SIZE,
+            chunked_prefill: true,
+            forms: vec![FormChoice::Recurrent],
+            snapshots: false,
+        };
+        let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
         Ok(GpuRank {
-            books: Books::new(sizes)?,
+            books,
+            info,
+            sizes,
             pools,
             scratch,
             inner: self,
+            table_dirty: true,
+            steps: 0,
         })
     }
 }
 
-/// A rank ready to run steps.
+/// A rank ready to run steps: its weights, pools, scratch and its copy of the books (for the block tables and
+/// lengths the kernels read).
 pub(crate) struct GpuRank<A: Act> {
     inner: LoadedRank<A>,
     pools: Vec<LayerPool<A>>,
     books: Books,
+    info: RankInfo,
+    sizes: PoolSizes,
     scratch: Scratch<A>,
+    /// The block tables changed since they were last uploaded.
+    table_dirty: bool,
+    steps: u64,
 }
 
-/// One row's sampling on the device: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`),
-/// the repetition penalty over `history`, and the draw `uniform`.
-#[derive(Clone, Debug)]
-pub struct SampleRow {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    /// The context the penalty applies to (ignored when the penalty is 1).
-    pub history: Vec<u32>,
-    /// Uniform in `[0, 1)`.
-    pub uniform: f32,
-}
-
-/// What the step hands back.
-#[derive(Clone, Debug)]
-pub(crate) enum Pick {
-    /// The logits.
-    Logits,
-    /// The greedy token per row, on the device.
-    Argmax,
-    /// A sampled token per row, on the device.
-    Sample(Vec<SampleRow>),
-}
-
-/// What a step returns.
-pub(crate) enum StepOut {
-    /// The rank's logits, `[rows, vocab slice]`.
-    Logits(Vec<f32>),
-    /// The chosen token per row (single rank only).
-    Ids(Vec<u32>),
-    /// A tensor-parallel rank's best vocabulary id (global, −1 for a row with NaN) and its logit, per row.
-    Best(Vec<i64>, Vec<f32>),
+/// What the LM head hands back for a step's reported rows.
+struct HeadOut {
+    rows: Vec<RowSummary>,
+    logits: Option<Vec<f32>>,
 }
 
 /// Copies `data` into the front of `buf`.
@@ -218,16 +224,17 @@ fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
     v.into_iter().map(|x| x as i32).collect()
 }
 
+fn not_supported(what: &str) -> EngineError {
+    EngineError::NotSupported(format!("{what} on the GPU rank (the GPU replay and speculation kernels come next)"))
+}
+
 impl<A: Act> GpuRank<A> {
-    pub(crate) fn open(&mut self) -> Result<usize> {
-        let slot = self.books.open()?;
-        // A fresh sequence starts from zero conv and SSM state.
+    /// Zeroes a new sequence's conv and SSM state (a fresh sequence starts from zero state).
+    fn clear_slot(&mut self, slot: usize) -> Result<()> {
+        let n = self.sizes.max_seqs;
         for pool in &mut self.pools {
             if let LayerPool::Ssm { conv, ssm } = pool {
-                let (cl, sl) = (
-                    conv.len() / self.books.sizes.max_seqs,
-                    ssm.len() / self.books.sizes.max_seqs,
-                );
+                let (cl, sl) = (conv.len() / n, ssm.len() / n);
                 let stream = self.inner.dev.stream().clone();
                 stream
                     .memset_zeros(&mut conv.slice_mut(slot * cl..(slot + 1) * cl))
@@ -237,30 +244,59 @@ impl<A: Act> GpuRank<A> {
                     .map_err(|e| EngineError::Gpu(format!("clearing an SSM state: {e}")))?;
             }
         }
-        Ok(slot)
+        Ok(())
     }
 
-    pub(crate) fn close(&mut self, slot: usize) -> Result<()> {
-        self.books.close(slot)
+    /// Every slot's length as the kernels read it, with `over` = `(slot, length)` replacing one (a prompt chunk
+    /// sees its own end, not the whole prompt's).
+    fn lens(&self, over: Option<(usize, usize)>) -> Vec<i32> {
+        (0..self.sizes.max_seqs)
+            .map(|s| match over {
+                Some((slot, len)) if slot == s => len as i32,
+                _ => self.books.len(s).map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32),
+            })
+            .collect()
     }
 
-    /// Uploads the step's per-row metadata and the books (the block tables only when they changed).
-    fn upload_step(&mut self, tokens: &[i32], row_slots: &[i32], row_pos: &[i32], seq_slots: &[i32]) -> Result<()> {
+    /// Uploads the step's per-row metadata, the lengths and (when they changed) the block tables.
+    fn upload_step(
+        &mut self,
+        tokens: &[i32],
+        row_slots: &[i32],
+        row_pos: &[i32],
+        seq_slots: &[i32],
+        lens: &[i32],
+    ) -> Result<()> {
         let (dev, s) = (&*self.inner.dev, &mut self.scratch);
         put(dev, &mut s.tokens, tokens, "tokens")?;
         put(dev, &mut s.row_slots, row_slots, "row slots")?;
         put(dev, &mut s.row_pos, row_pos, "positions")?;
         put(dev, &mut s.seq_slots, seq_slots, "sequence slots")?;
-        if self.books.table_dirty {
-            put(dev, &mut s.table, &self.books.table_i32(), "block tables")?;
-            self.books.table_dirty = false;
+        if self.table_dirty {
+            let per = self.sizes.blocks_per_seq();
+            let table: Vec<i32> = match self.books.kv() {
+                Some(kv) => kv
+                    .tables()
+                    .iter()
+                    .map(|&b| if b == NO_BLOCK { -1 } else { b as i32 })
+                    .collect(),
+                None => vec![-1; self.sizes.max_seqs * per],
+            };
+            put(dev, &mut s.table, &table, "block tables")?;
+            self.table_dirty = false;
         }
-        put(dev, &mut s.lens, &self.books.lens, "lengths")
+        put(dev, &mut s.lens, lens, "lengths")
     }
 
-    /// Embedding, blocks, final norm and LM head for a step whose metadata is uploaded; the head runs on the last
-    /// `head_rows` rows.
-    fn run(&mut self, step: Step, head_rows: usize, pick: &Pick) -> Result<Option<StepOut>> {
+    /// Embedding and blocks for a step whose metadata is uploaded; then, when `head_rows > 0`, the final norm and the
+    /// LM head over the last `head_rows` rows, reported as `want_logits` and `samples` ask.
+    fn run(
+        &mut self,
+        step: Step,
+        head_rows: usize,
+        want_logits: bool,
+        samples: Option<&[SampleRow]>,
+    ) -> Result<HeadOut> {
         let r = &mut self.inner;
         let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
         let s = &mut self.scratch;
@@ -281,13 +317,16 @@ impl<A: Act> GpuRank<A> {
             s,
             comm: r.comm.as_deref(),
             hidden: hid,
-            max_seqs: self.books.sizes.max_seqs,
+            max_seqs: self.sizes.max_seqs,
             eps: r.config.norm_eps,
             offset: r.config.norm_offset,
         };
         forward::blocks(&mut cx, &r.blocks, &mut self.pools, step)?;
         if head_rows == 0 {
-            return Ok(None);
+            return Ok(HeadOut {
+                rows: Vec::new(),
+                logits: want_logits.then(Vec::new),
+            });
         }
         let s = &mut self.scratch;
         ops::add_rms_norm(
@@ -311,57 +350,77 @@ impl<A: Act> GpuRank<A> {
             hid,
             v,
         )?;
-        match pick {
-            Pick::Logits => Ok(Some(StepOut::Logits(dev.download(&s.logits.slice(..head_rows * v))?))),
-            Pick::Argmax => {
-                let mut out = s.argmax.slice_mut(..head_rows);
-                ops::argmax_rows(dev, &s.logits.slice(..head_rows * v), head_rows, &mut out)?;
-                let ids = dev.download(&s.argmax.slice(..head_rows))?;
-                if r.comm.is_none() {
-                    return Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())));
-                }
-                // A tensor-parallel rank reports its slice's best (id, logit) per row; the coordinator picks across
-                // ranks. A row with NaN keeps id −1.
-                let idx: Vec<i32> = ids
-                    .iter()
-                    .enumerate()
-                    .map(|(row, &id)| (row * v) as i32 + id.max(0))
-                    .collect();
-                let idx = dev.upload(&idx)?;
-                let mut vals = dev.alloc_zeros::<f32>(head_rows)?;
-                ops::gather_cols(dev, &s.logits.slice(..head_rows * v), 1, head_rows * v, &idx, &mut vals)?;
-                let vals = dev.download(&vals)?;
-                let start = r.vocab.start as i64;
-                let ids = ids.iter().map(|&i| if i < 0 { -1 } else { i as i64 + start }).collect();
-                Ok(Some(StepOut::Best(ids, vals)))
-            }
-            Pick::Sample(rows) => {
-                sample_on_device(dev, &mut s.logits.slice_mut(..head_rows * v), v, rows, &mut s.argmax)?;
-                let ids = dev.download(&s.argmax.slice(..head_rows))?;
-                Ok(Some(StepOut::Ids(ids.into_iter().map(|i| i as u32).collect())))
+        let logits = if want_logits {
+            Some(dev.download(&s.logits.slice(..head_rows * v))?)
+        } else {
+            None
+        };
+        // Each row's best id in the rank's slice (−1 for a row holding NaN) and its logit, read from the device.
+        let mut out = s.argmax.slice_mut(..head_rows);
+        ops::argmax_rows(dev, &s.logits.slice(..head_rows * v), head_rows, &mut out)?;
+        let ids = dev.download(&s.argmax.slice(..head_rows))?;
+        let idx: Vec<i32> = ids
+            .iter()
+            .enumerate()
+            .map(|(row, &id)| (row * v) as i32 + id.max(0))
+            .collect();
+        let idx = dev.upload(&idx)?;
+        let mut vals = dev.alloc_zeros::<f32>(head_rows)?;
+        ops::gather_cols(dev, &s.logits.slice(..head_rows * v), 1, head_rows * v, &idx, &mut vals)?;
+        let vals = dev.download(&vals)?;
+        let mut summaries: Vec<RowSummary> = ids
+            .iter()
+            .zip(&vals)
+            .map(|(&id, &val)| RowSummary {
+                argmax: (id.max(0) as usize + r.vocab.start) as u32,
+                max_logit: if id < 0 { f32::NAN } else { val },
+                log_sum_exp: None,
+                sampled: None,
+            })
+            .collect();
+        if let Some(samples) = samples {
+            // Sampling rewrites the logits in place (the penalty), so it runs after the summaries.
+            let start = head_rows - samples.len();
+            sample_on_device(
+                dev,
+                &mut s.logits.slice_mut(start * v..head_rows * v),
+                v,
+                samples,
+                &mut s.argmax,
+            )?;
+            let picked = dev.download(&s.argmax.slice(..samples.len()))?;
+            for (row, id) in summaries[start..].iter_mut().zip(picked) {
+                row.sampled = Some(id as u32);
             }
         }
+        Ok(HeadOut {
+            rows: summaries,
+            logits,
+        })
     }
 
-    /// Runs a prompt for `slot` in chunks; returns the rank's logits for every token (`Logits::All`) or the last.
-    pub(crate) fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let _span = debug_span!("gpu_prefill", slot, tokens = tokens.len()).entered();
-        self.books
-            .check_growth(&[(slot, tokens.len())], self.inner.has_attention())?;
-        let clamp = tokens.len() > 1;
+    /// A prompt chunk sequence: its tokens in chunks of the scratch's rows; reports its rows as `seq.rows` asks.
+    fn prefill(&mut self, seq: &SeqStep, want_logits: bool) -> Result<HeadOut> {
+        let _span = debug_span!("gpu_prefill", slot = seq.slot, tokens = seq.tokens.len()).entered();
+        let slot = seq.slot;
+        // The reference clamps `dt` on its multi-token path: prompts of more than one token.
+        let clamp = seq.position > 0 || seq.tokens.len() > 1;
         let chunk = self.scratch.rows;
-        let with_kv = self.inner.has_attention();
-        let mut out = Vec::new();
-        let n_chunks = tokens.len().div_ceil(chunk);
-        for (ci, part) in tokens.chunks(chunk).enumerate() {
+        let n_chunks = seq.tokens.len().div_ceil(chunk);
+        let mut out = HeadOut {
+            rows: Vec::new(),
+            logits: want_logits.then(Vec::new),
+        };
+        for (ci, part) in seq.tokens.chunks(chunk).enumerate() {
             let t = part.len();
-            let pos = self.books.lens[slot] as usize;
-            self.books.grow(slot, t, with_kv)?;
+            let pos = seq.position + ci * chunk;
+            let lens = self.lens(Some((slot, pos + t)));
             self.upload_step(
                 &to_i32(part.iter().map(|&x| x as usize)),
                 &vec![slot as i32; t],
                 &to_i32(pos..pos + t),
                 &[slot as i32],
+                &lens,
             )?;
             let step = Step {
                 rows: t,
@@ -369,35 +428,34 @@ impl<A: Act> GpuRank<A> {
                 t,
                 prefill: Some(PrefillOf { slot, clamp }),
             };
-            let head_rows = match which {
-                Logits::All => t,
-                Logits::Last if ci + 1 == n_chunks => 1,
-                Logits::Last => 0,
+            let last = ci + 1 == n_chunks;
+            let head_rows = match seq.rows {
+                Rows::All => t,
+                Rows::Last if last => 1,
+                Rows::Last | Rows::None => 0,
             };
-            if let Some(StepOut::Logits(l)) = self.run(step, head_rows, &Pick::Logits)? {
-                out.extend(l);
+            let sample = if last { seq.sample.as_ref().map(std::slice::from_ref) } else { None };
+            let h = self.run(step, head_rows, want_logits, sample)?;
+            out.rows.extend(h.rows);
+            if let (Some(all), Some(l)) = (&mut out.logits, h.logits) {
+                all.extend(l);
             }
         }
         Ok(out)
     }
 
-    /// One decode step: token `rows[i].1` appended to sequence `rows[i].0`, distinct sequences.
-    pub(crate) fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut> {
-        let _span = debug_span!("gpu_decode", batch = rows.len()).entered();
-        let b = rows.len();
-        let with_kv = self.inner.has_attention();
-        let growth: Vec<(usize, usize)> = rows.iter().map(|&(s, _)| (s, 1)).collect();
-        self.books.check_growth(&growth, with_kv)?;
-        let positions: Vec<usize> = rows.iter().map(|&(s, _)| self.books.lens[s] as usize).collect();
-        for &(slot, _) in rows {
-            self.books.grow(slot, 1, with_kv)?;
-        }
-        let slots = to_i32(rows.iter().map(|&(s, _)| s));
+    /// One decode step over `seqs` (distinct slots, one token each).
+    fn decode(&mut self, seqs: &[&SeqStep], want_logits: bool) -> Result<HeadOut> {
+        let _span = debug_span!("gpu_decode", batch = seqs.len()).entered();
+        let b = seqs.len();
+        let slots = to_i32(seqs.iter().map(|s| s.slot));
+        let lens = self.lens(None);
         self.upload_step(
-            &to_i32(rows.iter().map(|&(_, t)| t as usize)),
+            &to_i32(seqs.iter().map(|s| s.tokens[0] as usize)),
             &slots,
-            &to_i32(positions),
+            &to_i32(seqs.iter().map(|s| s.position)),
             &slots,
+            &lens,
         )?;
         let step = Step {
             rows: b,
@@ -405,88 +463,146 @@ impl<A: Act> GpuRank<A> {
             t: 1,
             prefill: None,
         };
-        self.run(step, b, pick)?
-            .ok_or_else(|| EngineError::Gpu("a decode step produced no logits".into()))
-    }
-
-    /// The device (for synchronisation and timing).
-    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
-        &self.inner.dev
-    }
-}
-
-/// A rank's thread-side state, whatever its activation type: loaded, then allocated.
-pub(crate) enum RankSlot<A: Act> {
-    Loaded(Option<Box<LoadedRank<A>>>),
-    Ready(Box<GpuRank<A>>),
-}
-
-/// What the coordinator asks of a rank (object-safe, so one thread type serves every activation type).
-pub(crate) trait RankCtl {
-    fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity>;
-    fn allocate(&mut self, sizes: PoolSizes, rows: usize) -> Result<()>;
-    fn open(&mut self) -> Result<usize>;
-    fn close(&mut self, slot: usize) -> Result<()>;
-    fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>>;
-    fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut>;
-    fn synchronize(&self) -> Result<()>;
-}
-
-fn not_ready() -> EngineError {
-    EngineError::Gpu("rank used before its pools were allocated".into())
-}
-
-impl<A: Act> RankSlot<A> {
-    fn ready(&mut self) -> Result<&mut GpuRank<A>> {
-        match self {
-            RankSlot::Ready(r) => Ok(r),
-            RankSlot::Loaded(_) => Err(not_ready()),
-        }
-    }
-}
-
-impl<A: Act> RankCtl for RankSlot<A> {
-    fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity> {
-        match self {
-            RankSlot::Loaded(Some(l)) => l.capacity(fraction, max_seqs, max_len, rows),
-            _ => Err(EngineError::Gpu("rank is not in its loading state".into())),
-        }
-    }
-
-    fn allocate(&mut self, sizes: PoolSizes, rows: usize) -> Result<()> {
-        match self {
-            RankSlot::Loaded(l) => {
-                let loaded = l
-                    .take()
-                    .ok_or_else(|| EngineError::Gpu("rank already allocated".into()))?;
-                *self = RankSlot::Ready(Box::new(loaded.allocate(sizes, rows)?));
-                Ok(())
+        let samples: Option<Vec<SampleRow>> = seqs.iter().any(|s| s.sample.is_some()).then(|| {
+            // Rows that did not ask to sample take the greedy pick (temperature 0 is the argmax).
+            seqs.iter()
+                .map(|s| {
+                    s.sample.clone().unwrap_or(SampleRow {
+                        temperature: 0.0,
+                        top_k: 0,
+                        top_p: 1.0,
+                        min_p: 0.0,
+                        repetition_penalty: 1.0,
+                        history: Vec::new(),
+                        uniform: 0.0,
+                    })
+                })
+                .collect()
+        });
+        let mut out = self.run(step, b, want_logits, samples.as_deref())?;
+        for (row, s) in out.rows.iter_mut().zip(seqs) {
+            if s.sample.is_none() || s.rows == Rows::None {
+                row.sampled = None;
             }
-            RankSlot::Ready(_) => Err(EngineError::Gpu("rank already allocated".into())),
         }
+        Ok(out)
+    }
+}
+
+impl<A: Act> Rank for GpuRank<A> {
+    fn info(&self) -> RankInfo {
+        self.info.clone()
     }
 
-    fn open(&mut self) -> Result<usize> {
-        self.ready()?.open()
-    }
-
-    fn close(&mut self, slot: usize) -> Result<()> {
-        self.ready()?.close(slot)
-    }
-
-    fn prefill(&mut self, slot: usize, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        self.ready()?.prefill(slot, tokens, which)
-    }
-
-    fn decode(&mut self, rows: &[(usize, u32)], pick: &Pick) -> Result<StepOut> {
-        self.ready()?.decode(rows, pick)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        match self {
-            RankSlot::Ready(r) => Ok(r.device().synchronize()?),
-            RankSlot::Loaded(_) => Err(not_ready()),
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        if !plan.commits.is_empty() || plan.seqs.iter().any(|s| s.kind == SeqKind::Verify) {
+            return Err(not_supported("speculative verification"));
         }
+        if plan.seqs.iter().any(|s| s.sample.is_some()) && self.info.tp > 1 {
+            return Err(EngineError::InvalidInput(
+                "a tensor-parallel rank holds a slice of the vocabulary and cannot sample".into(),
+            ));
+        }
+        // Slots the coordinator opened since the last step: the rank's books take them too.
+        let mut claimed = Vec::new();
+        for s in &plan.seqs {
+            if s.position == 0 && !self.books.started(s.slot) && self.books.len(s.slot).is_err() {
+                if let Err(e) = self.books.open_at(s.slot, s.form) {
+                    for c in claimed {
+                        self.books.close(c)?;
+                    }
+                    return Err(e);
+                }
+                claimed.push(s.slot);
+            }
+        }
+        if let Err(e) = self.books.validate(plan) {
+            for c in claimed {
+                self.books.close(c)?;
+            }
+            return Err(e);
+        }
+        for &c in &claimed {
+            self.clear_slot(c)?;
+        }
+        let held = |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
+        let before = held(&self.books);
+        self.books.apply(plan)?;
+        self.table_dirty |= held(&self.books) != before;
+        self.steps += 1;
+        let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
+        // Prompt chunks one sequence at a time, then every decode as one batch; rows go back in plan order.
+        let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
+        for (i, s) in plan.seqs.iter().enumerate() {
+            if s.kind == SeqKind::Prefill {
+                per_seq[i] = Some(self.prefill(s, plan.full_logits)?);
+            }
+        }
+        let decodes: Vec<(usize, &SeqStep)> = plan
+            .seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.kind == SeqKind::Decode)
+            .collect();
+        if !decodes.is_empty() {
+            let batch: Vec<&SeqStep> = decodes.iter().map(|(_, s)| *s).collect();
+            let out = self.decode(&batch, plan.full_logits)?;
+            let v = self.info.vocab.len();
+            for (k, (i, s)) in decodes.iter().enumerate() {
+                let keep = s.row_count() > 0;
+                per_seq[*i] = Some(HeadOut {
+                    rows: if keep { vec![out.rows[k]] } else { Vec::new() },
+                    logits: out
+                        .logits
+                        .as_ref()
+                        .map(|l| if keep { l[k * v..(k + 1) * v].to_vec() } else { Vec::new() }),
+                });
+            }
+        }
+        let mut rows = Vec::with_capacity(plan.row_count());
+        let mut logits = plan.full_logits.then(Vec::new);
+        for h in per_seq.into_iter().flatten() {
+            rows.extend(h.rows);
+            if let (Some(all), Some(l)) = (&mut logits, h.logits) {
+                all.extend(l);
+            }
+        }
+        Ok(StepOut {
+            vocab: self.info.vocab.clone(),
+            rows,
+            logits,
+        })
+    }
+
+    fn release(&mut self, slot: usize) -> Result<()> {
+        let held = self.books.kv().map_or(0, |k| k.held(slot));
+        self.books.close(slot)?;
+        self.table_dirty |= held > 0;
+        Ok(())
+    }
+
+    fn snapshot(&mut self, _slot: usize) -> Result<SlotSnapshot> {
+        Err(not_supported("slot snapshots"))
+    }
+
+    fn restore(&mut self, _slot: usize, _snapshot: &SlotSnapshot) -> Result<()> {
+        Err(not_supported("slot restores"))
+    }
+
+    fn health(&mut self) -> Result<RankHealth> {
+        // A device that has failed reports it here rather than at the next step.
+        self.inner.dev.synchronize()?;
+        Ok(RankHealth {
+            rank: self.info.rank,
+            tp: self.info.tp,
+            device: self.info.device.clone(),
+            slots_in_use: self.books.slots_in_use(),
+            steps: self.steps,
+        })
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(self.inner.dev.synchronize()?)
     }
 }
 

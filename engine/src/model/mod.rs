@@ -1,11 +1,11 @@
-//! Models: config parsing per family, layer specs, mixers, and the hybrid model that stacks them.
+//! Models: config parsing per family, layer specs and mixers. The model that stacks them is the tensor-parallel
+//! [`crate::shard::ShardedModel`] (one rank for an unsharded model), run by [`crate::decode::Decoder`].
 
 pub mod config;
-pub mod hybrid;
 pub mod json;
 pub mod mixers;
 pub mod spec;
 pub mod tensors;
 
 pub use config::{BlockKind, Family, ModelConfig};
-pub use hybrid::{Logits, Model, SequenceState};
+pub use mixers::Mixer;

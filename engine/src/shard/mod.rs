@@ -1,5 +1,6 @@
-//! Tensor parallelism on the CPU: the per-rank plan ([`plan`]), the collectives ([`comm`]), a slicing tensor source
-//! ([`source`]) and a rank's forward pass ([`model`]). See design.md "Tensor parallelism".
+//! Tensor parallelism: the per-rank plan ([`plan`]), the collectives ([`comm`]), a slicing tensor source
+//! ([`source`]) and a rank's weights ([`model`]); see `docs/architecture.md` ("Tensor parallelism"). Every model is
+//! a sharded model: an unsharded one is the plan with one rank.
 //!
 //! A rank's mixers are the single-rank mixers built from local specs (fewer heads, a slice of the FFN width) and loaded
 //! through [`source::ShardSource`], which cuts each tensor out of the whole checkpoint by the plan; all-reduces after
@@ -20,6 +21,6 @@ mod model_tests;
 mod tests;
 
 pub use comm::{Communicator, LocalComm};
-pub use model::{summarise, ShardedModel, VocabSummary};
+pub use model::{ShardBlock, ShardedModel};
 pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, Piece, RankPlan, ShardKind};
 pub use source::ShardSource;

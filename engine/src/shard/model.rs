@@ -1,39 +1,47 @@
-//! One tensor-parallel rank of the hybrid model on the CPU: it loads only its slices (see [`super::plan`]) and runs
-//! prefill and decode with all-reduces through a [`Communicator`].
+//! One tensor-parallel rank of the hybrid model on the CPU: its weights (only its slices, see [`super::plan`]) and
+//! the pieces of the forward pass that are not a mixer — the vocab-parallel embedding (each rank writes its rows,
+//! zeros elsewhere, then all-reduce), block norms, and the rank's slice of the LM head. An unsharded model is the
+//! plan with one rank. The block loop that runs it, with every decode form, is [`crate::decode::Decoder`].
 //!
-//! Per block, every rank normalises the full (replicated) residual stream, runs its slice of the mixer and all-reduces
-//! the partial output of the row-parallel projection; the mixers are the single-rank ones, loaded with local specs.
-//! Mamba-2 and GDN shards run their own scan closure, which expands B/C (or q/k) from the groups the rank holds to its
-//! virtual groups; the Mamba-2 gated norm sums squares per global group, all-reduced when a group spans ranks. The
-//! embedding is vocab-parallel (each rank writes its rows, zeros elsewhere, then all-reduce) and so is the LM head
-//! (each rank's logits are all-gathered).
+//! The mixers are the single-rank ones, loaded with local specs. Mamba-2 and GDN shards read B/C (or q/k) of the
+//! groups the rank holds, expanded to its virtual groups ([`expand`]); the Mamba-2 gated norm sums squares per global
+//! group, all-reduced when a group spans ranks.
 
 use std::borrow::Cow;
-use std::ops::Range;
 
-use rewind_kernels::cpu::act::silu;
-use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step, GdnDims};
 use rewind_kernels::cpu::gemm;
-use rewind_kernels::cpu::mamba2::{mamba2_chunked, mamba2_step, Mamba2Dims};
 use rewind_kernels::cpu::norm;
 
 use super::comm::Communicator;
-use super::plan::{even_split, GroupedSplit, RankPlan, ShardKind};
+use super::plan::{GroupedSplit, RankPlan, ShardKind};
 use super::source::ShardSource;
 use crate::error::{EngineError, Result};
 use crate::model::config::{BlockKind, ModelConfig};
-use crate::model::hybrid::{BlockState, Logits, Mixer, SequenceState};
 use crate::model::mixers::attention::AttentionMixer;
 use crate::model::mixers::ffn::{Mlp, Moe};
-use crate::model::mixers::gdn::{GdnMixer, GdnState};
-use crate::model::mixers::mamba2::{Mamba2Mixer, Mamba2State};
+use crate::model::mixers::gdn::GdnMixer;
+use crate::model::mixers::mamba2::Mamba2Mixer;
+use crate::model::mixers::Mixer;
 use crate::model::tensors::TensorSource;
+use crate::state::{LayerState, SsmDims};
 
 /// One block of a rank: its pre-norm weight, its local mixer and how the mixer is split.
-pub(crate) struct ShardBlock {
+pub struct ShardBlock {
     pub(crate) norm: Vec<f32>,
     pub(crate) mixer: Mixer,
     pub(crate) shard: ShardKind,
+}
+
+impl ShardBlock {
+    /// The rank's part of the block's mixer (built from its local spec).
+    pub fn mixer(&self) -> &Mixer {
+        &self.mixer
+    }
+
+    /// How the block is split across ranks.
+    pub fn shard(&self) -> &ShardKind {
+        &self.shard
+    }
 }
 
 /// A rank's weights outside its blocks (which [`ShardedModel::load_streaming`] hands out one by one).
@@ -141,53 +149,59 @@ impl ShardedModel {
         &self.plan
     }
 
-    /// A fresh state for a new sequence: this rank's slice of every layer's state.
-    pub fn new_state(&self) -> SequenceState {
-        let blocks = self
-            .blocks
+    /// The rank's blocks, in model order.
+    pub fn blocks(&self) -> &[ShardBlock] {
+        &self.blocks
+    }
+
+    /// The per-sequence state each block needs on this rank: its shard's sizes, with the B (Mamba-2) or key (GDN)
+    /// ring fields widened to the virtual groups the rank's kernels read (see [`GroupedSplit`]).
+    pub fn layer_states(&self) -> Vec<LayerState> {
+        self.blocks
             .iter()
-            .map(|b| match &b.mixer {
-                Mixer::Mamba2(m) => BlockState::Mamba2(m.new_state()),
-                Mixer::Gdn(m) => BlockState::Gdn(m.new_state()),
-                Mixer::Attention(m) => BlockState::Kv(m.new_cache()),
-                Mixer::Mlp(_) | Mixer::Moe(_) => BlockState::Stateless,
+            .map(|b| match (&b.mixer, &b.shard) {
+                (Mixer::Mamba2(m), ShardKind::Mamba2 { split, .. }) => {
+                    let s = m.spec();
+                    let mut d = SsmDims::mamba2(s);
+                    d.ring_fields[2].width = split.virtual_groups.len() * s.state_dim;
+                    LayerState::Ssm(d)
+                }
+                (Mixer::Gdn(m), ShardKind::Gdn(split)) => {
+                    let s = m.spec();
+                    let mut d = SsmDims::gdn(s);
+                    d.ring_fields[1].width = split.virtual_groups.len() * s.k_head_dim;
+                    LayerState::Ssm(d)
+                }
+                (Mixer::Attention(m), _) => LayerState::Attention {
+                    kv_heads: m.spec().kv_heads,
+                    head_dim: m.spec().head_dim,
+                },
+                _ => LayerState::None,
             })
-            .collect();
-        SequenceState { blocks, position: 0 }
+            .collect()
     }
 
-    /// Like [`crate::model::Model::forward`], on this rank: every rank of `comm` must make the same call with the same
-    /// tokens. Returns the full logits (gathered from every rank's vocabulary slice) on every rank.
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        state: &mut SequenceState,
-        which: Logits,
-        comm: &dyn Communicator,
-    ) -> Result<Vec<f32>> {
-        let (vocab, first) = (self.config.vocab_size, state.position);
-        let local = self.forward_local(tokens, state, which, comm)?;
-        let rows = local.len() / self.plan.vocab.len();
-        let logits = gather_vocab(&local, rows, vocab, comm)?;
-        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-            return Err(EngineError::NonFinite {
-                position: first + tokens.len() - rows + i / vocab,
-            });
+    /// Checks that `tokens` can be appended to a sequence at `position`: ids in the vocabulary, context within the
+    /// model's limit.
+    pub fn check_tokens(&self, tokens: &[u32], position: usize) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {t} at index {i} is out of range (vocab size {vocab})"
+            )));
         }
-        Ok(logits)
+        let end = position + tokens.len();
+        if end > self.config.max_position_embeddings {
+            return Err(EngineError::InvalidInput(format!(
+                "context of {end} tokens exceeds the model's limit of {} (max_position_embeddings)",
+                self.config.max_position_embeddings
+            )));
+        }
+        Ok(())
     }
 
-    /// Like [`ShardedModel::forward`], but returns only this rank's logits, `[rows, plan().vocab.len()]` for vocabulary
-    /// ids `plan().vocab`; summarise them across ranks with [`summarise`]. Not checked for non-finite values (ranks
-    /// would disagree on the error; the summary carries NaN/inf to every rank instead).
-    pub fn forward_local(
-        &self,
-        tokens: &[u32],
-        state: &mut SequenceState,
-        which: Logits,
-        comm: &dyn Communicator,
-    ) -> Result<Vec<f32>> {
-        let (t, hidden, vocab) = (tokens.len(), self.config.hidden_size, self.config.vocab_size);
+    /// Checks that `comm` is this rank's communicator.
+    pub fn check_comm(&self, comm: &dyn Communicator) -> Result<()> {
         if comm.size() != self.plan.tp || comm.rank() != self.plan.rank {
             return Err(EngineError::Communicator(format!(
                 "rank {} of {} loaded, but the communicator is rank {} of {}",
@@ -197,22 +211,14 @@ impl ShardedModel {
                 comm.size()
             )));
         }
-        if t == 0 {
-            return Err(EngineError::InvalidInput("no tokens to process".into()));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
-            return Err(EngineError::InvalidInput(format!(
-                "token id {bad} is out of range (vocab size {vocab})"
-            )));
-        }
-        if state.position + t > self.config.max_position_embeddings {
-            return Err(EngineError::InvalidInput(format!(
-                "context of {} tokens exceeds the model's limit of {} (max_position_embeddings)",
-                state.position + t,
-                self.config.max_position_embeddings
-            )));
-        }
-        let mut x = vec![0.0f32; t * hidden];
+        Ok(())
+    }
+
+    /// The embedding rows of `tokens`, `[t, hidden]`, on every rank: each rank writes the rows of its vocabulary
+    /// slice (zeros elsewhere) and the ranks all-reduce. Ids must have passed [`ShardedModel::check_tokens`].
+    pub fn embed(&self, tokens: &[u32], comm: &dyn Communicator) -> Result<Vec<f32>> {
+        let hidden = self.config.hidden_size;
+        let mut x = vec![0.0f32; tokens.len() * hidden];
         let vr = &self.plan.vocab;
         for (row, &tok) in x.chunks_exact_mut(hidden).zip(tokens) {
             let tok = tok as usize;
@@ -221,116 +227,31 @@ impl ShardedModel {
                 row.copy_from_slice(&self.embed[at..at + hidden]);
             }
         }
-        comm.all_reduce_sum(&mut x)?;
-        let pos = state.position;
-        let (eps, offset) = (self.config.norm_eps, self.config.norm_offset);
-        for (block, bstate) in self.blocks.iter().zip(state.blocks.iter_mut()) {
-            let h = norm::rms_norm_vec(&x, &block.norm, eps, offset);
-            let mut y = match (&block.mixer, bstate) {
-                (Mixer::Mamba2(m), BlockState::Mamba2(s)) => mamba2(m, &block.shard, &h, t, s, comm)?,
-                (Mixer::Gdn(m), BlockState::Gdn(s)) => gdn(m, &block.shard, &h, t, s)?,
-                (Mixer::Attention(m), BlockState::Kv(c)) => m.forward(&h, t, pos, c),
-                (Mixer::Mlp(m), BlockState::Stateless) => m.forward(&h, t),
-                (Mixer::Moe(m), BlockState::Stateless) => m.forward(&h, t),
-                _ => {
-                    return Err(EngineError::InvalidInput(
-                        "sequence state does not belong to this model".into(),
-                    ))
-                }
-            };
-            comm.all_reduce_sum(&mut y)?;
-            for (xi, yi) in x.iter_mut().zip(&y) {
-                *xi += yi;
-            }
+        if self.plan.tp > 1 {
+            comm.all_reduce_sum(&mut x)?;
         }
-        state.position += t;
-        let rows = match which {
-            Logits::All => t,
-            Logits::Last => 1,
-        };
-        let normed = norm::rms_norm_vec(&x[(t - rows) * hidden..], &self.final_norm, eps, offset);
+        Ok(x)
+    }
+
+    /// A block's mixer input: the residual stream `x` (`[t, hidden]`) under the block's RMSNorm.
+    pub fn block_input(&self, block: &ShardBlock, x: &[f32]) -> Vec<f32> {
+        norm::rms_norm_vec(x, &block.norm, self.config.norm_eps, self.config.norm_offset)
+    }
+
+    /// Final norm and this rank's slice of the LM head over residual rows `x` (`[rows, hidden]`): `[rows,
+    /// plan().vocab.len()]` logits for vocabulary ids `plan().vocab`. Not checked for non-finite values (ranks would
+    /// disagree on the error; the summaries carry NaN to the coordinator instead).
+    pub fn head(&self, x: &[f32]) -> Vec<f32> {
+        let hidden = self.config.hidden_size;
+        let rows = x.len() / hidden.max(1);
+        let normed = norm::rms_norm_vec(x, &self.final_norm, self.config.norm_eps, self.config.norm_offset);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        Ok(gemm::linear(&normed, head, None, rows, hidden, vr.len()))
+        gemm::linear(&normed, head, None, rows, hidden, self.plan.vocab.len())
     }
-}
-
-/// What every rank learns about one position's full logits from the ranks' vocabulary slices, without gathering
-/// them (design.md: ranks exchange summaries, not logits).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct VocabSummary {
-    /// The greedy token: the lowest id among the largest logits.
-    pub argmax: u32,
-    pub max_logit: f32,
-    /// `log Σ exp(logit)` over the whole vocabulary.
-    pub log_sum_exp: f32,
-}
-
-/// Combines every rank's `[rows, its vocab slice]` logits (from [`ShardedModel::forward_local`]; `vocab` is the slice's
-/// id range) into per-row summaries, the same on every rank. One all-gather of three values per row and rank.
-pub fn summarise(local: &[f32], vocab: &Range<usize>, comm: &dyn Communicator) -> Result<Vec<VocabSummary>> {
-    let width = vocab.len();
-    if width == 0 || !local.len().is_multiple_of(width) {
-        return Err(EngineError::InvalidInput(format!(
-            "summarise: {} logits are not rows of the vocabulary slice ({width})",
-            local.len()
-        )));
-    }
-    let rows = local.len() / width;
-    let mut send = Vec::with_capacity(3 * rows);
-    for row in local.chunks_exact(width) {
-        let (arg, max) = row.iter().enumerate().fold(
-            (0, f32::NEG_INFINITY),
-            |(a, m), (i, &v)| if v > m { (i, v) } else { (a, m) },
-        );
-        let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
-        // Ids travel as f32: exact below 2^24, far above any vocabulary.
-        send.extend([(vocab.start + arg) as f32, max, sum]);
-    }
-    let mut recv = vec![0.0f32; send.len() * comm.size()];
-    comm.all_gather(&send, &mut recv)?;
-    let per_rank: Vec<&[f32]> = recv.chunks_exact(3 * rows).collect();
-    Ok((0..rows)
-        .map(|r| {
-            let parts = per_rank.iter().map(|p| &p[3 * r..3 * r + 3]);
-            // Ranks hold ascending id ranges, so the first rank reaching the maximum has the lowest id.
-            let (arg, max) = parts.clone().fold(
-                (0.0, f32::NEG_INFINITY),
-                |(a, m), p| if p[1] > m { (p[0], p[1]) } else { (a, m) },
-            );
-            let sum: f32 = parts.map(|p| p[2] * (p[1] - max).exp()).sum();
-            VocabSummary {
-                argmax: arg as u32,
-                max_logit: max,
-                log_sum_exp: max + sum.ln(),
-            }
-        })
-        .collect())
-}
-
-/// All-gathers every rank's `[rows, its vocab slice]` logits into `[rows, vocab]`; slices are padded to the largest
-/// (rank 0's) so every rank sends the same count.
-fn gather_vocab(local: &[f32], rows: usize, vocab: usize, comm: &dyn Communicator) -> Result<Vec<f32>> {
-    let tp = comm.size();
-    let width = even_split(vocab, tp, 0).len();
-    let mine = even_split(vocab, tp, comm.rank()).len();
-    let mut send = vec![0.0f32; rows * width];
-    for (dst, src) in send.chunks_exact_mut(width).zip(local.chunks_exact(mine.max(1))) {
-        dst[..mine].copy_from_slice(src);
-    }
-    let mut recv = vec![0.0f32; tp * rows * width];
-    comm.all_gather(&send, &mut recv)?;
-    let mut logits = vec![0.0f32; rows * vocab];
-    for (r, part) in recv.chunks_exact(rows * width).enumerate() {
-        let range = even_split(vocab, tp, r);
-        for (row, src) in part.chunks_exact(width).enumerate() {
-            logits[row * vocab + range.start..row * vocab + range.end].copy_from_slice(&src[..range.len()]);
-        }
-    }
-    Ok(logits)
 }
 
 /// Copies, per row of `groups` groups of `width`, the group each virtual group reads.
-fn expand<'a>(src: &'a [f32], width: usize, split: &GroupedSplit) -> Cow<'a, [f32]> {
+pub(crate) fn expand<'a>(src: &'a [f32], width: usize, split: &GroupedSplit) -> Cow<'a, [f32]> {
     if split.is_identity() {
         return Cow::Borrowed(src);
     }
@@ -344,101 +265,3 @@ fn expand<'a>(src: &'a [f32], width: usize, split: &GroupedSplit) -> Cow<'a, [f3
     Cow::Owned(out)
 }
 
-fn wrong_shard(kind: &str) -> EngineError {
-    EngineError::InvalidInput(format!("tensor-parallel plan does not describe a {kind} layer"))
-}
-
-/// A Mamba-2 shard: the mixer's projection and conv, the scan over virtual groups, then the gated norm over the
-/// global norm groups (sums of squares all-reduced when a group spans ranks) and the partial `out_proj`.
-fn mamba2(
-    m: &Mamba2Mixer,
-    shard: &ShardKind,
-    x: &[f32],
-    t: usize,
-    state: &mut Mamba2State,
-    comm: &dyn Communicator,
-) -> Result<Vec<f32>> {
-    let ShardKind::Mamba2 {
-        split,
-        norm_group_size,
-        norm_groups,
-        all_reduce_norm,
-    } = shard
-    else {
-        return Err(wrong_shard("Mamba-2"));
-    };
-    let s = m.spec();
-    let dims = Mamba2Dims {
-        heads: s.heads,
-        head_dim: s.head_dim,
-        state_dim: s.state_dim,
-        groups: split.virtual_groups.len(),
-    };
-    let Mamba2State { conv, ssm } = state;
-    let (y, z) = m.scan_outputs(x, t, t > 1, conv, |inp, y| {
-        let b = expand(&inp.b, s.state_dim, split);
-        let c = expand(&inp.c, s.state_dim, split);
-        if inp.t == 1 {
-            mamba2_step(dims, ssm, &inp.x, &inp.dt, m.a(), &b, &c, m.d_skip(), y);
-        } else {
-            mamba2_chunked(
-                dims,
-                inp.t,
-                s.chunk_size,
-                ssm,
-                &inp.x,
-                &inp.dt,
-                m.a(),
-                &b,
-                &c,
-                m.d_skip(),
-                y,
-            );
-        }
-    });
-    let di = s.heads * s.head_dim;
-    let first = split.heads.start * s.head_dim;
-    let gated: Vec<f32> = y.iter().zip(&z).map(|(y, z)| y * silu(*z)).collect();
-    let mut sums = vec![0.0f32; t * norm_groups];
-    for (row, sum) in gated.chunks_exact(di).zip(sums.chunks_exact_mut(*norm_groups)) {
-        for (c, v) in row.iter().enumerate() {
-            sum[(first + c) / norm_group_size] += v * v;
-        }
-    }
-    if *all_reduce_norm {
-        comm.all_reduce_sum(&mut sums)?;
-    }
-    let w = m.norm_weight();
-    let mut normed = Vec::with_capacity(gated.len());
-    for (row, sum) in gated.chunks_exact(di).zip(sums.chunks_exact(*norm_groups)) {
-        for (c, v) in row.iter().enumerate() {
-            let ms = sum[(first + c) / norm_group_size] / *norm_group_size as f32;
-            normed.push(v * (1.0 / (ms + s.norm_eps).sqrt()) * w[c]);
-        }
-    }
-    Ok(m.project_out(&normed, t))
-}
-
-/// A Gated DeltaNet shard: the mixer with a delta-rule scan over virtual key groups.
-fn gdn(m: &GdnMixer, shard: &ShardKind, x: &[f32], t: usize, state: &mut GdnState) -> Result<Vec<f32>> {
-    let ShardKind::Gdn(split) = shard else {
-        return Err(wrong_shard("Gated DeltaNet"));
-    };
-    let s = m.spec();
-    let dims = GdnDims {
-        k_heads: split.virtual_groups.len(),
-        v_heads: s.v_heads,
-        k_dim: s.k_head_dim,
-        v_dim: s.v_head_dim,
-    };
-    let GdnState { conv, ssm } = state;
-    Ok(m.forward_with(x, t, conv, |inp, out| {
-        let q = expand(&inp.q, s.k_head_dim, split);
-        let k = expand(&inp.k, s.k_head_dim, split);
-        if inp.t == 1 {
-            gdn_step(dims, ssm, &q, &k, &inp.v, &inp.g, &inp.beta, out);
-        } else {
-            gdn_chunked(dims, inp.t, s.chunk_size, ssm, &q, &k, &inp.v, &inp.g, &inp.beta, out);
-        }
-    }))
-}

@@ -23,7 +23,7 @@ mod tests;
 
 pub use counters::{DecodeForm, RingIndex, SlotCounters};
 pub use kv::{KvBlocks, KvLayerPool, KvSlotMut};
-pub use pools::{PoolConfig, StatePools, StateRef};
+pub use pools::{LayerState, PoolConfig, StatePools, StateRef};
 pub use slots::SlotAllocator;
 pub use ssm::{GdnSlotMut, Mamba2SlotMut, SsmDims, SsmLayerPool, SsmSlotMut};
 
@@ -47,6 +47,9 @@ pub enum PoolError {
     /// `free` of a slot that is not allocated.
     #[error("slot {slot} freed twice (it is not allocated)")]
     DoubleFree { slot: usize },
+    /// Taking a slot that is already allocated.
+    #[error("slot {slot} is already in use")]
+    InUse { slot: usize },
     /// Access to a slot that is not allocated.
     #[error("slot {slot} is not allocated")]
     NotAllocated { slot: usize },

@@ -46,6 +46,32 @@ impl PoolConfig {
     }
 }
 
+/// The per-sequence state one residual block needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayerState {
+    /// None (MLP, MoE).
+    None,
+    /// An SSM layer's checkpoint, input ring and conv ring.
+    Ssm(SsmDims),
+    /// Paged KV of `kv_heads` heads of `head_dim`.
+    Attention { kv_heads: usize, head_dim: usize },
+}
+
+impl LayerState {
+    /// The state of a block of kind `kind`, with the sizes its spec gives.
+    pub fn of(kind: &BlockKind) -> Self {
+        match kind {
+            BlockKind::Mamba2(s) => LayerState::Ssm(SsmDims::mamba2(s)),
+            BlockKind::Gdn(s) => LayerState::Ssm(SsmDims::gdn(s)),
+            BlockKind::Attention(s) => LayerState::Attention {
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+            },
+            BlockKind::Mlp(_) | BlockKind::Moe(_) => LayerState::None,
+        }
+    }
+}
+
 /// Which pool a residual block's per-sequence state lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateRef {
@@ -70,8 +96,15 @@ pub struct StatePools {
 }
 
 impl StatePools {
-    /// Allocates every pool for `model`'s stateful layers, zeroed, all slots free.
+    /// Allocates every pool for `model`'s stateful layers (the whole, unsharded model), zeroed, all slots free.
     pub fn new(model: &ModelConfig, config: PoolConfig) -> Result<Self, PoolError> {
+        let layers = model.layers.iter().flatten().map(|b| LayerState::of(&b.kind)).collect();
+        Self::with_layers(layers, config)
+    }
+
+    /// Allocates the pools of `layers` (one entry per residual block, in model order; a tensor-parallel rank passes
+    /// its shard's sizes), zeroed, all slots free.
+    pub fn with_layers(layers: Vec<LayerState>, config: PoolConfig) -> Result<Self, PoolError> {
         let bad = |m: String| Err(PoolError::Config(m));
         if config.slots == 0 || config.slots > MAX_SLOTS {
             return bad(format!(
@@ -111,21 +144,17 @@ impl StatePools {
         let mut block_refs = Vec::new();
         let mut ssm_dims = Vec::new();
         let mut attn_specs = Vec::new();
-        for block in model.layers.iter().flatten() {
-            block_refs.push(match &block.kind {
-                BlockKind::Mamba2(s) => {
-                    ssm_dims.push(SsmDims::mamba2(s));
+        for layer in layers {
+            block_refs.push(match layer {
+                LayerState::Ssm(d) => {
+                    ssm_dims.push(d);
                     StateRef::Ssm(ssm_dims.len() - 1)
                 }
-                BlockKind::Gdn(s) => {
-                    ssm_dims.push(SsmDims::gdn(s));
-                    StateRef::Ssm(ssm_dims.len() - 1)
-                }
-                BlockKind::Attention(s) => {
-                    attn_specs.push((s.kv_heads, s.head_dim));
+                LayerState::Attention { kv_heads, head_dim } => {
+                    attn_specs.push((kv_heads, head_dim));
                     StateRef::Attention(attn_specs.len() - 1)
                 }
-                BlockKind::Mlp(_) | BlockKind::Moe(_) => StateRef::None,
+                LayerState::None => StateRef::None,
             });
         }
         // One conv head per slot serves every layer, so every layer's conv ring must have the same length.
@@ -233,6 +262,13 @@ impl StatePools {
         let slot = self.slots.alloc()?;
         self.clear(slot);
         Ok(slot)
+    }
+
+    /// Takes the free slot `slot` (a rank following the coordinator's books, which hand the slots out).
+    pub fn alloc_at(&mut self, slot: usize) -> Result<(), PoolError> {
+        self.slots.claim(slot)?;
+        self.clear(slot);
+        Ok(())
     }
 
     /// Returns a slot's KV blocks, clears its counters and frees the slot.

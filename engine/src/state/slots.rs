@@ -44,6 +44,17 @@ impl SlotAllocator {
         Ok(slot)
     }
 
+    /// Takes the specific free slot `slot` (the others keep their order).
+    pub fn claim(&mut self, slot: usize) -> Result<(), PoolError> {
+        self.check_range(slot)?;
+        if self.in_use[slot] {
+            return Err(PoolError::InUse { slot });
+        }
+        self.free.retain(|&s| s as usize != slot);
+        self.in_use[slot] = true;
+        Ok(())
+    }
+
     /// Returns `slot` to the free list.
     pub fn free(&mut self, slot: usize) -> Result<(), PoolError> {
         self.check_range(slot)?;
@@ -105,6 +116,16 @@ mod tests {
         a.free(0).expect("free 0");
         assert_eq!(a.alloc(), Ok(0), "last freed, first reused");
         assert_eq!(a.allocated().collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn claim_takes_a_given_slot() {
+        let mut a = SlotAllocator::new(3);
+        a.claim(1).expect("claim 1");
+        assert_eq!(a.claim(1), Err(PoolError::InUse { slot: 1 }));
+        assert_eq!(a.claim(3), Err(PoolError::SlotOutOfRange { slot: 3, capacity: 3 }));
+        assert_eq!((a.alloc(), a.alloc()), (Ok(0), Ok(2)), "the others keep their order");
+        assert_eq!(a.alloc(), Err(PoolError::SlotsFull { capacity: 3 }));
     }
 
     #[test]

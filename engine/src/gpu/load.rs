@@ -1,0 +1,212 @@
+//! Loading a model onto GPUs as a [`RankGroup`]: one rank thread per GPU opens its device, joins the NCCL group,
+//! loads its shard block by block, measures what fits, agrees with the other ranks on the pool sizes (the smallest
+//! KV capacity of any rank) and allocates.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use half::bf16;
+use rewind_kernels::cuda::CudaDevice;
+use tracing::info;
+
+use super::options::{GpuDtype, GpuOptions};
+use super::rank::{Capacity, LoadedRank};
+use super::state::{PoolSizes, BLOCK_SIZE};
+use super::{Act, DeviceComm};
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+use crate::rank::{Rank, RankGroup};
+use crate::shard::{Communicator, LocalComm};
+
+/// What loading found, for logs and reports.
+#[derive(Clone, Debug)]
+pub struct GpuReport {
+    /// Device names, per rank.
+    pub devices: Vec<String>,
+    pub sizes: PoolSizes,
+    /// Per rank: bytes of weights (and runtime), state pools, activations; total device memory.
+    pub weight_bytes: Vec<usize>,
+    pub state_bytes: Vec<usize>,
+    pub scratch_bytes: Vec<usize>,
+    pub total_bytes: Vec<usize>,
+}
+
+/// What one rank found while loading: its device's name, its capacity and the agreed pool sizes.
+type RankReport = (String, Capacity, PoolSizes);
+
+/// Checks the options against the model and the machine before any rank starts.
+fn check_options(config: &ModelConfig, opts: &GpuOptions) -> Result<()> {
+    let tp = opts.devices.len();
+    if tp == 0 {
+        return Err(EngineError::InvalidInput("no GPU given".into()));
+    }
+    if !(opts.gpu_memory_fraction > 0.0 && opts.gpu_memory_fraction <= 1.0) {
+        return Err(EngineError::InvalidInput(format!(
+            "--gpu-memory-fraction {} is outside (0, 1]",
+            opts.gpu_memory_fraction
+        )));
+    }
+    if opts.max_seqs == 0 || opts.prefill_chunk == 0 {
+        return Err(EngineError::InvalidInput(
+            "--max-seqs and the prefill chunk must be positive".into(),
+        ));
+    }
+    if let Some(n) = opts.max_model_len {
+        if n == 0 || n > config.max_position_embeddings {
+            return Err(EngineError::InvalidInput(format!(
+                "--max-model-len {n} is outside 1..={} (the model's max_position_embeddings)",
+                config.max_position_embeddings
+            )));
+        }
+    }
+    let visible = rewind_kernels::cuda::device_count()?;
+    if let Some(&bad) = opts.devices.iter().find(|&&d| d >= visible) {
+        return Err(EngineError::Gpu(format!(
+            "GPU {bad} requested, {visible} visible{}",
+            if tp > 1 {
+                format!(" (--tp {tp} needs {tp} GPUs)")
+            } else {
+                String::new()
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// A `u64` as two f32 values that are exact (24-bit halves), for the host rendezvous.
+fn split_u64(v: u64) -> [f32; 2] {
+    [(v >> 24) as f32, (v & 0xFF_FFFF) as f32]
+}
+
+fn join_u64(v: &[f32]) -> u64 {
+    ((v[0] as u64) << 24) | v[1] as u64
+}
+
+/// Loads the checkpoint in `dir` onto `opts.devices` (one tensor-parallel rank each) and sizes the pools.
+pub fn gpu_group(dir: &Path, opts: &GpuOptions) -> Result<(RankGroup, GpuReport)> {
+    let config = ModelConfig::from_dir(dir)?;
+    check_options(&config, opts)?;
+    let tp = opts.devices.len();
+    let max_len = opts
+        .max_model_len
+        .unwrap_or(config.max_position_embeddings.min(32_768))
+        .min(config.max_position_embeddings)
+        .next_multiple_of(BLOCK_SIZE);
+    let rows = opts.prefill_chunk.max(opts.max_seqs);
+    let nccl_id = if tp > 1 {
+        rewind_kernels::cuda::nccl::disable_nvls_unless_set();
+        Some(rewind_kernels::cuda::nccl::NcclId::new()?)
+    } else {
+        None
+    };
+    // The ranks agree on the pool sizes through a host rendezvous (a rank that fails aborts it, so none waits).
+    let meet: Vec<Option<LocalComm>> = LocalComm::group(tp).into_iter().map(Some).collect();
+    let meet = Arc::new(Mutex::new(meet));
+    let reports: Arc<Mutex<Vec<Option<RankReport>>>> = Arc::new(Mutex::new(vec![None; tp]));
+    let (dir_buf, devices, dtype) = (dir.to_path_buf(), opts.devices.clone(), opts.dtype);
+    let (fraction, max_seqs) = (opts.gpu_memory_fraction, opts.max_seqs);
+    let rep = reports.clone();
+    let group = RankGroup::spawn(tp, "gpu-rank", move |rank| {
+        let comm = meet
+            .lock()
+            .map_err(|_| EngineError::Communicator("the rendezvous handles were poisoned".into()))?
+            .get_mut(rank)
+            .and_then(Option::take)
+            .ok_or_else(|| EngineError::Communicator(format!("no rendezvous handle for rank {rank}")))?;
+        let setup = Setup {
+            ordinal: devices[rank],
+            rank,
+            tp,
+            id: nccl_id,
+            dir: &dir_buf,
+            fraction,
+            max_seqs,
+            max_len,
+            rows,
+        };
+        let built = match dtype {
+            GpuDtype::Bf16 => setup.build::<bf16>(&comm),
+            GpuDtype::F32 => setup.build::<f32>(&comm),
+        };
+        match built {
+            Ok((r, report)) => {
+                if let Ok(mut all) = rep.lock() {
+                    all[rank] = Some(report);
+                }
+                Ok(r)
+            }
+            Err(e) => {
+                comm.abort(&format!("GPU rank {rank} failed: {e}"));
+                Err(e)
+            }
+        }
+    })?;
+    let all = reports
+        .lock()
+        .map_err(|_| EngineError::Gpu("the load reports were poisoned".into()))?
+        .clone();
+    let all: Vec<RankReport> = all.into_iter().flatten().collect();
+    let sizes = all.first().map(|r| r.2).ok_or_else(|| EngineError::Gpu("no rank reported".into()))?;
+    let report = GpuReport {
+        devices: all.iter().map(|r| r.0.clone()).collect(),
+        sizes,
+        weight_bytes: all.iter().map(|r| r.1.weight_bytes).collect(),
+        state_bytes: all.iter().map(|r| r.1.state_bytes).collect(),
+        scratch_bytes: all.iter().map(|r| r.1.scratch_bytes).collect(),
+        total_bytes: all.iter().map(|r| r.1.total_bytes).collect(),
+    };
+    info!(?sizes, tp, "GPU model loaded");
+    Ok((group, report))
+}
+
+/// One rank's load parameters.
+struct Setup<'a> {
+    ordinal: usize,
+    rank: usize,
+    tp: usize,
+    id: Option<rewind_kernels::cuda::nccl::NcclId>,
+    dir: &'a Path,
+    fraction: f64,
+    max_seqs: usize,
+    max_len: usize,
+    rows: usize,
+}
+
+impl Setup<'_> {
+    /// Opens the GPU, joins the NCCL group, loads the shard, agrees on the KV blocks with the other ranks through
+    /// `meet`, and allocates.
+    fn build<A: Act>(&self, meet: &LocalComm) -> Result<(Box<dyn Rank>, RankReport)> {
+        let dev = Arc::new(CudaDevice::open(self.ordinal)?);
+        let name = dev.name().to_string();
+        let comm: Option<Box<dyn DeviceComm>> = match &self.id {
+            Some(id) => Some(Box::new(rewind_kernels::cuda::nccl::NcclComm::init(
+                &dev, self.rank, self.tp, id,
+            )?)),
+            None => None,
+        };
+        let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank)?;
+        let cap = loaded.capacity(self.fraction, self.max_seqs, self.max_len, self.rows)?;
+        let mut all = vec![0.0f32; 2 * self.tp];
+        meet.all_gather(&split_u64(cap.kv_blocks as u64), &mut all)?;
+        let kv_blocks = all.chunks_exact(2).map(join_u64).min().unwrap_or(0) as usize;
+        let sizes = PoolSizes {
+            max_seqs: self.max_seqs,
+            max_len: self.max_len,
+            num_blocks: kv_blocks,
+        };
+        let rank = loaded.allocate(sizes, self.rows)?;
+        Ok((Box::new(rank), (name, cap, sizes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn u64_survives_the_f32_rendezvous() {
+        for v in [0u64, 1, (1 << 24) - 1, 1 << 24, 123_456_789_012, (1 << 48) - 1] {
+            assert_eq!(join_u64(&split_u64(v)), v);
+        }
+    }
+}

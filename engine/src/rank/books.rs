@@ -1,0 +1,353 @@
+//! The coordinator's books: every slot's form, committed length, pending verify and KV blocks, kept identically to
+//! what every rank holds, so that a plan is checked once, here, before any rank computes — a bad plan fails the same
+//! way for every rank and never strands one inside a collective.
+//!
+//! [`Books::validate`] checks a plan as a whole and changes nothing; [`Books::apply`] records it once the ranks have
+//! run it. Slots are handed out by [`Books::open`] (deterministic, so a rank that keeps its own books — the GPU rank,
+//! for its block tables — agrees); a rank claims a slot at its first step.
+
+use super::plan::{RankInfo, SeqKind, StepPlan};
+use crate::decode::FormChoice;
+use crate::error::{EngineError, Result};
+use crate::state::{KvBlocks, PoolError, SlotAllocator};
+
+/// One slot's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlotBook {
+    form: FormChoice,
+    /// Committed tokens.
+    len: usize,
+    /// Drafts of a verify awaiting its commit.
+    pending: usize,
+    /// Whether the ranks hold the slot (it has run a step or been restored).
+    started: bool,
+}
+
+/// What every rank of a group can do, and the state of every slot; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Books {
+    vocab: usize,
+    max_context: usize,
+    max_verify: usize,
+    max_batch: Option<usize>,
+    chunked_prefill: bool,
+    forms: Vec<FormChoice>,
+    slots: SlotAllocator,
+    seqs: Vec<SlotBook>,
+    /// `None` when the model has no attention layer.
+    kv: Option<KvBlocks>,
+}
+
+fn invalid(m: String) -> EngineError {
+    EngineError::InvalidInput(m)
+}
+
+impl Books {
+    /// Books for a group whose ranks report `infos` (their common capacity: the smallest of each) over a vocabulary
+    /// of `vocab` ids.
+    pub fn new(infos: &[RankInfo], vocab: usize) -> Result<Self> {
+        let Some(first) = infos.first() else {
+            return Err(invalid("a group needs at least one rank".into()));
+        };
+        let min = |f: fn(&RankInfo) -> usize| infos.iter().map(f).min().unwrap_or(0);
+        let slots = min(|i| i.slots);
+        let kv_blocks = min(|i| i.kv_blocks);
+        let block = first.kv_block_size.max(1);
+        let max_context = min(|i| i.max_context);
+        let kv = if kv_blocks > 0 {
+            Some(KvBlocks::new(slots, block, max_context.div_ceil(block), kv_blocks)?)
+        } else {
+            None
+        };
+        Ok(Books {
+            vocab,
+            max_context,
+            max_verify: min(|i| i.max_verify),
+            max_batch: infos.iter().filter_map(|i| i.max_batch).min(),
+            chunked_prefill: infos.iter().all(|i| i.chunked_prefill),
+            forms: first
+                .forms
+                .iter()
+                .copied()
+                .filter(|f| infos.iter().all(|i| i.forms.contains(f)))
+                .collect(),
+            slots: SlotAllocator::new(slots),
+            seqs: vec![
+                SlotBook {
+                    form: FormChoice::Recurrent,
+                    len: 0,
+                    pending: 0,
+                    started: false,
+                };
+                slots
+            ],
+            kv,
+        })
+    }
+
+    /// The longest context a sequence may reach.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// The most tokens one verify may take (0: the ranks cannot verify).
+    pub fn max_verify(&self) -> usize {
+        self.max_verify
+    }
+
+    /// Sequence slots.
+    pub fn slots(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Slots holding a sequence.
+    pub fn slots_in_use(&self) -> usize {
+        self.slots.used_count()
+    }
+
+    /// The decode forms every rank runs.
+    pub fn forms(&self) -> &[FormChoice] {
+        &self.forms
+    }
+
+    /// Takes a free slot for a new sequence decoded in `form`.
+    pub fn open(&mut self, form: FormChoice) -> Result<usize> {
+        self.check_form(form)?;
+        let slot = self.slots.alloc().map_err(|e| match e {
+            PoolError::SlotsFull { capacity } => invalid(format!(
+                "all {capacity} sequence slots are in use (finish or release a sequence, or raise --max-seqs)"
+            )),
+            other => other.into(),
+        })?;
+        self.seqs[slot] = SlotBook {
+            form,
+            len: 0,
+            pending: 0,
+            started: false,
+        };
+        Ok(slot)
+    }
+
+    /// Takes the free slot `slot` (a rank following the coordinator).
+    pub fn open_at(&mut self, slot: usize, form: FormChoice) -> Result<()> {
+        self.check_form(form)?;
+        self.slots.claim(slot)?;
+        self.seqs[slot] = SlotBook {
+            form,
+            len: 0,
+            pending: 0,
+            started: false,
+        };
+        Ok(())
+    }
+
+    fn check_form(&self, form: FormChoice) -> Result<()> {
+        if self.forms.contains(&form) {
+            return Ok(());
+        }
+        let names: Vec<&str> = self.forms.iter().map(|f| f.name()).collect();
+        Err(EngineError::NotSupported(format!(
+            "the {form} decode form on this backend (it runs: {})",
+            names.join(", ")
+        )))
+    }
+
+    /// Frees `slot` and its KV blocks; returns whether the ranks held it (and must release it too).
+    pub fn close(&mut self, slot: usize) -> Result<bool> {
+        self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
+        if let Some(kv) = &mut self.kv {
+            kv.fit(slot, 0)?;
+        }
+        self.slots.free(slot)?;
+        Ok(std::mem::replace(&mut self.seqs[slot].started, false))
+    }
+
+    /// Records a slot the ranks restored from a snapshot of `len` committed tokens.
+    pub fn restored(&mut self, slot: usize, len: usize) -> Result<()> {
+        self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
+        if let Some(kv) = &mut self.kv {
+            kv.fit(slot, len)?;
+        }
+        let b = &mut self.seqs[slot];
+        (b.len, b.pending, b.started) = (len, 0, true);
+        Ok(())
+    }
+
+    fn not_open(&self, slot: usize) -> EngineError {
+        invalid(format!("sequence slot {slot} is not open"))
+    }
+
+    /// A slot's committed length.
+    pub fn len(&self, slot: usize) -> Result<usize> {
+        self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
+        Ok(self.seqs[slot].len)
+    }
+
+    /// A slot's pending verify (0: none).
+    pub fn pending(&self, slot: usize) -> Result<usize> {
+        self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
+        Ok(self.seqs[slot].pending)
+    }
+
+    /// Whether the ranks hold `slot`.
+    pub fn started(&self, slot: usize) -> bool {
+        self.slots.is_allocated(slot) && self.seqs[slot].started
+    }
+
+    /// The KV block tables (for a rank that uploads them), when the model has attention layers.
+    pub fn kv(&self) -> Option<&KvBlocks> {
+        self.kv.as_ref()
+    }
+
+    /// Checks `plan` as a whole against the books; changes nothing.
+    pub fn validate(&self, plan: &StepPlan) -> Result<()> {
+        if plan.commits.is_empty() && plan.seqs.is_empty() {
+            return Err(invalid("an empty step (no sequences and no commits)".into()));
+        }
+        let mut after: Vec<(usize, usize)> = Vec::new(); // (slot, length after the commits)
+        for (i, c) in plan.commits.iter().enumerate() {
+            if plan.commits[..i].iter().any(|o| o.slot == c.slot) {
+                return Err(invalid(format!("slot {} is committed twice in one step", c.slot)));
+            }
+            let b = self.book(c.slot)?;
+            if b.pending == 0 {
+                return Err(invalid(format!("slot {} has no verify to commit", c.slot)));
+            }
+            if c.accepted > b.pending {
+                return Err(invalid(format!(
+                    "slot {}: cannot accept {} of {} verified tokens",
+                    c.slot, c.accepted, b.pending
+                )));
+            }
+            after.push((c.slot, b.len + c.accepted));
+        }
+        if let Some(max) = self.max_batch {
+            if plan.seqs.len() > max {
+                return Err(invalid(format!(
+                    "a step of {} sequences exceeds the batch limit of {max} (--max-seqs)",
+                    plan.seqs.len()
+                )));
+            }
+        }
+        let mut new_blocks = 0;
+        for (i, s) in plan.seqs.iter().enumerate() {
+            if plan.seqs[..i].iter().any(|o| o.slot == s.slot) {
+                return Err(invalid(format!("slot {} appears twice in one step", s.slot)));
+            }
+            let b = self.book(s.slot)?;
+            let committed = after.iter().find(|(slot, _)| *slot == s.slot).map(|&(_, len)| len);
+            if b.pending > 0 && committed.is_none() {
+                return Err(invalid(format!(
+                    "slot {} has {} verified tokens awaiting commit",
+                    s.slot, b.pending
+                )));
+            }
+            let len = committed.unwrap_or(b.len);
+            if s.position != len {
+                return Err(invalid(format!(
+                    "slot {} holds {len} tokens, the plan puts its tokens at position {}",
+                    s.slot, s.position
+                )));
+            }
+            if s.form != b.form {
+                return Err(invalid(format!(
+                    "slot {} decodes in the {} form, the plan says {}",
+                    s.slot, b.form, s.form
+                )));
+            }
+            let t = s.tokens.len();
+            match s.kind {
+                SeqKind::Prefill if t == 0 => return Err(invalid(format!("slot {}: no tokens to prefill", s.slot))),
+                SeqKind::Prefill if len > 0 && !self.chunked_prefill => {
+                    return Err(EngineError::NotSupported(format!(
+                        "a prompt chunk at position {len} (slot {}) on this backend",
+                        s.slot
+                    )))
+                }
+                SeqKind::Decode if t != 1 => {
+                    return Err(invalid(format!(
+                        "slot {}: a decode step takes 1 token, found {t}",
+                        s.slot
+                    )))
+                }
+                SeqKind::Verify if self.max_verify == 0 => {
+                    return Err(EngineError::NotSupported(
+                        "speculative verification on this backend".into(),
+                    ))
+                }
+                SeqKind::Verify if t == 0 || t > self.max_verify => {
+                    return Err(invalid(format!(
+                        "slot {}: a verify takes 1 to {} tokens, found {t}",
+                        s.slot, self.max_verify
+                    )))
+                }
+                _ => {}
+            }
+            if let Some((j, &tok)) = s.tokens.iter().enumerate().find(|(_, &tok)| tok as usize >= self.vocab) {
+                return Err(invalid(format!(
+                    "slot {}: token id {tok} at index {j} is out of range (vocab size {})",
+                    s.slot, self.vocab
+                )));
+            }
+            if len + t > self.max_context {
+                return Err(invalid(format!(
+                    "slot {} would reach {} tokens, beyond the context limit of {} (raise --max-model-len)",
+                    s.slot,
+                    len + t,
+                    self.max_context
+                )));
+            }
+            if let Some(sample) = &s.sample {
+                if s.row_count() == 0 {
+                    return Err(invalid(format!("slot {}: sampling needs a reported row", s.slot)));
+                }
+                sample.validate(self.vocab)?;
+            }
+            if let Some(kv) = &self.kv {
+                new_blocks += kv.blocks_for(len + t).saturating_sub(kv.held(s.slot));
+            }
+        }
+        if let Some(kv) = &self.kv {
+            // Commits before the step can only free blocks; count the step's needs against today's free list.
+            if new_blocks > kv.free_count() {
+                return Err(invalid(format!(
+                    "the KV cache is full: the step needs {new_blocks} more blocks of {} tokens, {} are free \
+                     (release sequences or give the pools more memory)",
+                    kv.block_size(),
+                    kv.free_count()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a plan the ranks have run (it must have passed [`Books::validate`]).
+    pub fn apply(&mut self, plan: &StepPlan) -> Result<()> {
+        for c in &plan.commits {
+            let b = &mut self.seqs[c.slot];
+            b.len += c.accepted;
+            b.pending = 0;
+            if let Some(kv) = &mut self.kv {
+                kv.fit(c.slot, b.len)?;
+            }
+        }
+        for s in &plan.seqs {
+            let b = &mut self.seqs[s.slot];
+            b.started = true;
+            let t = s.tokens.len();
+            match s.kind {
+                SeqKind::Verify => b.pending = t,
+                SeqKind::Prefill | SeqKind::Decode => b.len += t,
+            }
+            if let Some(kv) = &mut self.kv {
+                kv.fit(s.slot, b.len + b.pending)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn book(&self, slot: usize) -> Result<&SlotBook> {
+        self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
+        Ok(&self.seqs[slot])
+    }
+}

@@ -1,0 +1,239 @@
+//! The CPU rank: [`Decoder`] (one shard of the model, its pools and an in-process communicator) behind the
+//! [`Rank`] interface, and [`cpu_group`], which loads `tp` of them, each on its own thread.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::group::RankGroup;
+use super::plan::{RankHealth, RankInfo, Rows, SeqKind, SlotSnapshot, StepOut, StepPlan};
+use super::vocab::summarise_row;
+use super::Rank;
+use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
+use crate::error::{EngineError, Result};
+use crate::shard::{LocalComm, ShardedModel};
+
+/// How to build a group of CPU ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Tensor-parallel ranks (threads).
+    pub tp: usize,
+    /// Every rank's decoder sizes.
+    pub decoder: DecoderConfig,
+}
+
+/// Loads the checkpoint in `dir` as `opts.tp` CPU ranks, each on its own thread with its shard, pools and
+/// communicator.
+pub fn cpu_group(dir: &Path, opts: &CpuOptions) -> Result<RankGroup> {
+    if opts.tp == 0 {
+        return Err(EngineError::InvalidInput("--tp must be at least 1".into()));
+    }
+    let handles: Vec<Option<LocalComm>> = LocalComm::group(opts.tp).into_iter().map(Some).collect();
+    let handles = Arc::new(Mutex::new(handles));
+    let (dir, tp, config) = (dir.to_path_buf(), opts.tp, opts.decoder.clone());
+    RankGroup::spawn(tp, "cpu-rank", move |rank| {
+        let comm = handles
+            .lock()
+            .map_err(|_| EngineError::Communicator("the communicator handles were poisoned".into()))?
+            .get_mut(rank)
+            .and_then(Option::take)
+            .ok_or_else(|| EngineError::Communicator(format!("no communicator handle for rank {rank}")))?;
+        let loaded = ShardedModel::from_dir(&dir, tp, rank);
+        let model = match loaded {
+            Ok(m) => m,
+            Err(e) => {
+                // Ranks still loading would wait for this one in their first collective.
+                comm.abort(&format!("rank {rank} failed to load: {e}"));
+                return Err(e);
+            }
+        };
+        let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
+        Ok(Box::new(decoder) as Box<dyn Rank>)
+    })
+}
+
+impl Decoder {
+    /// Checks a plan against this rank's slots before anything changes (the coordinator's books check it first;
+    /// this keeps a rank that is driven directly just as safe).
+    fn check_plan(&self, plan: &StepPlan) -> Result<()> {
+        let whole = self.model().plan().vocab.len() == self.model().config().vocab_size;
+        for (i, c) in plan.commits.iter().enumerate() {
+            if plan.commits[..i].iter().any(|o| o.slot == c.slot) {
+                return Err(EngineError::InvalidInput(format!("slot {} is committed twice", c.slot)));
+            }
+            self.check_commit(c.slot, c.accepted)?;
+        }
+        for s in &plan.seqs {
+            let allocated = self.pools().slots().is_allocated(s.slot);
+            if allocated {
+                let pos = self.position(s.slot)?;
+                let committed = plan.commits.iter().find(|c| c.slot == s.slot).map(|c| c.accepted);
+                let pending = self.pending(s.slot)?;
+                if pending > 0 && committed.is_none() {
+                    return Err(EngineError::InvalidInput(format!(
+                        "slot {} has {pending} verified tokens awaiting commit",
+                        s.slot
+                    )));
+                }
+                if s.position != pos + committed.unwrap_or(0) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "slot {} is at position {}, the plan says {}",
+                        s.slot,
+                        pos + committed.unwrap_or(0),
+                        s.position
+                    )));
+                }
+                if self.form_choice(s.slot)? != s.form {
+                    return Err(EngineError::InvalidInput(format!(
+                        "slot {} decodes in the {} form, the plan says {}",
+                        s.slot,
+                        self.form_choice(s.slot)?,
+                        s.form
+                    )));
+                }
+            } else if s.position != 0 {
+                return Err(EngineError::InvalidInput(format!(
+                    "slot {} holds no sequence, so its first step must start at position 0, not {}",
+                    s.slot, s.position
+                )));
+            } else if s.slot >= self.config().slots {
+                return Err(EngineError::InvalidInput(format!(
+                    "slot {} is out of range ({} slots)",
+                    s.slot,
+                    self.config().slots
+                )));
+            }
+            if let Some(sample) = &s.sample {
+                if s.rows == Rows::None {
+                    return Err(EngineError::InvalidInput(format!(
+                        "slot {}: sampling needs a reported row",
+                        s.slot
+                    )));
+                }
+                if !whole {
+                    return Err(EngineError::InvalidInput(
+                        "a tensor-parallel rank holds a slice of the vocabulary and cannot sample; the coordinator \
+                         samples the joined logits"
+                            .into(),
+                    ));
+                }
+                sample.validate(self.model().config().vocab_size)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Rank for Decoder {
+    fn info(&self) -> RankInfo {
+        let plan = self.model().plan();
+        RankInfo {
+            rank: plan.rank,
+            tp: plan.tp,
+            device: "cpu".into(),
+            vocab: plan.vocab.clone(),
+            slots: self.config().slots,
+            max_context: self.config().max_context,
+            max_verify: self.config().max_verify,
+            max_batch: None,
+            kv_blocks: self.pools().kv_blocks().total(),
+            kv_block_size: self.pools().kv_blocks().block_size(),
+            chunked_prefill: true,
+            forms: FormChoice::ALL.to_vec(),
+            snapshots: true,
+        }
+    }
+
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        let _span = tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len())
+            .entered();
+        self.check_plan(plan)?;
+        for c in &plan.commits {
+            self.commit(c.slot, c.accepted)?;
+        }
+        let vocab = self.model().plan().vocab.clone();
+        if plan.seqs.is_empty() {
+            return Ok(StepOut {
+                vocab,
+                rows: Vec::new(),
+                logits: plan.full_logits.then(Vec::new),
+            });
+        }
+        let mut claimed = Vec::new();
+        for s in &plan.seqs {
+            if !self.pools().slots().is_allocated(s.slot) {
+                self.start_at(s.slot, s.form)?;
+                claimed.push(s.slot);
+            }
+        }
+        let items: Vec<Item> = plan
+            .seqs
+            .iter()
+            .map(|s| Item {
+                slot: s.slot,
+                phase: match s.kind {
+                    SeqKind::Prefill => Phase::Prefill,
+                    SeqKind::Decode => Phase::Decode,
+                    SeqKind::Verify => Phase::Verify,
+                },
+                tokens: &s.tokens,
+            })
+            .collect();
+        let x = match self.advance(&items) {
+            Ok(x) => x,
+            Err(e) => {
+                for slot in claimed {
+                    self.release(slot)?;
+                }
+                return Err(e);
+            }
+        };
+        let hidden = self.model().config().hidden_size;
+        let mut picked = Vec::with_capacity(plan.row_count() * hidden);
+        let mut at = 0;
+        for s in &plan.seqs {
+            let t = s.tokens.len();
+            let first = at + t - s.row_count();
+            picked.extend_from_slice(&x[first * hidden..(at + t) * hidden]);
+            at += t;
+        }
+        let logits = self.model().head(&picked);
+        let width = vocab.len().max(1);
+        let mut rows: Vec<_> = logits.chunks_exact(width).map(|r| summarise_row(r, vocab.start)).collect();
+        let mut row = 0;
+        for s in &plan.seqs {
+            row += s.row_count();
+            if let Some(sample) = &s.sample {
+                let last = row - 1;
+                rows[last].sampled = Some(sample.sample(&logits[last * width..(last + 1) * width]));
+            }
+        }
+        Ok(StepOut {
+            vocab,
+            rows,
+            logits: plan.full_logits.then_some(logits),
+        })
+    }
+
+    fn release(&mut self, slot: usize) -> Result<()> {
+        Decoder::release(self, slot)
+    }
+
+    fn snapshot(&mut self, slot: usize) -> Result<SlotSnapshot> {
+        Decoder::snapshot(self, slot)
+    }
+
+    fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()> {
+        Decoder::restore(self, slot, snapshot)
+    }
+
+    fn health(&mut self) -> Result<RankHealth> {
+        let plan = self.model().plan();
+        Ok(RankHealth {
+            rank: plan.rank,
+            tp: plan.tp,
+            device: "cpu".into(),
+            slots_in_use: self.pools().slots().used_count(),
+            steps: self.steps(),
+        })
+    }
+}

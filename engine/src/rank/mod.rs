@@ -1,0 +1,66 @@
+//! The backend-neutral rank interface and the coordinator logic over it.
+//!
+//! A [`Rank`] is one tensor-parallel shard of a model on one device, with its state pools: the CPU rank is
+//! [`crate::decode::Decoder`] (the sharded model, its pools and an in-process communicator), the GPU rank lives in
+//! `crate::gpu`. The coordinator drives every rank with the same typed [`StepPlan`] and merges their answers:
+//!
+//! - [`plan`]: the messages — [`StepPlan`], [`StepOut`], [`SlotSnapshot`], [`RankHealth`], [`RankInfo`];
+//! - [`books`]: the coordinator's copy of every slot's length, pending verify and KV blocks, and the validation that
+//!   rejects a bad plan before any rank computes;
+//! - [`vocab`]: merging the ranks' vocabulary slices (summaries and logits);
+//! - [`group`]: [`RankGroup`], one OS thread per rank fed typed messages, and the coordinator's step;
+//! - [`sequence`]: one sequence of a group as the generation loop's backend.
+//!
+//! See `docs/architecture.md` for how this fits the actor runtime.
+
+pub mod books;
+mod cpu;
+pub mod group;
+pub mod plan;
+pub mod sequence;
+pub mod vocab;
+
+#[cfg(test)]
+mod tests;
+
+pub use books::Books;
+pub use cpu::{cpu_group, CpuOptions};
+pub use group::{RankGroup, StepResult};
+pub use plan::{
+    Commit, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SsmSnapshot, StepOut,
+    StepPlan,
+};
+pub use sequence::GroupSequence;
+pub use vocab::{MergedStep, VocabSummary};
+
+use crate::error::Result;
+
+/// One tensor-parallel shard of a model on one device, with its state pools. Loading is the implementation's
+/// constructor (a rank is built on the thread that will own it: a GPU rank's context, stream and NCCL communicator
+/// cannot move). Every rank of a group receives the same calls in the same order; a rank must answer a plan the
+/// coordinator's [`Books`] accepted, and may refuse anything else with an error (changing nothing).
+pub trait Rank {
+    /// What the rank holds and can do; fixed after loading.
+    fn info(&self) -> RankInfo;
+
+    /// Runs one step: the plan's commits, then its sequences as one batch. Returns the rank's summaries (and logit
+    /// slices when asked) of the reported rows, in plan order.
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOut>;
+
+    /// Ends the sequence in `slot` and returns every pool entry it held.
+    fn release(&mut self, slot: usize) -> Result<()>;
+
+    /// Copies `slot`'s whole state on this rank (no verify may be pending).
+    fn snapshot(&mut self, slot: usize) -> Result<SlotSnapshot>;
+
+    /// Starts a sequence in the free slot `slot` from a snapshot of this rank's shard.
+    fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()>;
+
+    /// Reports the rank's state; an error means the rank cannot serve.
+    fn health(&mut self) -> Result<RankHealth>;
+
+    /// Waits for the rank's queued device work (for timing); a no-op on the CPU.
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

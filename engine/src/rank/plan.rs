@@ -1,0 +1,237 @@
+//! The typed messages between the coordinator and a rank: what one step asks for ([`StepPlan`]) and what a rank
+//! answers ([`StepOut`]), plus the slot snapshot and health report of the [`Rank`](super::Rank) interface.
+//!
+//! Every rank receives the same plan. A rank answers for its own vocabulary slice only (compact per-position
+//! summaries, and its slice of the logits when the plan asks for them); [`super::vocab`] merges the ranks' answers.
+
+use std::ops::Range;
+
+use crate::decode::FormChoice;
+
+/// What a sequence does in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SeqKind {
+    /// A prompt chunk: the chunked scans, committed. The first chunk of a slot (at position 0) starts the sequence in
+    /// the plan's form; a later chunk continues it (its ring is folded into the checkpoint first).
+    Prefill,
+    /// One token, committed.
+    Decode,
+    /// `1 + T` tokens whose outputs are computed but not committed until a later plan's [`Commit`].
+    Verify,
+}
+
+/// Which positions of a sequence's tokens the rank reports on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Rows {
+    /// None (an intermediate prompt chunk).
+    None,
+    /// The last position only.
+    #[default]
+    Last,
+    /// Every position (verification, `rewind logits`).
+    All,
+}
+
+/// One row's sampling on the rank: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`), the
+/// repetition penalty over `history`, and the draw `uniform`. Only a rank that holds the whole vocabulary samples;
+/// under tensor parallelism the coordinator asks for the logits and samples them with the same function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleRow {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    /// The context the penalty applies to (ignored when the penalty is 1).
+    pub history: Vec<u32>,
+    /// Uniform in `[0, 1)`.
+    pub uniform: f32,
+}
+
+impl SampleRow {
+    /// Checks the draw and the history against a vocabulary of `vocab` ids.
+    pub fn validate(&self, vocab: usize) -> crate::Result<()> {
+        if !(0.0..1.0).contains(&self.uniform) {
+            return Err(crate::EngineError::InvalidInput(format!(
+                "uniform {} is outside [0, 1)",
+                self.uniform
+            )));
+        }
+        if let Some(&t) = self.history.iter().find(|&&t| t as usize >= vocab) {
+            return Err(crate::EngineError::InvalidInput(format!(
+                "previous token id {t} is out of range (vocab size {vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Samples a whole-vocabulary logit row: the repetition penalty, then the filters and the draw (the device
+    /// kernel's CPU twin, so a CPU rank, the coordinator under tensor parallelism and a GPU pick the same token).
+    pub fn sample(&self, row: &[f32]) -> u32 {
+        let mut row = row.to_vec();
+        if self.repetition_penalty != 1.0 {
+            let mut seen = Vec::new();
+            crate::sample::distinct_ids(&self.history, &mut seen);
+            crate::sample::apply_repetition_penalty(&mut row, &seen, self.repetition_penalty);
+        }
+        rewind_kernels::cpu::sample::sample_row(
+            &row,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.uniform,
+        )
+    }
+}
+
+/// One sequence of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqStep {
+    /// The sequence's slot (the coordinator's books hand slots out; a rank claims the slot at its first step).
+    pub slot: usize,
+    pub kind: SeqKind,
+    /// The position of `tokens[0]`: the sequence's committed length, which every rank checks.
+    pub position: usize,
+    pub tokens: Vec<u32>,
+    /// The decode form the sequence asked for; fixed at its first step.
+    pub form: FormChoice,
+    pub rows: Rows,
+    /// Sample the (last) reported row on the rank. Needs `rows != Rows::None`.
+    pub sample: Option<SampleRow>,
+}
+
+impl SeqStep {
+    /// How many positions this sequence reports on.
+    pub fn row_count(&self) -> usize {
+        match self.rows {
+            Rows::None => 0,
+            Rows::Last => 1,
+            Rows::All => self.tokens.len(),
+        }
+    }
+}
+
+/// Accepts the first `accepted` (0..=T) tokens of a slot's pending verify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Commit {
+    pub slot: usize,
+    pub accepted: usize,
+}
+
+/// Everything one step does, identical for every rank: first the commits, then the sequences in one batch (prefill
+/// chunks, decodes and verifies mixed, each in its own form).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepPlan {
+    pub commits: Vec<Commit>,
+    pub seqs: Vec<SeqStep>,
+    /// Return each rank's slice of the reported rows' logits as well as the summaries.
+    pub full_logits: bool,
+}
+
+impl StepPlan {
+    /// How many rows the step reports, over all sequences.
+    pub fn row_count(&self) -> usize {
+        self.seqs.iter().map(SeqStep::row_count).sum()
+    }
+
+    /// The tokens the step runs through the model.
+    pub fn token_count(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// A rank's summary of one reported row over its vocabulary slice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowSummary {
+    /// The slice's greedy token (a global id): the lowest id among the largest logits.
+    pub argmax: u32,
+    /// Its logit; NaN when the row holds a NaN (the coordinator turns that into an error).
+    pub max_logit: f32,
+    /// `log Σ exp(logit)` over the slice, where the backend computes it (`None`: the GPU's argmax does not).
+    pub log_sum_exp: Option<f32>,
+    /// The sampled token, when the plan asked the rank to sample this row.
+    pub sampled: Option<u32>,
+}
+
+/// A rank's answer to a [`StepPlan`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOut {
+    /// The vocabulary ids this rank's summaries and logits cover.
+    pub vocab: Range<usize>,
+    /// One summary per reported row, in plan order.
+    pub rows: Vec<RowSummary>,
+    /// `[rows, vocab.len()]`, when the plan asked for the logits.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:
+/// the SSM checkpoint, input ring and conv ring per SSM layer, the KV rows per attention layer, and the counters.
+/// Rings are stored in logical order (oldest first), so a restore needs no particular physical layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotSnapshot {
+    pub form_choice: FormChoice,
+    /// The slot's current form (`recurrent`, `replay` or `kv-only`).
+    pub form: crate::state::DecodeForm,
+    /// Committed tokens.
+    pub position: usize,
+    /// The slot's ring capacity (`L`, or `threshold + T` in the kv-only form).
+    pub ring_capacity: usize,
+    /// Committed ring entries (the same in every SSM layer).
+    pub ring_len: usize,
+    /// Per SSM layer.
+    pub ssm: Vec<SsmSnapshot>,
+    /// Per attention layer: keys and values of positions `0..position`, `[position, kv row]` each.
+    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+/// One SSM layer of a [`SlotSnapshot`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsmSnapshot {
+    /// The checkpoint state.
+    pub state: Vec<f32>,
+    /// The committed ring entries, oldest first, per ring field (`[entries, field width]` each).
+    pub ring: Vec<Vec<f32>>,
+    /// The `K − 1` committed conv rows, oldest first.
+    pub conv: Vec<f32>,
+}
+
+/// What a rank reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankHealth {
+    pub rank: usize,
+    pub tp: usize,
+    /// `cpu` or the GPU's name.
+    pub device: String,
+    /// Slots holding a sequence.
+    pub slots_in_use: usize,
+    /// Steps run since the rank was loaded.
+    pub steps: u64,
+}
+
+/// A rank's fixed capacity, reported once after loading; the coordinator's books are built from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub tp: usize,
+    pub device: String,
+    /// The vocabulary ids this rank's logits cover.
+    pub vocab: Range<usize>,
+    /// Sequence slots.
+    pub slots: usize,
+    /// The longest context a slot may reach.
+    pub max_context: usize,
+    /// The most tokens one verify may take (`T`; 0 when the rank cannot verify).
+    pub max_verify: usize,
+    /// The most sequences one step may hold (the activation buffers' rows); `None`: no limit.
+    pub max_batch: Option<usize>,
+    /// KV blocks shared by all slots and their size in tokens (0 blocks when the model has no attention layer).
+    pub kv_blocks: usize,
+    pub kv_block_size: usize,
+    /// Whether the rank can run more than one prompt chunk per sequence (prefill at a position > 0).
+    pub chunked_prefill: bool,
+    /// The decode forms the rank runs.
+    pub forms: Vec<FormChoice>,
+    /// Whether [`Rank::snapshot`](super::Rank::snapshot) / restore work.
+    pub snapshots: bool,
+}

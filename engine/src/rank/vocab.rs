@@ -1,0 +1,234 @@
+//! Merging the ranks' vocabulary slices: the one place where per-rank LM-head outputs become whole-vocabulary
+//! answers. Ranks hold contiguous, ascending id ranges ([`crate::shard::even_split`] of the vocabulary), so the
+//! first rank reaching the maximum holds the lowest id among the largest logits.
+//!
+//! - [`summarise_row`]: one rank's [`RowSummary`] of one row of its slice (what a CPU rank reports);
+//! - [`merge_rows`]: the ranks' summaries of one row into a [`VocabSummary`] (what every rank's coordinator sees);
+//! - [`join_slices`]: the ranks' `[rows, slice]` logits into `[rows, vocab]`.
+
+use std::ops::Range;
+
+use super::plan::{RowSummary, StepOut};
+use crate::error::{EngineError, Result};
+
+/// One position's whole-vocabulary summary.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VocabSummary {
+    /// The greedy token: the lowest id among the largest logits.
+    pub argmax: u32,
+    pub max_logit: f32,
+    /// `log Σ exp(logit)` over the whole vocabulary (`None` when a rank did not compute its part).
+    pub log_sum_exp: Option<f32>,
+}
+
+/// Summarises one row of a rank's slice, whose first id is `first_id`. A NaN anywhere gives a NaN `max_logit`.
+pub fn summarise_row(row: &[f32], first_id: usize) -> RowSummary {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    let mut nan = false;
+    for (i, &v) in row.iter().enumerate() {
+        nan |= v.is_nan();
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    let max = if nan { f32::NAN } else { best.1 };
+    let lse = if max.is_finite() {
+        max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
+    } else {
+        max
+    };
+    RowSummary {
+        argmax: (first_id + best.0) as u32,
+        max_logit: max,
+        log_sum_exp: Some(lse),
+        sampled: None,
+    }
+}
+
+/// Merges the ranks' summaries of one row (in rank order). A NaN from any rank gives a NaN `max_logit`.
+pub fn merge_rows(parts: &[RowSummary]) -> VocabSummary {
+    let mut best: Option<&RowSummary> = None;
+    let mut nan = false;
+    for p in parts {
+        nan |= p.max_logit.is_nan();
+        if best.is_none_or(|b| p.max_logit > b.max_logit) {
+            best = Some(p);
+        }
+    }
+    let Some(best) = best else {
+        return VocabSummary {
+            argmax: 0,
+            max_logit: f32::NAN,
+            log_sum_exp: None,
+        };
+    };
+    let max = if nan { f32::NAN } else { best.max_logit };
+    let lse = parts
+        .iter()
+        .map(|p| p.log_sum_exp)
+        .collect::<Option<Vec<f32>>>()
+        .map(|l| {
+            if !max.is_finite() {
+                return max;
+            }
+            let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            m + l.iter().map(|v| (v - m).exp()).sum::<f32>().ln()
+        });
+    VocabSummary {
+        argmax: best.argmax,
+        max_logit: max,
+        log_sum_exp: lse,
+    }
+}
+
+/// Joins the ranks' `[rows, slice]` logits (slices `ranges`, in rank order, covering `0..vocab`) into
+/// `[rows, vocab]`.
+pub fn join_slices(parts: &[&[f32]], ranges: &[Range<usize>], rows: usize, vocab: usize) -> Result<Vec<f32>> {
+    if parts.len() != ranges.len() {
+        return Err(EngineError::InvalidInput(format!(
+            "{} logit slices for {} vocabulary ranges",
+            parts.len(),
+            ranges.len()
+        )));
+    }
+    let mut covered = 0;
+    for r in ranges {
+        if r.start != covered {
+            return Err(EngineError::InvalidInput(format!(
+                "vocabulary slices are not contiguous: {r:?} after {covered}"
+            )));
+        }
+        covered = r.end;
+    }
+    if covered != vocab {
+        return Err(EngineError::InvalidInput(format!(
+            "vocabulary slices cover {covered} ids, the model has {vocab}"
+        )));
+    }
+    let mut out = vec![0.0f32; rows * vocab];
+    for (part, range) in parts.iter().zip(ranges) {
+        let w = range.len();
+        if part.len() != rows * w {
+            return Err(EngineError::InvalidInput(format!(
+                "a rank returned {} logits for {rows} rows of its {w}-id slice",
+                part.len()
+            )));
+        }
+        for (r, src) in part.chunks_exact(w.max(1)).enumerate().take(rows) {
+            out[r * vocab + range.start..r * vocab + range.end].copy_from_slice(&src[..w]);
+        }
+    }
+    Ok(out)
+}
+
+/// The whole-vocabulary answer to one step: per reported row its summary (and sampled token), and the joined logits
+/// when the plan asked for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergedStep {
+    pub rows: Vec<VocabSummary>,
+    /// Per row, the token a rank sampled (only a whole-vocabulary rank samples).
+    pub sampled: Vec<Option<u32>>,
+    /// `[rows, vocab]`.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// Merges every rank's [`StepOut`] (in rank order) for a model of `vocab` ids.
+pub fn merge_step(outs: &[StepOut], vocab: usize) -> Result<MergedStep> {
+    let Some(first) = outs.first() else {
+        return Err(EngineError::InvalidInput("no rank answered the step".into()));
+    };
+    let rows = first.rows.len();
+    if let Some(o) = outs.iter().find(|o| o.rows.len() != rows) {
+        return Err(EngineError::InvalidInput(format!(
+            "ranks disagree on the step's rows ({} and {rows})",
+            o.rows.len()
+        )));
+    }
+    let merged = (0..rows)
+        .map(|r| merge_rows(&outs.iter().map(|o| o.rows[r]).collect::<Vec<_>>()))
+        .collect();
+    let sampled = (0..rows)
+        .map(|r| outs.iter().find_map(|o| o.rows[r].sampled))
+        .collect();
+    let logits = match outs.iter().map(|o| o.logits.as_deref()).collect::<Option<Vec<&[f32]>>>() {
+        Some(parts) => {
+            let ranges: Vec<Range<usize>> = outs.iter().map(|o| o.vocab.clone()).collect();
+            Some(join_slices(&parts, &ranges, rows, vocab)?)
+        }
+        None => None,
+    };
+    Ok(MergedStep {
+        rows: merged,
+        sampled,
+        logits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::shard::even_split;
+
+    fn whole(row: &[f32]) -> (u32, f32, f32) {
+        let s = summarise_row(row, 0);
+        (s.argmax, s.max_logit, s.log_sum_exp.expect("cpu lse"))
+    }
+
+    #[test]
+    fn merged_slices_equal_the_whole_row_for_every_split() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let vocab = 37;
+        let rows = 3;
+        let mut logits: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+        // A tie across a slice boundary: the lowest id must win.
+        logits[5] = 9.0;
+        logits[30] = 9.0;
+        for tp in 1..=5 {
+            let ranges: Vec<Range<usize>> = (0..tp).map(|r| even_split(vocab, tp, r)).collect();
+            let outs: Vec<StepOut> = ranges
+                .iter()
+                .map(|r| {
+                    let slice: Vec<f32> = logits
+                        .chunks_exact(vocab)
+                        .flat_map(|row| row[r.clone()].to_vec())
+                        .collect();
+                    StepOut {
+                        vocab: r.clone(),
+                        rows: slice.chunks_exact(r.len()).map(|row| summarise_row(row, r.start)).collect(),
+                        logits: Some(slice),
+                    }
+                })
+                .collect();
+            let merged = merge_step(&outs, vocab).expect("merge");
+            assert_eq!(merged.logits.as_deref(), Some(&logits[..]), "tp {tp}: joined logits");
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                let (arg, max, lse) = whole(row);
+                let m = merged.rows[r];
+                assert_eq!((m.argmax, m.max_logit), (arg, max), "tp {tp} row {r}");
+                let got = m.log_sum_exp.expect("lse");
+                assert!((got - lse).abs() < 1e-5, "tp {tp} row {r}: {got} vs {lse}");
+            }
+            assert_eq!(merged.rows[0].argmax, 5, "ties go to the lowest id");
+        }
+    }
+
+    #[test]
+    fn nan_poisons_the_row_and_bad_shapes_are_errors() {
+        let row = [1.0, f32::NAN, 0.5];
+        assert!(summarise_row(&row, 0).max_logit.is_nan());
+        let a = summarise_row(&[1.0, 2.0], 0);
+        let b = summarise_row(&[f32::NAN, 0.0], 2);
+        assert!(merge_rows(&[a, b]).max_logit.is_nan());
+        assert!(join_slices(&[&[0.0; 4]], &[0..3], 2, 3).is_err(), "wrong length");
+        assert!(join_slices(&[&[0.0; 2], &[0.0; 2]], &[0..1, 2..3], 2, 3).is_err(), "gap");
+        assert!(join_slices(&[&[0.0; 2]], &[0..1], 2, 3).is_err(), "short");
+        let gpu = RowSummary {
+            log_sum_exp: None,
+            ..a
+        };
+        assert_eq!(merge_rows(&[gpu, b]).log_sum_exp, None);
+    }
+}
