@@ -102,23 +102,15 @@ impl Decoder<'_> {
             self.traffic += match mixer {
                 Mixer::Mamba2(m) => {
                     let v = self.pools.mamba2_slot_mut(layer, slot)?;
-                    let mut cursor = replay_mamba2::RingCursor {
-                        start: v.ring.start,
-                        len: v.ring.len,
-                    };
-                    let mut ring =
-                        replay_mamba2::Mamba2RingMut::new(m.dims(), v.ring.capacity, v.x, v.dt, v.b, &mut cursor);
+                    let mut index = v.ring;
+                    let mut ring = replay_mamba2::Mamba2Ring::new(m.dims(), v.x, v.dt, v.b, &mut index);
                     replay_mamba2::compress(v.state, &mut ring, m.a())
                 }
                 Mixer::Gdn(m) => {
                     let v = self.pools.gdn_slot_mut(layer, slot)?;
-                    let mut index = replay_gdn::RingIndex {
-                        start: v.ring.start,
-                        len: v.ring.len,
-                        pending: 0,
-                    };
-                    let mut ring = replay_gdn::GdnRing::new(m.dims(), v.ring.capacity, v.u, v.k, v.g, &mut index);
-                    replay_gdn::compress(&mut ring, v.state)
+                    let mut index = v.ring;
+                    let mut ring = replay_gdn::GdnRing::new(m.dims(), v.u, v.k, v.g, &mut index);
+                    replay_gdn::compress(v.state, &mut ring)
                 }
                 _ => continue,
             };

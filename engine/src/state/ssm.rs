@@ -10,8 +10,7 @@
 //! - conv ring `[slots, K − 1 + T, conv_dim]`: the last `K − 1` pre-conv inputs plus room for the `T` speculative
 //!   ones, so accepting tokens moves the conv head instead of shifting rows.
 
-use super::counters::RingIndex;
-use super::{zeroed, PoolError};
+use super::{zeroed, PoolError, RingIndex};
 use crate::model::spec::{GdnSpec, Mamba2Spec};
 
 /// Which SSM mixer a pool serves.
