@@ -5,8 +5,8 @@
 ///
 /// Entries `0 .. len` are committed (part of the sequence's history since the checkpoint); entries
 /// `len .. len + pending` are drafts the last verify appended, waiting for [`RingIndex::commit`]. Every move is a
-/// counter change: appends write past `len + pending`, commits grow `len`, folds into the checkpoint move `start`, and a
-/// rollback is a commit of fewer drafts. No entry is ever copied or relocated.
+/// counter change: appends write past `len + pending`, commits grow `len`, folds into the checkpoint move `start`,
+/// and a rollback is a commit of fewer drafts. No entry is ever copied or relocated.
 ///
 /// The capacity lives here rather than with the storage because it is per slot: a kv-only slot's ring is longer
 /// than a replay slot's in the same pool, and a kernel must index both with the capacity the slot was filled with.
