@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use rewind_engine::model::ModelConfig;
 use rewind_engine::presets::{parse_arch, preset_config, tokenizer_vocab};
-use rewind_engine::state::memory::{format_bytes, parse_bytes, plan_memory, MemoryPlan, PlanOptions};
+use rewind_engine::state::memory::{format_bytes, parse_bytes, plan_memory, MemoryPlan, PlanOptions, ACT_BYTES};
 
 use crate::cli::PlanMemoryArgs;
 
@@ -105,6 +105,8 @@ pub fn run(args: PlanMemoryArgs) -> Result<()> {
         context: args.context.unwrap_or(config.max_position_embeddings),
         kv_block_size: args.kv_block_size,
         kv_only_threshold: None,
+        // The GPU's default activation type (bf16).
+        act_bytes: ACT_BYTES,
     };
     let plan = plan_memory(&config, budget, &opts)?;
     if args.json {

@@ -11,7 +11,7 @@ use rewind_kernels::cpu::act::silu;
 use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step, GdnDims};
 use rewind_kernels::cpu::mamba2::{mamba2_chunked, mamba2_step, Mamba2Dims};
 use rewind_kernels::cpu::replay_gdn::{self, GdnRing, GdnTokens};
-use rewind_kernels::cpu::replay_mamba2::{self, Mamba2RingMut, Mamba2Tokens, RingCursor};
+use rewind_kernels::cpu::replay_mamba2::{self, Mamba2Ring, Mamba2Tokens};
 use rewind_kernels::cpu::traffic::Traffic;
 
 use super::step::Phase;
@@ -105,10 +105,8 @@ pub(super) fn mamba2(
     } = view;
     let width = conv.len() / conv_ring.capacity;
     let mut window = gather_window(conv, conv_ring, width);
-    let mut cursor = RingCursor {
-        start: ring.start,
-        len: ring.len,
-    };
+    // The kernels move this copy; the caller moves the slot's counters by the same rules after the step.
+    let mut index = ring;
     let (phase, form, flush) = (step.phase, step.form, step.flush);
     // The reference clamps dt on its multi-token path only: prefills of more than one token.
     let prefill_numerics = phase == Phase::Prefill && t > 1;
@@ -127,7 +125,7 @@ pub(super) fn mamba2(
                 mamba2_chunked(dims, t, chunk, state, &inp.x, &inp.dt, a, &b, &c, d_skip, y);
             }
         };
-        let mut ring = Mamba2RingMut::new(dims, ring.capacity, rx, rdt, rb, &mut cursor);
+        let mut ring = Mamba2Ring::new(dims, rx, rdt, rb, &mut index);
         *traffic += match (phase, form) {
             (Phase::Prefill, DecodeForm::KvOnly) => {
                 // The prompt's outputs from the chunked scan; its history kept as ring entries only (the scan's
@@ -144,35 +142,23 @@ pub(super) fn mamba2(
                 replay_mamba2::recurrent_step_traffic(dims)
             }
             (Phase::Decode, DecodeForm::Replay) => {
-                let mut tr = replay_mamba2::replay_decode(Some(&*state), &mut ring, tok, a, d_skip, y);
-                if flush {
-                    // Fused into the step that already read the checkpoint and the entries: only the state write
-                    // is extra. The step's own entry is committed, so it is folded too.
-                    let all = ring.cursor().len;
-                    tr.state_written += replay_mamba2::flush(state, &mut ring, all, a).state_written;
-                }
-                tr
+                replay_mamba2::replay_decode(Some(&mut *state), &mut ring, tok, a, d_skip, y, flush)
             }
-            (Phase::Decode, DecodeForm::KvOnly) => replay_mamba2::replay_decode(None, &mut ring, tok, a, d_skip, y),
+            (Phase::Decode, DecodeForm::KvOnly) => {
+                replay_mamba2::replay_decode(None, &mut ring, tok, a, d_skip, y, false)
+            }
             (Phase::Verify, DecodeForm::Recurrent) => {
                 let need = t * state.len();
                 if snapshots.len() < need {
                     snapshots.resize(need, 0.0);
                 }
-                replay_mamba2::verify_baseline(dims, state, snapshots, tok, a, d_skip, y)
+                replay_mamba2::verify_baseline(dims, state, tok, a, d_skip, snapshots, y)
             }
-            (Phase::Verify, form) => {
-                let mut tr = Traffic::default();
-                if flush {
-                    // Committed history only: the drafts are written after the fold. Fused, the fold adds the
-                    // state write; its entries are the ones the verify would read anyway.
-                    let h = ring.cursor().len;
-                    let f = replay_mamba2::flush(state, &mut ring, h, a);
-                    tr.state_written += f.state_written;
-                    tr.ring_read += f.ring_read;
-                }
-                let s0 = (form == DecodeForm::Replay).then_some(&*state);
-                tr + replay_mamba2::verify_replay(s0, &mut ring, tok, a, d_skip, y)
+            (Phase::Verify, DecodeForm::Replay) => {
+                replay_mamba2::verify_replay(Some(&mut *state), &mut ring, tok, a, d_skip, y, flush)
+            }
+            (Phase::Verify, DecodeForm::KvOnly) => {
+                replay_mamba2::verify_replay(None, &mut ring, tok, a, d_skip, y, false)
             }
         };
         if phase != Phase::Prefill {
@@ -258,11 +244,8 @@ pub(super) fn gdn(
     } = view;
     let width = conv.len() / conv_ring.capacity;
     let mut window = gather_window(conv, conv_ring, width);
-    let mut index = replay_gdn::RingIndex {
-        start: ring.start,
-        len: ring.len,
-        pending: 0,
-    };
+    // The kernels move this copy; the caller moves the slot's counters by the same rules after the step.
+    let mut index = ring;
     let (phase, form, flush) = (step.phase, step.form, step.flush);
     let out = m.forward_with(x, t, &mut window, |inp, out| {
         let (q, k) = (expand(&inp.q, k_dim, split), expand(&inp.k, k_dim, split));
@@ -280,12 +263,12 @@ pub(super) fn gdn(
                 gdn_chunked(dims, t, chunk, state, &q, &k, &inp.v, &inp.g, &inp.beta, out);
             }
         };
-        let mut ring = GdnRing::new(dims, ring.capacity, u, ring_k, g, &mut index);
+        let mut ring = GdnRing::new(dims, u, ring_k, g, &mut index);
         *traffic += match (phase, form) {
             (Phase::Prefill, DecodeForm::KvOnly) => {
                 // KV-only prefill: the prompt verified against an empty history and committed as ring entries
                 // (the corrected values `u` need each token's state, which this pass computes).
-                let tr = replay_gdn::verify_replay(&mut ring, None, tok, out, false);
+                let tr = replay_gdn::verify_replay(None, &mut ring, tok, out, false);
                 replay_gdn::commit_replay(&mut ring, t);
                 tr
             }
@@ -298,9 +281,9 @@ pub(super) fn gdn(
                 replay_gdn::recurrent_step_traffic(dims)
             }
             (Phase::Decode, DecodeForm::Replay) => {
-                replay_gdn::replay_decode(&mut ring, Some(&mut *state), tok, out, flush)
+                replay_gdn::replay_decode(Some(&mut *state), &mut ring, tok, out, flush)
             }
-            (Phase::Decode, DecodeForm::KvOnly) => replay_gdn::replay_decode(&mut ring, None, tok, out, false),
+            (Phase::Decode, DecodeForm::KvOnly) => replay_gdn::replay_decode(None, &mut ring, tok, out, false),
             (Phase::Verify, DecodeForm::Recurrent) => {
                 let need = t * dims.state_len();
                 if snapshots.len() < need {
@@ -309,9 +292,9 @@ pub(super) fn gdn(
                 replay_gdn::verify_baseline(dims, state, tok, &mut snapshots[..need], out)
             }
             (Phase::Verify, DecodeForm::Replay) => {
-                replay_gdn::verify_replay(&mut ring, Some(&mut *state), tok, out, flush)
+                replay_gdn::verify_replay(Some(&mut *state), &mut ring, tok, out, flush)
             }
-            (Phase::Verify, DecodeForm::KvOnly) => replay_gdn::verify_replay(&mut ring, None, tok, out, false),
+            (Phase::Verify, DecodeForm::KvOnly) => replay_gdn::verify_replay(None, &mut ring, tok, out, false),
         };
         if phase != Phase::Prefill {
             write_rows(conv, conv_ring, width, conv_ring.len, &inp.conv_in);

@@ -112,12 +112,8 @@ impl Decoder {
                 Mixer::Mamba2(m) => {
                     let dims = ssm::mamba2_dims(m, block.shard())?;
                     let v = self.pools.mamba2_slot_mut(layer, slot)?;
-                    let mut cursor = replay_mamba2::RingCursor {
-                        start: v.ring.start,
-                        len: v.ring.len,
-                    };
-                    let mut ring =
-                        replay_mamba2::Mamba2RingMut::new(dims, v.ring.capacity, v.x, v.dt, v.b, &mut cursor);
+                    let mut index = v.ring;
+                    let mut ring = replay_mamba2::Mamba2Ring::new(dims, v.x, v.dt, v.b, &mut index);
                     if from_zero {
                         replay_mamba2::compress(v.state, &mut ring, m.a())
                     } else {
@@ -127,16 +123,12 @@ impl Decoder {
                 Mixer::Gdn(m) => {
                     let dims = ssm::gdn_dims(m, block.shard())?;
                     let v = self.pools.gdn_slot_mut(layer, slot)?;
-                    let mut index = replay_gdn::RingIndex {
-                        start: v.ring.start,
-                        len: v.ring.len,
-                        pending: 0,
-                    };
-                    let mut ring = replay_gdn::GdnRing::new(dims, v.ring.capacity, v.u, v.k, v.g, &mut index);
+                    let mut index = v.ring;
+                    let mut ring = replay_gdn::GdnRing::new(dims, v.u, v.k, v.g, &mut index);
                     if from_zero {
-                        replay_gdn::compress(&mut ring, v.state)
+                        replay_gdn::compress(v.state, &mut ring)
                     } else {
-                        replay_gdn::flush(&mut ring, v.state, h)
+                        replay_gdn::flush(v.state, &mut ring, h)
                     }
                 }
                 _ => continue,

@@ -1,6 +1,7 @@
 //! A rank's sequence state on the device: per layer a conv-state pool (in the activation type) and an SSM-state pool
 //! (f32) with one slot per sequence, and paged K/V pools for the attention layers. The host-side books (slots,
 //! lengths, KV block tables) are the coordinator's [`crate::rank::Books`], which every rank keeps identically.
+//! The pools are sized by the memory model's [`LayerValues`], the same counts `plan-memory` reports.
 
 use rewind_kernels::cuda::ops::PagedKv;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
@@ -8,6 +9,8 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use super::layers::{GpuBlock, GpuMixer};
 use super::Act;
 use crate::error::Result;
+use crate::state::memory::{pool_bytes, LayerValues};
+use crate::state::SsmDims;
 
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = 16;
@@ -44,23 +47,30 @@ pub(crate) enum LayerPool<A: Act> {
     },
 }
 
-/// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
-/// layers.
-pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>]) -> (usize, usize) {
-    let (mut per_seq, mut per_block) = (0, 0);
-    let e = std::mem::size_of::<A>();
-    for b in blocks {
-        match &b.mixer {
-            GpuMixer::Mamba2(m) => {
-                per_seq +=
-                    (m.spec.conv_kernel - 1) * m.conv_dim * 2 + m.dims.heads * m.dims.head_dim * m.dims.state_dim * 4
-            }
-            GpuMixer::Gdn(m) => per_seq += (m.spec.conv_kernel - 1) * m.conv_dim * e + m.dims.state_len() * 4,
-            GpuMixer::Attention(a) => per_block += 2 * BLOCK_SIZE * a.spec.kv_heads * a.spec.head_dim * e,
-            GpuMixer::Mlp(_) | GpuMixer::Moe(_) => {}
-        }
+/// The memory model's element counts of one block's pools, from the rank-local spec the block was built from.
+fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
+    let ssm = |d: SsmDims, conv_dim: usize| {
+        // The conv kernels index rows by the block's own width; a model that disagreed would size the pool wrong.
+        debug_assert_eq!(
+            d.conv_dim, conv_dim,
+            "memory model and device block disagree on conv_dim"
+        );
+        LayerValues::ssm(&d)
+    };
+    match mixer {
+        GpuMixer::Mamba2(m) => ssm(SsmDims::mamba2(&m.spec), m.conv_dim),
+        GpuMixer::Gdn(m) => ssm(SsmDims::gdn(&m.spec), m.conv_dim),
+        GpuMixer::Attention(a) => LayerValues::attention(&a.spec),
+        GpuMixer::Mlp(_) | GpuMixer::Moe(_) => LayerValues::default(),
     }
-    (per_seq, per_block)
+}
+
+/// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
+/// layers: [`pool_bytes`] at the activation type's size, the sizes [`alloc_pools`] allocates.
+pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>]) -> (usize, usize) {
+    let e = std::mem::size_of::<A>() as u64;
+    let (per_seq, per_block) = pool_bytes(blocks.iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e);
+    (per_seq as usize, per_block as usize)
 }
 
 /// Allocates every layer's pools (SSM pools zeroed: a fresh slot starts from zero state anyway).
@@ -72,14 +82,11 @@ pub(crate) fn alloc_pools<A: Act>(
     blocks
         .iter()
         .map(|b| {
+            let values = layer_values(&b.mixer);
             Ok(match &b.mixer {
-                GpuMixer::Mamba2(m) => LayerPool::Ssm {
-                    conv: dev.alloc_zeros(sizes.max_seqs * (m.spec.conv_kernel - 1) * m.conv_dim)?,
-                    ssm: dev.alloc_zeros(sizes.max_seqs * m.dims.heads * m.dims.head_dim * m.dims.state_dim)?,
-                },
-                GpuMixer::Gdn(m) => LayerPool::Ssm {
-                    conv: dev.alloc_zeros(sizes.max_seqs * (m.spec.conv_kernel - 1) * m.conv_dim)?,
-                    ssm: dev.alloc_zeros(sizes.max_seqs * m.dims.state_len())?,
+                GpuMixer::Mamba2(_) | GpuMixer::Gdn(_) => LayerPool::Ssm {
+                    conv: dev.alloc_zeros(sizes.max_seqs * values.conv)?,
+                    ssm: dev.alloc_zeros(sizes.max_seqs * values.state)?,
                 },
                 GpuMixer::Attention(a) => {
                     let layout = PagedKv {
@@ -90,6 +97,11 @@ pub(crate) fn alloc_pools<A: Act>(
                         num_slots: sizes.max_seqs,
                         blocks_per_slot: sizes.blocks_per_seq(),
                     };
+                    debug_assert_eq!(
+                        2 * layout.pool_len(),
+                        sizes.num_blocks * BLOCK_SIZE * values.kv_per_token,
+                        "memory model and paged layout disagree on KV values"
+                    );
                     LayerPool::Kv {
                         k: dev.alloc(layout.pool_len())?,
                         v: dev.alloc(layout.pool_len())?,

@@ -2,6 +2,8 @@
 //! entries, conv history and KV length, and the data a commit kernel writes. One set serves every layer of a
 //! sequence, since all its layers advance in lockstep.
 
+use rewind_kernels::cpu::ring::RingIndex;
+
 use super::PoolError;
 
 /// How a sequence is decoded (design.md, "Decode forms"); stored per slot as a `u8` so a batch can mix forms.
@@ -32,22 +34,6 @@ impl DecodeForm {
             DecodeForm::Replay => "replay",
             DecodeForm::KvOnly => "kv-only",
         }
-    }
-}
-
-/// Where a slot's logical ring entries live: entry `j` (0 = oldest) is at physical row `(start + j) % capacity`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RingIndex {
-    pub start: usize,
-    /// Valid (committed) entries.
-    pub len: usize,
-    pub capacity: usize,
-}
-
-impl RingIndex {
-    /// The physical row of logical entry `j`; entries at `j ≥ len` are where new (speculative) inputs go.
-    pub fn physical(&self, j: usize) -> usize {
-        (self.start + j) % self.capacity
     }
 }
 
@@ -172,9 +158,11 @@ impl SlotCounters {
 
     /// One slot's input-ring index.
     pub fn ring(&self, slot: usize) -> RingIndex {
+        // Drafts are committed on the host (`ring_commit`), so a kernel never receives any.
         RingIndex {
             start: self.ring_start[slot] as usize,
             len: self.ring_len[slot] as usize,
+            pending: 0,
             capacity: self.ring_cap[slot] as usize,
         }
     }
@@ -184,6 +172,7 @@ impl SlotCounters {
         RingIndex {
             start: self.conv_head[slot] as usize,
             len: self.conv_window,
+            pending: 0,
             capacity: self.conv_capacity,
         }
     }
@@ -303,6 +292,7 @@ mod tests {
             RingIndex {
                 start: 0,
                 len: 0,
+                pending: 0,
                 capacity: 8
             },
             "other slots untouched"
@@ -321,6 +311,7 @@ mod tests {
             RingIndex {
                 start: 2,
                 len: 3,
+                pending: 0,
                 capacity: 7
             }
         );

@@ -1,10 +1,12 @@
 //! Memory accounting: bytes per sequence slot for each decode form and speculative window, weight bytes, and how
 //! many sequences fit a memory budget.
 //!
-//! Bytes are those of the GPU layout, not of the f32 CPU pools: fp32 SSM state, bf16 ring vectors and conv inputs,
-//! fp32 ring scalars (`dt`, `g`), bf16 attention KV and bf16 weights. One GPU, no tensor parallelism. Per SSM layer,
-//! with `S` the state, `C` one conv input row, `E` one ring entry, `K` the conv width, `T` the speculative window
-//! and `L` the ring capacity:
+//! Bytes are those of the GPU layout, not of the f32 CPU pools: fp32 SSM state and ring scalars (`dt`, `g`); conv
+//! inputs, ring vectors and attention KV in the activation type (bf16, or f32 under `--dtype f32`: the element size
+//! is [`PlanOptions::act_bytes`]); bf16 weights. One GPU, no tensor parallelism. The element counts come from
+//! [`LayerValues`], the same function the GPU pools are planned and allocated with (`gpu::state`), so the plan and
+//! the allocator cannot disagree on a layer's size. Per SSM layer, with `S` the state, `C` one conv input row, `E`
+//! one ring entry, `K` the conv width, `T` the speculative window and `L` the ring capacity:
 //! - `recurrent`: `S + (K−1)·C` (no speculation);
 //! - `spec-baseline`, one state snapshot per draft: `(1 + T)·(S + (K−1)·C)`;
 //! - `replay`: `S + L·E + (K−1+T)·C`;
@@ -20,17 +22,15 @@
 
 use serde::Serialize;
 
-use super::ssm::SsmDims;
+use super::ssm::{RingElem, SsmDims};
 use crate::error::{EngineError, Result};
-use crate::model::spec::{Activation, RouterSpec};
+use crate::model::spec::{Activation, AttentionSpec, RouterSpec};
 use crate::model::{BlockKind, ModelConfig};
 
-/// Bytes per fp32 state value.
+/// Bytes per fp32 value (SSM state, ring scalars).
 pub const STATE_BYTES: u64 = 4;
-/// Bytes per bf16 activation (conv inputs, ring vectors).
+/// Bytes per bf16 activation (conv inputs, ring vectors, attention KV): the GPU's default activation type.
 pub const ACT_BYTES: u64 = 2;
-/// Bytes per bf16 KV value.
-pub const KV_BYTES: u64 = 2;
 /// Bytes per bf16 weight.
 pub const WEIGHT_BYTES: u64 = 2;
 
@@ -73,6 +73,79 @@ pub struct PlanOptions {
     pub kv_block_size: usize,
     /// Context length below which kv-only keeps no state; `None`: [`kv_only_threshold`].
     pub kv_only_threshold: Option<usize>,
+    /// Bytes per activation value: [`ACT_BYTES`] for bf16, 4 for f32.
+    pub act_bytes: u64,
+}
+
+/// The values one layer keeps per sequence slot and per KV token, by element type: what the GPU pools allocate (the
+/// recurrent state and conv window per slot, paged K and V per token) and what the byte model multiplies by element
+/// sizes. Every count comes from the layer's spec alone, so it needs no device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerValues {
+    /// fp32 SSM state values per slot.
+    pub state: usize,
+    /// Conv history values per slot, `(K − 1)·conv_dim`, in the activation type.
+    pub conv: usize,
+    /// Attention K and V values per token, `2·kv_heads·head_dim`, in the activation type.
+    pub kv_per_token: usize,
+}
+
+impl LayerValues {
+    /// An SSM layer with these pool dims.
+    pub fn ssm(d: &SsmDims) -> Self {
+        LayerValues {
+            state: d.state_len(),
+            conv: d.conv_window * d.conv_dim,
+            kv_per_token: 0,
+        }
+    }
+
+    /// An attention layer.
+    pub fn attention(a: &AttentionSpec) -> Self {
+        LayerValues {
+            kv_per_token: 2 * a.kv_heads * a.head_dim,
+            ..LayerValues::default()
+        }
+    }
+
+    /// Any block: zero for the stateless ones (MLP, MoE).
+    pub fn of_block(kind: &BlockKind) -> Self {
+        match kind {
+            BlockKind::Mamba2(s) => LayerValues::ssm(&SsmDims::mamba2(s)),
+            BlockKind::Gdn(s) => LayerValues::ssm(&SsmDims::gdn(s)),
+            BlockKind::Attention(a) => LayerValues::attention(a),
+            BlockKind::Mlp(_) | BlockKind::Moe(_) => LayerValues::default(),
+        }
+    }
+
+    /// Bytes of one slot's recurrent state and conv history with activations of `act_bytes`.
+    pub fn slot_bytes(&self, act_bytes: u64) -> u64 {
+        self.state as u64 * STATE_BYTES + self.conv as u64 * act_bytes
+    }
+
+    /// Bytes of one token's K and V with activations of `act_bytes`.
+    pub fn kv_bytes_per_token(&self, act_bytes: u64) -> u64 {
+        self.kv_per_token as u64 * act_bytes
+    }
+}
+
+/// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state and conv
+/// history) and bytes per KV block of `block` tokens, with activations of `act_bytes`.
+pub fn pool_bytes(layers: impl IntoIterator<Item = LayerValues>, block: usize, act_bytes: u64) -> (u64, u64) {
+    layers.into_iter().fold((0, 0), |(slot, kv), l| {
+        (
+            slot + l.slot_bytes(act_bytes),
+            kv + block as u64 * l.kv_bytes_per_token(act_bytes),
+        )
+    })
+}
+
+/// Bytes per value of a ring field with activations of `act_bytes`.
+pub fn ring_elem_bytes(elem: RingElem, act_bytes: u64) -> u64 {
+    match elem {
+        RingElem::Act => act_bytes,
+        RingElem::F32 => STATE_BYTES,
+    }
 }
 
 /// Bytes of one SSM layer's per-sequence tensors in the GPU layout.
@@ -89,13 +162,19 @@ pub struct SsmLayerBytes {
 }
 
 impl SsmLayerBytes {
-    /// The byte sizes of a layer with these pool dims.
-    pub fn from_dims(d: &SsmDims) -> Self {
+    /// The byte sizes of a layer with these pool dims and activations of `act_bytes`; the state and the conv window
+    /// are [`LayerValues::ssm`]'s.
+    pub fn new(d: &SsmDims, act_bytes: u64) -> Self {
+        let values = LayerValues::ssm(d);
         SsmLayerBytes {
-            state: d.state_len() as u64 * STATE_BYTES,
-            conv_row: d.conv_dim as u64 * ACT_BYTES,
+            state: values.state as u64 * STATE_BYTES,
+            conv_row: d.conv_dim as u64 * act_bytes,
             conv_window: d.conv_window as u64,
-            ring_entry: d.ring_fields.iter().map(|f| (f.width * f.gpu_bytes) as u64).sum(),
+            ring_entry: d
+                .ring_fields
+                .iter()
+                .map(|f| f.width as u64 * ring_elem_bytes(f.elem, act_bytes))
+                .sum(),
         }
     }
 
@@ -134,22 +213,19 @@ pub fn kv_only_threshold(config: &ModelConfig) -> usize {
     ssm_layers(config).iter().map(|d| d.key_dim).max().unwrap_or(0)
 }
 
-/// Attention KV bytes per token, all attention layers.
-pub fn kv_bytes_per_token(config: &ModelConfig) -> u64 {
+/// Attention KV bytes per token, all attention layers, with activations of `act_bytes`.
+pub fn kv_bytes_per_token(config: &ModelConfig, act_bytes: u64) -> u64 {
     config
         .layers
         .iter()
         .flatten()
-        .map(|b| match &b.kind {
-            BlockKind::Attention(a) => 2 * (a.kv_heads * a.head_dim) as u64 * KV_BYTES,
-            _ => 0,
-        })
+        .map(|b| LayerValues::of_block(&b.kind).kv_bytes_per_token(act_bytes))
         .sum()
 }
 
 /// Attention KV bytes of `context` tokens, paged: rounded up to whole blocks of `block` tokens.
-pub fn kv_bytes(config: &ModelConfig, context: usize, block: usize) -> u64 {
-    (context.div_ceil(block.max(1)) * block.max(1)) as u64 * kv_bytes_per_token(config)
+pub fn kv_bytes(config: &ModelConfig, context: usize, block: usize, act_bytes: u64) -> u64 {
+    (context.div_ceil(block.max(1)) * block.max(1)) as u64 * kv_bytes_per_token(config, act_bytes)
 }
 
 /// SSM bytes of one sequence in `form` at window `spec_window`.
@@ -158,7 +234,7 @@ pub fn ssm_bytes(config: &ModelConfig, form: MemoryForm, spec_window: usize, opt
     ssm_layers(config)
         .iter()
         .map(|d| {
-            SsmLayerBytes::from_dims(d).form_bytes(
+            SsmLayerBytes::new(d, opts.act_bytes).form_bytes(
                 form,
                 spec_window as u64,
                 opts.buffer_len as u64,
@@ -318,14 +394,19 @@ pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Res
             t + 1
         )));
     }
-    if ssm_layers(config).is_empty() && kv_bytes_per_token(config) == 0 {
+    if opts.act_bytes == 0 {
+        return Err(EngineError::InvalidInput(
+            "the activation element size must be at least 1 byte".into(),
+        ));
+    }
+    if ssm_layers(config).is_empty() && kv_bytes_per_token(config, opts.act_bytes) == 0 {
         return Err(EngineError::InvalidInput(
             "the model has no SSM or attention layer: it keeps no per-sequence state".into(),
         ));
     }
     let threshold = opts.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(config));
     let weights = weight_bytes(config);
-    let kv = kv_bytes(config, opts.context, opts.kv_block_size);
+    let kv = kv_bytes(config, opts.context, opts.kv_block_size, opts.act_bytes);
     let mut forms: Vec<FormPlan> = rows(t)
         .into_iter()
         .map(|(form, w)| {

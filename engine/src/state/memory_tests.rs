@@ -4,6 +4,8 @@ use super::*;
 use crate::init::plan_tensors;
 use crate::model::Family;
 use crate::presets::{preset_config, tokenizer_vocab, PRESETS};
+use crate::shard::{RankPlan, ShardKind};
+use crate::state::DEFAULT_KV_BLOCK_SIZE;
 
 /// Mamba-2 (2 heads × 4, state 8, 1 group, K 4), attention (2 heads, 1 KV head of 4), MLP 16; hidden 8, vocab 10.
 fn tiny_nemotron() -> ModelConfig {
@@ -36,6 +38,7 @@ fn opts(t: usize, context: usize) -> PlanOptions {
         context,
         kv_block_size: 16,
         kv_only_threshold: None,
+        act_bytes: ACT_BYTES,
     }
 }
 
@@ -61,10 +64,10 @@ fn mamba2_bytes_by_hand() {
     };
     assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &long), 256 + 16 * 40 + 240);
     // KV: 1 head × 4, K and V bf16 = 16 B per token; 20 tokens take 2 blocks of 16.
-    assert_eq!(kv_bytes_per_token(&c), 16);
-    assert_eq!(kv_bytes(&c, 20, 16), 512);
-    assert_eq!(kv_bytes(&c, 16, 16), 256);
-    assert_eq!(kv_bytes(&c, 0, 16), 0);
+    assert_eq!(kv_bytes_per_token(&c, ACT_BYTES), 16);
+    assert_eq!(kv_bytes(&c, 20, 16, ACT_BYTES), 512);
+    assert_eq!(kv_bytes(&c, 16, 16, ACT_BYTES), 256);
+    assert_eq!(kv_bytes(&c, 0, 16, ACT_BYTES), 0);
     // Weights: embed 80 + head 80 + final norm 8; Mamba block 8 + in_proj 34·8 + conv 24·4 + 24 + 3·2 + 8 + 8·8;
     // attention block 8 + (8 + 4 + 4)·8 + 8·8; MLP block 8 + 2·16·8.
     assert_eq!(parameter_count(&c), 168 + 478 + 200 + 264);
@@ -81,13 +84,152 @@ fn gdn_bytes_by_hand() {
     assert_eq!(ssm_bytes(&c, MemoryForm::SpecBaseline, 4, &o), 5 * 180);
     assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 4, &o), 96 + 4 * 28 + 7 * 28);
     // KV: 1 head × 8 → 32 B per token; 100 tokens → 112.
-    assert_eq!(kv_bytes(&c, 100, 16), 112 * 32);
+    assert_eq!(kv_bytes(&c, 100, 16, ACT_BYTES), 112 * 32);
     // Weights: embed 80 (tied) + final norm 8; GDN block 8 + (14 + 6 + 4)·8 + 14·4 + 2·2 + 3 + 8·6;
     // attention block 8 + (32 + 8 + 8)·8 + 8·16 + 2·8; MLP blocks 8 + 3·16·8 (two per layer: after GDN, after attention).
     let gdn = 8 + 192 + 56 + 4 + 3 + 48;
     let attn = 8 + 384 + 128 + 16;
     let mlp = 8 + 384;
     assert_eq!(parameter_count(&c), 88 + gdn + attn + 2 * mlp);
+}
+
+#[test]
+fn f32_activations_widen_conv_rows_ring_vectors_and_kv() {
+    let f32_opts = |t, context| PlanOptions {
+        act_bytes: 4,
+        ..opts(t, context)
+    };
+    let c = tiny_nemotron();
+    // State 256 B either way. Conv row 24 f32 = 96 B, 3 rows = 288 B.
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &f32_opts(2, 20)), 256 + 288);
+    // Ring entry: x 8 f32 (32) + dt 2 fp32 (8, as in bf16) + B 8 f32 (32) = 72 B. Replay, L = 4, T = 2.
+    assert_eq!(
+        ssm_bytes(&c, MemoryForm::Replay, 2, &f32_opts(2, 20)),
+        256 + 4 * 72 + 5 * 96
+    );
+    // KV: 1 head × 4, K and V f32 = 32 B per token.
+    assert_eq!(kv_bytes_per_token(&c, 4), 32);
+    assert_eq!(kv_bytes(&c, 20, 16, 4), 2 * kv_bytes(&c, 20, 16, ACT_BYTES));
+    let c = tiny_qwen();
+    // State 96 B; conv row 14 f32 = 56 B, 3 rows = 168 B; ring entry u 6 f32 (24) + k 4 f32 (16) + g 2 fp32 (8).
+    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &f32_opts(4, 100)), 96 + 168);
+    assert_eq!(
+        ssm_bytes(&c, MemoryForm::Replay, 4, &f32_opts(4, 100)),
+        96 + 4 * 48 + 7 * 56
+    );
+    // The weights do not depend on the activation type.
+    let bf16 = plan_memory(&c, 1 << 30, &opts(1, 100)).expect("bf16 plan");
+    let f32 = plan_memory(&c, 1 << 30, &f32_opts(1, 100)).expect("f32 plan");
+    assert_eq!(bf16.weights_bytes, f32.weights_bytes);
+    assert!(f32
+        .forms
+        .iter()
+        .zip(&bf16.forms)
+        .all(|(a, b)| a.ssm_bytes > b.ssm_bytes));
+    let zero = PlanOptions {
+        act_bytes: 0,
+        ..opts(1, 100)
+    };
+    assert!(plan_memory(&c, 1 << 30, &zero).is_err());
+}
+
+/// Tiny, small and real-shape models of both families.
+fn model_configs() -> Vec<ModelConfig> {
+    let mut configs = vec![tiny_nemotron(), tiny_qwen()];
+    for (family, preset) in [(Family::NemotronH, "nemotron-h-8b"), (Family::Qwen35, "qwen3.5-4b")] {
+        let json = preset_config(family, preset, None, 0, 1, 2).expect("preset");
+        configs.push(ModelConfig::from_json(&json).expect("parse"));
+    }
+    configs
+}
+
+#[test]
+fn gpu_pool_planning_agrees_with_the_plan() {
+    let block = DEFAULT_KV_BLOCK_SIZE;
+    for c in model_configs() {
+        let layers: Vec<LayerValues> = c
+            .layers
+            .iter()
+            .flatten()
+            .map(|b| LayerValues::of_block(&b.kind))
+            .collect();
+        for act in [ACT_BYTES, 4] {
+            let o = PlanOptions {
+                act_bytes: act,
+                ..opts(0, block)
+            };
+            // What `gpu::state::state_bytes` reserves per slot and per KV block is the recurrent row of the plan and
+            // one block of its KV.
+            let (per_slot, per_block) = pool_bytes(layers.iter().copied(), block, act);
+            assert_eq!(
+                per_slot,
+                ssm_bytes(&c, MemoryForm::Recurrent, 0, &o),
+                "{} act {act}",
+                c.summary()
+            );
+            assert_eq!(per_block, kv_bytes(&c, block, block, act), "{} act {act}", c.summary());
+        }
+        // The allocator's element counts times the element sizes are the plan's bytes, layer by layer.
+        for d in ssm_layers(&c) {
+            let v = LayerValues::ssm(&d);
+            for act in [ACT_BYTES, 4] {
+                let bytes = SsmLayerBytes::new(&d, act);
+                assert_eq!(
+                    v.state as u64 * STATE_BYTES + v.conv as u64 * act,
+                    bytes.form_bytes(MemoryForm::Recurrent, 0, 0, 0, 0)
+                );
+                assert_eq!(v.slot_bytes(act), bytes.state + bytes.conv_window * bytes.conv_row);
+            }
+        }
+    }
+}
+
+/// The element counts `gpu::layers` derives for a rank's blocks from its tensor-parallel split (the conv width from
+/// the heads and the B/C or key groups the rank holds), against the memory model's counts from the rank-local spec.
+#[test]
+fn layer_values_match_the_device_layout_of_every_rank() {
+    for c in model_configs() {
+        let mut ranks = 0;
+        for tp in [1, 2, 4] {
+            for rank in 0..tp {
+                let plan = match RankPlan::new(&c, tp, rank, &|_| false) {
+                    Ok(plan) => plan,
+                    // A split the model's head counts or vocabulary do not allow.
+                    Err(_) if tp > 1 => continue,
+                    Err(e) => panic!("{}: {e}", c.summary()),
+                };
+                ranks += 1;
+                for b in &plan.blocks {
+                    let device = match (&b.kind, &b.shard) {
+                        (BlockKind::Mamba2(s), ShardKind::Mamba2 { split, .. }) => LayerValues {
+                            state: s.heads * s.head_dim * s.state_dim,
+                            conv: (s.conv_kernel - 1) * (s.heads * s.head_dim + 2 * split.groups.len() * s.state_dim),
+                            kv_per_token: 0,
+                        },
+                        (BlockKind::Gdn(s), ShardKind::Gdn(split)) => LayerValues {
+                            state: s.v_heads * s.v_head_dim * s.k_head_dim,
+                            conv: (s.conv_kernel - 1)
+                                * (2 * split.groups.len() * s.k_head_dim + s.v_heads * s.v_head_dim),
+                            kv_per_token: 0,
+                        },
+                        (BlockKind::Attention(a), _) => LayerValues {
+                            kv_per_token: 2 * a.kv_heads * a.head_dim,
+                            ..LayerValues::default()
+                        },
+                        _ => LayerValues::default(),
+                    };
+                    assert_eq!(
+                        LayerValues::of_block(&b.kind),
+                        device,
+                        "{} tp {tp} rank {rank} {}",
+                        c.summary(),
+                        b.prefix
+                    );
+                }
+            }
+        }
+        assert!(ranks >= 3, "{}: no tensor-parallel split was checked", c.summary());
+    }
 }
 
 #[test]

@@ -21,9 +21,11 @@ pub mod ssm;
 #[cfg(test)]
 mod tests;
 
-pub use counters::{DecodeForm, RingIndex, SlotCounters};
+pub use counters::{DecodeForm, SlotCounters};
 pub use kv::{KvBlocks, KvLayerPool, KvSlotMut};
 pub use pools::{LayerState, PoolConfig, StatePools, StateRef};
+/// The kernels' ring counters, which the per-slot counters hand out per slot.
+pub use rewind_kernels::cpu::ring::RingIndex;
 pub use slots::SlotAllocator;
 pub use ssm::{GdnSlotMut, Mamba2SlotMut, SsmDims, SsmLayerPool, SsmSlotMut};
 

@@ -10,8 +10,7 @@
 //! - conv ring `[slots, K − 1 + T, conv_dim]`: the last `K − 1` pre-conv inputs plus room for the `T` speculative
 //!   ones, so accepting tokens moves the conv head instead of shifting rows.
 
-use super::counters::RingIndex;
-use super::{zeroed, PoolError};
+use super::{zeroed, PoolError, RingIndex};
 use crate::model::spec::{GdnSpec, Mamba2Spec};
 
 /// Which SSM mixer a pool serves.
@@ -21,14 +20,24 @@ pub enum SsmKind {
     Gdn,
 }
 
-/// One input-ring field: its name, its width per entry and its GPU element size.
+/// The GPU element type of an input-ring field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingElem {
+    /// A vector (`x`, `B`, `u`, `k`), stored in the activation type like the conv inputs it comes from.
+    Act,
+    /// A per-head scalar (`dt`, `g`), fp32 whatever the activation type: it is a decay's exponent, which the replay
+    /// kernels' byte model reads in fp32.
+    F32,
+}
+
+/// One input-ring field: its name, its width per entry and its GPU element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingField {
     pub name: &'static str,
     /// Values per entry.
     pub width: usize,
-    /// Bytes per value in the GPU layout: 2 for bf16 vectors, 4 for fp32 scalars (decays, `dt`, `g`).
-    pub gpu_bytes: usize,
+    /// Element type in the GPU layout ([`super::memory::ring_elem_bytes`] gives its size).
+    pub elem: RingElem,
 }
 
 /// The per-slot sizes of one SSM layer's pools.
@@ -58,17 +67,17 @@ impl SsmDims {
                 RingField {
                     name: "x",
                     width: d_inner,
-                    gpu_bytes: 2,
+                    elem: RingElem::Act,
                 },
                 RingField {
                     name: "dt",
                     width: s.heads,
-                    gpu_bytes: 4,
+                    elem: RingElem::F32,
                 },
                 RingField {
                     name: "B",
                     width: s.groups * s.state_dim,
-                    gpu_bytes: 2,
+                    elem: RingElem::Act,
                 },
             ],
             conv_dim: d_inner + 2 * s.groups * s.state_dim,
@@ -88,17 +97,17 @@ impl SsmDims {
                 RingField {
                     name: "u",
                     width: value_dim,
-                    gpu_bytes: 2,
+                    elem: RingElem::Act,
                 },
                 RingField {
                     name: "k",
                     width: key_dim,
-                    gpu_bytes: 2,
+                    elem: RingElem::Act,
                 },
                 RingField {
                     name: "g",
                     width: s.v_heads,
-                    gpu_bytes: 4,
+                    elem: RingElem::F32,
                 },
             ],
             conv_dim: 2 * key_dim + value_dim,

@@ -10,6 +10,7 @@ pub mod moe;
 pub mod norm;
 pub mod replay_gdn;
 pub mod replay_mamba2;
+pub mod ring;
 pub mod rope;
 pub mod sample;
 pub mod traffic;

@@ -25,7 +25,8 @@ use super::traffic::Traffic;
 
 mod ring;
 
-pub use ring::{GdnRing, GdnRingBuf, RingEntry, RingIndex};
+pub use super::ring::RingIndex;
+pub use ring::{GdnEntry, GdnRing, GdnRingBuf};
 
 /// The step inputs of `t` consecutive tokens of one sequence (one for a decode, the drafts for a verify):
 /// `q`, `k` `[t, k_heads, k_dim]` (L2-normalised, q scaled), `v` `[t, v_heads, v_dim]`, `g` (≤ 0), `beta` `[t, v_heads]`.
@@ -72,7 +73,7 @@ pub fn default_compress_threshold(dims: GdnDims) -> usize {
 
 /// `S_h`: the state after every committed entry, rebuilt from the checkpoint (`None`: a zero checkpoint, the KV-only
 /// form) and the ring, into `state` (`[v_heads, v_dim, k_dim]`). For tests and for materialising a state on demand.
-pub fn reconstruct(ring: &GdnRing, checkpoint: Option<&[f32]>, state: &mut [f32]) {
+pub fn reconstruct(checkpoint: Option<&[f32]>, ring: &GdnRing, state: &mut [f32]) {
     let dims = ring.dims;
     let per = dims.v_dim * dims.k_dim;
     assert_eq!(state.len(), dims.state_len(), "reconstruct: state");
@@ -95,39 +96,28 @@ pub fn reconstruct(ring: &GdnRing, checkpoint: Option<&[f32]>, state: &mut [f32]
 /// full"): the step then writes the state after this token, `α S_h + u kᵀ`, to the checkpoint and empties the ring,
 /// since a decode step's own entry is committed. Requires `h < L`, no pending drafts, and a checkpoint to flush into.
 pub fn replay_decode(
-    ring: &mut GdnRing,
     checkpoint: Option<&mut [f32]>,
+    ring: &mut GdnRing,
     x: GdnTokens,
     out: &mut [f32],
     flush: bool,
 ) -> Traffic {
     let dims = ring.dims;
     assert_eq!(x.count(dims, "replay_decode"), 1, "replay_decode: one token");
-    let RingIndex { start, len, pending } = *ring.index;
-    assert_eq!(pending, 0, "replay_decode: commit the last verify first");
-    assert!(
-        len < ring.capacity,
-        "replay_decode: ring full ({len}); the previous step should have flushed"
-    );
+    let len = ring.len();
     let has_state = checkpoint.is_some();
     assert!(
         !flush || has_state,
         "replay_decode: a KV-only ring compresses, it does not flush"
     );
+    ring.index.stage(1);
     let fold = if flush { Fold::All } else { Fold::Keep };
-    let heads = run_heads(ring, checkpoint, &x, 1, out, fold);
+    let heads = run_heads(checkpoint, ring, &x, 1, out, fold);
     append(ring, len, &x, 1, &heads);
-    *ring.index = if flush {
-        RingIndex {
-            start: (start + len + 1) % ring.capacity,
-            ..RingIndex::default()
-        }
-    } else {
-        RingIndex {
-            len: len + 1,
-            ..*ring.index
-        }
-    };
+    ring.index.commit(1);
+    if flush {
+        ring.index.fold(len + 1);
+    }
     step_traffic(dims, len, 1, has_state, flush)
 }
 
@@ -142,78 +132,49 @@ pub fn replay_decode(
 /// history only, to the checkpoint and moves `start` past it; the drafts stay in the ring as entries `0 .. T`, so a
 /// rejected draft never reaches a checkpoint. Requires `T ≥ 1`, `h + T ≤ L` and no pending drafts.
 pub fn verify_replay(
-    ring: &mut GdnRing,
     checkpoint: Option<&mut [f32]>,
+    ring: &mut GdnRing,
     drafts: GdnTokens,
     out: &mut [f32],
     flush: bool,
 ) -> Traffic {
     let dims = ring.dims;
     let t = drafts.count(dims, "verify_replay");
-    let RingIndex { start, len, pending } = *ring.index;
+    let len = ring.len();
     assert!(t >= 1, "verify_replay: no drafts");
-    assert_eq!(pending, 0, "verify_replay: commit the last verify first");
-    assert!(
-        len + t <= ring.capacity,
-        "verify_replay: {len} + {t} drafts exceed capacity {}",
-        ring.capacity
-    );
     let has_state = checkpoint.is_some();
     assert!(
         !flush || has_state,
         "verify_replay: a KV-only ring compresses, it does not flush"
     );
+    ring.index.stage(t);
     let fold = if flush { Fold::History } else { Fold::Keep };
-    let heads = run_heads(ring, checkpoint, &drafts, t, out, fold);
+    let heads = run_heads(checkpoint, ring, &drafts, t, out, fold);
     append(ring, len, &drafts, t, &heads);
-    *ring.index = if flush {
-        RingIndex {
-            start: (start + len) % ring.capacity,
-            len: 0,
-            pending: t,
-        }
-    } else {
-        RingIndex {
-            pending: t,
-            ..*ring.index
-        }
-    };
+    if flush {
+        ring.index.fold(len);
+    }
     step_traffic(dims, len, t, has_state, flush)
 }
 
-/// Commits a verify: the first `accepted` (0 ..= T) pending drafts become history, the rest are dropped. A pointer
-/// move (`len += accepted`), run on the device in the engine; it moves no tensor bytes.
+/// Commits a verify: the first `accepted` (0 ..= T) pending drafts become history, the rest are dropped
+/// ([`RingIndex::commit`]). A pointer move, run on the device in the engine; it moves no tensor bytes.
 pub fn commit_replay(ring: &mut GdnRing, accepted: usize) {
-    let i = *ring.index;
-    assert!(
-        accepted <= i.pending,
-        "commit_replay: {accepted} accepted of {} drafts",
-        i.pending
-    );
-    *ring.index = RingIndex {
-        len: i.len + accepted,
-        pending: 0,
-        ..i
-    };
+    ring.index.commit(accepted);
 }
 
 /// Folds the first `n` committed entries into the checkpoint (`S0 ← S_n`) and advances `start` past them. Pending
 /// drafts keep their rows (they become logical entries `len − n ..`). A standalone flush; steps flush through their
 /// `flush` flag instead.
-pub fn flush(ring: &mut GdnRing, checkpoint: &mut [f32], n: usize) -> Traffic {
+pub fn flush(checkpoint: &mut [f32], ring: &mut GdnRing, n: usize) -> Traffic {
     let dims = ring.dims;
     assert_eq!(checkpoint.len(), dims.state_len(), "flush: checkpoint");
     assert!(n <= ring.len(), "flush: {n} entries of {} committed", ring.len());
     if n == 0 {
         return Traffic::default();
     }
-    fold_checkpoint(ring, checkpoint, n, true);
-    let i = *ring.index;
-    *ring.index = RingIndex {
-        start: (i.start + n) % ring.capacity,
-        len: i.len - n,
-        ..i
-    };
+    fold_checkpoint(checkpoint, ring, n, true);
+    ring.index.fold(n);
     Traffic {
         state_read: Traffic::f32s(dims.state_len()),
         state_written: Traffic::f32s(dims.state_len()),
@@ -225,20 +186,17 @@ pub fn flush(ring: &mut GdnRing, checkpoint: &mut [f32], n: usize) -> Traffic {
 /// Ends the KV-only form (KVBuffer §3.4): builds the checkpoint from every committed entry and a zero state (the old
 /// contents of `checkpoint` are ignored and not read), empties the ring, and the sequence continues in replay. Call
 /// at a step boundary (no pending drafts), e.g. once `len ≥` [`default_compress_threshold`]. With the ring empty the
-/// engine may re-view the storage with another capacity (starting from a default [`RingIndex`]).
-pub fn compress(ring: &mut GdnRing, checkpoint: &mut [f32]) -> Traffic {
+/// engine may re-view the storage with another capacity (from a fresh [`RingIndex::new`]).
+pub fn compress(checkpoint: &mut [f32], ring: &mut GdnRing) -> Traffic {
     let dims = ring.dims;
     assert_eq!(checkpoint.len(), dims.state_len(), "compress: checkpoint");
-    let i = *ring.index;
-    assert_eq!(i.pending, 0, "compress: commit the last verify first");
-    fold_checkpoint(ring, checkpoint, i.len, false);
-    *ring.index = RingIndex {
-        start: (i.start + i.len) % ring.capacity,
-        ..RingIndex::default()
-    };
+    assert_eq!(ring.index.pending, 0, "compress: commit the last verify first");
+    let len = ring.len();
+    fold_checkpoint(checkpoint, ring, len, false);
+    ring.index.fold(len);
     Traffic {
         state_written: Traffic::f32s(dims.state_len()),
-        ring_read: i.len as u64 * entry_bytes(dims),
+        ring_read: len as u64 * entry_bytes(dims),
         ..Traffic::default()
     }
 }
@@ -349,7 +307,7 @@ fn step_traffic(dims: GdnDims, h: usize, t: usize, reads_state: bool, writes_sta
 }
 
 /// Replaces the checkpoint by the state after its first `n` ring entries, read from it (`from_checkpoint`) or from zero.
-fn fold_checkpoint(ring: &GdnRing, checkpoint: &mut [f32], n: usize, from_checkpoint: bool) {
+fn fold_checkpoint(checkpoint: &mut [f32], ring: &GdnRing, n: usize, from_checkpoint: bool) {
     let dims = ring.dims;
     let per = dims.v_dim * dims.k_dim;
     let mut scratch = vec![0.0f32; per];
@@ -385,8 +343,8 @@ struct HeadOut {
 
 /// Runs every value head of a step over `t` tokens and scatters the outputs into `out` (`[t, v_heads, v_dim]`).
 fn run_heads(
-    ring: &GdnRing,
     checkpoint: Option<&mut [f32]>,
+    ring: &GdnRing,
     x: &GdnTokens,
     t: usize,
     out: &mut [f32],

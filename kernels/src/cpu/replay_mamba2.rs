@@ -22,7 +22,8 @@ use super::traffic::Traffic;
 
 mod ring;
 
-pub use ring::{Mamba2Ring, Mamba2RingMut, Mamba2RingRef, RingCursor};
+pub use super::ring::RingIndex;
+pub use ring::{Mamba2Entry, Mamba2Ring, Mamba2RingBuf};
 
 fn heads_per_group(d: Mamba2Dims) -> usize {
     assert!(
@@ -95,59 +96,107 @@ pub fn needs_compress(h: usize, t: usize, threshold: usize, capacity: usize) -> 
     h + t > threshold || needs_flush(h, t, capacity)
 }
 
-/// Output-only replay decode of one committed token (Alg. 2, lines 1–3): appends `tok` at logical `h = len`, writes `y`
-/// (`[heads, head_dim]`, with `D·x`) from the checkpoint and entries `0..=h` without materialising a state, then
-/// `len = h + 1`. Requires `h < capacity` (see [`needs_flush`]).
+/// Output-only replay decode of one committed token (Alg. 2, lines 1–3): appends `tok` at logical `h = len`, writes
+/// `out` (`[heads, head_dim]`, with `D·x`) from the checkpoint and entries `0..=h` without materialising a state,
+/// then `len = h + 1`. Requires `h < capacity` (see [`needs_flush`]) and no pending drafts.
 ///
-/// `s0` is the checkpoint `[heads, head_dim, state_dim]`, or `None` in the KV-only form (a zero state that is neither
-/// read nor counted). `a` and `d_skip` are `[heads]`.
+/// `checkpoint` is `[heads, head_dim, state_dim]`, or `None` in the KV-only form (a zero state that is neither read nor
+/// counted). `a` and `d_skip` are `[heads]`. `flush` (the per-sequence flag, [`needs_flush`]`(h, T, L)`; Alg. 2 line 5)
+/// then folds every committed entry, the step's own included, into the checkpoint and empties the ring; it needs a
+/// checkpoint (a KV-only ring [`compress`]es instead).
 ///
-/// Traffic, exactly: `state_read = 4·heads·d·n` (0 without `s0`); `ring_read = h·(heads·(2d + 4) + groups·2n)`, i.e.
-/// `2·h·(d + n/heads_per_group + 2)` bytes per head (the model's `+1` is our fp32 `dt`); `ring_written` one entry
-/// (`heads·(2d + 4) + groups·2n`); `inputs = heads·(2d + 4) + groups·4n + 8·heads`; `outputs = 2·heads·d`.
+/// Traffic, exactly: `state_read = 4·heads·d·n` (0 without a checkpoint); `ring_read = h·(heads·(2d + 4) +
+/// groups·2n)`, i.e. `2·h·(d + n/heads_per_group + 2)` bytes per head (the model's `+1` is our fp32 `dt`);
+/// `ring_written` one entry (`heads·(2d + 4) + groups·2n`); `inputs = heads·(2d + 4) + groups·4n + 8·heads`;
+/// `outputs = 2·heads·d`; with `flush`, `state_written = 4·heads·d·n` (the fold reads what the step already read).
 pub fn replay_decode(
-    s0: Option<&[f32]>,
-    ring: &mut Mamba2RingMut<'_>,
+    checkpoint: Option<&mut [f32]>,
+    ring: &mut Mamba2Ring<'_>,
     tok: Mamba2Tokens<'_>,
     a: &[f32],
     d_skip: &[f32],
-    y: &mut [f32],
+    out: &mut [f32],
+    flush: bool,
 ) -> Traffic {
-    let traffic = verify_replay(s0, ring, tok, a, d_skip, y);
-    ring.commit(1, 1);
+    assert_eq!(tok.count(ring.dims), 1, "replay_mamba2: replay_decode takes one token");
+    refuse_kv_only_flush(checkpoint.is_some(), flush);
+    let mut traffic = step(checkpoint.as_deref(), ring, tok, a, d_skip, out);
+    ring.index.commit(1);
+    if let (true, Some(c)) = (flush, checkpoint) {
+        let all = ring.len();
+        traffic.state_written += fold_committed(c, ring, all, a).state_written;
+    }
     traffic
 }
 
 /// Speculative verify of `t` drafts, output-only (Alg. 4, lines 1–5): writes the drafts at logical `h..h + t`
-/// (`h = len`; `len` does not move until [`RingCursor::commit`]) and `y` `[t, heads, head_dim]` (with `D·x`), every
-/// draft reading the same checkpoint and ring under a causal mask (draft `s` sees entries `0..=h + s`). No state is
-/// written. Requires `h + t ≤ capacity`. `s0`, `a`, `d_skip` as in [`replay_decode`].
+/// (`h = len`) as pending, to be kept or dropped by [`commit_replay`], and `out` `[t, heads, head_dim]` (with `D·x`),
+/// every draft reading the same checkpoint and ring under a causal mask (draft `s` sees entries `0..=h + s`).
+/// Requires `h + t ≤ capacity` and no pending drafts. `checkpoint`, `a`, `d_skip` as in [`replay_decode`].
+///
+/// `flush` (Alg. 4 line 7) first folds the committed history, never a draft, into the checkpoint and moves `start`
+/// past it; the drafts then land at logical `0..t`. The outputs are the same either way.
 ///
 /// Per group, `M = C·Bᵀ` (`[t, h + t]`) and the checkpoint readout `C·S0ᵀ` (`[t, heads_per_group·d]`) are products; per
 /// head, the decay-weighted, masked `M` times the ring values (`[h + t, d]`) is another.
 ///
-/// Traffic: one state read (none without `s0`), `h` ring entries read, `t` entries written, `t` tokens' inputs (plus
-/// `A`, `D`), `t` outputs.
+/// Traffic: one state read (none without a checkpoint), `h` ring entries read, `t` entries written, `t` tokens' inputs
+/// (plus `A`, `D`), `t` outputs; with `flush`, one state written (its entries are the ones the verify reads anyway).
 pub fn verify_replay(
-    s0: Option<&[f32]>,
-    ring: &mut Mamba2RingMut<'_>,
+    mut checkpoint: Option<&mut [f32]>,
+    ring: &mut Mamba2Ring<'_>,
+    drafts: Mamba2Tokens<'_>,
+    a: &[f32],
+    d_skip: &[f32],
+    out: &mut [f32],
+    flush: bool,
+) -> Traffic {
+    refuse_kv_only_flush(checkpoint.is_some(), flush);
+    let mut traffic = Traffic::default();
+    if let (true, Some(c)) = (flush, checkpoint.as_deref_mut()) {
+        let h = ring.len();
+        let f = fold_committed(c, ring, h, a);
+        traffic.state_written += f.state_written;
+        traffic.ring_read += f.ring_read;
+    }
+    traffic + step(checkpoint.as_deref(), ring, drafts, a, d_skip, out)
+}
+
+/// Keeps the first `accepted` drafts of the last [`verify_replay`] as history and drops the rest
+/// ([`RingIndex::commit`]): a pointer move, valid after a [`flush`] between verify and commit too.
+pub fn commit_replay(ring: &mut Mamba2Ring<'_>, accepted: usize) {
+    ring.index.commit(accepted);
+}
+
+fn refuse_kv_only_flush(has_checkpoint: bool, flush: bool) {
+    assert!(
+        !flush || has_checkpoint,
+        "replay_mamba2: a KV-only ring compresses, it does not flush"
+    );
+}
+
+/// Writes `tok` as pending entries after the committed ones and reads their outputs; no state is written.
+fn step(
+    checkpoint: Option<&[f32]>,
+    ring: &mut Mamba2Ring<'_>,
     tok: Mamba2Tokens<'_>,
     a: &[f32],
     d_skip: &[f32],
-    y: &mut [f32],
+    out: &mut [f32],
 ) -> Traffic {
     let d = ring.dims;
     let t = tok.count(d);
     assert!(a.len() == d.heads && d_skip.len() == d.heads, "replay_mamba2: A / D");
-    assert_eq!(y.len(), t * d.heads * d.head_dim, "replay_mamba2: y");
-    if let Some(s) = s0 {
+    assert_eq!(out.len(), t * d.heads * d.head_dim, "replay_mamba2: out");
+    if let Some(s) = checkpoint {
         assert_eq!(s.len(), state_len(d), "replay_mamba2: checkpoint");
     }
-    let h = ring.cursor.len;
+    let h = ring.len();
+    ring.index.stage(t);
     ring.write(h, t, tok.x, tok.dt, tok.b);
-    readout(&ring.as_ref(), s0, h, tok, a, d_skip, y);
+    readout(ring, checkpoint, h, tok, a, d_skip, out);
     Traffic {
-        state_read: if s0.is_some() { state_bytes(d) } else { 0 },
+        state_read: if checkpoint.is_some() { state_bytes(d) } else { 0 },
         ring_read: h as u64 * entry_bytes(d),
         ring_written: t as u64 * entry_bytes(d),
         inputs: token_input_bytes(d, t),
@@ -158,7 +207,7 @@ pub fn verify_replay(
 
 /// The outputs of the `t` queries at logical `h..h + t`, whose entries are already in the ring.
 fn readout(
-    ring: &Mamba2RingRef<'_>,
+    ring: &Mamba2Ring<'_>,
     s0: Option<&[f32]>,
     h: usize,
     tok: Mamba2Tokens<'_>,
@@ -170,7 +219,7 @@ fn readout(
     let (heads, p, n, hpg) = (d.heads, d.head_dim, d.state_dim, heads_per_group(d));
     let t = tok.dt.len() / heads;
     let (m, width) = (h + t, hpg * p);
-    let phys: Vec<usize> = (0..m).map(|j| ring.cursor.phys(j, ring.capacity)).collect();
+    let phys: Vec<usize> = (0..m).map(|j| ring.physical(j)).collect();
     let mut keys = vec![0.0f32; m * n];
     let mut queries = vec![0.0f32; t * n];
     let mut kq = vec![0.0f32; t * m];
@@ -234,13 +283,13 @@ fn readout(
 /// The state-and-output route's state half: folds the first `count` committed entries into the checkpoint,
 /// `S0 ← exp(seg(−1, count−1))·S0 + Σ_{i<count} dt_i·exp(seg(i, count−1))·x_i B_iᵀ` per head (zero initial state when
 /// `from_zero`: `s0` is then only written), as one `[hpg·d, count]·[count, n]` product per group.
-fn fold(ring: &Mamba2RingRef<'_>, s0: &mut [f32], count: usize, a: &[f32], from_zero: bool) {
+fn fold(ring: &Mamba2Ring<'_>, s0: &mut [f32], count: usize, a: &[f32], from_zero: bool) {
     let d = ring.dims;
     let (heads, p, n, hpg) = (d.heads, d.head_dim, d.state_dim, heads_per_group(d));
     assert_eq!(s0.len(), state_len(d), "replay_mamba2: checkpoint");
     assert_eq!(a.len(), heads, "replay_mamba2: A");
     let width = hpg * p;
-    let phys: Vec<usize> = (0..count).map(|j| ring.cursor.phys(j, ring.capacity)).collect();
+    let phys: Vec<usize> = (0..count).map(|j| ring.physical(j)).collect();
     let mut keys = vec![0.0f32; count * n];
     let mut weighted = vec![0.0f32; count * width];
     let mut update = vec![0.0f32; width * n];
@@ -276,22 +325,26 @@ fn fold(ring: &Mamba2RingRef<'_>, s0: &mut [f32], count: usize, a: &[f32], from_
 }
 
 /// Flush: folds the first `count` logical entries (committed ones only: `count ≤ len`, never pending drafts) into the
-/// checkpoint `s0` (`[heads, head_dim, state_dim]`), then `start += count`, `len −= count`. Drafts written past `len`
-/// keep their rows and stay valid for a later [`RingCursor::commit`]. `count = 0` does nothing.
+/// checkpoint (`[heads, head_dim, state_dim]`), then `start += count`, `len −= count` ([`RingIndex::fold`]). Drafts
+/// written past `len` keep their rows and stay valid for a later [`commit_replay`]. `count = 0` does nothing. A
+/// standalone flush; steps flush through their `flush` flag instead.
 ///
-/// Traffic of a standalone flush: state read and written, `count` entries read, `A`. Fused into the step that already
-/// read the checkpoint and these entries (Alg. 2 line 5, Alg. 4 line 7), only its `state_written` is extra.
-pub fn flush(s0: &mut [f32], ring: &mut Mamba2RingMut<'_>, count: usize, a: &[f32]) -> Traffic {
+/// Traffic: state read and written, `count` entries read, `A`.
+pub fn flush(checkpoint: &mut [f32], ring: &mut Mamba2Ring<'_>, count: usize, a: &[f32]) -> Traffic {
+    fold_committed(checkpoint, ring, count, a)
+}
+
+fn fold_committed(checkpoint: &mut [f32], ring: &mut Mamba2Ring<'_>, count: usize, a: &[f32]) -> Traffic {
     assert!(
-        count <= ring.cursor.len,
+        count <= ring.len(),
         "replay_mamba2: flush of {count} > {} committed entries",
-        ring.cursor.len
+        ring.len()
     );
     if count == 0 {
         return Traffic::default();
     }
-    fold(&ring.as_ref(), s0, count, a, false);
-    ring.cursor.advance(count, ring.capacity);
+    fold(ring, checkpoint, count, a, false);
+    ring.index.fold(count);
     let d = ring.dims;
     Traffic {
         state_read: state_bytes(d),
@@ -302,13 +355,20 @@ pub fn flush(s0: &mut [f32], ring: &mut Mamba2RingMut<'_>, count: usize, a: &[f3
     }
 }
 
-/// Leaves the KV-only form: initialises the checkpoint `s0` (whatever it held is neither read nor kept) from all
-/// committed entries, as if they had been replayed from a zero state, and empties the ring (`start += len`, `len = 0`);
-/// the sequence continues in the replay form. Traffic: the state written, `len` entries read, `A`.
-pub fn compress(s0: &mut [f32], ring: &mut Mamba2RingMut<'_>, a: &[f32]) -> Traffic {
-    let count = ring.cursor.len;
-    fold(&ring.as_ref(), s0, count, a, true);
-    ring.cursor.advance(count, ring.capacity);
+/// Leaves the KV-only form: initialises the checkpoint (whatever it held is neither read nor kept) from all committed
+/// entries, as if they had been replayed from a zero state, and empties the ring (`start += len`, `len = 0`); the
+/// sequence continues in the replay form. Call at a step boundary (no pending drafts). With the ring empty the engine
+/// may re-view the storage with another capacity (from a fresh [`RingIndex::new`]).
+///
+/// Traffic: the state written, `len` entries read, `A`.
+pub fn compress(checkpoint: &mut [f32], ring: &mut Mamba2Ring<'_>, a: &[f32]) -> Traffic {
+    assert_eq!(
+        ring.index.pending, 0,
+        "replay_mamba2: compress: commit the last verify first"
+    );
+    let count = ring.len();
+    fold(ring, checkpoint, count, a, true);
+    ring.index.fold(count);
     let d = ring.dims;
     Traffic {
         state_written: state_bytes(d),
@@ -320,21 +380,20 @@ pub fn compress(s0: &mut [f32], ring: &mut Mamba2RingMut<'_>, a: &[f32]) -> Traf
 
 /// Speculative baseline (Alg. 3): the serial scan of `t` drafts from `state` (the last accepted state,
 /// `[heads, head_dim, state_dim]`, only read), storing the state after draft `s` as snapshot `s` of `snapshots`
-/// (`[≥ t, heads, head_dim, state_dim]`; rows past `t` untouched) and its output in `y` `[t, heads, head_dim]`.
+/// (`[≥ t, heads, head_dim, state_dim]`; rows past `t` untouched) and its output in `out` `[t, heads, head_dim]`.
 ///
 /// Traffic: one state read, `t` full states written, `t` tokens' inputs (plus `A`, `D`), `t` outputs.
-#[allow(clippy::too_many_arguments)]
 pub fn verify_baseline(
     dims: Mamba2Dims,
     state: &[f32],
-    snapshots: &mut [f32],
-    tok: Mamba2Tokens<'_>,
+    drafts: Mamba2Tokens<'_>,
     a: &[f32],
     d_skip: &[f32],
-    y: &mut [f32],
+    snapshots: &mut [f32],
+    out: &mut [f32],
 ) -> Traffic {
     heads_per_group(dims);
-    let t = tok.count(dims);
+    let t = drafts.count(dims);
     let (sl, hp, gn, h) = (
         state_len(dims),
         dims.heads * dims.head_dim,
@@ -343,7 +402,7 @@ pub fn verify_baseline(
     );
     assert_eq!(state.len(), sl, "replay_mamba2: baseline state");
     assert!(snapshots.len() >= t * sl, "replay_mamba2: {t} snapshots");
-    assert_eq!(y.len(), t * hp, "replay_mamba2: y");
+    assert_eq!(out.len(), t * hp, "replay_mamba2: out");
     for s in 0..t {
         let (done, rest) = snapshots.split_at_mut(s * sl);
         let snap = &mut rest[..sl];
@@ -351,13 +410,13 @@ pub fn verify_baseline(
         mamba2_step(
             dims,
             snap,
-            &tok.x[s * hp..(s + 1) * hp],
-            &tok.dt[s * h..(s + 1) * h],
+            &drafts.x[s * hp..(s + 1) * hp],
+            &drafts.dt[s * h..(s + 1) * h],
             a,
-            &tok.b[s * gn..(s + 1) * gn],
-            &tok.c[s * gn..(s + 1) * gn],
+            &drafts.b[s * gn..(s + 1) * gn],
+            &drafts.c[s * gn..(s + 1) * gn],
             d_skip,
-            &mut y[s * hp..(s + 1) * hp],
+            &mut out[s * hp..(s + 1) * hp],
         );
     }
     Traffic {

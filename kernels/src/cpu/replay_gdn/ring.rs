@@ -2,40 +2,26 @@
 
 use crate::cpu::gdn::GdnDims;
 use crate::cpu::gemm::matmul_tn;
-
-/// The ring's counters, kept per slot by the engine (device arrays on the GPU).
-///
-/// Logical entry `j` lives at physical row `(start + j) % capacity`. Entries `0 .. len` are committed (they are part
-/// of the sequence's history); entries `len .. len + pending` were appended by the last verify and wait for its
-/// commit. Flushes advance `start`, commits advance `len`: no entry is ever copied or relocated.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RingIndex {
-    /// Physical row of logical entry 0.
-    pub start: usize,
-    /// Committed entries since the checkpoint (`h`).
-    pub len: usize,
-    /// Speculative entries appended after the committed ones, awaiting [`commit_replay`](super::commit_replay).
-    pub pending: usize,
-}
+use crate::cpu::ring::RingIndex;
 
 /// A borrowed view of one slot's ring for one GDN layer: storage plus counters.
 ///
-/// Storage (row-major, `L` = capacity): `u [L, v_heads, v_dim]`, `k [L, k_heads, k_dim]`, `g [L, v_heads]`, so a
-/// physical row of each array is one token's entry. The engine keeps these in slot-indexed pools and borrows one slot's
-/// rows (lengths from [`GdnRing::storage_lens`]) and its [`RingIndex`] per call. Rows outside the committed and
+/// Storage (row-major, `L` = the index's capacity): `u [L, v_heads, v_dim]`, `k [L, k_heads, k_dim]`, `g [L, v_heads]`,
+/// so a physical row of each array is one token's entry. The engine keeps these in slot-indexed pools and borrows one
+/// slot's rows (lengths from [`GdnRing::storage_lens`]) and its [`RingIndex`] per call. Rows outside the committed and
 /// pending ranges are stale and never read.
+#[derive(Debug)]
 pub struct GdnRing<'a> {
     pub(super) dims: GdnDims,
-    pub(super) capacity: usize,
     u: &'a mut [f32],
     k: &'a mut [f32],
     g: &'a mut [f32],
     pub(super) index: &'a mut RingIndex,
 }
 
-/// One logical entry of a ring, borrowed: `u [v_heads, v_dim]`, `k [k_heads, k_dim]`, `g [v_heads]`.
+/// One logical entry of a GDN ring, borrowed: `u [v_heads, v_dim]`, `k [k_heads, k_dim]`, `g [v_heads]`.
 #[derive(Clone, Copy, Debug)]
-pub struct RingEntry<'a> {
+pub struct GdnEntry<'a> {
     /// Corrected values.
     pub u: &'a [f32],
     /// Keys (L2-normalised).
@@ -54,39 +40,17 @@ impl<'a> GdnRing<'a> {
         )
     }
 
-    /// Views `u`, `k`, `g` (lengths from [`GdnRing::storage_lens`]) and `index` as a ring of `capacity` entries.
-    pub fn new(
-        dims: GdnDims,
-        capacity: usize,
-        u: &'a mut [f32],
-        k: &'a mut [f32],
-        g: &'a mut [f32],
-        index: &'a mut RingIndex,
-    ) -> Self {
+    /// Views `u`, `k`, `g` (lengths from [`GdnRing::storage_lens`] at `index.capacity`) and `index` as a ring; panics
+    /// on a shape mismatch.
+    pub fn new(dims: GdnDims, u: &'a mut [f32], k: &'a mut [f32], g: &'a mut [f32], index: &'a mut RingIndex) -> Self {
         assert!(
             dims.k_heads > 0 && dims.v_heads.is_multiple_of(dims.k_heads),
             "replay_gdn: v_heads must be a non-zero multiple of k_heads"
         );
-        assert!(capacity > 0, "replay_gdn: zero capacity");
-        let (lu, lk, lg) = Self::storage_lens(dims, capacity);
-        assert_eq!((u.len(), k.len(), g.len()), (lu, lk, lg), "replay_gdn: ring storage");
-        assert!(
-            index.start < capacity,
-            "replay_gdn: start {} ≥ capacity {capacity}",
-            index.start
-        );
-        assert!(
-            index.len + index.pending <= capacity,
-            "replay_gdn: {index:?} overflows capacity {capacity}"
-        );
-        GdnRing {
-            dims,
-            capacity,
-            u,
-            k,
-            g,
-            index,
-        }
+        index.check();
+        let lens = Self::storage_lens(dims, index.capacity);
+        assert_eq!((u.len(), k.len(), g.len()), lens, "replay_gdn: ring storage");
+        GdnRing { dims, u, k, g, index }
     }
 
     /// The layer shape the ring was built for.
@@ -96,7 +60,7 @@ impl<'a> GdnRing<'a> {
 
     /// Entries the ring holds at most (`L`).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.index.capacity
     }
 
     /// The counters.
@@ -111,26 +75,21 @@ impl<'a> GdnRing<'a> {
 
     /// Whether no committed entry is cached (the checkpoint is the whole state).
     pub fn is_empty(&self) -> bool {
-        self.index.len == 0
+        self.index.is_empty()
     }
 
-    /// Starts a new sequence in this slot: counters to zero. The old rows stay as they are and are never read.
+    /// Starts a new sequence in this slot ([`RingIndex::reset`]).
     pub fn reset(&mut self) {
-        *self.index = RingIndex::default();
+        self.index.reset();
     }
 
-    /// Physical row of logical entry `j` (`j < capacity`).
+    /// Physical row of logical entry `j`.
     pub fn physical(&self, j: usize) -> usize {
-        assert!(
-            j < self.capacity,
-            "replay_gdn: entry {j} past capacity {}",
-            self.capacity
-        );
-        (self.index.start + j) % self.capacity
+        self.index.physical(j)
     }
 
     /// Logical entry `j`, committed or pending (`j < len + pending`).
-    pub fn entry(&self, j: usize) -> RingEntry<'_> {
+    pub fn entry(&self, j: usize) -> GdnEntry<'_> {
         assert!(
             j < self.index.len + self.index.pending,
             "replay_gdn: entry {j} not in {:?}",
@@ -143,7 +102,7 @@ impl<'a> GdnRing<'a> {
             k_dim,
             v_dim,
         } = self.dims;
-        RingEntry {
+        GdnEntry {
             u: &self.u[p * v_heads * v_dim..(p + 1) * v_heads * v_dim],
             k: &self.k[p * k_heads * k_dim..(p + 1) * k_heads * k_dim],
             g: &self.g[p * v_heads..(p + 1) * v_heads],
@@ -205,7 +164,6 @@ impl<'a> GdnRing<'a> {
 #[derive(Clone, Debug)]
 pub struct GdnRingBuf {
     dims: GdnDims,
-    capacity: usize,
     /// `[capacity, v_heads, v_dim]`.
     pub u: Vec<f32>,
     /// `[capacity, k_heads, k_dim]`.
@@ -222,24 +180,16 @@ impl GdnRingBuf {
         let (lu, lk, lg) = GdnRing::storage_lens(dims, capacity);
         GdnRingBuf {
             dims,
-            capacity,
             u: vec![0.0; lu],
             k: vec![0.0; lk],
             g: vec![0.0; lg],
-            index: RingIndex::default(),
+            index: RingIndex::new(capacity),
         }
     }
 
     /// The ring as the ops take it.
     pub fn view(&mut self) -> GdnRing<'_> {
-        GdnRing::new(
-            self.dims,
-            self.capacity,
-            &mut self.u,
-            &mut self.k,
-            &mut self.g,
-            &mut self.index,
-        )
+        GdnRing::new(self.dims, &mut self.u, &mut self.k, &mut self.g, &mut self.index)
     }
 }
 

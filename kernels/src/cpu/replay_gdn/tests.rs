@@ -186,7 +186,7 @@ impl Pool {
             k: vec![f32::NAN; slots * lk],
             g: vec![f32::NAN; slots * lg],
             ckpt: vec![f32::NAN; slots * dims.state_len()],
-            index: vec![RingIndex::default(); slots],
+            index: vec![RingIndex::new(cap); slots],
         }
     }
 
@@ -195,7 +195,6 @@ impl Pool {
         let sl = self.dims.state_len();
         let ring = GdnRing::new(
             self.dims,
-            self.cap,
             &mut self.u[i * lu..(i + 1) * lu],
             &mut self.k[i * lk..(i + 1) * lk],
             &mut self.g[i * lg..(i + 1) * lg],
@@ -253,7 +252,7 @@ fn run_sequence(rng: &mut ChaCha8Rng, pool: &mut Pool, slot: usize, window: usiz
                 let x = Tokens::random(rng, dims, 1);
                 let flag = !kv && (needs_flush(h, window, cap) || rng.random_bool(0.15));
                 let mut out = vec![f32::NAN; dims.v_heads * dims.v_dim];
-                let tr = replay_decode(&mut ring, (!kv).then_some(ckpt), x.view(), &mut out, flag);
+                let tr = replay_decode((!kv).then_some(ckpt), &mut ring, x.view(), &mut out, flag);
                 let (want, wu, states) = oracle(dims, &last, &x);
                 check_outputs(dims, &out, &want, &states, &x, &mut seen, &format!("{what} decode"));
                 if !flag {
@@ -269,7 +268,7 @@ fn run_sequence(rng: &mut ChaCha8Rng, pool: &mut Pool, slot: usize, window: usiz
                 let x = Tokens::random(rng, dims, t);
                 let flag = !kv && (needs_flush(h, window, cap) || rng.random_bool(0.15));
                 let mut out = vec![f32::NAN; t * dims.v_heads * dims.v_dim];
-                let tr = verify_replay(&mut ring, (!kv).then_some(ckpt), x.view(), &mut out, flag);
+                let tr = verify_replay((!kv).then_some(ckpt), &mut ring, x.view(), &mut out, flag);
                 let (want, wu, states) = oracle(dims, &last, &x);
                 let vw = dims.v_heads * dims.v_dim;
                 check_outputs(dims, &out, &want, &states, &x, &mut seen, &format!("{what} verify"));
@@ -309,7 +308,7 @@ fn run_sequence(rng: &mut ChaCha8Rng, pool: &mut Pool, slot: usize, window: usiz
             _ if !kv && h > 0 => {
                 let n = rng.random_range(0..=h);
                 let before: Vec<usize> = (n..h).map(|j| ring.physical(j)).collect();
-                let tr = flush(&mut ring, ckpt, n);
+                let tr = flush(ckpt, &mut ring, n);
                 let after: Vec<usize> = (0..h - n).map(|j| ring.physical(j)).collect();
                 assert_eq!(before, after, "{what}: a flush moves no entry");
                 assert_eq!(tr.ring_read, n as u64 * entry, "{what}");
@@ -318,13 +317,13 @@ fn run_sequence(rng: &mut ChaCha8Rng, pool: &mut Pool, slot: usize, window: usiz
         }
         let (mut ring, ckpt) = pool.slot(slot);
         if kv && ring.len() >= threshold {
-            let tr = compress(&mut ring, ckpt);
+            let tr = compress(ckpt, &mut ring);
             assert_eq!((tr.state_read, tr.state_written), (0, Traffic::f32s(sl)));
             kv = false;
         }
         let committed = history.len() - 1;
         let mut rebuilt = vec![f32::NAN; sl];
-        reconstruct(&ring, (!kv).then_some(&*ckpt), &mut rebuilt);
+        reconstruct((!kv).then_some(&*ckpt), &ring, &mut rebuilt);
         let what = format!("{dims:?} L {cap} T {window} after event {ev}, {:?}", ring.index());
         assert!(
             rel(&rebuilt, &history[committed]) < TOL,
@@ -428,7 +427,7 @@ fn qwen35_4b_decode_traffic() {
         let flag = needs_flush(h, 1, cap);
         let mut view = ring.view();
         assert_eq!(view.len(), h);
-        let tr = replay_decode(&mut view, Some(&mut ckpt), x.view(), &mut out, flag);
+        let tr = replay_decode(Some(&mut ckpt), &mut view, x.view(), &mut out, flag);
         let want = Traffic {
             state_read: state,
             state_written: if flag { state } else { 0 },
@@ -476,11 +475,11 @@ fn qwen35_4b_decode_traffic() {
     for _ in 0..8 {
         let one = Tokens::random(&mut rng, dims, 1);
         let mut out = vec![0.0f32; dims.v_heads * dims.v_dim];
-        replay_decode(&mut ring.view(), Some(&mut ckpt), one.view(), &mut out, false);
+        replay_decode(Some(&mut ckpt), &mut ring.view(), one.view(), &mut out, false);
         reference = oracle(dims, &reference, &one).2.remove(0);
     }
     let mut out = vec![0.0f32; 4 * dims.v_heads * dims.v_dim];
-    let replay = verify_replay(&mut ring.view(), Some(&mut ckpt), x.view(), &mut out, false);
+    let replay = verify_replay(Some(&mut ckpt), &mut ring.view(), x.view(), &mut out, false);
     let (want, _, _) = oracle(dims, &reference, &x);
     assert!(rel(&out, &want) < TOL, "verify out {}", rel(&out, &want));
     let mut snaps = vec![0.0f32; 4 * dims.state_len()];
@@ -508,7 +507,7 @@ fn qwen35_kv_only_then_compress() {
     for t in [3, 1, 4] {
         let x = Tokens::random(&mut rng, dims, t);
         let mut out = vec![0.0f32; t * dims.v_heads * dims.v_dim];
-        let tr = verify_replay(&mut ring.view(), None, x.view(), &mut out, false);
+        let tr = verify_replay(None, &mut ring.view(), x.view(), &mut out, false);
         assert_eq!(tr.state_read + tr.state_written, 0);
         let (want, _, states) = oracle(dims, &reference, &x);
         assert!(rel(&out, &want) < TOL, "kv-only out {}", rel(&out, &want));
@@ -516,7 +515,7 @@ fn qwen35_kv_only_then_compress() {
         reference = states[t - 1].clone();
     }
     let mut ckpt = vec![f32::NAN; dims.state_len()];
-    compress(&mut ring.view(), &mut ckpt);
+    compress(&mut ckpt, &mut ring.view());
     assert!(rel(&ckpt, &reference) < TOL, "compressed {}", rel(&ckpt, &reference));
     assert!(ring.view().is_empty());
 }

@@ -1,98 +1,61 @@
-//! The input ring of one slot of one Mamba-2 layer: storage in physical row order plus a cursor, so that appends,
-//! flushes, commits and rollbacks never copy or relocate a row.
+//! The input ring of one slot of one Mamba-2 layer: storage in physical row order plus a [`RingIndex`], so that
+//! appends, flushes, commits and rollbacks never copy or relocate a row.
 
 use super::{entry_bytes, heads_per_group};
 use crate::cpu::mamba2::Mamba2Dims;
+use crate::cpu::ring::RingIndex;
 use crate::cpu::traffic::Traffic;
 
-/// Where a slot's logical ring entries live: logical entry `j` is at physical row `(start + j) % capacity`. Nothing is
-/// ever copied: appends write past `len`, flushes move `start`, commits and rollbacks move `len`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RingCursor {
-    /// Physical row of logical entry 0 (`< capacity`).
-    pub start: usize,
-    /// Committed entries since the checkpoint (`h`); speculative drafts sit at logical `len..len + T` until committed.
-    pub len: usize,
-}
-
-impl RingCursor {
-    /// Physical row of logical entry `j` in a ring of `capacity` rows.
-    pub fn phys(&self, j: usize, capacity: usize) -> usize {
-        (self.start + j) % capacity
-    }
-
-    /// Empties the ring for a new sequence in a reused slot (the stale rows stay: every row is written before it is
-    /// read).
-    pub fn reset(&mut self) {
-        *self = RingCursor::default();
-    }
-
-    /// Commits `accepted` of the `t` drafts last written by [`verify_replay`](super::verify_replay)
-    /// (`len += accepted`, a pointer move; the rejected drafts are overwritten by later appends). Also valid after a
-    /// [`flush`](super::flush) between verify and commit.
-    pub fn commit(&mut self, t: usize, accepted: usize, capacity: usize) {
-        assert!(accepted <= t, "replay_mamba2: accepted {accepted} of {t} drafts");
-        assert!(
-            self.len + accepted <= capacity,
-            "replay_mamba2: commit past the ring capacity"
-        );
-        self.len += accepted;
-    }
-
-    pub(super) fn advance(&mut self, n: usize, capacity: usize) {
-        assert!(
-            n <= self.len,
-            "replay_mamba2: folding {n} of {} committed entries",
-            self.len
-        );
-        self.start = (self.start + n) % capacity;
-        self.len -= n;
-    }
-}
-
-fn check_ring(d: Mamba2Dims, capacity: usize, x: usize, dt: usize, b: usize, cursor: RingCursor) {
-    heads_per_group(d);
-    assert!(capacity > 0, "replay_mamba2: empty ring");
-    assert_eq!(x, capacity * d.heads * d.head_dim, "replay_mamba2: ring x");
-    assert_eq!(dt, capacity * d.heads, "replay_mamba2: ring dt");
-    assert_eq!(b, capacity * d.groups * d.state_dim, "replay_mamba2: ring B");
-    assert!(
-        cursor.start < capacity && cursor.len <= capacity,
-        "replay_mamba2: cursor {cursor:?} for {capacity} rows"
-    );
-}
-
-/// A read-only view of one slot's ring for one layer: `x` `[capacity, heads, head_dim]`, `dt` `[capacity, heads]`,
-/// `b` `[capacity, groups, state_dim]` (rows in physical order) and the cursor.
-#[derive(Clone, Copy, Debug)]
-pub struct Mamba2RingRef<'a> {
+/// A borrowed view of one slot's ring for one Mamba-2 layer: storage plus counters.
+///
+/// Storage (row-major, `L` = the index's capacity): `x [L, heads, head_dim]`, `dt [L, heads]`,
+/// `b [L, groups, state_dim]`, so a physical row of each array is one token's entry. The engine keeps these in
+/// slot-indexed pools and borrows one slot's rows (lengths from [`Mamba2Ring::storage_lens`]) and its [`RingIndex`]
+/// per call. Rows outside the committed and pending ranges are stale and never read.
+#[derive(Debug)]
+pub struct Mamba2Ring<'a> {
     pub(super) dims: Mamba2Dims,
-    pub(super) capacity: usize,
-    pub(super) x: &'a [f32],
-    pub(super) dt: &'a [f32],
-    pub(super) b: &'a [f32],
-    pub(super) cursor: RingCursor,
+    pub(super) x: &'a mut [f32],
+    pub(super) dt: &'a mut [f32],
+    pub(super) b: &'a mut [f32],
+    pub(super) index: &'a mut RingIndex,
 }
 
-impl<'a> Mamba2RingRef<'a> {
-    /// Wraps storage laid out as described on the type; panics on a shape mismatch.
+/// One logical entry of a Mamba-2 ring, borrowed: `x [heads, head_dim]`, `dt [heads]`, `b [groups, state_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Mamba2Entry<'a> {
+    /// Values.
+    pub x: &'a [f32],
+    /// Step sizes.
+    pub dt: &'a [f32],
+    /// Keys.
+    pub b: &'a [f32],
+}
+
+impl<'a> Mamba2Ring<'a> {
+    /// Lengths of the `x`, `dt` and `b` storage of one ring of `capacity` entries.
+    pub fn storage_lens(dims: Mamba2Dims, capacity: usize) -> (usize, usize, usize) {
+        (
+            capacity * dims.heads * dims.head_dim,
+            capacity * dims.heads,
+            capacity * dims.groups * dims.state_dim,
+        )
+    }
+
+    /// Views `x`, `dt`, `b` (lengths from [`Mamba2Ring::storage_lens`] at `index.capacity`) and `index` as a ring;
+    /// panics on a shape mismatch.
     pub fn new(
         dims: Mamba2Dims,
-        capacity: usize,
-        x: &'a [f32],
-        dt: &'a [f32],
-        b: &'a [f32],
-        cursor: RingCursor,
+        x: &'a mut [f32],
+        dt: &'a mut [f32],
+        b: &'a mut [f32],
+        index: &'a mut RingIndex,
     ) -> Self {
-        check_ring(dims, capacity, x.len(), dt.len(), b.len(), cursor);
-        Mamba2RingRef {
-            dims,
-            capacity,
-            x,
-            dt,
-            b,
-            cursor,
-        }
+        heads_per_group(dims);
+        index.check();
+        let lens = Self::storage_lens(dims, index.capacity);
+        assert_eq!((x.len(), dt.len(), b.len()), lens, "replay_mamba2: ring storage");
+        Mamba2Ring { dims, x, dt, b, index }
     }
 
     /// The layer's sizes.
@@ -102,102 +65,64 @@ impl<'a> Mamba2RingRef<'a> {
 
     /// Ring rows (`L`).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.index.capacity
     }
 
-    /// Start and committed count.
-    pub fn cursor(&self) -> RingCursor {
-        self.cursor
+    /// The counters.
+    pub fn index(&self) -> RingIndex {
+        *self.index
     }
 
-    /// Logical entry `j` (which may be a pending draft past `len`): `(x [heads, head_dim], dt [heads], B [groups,
-    /// state_dim])`.
-    pub fn entry(&self, j: usize) -> (&'a [f32], &'a [f32], &'a [f32]) {
+    /// Committed entries since the checkpoint (`h`).
+    pub fn len(&self) -> usize {
+        self.index.len
+    }
+
+    /// Whether no committed entry is cached.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Starts a new sequence in this slot ([`RingIndex::reset`]).
+    pub fn reset(&mut self) {
+        self.index.reset();
+    }
+
+    /// Physical row of logical entry `j`.
+    pub fn physical(&self, j: usize) -> usize {
+        self.index.physical(j)
+    }
+
+    /// Logical entry `j`, committed or pending (`j < len + pending`).
+    pub fn entry(&self, j: usize) -> Mamba2Entry<'_> {
+        assert!(
+            j < self.index.len + self.index.pending,
+            "replay_mamba2: entry {j} not in {:?}",
+            self.index
+        );
         let d = self.dims;
         let (hp, gn) = (d.heads * d.head_dim, d.groups * d.state_dim);
-        let r = self.cursor.phys(j, self.capacity);
-        (
-            &self.x[r * hp..(r + 1) * hp],
-            &self.dt[r * d.heads..(r + 1) * d.heads],
-            &self.b[r * gn..(r + 1) * gn],
-        )
-    }
-}
-
-/// A mutable view of one slot's ring for one layer (layout as in [`Mamba2RingRef`]); the cursor is borrowed so the
-/// engine can keep cursors in their own per-slot array.
-#[derive(Debug)]
-pub struct Mamba2RingMut<'a> {
-    pub(super) dims: Mamba2Dims,
-    pub(super) capacity: usize,
-    pub(super) x: &'a mut [f32],
-    pub(super) dt: &'a mut [f32],
-    pub(super) b: &'a mut [f32],
-    pub(super) cursor: &'a mut RingCursor,
-}
-
-impl<'a> Mamba2RingMut<'a> {
-    /// Wraps storage laid out as described on [`Mamba2RingRef`]; panics on a shape mismatch.
-    pub fn new(
-        dims: Mamba2Dims,
-        capacity: usize,
-        x: &'a mut [f32],
-        dt: &'a mut [f32],
-        b: &'a mut [f32],
-        cursor: &'a mut RingCursor,
-    ) -> Self {
-        check_ring(dims, capacity, x.len(), dt.len(), b.len(), *cursor);
-        Mamba2RingMut {
-            dims,
-            capacity,
-            x,
-            dt,
-            b,
-            cursor,
+        let r = self.physical(j);
+        Mamba2Entry {
+            x: &self.x[r * hp..(r + 1) * hp],
+            dt: &self.dt[r * d.heads..(r + 1) * d.heads],
+            b: &self.b[r * gn..(r + 1) * gn],
         }
-    }
-
-    /// A read-only view of the same ring.
-    pub fn as_ref(&self) -> Mamba2RingRef<'_> {
-        Mamba2RingRef {
-            dims: self.dims,
-            capacity: self.capacity,
-            x: self.x,
-            dt: self.dt,
-            b: self.b,
-            cursor: *self.cursor,
-        }
-    }
-
-    /// The cursor (start, committed count).
-    pub fn cursor(&self) -> RingCursor {
-        *self.cursor
-    }
-
-    /// Empties the ring for a new sequence ([`RingCursor::reset`]).
-    pub fn reset(&mut self) {
-        self.cursor.reset();
-    }
-
-    /// [`RingCursor::commit`] on this ring.
-    pub fn commit(&mut self, t: usize, accepted: usize) {
-        self.cursor.commit(t, accepted, self.capacity);
     }
 
     /// Appends `t` entries as committed (`x` `[t, heads, head_dim]`, `dt` `[t, heads]`, `b` `[t, groups, state_dim]`),
     /// e.g. a prompt's inputs after a prefill in the KV-only form. Returns the ring write.
     pub fn push(&mut self, x: &[f32], dt: &[f32], b: &[f32]) -> Traffic {
         let t = dt.len() / self.dims.heads;
-        let len = self.cursor.len;
-        self.write(len, t, x, dt, b);
-        self.cursor.len += t;
+        self.write(self.index.len, t, x, dt, b);
+        self.index.push(t);
         Traffic {
             ring_written: t as u64 * entry_bytes(self.dims),
             ..Traffic::default()
         }
     }
 
-    /// Writes `t` entries at logical `from..from + t` without moving the cursor.
+    /// Writes `t` entries at logical `from..from + t` without moving the counters.
     pub(super) fn write(&mut self, from: usize, t: usize, x: &[f32], dt: &[f32], b: &[f32]) {
         let d = self.dims;
         let (hp, gn) = (d.heads * d.head_dim, d.groups * d.state_dim);
@@ -206,12 +131,12 @@ impl<'a> Mamba2RingMut<'a> {
             "replay_mamba2: entries to append"
         );
         assert!(
-            from + t <= self.capacity,
+            from + t <= self.index.capacity,
             "replay_mamba2: {from} + {t} entries overflow a ring of {}",
-            self.capacity
+            self.index.capacity
         );
         for s in 0..t {
-            let r = self.cursor.phys(from + s, self.capacity);
+            let r = self.physical(from + s);
             self.x[r * hp..(r + 1) * hp].copy_from_slice(&x[s * hp..(s + 1) * hp]);
             self.dt[r * d.heads..(r + 1) * d.heads].copy_from_slice(&dt[s * d.heads..(s + 1) * d.heads]);
             self.b[r * gn..(r + 1) * gn].copy_from_slice(&b[s * gn..(s + 1) * gn]);
@@ -219,51 +144,36 @@ impl<'a> Mamba2RingMut<'a> {
     }
 }
 
-/// Ring storage owned in one place (tests, single-sequence use); the engine keeps the same layout in slot pools and
-/// builds views over slices of them.
+/// A ring that owns its storage (tests, single-sequence use); [`Mamba2RingBuf::view`] gives the [`Mamba2Ring`] the
+/// ops take. The engine keeps the same layout in slot pools and builds views over slices of them.
 #[derive(Clone, Debug)]
-pub struct Mamba2Ring {
-    /// The layer's sizes.
-    pub dims: Mamba2Dims,
-    /// Rows (`L`).
-    pub capacity: usize,
+pub struct Mamba2RingBuf {
+    dims: Mamba2Dims,
     /// `[capacity, heads, head_dim]`.
     pub x: Vec<f32>,
     /// `[capacity, heads]`.
     pub dt: Vec<f32>,
     /// `[capacity, groups, state_dim]`.
     pub b: Vec<f32>,
-    /// Start and committed count.
-    pub cursor: RingCursor,
+    /// The counters.
+    pub index: RingIndex,
 }
 
-impl Mamba2Ring {
-    /// An empty ring of `capacity` zeroed rows.
+impl Mamba2RingBuf {
+    /// An empty ring of `capacity` entries (storage zeroed).
     pub fn new(dims: Mamba2Dims, capacity: usize) -> Self {
-        Mamba2Ring {
+        let (lx, ldt, lb) = Mamba2Ring::storage_lens(dims, capacity);
+        Mamba2RingBuf {
             dims,
-            capacity,
-            x: vec![0.0; capacity * dims.heads * dims.head_dim],
-            dt: vec![0.0; capacity * dims.heads],
-            b: vec![0.0; capacity * dims.groups * dims.state_dim],
-            cursor: RingCursor::default(),
+            x: vec![0.0; lx],
+            dt: vec![0.0; ldt],
+            b: vec![0.0; lb],
+            index: RingIndex::new(capacity),
         }
     }
 
-    /// A read-only view.
-    pub fn view(&self) -> Mamba2RingRef<'_> {
-        Mamba2RingRef::new(self.dims, self.capacity, &self.x, &self.dt, &self.b, self.cursor)
-    }
-
-    /// A mutable view.
-    pub fn view_mut(&mut self) -> Mamba2RingMut<'_> {
-        Mamba2RingMut::new(
-            self.dims,
-            self.capacity,
-            &mut self.x,
-            &mut self.dt,
-            &mut self.b,
-            &mut self.cursor,
-        )
+    /// The ring as the ops take it.
+    pub fn view(&mut self) -> Mamba2Ring<'_> {
+        Mamba2Ring::new(self.dims, &mut self.x, &mut self.dt, &mut self.b, &mut self.index)
     }
 }

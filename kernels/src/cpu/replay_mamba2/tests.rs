@@ -80,7 +80,7 @@ struct Sim {
     window: usize,
     threshold: usize,
     rng: ChaCha8Rng,
-    ring: Mamba2Ring,
+    ring: Mamba2RingBuf,
     s0: Vec<f32>,
     kv_only: bool,
     a: Vec<f32>,
@@ -94,12 +94,12 @@ struct Sim {
 impl Sim {
     fn new(dims: Mamba2Dims, capacity: usize, window: usize, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut ring = Mamba2Ring::new(dims, capacity);
+        let mut ring = Mamba2RingBuf::new(dims, capacity);
         // A fresh ring holds NaN so that reading a row never written poisons the outputs.
         for v in ring.x.iter_mut().chain(ring.dt.iter_mut()).chain(ring.b.iter_mut()) {
             *v = f32::NAN;
         }
-        ring.cursor.start = rng.random_range(0..capacity);
+        ring.index.start = rng.random_range(0..capacity);
         let a = uniform(&mut rng, dims.heads, -4.0, -0.05);
         let d = uniform(&mut rng, dims.heads, -1.0, 1.0);
         let mut sim = Sim {
@@ -119,12 +119,12 @@ impl Sim {
         sim
     }
 
-    /// A new sequence in this slot: the cursor resets, the ring keeps its stale rows. It starts either KV-only (no
+    /// A new sequence in this slot: the counters reset, the ring keeps its stale rows. It starts either KV-only (no
     /// checkpoint; `s0` holds NaN that must never be read) or in replay from a random checkpoint (as after a prefill).
     fn new_sequence(&mut self) {
-        self.ring.cursor.reset();
+        self.ring.index.reset();
         self.kv_only = self.rng.random_bool(0.5);
-        self.threshold = self.rng.random_range(0..=self.ring.capacity);
+        self.threshold = self.rng.random_range(0..=self.ring.index.capacity);
         let initial = if self.kv_only {
             self.s0.fill(f32::NAN);
             vec![0.0; state_len(self.dims)]
@@ -141,11 +141,7 @@ impl Sim {
     }
 
     fn check_invariants(&self, what: &str) {
-        assert_eq!(
-            self.ring.cursor.len,
-            self.committed() - self.ckpt,
-            "{what}: ring length"
-        );
+        assert_eq!(self.ring.index.len, self.committed() - self.ckpt, "{what}: ring length");
         if !self.kv_only {
             let e = rel(&self.s0, &self.history[self.ckpt]);
             assert!(e < TOL, "{what}: checkpoint after {} tokens: {e:e}", self.ckpt);
@@ -153,15 +149,14 @@ impl Sim {
     }
 
     fn flush(&mut self, count: usize) {
-        let mut ring = self.ring.view_mut();
-        flush(&mut self.s0, &mut ring, count, &self.a);
+        flush(&mut self.s0, &mut self.ring.view(), count, &self.a);
         self.ckpt += count;
         self.check_invariants("flush");
     }
 
     fn compress(&mut self) {
-        let count = self.ring.cursor.len;
-        compress(&mut self.s0, &mut self.ring.view_mut(), &self.a);
+        let count = self.ring.index.len;
+        compress(&mut self.s0, &mut self.ring.view(), &self.a);
         self.kv_only = false;
         self.ckpt += count;
         self.check_invariants("compress");
@@ -169,7 +164,7 @@ impl Sim {
 
     /// The policy before a step appending `t` entries.
     fn prepare(&mut self, t: usize) {
-        let (h, cap) = (self.ring.cursor.len, self.ring.capacity);
+        let (h, cap) = (self.ring.index.len, self.ring.index.capacity);
         if self.kv_only {
             if needs_compress(h, t, self.threshold, cap) {
                 self.compress();
@@ -181,36 +176,49 @@ impl Sim {
 
     fn decode(&mut self) {
         self.prepare(1);
+        // Sometimes the step folds everything itself (the fused flush), whether or not the policy asked for one.
+        let fused = !self.kv_only && self.rng.random_bool(0.3);
+        let h = self.ring.index.len;
         let tok = Tokens::random(&mut self.rng, self.dims, 1);
         let mut y = vec![f32::NAN; self.dims.heads * self.dims.head_dim];
-        let s0 = (!self.kv_only).then_some(&self.s0[..]);
-        replay_decode(s0, &mut self.ring.view_mut(), tok.view(), &self.a, &self.d, &mut y);
+        let s0 = (!self.kv_only).then_some(&mut self.s0[..]);
+        let traffic = replay_decode(s0, &mut self.ring.view(), tok.view(), &self.a, &self.d, &mut y, fused);
+        assert_eq!(traffic.state_written > 0, fused, "decode at h = {h}");
         let (want, states) = oracle(self.dims, self.history.last().unwrap(), &tok, &self.a, &self.d);
         let e = rel(&y, &want);
-        assert!(e < TOL, "decode at h = {}: {e:e}", self.ring.cursor.len - 1);
+        assert!(e < TOL, "decode at h = {h}: {e:e}");
         self.history.extend(states);
+        if fused {
+            self.ckpt = self.committed();
+        }
         self.check_invariants("decode");
     }
 
     fn verify(&mut self) {
         let t = self.window;
         self.prepare(t);
-        let h = self.ring.cursor.len;
+        let h = self.ring.index.len;
+        // Sometimes the verify folds the committed history itself (the fused flush); the drafts never reach it.
+        let fused = !self.kv_only && self.rng.random_bool(0.3);
         let tok = Tokens::random(&mut self.rng, self.dims, t);
         let mut y = vec![f32::NAN; t * self.dims.heads * self.dims.head_dim];
-        let s0 = (!self.kv_only).then_some(&self.s0[..]);
-        let traffic = verify_replay(s0, &mut self.ring.view_mut(), tok.view(), &self.a, &self.d, &mut y);
-        assert_eq!(traffic.state_written, 0);
+        let s0 = (!self.kv_only).then_some(&mut self.s0[..]);
+        let traffic = verify_replay(s0, &mut self.ring.view(), tok.view(), &self.a, &self.d, &mut y, fused);
+        assert_eq!(traffic.state_written > 0, fused && h > 0, "verify of {t} at h = {h}");
         let (want, states) = oracle(self.dims, self.history.last().unwrap(), &tok, &self.a, &self.d);
         let e = rel(&y, &want);
         assert!(e < TOL, "verify of {t} at h = {h}: {e:e}");
+        if fused {
+            self.ckpt = self.committed();
+            self.check_invariants("fused flush");
+        }
         // Sometimes a flush of committed entries lands between verify and commit (the fused-flush order).
         if !self.kv_only && self.rng.random_bool(0.3) {
-            let count = self.rng.random_range(0..=self.ring.cursor.len);
+            let count = self.rng.random_range(0..=self.ring.index.len);
             self.flush(count);
         }
         let accepted = self.rng.random_range(0..=t);
-        self.ring.cursor.commit(t, accepted, self.ring.capacity);
+        commit_replay(&mut self.ring.view(), accepted);
         self.history.extend(states.into_iter().take(accepted));
         self.check_invariants("commit");
     }
@@ -221,15 +229,15 @@ impl Sim {
             7..=15 => self.verify(),
             16..=17 if self.kv_only => self.compress(),
             16..=17 => {
-                let count = self.rng.random_range(0..=self.ring.cursor.len);
+                let count = self.rng.random_range(0..=self.ring.index.len);
                 self.flush(count);
             }
             18 => {
                 // A prompt's inputs pushed as committed entries, where they fit without a flush.
-                let room = self.ring.capacity - self.ring.cursor.len;
+                let room = self.ring.index.free();
                 let t = self.rng.random_range(0..=room.min(3));
                 let tok = Tokens::random(&mut self.rng, self.dims, t);
-                self.ring.view_mut().push(&tok.x, &tok.dt, &tok.b);
+                self.ring.view().push(&tok.x, &tok.dt, &tok.b);
                 let (_, states) = oracle(self.dims, self.history.last().unwrap(), &tok, &self.a, &self.d);
                 self.history.extend(states);
                 self.check_invariants("push");
@@ -262,7 +270,7 @@ proptest! {
         if sim.kv_only {
             sim.compress();
         } else {
-            let h = sim.ring.cursor.len;
+            let h = sim.ring.index.len;
             sim.flush(h);
         }
         prop_assert_eq!(sim.ckpt, sim.committed());
@@ -302,15 +310,15 @@ fn rejected_drafts_never_reach_the_flushed_state() {
                 tok.b[accepted * gn..].copy_from_slice(&other.b[accepted * gn..]);
                 tok.c[accepted * gn..].copy_from_slice(&other.c[accepted * gn..]);
             }
-            let mut ring = Mamba2Ring::new(dims, cap);
-            ring.cursor.start = 9;
+            let mut ring = Mamba2RingBuf::new(dims, cap);
+            ring.index.start = 9;
             let mut s0 = init.clone();
-            ring.view_mut().push(&committed.x, &committed.dt, &committed.b);
+            ring.view().push(&committed.x, &committed.dt, &committed.b);
             let mut y = vec![0.0; t * dims.heads * dims.head_dim];
-            verify_replay(Some(&s0), &mut ring.view_mut(), tok.view(), &a, &d, &mut y);
-            ring.cursor.commit(t, accepted, cap);
-            let h = ring.cursor.len;
-            flush(&mut s0, &mut ring.view_mut(), h, &a);
+            verify_replay(Some(&mut s0), &mut ring.view(), tok.view(), &a, &d, &mut y, false);
+            commit_replay(&mut ring.view(), accepted);
+            let h = ring.index.len;
+            flush(&mut s0, &mut ring.view(), h, &a);
             flushed.push(s0);
         }
         assert_eq!(
@@ -355,17 +363,17 @@ fn replay_decode_traffic_follows_the_byte_model() {
     );
     let hpg = heads / g;
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    let s0 = uniform(&mut rng, state_len(dims), -1.0, 1.0);
+    let mut s0 = uniform(&mut rng, state_len(dims), -1.0, 1.0);
     let a = uniform(&mut rng, dims.heads, -4.0, -0.05);
     let dsk = uniform(&mut rng, dims.heads, -1.0, 1.0);
-    let mut ring = Mamba2Ring::new(dims, cap);
+    let mut ring = Mamba2RingBuf::new(dims, cap);
     let mut y = vec![0.0; dims.heads * dims.head_dim];
     let recurrent = recurrent_step_traffic(dims);
     assert_eq!(recurrent.state_read + recurrent.state_written, heads * 8 * d * n);
     for h in 0..16u64 {
         // h = 15 is where the policy would flush first (needs_flush(15, 1, 16)); the kernel itself still fits it.
         let tok = Tokens::random(&mut rng, dims, 1);
-        let tr = replay_decode(Some(&s0), &mut ring.view_mut(), tok.view(), &a, &dsk, &mut y);
+        let tr = replay_decode(Some(&mut s0), &mut ring.view(), tok.view(), &a, &dsk, &mut y, false);
         // Per head: the state 4·d·n; the ring 2·h·(d + n/hpg + 2) (bf16 x, bf16 B shared by the group, fp32 dt);
         // one entry appended; inputs x, dt, B, C (shared by the group), A, D; one bf16 output row.
         assert_eq!(tr.state_read, heads * 4 * d * n, "h = {h}");
@@ -397,7 +405,7 @@ fn replay_decode_traffic_follows_the_byte_model() {
             );
         }
     }
-    assert_eq!(ring.cursor.len, 16);
+    assert_eq!(ring.index.len, 16);
 }
 
 #[test]
@@ -405,21 +413,21 @@ fn verify_traffic_baseline_writes_every_snapshot() {
     let (dims, cap) = nemotron();
     let sb = 4 * (dims.heads * dims.head_dim * dims.state_dim) as u64;
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let s0 = uniform(&mut rng, state_len(dims), -1.0, 1.0);
+    let mut s0 = uniform(&mut rng, state_len(dims), -1.0, 1.0);
     let a = uniform(&mut rng, dims.heads, -4.0, -0.05);
     let dsk = uniform(&mut rng, dims.heads, -1.0, 1.0);
     let t = 4;
     let tok = Tokens::random(&mut rng, dims, t);
-    let mut ring = Mamba2Ring::new(dims, cap);
+    let mut ring = Mamba2RingBuf::new(dims, cap);
     let pre = Tokens::random(&mut rng, dims, 3);
-    ring.view_mut().push(&pre.x, &pre.dt, &pre.b);
+    ring.view().push(&pre.x, &pre.dt, &pre.b);
     let mut y = vec![0.0; t * dims.heads * dims.head_dim];
-    let replay = verify_replay(Some(&s0), &mut ring.view_mut(), tok.view(), &a, &dsk, &mut y);
+    let replay = verify_replay(Some(&mut s0), &mut ring.view(), tok.view(), &a, &dsk, &mut y, false);
     let mut snaps = vec![0.0; t * state_len(dims)];
     let mut y_base = vec![0.0; y.len()];
     // The baseline starts from the state after the three cached entries.
     let (_, pre_states) = oracle(dims, &s0, &pre, &a, &dsk);
-    let base = verify_baseline(dims, &pre_states[2], &mut snaps, tok.view(), &a, &dsk, &mut y_base);
+    let base = verify_baseline(dims, &pre_states[2], tok.view(), &a, &dsk, &mut snaps, &mut y_base);
     assert_eq!((base.state_read, base.state_written), (sb, t as u64 * sb));
     assert_eq!((replay.state_read, replay.state_written), (sb, 0));
     assert_eq!(replay.ring_read, 3 * entry_bytes(dims));
@@ -443,15 +451,23 @@ fn kv_only_reads_no_state() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let a = uniform(&mut rng, dims.heads, -1.0, -0.1);
     let dsk = uniform(&mut rng, dims.heads, -1.0, 1.0);
-    let mut ring = Mamba2Ring::new(dims, 8);
+    let mut ring = Mamba2RingBuf::new(dims, 8);
     let mut y = vec![0.0; dims.heads * dims.head_dim];
     let tok = Tokens::random(&mut rng, dims, 1);
-    let tr = replay_decode(None, &mut ring.view_mut(), tok.view(), &a, &dsk, &mut y);
+    let tr = replay_decode(None, &mut ring.view(), tok.view(), &a, &dsk, &mut y, false);
     assert_eq!((tr.state_read, tr.state_written), (0, 0));
     let mut s0 = vec![f32::NAN; state_len(dims)];
-    let tr = compress(&mut s0, &mut ring.view_mut(), &a);
+    let tr = compress(&mut s0, &mut ring.view(), &a);
     assert_eq!((tr.state_read, tr.state_written), (0, 4 * state_len(dims) as u64));
     let (_, states) = oracle(dims, &vec![0.0; state_len(dims)], &tok, &a, &dsk);
     assert!(rel(&s0, &states[0]) < TOL);
-    assert_eq!(ring.cursor, RingCursor { start: 1, len: 0 });
+    assert_eq!(
+        ring.index,
+        RingIndex {
+            start: 1,
+            len: 0,
+            pending: 0,
+            capacity: 8
+        }
+    );
 }
