@@ -26,7 +26,9 @@ fn scatter(storage: &mut [f32], idx: RingIndex, n: usize, width: usize, src: &[f
 }
 
 fn wrong(what: &str) -> EngineError {
-    EngineError::InvalidInput(format!("restoring a slot snapshot: {what} does not fit this rank's pools"))
+    EngineError::InvalidInput(format!(
+        "restoring a slot snapshot: {what} does not fit this rank's pools"
+    ))
 }
 
 impl Decoder {
@@ -37,7 +39,6 @@ impl Decoder {
         let position = self.position[slot];
         let ring_index = self.pools.counters().ring(slot);
         let conv_index = self.pools.counters().conv(slot);
-        let ring_rows = self.pools.counters().ring_rows().max(1);
         let mut ssm = Vec::new();
         let mut kv = Vec::new();
         for r in self.pools.block_refs().to_vec() {
@@ -47,7 +48,7 @@ impl Decoder {
                     let ring = v
                         .ring
                         .iter()
-                        .map(|f| gather(f, ring_index, ring_index.len, f.len() / ring_rows))
+                        .map(|f| gather(f, ring_index, ring_index.len, f.len() / ring_index.capacity.max(1)))
                         .collect();
                     let cw = v.conv.len() / conv_index.capacity.max(1);
                     ssm.push(SsmSnapshot {
@@ -115,7 +116,6 @@ impl Decoder {
         self.pools.kv_grow(slot, snap.position)?;
         let ring_index = self.pools.counters().ring(slot);
         let conv_index = self.pools.counters().conv(slot);
-        let ring_rows = self.pools.counters().ring_rows().max(1);
         let n = snap.ring_len;
         let (mut ssm, mut kv) = (snap.ssm.iter(), snap.kv.iter());
         for r in self.pools.block_refs().to_vec() {
@@ -128,7 +128,8 @@ impl Decoder {
                     }
                     v.state.copy_from_slice(&s.state);
                     for (field, src) in v.ring.into_iter().zip(&s.ring) {
-                        let width = field.len() / ring_rows;
+                        // The view holds the slot's `capacity` rows.
+                        let width = field.len() / ring_index.capacity.max(1);
                         if src.len() != n * width {
                             return Err(wrong("a ring field"));
                         }

@@ -144,8 +144,8 @@ impl Rank for Decoder {
     }
 
     fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        let _span = tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len())
-            .entered();
+        let _span =
+            tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len()).entered();
         self.check_plan(plan)?;
         for c in &plan.commits {
             self.commit(c.slot, c.accepted)?;
@@ -198,7 +198,10 @@ impl Rank for Decoder {
         }
         let logits = self.model().head(&picked);
         let width = vocab.len().max(1);
-        let mut rows: Vec<_> = logits.chunks_exact(width).map(|r| summarise_row(r, vocab.start)).collect();
+        let mut rows: Vec<_> = logits
+            .chunks_exact(width)
+            .map(|r| summarise_row(r, vocab.start))
+            .collect();
         let mut row = 0;
         for s in &plan.seqs {
             row += s.row_count();

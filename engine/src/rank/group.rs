@@ -165,7 +165,9 @@ impl RankGroup {
         let mut replies = Vec::with_capacity(self.ranks.len());
         for (r, h) in self.ranks.iter().enumerate() {
             let (tx, rx) = channel();
-            h.msgs.send(make(tx)).map_err(|_| EngineError::RankStopped { rank: r })?;
+            h.msgs
+                .send(make(tx))
+                .map_err(|_| EngineError::RankStopped { rank: r })?;
             replies.push(rx);
         }
         let mut out = Vec::with_capacity(replies.len());
@@ -265,7 +267,11 @@ impl RankGroup {
             )));
         }
         let first = &snap.ranks[0];
-        if snap.ranks.iter().any(|s| s.position != first.position || s.form_choice != first.form_choice) {
+        if snap
+            .ranks
+            .iter()
+            .any(|s| s.position != first.position || s.form_choice != first.form_choice)
+        {
             return Err(EngineError::InvalidInput("the ranks' snapshots disagree".into()));
         }
         let slot = self.books.open(first.form_choice)?;

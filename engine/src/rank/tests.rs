@@ -1,1 +1,356 @@
+//! The coordinator over CPU ranks: a bad plan is rejected before any rank computes; merged summaries equal the
+//! single-rank ones; a slot snapshot restored into another slot continues identically; release returns every pool
+//! entry; a mixed batch (prompt chunks, decodes and verifies in different forms) equals each sequence run alone.
 
+use std::path::Path;
+
+use super::*;
+use crate::decode::{Decoder, DecoderConfig, FormChoice};
+use crate::init::{init_model, InitOptions};
+use crate::model::Family;
+use crate::shard::ShardedModel;
+
+fn tiny(family: Family) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    init_model(&InitOptions {
+        family,
+        preset: "tiny".into(),
+        layers: None,
+        seed: 11,
+        out: dir.path().to_path_buf(),
+        dtype: None,
+    })
+    .expect("init-model");
+    dir
+}
+
+fn config(slots: usize) -> DecoderConfig {
+    DecoderConfig {
+        buffer_len: 6,
+        max_verify: 3,
+        ..DecoderConfig::new(slots, 64)
+    }
+}
+
+fn cpu(dir: &Path, tp: usize, slots: usize) -> RankGroup {
+    cpu_group(
+        dir,
+        &CpuOptions {
+            tp,
+            decoder: config(slots),
+        },
+    )
+    .expect("group")
+}
+
+fn seq(slot: usize, kind: SeqKind, position: usize, tokens: &[u32], form: FormChoice, rows: Rows) -> SeqStep {
+    SeqStep {
+        slot,
+        kind,
+        position,
+        tokens: tokens.to_vec(),
+        form,
+        rows,
+        sample: None,
+    }
+}
+
+fn plan(seqs: Vec<SeqStep>) -> StepPlan {
+    StepPlan {
+        commits: Vec::new(),
+        seqs,
+        full_logits: true,
+    }
+}
+
+fn rel(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    got.iter().zip(want).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+fn steps(g: &RankGroup) -> Vec<u64> {
+    g.health().expect("health").iter().map(|h| h.steps).collect()
+}
+
+const PROMPT: [u32; 7] = [3, 14, 15, 92, 65, 35, 89];
+
+#[test]
+fn a_bad_plan_is_rejected_before_any_rank_computes() {
+    let dir = tiny(Family::NemotronH);
+    let mut g = cpu(dir.path(), 2, 2);
+    let vocab = g.vocab_size() as u32;
+    let f = FormChoice::Replay;
+    let a = g.open(f).expect("open");
+    g.step(plan(vec![seq(a, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)]))
+        .expect("prefill");
+    let before = steps(&g);
+    let pos = PROMPT.len();
+    let bad: Vec<(StepPlan, &str)> = vec![
+        (plan(vec![]), "empty step"),
+        (
+            plan(vec![seq(a, SeqKind::Decode, pos, &[vocab], f, Rows::Last)]),
+            "out of range",
+        ),
+        (
+            plan(vec![seq(a, SeqKind::Decode, pos + 1, &[1], f, Rows::Last)]),
+            "position",
+        ),
+        (
+            plan(vec![seq(a, SeqKind::Decode, pos, &[1, 2], f, Rows::Last)]),
+            "takes 1 token",
+        ),
+        (
+            plan(vec![seq(a, SeqKind::Verify, pos, &[1, 2, 3, 4], f, Rows::All)]),
+            "1 to 3 tokens",
+        ),
+        (plan(vec![seq(1, SeqKind::Decode, 0, &[1], f, Rows::Last)]), "not open"),
+        (
+            plan(vec![seq(
+                a,
+                SeqKind::Decode,
+                pos,
+                &[1],
+                FormChoice::Recurrent,
+                Rows::Last,
+            )]),
+            "form",
+        ),
+        (
+            plan(vec![
+                seq(a, SeqKind::Decode, pos, &[1], f, Rows::Last),
+                seq(a, SeqKind::Decode, pos, &[2], f, Rows::Last),
+            ]),
+            "twice",
+        ),
+        (
+            StepPlan {
+                commits: vec![Commit { slot: a, accepted: 1 }],
+                ..plan(vec![])
+            },
+            "no verify to commit",
+        ),
+        (
+            plan(vec![seq(a, SeqKind::Prefill, pos, &[7; 60], f, Rows::Last)]),
+            "context limit",
+        ),
+    ];
+    for (p, needle) in bad {
+        let e = g.step(p).expect_err(needle).to_string();
+        assert!(e.contains(needle), "`{e}` lacks `{needle}`");
+        assert_eq!(steps(&g), before, "no rank ran a step for a plan failing with `{e}`");
+    }
+    // The slot is untouched: the next good step lands at the same position on every rank.
+    g.step(plan(vec![seq(a, SeqKind::Decode, pos, &[1], f, Rows::Last)]))
+        .expect("a good step after the bad ones");
+}
+
+#[test]
+fn merged_summaries_equal_one_rank() {
+    for family in [Family::NemotronH, Family::Qwen35] {
+        let dir = tiny(family);
+        let mut want = None;
+        for tp in [1, 2, 3] {
+            let mut g = cpu(dir.path(), tp, 1);
+            let s = g.open(FormChoice::Recurrent).expect("open");
+            let out = g
+                .step(plan(vec![seq(
+                    s,
+                    SeqKind::Prefill,
+                    0,
+                    &PROMPT,
+                    FormChoice::Recurrent,
+                    Rows::All,
+                )]))
+                .expect("prefill");
+            let logits = out.logits.clone().expect("logits");
+            let vocab = g.vocab_size();
+            for (row, l) in out.rows.iter().zip(logits.chunks_exact(vocab)) {
+                let whole = vocab::summarise_row(l, 0);
+                assert_eq!(row.argmax, whole.argmax);
+                let (a, b) = (row.log_sum_exp.expect("cpu lse"), whole.log_sum_exp.expect("lse"));
+                assert!((a - b).abs() < 1e-4 * b.abs().max(1.0), "tp {tp}: lse {a} vs {b}");
+            }
+            match &want {
+                None => want = Some(logits),
+                Some(w) => assert!(rel(&logits, w) < 1e-4, "tp {tp} vs tp 1"),
+            }
+        }
+    }
+}
+
+/// Decodes `tokens` one step at a time in `slot` from `position`; returns each step's logits.
+fn decode_all(g: &mut RankGroup, slot: usize, mut position: usize, tokens: &[u32], form: FormChoice) -> Vec<Vec<f32>> {
+    tokens
+        .iter()
+        .map(|&t| {
+            let out = g
+                .step(plan(vec![seq(slot, SeqKind::Decode, position, &[t], form, Rows::Last)]))
+                .expect("decode");
+            position += 1;
+            out.logits.expect("logits")
+        })
+        .collect()
+}
+
+#[test]
+fn a_restored_snapshot_continues_identically() {
+    for (family, form) in [
+        (Family::NemotronH, FormChoice::Replay),
+        (Family::Qwen35, FormChoice::Replay),
+        (Family::NemotronH, FormChoice::KvOnly),
+        (Family::Qwen35, FormChoice::Recurrent),
+    ] {
+        let dir = tiny(family);
+        let mut g = cpu(dir.path(), 2, 3);
+        let a = g.open(form).expect("open");
+        g.step(plan(vec![seq(a, SeqKind::Prefill, 0, &PROMPT, form, Rows::Last)]))
+            .expect("prefill");
+        // A few decodes leave committed entries in the ring (L = 6), so the snapshot holds more than the checkpoint.
+        decode_all(&mut g, a, PROMPT.len(), &[5, 6, 7], form);
+        let snap = g.snapshot(a).expect("snapshot");
+        let b = g.restore(&snap).expect("restore");
+        assert_ne!(a, b);
+        let more = [8, 9, 10, 11, 12, 13, 14, 15];
+        let pos = PROMPT.len() + 3;
+        let from_a = decode_all(&mut g, a, pos, &more, form);
+        let from_b = decode_all(&mut g, b, pos, &more, form);
+        for (i, (x, y)) in from_a.iter().zip(&from_b).enumerate() {
+            assert_eq!(x, y, "{family:?} {form}: step {i} after the restore");
+        }
+        // A snapshot with a verify pending is refused.
+        g.step(plan(vec![seq(
+            a,
+            SeqKind::Verify,
+            pos + more.len(),
+            &[1, 2],
+            form,
+            Rows::All,
+        )]))
+        .expect("verify");
+        assert!(g.snapshot(a).is_err());
+    }
+}
+
+#[test]
+fn release_returns_every_pool_entry() {
+    let dir = tiny(Family::NemotronH);
+    let model = ShardedModel::from_dir(dir.path(), 1, 0).expect("model");
+    let mut rank = Decoder::single(model, config(3)).expect("decoder");
+    let (kv_total, slots) = (rank.pools().kv_blocks().free_count(), rank.pools().slots().free_count());
+    let forms = [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly];
+    let seqs: Vec<SeqStep> = forms
+        .iter()
+        .enumerate()
+        .map(|(s, &f)| seq(s, SeqKind::Prefill, 0, &PROMPT[..4 + s], f, Rows::Last))
+        .collect();
+    Rank::step(&mut rank, &plan(seqs)).expect("prefill");
+    let verify: Vec<SeqStep> = forms
+        .iter()
+        .enumerate()
+        .map(|(s, &f)| seq(s, SeqKind::Verify, 4 + s, &[1, 2, 3], f, Rows::All))
+        .collect();
+    Rank::step(&mut rank, &plan(verify)).expect("verify");
+    assert!(rank.pools().kv_blocks().free_count() < kv_total);
+    for s in 0..3 {
+        Rank::release(&mut rank, s).expect("release");
+    }
+    assert_eq!(
+        rank.pools().kv_blocks().free_count(),
+        kv_total,
+        "every KV block is back"
+    );
+    assert_eq!(rank.pools().slots().free_count(), slots, "every slot is back");
+    for s in 0..3 {
+        assert_eq!(rank.pools().counters().ring(s).len, 0, "slot {s}: an empty ring");
+        assert_eq!(rank.pools().counters().kv_len()[s], 0, "slot {s}: no KV");
+    }
+    assert!(Rank::release(&mut rank, 0).is_err(), "a double release is an error");
+    // The same through a group: the books and every rank's slots come back.
+    let mut g = cpu(dir.path(), 2, 2);
+    let a = g.open(FormChoice::Replay).expect("open");
+    let b = g.open(FormChoice::Auto).expect("open");
+    g.step(plan(vec![
+        seq(a, SeqKind::Prefill, 0, &PROMPT, FormChoice::Replay, Rows::Last),
+        seq(b, SeqKind::Prefill, 0, &PROMPT[..3], FormChoice::Auto, Rows::Last),
+    ]))
+    .expect("step");
+    g.release(a).expect("release");
+    g.release(b).expect("release");
+    assert_eq!(g.books().slots_in_use(), 0);
+    assert!(g.health().expect("health").iter().all(|h| h.slots_in_use == 0));
+    assert!(g.release(a).is_err());
+}
+
+#[test]
+fn a_mixed_batch_equals_each_sequence_alone() {
+    for family in [Family::NemotronH, Family::Qwen35] {
+        let dir = tiny(family);
+        // Sequence 0 decodes, 1 starts its prompt, 2 continues its prompt in a second chunk, 3 verifies drafts.
+        let forms = [
+            FormChoice::Replay,
+            FormChoice::Recurrent,
+            FormChoice::KvOnly,
+            FormChoice::Auto,
+        ];
+        let setup: [&[u32]; 4] = [&PROMPT, &[], &PROMPT[..3], &PROMPT[..5]];
+        let step_tokens: [(&[u32], SeqKind); 4] = [
+            (&[44], SeqKind::Decode),
+            (&PROMPT[2..], SeqKind::Prefill),
+            (&PROMPT[3..], SeqKind::Prefill),
+            (&[21, 22, 23], SeqKind::Verify),
+        ];
+        let prepare = |g: &mut RankGroup, which: &[usize]| -> Vec<usize> {
+            which
+                .iter()
+                .map(|&i| {
+                    let s = g.open(forms[i]).expect("open");
+                    if !setup[i].is_empty() {
+                        g.step(plan(vec![seq(s, SeqKind::Prefill, 0, setup[i], forms[i], Rows::Last)]))
+                            .expect("setup");
+                    }
+                    s
+                })
+                .collect()
+        };
+        let row_of = |i: usize, slot: usize| {
+            let (t, kind) = step_tokens[i];
+            let rows = if kind == SeqKind::Verify { Rows::All } else { Rows::Last };
+            seq(slot, kind, setup[i].len(), t, forms[i], rows)
+        };
+        let mut alone = Vec::new();
+        for i in 0..4 {
+            let mut g = cpu(dir.path(), 2, 4);
+            let slot = prepare(&mut g, &[i])[0];
+            alone.push(
+                g.step(plan(vec![row_of(i, slot)]))
+                    .expect("alone")
+                    .logits
+                    .expect("logits"),
+            );
+        }
+        let mut g = cpu(dir.path(), 2, 4);
+        let slots = prepare(&mut g, &[0, 1, 2, 3]);
+        let out = g
+            .step(plan((0..4).map(|i| row_of(i, slots[i])).collect()))
+            .expect("mixed");
+        let mixed = out.logits.expect("logits");
+        let want: Vec<f32> = alone.concat();
+        assert_eq!(mixed.len(), want.len());
+        assert!(
+            rel(&mixed, &want) < 1e-5,
+            "{family:?}: mixed batch vs alone: {}",
+            rel(&mixed, &want)
+        );
+        // The verify's drafts commit in a later plan, together with the next decode of the same slot.
+        let v = slots[3];
+        let pos = setup[3].len();
+        g.step(StepPlan {
+            commits: vec![Commit { slot: v, accepted: 2 }],
+            seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
+            full_logits: false,
+        })
+        .expect("commit and decode");
+        assert_eq!(g.books().len(v).expect("len"), pos + 3);
+    }
+}

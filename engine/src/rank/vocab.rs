@@ -147,10 +147,12 @@ pub fn merge_step(outs: &[StepOut], vocab: usize) -> Result<MergedStep> {
     let merged = (0..rows)
         .map(|r| merge_rows(&outs.iter().map(|o| o.rows[r]).collect::<Vec<_>>()))
         .collect();
-    let sampled = (0..rows)
-        .map(|r| outs.iter().find_map(|o| o.rows[r].sampled))
-        .collect();
-    let logits = match outs.iter().map(|o| o.logits.as_deref()).collect::<Option<Vec<&[f32]>>>() {
+    let sampled = (0..rows).map(|r| outs.iter().find_map(|o| o.rows[r].sampled)).collect();
+    let logits = match outs
+        .iter()
+        .map(|o| o.logits.as_deref())
+        .collect::<Option<Vec<&[f32]>>>()
+    {
         Some(parts) => {
             let ranges: Vec<Range<usize>> = outs.iter().map(|o| o.vocab.clone()).collect();
             Some(join_slices(&parts, &ranges, rows, vocab)?)
@@ -197,7 +199,10 @@ mod tests {
                         .collect();
                     StepOut {
                         vocab: r.clone(),
-                        rows: slice.chunks_exact(r.len()).map(|row| summarise_row(row, r.start)).collect(),
+                        rows: slice
+                            .chunks_exact(r.len())
+                            .map(|row| summarise_row(row, r.start))
+                            .collect(),
                         logits: Some(slice),
                     }
                 })
@@ -223,12 +228,12 @@ mod tests {
         let b = summarise_row(&[f32::NAN, 0.0], 2);
         assert!(merge_rows(&[a, b]).max_logit.is_nan());
         assert!(join_slices(&[&[0.0; 4]], &[0..3], 2, 3).is_err(), "wrong length");
-        assert!(join_slices(&[&[0.0; 2], &[0.0; 2]], &[0..1, 2..3], 2, 3).is_err(), "gap");
+        assert!(
+            join_slices(&[&[0.0; 2], &[0.0; 2]], &[0..1, 2..3], 2, 3).is_err(),
+            "gap"
+        );
         assert!(join_slices(&[&[0.0; 2]], &[0..1], 2, 3).is_err(), "short");
-        let gpu = RowSummary {
-            log_sum_exp: None,
-            ..a
-        };
+        let gpu = RowSummary { log_sum_exp: None, ..a };
         assert_eq!(merge_rows(&[gpu, b]).log_sum_exp, None);
     }
 }
