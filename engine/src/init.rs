@@ -15,10 +15,10 @@ use serde_json::json;
 
 use crate::checkpoint::writer::{write_streaming, WriteDtype};
 use crate::error::{EngineError, Result};
-use crate::shard::ShardedModel;
 use crate::model::tensors::TensorSource;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
+use crate::shard::ShardedModel;
 use crate::tokenizer::bpe_builder::{build_bpe_tokenizer, write_tokenizer_files, SpecialTokenChoice};
 
 /// What to build.

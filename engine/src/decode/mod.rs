@@ -246,9 +246,9 @@ impl Decoder {
 
     /// A decoder of an unsharded model (the plan with one rank), with a one-rank communicator.
     pub fn single(model: ShardedModel, config: DecoderConfig) -> Result<Self> {
-        let comm = LocalComm::group(1).pop().ok_or_else(|| {
-            EngineError::Communicator("a one-rank group has no handle".into())
-        })?;
+        let comm = LocalComm::group(1)
+            .pop()
+            .ok_or_else(|| EngineError::Communicator("a one-rank group has no handle".into()))?;
         Self::new(Arc::new(model), Box::new(comm), config)
     }
 

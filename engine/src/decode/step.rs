@@ -85,7 +85,17 @@ impl Decoder {
             (Mixer::Mamba2(m), StateRef::Ssm(layer)) => {
                 let view = self.pools.mamba2_slot_mut(layer, s.slot)?;
                 let snaps = snapshot_buf(&mut self.snapshots[s.slot], layer);
-                ssm::mamba2(m, block.shard(), view, x, t, step, snaps, &mut self.traffic, &*self.comm)
+                ssm::mamba2(
+                    m,
+                    block.shard(),
+                    view,
+                    x,
+                    t,
+                    step,
+                    snaps,
+                    &mut self.traffic,
+                    &*self.comm,
+                )
             }
             (Mixer::Gdn(m), StateRef::Ssm(layer)) => {
                 let view = self.pools.gdn_slot_mut(layer, s.slot)?;

@@ -141,12 +141,7 @@ type Teacher = Vec<(Vec<u32>, Vec<Vec<f32>>)>;
 
 /// The CPU's logits per position (`[prompt + steps]` rows) for `prompt` followed by `steps` tokens: the `forced` ones
 /// when given, else its own greedy picks, which are returned. The CPU engine at TP = 1 in the recurrent form.
-fn cpu_rows(
-    model: ShardedModel,
-    prompts: &[Vec<u32>],
-    steps: usize,
-    forced: Option<&[Vec<u32>]>,
-) -> Result<Teacher> {
+fn cpu_rows(model: ShardedModel, prompts: &[Vec<u32>], steps: usize, forced: Option<&[Vec<u32>]>) -> Result<Teacher> {
     let vocab = model.config().vocab_size;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
     let mut dec = Decoder::single(model, DecoderConfig::new(1, longest))?;

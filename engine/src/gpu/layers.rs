@@ -9,12 +9,12 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use super::weights::{act_of, f32_of, group_idx, idx_of, range_idx, stored, DeviceLinear};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::model::Mixer;
 use crate::model::mixers::attention::{AttentionMixer, Proj};
 use crate::model::mixers::ffn::{Linear, Mlp, Moe};
 use crate::model::mixers::gdn::GdnMixer;
 use crate::model::mixers::mamba2::Mamba2Mixer;
 use crate::model::spec::{Activation, AttentionSpec, GdnSpec, Mamba2Spec, MoeSpec, RouterSpec};
+use crate::model::Mixer;
 use crate::shard::ShardKind;
 
 /// How the Mamba-2 gated norm runs on this rank.

@@ -146,7 +146,10 @@ pub fn gpu_group(dir: &Path, opts: &GpuOptions) -> Result<(RankGroup, GpuReport)
         .map_err(|_| EngineError::Gpu("the load reports were poisoned".into()))?
         .clone();
     let all: Vec<RankReport> = all.into_iter().flatten().collect();
-    let sizes = all.first().map(|r| r.2).ok_or_else(|| EngineError::Gpu("no rank reported".into()))?;
+    let sizes = all
+        .first()
+        .map(|r| r.2)
+        .ok_or_else(|| EngineError::Gpu("no rank reported".into()))?;
     let report = GpuReport {
         devices: all.iter().map(|r| r.0.clone()).collect(),
         sizes,

@@ -225,7 +225,9 @@ fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
 }
 
 fn not_supported(what: &str) -> EngineError {
-    EngineError::NotSupported(format!("{what} on the GPU rank (the GPU replay and speculation kernels come next)"))
+    EngineError::NotSupported(format!(
+        "{what} on the GPU rank (the GPU replay and speculation kernels come next)"
+    ))
 }
 
 impl<A: Act> GpuRank<A> {
@@ -253,7 +255,10 @@ impl<A: Act> GpuRank<A> {
         (0..self.sizes.max_seqs)
             .map(|s| match over {
                 Some((slot, len)) if slot == s => len as i32,
-                _ => self.books.len(s).map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32),
+                _ => self
+                    .books
+                    .len(s)
+                    .map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32),
             })
             .collect()
     }
@@ -434,7 +439,11 @@ impl<A: Act> GpuRank<A> {
                 Rows::Last if last => 1,
                 Rows::Last | Rows::None => 0,
             };
-            let sample = if last { seq.sample.as_ref().map(std::slice::from_ref) } else { None };
+            let sample = if last {
+                seq.sample.as_ref().map(std::slice::from_ref)
+            } else {
+                None
+            };
             let h = self.run(step, head_rows, want_logits, sample)?;
             out.rows.extend(h.rows);
             if let (Some(all), Some(l)) = (&mut out.logits, h.logits) {
@@ -525,7 +534,8 @@ impl<A: Act> Rank for GpuRank<A> {
         for &c in &claimed {
             self.clear_slot(c)?;
         }
-        let held = |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
+        let held =
+            |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
         let before = held(&self.books);
         self.books.apply(plan)?;
         self.table_dirty |= held(&self.books) != before;
@@ -552,10 +562,13 @@ impl<A: Act> Rank for GpuRank<A> {
                 let keep = s.row_count() > 0;
                 per_seq[*i] = Some(HeadOut {
                     rows: if keep { vec![out.rows[k]] } else { Vec::new() },
-                    logits: out
-                        .logits
-                        .as_ref()
-                        .map(|l| if keep { l[k * v..(k + 1) * v].to_vec() } else { Vec::new() }),
+                    logits: out.logits.as_ref().map(|l| {
+                        if keep {
+                            l[k * v..(k + 1) * v].to_vec()
+                        } else {
+                            Vec::new()
+                        }
+                    }),
                 });
             }
         }

@@ -264,4 +264,3 @@ pub(crate) fn expand<'a>(src: &'a [f32], width: usize, split: &GroupedSplit) -> 
     }
     Cow::Owned(out)
 }
-
