@@ -1,5 +1,6 @@
-//! `rewind logits --decode ... --buffer-len ...` end to end: every decode form gives the recurrent form's logits on tiny
-//! init-model checkpoints of both SSM families, and bad values are clear errors.
+//! `rewind logits --decode ... --buffer-len ... --tp N` end to end: every decode form, on one CPU rank or split over
+//! several, gives the one-rank recurrent form's logits on tiny init-model checkpoints of both SSM families, and bad
+//! values are clear errors.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -90,6 +91,10 @@ fn logits_in_every_form_match_recurrent() {
                 &["--decode", "kv-only"],
                 &["--decode", "auto", "--buffer-len", "4"],
                 &[],
+                &["--tp", "2", "--decode", "recurrent"],
+                &["--tp", "2", "--decode", "replay", "--buffer-len", "3"],
+                &["--tp", "3", "--decode", "kv-only"],
+                &["--tp", "4", "--decode", "auto"],
             ] {
                 let got = logits(&model, tokens, prefill, flags);
                 assert_eq!(got.len(), want.len());
@@ -112,6 +117,7 @@ fn bad_decode_flags_are_clear_errors() {
         (&["--decode", "fast"][..], "unknown decode form `fast`"),
         (&["--buffer-len", "1"], "at least 2"),
         (&["--buffer-len", "many"], "not a whole number"),
+        (&["--tp", "0"], "--tp must be at least 1"),
     ] {
         let mut args = vec![
             "logits",
@@ -133,4 +139,23 @@ fn bad_decode_flags_are_clear_errors() {
         let o = rewind(&[&["generate", "hi"][..], flags].concat());
         assert!(!o.status.success() && stderr(&o).contains(needle), "generate {flags:?}");
     }
+}
+
+#[test]
+fn a_split_the_model_cannot_take_is_a_clear_error() {
+    let model = tiny_model("nemotron_h");
+    let o = rewind(&[
+        "generate",
+        "hi",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--tp",
+        "64",
+        "--max-tokens",
+        "2",
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "--tp 64 accepted");
+    assert!(err.contains("tensor parallelism 64 exceeds") && !err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&model);
 }

@@ -31,9 +31,11 @@ pub struct Loaded {
 /// Loads the model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (the CPU
 /// default form is `auto`, the GPU's `recurrent`, the only one it runs yet).
 pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Loaded> {
+    // The flags are checked before anything is read.
+    let which = device.device()?;
     let config = ModelConfig::from_dir(dir)?;
     let context = needs.context.clamp(1, config.max_position_embeddings);
-    match device.device()? {
+    match which {
         Device::Cpu => {
             let mut dc = DecoderConfig::new(needs.slots.max(1), context);
             if let Some(d) = decode {

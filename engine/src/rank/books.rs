@@ -291,7 +291,8 @@ impl Books {
             }
             if len + t > self.max_context {
                 return Err(invalid(format!(
-                    "slot {} would reach {} tokens, beyond the context limit of {} (raise --max-model-len)",
+                    "slot {} would reach {} tokens, beyond the context limit of {} (the pools' length, at most the \
+                     model's max_position_embeddings; raise --max-model-len where the model allows)",
                     s.slot,
                     len + t,
                     self.max_context
