@@ -476,7 +476,17 @@ fn gpu_flags_are_checked_before_anything_loads() {
     // The CPU splits a model over rank threads just as GPUs do: greedy output is the one-rank output.
     let greedy = |tp: &str| {
         let o = rewind(&[
-            "generate", "--model", model, "--device", "cpu", "--tp", tp, "--temperature", "0", "--max-tokens", "8",
+            "generate",
+            "--model",
+            model,
+            "--device",
+            "cpu",
+            "--tp",
+            tp,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
             "--json",
         ]);
         assert!(o.status.success(), "--tp {tp}: {}", stderr(&o));

@@ -16,8 +16,9 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
 
-fn tiny_model(arch: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rewind-decode-cli-{arch}-{}", std::process::id()));
+/// A tiny checkpoint of `arch` in a directory of its own for the test `tag` (tests run in parallel).
+fn tiny_model(arch: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rewind-decode-cli-{arch}-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let o = rewind(&[
         "init-model",
@@ -82,7 +83,7 @@ fn rel(got: &[f64], want: &[f64]) -> f64 {
 fn logits_in_every_form_match_recurrent() {
     let tokens = "5,17,42,7,9,33,2,8,61,4,19,23,6,50,11,3,27,14";
     for arch in ["nemotron_h", "qwen3_5"] {
-        let model = tiny_model(arch);
+        let model = tiny_model(arch, "forms");
         for prefill in [5, 1] {
             let want = logits(&model, tokens, prefill, &["--decode", "recurrent"]);
             assert_eq!(want.len(), 18);
@@ -143,7 +144,7 @@ fn bad_decode_flags_are_clear_errors() {
 
 #[test]
 fn a_split_the_model_cannot_take_is_a_clear_error() {
-    let model = tiny_model("nemotron_h");
+    let model = tiny_model("nemotron_h", "split");
     let o = rewind(&[
         "generate",
         "hi",
@@ -156,6 +157,9 @@ fn a_split_the_model_cannot_take_is_a_clear_error() {
     ]);
     let err = stderr(&o);
     assert!(!o.status.success(), "--tp 64 accepted");
-    assert!(err.contains("tensor parallelism 64 exceeds") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("tensor parallelism 64 exceeds") && !err.contains("panicked"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&model);
 }

@@ -1,11 +1,15 @@
 //! How much do a fixture's logits move when its weights are rounded to bf16 (what a GPU stores)? Compares the CPU
 //! model with the checkpoint's f32 weights against the CPU model with the same weights rounded to bf16, teacher-forced
-//! on the fixture's tokens: `cargo run --release -p rewind-engine --example bf16_sensitivity -- tests/fixtures/X`.
+//! on the fixture's tokens (one recurrent-form prefill of every token, every row):
+//! `cargo run --release -p rewind-engine --example bf16_sensitivity -- tests/fixtures/X`.
 
 use half::bf16;
 use rewind_engine::checkpoint::SafetensorsSource;
+use rewind_engine::decode::{Decoder, DecoderConfig, FormChoice};
 use rewind_engine::model::tensors::TensorSource;
-use rewind_engine::model::{Logits, Model, ModelConfig};
+use rewind_engine::model::ModelConfig;
+use rewind_engine::rank::Rows;
+use rewind_engine::shard::ShardedModel;
 
 struct Rounded(SafetensorsSource);
 
@@ -25,11 +29,20 @@ impl TensorSource for Rounded {
     }
 }
 
+/// Every position's logits `[tokens, vocab]` of one recurrent-form prefill of `tokens` (the whole model as one rank).
+fn logits(model: ShardedModel, tokens: &[u32]) -> rewind_engine::Result<Vec<f32>> {
+    let mut dec = Decoder::single(model, DecoderConfig::new(1, tokens.len()))?;
+    let slot = dec.start(FormChoice::Recurrent)?;
+    dec.prefill(slot, tokens, Rows::All)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).ok_or("usage: bf16_sensitivity DIR")?);
-    let exact = Model::from_dir(&dir)?;
-    let rounded = Model::load(
+    let exact = ShardedModel::from_dir(&dir, 1, 0)?;
+    let rounded = ShardedModel::load(
         ModelConfig::from_dir(&dir)?,
+        1,
+        0,
         &mut Rounded(SafetensorsSource::open(&dir)?),
     )?;
     let vocab = exact.config().vocab_size;
@@ -48,9 +61,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| ((i * 2_654_435_761 + 12_345) % vocab as u64) as u32)
             .collect(),
     };
-    let (mut se, mut sr) = (exact.new_state(), rounded.new_state());
-    let a = exact.forward(&tokens, &mut se, Logits::All)?;
-    let b = rounded.forward(&tokens, &mut sr, Logits::All)?;
+    let a = logits(exact, &tokens)?;
+    let b = logits(rounded, &tokens)?;
     let mut worst = 0.0f32;
     let mut per = Vec::new();
     for (x, y) in a.chunks_exact(vocab).zip(b.chunks_exact(vocab)) {

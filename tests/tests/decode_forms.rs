@@ -4,140 +4,152 @@
 //! recurrent decode of the same committed history under a random walk of accepted counts; a batch mixing forms
 //! equals each sequence run alone; and kv-only / auto keep no state until the context reaches the kv-only threshold
 //! (independent of `L`, also when a verify window crosses it), then continue in replay.
+//!
+//! The oracle is the recurrent form at TP = 1 in a decoder of its own ([`Oracle`]): a prompt through the chunked
+//! scan, then one token at a time. The rows a verify must give are probed without advancing the reference: its slot's
+//! snapshot is restored into a spare slot, which decodes the drafts and is released. The recurrent prefill itself is
+//! checked against the recurrent decode of every token from position 0.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rewind_engine::decode::{Decoder, DecoderConfig, FormChoice};
-use rewind_engine::model::{Logits, Model, SequenceState};
+use rewind_engine::rank::Rows;
 use rewind_engine::state::DecodeForm;
-use serde_json::Value;
+use rewind_tests::{argmax, fixtures, name, rel, single, tokens, Rng};
 
 /// max |Δlogit| / max |logit| allowed against the recurrent form.
 const TOLERANCE: f64 = 1e-4;
 /// Greedy tokens decoded after the fixture's tokens.
 const EXTRA: usize = 14;
 
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", root.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("reference.json").is_file())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no fixtures under {}", root.display());
-    dirs
+/// The recurrent form at TP = 1, independent of the decoder under test: one slot per reference sequence plus a spare
+/// that probes restore into.
+struct Oracle {
+    dec: Decoder,
+    vocab: usize,
+    /// Reference sequences started so far (they hold slots `0..started`).
+    started: usize,
+    spare: usize,
 }
 
-/// The model, the fixture's tokens and its prefill length.
-fn load(dir: &Path) -> (Model, Vec<u32>, usize) {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("read reference"))
-            .expect("json");
-    let tokens: Vec<u32> = reference["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t.as_u64().expect("id") as u32)
-        .collect();
-    let prefill = reference["prefill_len"].as_u64().expect("prefill_len") as usize;
-    let model = Model::from_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    (model, tokens, prefill)
-}
-
-fn name(dir: &Path) -> String {
-    dir.file_name().expect("name").to_string_lossy().to_string()
-}
-
-fn rel(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "row lengths differ");
-    let max_ref = want.iter().fold(0.0f64, |m, x| m.max(x.abs() as f64));
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .fold(0.0f64, |m, (g, w)| m.max((*g as f64 - *w as f64).abs()));
-    max_diff / max_ref.max(1e-12)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
+impl Oracle {
+    /// Room for `sequences` reference sequences of up to `context` tokens.
+    fn new(dir: &Path, sequences: usize, context: usize) -> Self {
+        let dec = single(dir, DecoderConfig::new(sequences + 1, context));
+        let vocab = dec.model().config().vocab_size;
+        Oracle {
+            dec,
+            vocab,
+            started: 0,
+            spare: sequences,
         }
     }
-    best as u32
-}
 
-/// A small deterministic generator (splitmix64), so the walks are reproducible without extra dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    /// Starts a reference sequence with `prompt` (one chunked prefill); returns its slot and the prompt's last
+    /// logits.
+    fn start(&mut self, prompt: &[u32]) -> (usize, Vec<f32>) {
+        let slot = self.started;
+        assert!(slot < self.spare, "the oracle holds {} sequences", self.spare);
+        self.dec.start_at(slot, FormChoice::Recurrent).expect("oracle slot");
+        self.started += 1;
+        let row = self.dec.prefill(slot, prompt, Rows::Last).expect("oracle prefill");
+        (slot, row)
     }
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+    /// Appends `token` to a reference sequence; its logits.
+    fn decode(&mut self, slot: usize, token: u32) -> Vec<f32> {
+        self.dec.decode(&[(slot, token)]).expect("oracle decode")
+    }
+
+    /// The rows `[T, vocab]` a verify of `drafts` after the sequence in `slot` must give, leaving the sequence as it
+    /// is: its snapshot restored into the spare slot decodes the drafts one at a time, then the spare is released.
+    fn probe(&mut self, slot: usize, drafts: &[u32]) -> Vec<f32> {
+        let snap = self.dec.snapshot(slot).expect("oracle snapshot");
+        self.dec.restore(self.spare, &snap).expect("oracle restore");
+        let mut rows = Vec::with_capacity(drafts.len() * self.vocab);
+        for &d in drafts {
+            rows.extend(self.decode(self.spare, d));
+        }
+        self.dec.release(self.spare).expect("oracle release");
+        rows
+    }
+
+    /// Appends the accepted drafts to a reference sequence. Their logits must be exactly the probe's rows: a restored
+    /// snapshot continues as the sequence itself.
+    fn commit(&mut self, slot: usize, accepted: &[u32], probed: &[f32]) {
+        for (s, &d) in accepted.iter().enumerate() {
+            let row = self.decode(slot, d);
+            assert!(
+                row[..] == probed[s * self.vocab..(s + 1) * self.vocab],
+                "a probe through snapshot / restore differs from the reference's own decode at draft {s}"
+            );
+        }
+    }
+
+    /// A reference sequence's committed tokens.
+    fn position(&self, slot: usize) -> usize {
+        self.dec.position(slot).expect("oracle position")
     }
 }
 
 /// One sequence decoded in `form`: `tokens[..prefill]` through prefill, then every later token one at a time.
 /// Returns the logits of the prefill's last position and of every decode step.
-fn run_form(model: &Model, form: FormChoice, buffer_len: usize, tokens: &[u32], prefill: usize) -> Vec<Vec<f32>> {
+fn run_form(dir: &Path, form: FormChoice, buffer_len: usize, tokens: &[u32], prefill: usize) -> Vec<Vec<f32>> {
     let config = DecoderConfig {
         buffer_len,
         ..DecoderConfig::new(1, tokens.len())
     };
-    let mut dec = Decoder::new(model, config).expect("decoder");
+    let mut dec = single(dir, config);
     let slot = dec.start(form).expect("slot");
-    let mut rows = vec![dec.prefill(slot, &tokens[..prefill], Logits::Last).expect("prefill")];
+    let mut rows = vec![dec.prefill(slot, &tokens[..prefill], Rows::Last).expect("prefill")];
     for &t in &tokens[prefill..] {
         rows.push(dec.decode(&[(slot, t)]).expect("decode"));
     }
     rows
 }
 
-/// The fixture's tokens followed by `EXTRA` greedy tokens of the recurrent form, and the recurrent logits.
-fn recurrent_reference(model: &Model, tokens: &[u32], prefill: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let config = DecoderConfig::new(1, tokens.len() + EXTRA);
-    let mut dec = Decoder::new(model, config).expect("decoder");
-    let slot = dec.start(FormChoice::Recurrent).expect("slot");
-    let mut rows = vec![dec.prefill(slot, &tokens[..prefill], Logits::Last).expect("prefill")];
+/// The fixture's tokens followed by `EXTRA` greedy tokens of the recurrent form, and the recurrent logits (of the
+/// prefill's last position, then of every decode step).
+fn recurrent_reference(dir: &Path, tokens: &[u32], prefill: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut oracle = Oracle::new(dir, 1, tokens.len() + EXTRA);
+    let (slot, first) = oracle.start(&tokens[..prefill]);
+    let mut rows = vec![first];
     let mut all = tokens.to_vec();
     for i in prefill..tokens.len() + EXTRA {
         if i >= tokens.len() {
             all.push(argmax(rows.last().expect("row")));
         }
-        rows.push(dec.decode(&[(slot, all[i])]).expect("decode"));
+        rows.push(oracle.decode(slot, all[i]));
     }
     all.truncate(tokens.len() + EXTRA);
     (all, rows)
+}
+
+/// The recurrent form decoding every token one at a time from position 0 (no chunked scan): the logits after each.
+fn token_by_token(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut dec = single(dir, DecoderConfig::new(1, tokens.len()));
+    let slot = dec.start(FormChoice::Recurrent).expect("slot");
+    tokens
+        .iter()
+        .map(|&t| dec.decode(&[(slot, t)]).expect("decode"))
+        .collect()
 }
 
 #[test]
 fn every_form_matches_recurrent_on_every_fixture() {
     let mut failures = Vec::new();
     for dir in fixtures() {
-        let (model, tokens, fixture_prefill) = load(&dir);
+        let (tokens, fixture_prefill) = tokens(&dir);
         for prefill in [fixture_prefill, 1] {
-            let (all, want) = recurrent_reference(&model, &tokens, prefill);
-            // The recurrent decoder is the model's own prefill + decode path.
-            let mut state = model.new_state();
-            let mut direct = vec![model
-                .forward(&all[..prefill], &mut state, Logits::Last)
-                .expect("prefill")];
-            for &t in &all[prefill..] {
-                direct.push(model.forward(&[t], &mut state, Logits::All).expect("decode"));
-            }
-            for (i, (d, w)) in direct.iter().zip(&want).enumerate() {
+            let (all, want) = recurrent_reference(&dir, &tokens, prefill);
+            // Chunked == recurrent at model level: the reference's prefill + decode is its own token-by-token decode.
+            let direct = token_by_token(&dir, &all);
+            assert_eq!(direct.len() - (prefill - 1), want.len());
+            for (i, (d, w)) in direct[prefill - 1..].iter().zip(&want).enumerate() {
+                let e = rel(w, d);
                 assert!(
-                    rel(d, w) < 1e-6,
-                    "{}: recurrent decoder vs Model::forward at step {i}",
+                    e < TOLERANCE,
+                    "{}: recurrent prefill {prefill} + decode vs token-by-token decode at step {i}: {e:.2e}",
                     name(&dir)
                 );
             }
@@ -151,7 +163,7 @@ fn every_form_matches_recurrent_on_every_fixture() {
                 (FormChoice::Auto, 16),
                 (FormChoice::Auto, 4),
             ] {
-                let got = run_form(&model, form, l, inputs, prefill);
+                let got = run_form(&dir, form, l, inputs, prefill);
                 assert_eq!(got.len(), want.len());
                 let mut worst = 0.0f64;
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -179,28 +191,21 @@ fn every_form_matches_recurrent_on_every_fixture() {
 
 /// Replays speculative steps on `form` and checks every verified row against the recurrent decode of the committed
 /// history plus the drafts before it. Returns the worst relative error and the accepted counts seen.
-fn verify_walk(
-    model: &Model,
-    tokens: &[u32],
-    prefill: usize,
-    form: FormChoice,
-    seed: u64,
-) -> (f64, Vec<(usize, usize)>) {
+fn verify_walk(dir: &Path, tokens: &[u32], prefill: usize, form: FormChoice, seed: u64) -> (f64, Vec<(usize, usize)>) {
     const T_MAX: usize = 4;
-    let vocab = model.config().vocab_size;
     let steps = 24;
+    let context = prefill + steps * T_MAX + 8;
     let config = DecoderConfig {
         buffer_len: 8,
         max_verify: T_MAX,
-        ..DecoderConfig::new(1, prefill + steps * T_MAX + 8)
+        ..DecoderConfig::new(1, context)
     };
-    let mut dec = Decoder::new(model, config).expect("decoder");
+    let mut dec = single(dir, config);
+    let vocab = dec.model().config().vocab_size;
     let slot = dec.start(form).expect("slot");
-    let mut reference: SequenceState = model.new_state();
-    let first = dec.prefill(slot, &tokens[..prefill], Logits::Last).expect("prefill");
-    let want = model
-        .forward(&tokens[..prefill], &mut reference, Logits::Last)
-        .expect("prefill");
+    let mut oracle = Oracle::new(dir, 1, context);
+    let first = dec.prefill(slot, &tokens[..prefill], Rows::Last).expect("prefill");
+    let (reference, want) = oracle.start(&tokens[..prefill]);
     let mut worst = rel(&first, &want);
     let mut rng = Rng(seed);
     let mut accepted_seen = Vec::new();
@@ -209,7 +214,7 @@ fn verify_walk(
             // A plain decode step between speculative ones.
             let tok = rng.below(vocab) as u32;
             let got = dec.decode(&[(slot, tok)]).expect("decode");
-            let want = model.forward(&[tok], &mut reference, Logits::All).expect("decode");
+            let want = oracle.decode(reference, tok);
             worst = worst.max(rel(&got, &want));
             continue;
         }
@@ -217,18 +222,16 @@ fn verify_walk(
         let drafts: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
         let got = dec.verify(slot, &drafts).expect("verify");
         assert_eq!(got.len(), t * vocab);
-        let mut probe = reference.clone();
-        for (s, &d) in drafts.iter().enumerate() {
-            let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
-            worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+        let probed = oracle.probe(reference, &drafts);
+        for s in 0..t {
+            let row = s * vocab..(s + 1) * vocab;
+            worst = worst.max(rel(&got[row.clone()], &probed[row]));
         }
         let accepted = rng.below(t + 1);
         dec.commit(slot, accepted).expect("commit");
         accepted_seen.push((accepted, t));
-        for &d in &drafts[..accepted] {
-            model.forward(&[d], &mut reference, Logits::All).expect("advance");
-        }
-        assert_eq!(dec.position(slot).expect("position"), reference.position);
+        oracle.commit(reference, &drafts[..accepted], &probed);
+        assert_eq!(dec.position(slot).expect("position"), oracle.position(reference));
     }
     (worst, accepted_seen)
 }
@@ -237,7 +240,7 @@ fn verify_walk(
 fn verify_and_commit_match_recurrent_decode() {
     let mut failures = Vec::new();
     for (i, dir) in fixtures().into_iter().enumerate() {
-        let (model, tokens, _) = load(&dir);
+        let (tokens, _) = tokens(&dir);
         // A short prompt, so that kv-only sequences verify from their ring before they compress.
         let prefill = 3;
         for form in [
@@ -246,7 +249,7 @@ fn verify_and_commit_match_recurrent_decode() {
             FormChoice::KvOnly,
             FormChoice::Auto,
         ] {
-            let (worst, accepted) = verify_walk(&model, &tokens, prefill, form, 17 + i as u64);
+            let (worst, accepted) = verify_walk(&dir, &tokens, prefill, form, 17 + i as u64);
             assert!(
                 accepted.iter().any(|&(a, _)| a == 0),
                 "the walk never rejects every draft"
@@ -270,7 +273,7 @@ fn verify_and_commit_match_recurrent_decode() {
 #[test]
 fn mixed_form_batch_equals_each_sequence_alone() {
     for dir in fixtures() {
-        let (model, tokens, _) = load(&dir);
+        let (tokens, _) = tokens(&dir);
         let forms = [
             FormChoice::Recurrent,
             FormChoice::Replay,
@@ -286,9 +289,9 @@ fn mixed_form_batch_equals_each_sequence_alone() {
         // Alone: each sequence in its own decoder, teacher-forced on the fixture's tokens, then greedy.
         let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
         for (form, &p) in forms.iter().zip(&prefills) {
-            let mut dec = Decoder::new(&model, config(1)).expect("decoder");
+            let mut dec = single(&dir, config(1));
             let slot = dec.start(*form).expect("slot");
-            let mut rows = vec![dec.prefill(slot, &tokens[..p], Logits::Last).expect("prefill")];
+            let mut rows = vec![dec.prefill(slot, &tokens[..p], Rows::Last).expect("prefill")];
             for i in 0..steps {
                 let next = tokens.get(p + i).copied().unwrap_or_else(|| argmax(&rows[i]));
                 rows.push(dec.decode(&[(slot, next)]).expect("decode"));
@@ -296,13 +299,13 @@ fn mixed_form_batch_equals_each_sequence_alone() {
             alone.push(rows);
         }
         // Together: one decoder, one batch per step.
-        let mut dec = Decoder::new(&model, config(forms.len())).expect("decoder");
+        let mut dec = single(&dir, config(forms.len()));
         let slots: Vec<usize> = forms.iter().map(|f| dec.start(*f).expect("slot")).collect();
-        let vocab = model.config().vocab_size;
+        let vocab = dec.model().config().vocab_size;
         let mut last: Vec<Vec<f32>> = slots
             .iter()
             .zip(&prefills)
-            .map(|(&s, &p)| dec.prefill(s, &tokens[..p], Logits::Last).expect("prefill"))
+            .map(|(&s, &p)| dec.prefill(s, &tokens[..p], Rows::Last).expect("prefill"))
             .collect();
         let mut kinds = std::collections::HashSet::new();
         for i in 0..steps {
@@ -344,27 +347,27 @@ fn random_events_over_mixed_slots_match_recurrent() {
     ];
     let mut failures = Vec::new();
     for (i, dir) in fixtures().into_iter().enumerate() {
-        let (model, tokens, _) = load(&dir);
-        let vocab = model.config().vocab_size;
+        let (tokens, _) = tokens(&dir);
         let config = DecoderConfig {
             buffer_len: 6,
             max_verify: 3,
             ..DecoderConfig::new(forms.len(), 200)
         };
-        let mut dec = Decoder::new(&model, config).expect("decoder");
+        let mut dec = single(&dir, config);
+        let vocab = dec.model().config().vocab_size;
+        let mut oracle = Oracle::new(&dir, forms.len(), 200);
         let mut rng = Rng(1000 + i as u64);
         let mut worst = 0.0f64;
         let mut slots = Vec::new();
-        let mut refs: Vec<SequenceState> = Vec::new();
+        let mut refs = Vec::new();
         for form in forms {
             let slot = dec.start(form).expect("slot");
             let p = 1 + rng.below(6);
-            let mut state = model.new_state();
-            let want = model.forward(&tokens[..p], &mut state, Logits::Last).expect("prefill");
-            let got = dec.prefill(slot, &tokens[..p], Logits::Last).expect("prefill");
+            let (reference, want) = oracle.start(&tokens[..p]);
+            let got = dec.prefill(slot, &tokens[..p], Rows::Last).expect("prefill");
             worst = worst.max(rel(&got, &want));
             slots.push(slot);
-            refs.push(state);
+            refs.push(reference);
         }
         let (mut decodes, mut verifies) = (0, 0);
         for _ in 0..40 {
@@ -376,7 +379,7 @@ fn random_events_over_mixed_slots_match_recurrent() {
                 let batch: Vec<(usize, u32)> = members.iter().map(|&k| (slots[k], rng.below(vocab) as u32)).collect();
                 let out = dec.decode(&batch).expect("batch decode");
                 for (row, (&k, &(_, tok))) in out.chunks_exact(vocab).zip(members.iter().zip(&batch)) {
-                    let want = model.forward(&[tok], &mut refs[k], Logits::All).expect("decode");
+                    let want = oracle.decode(refs[k], tok);
                     worst = worst.max(rel(row, &want));
                 }
                 decodes += 1;
@@ -385,21 +388,19 @@ fn random_events_over_mixed_slots_match_recurrent() {
                 let t = 1 + rng.below(3);
                 let drafts: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
                 let got = dec.verify(slots[k], &drafts).expect("verify");
-                let mut probe = refs[k].clone();
-                for (s, &d) in drafts.iter().enumerate() {
-                    let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
-                    worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                let probed = oracle.probe(refs[k], &drafts);
+                for s in 0..t {
+                    let row = s * vocab..(s + 1) * vocab;
+                    worst = worst.max(rel(&got[row.clone()], &probed[row]));
                 }
                 let accepted = rng.below(t + 1);
                 dec.commit(slots[k], accepted).expect("commit");
-                for &d in &drafts[..accepted] {
-                    model.forward(&[d], &mut refs[k], Logits::All).expect("advance");
-                }
+                oracle.commit(refs[k], &drafts[..accepted], &probed);
                 verifies += 1;
             }
         }
         for (k, &slot) in slots.iter().enumerate() {
-            assert_eq!(dec.position(slot).expect("position"), refs[k].position);
+            assert_eq!(dec.position(slot).expect("position"), oracle.position(refs[k]));
         }
         println!(
             "{:<18} random events: {decodes} batched decodes, {verifies} verifies, worst {worst:.2e}",
@@ -417,14 +418,14 @@ fn random_events_over_mixed_slots_match_recurrent() {
 const THRESHOLD: usize = 40;
 
 /// A one-slot decoder with the default ring length `L = 16` and the given threshold and verify window.
-fn threshold_decoder(model: &Model, threshold: Option<usize>, max_verify: usize, context: usize) -> Decoder<'_> {
+fn threshold_decoder(dir: &Path, threshold: Option<usize>, max_verify: usize, context: usize) -> Decoder {
     let config = DecoderConfig {
         max_verify,
         kv_only_threshold: threshold,
         ..DecoderConfig::new(1, context)
     };
     assert_eq!(config.buffer_len, 16, "the default buffer length");
-    Decoder::new(model, config).expect("decoder")
+    single(dir, config)
 }
 
 /// kv-only and auto keep no state (no checkpoint read or written, form `KvOnly`) while the context is below the
@@ -434,26 +435,25 @@ fn threshold_decoder(model: &Model, threshold: Option<usize>, max_verify: usize,
 fn kv_only_and_auto_stay_stateless_below_the_threshold() {
     let mut failures = Vec::new();
     for dir in fixtures() {
-        let (model, tokens, _) = load(&dir);
+        let (tokens, _) = tokens(&dir);
         let prefill = 3;
         let total = tokens.len().max(THRESHOLD + 12);
         // The recurrent reference, teacher-forced on the fixture's tokens and greedy after them.
-        let mut state = model.new_state();
-        let mut want = vec![model
-            .forward(&tokens[..prefill], &mut state, Logits::Last)
-            .expect("prefill")];
+        let mut oracle = Oracle::new(&dir, 1, total);
+        let (reference, first) = oracle.start(&tokens[..prefill]);
+        let mut want = vec![first];
         let mut all = tokens[..prefill].to_vec();
         for i in prefill..total {
             all.push(tokens.get(i).copied().unwrap_or_else(|| argmax(&want[i - prefill])));
-            want.push(model.forward(&all[i..=i], &mut state, Logits::All).expect("decode"));
+            want.push(oracle.decode(reference, all[i]));
         }
-        let default_threshold = rewind_engine::state::memory::kv_only_threshold(model.config());
+        let default_threshold = rewind_engine::state::memory::kv_only_threshold(oracle.dec.model().config());
         for (threshold, expect) in [(Some(THRESHOLD), THRESHOLD), (None, default_threshold)] {
             for form in [FormChoice::KvOnly, FormChoice::Auto] {
-                let mut dec = threshold_decoder(&model, threshold, 1, total);
+                let mut dec = threshold_decoder(&dir, threshold, 1, total);
                 assert_eq!(dec.kv_only_threshold(), expect);
                 let slot = dec.start(form).expect("slot");
-                let mut got = vec![dec.prefill(slot, &all[..prefill], Logits::Last).expect("prefill")];
+                let mut got = vec![dec.prefill(slot, &all[..prefill], Rows::Last).expect("prefill")];
                 let mut switched_at = None;
                 for (i, &tok) in all.iter().enumerate().skip(prefill) {
                     got.push(dec.decode(&[(slot, tok)]).expect("decode"));
@@ -505,25 +505,25 @@ fn a_verify_window_crossing_the_threshold_stays_kv_only() {
     const T: usize = 4;
     let mut failures = Vec::new();
     for dir in fixtures() {
-        let (model, tokens, _) = load(&dir);
-        let vocab = model.config().vocab_size;
+        let (tokens, _) = tokens(&dir);
         let prefill = 3;
         for form in [FormChoice::KvOnly, FormChoice::Auto] {
             for accepted in [T, 2, 1, 0] {
-                let mut dec = threshold_decoder(&model, Some(THRESHOLD), T, THRESHOLD + 4 * T);
+                // Room for the walk: at most THRESHOLD + 2 + 6 decodes + 3 whole windows, and the last window.
+                let context = THRESHOLD + 6 * T;
+                let mut dec = threshold_decoder(&dir, Some(THRESHOLD), T, context);
+                let vocab = dec.model().config().vocab_size;
                 let slot = dec.start(form).expect("slot");
-                let mut reference: SequenceState = model.new_state();
-                let got = dec.prefill(slot, &tokens[..prefill], Logits::Last).expect("prefill");
-                let want = model
-                    .forward(&tokens[..prefill], &mut reference, Logits::Last)
-                    .expect("prefill");
+                let mut oracle = Oracle::new(&dir, 1, context);
+                let got = dec.prefill(slot, &tokens[..prefill], Rows::Last).expect("prefill");
+                let (reference, want) = oracle.start(&tokens[..prefill]);
                 let mut worst = rel(&got, &want);
                 let mut rng = Rng(7 + accepted as u64);
                 // Plain decodes up to two tokens below the threshold.
                 while dec.position(slot).expect("position") < THRESHOLD - 2 {
                     let tok = rng.below(vocab) as u32;
                     let got = dec.decode(&[(slot, tok)]).expect("decode");
-                    let want = model.forward(&[tok], &mut reference, Logits::All).expect("decode");
+                    let want = oracle.decode(reference, tok);
                     worst = worst.max(rel(&got, &want));
                 }
                 assert_eq!(dec.form(slot).expect("form"), DecodeForm::KvOnly);
@@ -537,15 +537,13 @@ fn a_verify_window_crossing_the_threshold_stays_kv_only() {
                     "{} {form}: the crossing verify keeps no state",
                     name(&dir)
                 );
-                let mut probe = reference.clone();
-                for (s, &d) in drafts.iter().enumerate() {
-                    let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
-                    worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                let probed = oracle.probe(reference, &drafts);
+                for s in 0..T {
+                    let row = s * vocab..(s + 1) * vocab;
+                    worst = worst.max(rel(&got[row.clone()], &probed[row]));
                 }
                 dec.commit(slot, accepted).expect("commit");
-                for &d in &drafts[..accepted] {
-                    model.forward(&[d], &mut reference, Logits::All).expect("advance");
-                }
+                oracle.commit(reference, &drafts[..accepted], &probed);
                 let context = THRESHOLD - 2 + accepted;
                 assert_eq!(dec.pools().counters().ring_len()[slot] as usize, context);
                 // Steps until a few past the switch: kv-only exactly while the committed context is below it.
@@ -553,7 +551,7 @@ fn a_verify_window_crossing_the_threshold_stays_kv_only() {
                     let before = dec.position(slot).expect("position");
                     let tok = rng.below(vocab) as u32;
                     let got = dec.decode(&[(slot, tok)]).expect("decode");
-                    let want = model.forward(&[tok], &mut reference, Logits::All).expect("decode");
+                    let want = oracle.decode(reference, tok);
                     worst = worst.max(rel(&got, &want));
                     let (f, tr) = (dec.form(slot).expect("form"), dec.last_traffic());
                     if before < THRESHOLD {
@@ -567,19 +565,17 @@ fn a_verify_window_crossing_the_threshold_stays_kv_only() {
                 for _ in 0..3 {
                     let drafts: Vec<u32> = (0..T).map(|_| rng.below(vocab) as u32).collect();
                     let got = dec.verify(slot, &drafts).expect("verify");
-                    let mut probe = reference.clone();
-                    for (s, &d) in drafts.iter().enumerate() {
-                        let want = model.forward(&[d], &mut probe, Logits::All).expect("probe");
-                        worst = worst.max(rel(&got[s * vocab..(s + 1) * vocab], &want));
+                    let probed = oracle.probe(reference, &drafts);
+                    for s in 0..T {
+                        let row = s * vocab..(s + 1) * vocab;
+                        worst = worst.max(rel(&got[row.clone()], &probed[row]));
                     }
                     let a = rng.below(T + 1);
                     dec.commit(slot, a).expect("commit");
-                    for &d in &drafts[..a] {
-                        model.forward(&[d], &mut reference, Logits::All).expect("advance");
-                    }
+                    oracle.commit(reference, &drafts[..a], &probed);
                 }
                 assert_eq!(dec.form(slot).expect("form"), DecodeForm::Replay);
-                assert_eq!(dec.position(slot).expect("position"), reference.position);
+                assert_eq!(dec.position(slot).expect("position"), oracle.position(reference));
                 println!(
                     "{:<18} crossing verify {form:<9} accepted {accepted} worst {worst:.2e}",
                     name(&dir)

@@ -1,26 +1,19 @@
 //! Parity with the transformers reference implementation: every fixture under `tests/fixtures/` (written by
-//! `scripts/reference/make_fixtures.py`) is loaded by rewind and its logits compared position by position, for the
-//! prefill path (one pass over the first `prefill_len` tokens) and the decode path (one token at a time after it).
+//! `scripts/reference/make_fixtures.py`) is loaded by rewind as one rank under a recurrent-form decoder and its logits
+//! compared position by position, for the prefill path (one pass over the first `prefill_len` tokens, every row), the
+//! decode path (one token at a time after it), the full pass (one prefill of every token) and a prompt in two chunks
+//! (the second one at a position > 0, in the recurrent, replay and kv-only forms).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use rewind_engine::model::{Logits, Model};
+use rewind_engine::decode::{DecoderConfig, FormChoice};
+use rewind_engine::model::ModelConfig;
+use rewind_engine::rank::Rows;
+use rewind_tests::{fixtures, name, reference, single, tokens};
 use serde_json::Value;
 
 /// max |Δlogit| / max |logit| allowed at every position.
 const TOLERANCE: f64 = 1e-3;
-
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", root.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("reference.json").is_file())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no fixtures under {}", root.display());
-    dirs
-}
 
 fn rows(v: &Value, key: &str) -> Vec<Vec<f64>> {
     v[key]
@@ -47,56 +40,84 @@ fn rel_error(got: &[f32], want: &[f64]) -> f64 {
     max_diff / max_ref.max(1e-12)
 }
 
-/// Returns (worst prefill error, worst decode error, worst full-pass error).
-fn check(dir: &Path) -> (f64, f64, f64) {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("read reference"))
-            .expect("json");
-    let tokens: Vec<u32> = reference["tokens"]
-        .as_array()
-        .expect("tokens")
-        .iter()
-        .map(|t| t.as_u64().expect("id") as u32)
-        .collect();
-    let prefill = reference["prefill_len"].as_u64().expect("prefill_len") as usize;
-    let want = rows(&reference, "logits");
-    let model = Model::from_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let vocab = model.config().vocab_size;
-
-    let mut state = model.new_state();
-    let mut got: Vec<Vec<f32>> = model
-        .forward(&tokens[..prefill], &mut state, Logits::All)
-        .expect("prefill")
-        .chunks(vocab)
-        .map(<[f32]>::to_vec)
-        .collect();
-    for &t in &tokens[prefill..] {
-        got.push(model.forward(&[t], &mut state, Logits::All).expect("decode"));
-    }
-    let errors: Vec<f64> = got.iter().zip(&want).map(|(g, w)| rel_error(g, w)).collect();
-    let pre = errors[..prefill].iter().cloned().fold(0.0, f64::max);
-    let dec = errors[prefill..].iter().cloned().fold(0.0, f64::max);
-
-    let mut full_state = model.new_state();
-    let full = model.forward(&tokens, &mut full_state, Logits::All).expect("full pass");
-    let full_want = rows(&reference, "full_logits");
-    let full_err = full
-        .chunks(vocab)
-        .zip(&full_want)
+/// The worst error of logit rows `got` (`[rows, vocab]`) against `want`, which must have as many rows.
+fn worst(got: &[f32], want: &[Vec<f64>], vocab: usize) -> f64 {
+    assert_eq!(got.len(), want.len() * vocab, "row count differs");
+    got.chunks_exact(vocab)
+        .zip(want)
         .map(|(g, w)| rel_error(g, w))
-        .fold(0.0, f64::max);
-    (pre, dec, full_err)
+        .fold(0.0, f64::max)
+}
+
+/// The fixture's tokens in one sequence of `form`: the prompt as `chunks` (lengths summing to the prefill), every row
+/// reported, then one decode per later token. Returns every position's logits `[tokens, vocab]`.
+fn run(dir: &Path, form: FormChoice, chunks: &[usize]) -> Vec<f32> {
+    let (tokens, prefill) = tokens(dir);
+    assert_eq!(chunks.iter().sum::<usize>(), prefill);
+    let mut dec = single(dir, DecoderConfig::new(1, tokens.len()));
+    let slot = dec.start(form).expect("slot");
+    let mut got = Vec::new();
+    let mut at = 0;
+    for &n in chunks {
+        got.extend(dec.prefill(slot, &tokens[at..at + n], Rows::All).expect("prefill"));
+        at += n;
+        assert_eq!(dec.position(slot).expect("position"), at);
+    }
+    for &t in &tokens[prefill..] {
+        got.extend(dec.decode(&[(slot, t)]).expect("decode"));
+    }
+    got
+}
+
+/// Returns (worst prefill error, worst decode error, worst full-pass error, worst two-chunk error over the forms).
+fn check(dir: &Path) -> (f64, f64, f64, f64) {
+    let reference = reference(dir);
+    let (tokens, prefill) = tokens(dir);
+    let want = rows(&reference, "logits");
+    assert_eq!(want.len(), tokens.len(), "one reference row per token");
+    let vocab = ModelConfig::from_dir(dir).expect("config").vocab_size;
+
+    let got = run(dir, FormChoice::Recurrent, &[prefill]);
+    let pre = worst(&got[..prefill * vocab], &want[..prefill], vocab);
+    let dec = worst(&got[prefill * vocab..], &want[prefill..], vocab);
+
+    let mut full_dec = single(dir, DecoderConfig::new(1, tokens.len()));
+    let slot = full_dec.start(FormChoice::Recurrent).expect("slot");
+    let full = full_dec.prefill(slot, &tokens, Rows::All).expect("full pass");
+    let full_err = worst(&full, &rows(&reference, "full_logits"), vocab);
+
+    // The prompt in two chunks: positions `..cut`, then `cut..prefill` at position `cut`.
+    assert!(
+        prefill >= 2,
+        "{}: a prompt of {prefill} token cannot be split",
+        name(dir)
+    );
+    let cut = prefill / 2;
+    let mut chunked = 0.0f64;
+    for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+        let got = run(dir, form, &[cut, prefill - cut]);
+        let e = worst(&got, &want, vocab);
+        println!(
+            "{:<20} two chunks ({cut} + {}) {form:<9} {e:.2e}",
+            name(dir),
+            prefill - cut
+        );
+        chunked = chunked.max(e);
+    }
+    (pre, dec, full_err, chunked)
 }
 
 #[test]
 fn logits_match_transformers() {
     let mut failures = Vec::new();
     for dir in fixtures() {
-        let name = dir.file_name().expect("name").to_string_lossy().to_string();
-        let (pre, dec, full) = check(&dir);
-        println!("{name:<20} prefill {pre:.2e}  decode {dec:.2e}  full-pass {full:.2e}");
-        if pre > TOLERANCE || dec > TOLERANCE || full > TOLERANCE {
-            failures.push(format!("{name}: prefill {pre:.2e}, decode {dec:.2e}, full {full:.2e}"));
+        let name = name(&dir);
+        let (pre, dec, full, chunked) = check(&dir);
+        println!("{name:<20} prefill {pre:.2e}  decode {dec:.2e}  full-pass {full:.2e}  two chunks {chunked:.2e}");
+        if pre > TOLERANCE || dec > TOLERANCE || full > TOLERANCE || chunked > TOLERANCE {
+            failures.push(format!(
+                "{name}: prefill {pre:.2e}, decode {dec:.2e}, full {full:.2e}, two chunks {chunked:.2e}"
+            ));
         }
     }
     assert!(failures.is_empty(), "parity above {TOLERANCE}: {failures:#?}");

@@ -89,8 +89,13 @@ fn prefill(loaded: &mut Loaded, prompt: &[u32], token_by_token: bool) -> Result<
 
 /// Greedy decode tokens per second of a batch of `b` sequences (each its own 16-token prompt), `steps` timed steps
 /// after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
-fn decode_rate(group: &mut RankGroup, form: rewind_engine::decode::FormChoice, b: usize, steps: usize, seed: u64)
-    -> Result<f64> {
+fn decode_rate(
+    group: &mut RankGroup,
+    form: rewind_engine::decode::FormChoice,
+    b: usize,
+    steps: usize,
+    seed: u64,
+) -> Result<f64> {
     let vocab = group.vocab_size();
     let mut seqs = Vec::with_capacity(b);
     for i in 0..b {
@@ -159,7 +164,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     let device = args.device.device()?;
     let cpu = device == Device::Cpu;
-    let batches = args.batch.clone().unwrap_or_else(|| if cpu { vec![1] } else { vec![1, 64] });
+    let batches = args
+        .batch
+        .clone()
+        .unwrap_or_else(|| if cpu { vec![1] } else { vec![1, 64] });
     anyhow::ensure!(batches.iter().all(|&b| b > 0), "--batch sizes must be positive");
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     let limit = config.max_position_embeddings;
@@ -219,7 +227,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|rep| decode_rate(&mut loaded.group, loaded.form, b, args.decode_tokens, 7919 * rep as u64))
             .collect::<Result<Vec<f64>>>()?;
         let m = median(rates.clone());
-        eprintln!("decode batch {b}: {m:.1} tok/s median ({:.2} ms per step)", 1e3 * b as f64 / m);
+        eprintln!(
+            "decode batch {b}: {m:.1} tok/s median ({:.2} ms per step)",
+            1e3 * b as f64 / m
+        );
         rows.push(json!({
             "batch": b,
             "decode_tok_per_s": rates,
@@ -254,7 +265,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     });
     if cpu {
         let s = median(stepwise.clone());
-        println!("| prefill, token by token | {:.3} s ({:.0} tok/s) |", s, prompt.len() as f64 / s);
+        println!(
+            "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
+            s,
+            prompt.len() as f64 / s
+        );
         println!("| chunked speed-up | {:.1}× |", s / c);
         println!("| last-logit difference chunked vs token-by-token | {max_rel_diff:.2e} (relative L2) |");
         result["prefill_token_by_token_s"] = json!(stepwise);

@@ -1,12 +1,16 @@
-//! Decoder unit tests on tiny random checkpoints: errors for bad input, commits as pointer moves, and the traffic
-//! each form reports. Model-level equivalence of the forms is in `tests/tests/decode_forms.rs`.
+//! Decoder unit tests on tiny random checkpoints: errors for bad input, commits as pointer moves, the traffic each
+//! form reports, prompt chunks at a position > 0, and slot snapshot / restore. Model-level equivalence of the forms is
+//! in `tests/tests/decode_forms.rs`.
+
+use std::path::Path;
 
 use super::*;
 use crate::init::{init_model, InitOptions};
 use crate::model::Family;
 use crate::state::PoolError;
 
-fn tiny(family: Family) -> (tempfile::TempDir, Model) {
+/// A tiny random checkpoint of `family` in a temporary directory.
+fn tiny(family: Family) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     init_model(&InitOptions {
         family,
@@ -17,8 +21,12 @@ fn tiny(family: Family) -> (tempfile::TempDir, Model) {
         dtype: None,
     })
     .expect("init-model");
-    let model = Model::from_dir(dir.path()).expect("load");
-    (dir, model)
+    dir
+}
+
+/// A decoder of the checkpoint in `dir`, loaded afresh as one rank (a decoder owns its model).
+fn decoder(dir: &Path, cfg: DecoderConfig) -> Result<Decoder> {
+    Decoder::single(ShardedModel::from_dir(dir, 1, 0).expect("load"), cfg)
 }
 
 fn config(buffer_len: usize, max_verify: usize) -> DecoderConfig {
@@ -36,62 +44,84 @@ fn invalid(r: Result<impl std::fmt::Debug>, needle: &str) {
     }
 }
 
+/// `max |got − want| / max |want|`.
+fn rel(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "row lengths differ");
+    let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    got.iter().zip(want).fold(0.0f32, |m, (g, w)| m.max((g - w).abs())) / max.max(1e-12)
+}
+
 #[test]
 fn form_names_and_bad_configs() {
     for c in FormChoice::ALL {
         assert_eq!(c.name().parse::<FormChoice>().expect("parse"), c);
     }
     invalid("fast".parse::<FormChoice>(), "unknown decode form `fast`");
-    let (_dir, model) = tiny(Family::NemotronH);
-    invalid(Decoder::new(&model, config(1, 1)), "at least 2");
-    invalid(Decoder::new(&model, config(5, 3)), "needs L ≥ 2T");
-    invalid(Decoder::new(&model, config(4, 0)), "at least 1 token");
-    Decoder::new(&model, config(2, 1)).expect("the smallest ring");
+    let dir = tiny(Family::NemotronH);
+    invalid(decoder(dir.path(), config(1, 1)), "at least 2");
+    invalid(decoder(dir.path(), config(5, 3)), "needs L ≥ 2T");
+    invalid(decoder(dir.path(), config(4, 0)), "at least 1 token");
+    decoder(dir.path(), config(2, 1)).expect("the smallest ring");
 }
 
 #[test]
 fn bad_slots_tokens_and_commits_are_errors() {
-    let (_dir, model) = tiny(Family::NemotronH);
-    let vocab = model.config().vocab_size as u32;
-    let mut dec = Decoder::new(&model, config(8, 2)).expect("decoder");
+    let dir = tiny(Family::NemotronH);
+    let mut dec = decoder(dir.path(), config(8, 2)).expect("decoder");
+    let vocab = dec.model().config().vocab_size as u32;
     assert!(matches!(
         dec.decode(&[(1, 3)]),
         Err(EngineError::Pool(PoolError::NotAllocated { slot: 1 }))
     ));
     invalid(dec.decode(&[(99, 3)]), "out of range");
-    invalid(dec.decode(&[]), "empty decode batch");
+    invalid(dec.decode(&[]), "empty step");
     let a = dec.start(FormChoice::Replay).expect("slot");
     let b = dec.start(FormChoice::KvOnly).expect("slot");
     invalid(dec.decode(&[(a, vocab)]), "out of range");
-    invalid(dec.decode(&[(a, 1), (a, 2)]), "appears twice");
-    invalid(dec.prefill(a, &[], Logits::Last), "no tokens");
-    dec.prefill(a, &[1, 2, 3], Logits::Last).expect("prefill");
-    invalid(dec.prefill(a, &[4], Logits::Last), "already holds 3 tokens");
+    invalid(dec.decode(&[(a, 1), (a, 2)]), "appears twice in one step");
+    invalid(dec.prefill(a, &[], Rows::Last), "no tokens");
+    invalid(dec.prefill(a, &[1, vocab], Rows::Last), "out of range");
+    dec.prefill(a, &[1, 2, 3], Rows::Last).expect("prefill");
+    // A later prompt chunk continues the sequence.
+    assert_eq!(
+        dec.prefill(a, &[4], Rows::None).expect("a second chunk"),
+        Vec::<f32>::new()
+    );
+    assert_eq!(dec.position(a).expect("position"), 4);
+    invalid(
+        dec.prefill(a, &vec![1; 61], Rows::Last),
+        "beyond the decoder's context of 64",
+    );
     invalid(dec.verify(a, &[]), "1 to 2 tokens");
     invalid(dec.verify(a, &[1, 2, 3]), "1 to 2 tokens");
     invalid(dec.commit(a, 0), "no verify to commit");
     dec.verify(a, &[5, 6]).expect("verify");
     invalid(dec.decode(&[(b, 1), (a, 2)]), "awaiting commit");
     invalid(dec.verify(a, &[5]), "awaiting commit");
+    invalid(dec.prefill(a, &[5], Rows::Last), "awaiting commit");
+    invalid(dec.snapshot(a), "awaiting commit");
     invalid(dec.commit(a, 3), "cannot accept 3 of 2");
     dec.commit(a, 1).expect("commit");
-    assert_eq!(dec.position(a).expect("position"), 4);
+    assert_eq!(dec.position(a).expect("position"), 5);
     dec.decode(&[(b, 1), (a, 2)]).expect("a mixed batch");
+    let snap = dec.snapshot(a).expect("snapshot");
+    invalid(dec.restore(b, &snap), "already in use");
     dec.release(b).expect("release");
     assert!(matches!(
         dec.release(b),
         Err(EngineError::Pool(PoolError::DoubleFree { .. }))
     ));
     invalid(dec.decode(&[(b, 1)]), "not allocated");
+    invalid(dec.snapshot(b), "not allocated");
 }
 
 #[test]
 fn commit_moves_pointers_only() {
     for family in [Family::NemotronH, Family::Qwen35] {
-        let (_dir, model) = tiny(family);
-        let mut dec = Decoder::new(&model, config(8, 3)).expect("decoder");
+        let dir = tiny(family);
+        let mut dec = decoder(dir.path(), config(8, 3)).expect("decoder");
         let slot = dec.start(FormChoice::Replay).expect("slot");
-        dec.prefill(slot, &[3, 1, 4, 1, 5], Logits::Last).expect("prefill");
+        dec.prefill(slot, &[3, 1, 4, 1, 5], Rows::Last).expect("prefill");
         dec.decode(&[(slot, 9)]).expect("decode");
         let c = dec.pools().counters();
         let before = (c.ring_len()[slot], c.conv_head()[slot], c.kv_len()[slot]);
@@ -129,19 +159,19 @@ fn commit_moves_pointers_only() {
 
 #[test]
 fn traffic_follows_the_form() {
-    let (_dir, model) = tiny(Family::NemotronH);
+    let dir = tiny(Family::NemotronH);
     let threshold = 4;
     let cfg = DecoderConfig {
         kv_only_threshold: Some(threshold),
         ..config(4, 1)
     };
-    let mut dec = Decoder::new(&model, cfg).expect("decoder");
+    let mut dec = decoder(dir.path(), cfg).expect("decoder");
     assert_eq!(dec.kv_only_threshold(), threshold);
     let rec = dec.start(FormChoice::Recurrent).expect("slot");
     let rep = dec.start(FormChoice::Replay).expect("slot");
     let kv = dec.start(FormChoice::KvOnly).expect("slot");
     for s in [rec, rep, kv] {
-        dec.prefill(s, &[7, 8], Logits::Last).expect("prefill");
+        dec.prefill(s, &[7, 8], Rows::Last).expect("prefill");
     }
     let mut flushed = 0;
     for step in 0..6 {
@@ -190,4 +220,128 @@ fn traffic_follows_the_form() {
     }
     assert!(flushed > 0, "L = 4 must flush within six steps");
     assert_eq!(dec.form_choice(kv).expect("choice"), FormChoice::KvOnly);
+}
+
+const PROMPT: [u32; 9] = [3, 1, 4, 1, 5, 9, 2, 6, 5];
+
+/// A prompt in two chunks (5 then 4 tokens, the second at position 5) gives the last logits of one 9-token prefill,
+/// in every form; so does a chunk after a decode step (a replay or kv-only ring holding an entry is folded first).
+/// A kv-only sequence whose first chunk stays below the threshold compresses into replay at the second.
+#[test]
+fn a_prompt_in_chunks_equals_one_prefill() {
+    for family in [Family::NemotronH, Family::Qwen35] {
+        let dir = tiny(family);
+        for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+            let mut dec = decoder(dir.path(), config(8, 1)).expect("decoder");
+            assert!(
+                dec.kv_only_threshold() > 5,
+                "{family:?}: the first chunk must stay kv-only"
+            );
+            let whole = dec.start(form).expect("slot");
+            let want = dec.prefill(whole, &PROMPT, Rows::Last).expect("one prefill");
+            let all = dec.prefill(whole, &[7], Rows::All).expect("a one-token chunk");
+
+            let chunks = dec.start(form).expect("slot");
+            assert!(dec
+                .prefill(chunks, &PROMPT[..5], Rows::None)
+                .expect("chunk 1")
+                .is_empty());
+            if form == FormChoice::KvOnly {
+                assert_eq!(dec.form(chunks).expect("form"), DecodeForm::KvOnly);
+            }
+            let rows = dec.prefill(chunks, &PROMPT[5..], Rows::All).expect("chunk 2");
+            let vocab = want.len();
+            assert_eq!(rows.len(), 4 * vocab, "Rows::All of a later chunk: one row per token");
+            assert_eq!(dec.position(chunks).expect("position"), 9);
+            if form == FormChoice::KvOnly {
+                assert_eq!(
+                    dec.form(chunks).expect("form"),
+                    DecodeForm::Replay,
+                    "{family:?}: a later chunk compresses a kv-only sequence"
+                );
+            }
+            let e = rel(&rows[3 * vocab..], &want);
+            assert!(e < 1e-4, "{family:?} {form}: two chunks vs one prefill: {e:e}");
+            let after = dec.prefill(chunks, &[7], Rows::All).expect("a third chunk");
+            let e = rel(&after, &all);
+            assert!(e < 1e-4, "{family:?} {form}: a third chunk: {e:e}");
+            dec.release(chunks).expect("release");
+
+            // A chunk after a decode step.
+            let mixed = dec.start(form).expect("slot");
+            dec.prefill(mixed, &PROMPT[..5], Rows::Last).expect("chunk 1");
+            dec.decode(&[(mixed, PROMPT[5])]).expect("decode");
+            let ring = dec.pools().counters().ring_len()[mixed];
+            if form != FormChoice::Recurrent {
+                assert!(ring > 0, "{family:?} {form}: the decode left a ring entry");
+            }
+            let got = dec
+                .prefill(mixed, &PROMPT[6..], Rows::Last)
+                .expect("chunk after decode");
+            assert_eq!(
+                dec.pools().counters().ring_len()[mixed],
+                0,
+                "{family:?} {form}: ring folded"
+            );
+            let e = rel(&got, &want);
+            assert!(
+                e < 1e-4,
+                "{family:?} {form}: prefill, decode, prefill vs one prefill: {e:e}"
+            );
+        }
+    }
+}
+
+/// A slot's snapshot restored into another free slot continues exactly as the original: decodes, a verify and its
+/// commit give the same logits, in every form (a kv-only sequence both before and after it compresses).
+#[test]
+fn snapshot_restore_continues_identically() {
+    for family in [Family::NemotronH, Family::Qwen35] {
+        let dir = tiny(family);
+        let cfg = DecoderConfig {
+            kv_only_threshold: Some(8),
+            ..config(4, 2)
+        };
+        for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+            for decodes in [0, 3, 6] {
+                let label = format!("{family:?} {form} after {decodes} decodes");
+                let mut dec = decoder(dir.path(), cfg.clone()).expect("decoder");
+                // Take slot 0 and free it, so the original and its copy sit at other rows of the pools.
+                let first = dec.start(form).expect("slot");
+                let a = dec.start(form).expect("slot");
+                dec.release(first).expect("release");
+                dec.prefill(a, &PROMPT[..5], Rows::Last).expect("prefill");
+                for k in 0..decodes {
+                    dec.decode(&[(a, PROMPT[k % 9])]).expect("decode");
+                }
+                let snap = dec.snapshot(a).expect("snapshot");
+                assert_eq!(snap.position, 5 + decodes, "{label}");
+                let b = 2;
+                dec.restore(b, &snap).expect("restore");
+                assert_eq!(dec.position(b).expect("position"), dec.position(a).expect("position"));
+                assert_eq!(dec.form(b).expect("form"), dec.form(a).expect("form"), "{label}");
+                assert_eq!(dec.form_choice(b).expect("choice"), form);
+                let c = dec.pools().counters();
+                assert_eq!(c.ring_len()[b], c.ring_len()[a], "{label}");
+                for step in 0..4u32 {
+                    let tok = 10 + step;
+                    let x = dec.decode(&[(a, tok)]).expect("decode original");
+                    let y = dec.decode(&[(b, tok)]).expect("decode copy");
+                    assert_eq!(x, y, "{label}: decode {step}");
+                    assert_eq!(dec.form(b).expect("form"), dec.form(a).expect("form"), "{label}");
+                }
+                let x = dec.verify(a, &[20, 21]).expect("verify original");
+                let y = dec.verify(b, &[20, 21]).expect("verify copy");
+                assert_eq!(x, y, "{label}: verify");
+                dec.commit(a, 1).expect("commit");
+                dec.commit(b, 1).expect("commit");
+                let x = dec.decode(&[(a, 22)]).expect("decode original");
+                let y = dec.decode(&[(b, 22)]).expect("decode copy");
+                assert_eq!(x, y, "{label}: decode after the commit");
+                // The original slot is untouched by the copy and can go first.
+                dec.release(a).expect("release");
+                dec.decode(&[(b, 23)]).expect("the copy outlives the original");
+            }
+        }
+    }
 }

@@ -227,12 +227,14 @@ mod tests {
         let a = summarise_row(&[1.0, 2.0], 0);
         let b = summarise_row(&[f32::NAN, 0.0], 2);
         assert!(merge_rows(&[a, b]).max_logit.is_nan());
-        assert!(join_slices(&[&[0.0; 4]], &[0..3], 2, 3).is_err(), "wrong length");
+        let whole: [Range<usize>; 1] = [Range { start: 0, end: 3 }];
+        assert!(join_slices(&[&[0.0; 4]], &whole, 2, 3).is_err(), "wrong length");
         assert!(
             join_slices(&[&[0.0; 2], &[0.0; 2]], &[0..1, 2..3], 2, 3).is_err(),
             "gap"
         );
-        assert!(join_slices(&[&[0.0; 2]], &[0..1], 2, 3).is_err(), "short");
+        let short: [Range<usize>; 1] = [Range { start: 0, end: 1 }];
+        assert!(join_slices(&[&[0.0; 2]], &short, 2, 3).is_err(), "short");
         let gpu = RowSummary { log_sum_exp: None, ..a };
         assert_eq!(merge_rows(&[gpu, b]).log_sum_exp, None);
     }

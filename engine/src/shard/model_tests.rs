@@ -1,14 +1,22 @@
-//! Sharded forward vs single-rank forward on random in-memory checkpoints that the fixtures do not cover: projection,
-//! conv and MLP biases (row-parallel biases added once), and the fused expert layouts (`experts.up_proj`,
-//! `experts.gate_up_proj`, `experts.down_proj`); and vocabulary summaries against the single-rank logits.
+//! Tensor-parallel decoders vs the single-rank recurrent decoder on random in-memory checkpoints that the fixtures do
+//! not cover: projection, conv and MLP biases (row-parallel biases added once), and the fused expert layouts
+//! (`experts.up_proj`, `experts.gate_up_proj`, `experts.down_proj`). Every rank loads its shard from the whole
+//! checkpoint (taking every tensor) and runs a replay decoder on its own thread; the ranks' joined vocabulary slices
+//! and their merged summaries match the TP = 1 logits.
+
+use std::ops::Range;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{summarise, LocalComm, RankPlan, ShardedModel, VocabSummary};
+use super::{LocalComm, RankPlan, ShardedModel};
+use crate::decode::{Decoder, DecoderConfig, FormChoice};
 use crate::init::plan_tensors;
 use crate::model::mixers::ffn::tests::{random, MapSource};
-use crate::model::{Family, Logits, Model, ModelConfig};
+use crate::model::{Family, ModelConfig};
 use crate::presets::preset_config;
+use crate::rank::vocab::{join_slices, merge_rows, summarise_row};
+use crate::rank::Rows;
 
 /// One expert's projection: (expert, gate-before-up order, shape, data).
 type ExpertPart = (usize, usize, Vec<usize>, Vec<f32>);
@@ -78,20 +86,39 @@ fn checkpoint(config: &ModelConfig, fused: bool) -> MapSource {
     src
 }
 
-const TOKENS: [u32; 9] = [5, 17, 3, 42, 8, 29, 11, 60, 2];
+const TOKENS: [u32; 12] = [5, 17, 3, 42, 8, 29, 11, 60, 2, 33, 14, 7];
+/// Prompt tokens; the rest are decoded, verified and committed.
+const PROMPT: usize = 6;
+/// Drafts of the one verify, and how many of them are accepted.
+const DRAFTS: usize = 2;
+const ACCEPTED: usize = 1;
 
-/// Logits per position: a prefill of 6 tokens, then 3 decode steps.
-fn run(forward: &mut dyn FnMut(&[u32], Logits) -> Vec<f32>, vocab: usize) -> Vec<Vec<f32>> {
-    let tokens = TOKENS;
-    let mut rows: Vec<Vec<f32>> = forward(&tokens[..6], Logits::All)
-        .chunks(vocab)
-        .map(<[f32]>::to_vec)
-        .collect();
-    for &t in &tokens[6..] {
-        rows.push(forward(&[t], Logits::Last));
+/// The decoder sizes every rank runs with: a ring of 4 with verify windows of 2, so that the third decode flushes.
+fn decoder_config() -> DecoderConfig {
+    DecoderConfig {
+        buffer_len: 4,
+        max_verify: DRAFTS,
+        ..DecoderConfig::new(1, 32)
     }
-    rows
 }
+
+/// One sequence in `form`: a prefill of `PROMPT` tokens (every row), 3 decodes, a verify of `DRAFTS` tokens of which
+/// `ACCEPTED` are committed, and one decode. Returns the rank's logit rows `[rows, slice]` in that order (12 rows).
+fn run(dec: &mut Decoder, form: FormChoice) -> Vec<f32> {
+    let slot = dec.start(form).expect("slot");
+    let mut out = dec.prefill(slot, &TOKENS[..PROMPT], Rows::All).expect("prefill");
+    for &t in &TOKENS[PROMPT..PROMPT + 3] {
+        out.extend(dec.decode(&[(slot, t)]).expect("decode"));
+    }
+    let drafts = &TOKENS[PROMPT + 3..PROMPT + 3 + DRAFTS];
+    out.extend(dec.verify(slot, drafts).expect("verify"));
+    dec.commit(slot, ACCEPTED).expect("commit");
+    out.extend(dec.decode(&[(slot, TOKENS[PROMPT + 3 + DRAFTS])]).expect("decode"));
+    assert_eq!(dec.position(slot).expect("position"), PROMPT + 3 + ACCEPTED + 1);
+    out
+}
+
+const ROWS: usize = PROMPT + 3 + DRAFTS + 1;
 
 fn rel(got: &[f32], want: &[f32]) -> f32 {
     let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -101,12 +128,21 @@ fn rel(got: &[f32], want: &[f32]) -> f32 {
 fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
     let config = ModelConfig::from_json(json).expect("config");
     let vocab = config.vocab_size;
-    let model = Model::load(config.clone(), &mut checkpoint(&config, fused)).expect("load");
-    let mut state = model.new_state();
-    let want = run(&mut |t, w| model.forward(t, &mut state, w).expect("forward"), vocab);
+    // The oracle: the whole model as one rank, in the recurrent form.
+    let mut src = checkpoint(&config, fused);
+    let single = ShardedModel::load(config.clone(), 1, 0, &mut src).expect("load");
+    src.assert_all_taken();
+    assert_eq!(
+        single.plan().vocab,
+        0..vocab,
+        "{label}: one rank holds the whole vocabulary"
+    );
+    let mut dec = Decoder::single(single, decoder_config()).expect("decoder");
+    let want = run(&mut dec, FormChoice::Recurrent);
+    assert_eq!(want.len(), ROWS * vocab);
     for &tp in tps {
         RankPlan::new(&config, tp, 0, &|_| false).unwrap_or_else(|e| panic!("{label} tp {tp}: {e}"));
-        let got: Vec<(Vec<Vec<f32>>, Vec<VocabSummary>)> = std::thread::scope(|s| {
+        let got: Vec<(Range<usize>, Vec<f32>)> = std::thread::scope(|s| {
             let handles: Vec<_> = LocalComm::group(tp)
                 .into_iter()
                 .enumerate()
@@ -116,36 +152,42 @@ fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
                         let mut src = checkpoint(&config, fused);
                         let m = ShardedModel::load(config, tp, rank, &mut src).expect("sharded load");
                         src.assert_all_taken();
-                        let mut st = m.new_state();
-                        let logits = run(&mut |t, w| m.forward(t, &mut st, w, &comm).expect("forward"), vocab);
-                        let mut st = m.new_state();
-                        let local = m.forward_local(&TOKENS, &mut st, Logits::All, &comm).expect("local");
-                        (logits, summarise(&local, &m.plan().vocab, &comm).expect("summarise"))
+                        assert_eq!((m.plan().tp, m.plan().rank), (tp, rank));
+                        let range = m.plan().vocab.clone();
+                        let mut dec =
+                            Decoder::new(Arc::new(m), Box::new(comm), decoder_config()).expect("rank decoder");
+                        let logits = run(&mut dec, FormChoice::Replay);
+                        assert_eq!(logits.len(), ROWS * range.len(), "rank {rank}: its slice's rows");
+                        (range, logits)
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("rank")).collect()
         });
-        for (pos, (g, w)) in got[0].0.iter().zip(&want).enumerate() {
+        let ranges: Vec<Range<usize>> = got.iter().map(|(r, _)| r.clone()).collect();
+        assert_eq!(
+            ranges,
+            (0..tp).map(|r| super::even_split(vocab, tp, r)).collect::<Vec<_>>()
+        );
+        let parts: Vec<&[f32]> = got.iter().map(|(_, l)| l.as_slice()).collect();
+        let joined = join_slices(&parts, &ranges, ROWS, vocab).expect("join");
+        for (row, (g, w)) in joined.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
             let e = rel(g, w);
-            assert!(e < 1e-4, "{label} tp {tp} position {pos}: {e:e}");
-        }
-        // Summaries of the vocabulary slices agree with the single-rank logits of every position.
-        let mut state = model.new_state();
-        let full = model.forward(&TOKENS, &mut state, Logits::All).expect("forward");
-        for (rank, (_, summaries)) in got.iter().enumerate() {
-            assert_eq!(summaries, &got[0].1, "{label} tp {tp}: rank {rank} summary differs");
-        }
-        for (row, s) in full.chunks_exact(vocab).zip(&got[0].1) {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-            let arg = row.iter().position(|v| *v == max).expect("max");
-            let lse = max as f64 + row.iter().map(|v| ((v - max) as f64).exp()).sum::<f64>().ln();
-            assert_eq!(s.argmax as usize, arg, "{label} tp {tp}: argmax");
+            assert!(e < 1e-4, "{label} tp {tp} row {row}: {e:e}");
+            // The ranks' summaries of their slices merge into the single-rank row's.
+            let summaries: Vec<_> = got
+                .iter()
+                .map(|(r, l)| summarise_row(&l[row * r.len()..(row + 1) * r.len()], r.start))
+                .collect();
+            let merged = merge_rows(&summaries);
+            let whole = summarise_row(w, 0);
+            assert_eq!(merged.argmax, whole.argmax, "{label} tp {tp} row {row}: argmax");
+            assert!((merged.max_logit - whole.max_logit).abs() <= 1e-4 * whole.max_logit.abs().max(1.0));
+            let (lse, want_lse) = (merged.log_sum_exp.expect("lse"), whole.log_sum_exp.expect("lse"));
             assert!(
-                (s.log_sum_exp as f64 - lse).abs() < 1e-4 * lse.abs().max(1.0),
-                "{label} tp {tp}: {s:?} vs {lse}"
+                (lse - want_lse).abs() <= 1e-4 * want_lse.abs().max(1.0),
+                "{label} tp {tp} row {row}: log-sum-exp {lse} vs {want_lse}"
             );
-            assert!((s.max_logit - max).abs() <= 1e-4 * max.abs().max(1.0));
         }
     }
 }
