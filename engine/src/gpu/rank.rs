@@ -408,8 +408,8 @@ impl<A: Act> GpuRank<A> {
     fn prefill(&mut self, seq: &SeqStep, want_logits: bool) -> Result<HeadOut> {
         let _span = debug_span!("gpu_prefill", slot = seq.slot, tokens = seq.tokens.len()).entered();
         let slot = seq.slot;
-        // The reference clamps `dt` on its multi-token path: prompts of more than one token.
-        let clamp = seq.position > 0 || seq.tokens.len() > 1;
+        // The reference clamps `dt` on its multi-token path: prompt steps of more than one token (as the CPU does).
+        let clamp = seq.tokens.len() > 1;
         let chunk = self.scratch.rows;
         let n_chunks = seq.tokens.len().div_ceil(chunk);
         let mut out = HeadOut {
