@@ -360,25 +360,43 @@ impl<A: Act> GpuRank<A> {
         } else {
             None
         };
-        // Each row's best id in the rank's slice (−1 for a row holding NaN) and its logit, read from the device.
+        // Each row's best id in the rank's slice (−1 for a row holding NaN). A single rank's greedy pick needs only
+        // the id; under tensor parallelism the coordinator compares the ranks' best logits, read from the device.
         let mut out = s.argmax.slice_mut(..head_rows);
         ops::argmax_rows(dev, &s.logits.slice(..head_rows * v), head_rows, &mut out)?;
         let ids = dev.download(&s.argmax.slice(..head_rows))?;
-        let idx: Vec<i32> = ids
-            .iter()
-            .enumerate()
-            .map(|(row, &id)| (row * v) as i32 + id.max(0))
-            .collect();
-        let idx = dev.upload(&idx)?;
-        let mut vals = dev.alloc_zeros::<f32>(head_rows)?;
-        ops::gather_cols(dev, &s.logits.slice(..head_rows * v), 1, head_rows * v, &idx, &mut vals)?;
-        let vals = dev.download(&vals)?;
+        let vals = if r.comm.is_some() {
+            let at: Vec<i32> = ids
+                .iter()
+                .enumerate()
+                .map(|(row, &id)| (row * v) as i32 + id.max(0))
+                .collect();
+            dev.stream()
+                .memcpy_htod(&at, &mut s.best_at.slice_mut(..head_rows))
+                .map_err(|e| EngineError::Gpu(format!("uploading argmax indices: {e}")))?;
+            let mut vals = s.best_val.slice_mut(..head_rows);
+            ops::gather_cols(
+                dev,
+                &s.logits.slice(..head_rows * v),
+                1,
+                head_rows * v,
+                &s.best_at.slice(..head_rows),
+                &mut vals,
+            )?;
+            Some(dev.download(&s.best_val.slice(..head_rows))?)
+        } else {
+            None
+        };
         let mut summaries: Vec<RowSummary> = ids
             .iter()
-            .zip(&vals)
-            .map(|(&id, &val)| RowSummary {
+            .enumerate()
+            .map(|(row, &id)| RowSummary {
                 argmax: (id.max(0) as usize + r.vocab.start) as u32,
-                max_logit: if id < 0 { f32::NAN } else { val },
+                max_logit: if id < 0 {
+                    Some(f32::NAN)
+                } else {
+                    vals.as_ref().map(|v| v[row])
+                },
                 log_sum_exp: None,
                 sampled: None,
             })

@@ -45,6 +45,9 @@ pub(crate) struct Scratch<A: Act> {
     /// `[rows, local vocab]` logits and per-row argmax.
     pub(crate) logits: CudaSlice<f32>,
     pub(crate) argmax: CudaSlice<i32>,
+    /// Under tensor parallelism: each row's flat index of its argmax and the logit read there.
+    pub(crate) best_at: CudaSlice<i32>,
+    pub(crate) best_val: CudaSlice<f32>,
     /// Per-step metadata: token ids, each row's slot and position, each sequence's slot.
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) row_slots: CudaSlice<i32>,
@@ -124,7 +127,7 @@ impl<A: Act> Scratch<A> {
             + e * 3 * moe * w.moe_width
             + 4 * (4 * moe + w.experts + 1)
             + 4 * rows * vocab_local
-            + 4 * 6 * rows
+            + 4 * 8 * rows
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
     }
 
@@ -165,6 +168,8 @@ impl<A: Act> Scratch<A> {
             pos: dev.alloc_zeros(moe)?,
             logits: dev.alloc_zeros(rows * vocab_local)?,
             argmax: dev.alloc_zeros(rows)?,
+            best_at: dev.alloc_zeros(rows)?,
+            best_val: dev.alloc_zeros(rows)?,
             tokens: dev.alloc_zeros(rows)?,
             row_slots: dev.alloc_zeros(rows)?,
             row_pos: dev.alloc_zeros(rows)?,

@@ -228,7 +228,7 @@ impl RankGroup {
                 }
             }
         }
-        if let Some(row) = merged.rows.iter().position(|r| !r.max_logit.is_finite()) {
+        if let Some(row) = merged.rows.iter().position(VocabSummary::poisoned) {
             return Err(EngineError::NonFinite {
                 position: row_position(&plan, row),
             });

@@ -146,8 +146,9 @@ impl StepPlan {
 pub struct RowSummary {
     /// The slice's greedy token (a global id): the lowest id among the largest logits.
     pub argmax: u32,
-    /// Its logit; NaN when the row holds a NaN (the coordinator turns that into an error).
-    pub max_logit: f32,
+    /// Its logit; `Some(NaN)` when the row holds a NaN (the coordinator turns that into an error); `None` when the
+    /// rank did not read it back (a single GPU's greedy step needs only the id, and a NaN shows as a NaN value).
+    pub max_logit: Option<f32>,
     /// `log Σ exp(logit)` over the slice, where the backend computes it (`None`: the GPU's argmax does not).
     pub log_sum_exp: Option<f32>,
     /// The sampled token, when the plan asked the rank to sample this row.

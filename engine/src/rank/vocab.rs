@@ -16,7 +16,8 @@ use crate::error::{EngineError, Result};
 pub struct VocabSummary {
     /// The greedy token: the lowest id among the largest logits.
     pub argmax: u32,
-    pub max_logit: f32,
+    /// Its logit (`None` when a single rank did not read it back; `Some(NaN)` for a row holding a NaN).
+    pub max_logit: Option<f32>,
     /// `log Σ exp(logit)` over the whole vocabulary (`None` when a rank did not compute its part).
     pub log_sum_exp: Option<f32>,
 }
@@ -39,45 +40,67 @@ pub fn summarise_row(row: &[f32], first_id: usize) -> RowSummary {
     };
     RowSummary {
         argmax: (first_id + best.0) as u32,
-        max_logit: max,
+        max_logit: Some(max),
         log_sum_exp: Some(lse),
         sampled: None,
     }
 }
 
-/// Merges the ranks' summaries of one row (in rank order). A NaN from any rank gives a NaN `max_logit`.
-pub fn merge_rows(parts: &[RowSummary]) -> VocabSummary {
-    let mut best: Option<&RowSummary> = None;
-    let mut nan = false;
-    for p in parts {
-        nan |= p.max_logit.is_nan();
-        if best.is_none_or(|b| p.max_logit > b.max_logit) {
-            best = Some(p);
-        }
+impl VocabSummary {
+    /// Whether the row held a NaN (or an infinity) wherever a rank looked.
+    pub fn poisoned(&self) -> bool {
+        self.max_logit.is_some_and(|v| !v.is_finite())
     }
-    let Some(best) = best else {
-        return VocabSummary {
-            argmax: 0,
-            max_logit: f32::NAN,
-            log_sum_exp: None,
-        };
-    };
-    let max = if nan { f32::NAN } else { best.max_logit };
-    let lse = parts
-        .iter()
-        .map(|p| p.log_sum_exp)
-        .collect::<Option<Vec<f32>>>()
-        .map(|l| {
-            if !max.is_finite() {
-                return max;
+}
+
+/// Merges the ranks' summaries of one row (in rank order). A NaN from any rank gives a NaN `max_logit`. With more
+/// than one rank every rank must report its best logit: the winner is decided by value.
+pub fn merge_rows(parts: &[RowSummary]) -> Result<VocabSummary> {
+    match parts {
+        [] => Err(EngineError::InvalidInput("no rank summarised the row".into())),
+        [one] => Ok(VocabSummary {
+            argmax: one.argmax,
+            max_logit: one.max_logit,
+            log_sum_exp: one.log_sum_exp,
+        }),
+        _ => {
+            let values = parts
+                .iter()
+                .enumerate()
+                .map(|(r, p)| {
+                    p.max_logit.ok_or_else(|| {
+                        EngineError::InvalidInput(format!(
+                            "rank {r} reported no logit for a row; merging vocabulary slices needs every rank's best"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<f32>>>()?;
+            let nan = values.iter().any(|v| v.is_nan());
+            // Ranks hold ascending id ranges: the first rank reaching the maximum has the lowest id.
+            let mut best = 0;
+            for (r, &v) in values.iter().enumerate() {
+                if v > values[best] {
+                    best = r;
+                }
             }
-            let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            m + l.iter().map(|v| (v - m).exp()).sum::<f32>().ln()
-        });
-    VocabSummary {
-        argmax: best.argmax,
-        max_logit: max,
-        log_sum_exp: lse,
+            let max = if nan { f32::NAN } else { values[best] };
+            let lse = parts
+                .iter()
+                .map(|p| p.log_sum_exp)
+                .collect::<Option<Vec<f32>>>()
+                .map(|l| {
+                    if !max.is_finite() {
+                        return max;
+                    }
+                    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    m + l.iter().map(|v| (v - m).exp()).sum::<f32>().ln()
+                });
+            Ok(VocabSummary {
+                argmax: parts[best].argmax,
+                max_logit: Some(max),
+                log_sum_exp: lse,
+            })
+        }
     }
 }
 
@@ -146,7 +169,7 @@ pub fn merge_step(outs: &[StepOut], vocab: usize) -> Result<MergedStep> {
     }
     let merged = (0..rows)
         .map(|r| merge_rows(&outs.iter().map(|o| o.rows[r]).collect::<Vec<_>>()))
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let sampled = (0..rows).map(|r| outs.iter().find_map(|o| o.rows[r].sampled)).collect();
     let logits = match outs
         .iter()
@@ -176,7 +199,7 @@ mod tests {
 
     fn whole(row: &[f32]) -> (u32, f32, f32) {
         let s = summarise_row(row, 0);
-        (s.argmax, s.max_logit, s.log_sum_exp.expect("cpu lse"))
+        (s.argmax, s.max_logit.expect("cpu max"), s.log_sum_exp.expect("cpu lse"))
     }
 
     #[test]
@@ -212,7 +235,7 @@ mod tests {
             for (r, row) in logits.chunks_exact(vocab).enumerate() {
                 let (arg, max, lse) = whole(row);
                 let m = merged.rows[r];
-                assert_eq!((m.argmax, m.max_logit), (arg, max), "tp {tp} row {r}");
+                assert_eq!((m.argmax, m.max_logit), (arg, Some(max)), "tp {tp} row {r}");
                 let got = m.log_sum_exp.expect("lse");
                 assert!((got - lse).abs() < 1e-5, "tp {tp} row {r}: {got} vs {lse}");
             }
@@ -223,10 +246,17 @@ mod tests {
     #[test]
     fn nan_poisons_the_row_and_bad_shapes_are_errors() {
         let row = [1.0, f32::NAN, 0.5];
-        assert!(summarise_row(&row, 0).max_logit.is_nan());
+        assert!(summarise_row(&row, 0).max_logit.is_some_and(f32::is_nan));
         let a = summarise_row(&[1.0, 2.0], 0);
         let b = summarise_row(&[f32::NAN, 0.0], 2);
-        assert!(merge_rows(&[a, b]).max_logit.is_nan());
+        assert!(merge_rows(&[a, b]).expect("merge").poisoned());
+        let greedy = RowSummary { max_logit: None, ..a };
+        assert_eq!(
+            merge_rows(&[greedy]).expect("one rank").argmax,
+            1,
+            "one rank needs no value"
+        );
+        assert!(merge_rows(&[greedy, b]).is_err(), "several ranks need every value");
         let whole: [Range<usize>; 1] = [Range { start: 0, end: 3 }];
         assert!(join_slices(&[&[0.0; 4]], &whole, 2, 3).is_err(), "wrong length");
         assert!(
@@ -236,6 +266,6 @@ mod tests {
         let short: [Range<usize>; 1] = [Range { start: 0, end: 1 }];
         assert!(join_slices(&[&[0.0; 2]], &short, 2, 3).is_err(), "short");
         let gpu = RowSummary { log_sum_exp: None, ..a };
-        assert_eq!(merge_rows(&[gpu, b]).log_sum_exp, None);
+        assert_eq!(merge_rows(&[gpu, b]).expect("merge").log_sum_exp, None);
     }
 }

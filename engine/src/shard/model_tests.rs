@@ -179,10 +179,11 @@ fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
                 .iter()
                 .map(|(r, l)| summarise_row(&l[row * r.len()..(row + 1) * r.len()], r.start))
                 .collect();
-            let merged = merge_rows(&summaries);
+            let merged = merge_rows(&summaries).expect("merge");
             let whole = summarise_row(w, 0);
             assert_eq!(merged.argmax, whole.argmax, "{label} tp {tp} row {row}: argmax");
-            assert!((merged.max_logit - whole.max_logit).abs() <= 1e-4 * whole.max_logit.abs().max(1.0));
+            let (m, w) = (merged.max_logit.expect("max"), whole.max_logit.expect("max"));
+            assert!((m - w).abs() <= 1e-4 * w.abs().max(1.0));
             let (lse, want_lse) = (merged.log_sum_exp.expect("lse"), whole.log_sum_exp.expect("lse"));
             assert!(
                 (lse - want_lse).abs() <= 1e-4 * want_lse.abs().max(1.0),
