@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // NCCL reads NCCL_NVLS_ENABLE when the first communicator is made; set it (unless the user did) while this is the
     // only thread, since writing the environment races with readers on other threads.
     #[cfg(feature = "cuda")]
-    rewind_kernels::cuda::nccl::disable_nvls_unless_set();
+    rewind_engine::gpu::device::disable_nvls_unless_set();
     let args = cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

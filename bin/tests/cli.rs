@@ -315,7 +315,7 @@ fn selftest_refuses_the_cpu_device() {
 #[cfg(feature = "cuda")]
 #[test]
 fn selftest_without_a_driver_is_a_clear_error() {
-    if rewind_kernels::cuda::device_count().is_ok() {
+    if rewind_engine::gpu::device::device_count().is_ok() {
         eprintln!("a CUDA driver is present: the no-driver path is not exercised here");
         return;
     }
@@ -505,7 +505,7 @@ fn gpu_flags_are_checked_before_anything_loads() {
 /// Without a driver (CI), asking for a GPU is one clear error from every command that takes `--device`.
 #[test]
 fn gpu_without_a_driver_is_a_clear_error() {
-    if rewind_kernels::cuda::device_count().is_ok() {
+    if rewind_engine::gpu::device::device_count().is_ok() {
         eprintln!("a CUDA driver is present: the no-driver path is not exercised here");
         return;
     }

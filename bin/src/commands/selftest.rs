@@ -52,7 +52,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 pub fn run(args: SelftestArgs) -> Result<()> {
     // Before any NCCL initialisation and before worker threads read the environment.
-    rewind_kernels::cuda::nccl::disable_nvls_unless_set();
+    rewind_engine::gpu::device::disable_nvls_unless_set();
     let ordinal = parse_device(&args.device)?;
     cuda::run(args, ordinal)
 }
@@ -63,9 +63,7 @@ mod cuda {
 
     use anyhow::{bail, Context, Result};
     use rewind_engine::shard::nccl::{communicator_check, CommCheckReport};
-    use rewind_kernels::cuda::nccl::all_reduce_check;
-    use rewind_kernels::cuda::parity::{run_all, CaseResult};
-    use rewind_kernels::cuda::{device_count, nvrtc, Blas, CudaDevice};
+    use rewind_engine::gpu::device::{all_reduce_check, device_count, nvrtc, run_all, Blas, CaseResult, CudaDevice};
     use serde_json::{json, Value};
 
     use super::iso_utc;
@@ -284,7 +282,7 @@ mod cuda {
             .iter()
             .filter(|r| r.dtype == "f32")
             .flat_map(|r| r.checks.iter().map(|c| c.rel_err))
-            .fold(0.0f64, rewind_kernels::cuda::parity::worse);
+            .fold(0.0f64, rewind_engine::gpu::device::worse);
         println!(
             "\n{} cases, {checks} checks: {} failed{}; worst f32-storage rel err {}",
             results.len(),

@@ -111,3 +111,11 @@ impl Act for f32 {
         Ok(blas.linear_f32(x, w, out, rows, in_dim, out_dim)?)
     }
 }
+
+/// The device layer the self-test checks directly (op parity against the CPU twins, the NVRTC cache, NCCL): the
+/// engine's window onto `rewind_kernels::cuda`, so the binaries reach CUDA only through the engine.
+pub mod device {
+    pub use rewind_kernels::cuda::nccl::{all_reduce_check, disable_nvls_unless_set};
+    pub use rewind_kernels::cuda::parity::{run_all, worse, CaseResult};
+    pub use rewind_kernels::cuda::{device_count, nvrtc, Blas, CudaDevice};
+}
