@@ -62,8 +62,8 @@ mod cuda {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use anyhow::{bail, Context, Result};
-    use rewind_engine::shard::nccl::{communicator_check, CommCheckReport};
     use rewind_engine::gpu::device::{all_reduce_check, device_count, nvrtc, run_all, Blas, CaseResult, CudaDevice};
+    use rewind_engine::shard::nccl::{communicator_check, CommCheckReport};
     use serde_json::{json, Value};
 
     use super::iso_utc;

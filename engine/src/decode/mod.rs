@@ -36,6 +36,7 @@ use crate::rank::Rows;
 use crate::shard::{Communicator, LocalComm, ShardedModel};
 use crate::state::{memory, DecodeForm, PoolConfig, StatePools, StateRef, DEFAULT_BUFFER_LEN};
 
+mod advance;
 mod snapshot;
 mod ssm;
 mod step;
@@ -44,7 +45,6 @@ mod step;
 mod tests;
 
 pub(crate) use step::Phase;
-use step::Seq;
 
 /// The decode form a sequence asks for. `Auto` (the default) starts KV-only while the context is short, then
 /// compresses into replay.
@@ -412,122 +412,6 @@ impl Decoder {
         }
     }
 
-    /// Runs a batch of sequences — prompt chunks, decodes and verifies, each in its slot's form — after checking
-    /// the whole batch (nothing changes when a check fails), and returns the final residual rows `[Σ t, hidden]`.
-    pub(crate) fn advance(&mut self, items: &[Item]) -> Result<Vec<f32>> {
-        if items.is_empty() {
-            return Err(EngineError::InvalidInput("an empty step (no sequences)".into()));
-        }
-        for (i, it) in items.iter().enumerate() {
-            self.check_idle(it.slot)?;
-            if items[..i].iter().any(|o| o.slot == it.slot) {
-                return Err(EngineError::InvalidInput(format!(
-                    "slot {} appears twice in one step",
-                    it.slot
-                )));
-            }
-            let t = it.tokens.len();
-            match it.phase {
-                Phase::Prefill if t == 0 => {
-                    return Err(EngineError::InvalidInput("no tokens to prefill".into()));
-                }
-                Phase::Decode if t != 1 => {
-                    return Err(EngineError::InvalidInput(format!(
-                        "a decode step takes 1 token per sequence, found {t}"
-                    )));
-                }
-                Phase::Verify if t == 0 || t > self.config.max_verify => {
-                    return Err(EngineError::InvalidInput(format!(
-                        "a verify takes 1 to {} tokens, found {t}",
-                        self.config.max_verify
-                    )));
-                }
-                _ => {}
-            }
-            let pos = self.position[it.slot];
-            self.model.check_tokens(it.tokens, pos)?;
-            if pos + t > self.config.max_context {
-                return Err(EngineError::InvalidInput(format!(
-                    "slot {} would reach {} tokens, beyond the decoder's context of {}",
-                    it.slot,
-                    pos + t,
-                    self.config.max_context
-                )));
-            }
-        }
-        self.traffic = Traffic::default();
-        self.steps += 1;
-        let mut seqs = Vec::with_capacity(items.len());
-        for it in items {
-            let (slot, t) = (it.slot, it.tokens.len());
-            let pos = self.position[slot];
-            let (form, flush) = match it.phase {
-                Phase::Prefill => {
-                    self.prepare_prefill(slot, t)?;
-                    (self.pools.counters().form_of(slot), false)
-                }
-                Phase::Decode | Phase::Verify => self.plan_step(slot, t)?,
-            };
-            seqs.push(Seq {
-                slot,
-                tokens: it.tokens,
-                pos,
-                phase: it.phase,
-                form,
-                flush,
-            });
-        }
-        self.grow_kv(&seqs)?;
-        let before: Vec<usize> = seqs.iter().map(|s| self.pools.counters().ring(s.slot).len).collect();
-        let x = self.run(&seqs)?;
-        for (s, h) in seqs.iter().zip(before) {
-            let t = s.tokens.len();
-            match (s.phase, s.form) {
-                (Phase::Prefill, DecodeForm::KvOnly) => self.pools.ring_commit(s.slot, t)?,
-                (Phase::Prefill, _) => {}
-                (Phase::Decode, DecodeForm::Recurrent) => self.pools.conv_advance(s.slot, 1)?,
-                (Phase::Decode, DecodeForm::KvOnly) => {
-                    self.pools.ring_commit(s.slot, 1)?;
-                    self.pools.conv_advance(s.slot, 1)?;
-                }
-                (Phase::Decode, DecodeForm::Replay) => {
-                    self.pools.ring_commit(s.slot, 1)?;
-                    if s.flush {
-                        // The step folded every committed entry, its own included.
-                        self.pools.ring_flush(s.slot, h + 1)?;
-                    }
-                    self.pools.conv_advance(s.slot, 1)?;
-                }
-                (Phase::Verify, _) => {
-                    if s.flush {
-                        // The verify folded the committed history into the checkpoint; the drafts stay pending.
-                        self.pools.ring_flush(s.slot, h)?;
-                    }
-                    self.pending[s.slot] = t;
-                    continue;
-                }
-            }
-            self.position[s.slot] += t;
-        }
-        Ok(x)
-    }
-
-    /// Before a prompt chunk of `t` tokens: the first chunk of a kv-only sequence at least as long as the threshold
-    /// starts it in replay; a later chunk folds the ring into the checkpoint, so the chunked scan starts from the
-    /// whole history.
-    fn prepare_prefill(&mut self, slot: usize, t: usize) -> Result<()> {
-        let form = self.pools.counters().form_of(slot);
-        if self.position[slot] == 0 {
-            if form == DecodeForm::KvOnly && t >= self.kv_threshold {
-                self.pools.set_form(slot, DecodeForm::Replay)?;
-            }
-        } else if form == DecodeForm::KvOnly || self.pools.counters().ring(slot).len > 0 {
-            self.fold(slot)?;
-        }
-        self.pools.set_flush(slot, false)?;
-        Ok(())
-    }
-
     /// Accepts the first `accepted` (0..=T) tokens of the slot's last verify: ring length, conv head and KV length
     /// advance by `accepted` (pointer moves); a recurrent sequence takes snapshot `accepted − 1` as its state.
     pub fn commit(&mut self, slot: usize, accepted: usize) -> Result<()> {
@@ -577,43 +461,6 @@ impl Decoder {
                 "slot {slot} has {} verified tokens awaiting commit",
                 self.pending[slot]
             )));
-        }
-        Ok(())
-    }
-
-    /// Decides, before a step appending `t` tokens to `slot`, its form (compressing a KV-only sequence whose context
-    /// has reached the threshold) and its flush flag, which is written to the slot's counters.
-    ///
-    /// A kv-only step starts with `h < threshold` committed entries and appends `t ≤ T`, so it fits the slot's ring
-    /// of `threshold + T`; a verify may cross the threshold, and the step after its commit compresses.
-    ///
-    /// The flush is one window early: the step flushes unless the ring keeps room for the next window after it,
-    /// `h + t + T ≤ L` with `T` the verify window (`max_verify`). With every step a full window (`t = T`) this is
-    /// ReplaySSM's `h + 2T > L`; for plain decode (`t = T = 1`) it is `h + 2 > L`. Using the largest window rather
-    /// than this step's keeps a window's worth of free rows even after a run of shorter steps.
-    fn plan_step(&mut self, slot: usize, t: usize) -> Result<(DecodeForm, bool)> {
-        let mut form = self.pools.counters().form_of(slot);
-        let h = self.pools.counters().ring(slot).len;
-        if form == DecodeForm::KvOnly && h >= self.kv_threshold {
-            self.fold(slot)?;
-            form = DecodeForm::Replay;
-        }
-        let h = self.pools.counters().ring(slot).len;
-        let window = self.config.max_verify.max(t);
-        let flush = form == DecodeForm::Replay && h + t + window > self.config.buffer_len;
-        self.pools.set_flush(slot, flush)?;
-        Ok((form, flush))
-    }
-
-    /// Grows every sequence's KV length by its tokens; on failure the ones already grown are rolled back.
-    fn grow_kv(&mut self, seqs: &[Seq]) -> Result<()> {
-        for (i, s) in seqs.iter().enumerate() {
-            if let Err(e) = self.pools.kv_grow(s.slot, s.pos + s.tokens.len()) {
-                for done in &seqs[..i] {
-                    self.pools.kv_truncate(done.slot, done.pos)?;
-                }
-                return Err(e.into());
-            }
         }
         Ok(())
     }

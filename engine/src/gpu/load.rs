@@ -9,8 +9,8 @@ use half::bf16;
 use rewind_kernels::cuda::CudaDevice;
 use tracing::info;
 
+use super::loaded::{Capacity, LoadedRank};
 use super::options::{GpuDtype, GpuOptions};
-use super::rank::{Capacity, LoadedRank};
 use super::state::{PoolSizes, BLOCK_SIZE};
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};

@@ -17,6 +17,7 @@ mod ffn;
 mod forward;
 mod layers;
 pub mod load;
+mod loaded;
 pub mod options;
 mod rank;
 mod scratch;

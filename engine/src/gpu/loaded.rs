@@ -1,0 +1,144 @@
+//! A GPU rank between loading and serving: its shard's weights on the device (uploaded block by block from the one
+//! loader, [`ShardedModel::load_streaming`]) and what it can hold in the memory budget, before the ranks agree on the
+//! pool sizes and [`LoadedRank::allocate`] makes it a serving [`super::rank::GpuRank`].
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
+use tracing::debug_span;
+
+use super::layers::{GpuBlock, GpuMixer};
+use super::scratch::{widths, Scratch};
+use super::state::{state_bytes, PoolSizes};
+use super::weights::stored;
+use super::{Act, DeviceComm};
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+use crate::shard::ShardedModel;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// A rank whose weights are on the device, before its pools are sized.
+pub(crate) struct LoadedRank<A: Act> {
+    pub(super) rank: usize,
+    pub(super) tp: usize,
+    pub(super) dev: Arc<CudaDevice>,
+    pub(super) blas: Blas,
+    pub(super) comm: Option<Box<dyn DeviceComm>>,
+    pub(super) config: ModelConfig,
+    pub(super) vocab: Range<usize>,
+    pub(super) embed: CudaSlice<A>,
+    pub(super) lm_head: Option<CudaSlice<A>>,
+    pub(super) final_norm: CudaSlice<A>,
+    pub(super) blocks: Vec<GpuBlock<A>>,
+    pub(super) weight_bytes: usize,
+}
+
+/// What a rank can hold, reported before the pools are allocated (ranks then agree on the smallest).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Capacity {
+    /// KV blocks that fit in the budget after weights, scratch and SSM state.
+    pub(crate) kv_blocks: usize,
+    pub(crate) weight_bytes: usize,
+    pub(crate) state_bytes: usize,
+    pub(crate) scratch_bytes: usize,
+    pub(crate) total_bytes: usize,
+}
+
+impl<A: Act> LoadedRank<A> {
+    /// Loads rank `rank` of `tp` from the checkpoint in `dir` onto `dev`.
+    pub(crate) fn load(
+        dev: Arc<CudaDevice>,
+        comm: Option<Box<dyn DeviceComm>>,
+        dir: &std::path::Path,
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self> {
+        let _span = debug_span!("gpu_load", rank, tp).entered();
+        let blas = Blas::new(&dev)?;
+        let config = crate::model::ModelConfig::from_dir(dir)?;
+        let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
+        let mut blocks = Vec::with_capacity(config.num_blocks());
+        // Each block is uploaded and dropped as soon as it is read: host memory holds one block at a time.
+        let parts = ShardedModel::load_streaming(config, tp, rank, &mut src, |b| {
+            blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
+            Ok(())
+        })?;
+        let embed = stored(&dev, &parts.embed)?;
+        let lm_head = parts.lm_head.as_deref().map(|h| stored(&dev, h)).transpose()?;
+        let final_norm = super::weights::act_of(&dev, &parts.final_norm)?;
+        dev.synchronize()?;
+        let (free, total) = dev.memory()?;
+        Ok(LoadedRank {
+            rank,
+            tp,
+            dev,
+            blas,
+            comm,
+            vocab: parts.plan.vocab.clone(),
+            config: parts.config,
+            embed,
+            lm_head,
+            final_norm,
+            blocks,
+            weight_bytes: total - free,
+        })
+    }
+
+    pub(super) fn has_attention(&self) -> bool {
+        self.blocks.iter().any(|b| matches!(b.mixer, GpuMixer::Attention(_)))
+    }
+
+    /// The KV blocks that fit in `fraction` of the device's memory with `max_seqs` sequences of up to `max_len`
+    /// tokens and steps of `rows` tokens; a clear error with the numbers when not even one full-length sequence fits.
+    pub(crate) fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity> {
+        let (free, total) = self.dev.memory()?;
+        let used = total - free;
+        let hidden = self.config.hidden_size;
+        let probe = PoolSizes {
+            max_seqs,
+            max_len,
+            num_blocks: 0,
+        };
+        let w = widths(&self.blocks, hidden, rows);
+        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe);
+        let (per_seq, per_block) = state_bytes(&self.blocks);
+        let ssm = per_seq * max_seqs;
+        let budget = (fraction * total as f64) as usize;
+        let fixed = used + scratch + ssm;
+        let one_seq_blocks = if self.has_attention() {
+            probe.blocks_per_seq()
+        } else {
+            0
+        };
+        let kv_min = one_seq_blocks * per_block;
+        if fixed + kv_min > budget {
+            return Err(EngineError::Gpu(format!(
+                "the model does not fit on GPU {}: weights and runtime {:.2} GiB + activations {:.2} GiB + SSM state for \
+                 {max_seqs} sequences {:.2} GiB + KV cache for one {max_len}-token sequence {:.2} GiB = {:.2} GiB exceed \
+                 --gpu-memory-fraction {fraction} × {:.2} GiB = {:.2} GiB (lower --max-seqs or --max-model-len, raise \
+                 the fraction, or use more GPUs with --tp)",
+                self.dev.ordinal(),
+                used as f64 / GIB,
+                scratch as f64 / GIB,
+                ssm as f64 / GIB,
+                kv_min as f64 / GIB,
+                (fixed + kv_min) as f64 / GIB,
+                total as f64 / GIB,
+                budget as f64 / GIB
+            )));
+        }
+        let kv_blocks = match per_block {
+            0 => 0,
+            b => ((budget - fixed) / b).min(max_seqs * probe.blocks_per_seq()),
+        };
+        Ok(Capacity {
+            kv_blocks,
+            weight_bytes: self.weight_bytes,
+            state_bytes: ssm + kv_blocks * per_block,
+            scratch_bytes: scratch,
+            total_bytes: total,
+        })
+    }
+}
