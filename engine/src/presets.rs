@@ -1,5 +1,5 @@
 //! Model presets for `rewind init-model`: HF `config.json` contents for each family at test size (`tiny`), CPU demo
-//! size (`small`, ~50M parameters) and the real shapes of `../shared/targets.md`.
+//! size (`small`, ~50M parameters) and the real shapes of the published models (Nemotron-H, Qwen3-Next, Qwen3.5).
 
 use serde_json::{json, Value};
 

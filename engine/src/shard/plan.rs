@@ -1,5 +1,5 @@
 //! The tensor-parallel plan: for TP size `tp` and rank `r`, which slice of every checkpoint tensor the rank holds and
-//! what its layers look like (their local specs), following design.md "Tensor parallelism".
+//! what its layers look like (their local specs), following `docs/architecture.md` ("Tensor parallelism").
 //!
 //! Splits are contiguous and as even as possible: `n` items over `tp` ranks give the first `n % tp` ranks one extra
 //! ([`even_split`]). Heads that share a group (Mamba-2 heads of a B/C group, GDN value heads of a key head, attention

@@ -6,7 +6,7 @@ use rewind_kernels::cpu::ring::RingIndex;
 
 use super::PoolError;
 
-/// How a sequence is decoded (design.md, "Decode forms"); stored per slot as a `u8` so a batch can mix forms.
+/// How a sequence is decoded (see the README, "Input replay and decode forms"); stored per slot as a `u8` so a batch can mix forms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DecodeForm {

@@ -1,5 +1,5 @@
 //! Memory traffic accounting: every decode-path op reports the bytes a GPU kernel doing the same work must move, so the
-//! CUDA kernels can be judged against these numbers (their byte roofline) and the byte models of `../shared/targets.md`.
+//! CUDA kernels can be judged against these numbers (their byte roofline) and the byte models of ReplaySSM.
 //!
 //! Conventions (the GPU layout, whatever precision the CPU reference computes in): SSM states are fp32; ring entries'
 //! vectors (x, B, u, k, ...) are bf16 (2 bytes an element); per-head scalars (dt, g, β) are fp32.
