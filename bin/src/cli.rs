@@ -260,9 +260,11 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Decode batch sizes (GPU only; default 1,64): each runs that many sequences through the batched step.
+    /// Decode batch sizes (default 1 on the CPU, 1,64 on GPUs): each runs that many sequences through the batched step.
     #[arg(long, value_delimiter = ',')]
     pub batch: Option<Vec<usize>>,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
 }

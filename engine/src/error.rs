@@ -53,6 +53,10 @@ pub enum EngineError {
     /// A feature this backend cannot run yet (a decode form, speculation, snapshots on the GPU, ...).
     #[error("not supported yet: {0}")]
     NotSupported(String),
+    /// A rank failed a step the coordinator had validated, so the ranks may disagree on the sequences' state: the
+    /// group refuses further steps until it is rebuilt (restart the ranks, re-prefill the sequences).
+    #[error("the rank group failed a step and must be restarted: {0}")]
+    GroupFailed(String),
     /// A rank's thread stopped (it panicked, or its device failed) and cannot answer.
     #[error("rank {rank} has stopped")]
     RankStopped { rank: usize },

@@ -190,7 +190,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let mut dargs = args.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(biggest);
-    let mut loaded = backend::open(&dir, &dargs, None, needs)?;
+    let mut loaded = backend::open(&dir, &dargs, Some(&args.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
     eprintln!(
         "model: {} | {} | prompt {} tokens | {} form | {} repeats",

@@ -283,23 +283,22 @@ impl Decoder {
     /// Takes a free slot for a new sequence decoded in `form`.
     pub fn start(&mut self, form: FormChoice) -> Result<usize> {
         let slot = self.pools.alloc()?;
-        self.begin(slot, form);
+        self.begin(slot, form)?;
         Ok(slot)
     }
 
     /// Takes the free slot `slot` for a new sequence decoded in `form` (a rank following the coordinator's books).
     pub fn start_at(&mut self, slot: usize, form: FormChoice) -> Result<()> {
         self.pools.alloc_at(slot)?;
-        self.begin(slot, form);
-        Ok(())
+        self.begin(slot, form)
     }
 
-    fn begin(&mut self, slot: usize, form: FormChoice) {
-        // A freshly allocated slot is in range and reset; its form is one the counters accept.
-        let _ = self.pools.set_form(slot, form.initial());
+    fn begin(&mut self, slot: usize, form: FormChoice) -> Result<()> {
+        self.pools.set_form(slot, form.initial())?;
         self.choice[slot] = form;
         self.position[slot] = 0;
         self.pending[slot] = 0;
+        Ok(())
     }
 
     /// Ends a sequence and frees its slot.

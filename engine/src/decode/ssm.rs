@@ -10,6 +10,7 @@
 use rewind_kernels::cpu::act::silu;
 use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step, GdnDims};
 use rewind_kernels::cpu::mamba2::{mamba2_chunked, mamba2_step, Mamba2Dims};
+use rewind_kernels::cpu::norm::{gated_rms_norm, GateOrder};
 use rewind_kernels::cpu::replay_gdn::{self, GdnRing, GdnTokens};
 use rewind_kernels::cpu::replay_mamba2::{self, Mamba2Ring, Mamba2Tokens};
 use rewind_kernels::cpu::traffic::Traffic;
@@ -172,8 +173,9 @@ pub(super) fn mamba2(
     Ok(m.project_out(&normed, t))
 }
 
-/// The Mamba-2 gated norm `rms_norm(y · silu(z))` over the global norm groups: each rank sums the squares of its
-/// channels per group, and the sums are all-reduced when a group spans ranks.
+/// The Mamba-2 gated norm `rms_norm(y · silu(z))` over the global norm groups: the reference op when the rank holds
+/// whole groups; otherwise each rank sums the squares of its channels per group, and the sums are all-reduced when a
+/// group spans ranks.
 fn gated_norm(
     m: &Mamba2Mixer,
     shard: &ShardKind,
@@ -194,6 +196,20 @@ fn gated_norm(
     let s = m.spec();
     let di = s.heads * s.head_dim;
     let first = split.heads.start * s.head_dim;
+    if !*all_reduce_norm && first.is_multiple_of(*norm_group_size) && di.is_multiple_of(*norm_group_size) {
+        // The rank holds whole norm groups: the reference op over them.
+        let mut normed = vec![0.0f32; y.len()];
+        gated_rms_norm(
+            y,
+            z,
+            m.norm_weight(),
+            *norm_group_size,
+            s.norm_eps,
+            GateOrder::BeforeNorm,
+            &mut normed,
+        );
+        return Ok(normed);
+    }
     let gated: Vec<f32> = y.iter().zip(z).map(|(y, z)| y * silu(*z)).collect();
     let mut sums = vec![0.0f32; t * norm_groups];
     for (row, sum) in gated.chunks_exact(di).zip(sums.chunks_exact_mut(*norm_groups)) {

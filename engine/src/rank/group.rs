@@ -3,7 +3,8 @@
 //! plan against the [`Books`], send the same plan to every rank, merge their answers ([`super::vocab`]), record it.
 //!
 //! Ranks run the same step in lockstep (their collectives meet inside the communicator). A rank that errors or stops
-//! fails the step for the caller; recovering the group (restart, re-prefill) is the actor runtime's job.
+//! on a validated step fails it for the caller, and the group then refuses further steps ([`EngineError::GroupFailed`]):
+//! the ranks may no longer agree with the books. Recovering (restart, re-prefill) is the actor runtime's job.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub struct RankGroup {
     infos: Vec<RankInfo>,
     books: Books,
     vocab: usize,
+    /// Why a validated step failed on a rank, after which the ranks' states may differ from the books.
+    failed: Option<String>,
 }
 
 fn serve(rank: &mut dyn Rank, msgs: Receiver<RankMsg>) {
@@ -131,6 +134,7 @@ impl RankGroup {
                 infos,
                 books,
                 vocab,
+                failed: None,
             }),
             Err(e) => {
                 shutdown(ranks);
@@ -202,6 +206,9 @@ impl RankGroup {
     /// logits and are sampled here with the same function a whole-vocabulary rank uses.
     pub fn step(&mut self, plan: StepPlan) -> Result<StepResult> {
         let _span = debug_span!("group_step", seqs = plan.seqs.len(), tokens = plan.token_count()).entered();
+        if let Some(why) = &self.failed {
+            return Err(EngineError::GroupFailed(why.clone()));
+        }
         self.books.validate(&plan)?;
         let tp = self.ranks.len();
         let mut sent = plan.clone();
@@ -217,7 +224,13 @@ impl RankGroup {
             }
         }
         let sent = Arc::new(sent);
-        let outs = self.broadcast(|tx| RankMsg::Step(sent.clone(), tx))?;
+        let outs = match self.broadcast(|tx| RankMsg::Step(sent.clone(), tx)) {
+            Ok(outs) => outs,
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
         self.books.apply(&plan)?;
         let merged = merge_step(&outs, self.vocab)?;
         let mut sampled = merged.sampled;
@@ -302,6 +315,11 @@ impl RankGroup {
         }
         self.books.restored(slot, first.position)?;
         Ok(slot)
+    }
+
+    /// Why the group refuses steps, when a validated step failed on a rank.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// Every rank's health report, in rank order.
