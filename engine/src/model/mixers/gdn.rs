@@ -7,7 +7,9 @@
 
 use rewind_kernels::cpu::act::{sigmoid, silu, softplus};
 use rewind_kernels::cpu::conv::causal_conv1d;
-use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step, GdnDims};
+use rewind_kernels::cpu::gdn::GdnDims;
+#[cfg(test)]
+use rewind_kernels::cpu::gdn::{gdn_chunked, gdn_step};
 use rewind_kernels::cpu::gemm::linear;
 use rewind_kernels::cpu::norm::{gated_rms_norm, l2_norm_rows, GateOrder};
 
@@ -18,7 +20,9 @@ use crate::model::tensors::TensorSource;
 /// The epsilon of the q / k L2 norm (`l2norm(..., eps=1e-6)` in the reference).
 const L2_EPS: f32 = 1e-6;
 
-/// One sequence's recurrent state in a Gated DeltaNet layer.
+/// One sequence's recurrent state in a Gated DeltaNet layer, for the mixer's own tests (the engine keeps state in the
+/// slot pools of `crate::state` and runs the mixer through `crate::decode`).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct GdnState {
     /// The last `K − 1` conv inputs, oldest first: `[K − 1, conv_dim]` with channels `q | k | v`.
@@ -187,6 +191,7 @@ impl GdnMixer {
     }
 
     /// The state of a new sequence: zeros.
+    #[cfg(test)]
     pub fn new_state(&self) -> GdnState {
         GdnState {
             conv: vec![0.0; (self.spec.conv_kernel - 1) * sizes(&self.spec).conv_dim],
@@ -195,7 +200,9 @@ impl GdnMixer {
     }
 
     /// Runs `t` tokens (`x` is `[t, hidden]`, the already-normalised block input) and returns `[t, hidden]`, advancing
-    /// `state`. `t > 1` uses the chunked delta rule (prefill), `t == 1` the one-token step (decode).
+    /// `state`. `t > 1` uses the chunked delta rule (prefill), `t == 1` the one-token step (decode). For the mixer's
+    /// tests; the engine runs the mixer through `crate::decode`.
+    #[cfg(test)]
     pub fn forward(&self, x: &[f32], t: usize, state: &mut GdnState) -> Vec<f32> {
         assert_eq!(state.ssm.len(), self.dims().state_len(), "gdn forward: ssm state");
         let (dims, chunk) = (self.dims(), self.spec.chunk_size);

@@ -13,14 +13,19 @@
 use rewind_kernels::cpu::act::{silu, softplus};
 use rewind_kernels::cpu::conv::causal_conv1d;
 use rewind_kernels::cpu::gemm::linear;
-use rewind_kernels::cpu::mamba2::{mamba2_chunked, mamba2_step, Mamba2Dims};
+use rewind_kernels::cpu::mamba2::Mamba2Dims;
+#[cfg(test)]
+use rewind_kernels::cpu::mamba2::{mamba2_chunked, mamba2_step};
+#[cfg(test)]
 use rewind_kernels::cpu::norm::{gated_rms_norm, GateOrder};
 
 use crate::error::{EngineError, Result};
 use crate::model::spec::Mamba2Spec;
 use crate::model::tensors::TensorSource;
 
-/// One sequence's recurrent state for one Mamba-2 layer.
+/// One sequence's recurrent state for one Mamba-2 layer, for the mixer's own tests (the engine keeps state in the
+/// slot pools of `crate::state` and runs the mixer through `crate::decode`).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mamba2State {
     /// The last `K − 1` pre-conv `xBC` inputs, oldest first: `[K − 1, conv_dim]`.
@@ -164,6 +169,7 @@ impl Mamba2Mixer {
     }
 
     /// The state of a new sequence: zero conv history and zero SSM state.
+    #[cfg(test)]
     pub fn new_state(&self) -> Mamba2State {
         let s = &self.spec;
         Mamba2State {
@@ -193,7 +199,9 @@ impl Mamba2Mixer {
     }
 
     /// Runs `t` tokens (`x` is `[t, hidden]`, the already-normalised block input) and returns `[t, hidden]`, advancing
-    /// `state`. `t > 1` uses the chunked scan (prefill), `t == 1` the one-token step (decode).
+    /// `state`. `t > 1` uses the chunked scan (prefill), `t == 1` the one-token step (decode). The mixer's tests check
+    /// it against a naive reference; the engine runs the mixer through `crate::decode`.
+    #[cfg(test)]
     pub fn forward(&self, x: &[f32], t: usize, state: &mut Mamba2State) -> Vec<f32> {
         let s = &self.spec;
         assert_eq!(
@@ -228,6 +236,7 @@ impl Mamba2Mixer {
     /// inputs handed to `scan`, which writes `y` (`[t, heads, head_dim]`, including the `D·x` skip), then the gated
     /// norm and output projection. `prefill` selects the reference's prefill numerics (the `dt` clamp); decode forms and
     /// speculative verification pass `false`. This is how the decode forms (recurrent, replay, kv-only) share one mixer.
+    #[cfg(test)]
     pub fn forward_with(
         &self,
         x: &[f32],
