@@ -1,4 +1,5 @@
-//! The Gated DeltaNet scans: chunked == recurrent on random shapes and the reference's numerics.
+//! The Gated DeltaNet ops: the recurrent step against a transcription of the reference, chunked == recurrent, split
+//! sequences == whole, strong decay, and the chunked form's speed on a long prompt.
 use super::*;
 use crate::cpu::act::{sigmoid, softplus};
 use rand::{Rng, SeedableRng};
