@@ -60,7 +60,7 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
             };
             println!(
                 "{:<20} tp {}  {:<4}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e}; {:.1e} vs unrounded \
-                 weights)  argmax {}/{} equal  {}",
+                 weights)  argmax {}/{} equal  restored copy {:.1e}  {}",
                 case,
                 tp,
                 dtype,
@@ -71,6 +71,7 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
                 r.worst_rel_unrounded,
                 r.argmax_checked - r.argmax_mismatches,
                 r.argmax_checked,
+                r.snapshot_rel,
                 verdict
             );
             if !r.pass && gating {
@@ -85,6 +86,7 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
             for (key, val) in [
                 ("worst_rel", r.worst_rel),
                 ("worst_rel_unrounded", r.worst_rel_unrounded),
+                ("snapshot_rel", r.snapshot_rel),
             ] {
                 if !val.is_finite() {
                     v[key] = json!(val.to_string());

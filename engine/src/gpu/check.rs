@@ -6,6 +6,9 @@
 //! `max|Δlogit| / max|logit_cpu|`; the GPU's argmax must equal the CPU's wherever the CPU's top-two margin exceeds the
 //! tolerance (relative to the same scale).
 //!
+//! The first sequence is also snapshotted after its prompt and restored into another slot, which decodes beside it in
+//! the same batches: a restore must continue exactly ([`SNAPSHOT_TOLERANCE`]).
+//!
 //! The reference is the model the GPU actually serves: the checkpoint's weights rounded the way the GPU stores them
 //! ([`GpuRounded`]: with `--dtype bf16` every weight rounded to bf16 but the f32 per-head parameters, biases and
 //! routers), computed in f32 on the CPU; with `--dtype f32` the checkpoint as it is. For a bf16 checkpoint that is the checkpoint itself; the f32
@@ -29,6 +32,10 @@ use crate::rank::{Rows, SeqKind, SeqStep, StepPlan};
 use crate::sample::argmax;
 use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::worse;
+
+/// How far a sequence restored from a snapshot may drift from the original decoded in the same batch: rows of one
+/// batch go through the same kernels, so only a lost or altered state bit would show.
+pub const SNAPSHOT_TOLERANCE: f64 = 1e-6;
 
 /// How the GPU stores a checkpoint tensor (mirrors `gpu::layers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +109,9 @@ pub struct TeacherForcedReport {
     pub argmax_mismatches: usize,
     pub tolerance: f64,
     pub tp: usize,
+    /// The first sequence snapshotted after its prompt and restored into another slot, both decoded in the same
+    /// batches: the worst `max|Δ| / max|original|` between their logits (a restore must continue exactly).
+    pub snapshot_rel: f64,
     /// Activation storage type on the GPU.
     pub dtype: String,
     pub pass: bool,
@@ -217,12 +227,17 @@ pub fn teacher_forced(
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
         seqs.push((slot, p.len()));
     }
+    // A copy of the first sequence, restored from its snapshot, decodes beside it with the same tokens.
+    let snap = gpu.snapshot(seqs[0].0)?;
+    let copy = gpu.restore(&snap)?;
+    let mut copy_rel = 0.0f64;
     for step in 0..steps {
         let plan = StepPlan {
             commits: Vec::new(),
             seqs: seqs
                 .iter()
-                .zip(&refs)
+                .chain(std::iter::once(&(copy, seqs[0].1)))
+                .zip(refs.iter().chain(std::iter::once(&refs[0])))
                 .map(|(&(slot, len), (toks, _))| SeqStep {
                     slot,
                     kind: SeqKind::Decode,
@@ -236,9 +251,11 @@ pub fn teacher_forced(
             full_logits: true,
         };
         let logits = gpu.step(plan)?.logits.unwrap_or_default();
-        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+        let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
+        for (i, row) in rows.iter().take(seqs.len()).enumerate() {
             got[i].push(row.to_vec());
         }
+        copy_rel = worse(copy_rel, rel(rows[seqs.len()], rows[0]));
     }
     let (mut worst, mut positions, mut checked, mut mismatches) = (0.0f64, 0, 0, 0);
     let mut per_position = Vec::with_capacity(refs.len());
@@ -275,8 +292,9 @@ pub fn teacher_forced(
         argmax_mismatches: mismatches,
         tolerance,
         tp,
+        snapshot_rel: copy_rel,
         dtype: opts.dtype.to_string(),
-        pass: worst <= tolerance && mismatches == 0,
+        pass: worst <= tolerance && mismatches == 0 && copy_rel <= SNAPSHOT_TOLERANCE,
         per_position,
     })
 }

@@ -21,6 +21,7 @@ mod loaded;
 pub mod options;
 mod rank;
 mod scratch;
+mod snapshot;
 pub mod state;
 mod weights;
 

@@ -47,7 +47,7 @@ impl<A: Act> LoadedRank<A> {
             kv_block_size: BLOCK_SIZE,
             chunked_prefill: true,
             forms: vec![FormChoice::Recurrent],
-            snapshots: false,
+            snapshots: true,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
         Ok(GpuRank {
@@ -66,14 +66,14 @@ impl<A: Act> LoadedRank<A> {
 /// A rank ready to run steps: its weights, pools, scratch and its copy of the books (for the block tables and
 /// lengths the kernels read).
 pub(crate) struct GpuRank<A: Act> {
-    inner: LoadedRank<A>,
-    pools: Vec<LayerPool<A>>,
-    books: Books,
-    info: RankInfo,
-    sizes: PoolSizes,
+    pub(super) inner: LoadedRank<A>,
+    pub(super) pools: Vec<LayerPool<A>>,
+    pub(super) books: Books,
+    pub(super) info: RankInfo,
+    pub(super) sizes: PoolSizes,
     scratch: Scratch<A>,
     /// The block tables changed since they were last uploaded.
-    table_dirty: bool,
+    pub(super) table_dirty: bool,
     steps: u64,
 }
 
@@ -482,12 +482,12 @@ impl<A: Act> Rank for GpuRank<A> {
         Ok(())
     }
 
-    fn snapshot(&mut self, _slot: usize) -> Result<SlotSnapshot> {
-        Err(not_supported("slot snapshots"))
+    fn snapshot(&mut self, slot: usize) -> Result<SlotSnapshot> {
+        self.snapshot_slot(slot)
     }
 
-    fn restore(&mut self, _slot: usize, _snapshot: &SlotSnapshot) -> Result<()> {
-        Err(not_supported("slot restores"))
+    fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()> {
+        self.restore_slot(slot, snapshot)
     }
 
     fn health(&mut self) -> Result<RankHealth> {
