@@ -226,6 +226,22 @@ fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     std::fs::write(path, text + "\n").map_err(|e| EngineError::io(path, e))
 }
 
+/// A `tiny` checkpoint of `family` from `seed` in a temporary directory, for unit tests that need a whole model.
+#[cfg(test)]
+pub(crate) fn tiny_checkpoint(family: Family, seed: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    init_model(&InitOptions {
+        family,
+        preset: "tiny".into(),
+        layers: None,
+        seed,
+        out: dir.path().to_path_buf(),
+        dtype: None,
+    })
+    .expect("init-model");
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,23 +5,12 @@
 use std::path::Path;
 
 use super::*;
-use crate::init::{init_model, InitOptions};
 use crate::model::Family;
 use crate::state::PoolError;
 
 /// A tiny random checkpoint of `family` in a temporary directory.
 fn tiny(family: Family) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    init_model(&InitOptions {
-        family,
-        preset: "tiny".into(),
-        layers: None,
-        seed: 5,
-        out: dir.path().to_path_buf(),
-        dtype: None,
-    })
-    .expect("init-model");
-    dir
+    crate::init::tiny_checkpoint(family, 5)
 }
 
 /// A decoder of the checkpoint in `dir`, loaded afresh as one rank (a decoder owns its model).

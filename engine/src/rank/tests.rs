@@ -6,22 +6,11 @@ use std::path::Path;
 
 use super::*;
 use crate::decode::{Decoder, DecoderConfig, FormChoice};
-use crate::init::{init_model, InitOptions};
 use crate::model::Family;
 use crate::shard::ShardedModel;
 
 fn tiny(family: Family) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    init_model(&InitOptions {
-        family,
-        preset: "tiny".into(),
-        layers: None,
-        seed: 11,
-        out: dir.path().to_path_buf(),
-        dtype: None,
-    })
-    .expect("init-model");
-    dir
+    crate::init::tiny_checkpoint(family, 11)
 }
 
 fn config(slots: usize) -> DecoderConfig {
