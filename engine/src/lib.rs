@@ -13,6 +13,7 @@ pub mod model;
 pub mod presets;
 pub mod rank;
 pub mod sample;
+pub mod sched;
 pub mod shard;
 pub mod state;
 pub mod tokenizer;

@@ -1,0 +1,12 @@
+//! Continuous batching as plain data and functions the coordinator calls each step (no threads, no I/O):
+//! [`Scheduler`] keeps the waiting queue (priority, then arrival) and the running sequences, admits requests while
+//! sequence slots and KV blocks last, fills each step's token budget with one decode token per running sequence and
+//! then prompt chunks, and preempts by recompute when a running sequence needs a KV block and none is free (the victim
+//! frees its slot and blocks and waits again with its whole history as its prompt).
+
+mod scheduler;
+
+#[cfg(test)]
+mod tests;
+
+pub use scheduler::{Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};

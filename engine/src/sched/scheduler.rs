@@ -1,0 +1,444 @@
+//! The scheduler's state and its step planning; see the module docs of [`super`].
+
+use std::collections::BTreeMap;
+
+/// The scheduler's limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// Sequence slots (the most sequences running at once).
+    pub slots: usize,
+    /// KV blocks shared by all sequences, and tokens per block.
+    pub kv_blocks: usize,
+    pub kv_block_size: usize,
+    /// The most tokens one step may run (decodes and prompt chunks together; `--max-batch-tokens`).
+    pub max_batch_tokens: usize,
+    /// The longest context a sequence may reach.
+    pub max_context: usize,
+}
+
+/// A request as the scheduler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (at least 1).
+    pub max_tokens: usize,
+    /// Higher runs first; equal priorities run in arrival order.
+    pub priority: i32,
+}
+
+/// Why a request cannot be taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SchedError {
+    #[error("request {id}: the prompt is empty")]
+    EmptyPrompt { id: u64 },
+    #[error("request {id}: max_tokens must be at least 1")]
+    NoTokens { id: u64 },
+    #[error("request {id}: {need} tokens (prompt and max_tokens) exceed the context limit of {limit}")]
+    TooLong { id: u64, need: usize, limit: usize },
+    #[error("request {id}: its context needs {need} KV blocks, the pool has {total}")]
+    TooBig { id: u64, need: usize, total: usize },
+    #[error("request {id} is already queued or running")]
+    Duplicate { id: u64 },
+    #[error("request {id} is not running")]
+    NotRunning { id: u64 },
+    #[error("the scheduler needs a slot, a token budget and a KV block size (slots {slots}, budget {budget})")]
+    Config { slots: usize, budget: usize },
+}
+
+/// One running sequence. Its token stream is `history` (what must be prefilled: the prompt, or after a preemption the
+/// prompt and every token generated before it) followed by the tokens generated since it was admitted; `in_state` of
+/// them are in the slot's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Running {
+    id: u64,
+    slot: usize,
+    priority: i32,
+    arrival: u64,
+    prompt_len: usize,
+    history: Vec<u32>,
+    /// Every token generated since the request arrived (kept across preemptions).
+    generated: Vec<u32>,
+    /// `generated.len()` when the sequence was admitted.
+    generated_at_admission: usize,
+    in_state: usize,
+    max_tokens: usize,
+    /// KV blocks held.
+    blocks: usize,
+    /// Whether the slot must be reset (the first step after admission).
+    fresh: bool,
+}
+
+impl Running {
+    fn stream_len(&self) -> usize {
+        self.history.len() + self.generated.len() - self.generated_at_admission
+    }
+
+    fn prefilling(&self) -> bool {
+        self.in_state < self.history.len()
+    }
+}
+
+/// A waiting request (new, or preempted with the tokens it had generated).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Waiting {
+    request: Request,
+    arrival: u64,
+    generated: Vec<u32>,
+}
+
+/// What one sequence does in a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepWork {
+    /// A prompt chunk: `tokens` at `position`; `last` when it completes the prompt (its last row is sampled).
+    Prefill {
+        position: usize,
+        tokens: Vec<u32>,
+        last: bool,
+    },
+    /// One token at `position` (the last generated one); its row is sampled.
+    Decode { position: usize, token: u32 },
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub id: u64,
+    pub slot: usize,
+    /// The sequence (re)starts in this step: the ranks take the slot afresh.
+    pub fresh: bool,
+    pub work: StepWork,
+}
+
+impl Planned {
+    /// Whether this sequence's last row is sampled in the step.
+    pub fn samples(&self) -> bool {
+        match self.work {
+            StepWork::Prefill { last, .. } => last,
+            StepWork::Decode { .. } => true,
+        }
+    }
+}
+
+/// A step's plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub work: Vec<Planned>,
+    /// Sequences preempted to make room, with the slots they freed (the ranks release them); each waits to be
+    /// re-prefilled with its history.
+    pub preempted: Vec<(u64, usize)>,
+}
+
+impl Step {
+    /// Tokens the step runs.
+    pub fn tokens(&self) -> usize {
+        self.work
+            .iter()
+            .map(|p| match &p.work {
+                StepWork::Prefill { tokens, .. } => tokens.len(),
+                StepWork::Decode { .. } => 1,
+            })
+            .sum()
+    }
+}
+
+/// The waiting queue and the running sequences; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    config: SchedConfig,
+    /// Waiting requests by (−priority, arrival): the first entry is admitted next.
+    waiting: BTreeMap<(i64, u64), Waiting>,
+    running: Vec<Running>,
+    free_slots: Vec<usize>,
+    free_blocks: usize,
+    arrivals: u64,
+}
+
+impl Scheduler {
+    /// An empty scheduler.
+    pub fn new(config: SchedConfig) -> Result<Self, SchedError> {
+        if config.slots == 0 || config.max_batch_tokens == 0 || config.kv_block_size == 0 {
+            return Err(SchedError::Config {
+                slots: config.slots,
+                budget: config.max_batch_tokens,
+            });
+        }
+        Ok(Scheduler {
+            config,
+            waiting: BTreeMap::new(),
+            running: Vec::new(),
+            free_slots: (0..config.slots).rev().collect(),
+            free_blocks: config.kv_blocks,
+            arrivals: 0,
+        })
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.kv_block_size)
+    }
+
+    /// Queues a request after checking that it can ever run.
+    pub fn submit(&mut self, request: Request) -> Result<(), SchedError> {
+        let id = request.id;
+        if request.prompt.is_empty() {
+            return Err(SchedError::EmptyPrompt { id });
+        }
+        if request.max_tokens == 0 {
+            return Err(SchedError::NoTokens { id });
+        }
+        if self.contains(id) {
+            return Err(SchedError::Duplicate { id });
+        }
+        let need = request.prompt.len() + request.max_tokens;
+        if need > self.config.max_context {
+            return Err(SchedError::TooLong {
+                id,
+                need,
+                limit: self.config.max_context,
+            });
+        }
+        let blocks = self.blocks_for(need);
+        if blocks > self.config.kv_blocks {
+            return Err(SchedError::TooBig {
+                id,
+                need: blocks,
+                total: self.config.kv_blocks,
+            });
+        }
+        let arrival = self.arrivals;
+        self.arrivals += 1;
+        let key = (-i64::from(request.priority), arrival);
+        self.waiting.insert(
+            key,
+            Waiting {
+                request,
+                arrival,
+                generated: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether request `id` is waiting or running.
+    pub fn contains(&self, id: u64) -> bool {
+        self.running.iter().any(|r| r.id == id) || self.waiting.values().any(|w| w.request.id == id)
+    }
+
+    /// Removes request `id` wherever it is; returns the slot it frees (the ranks release it), if it was running.
+    pub fn cancel(&mut self, id: u64) -> Option<usize> {
+        if let Some(k) = self.waiting.iter().find(|(_, w)| w.request.id == id).map(|(k, _)| *k) {
+            self.waiting.remove(&k);
+            return None;
+        }
+        let i = self.running.iter().position(|r| r.id == id)?;
+        Some(self.finish(i))
+    }
+
+    fn finish(&mut self, i: usize) -> usize {
+        let r = self.running.swap_remove(i);
+        self.free_slots.push(r.slot);
+        self.free_blocks += r.blocks;
+        r.slot
+    }
+
+    /// Requests waiting and sequences running.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.waiting.len(), self.running.len())
+    }
+
+    /// Free slots and free KV blocks.
+    pub fn free(&self) -> (usize, usize) {
+        (self.free_slots.len(), self.free_blocks)
+    }
+
+    /// The slots of the running sequences (for invariant checks and metrics).
+    pub fn running_slots(&self) -> Vec<usize> {
+        self.running.iter().map(|r| r.slot).collect()
+    }
+
+    /// KV blocks held by running sequences.
+    pub fn held_blocks(&self) -> usize {
+        self.running.iter().map(|r| r.blocks).sum()
+    }
+
+    /// Plans the next step within the token budget: first one decode token for every running sequence past its
+    /// prompt (by priority, then arrival; when one needs a KV block and none is free, the latest-arrived running
+    /// sequences are preempted, or the sequence itself when it is the latest), then prompt chunks of running
+    /// sequences, then newly admitted requests while slots, blocks and budget last.
+    ///
+    /// When nothing can run although sequences are running (every one is mid-prompt and the blocks are spent), the
+    /// latest one is preempted and the plan retried: the first sequence always fits alone ([`Scheduler::submit`]
+    /// refuses a request whose whole context exceeds the pool), so every step makes progress.
+    pub fn schedule(&mut self) -> Step {
+        let mut preempted = Vec::new();
+        loop {
+            let mut step = self.plan_once();
+            preempted.append(&mut step.preempted);
+            if !step.work.is_empty() || self.running.is_empty() {
+                step.preempted = preempted;
+                return step;
+            }
+            let last = self.running.len() - 1;
+            let mut scratch = Step::default();
+            self.preempt(last, &mut scratch);
+            preempted.append(&mut scratch.preempted);
+        }
+    }
+
+    fn plan_once(&mut self) -> Step {
+        let mut step = Step::default();
+        let mut budget = self.config.max_batch_tokens;
+        self.running.sort_by_key(|r| (-i64::from(r.priority), r.arrival));
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let r = &self.running[i];
+            if r.prefilling() || r.in_state >= r.stream_len() {
+                i += 1;
+                continue;
+            }
+            let need = self.blocks_for(r.in_state + 1).saturating_sub(r.blocks);
+            while need > self.free_blocks && self.running.len() > i + 1 {
+                let victim = self.running.len() - 1;
+                self.preempt(victim, &mut step);
+            }
+            if need > self.free_blocks {
+                self.preempt(i, &mut step);
+                continue;
+            }
+            self.free_blocks -= need;
+            let r = &mut self.running[i];
+            r.blocks += need;
+            let token = *r
+                .generated
+                .last()
+                .expect("a sequence past its prompt has generated a token");
+            step.work.push(Planned {
+                id: r.id,
+                slot: r.slot,
+                fresh: std::mem::take(&mut r.fresh),
+                work: StepWork::Decode {
+                    position: r.in_state,
+                    token,
+                },
+            });
+            r.in_state += 1;
+            budget -= 1;
+            i += 1;
+        }
+        for idx in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            if self.running[idx].prefilling() {
+                budget -= self.chunk(idx, budget, &mut step);
+            }
+        }
+        while budget > 0 && !self.free_slots.is_empty() {
+            let Some((&key, w)) = self.waiting.iter().next() else {
+                break;
+            };
+            // A sequence preempted in this step waits at least one step: re-admitting it at once would only churn.
+            if step.preempted.iter().any(|(id, _)| *id == w.request.id) {
+                break;
+            }
+            // Admit only when the first chunk's blocks are free: a request never starts without room to progress.
+            let first = (w.request.prompt.len() + w.generated.len()).min(budget);
+            if self.blocks_for(first) > self.free_blocks {
+                break;
+            }
+            let Some(w) = self.waiting.remove(&key) else {
+                break;
+            };
+            let Some(slot) = self.free_slots.pop() else {
+                break;
+            };
+            let mut history = w.request.prompt.clone();
+            history.extend_from_slice(&w.generated);
+            self.running.push(Running {
+                id: w.request.id,
+                slot,
+                priority: w.request.priority,
+                arrival: w.arrival,
+                prompt_len: w.request.prompt.len(),
+                history,
+                generated_at_admission: w.generated.len(),
+                generated: w.generated,
+                in_state: 0,
+                max_tokens: w.request.max_tokens,
+                blocks: 0,
+                fresh: true,
+            });
+            let idx = self.running.len() - 1;
+            budget -= self.chunk(idx, budget, &mut step);
+        }
+        step
+    }
+
+    /// Plans the next prompt chunk of running sequence `idx` within `budget` tokens and the free KV blocks; returns
+    /// the tokens it takes.
+    fn chunk(&mut self, idx: usize, budget: usize, step: &mut Step) -> usize {
+        let bs = self.config.kv_block_size;
+        let r = &self.running[idx];
+        let room = (r.blocks + self.free_blocks) * bs - r.in_state;
+        let n = (r.history.len() - r.in_state).min(budget).min(room);
+        if n == 0 {
+            return 0;
+        }
+        let need = self.blocks_for(r.in_state + n) - r.blocks;
+        self.free_blocks -= need;
+        let r = &mut self.running[idx];
+        r.blocks += need;
+        let position = r.in_state;
+        r.in_state += n;
+        step.work.push(Planned {
+            id: r.id,
+            slot: r.slot,
+            fresh: std::mem::take(&mut r.fresh),
+            work: StepWork::Prefill {
+                position,
+                tokens: r.history[position..position + n].to_vec(),
+                last: r.in_state == r.history.len(),
+            },
+        });
+        n
+    }
+
+    /// Frees running sequence `i`'s slot and blocks and queues it again with what it generated.
+    fn preempt(&mut self, i: usize, step: &mut Step) {
+        let r = self.running.remove(i);
+        step.work.retain(|p| p.id != r.id);
+        self.free_slots.push(r.slot);
+        self.free_blocks += r.blocks;
+        step.preempted.push((r.id, r.slot));
+        self.waiting.insert(
+            (-i64::from(r.priority), r.arrival),
+            Waiting {
+                request: Request {
+                    id: r.id,
+                    prompt: r.history[..r.prompt_len].to_vec(),
+                    max_tokens: r.max_tokens,
+                    priority: r.priority,
+                },
+                arrival: r.arrival,
+                generated: r.generated,
+            },
+        );
+    }
+
+    /// Records the token sampled for request `id` in the step just run; `stop` when the coordinator's stop rules
+    /// (EOS, stop ids, stop strings) end it. Returns the slot to release when the request finished (here, or by
+    /// reaching `max_tokens`).
+    pub fn sampled(&mut self, id: u64, token: u32, stop: bool) -> Result<Option<usize>, SchedError> {
+        let i = self
+            .running
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or(SchedError::NotRunning { id })?;
+        let r = &mut self.running[i];
+        r.generated.push(token);
+        if stop || r.generated.len() >= r.max_tokens {
+            return Ok(Some(self.finish(i)));
+        }
+        Ok(None)
+    }
+}
