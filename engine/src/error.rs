@@ -60,6 +60,12 @@ pub enum EngineError {
     /// A rank's thread stopped (it panicked, or its device failed) and cannot answer.
     #[error("rank {rank} has stopped")]
     RankStopped { rank: usize },
+    /// A rank panicked inside a call; its thread has stopped.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked { rank: usize, message: String },
+    /// A fault injected for testing (`--inject-fault`).
+    #[error("injected fault: {0}")]
+    Injected(String),
     /// The GPU backend failed (no usable device, a CUDA / cuBLAS / NCCL call failed) or a model does not fit on it.
     #[error("GPU: {0}")]
     Gpu(String),

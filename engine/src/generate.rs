@@ -11,21 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::sample::{Sampler, SamplingParams, StopChecker, StopOutcome};
 use crate::tokenizer::Tokenizer;
 
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// `max_tokens` reached.
-    Length,
-    /// An end-of-sequence token was sampled.
-    Eos,
-    /// A `stop_token_ids` token was sampled.
-    StopToken,
-    /// A stop string was generated.
-    StopString,
-    /// The model's context limit was reached.
-    ContextLimit,
-}
+pub use crate::sched::FinishReason;
 
 /// Timing and counts of one generation.
 #[derive(Clone, Debug, Serialize)]

@@ -1,8 +1,8 @@
-//! Loading a model onto GPUs as a [`RankGroup`]: one rank thread per GPU opens its device, joins the NCCL group,
+//! Loading a model onto GPUs ([`GpuLauncher`], and [`gpu_group`], its [`RankGroup`]): one rank thread per GPU opens its device, joins the NCCL group,
 //! loads its shard block by block, measures what fits, agrees with the other ranks on the pool sizes (the smallest
 //! KV capacity of any rank) and allocates.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use half::bf16;
@@ -15,7 +15,7 @@ use super::state::{PoolSizes, BLOCK_SIZE};
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
-use crate::rank::{Rank, RankGroup};
+use crate::rank::{Abort, Launch, Launcher, Rank, RankGroup, RankLoader};
 use crate::shard::{Communicator, LocalComm};
 
 /// What loading found, for logs and reports.
@@ -84,82 +84,131 @@ fn join_u64(v: &[f32]) -> u64 {
 
 /// Loads the checkpoint in `dir` onto `opts.devices` (one tensor-parallel rank each) and sizes the pools.
 pub fn gpu_group(dir: &Path, opts: &GpuOptions) -> Result<(RankGroup, GpuReport)> {
-    let config = ModelConfig::from_dir(dir)?;
-    check_options(&config, opts)?;
-    let tp = opts.devices.len();
-    let max_len = opts
-        .max_model_len
-        .unwrap_or(config.max_position_embeddings.min(32_768))
-        .min(config.max_position_embeddings)
-        .next_multiple_of(BLOCK_SIZE);
-    let rows = opts.prefill_chunk.max(opts.max_seqs);
-    let nccl_id = if tp > 1 {
-        rewind_kernels::cuda::nccl::disable_nvls_unless_set();
-        Some(rewind_kernels::cuda::nccl::NcclId::new()?)
-    } else {
-        None
-    };
-    // The ranks agree on the pool sizes through a host rendezvous (a rank that fails aborts it, so none waits).
-    let meet: Vec<Option<LocalComm>> = LocalComm::group(tp).into_iter().map(Some).collect();
-    let meet = Arc::new(Mutex::new(meet));
-    let reports: Arc<Mutex<Vec<Option<RankReport>>>> = Arc::new(Mutex::new(vec![None; tp]));
-    let (dir_buf, devices, dtype) = (dir.to_path_buf(), opts.devices.clone(), opts.dtype);
-    let (fraction, max_seqs) = (opts.gpu_memory_fraction, opts.max_seqs);
-    let rep = reports.clone();
-    let group = RankGroup::spawn(tp, "gpu-rank", move |rank| {
-        let comm = meet
-            .lock()
-            .map_err(|_| EngineError::Communicator("the rendezvous handles were poisoned".into()))?
-            .get_mut(rank)
-            .and_then(Option::take)
-            .ok_or_else(|| EngineError::Communicator(format!("no rendezvous handle for rank {rank}")))?;
-        let setup = Setup {
-            ordinal: devices[rank],
-            rank,
-            tp,
-            id: nccl_id,
-            dir: &dir_buf,
-            fraction,
-            max_seqs,
-            max_len,
-            rows,
-        };
-        let built = match dtype {
-            GpuDtype::Bf16 => setup.build::<bf16>(&comm),
-            GpuDtype::F32 => setup.build::<f32>(&comm),
-        };
-        match built {
-            Ok((r, report)) => {
-                if let Ok(mut all) = rep.lock() {
-                    all[rank] = Some(report);
-                }
-                Ok(r)
-            }
-            Err(e) => {
-                comm.abort(&format!("GPU rank {rank} failed: {e}"));
-                Err(e)
-            }
-        }
-    })?;
-    let all = reports
-        .lock()
-        .map_err(|_| EngineError::Gpu("the load reports were poisoned".into()))?
-        .clone();
-    let all: Vec<RankReport> = all.into_iter().flatten().collect();
-    let sizes = all
-        .first()
-        .map(|r| r.2)
-        .ok_or_else(|| EngineError::Gpu("no rank reported".into()))?;
-    let report = GpuReport {
-        devices: all.iter().map(|r| r.0.clone()).collect(),
-        sizes,
-        weight_bytes: all.iter().map(|r| r.1.weight_bytes).collect(),
-        state_bytes: all.iter().map(|r| r.1.state_bytes).collect(),
-        scratch_bytes: all.iter().map(|r| r.1.scratch_bytes).collect(),
-        total_bytes: all.iter().map(|r| r.1.total_bytes).collect(),
-    };
-    info!(?sizes, tp, "GPU model loaded");
+    let launcher = GpuLauncher::new(dir, opts)?;
+    let group = RankGroup::start(&launcher)?;
+    let report = launcher.report()?;
     Ok((group, report))
+}
+
+/// Starts generations of GPU ranks: each launch makes a fresh NCCL id (under tensor parallelism) and host
+/// rendezvous, and each rank opens its device, joins the group, loads its shard and sizes its pools on its own thread.
+///
+/// Aborting a generation wakes ranks waiting in the host rendezvous; a rank stuck inside an NCCL collective is not
+/// reached (the communicator's handle lives on its thread), so recovering from a hang under GPU tensor parallelism
+/// needs `ncclCommAbort` (the multi-GPU work).
+pub struct GpuLauncher {
+    dir: PathBuf,
+    opts: GpuOptions,
+    max_len: usize,
+    rows: usize,
+    reports: Arc<Mutex<Vec<Option<RankReport>>>>,
+}
+
+impl GpuLauncher {
+    /// A launcher for the checkpoint in `dir` with `opts`, checked against the model and the machine.
+    pub fn new(dir: &Path, opts: &GpuOptions) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        check_options(&config, opts)?;
+        let max_len = opts
+            .max_model_len
+            .unwrap_or(config.max_position_embeddings.min(32_768))
+            .min(config.max_position_embeddings)
+            .next_multiple_of(BLOCK_SIZE);
+        Ok(GpuLauncher {
+            dir: dir.to_path_buf(),
+            opts: opts.clone(),
+            max_len,
+            rows: opts.prefill_chunk.max(opts.max_seqs),
+            reports: Arc::new(Mutex::new(vec![None; opts.devices.len()])),
+        })
+    }
+
+    /// What the latest generation's ranks found while loading.
+    pub fn report(&self) -> Result<GpuReport> {
+        let all = self
+            .reports
+            .lock()
+            .map_err(|_| EngineError::Gpu("the load reports were poisoned".into()))?
+            .clone();
+        let all: Vec<RankReport> = all.into_iter().flatten().collect();
+        let sizes = all
+            .first()
+            .map(|r| r.2)
+            .ok_or_else(|| EngineError::Gpu("no rank reported".into()))?;
+        info!(?sizes, tp = self.opts.devices.len(), "GPU model loaded");
+        Ok(GpuReport {
+            devices: all.iter().map(|r| r.0.clone()).collect(),
+            sizes,
+            weight_bytes: all.iter().map(|r| r.1.weight_bytes).collect(),
+            state_bytes: all.iter().map(|r| r.1.state_bytes).collect(),
+            scratch_bytes: all.iter().map(|r| r.1.scratch_bytes).collect(),
+            total_bytes: all.iter().map(|r| r.1.total_bytes).collect(),
+        })
+    }
+}
+
+impl Launcher for GpuLauncher {
+    fn tp(&self) -> usize {
+        self.opts.devices.len()
+    }
+
+    fn name(&self) -> &str {
+        "gpu-rank"
+    }
+
+    fn launch(&self) -> Result<Launch> {
+        let tp = self.tp();
+        let nccl_id = if tp > 1 {
+            rewind_kernels::cuda::nccl::disable_nvls_unless_set();
+            Some(rewind_kernels::cuda::nccl::NcclId::new()?)
+        } else {
+            None
+        };
+        // The ranks agree on the pool sizes through a host rendezvous (a rank that fails aborts it, so none waits).
+        let meet = LocalComm::group(tp);
+        let abort = Abort::new();
+        abort.on_abort(meet[0].abort_handle());
+        let meet = Arc::new(Mutex::new(meet.into_iter().map(Some).collect::<Vec<_>>()));
+        if let Ok(mut r) = self.reports.lock() {
+            r.iter_mut().for_each(|x| *x = None);
+        }
+        let reports = self.reports.clone();
+        let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
+        let (fraction, max_seqs, max_len, rows) = (
+            self.opts.gpu_memory_fraction,
+            self.opts.max_seqs,
+            self.max_len,
+            self.rows,
+        );
+        let load: RankLoader = Arc::new(move |rank| {
+            let comm = meet
+                .lock()
+                .map_err(|_| EngineError::Communicator("the rendezvous handles were poisoned".into()))?
+                .get_mut(rank)
+                .and_then(Option::take)
+                .ok_or_else(|| EngineError::Communicator(format!("no rendezvous handle for rank {rank}")))?;
+            let setup = Setup {
+                ordinal: devices[rank],
+                rank,
+                tp,
+                id: nccl_id,
+                dir: &dir,
+                fraction,
+                max_seqs,
+                max_len,
+                rows,
+            };
+            let (r, report) = match dtype {
+                GpuDtype::Bf16 => setup.build::<bf16>(&comm),
+                GpuDtype::F32 => setup.build::<f32>(&comm),
+            }?;
+            if let Ok(mut all) = reports.lock() {
+                all[rank] = Some(report);
+            }
+            Ok(r)
+        });
+        Ok(Launch { load, abort })
+    }
 }
 
 /// One rank's load parameters.

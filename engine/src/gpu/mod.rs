@@ -26,7 +26,7 @@ pub mod state;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
-pub use load::{gpu_group, GpuReport};
+pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};
 pub use state::{PoolSizes, BLOCK_SIZE};
 

@@ -1,10 +1,11 @@
 //! The CPU rank: [`Decoder`] (one shard of the model, its pools and an in-process communicator) behind the
 //! [`Rank`] interface, and [`cpu_group`], which loads `tp` of them, each on its own thread.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::group::RankGroup;
+use super::launch::{Abort, Launch, Launcher, RankLoader};
 use super::plan::{RankHealth, RankInfo, Rows, SeqKind, SlotSnapshot, StepOut, StepPlan};
 use super::vocab::summarise_row;
 use super::Rank;
@@ -24,31 +25,58 @@ pub struct CpuOptions {
 /// Loads the checkpoint in `dir` as `opts.tp` CPU ranks, each on its own thread with its shard, pools and
 /// communicator.
 pub fn cpu_group(dir: &Path, opts: &CpuOptions) -> Result<RankGroup> {
-    if opts.tp == 0 {
-        return Err(EngineError::InvalidInput("--tp must be at least 1".into()));
+    RankGroup::start(&CpuLauncher::new(dir, opts.clone())?)
+}
+
+/// Starts generations of CPU ranks: each launch makes a fresh in-process communicator group, and each rank loads
+/// its shard from the checkpoint on its own thread.
+#[derive(Clone, Debug)]
+pub struct CpuLauncher {
+    dir: PathBuf,
+    opts: CpuOptions,
+}
+
+impl CpuLauncher {
+    /// A launcher of `opts.tp` ranks of the checkpoint in `dir`.
+    pub fn new(dir: &Path, opts: CpuOptions) -> Result<Self> {
+        if opts.tp == 0 {
+            return Err(EngineError::InvalidInput("--tp must be at least 1".into()));
+        }
+        Ok(CpuLauncher {
+            dir: dir.to_path_buf(),
+            opts,
+        })
     }
-    let handles: Vec<Option<LocalComm>> = LocalComm::group(opts.tp).into_iter().map(Some).collect();
-    let handles = Arc::new(Mutex::new(handles));
-    let (dir, tp, config) = (dir.to_path_buf(), opts.tp, opts.decoder.clone());
-    RankGroup::spawn(tp, "cpu-rank", move |rank| {
-        let comm = handles
-            .lock()
-            .map_err(|_| EngineError::Communicator("the communicator handles were poisoned".into()))?
-            .get_mut(rank)
-            .and_then(Option::take)
-            .ok_or_else(|| EngineError::Communicator(format!("no communicator handle for rank {rank}")))?;
-        let loaded = ShardedModel::from_dir(&dir, tp, rank);
-        let model = match loaded {
-            Ok(m) => m,
-            Err(e) => {
-                // Ranks still loading would wait for this one in their first collective.
-                comm.abort(&format!("rank {rank} failed to load: {e}"));
-                return Err(e);
-            }
-        };
-        let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
-        Ok(Box::new(decoder) as Box<dyn Rank>)
-    })
+}
+
+impl Launcher for CpuLauncher {
+    fn tp(&self) -> usize {
+        self.opts.tp
+    }
+
+    fn name(&self) -> &str {
+        "cpu-rank"
+    }
+
+    fn launch(&self) -> Result<Launch> {
+        let comms = LocalComm::group(self.opts.tp);
+        let abort = Abort::new();
+        abort.on_abort(comms[0].abort_handle());
+        let handles = Arc::new(Mutex::new(comms.into_iter().map(Some).collect::<Vec<_>>()));
+        let (dir, tp, config) = (self.dir.clone(), self.opts.tp, self.opts.decoder.clone());
+        let load: RankLoader = Arc::new(move |rank| {
+            let comm = handles
+                .lock()
+                .map_err(|_| EngineError::Communicator("the communicator handles were poisoned".into()))?
+                .get_mut(rank)
+                .and_then(Option::take)
+                .ok_or_else(|| EngineError::Communicator(format!("no communicator handle for rank {rank}")))?;
+            let model = ShardedModel::from_dir(&dir, tp, rank)?;
+            let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
+            Ok(Box::new(decoder) as Box<dyn Rank>)
+        });
+        Ok(Launch { load, abort })
+    }
 }
 
 impl Decoder {

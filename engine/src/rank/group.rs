@@ -1,52 +1,32 @@
-//! [`RankGroup`]: one OS thread per rank, each owning its [`Rank`] (built on that thread: a GPU rank's context and
-//! NCCL communicator cannot move) and serving typed [`RankMsg`]s; and the coordinator's step over them — validate the
-//! plan against the [`Books`], send the same plan to every rank, merge their answers ([`super::vocab`]), record it.
+//! [`RankGroup`]: the synchronous driver of one generation of ranks — one OS thread per rank
+//! ([`super::thread::RankThread`]), each owning its [`super::Rank`] — and the coordinator's step over them
+//! ([`super::lockstep`]): validate the plan against the [`Books`], send the same plan to every rank, merge their
+//! answers, record it. The actor runtime drives the same threads through rank actors.
 //!
 //! Ranks run the same step in lockstep (their collectives meet inside the communicator). A rank that errors or stops
-//! on a validated step fails it for the caller, and the group then refuses further steps ([`EngineError::GroupFailed`]):
-//! the ranks may no longer agree with the books. Recovering (restart, re-prefill) is the actor runtime's job.
+//! on a validated step fails it for the caller (and aborts the generation's communicators, so no rank waits), and
+//! the group then refuses further steps ([`EngineError::GroupFailed`]): the ranks may no longer agree with the
+//! books. Recovering (restart, re-prefill) is the actor runtime's job.
 
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::channel;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tracing::debug_span;
 
 use super::books::Books;
+use super::fault::Faults;
+use super::launch::{Launch, Launcher};
+use super::lockstep::{finish, prepare, StepResult};
 use super::plan::{RankHealth, RankInfo, SlotSnapshot, StepOut, StepPlan};
-use super::vocab::{merge_step, VocabSummary};
-use super::Rank;
+use super::thread::{RankMsg, RankThread, Reply};
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 
-/// A message to a rank's thread; each carries the channel its answer goes back on.
-pub enum RankMsg {
-    Step(Arc<StepPlan>, Sender<Result<StepOut>>),
-    Release(usize, Sender<Result<()>>),
-    Snapshot(usize, Sender<Result<SlotSnapshot>>),
-    Restore(usize, Box<SlotSnapshot>, Sender<Result<()>>),
-    Health(Sender<Result<RankHealth>>),
-    Synchronize(Sender<Result<()>>),
-}
-
-struct RankThread {
-    msgs: Sender<RankMsg>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Every rank's part of one slot's state, in rank order (see [`Rank::snapshot`]).
+/// Every rank's part of one slot's state, in rank order (see [`super::Rank::snapshot`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupSnapshot {
     pub ranks: Vec<SlotSnapshot>,
-}
-
-/// The whole-vocabulary answer to one step: per reported row (in plan order) its summary, the token chosen for it
-/// when the plan asked to sample, and the logits `[rows, vocab]` when the plan asked for them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepResult {
-    pub rows: Vec<VocabSummary>,
-    pub sampled: Vec<Option<u32>>,
-    pub logits: Option<Vec<f32>>,
 }
 
 /// The ranks of one model, driven in lockstep; see the module docs.
@@ -55,88 +35,76 @@ pub struct RankGroup {
     infos: Vec<RankInfo>,
     books: Books,
     vocab: usize,
+    launch: Launch,
+    /// Steps run (the index each step carries to the ranks).
+    steps: u64,
     /// Why a validated step failed on a rank, after which the ranks' states may differ from the books.
     failed: Option<String>,
 }
 
-fn serve(rank: &mut dyn Rank, msgs: Receiver<RankMsg>) {
-    // A send fails only when the coordinator stopped waiting; the rank keeps serving the next message.
-    while let Ok(msg) = msgs.recv() {
-        match msg {
-            RankMsg::Step(plan, reply) => drop(reply.send(rank.step(&plan))),
-            RankMsg::Release(slot, reply) => drop(reply.send(rank.release(slot))),
-            RankMsg::Snapshot(slot, reply) => drop(reply.send(rank.snapshot(slot))),
-            RankMsg::Restore(slot, snap, reply) => drop(reply.send(rank.restore(slot, &snap))),
-            RankMsg::Health(reply) => drop(reply.send(rank.health())),
-            RankMsg::Synchronize(reply) => drop(reply.send(rank.synchronize())),
+/// Waits for every rank of a generation to load; checks that thread `r` loaded rank `r` of `tp`.
+pub fn await_ranks(ranks: &mut [RankThread]) -> Result<Vec<RankInfo>> {
+    let tp = ranks.len();
+    let mut infos = Vec::with_capacity(tp);
+    let mut first_err = None;
+    for t in ranks.iter_mut() {
+        match t.ready() {
+            Ok(info) => infos.push(info),
+            Err(e) => first_err = first_err.or(Some(e)),
         }
     }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if let Some((r, info)) = infos.iter().enumerate().find(|(r, i)| i.rank != *r || i.tp != tp) {
+        return Err(EngineError::Communicator(format!(
+            "thread {r} loaded rank {} of {}, expected rank {r} of {tp}",
+            info.rank, info.tp
+        )));
+    }
+    Ok(infos)
 }
 
 impl RankGroup {
-    /// Starts `tp` rank threads named `{name}-{rank}`; thread `r` builds its rank with `load(r)`. Fails (after every
-    /// thread has answered) when any rank fails to load.
-    pub fn spawn<F>(tp: usize, name: &str, load: F) -> Result<Self>
-    where
-        F: Fn(usize) -> Result<Box<dyn Rank>> + Send + Sync + 'static,
-    {
+    /// Starts a generation of `launcher`'s ranks, each on its own thread, and waits for them to load. Fails
+    /// (after every thread has answered) when any rank fails to load.
+    pub fn start(launcher: &dyn Launcher) -> Result<Self> {
+        Self::start_with_faults(launcher, Arc::new(Faults::none()))
+    }
+
+    /// [`RankGroup::start`] with faults to inject (a testing aid).
+    pub fn start_with_faults(launcher: &dyn Launcher, faults: Arc<Faults>) -> Result<Self> {
+        let tp = launcher.tp();
         if tp == 0 {
             return Err(EngineError::InvalidInput("a group needs at least one rank".into()));
         }
-        let load = Arc::new(load);
+        let launch = launcher.launch()?;
         let mut ranks = Vec::with_capacity(tp);
-        let mut ready = Vec::with_capacity(tp);
         for r in 0..tp {
-            let (msg_tx, msg_rx) = channel::<RankMsg>();
-            let (ready_tx, ready_rx) = channel::<Result<RankInfo>>();
-            let load = load.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("{name}-{r}"))
-                .spawn(move || match load(r) {
-                    Ok(mut rank) => {
-                        if ready_tx.send(Ok(rank.info())).is_ok() {
-                            serve(&mut *rank, msg_rx);
-                        }
-                    }
-                    Err(e) => drop(ready_tx.send(Err(e))),
-                })
-                .map_err(|e| EngineError::InvalidInput(format!("starting the thread of rank {r}: {e}")))?;
-            ranks.push(RankThread {
-                msgs: msg_tx,
-                thread: Some(thread),
-            });
-            ready.push(ready_rx);
-        }
-        let mut infos = Vec::with_capacity(tp);
-        let mut first_err = None;
-        for (r, rx) in ready.into_iter().enumerate() {
-            match rx.recv().unwrap_or(Err(EngineError::RankStopped { rank: r })) {
-                Ok(info) => infos.push(info),
-                Err(e) => first_err = first_err.or(Some(e)),
+            match RankThread::spawn(launcher.name(), r, &launch, faults.clone(), None) {
+                Ok(t) => ranks.push(t),
+                Err(e) => {
+                    launch.abort.abort(&e.to_string());
+                    return Err(e);
+                }
             }
         }
-        if first_err.is_none() {
-            if let Some((r, info)) = infos.iter().enumerate().find(|(r, i)| i.rank != *r || i.tp != tp) {
-                first_err = Some(EngineError::Communicator(format!(
-                    "thread {r} loaded rank {} of {}, expected rank {r} of {tp}",
-                    info.rank, info.tp
-                )));
-            }
-        }
-        let vocab = infos.last().map_or(0, |i| i.vocab.end);
-        let books = match first_err {
-            Some(e) => Err(e),
-            None => Books::new(&infos, vocab),
-        };
-        match books {
-            Ok(books) => Ok(RankGroup {
+        let loaded = await_ranks(&mut ranks).and_then(|infos| {
+            let vocab = infos.last().map_or(0, |i| i.vocab.end);
+            Ok((Books::new(&infos, vocab)?, infos, vocab))
+        });
+        match loaded {
+            Ok((books, infos, vocab)) => Ok(RankGroup {
                 ranks,
                 infos,
                 books,
                 vocab,
+                launch,
+                steps: 0,
                 failed: None,
             }),
             Err(e) => {
+                launch.abort.abort(&e.to_string());
                 shutdown(ranks);
                 Err(e)
             }
@@ -165,18 +133,16 @@ impl RankGroup {
 
     /// Sends a message built by `make` to every rank and collects the answers in rank order; the first error wins,
     /// after every rank has answered, so no rank is left mid-step.
-    fn broadcast<T>(&self, make: impl Fn(Sender<Result<T>>) -> RankMsg) -> Result<Vec<T>> {
+    fn broadcast<T: Send + 'static>(&self, make: impl Fn(Reply<T>) -> RankMsg) -> Result<Vec<T>> {
         let mut replies = Vec::with_capacity(self.ranks.len());
         for (r, h) in self.ranks.iter().enumerate() {
             let (tx, rx) = channel();
-            h.msgs
-                .send(make(tx))
-                .map_err(|_| EngineError::RankStopped { rank: r })?;
-            replies.push(rx);
+            h.send(make(Box::new(move |v| drop(tx.send(v)))))?;
+            replies.push((r, rx));
         }
         let mut out = Vec::with_capacity(replies.len());
         let mut err = None;
-        for (r, rx) in replies.into_iter().enumerate() {
+        for (r, rx) in replies {
             match rx.recv().unwrap_or(Err(EngineError::RankStopped { rank: r })) {
                 Ok(v) => out.push(v),
                 Err(e) => err = err.or(Some(e)),
@@ -209,48 +175,21 @@ impl RankGroup {
         if let Some(why) = &self.failed {
             return Err(EngineError::GroupFailed(why.clone()));
         }
-        self.books.validate(&plan)?;
-        let tp = self.ranks.len();
-        let mut sent = plan.clone();
-        // Per reported row: the sampling the coordinator does itself (tensor parallelism only).
-        let mut host_samples = Vec::new();
-        if tp > 1 {
-            for s in &mut sent.seqs {
-                let rows = s.row_count();
-                for r in 0..rows {
-                    host_samples.push(if r + 1 == rows { s.sample.take() } else { None });
-                }
-                sent.full_logits |= host_samples.iter().rev().take(rows).any(Option::is_some);
-            }
-        }
-        let sent = Arc::new(sent);
-        let outs = match self.broadcast(|tx| RankMsg::Step(sent.clone(), tx)) {
+        let prepared = prepare(&self.books, &plan, self.ranks.len())?;
+        self.steps += 1;
+        let index = self.steps;
+        let outs: Vec<StepOut> = match self.broadcast(|reply| RankMsg::Step {
+            index,
+            plan: prepared.sent.clone(),
+            reply,
+        }) {
             Ok(outs) => outs,
             Err(e) => {
                 self.failed = Some(e.to_string());
                 return Err(e);
             }
         };
-        self.books.apply(&plan)?;
-        let merged = merge_step(&outs, self.vocab)?;
-        let mut sampled = merged.sampled;
-        if let Some(logits) = &merged.logits {
-            for (row, s) in host_samples.iter().enumerate() {
-                if let Some(s) = s {
-                    sampled[row] = Some(s.sample(&logits[row * self.vocab..(row + 1) * self.vocab]));
-                }
-            }
-        }
-        if let Some(row) = merged.rows.iter().position(VocabSummary::poisoned) {
-            return Err(EngineError::NonFinite {
-                position: row_position(&plan, row),
-            });
-        }
-        Ok(StepResult {
-            rows: merged.rows,
-            sampled,
-            logits: if plan.full_logits { merged.logits } else { None },
-        })
+        finish(&mut self.books, &plan, &prepared, &outs, self.vocab)
     }
 
     /// Copies `slot`'s state from every rank (no verify may be pending).
@@ -293,13 +232,12 @@ impl RankGroup {
             let mut replies = Vec::new();
             for (r, h) in self.ranks.iter().enumerate() {
                 let (tx, rx) = channel();
-                h.msgs
-                    .send(RankMsg::Restore(slot, Box::new(parts[r].clone()), tx))
-                    .map_err(|_| EngineError::RankStopped { rank: r })?;
-                replies.push(rx);
+                let reply: Reply<()> = Box::new(move |v| drop(tx.send(v)));
+                h.send(RankMsg::Restore(slot, Box::new(parts[r].clone()), reply))?;
+                replies.push((r, rx));
             }
             let mut err = None;
-            for (r, rx) in replies.into_iter().enumerate() {
+            for (r, rx) in replies {
                 if let Err(e) = rx.recv().unwrap_or(Err(EngineError::RankStopped { rank: r })) {
                     err = err.or(Some(e));
                 }
@@ -333,30 +271,19 @@ impl RankGroup {
     }
 }
 
-/// The position of reported row `row` of `plan` (for error messages).
-fn row_position(plan: &StepPlan, mut row: usize) -> usize {
-    for s in &plan.seqs {
-        let n = s.row_count();
-        if row < n {
-            return s.position + s.tokens.len() - n + row;
-        }
-        row -= n;
-    }
-    0
-}
-
-/// Closes the rank threads' message channels (which ends them) and waits for them.
-fn shutdown(mut ranks: Vec<RankThread>) {
-    let threads: Vec<_> = ranks.iter_mut().filter_map(|h| h.thread.take()).collect();
-    drop(ranks);
-    for t in threads {
-        // A rank that panicked has already failed its step; nothing is left to report here.
-        let _ = t.join();
+/// Closes the rank threads' channels (which ends them) and waits for them; a thread stuck in a call is left behind
+/// (its generation is aborted first, so a rank waiting in a collective returns).
+fn shutdown(ranks: Vec<RankThread>) {
+    for t in ranks {
+        t.stop(Duration::from_secs(10));
     }
 }
 
 impl Drop for RankGroup {
     fn drop(&mut self) {
+        if self.failed.is_some() {
+            self.launch.abort.abort("the group was dropped after a failed step");
+        }
         shutdown(std::mem::take(&mut self.ranks));
     }
 }

@@ -8,29 +8,40 @@
 //! - [`books`]: the coordinator's copy of every slot's length, pending verify and KV blocks, and the validation that
 //!   rejects a bad plan before any rank computes;
 //! - [`vocab`]: merging the ranks' vocabulary slices (summaries and logits);
-//! - [`group`]: [`RankGroup`], one OS thread per rank fed typed messages, and the coordinator's step;
+//! - [`thread`]: a rank's own OS thread, fed typed [`RankMsg`]s (and where faults are injected, [`fault`]);
+//! - [`launch`]: [`Launcher`], which starts a generation of ranks (fresh communicators, an [`Abort`] signal);
+//! - [`lockstep`]: the coordinator's half of a step (validate and build the plan, merge the answers);
+//! - [`group`]: [`RankGroup`], the synchronous driver of one generation;
 //! - [`sequence`]: one sequence of a group as the generation loop's backend.
 //!
 //! See `docs/architecture.md` for how this fits the actor runtime.
 
 pub mod books;
 mod cpu;
+pub mod fault;
 pub mod group;
+pub mod launch;
+pub mod lockstep;
 pub mod plan;
 pub mod sequence;
+pub mod thread;
 pub mod vocab;
 
 #[cfg(test)]
 mod tests;
 
 pub use books::Books;
-pub use cpu::{cpu_group, CpuOptions};
-pub use group::{RankGroup, StepResult};
+pub use cpu::{cpu_group, CpuLauncher, CpuOptions};
+pub use fault::{FaultKind, FaultSpec, Faults};
+pub use group::{await_ranks, RankGroup};
+pub use launch::{Abort, Launch, Launcher, RankLoader};
+pub use lockstep::{finish, prepare, Prepared, StepResult};
 pub use plan::{
     Commit, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SsmSnapshot, StepOut,
     StepPlan,
 };
 pub use sequence::GroupSequence;
+pub use thread::{RankMsg, RankThread, Reply};
 pub use vocab::{MergedStep, VocabSummary};
 
 use crate::error::Result;

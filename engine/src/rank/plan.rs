@@ -198,7 +198,7 @@ pub struct SsmSnapshot {
 }
 
 /// What a rank reports about itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct RankHealth {
     pub rank: usize,
     pub tp: usize,

@@ -345,70 +345,22 @@ fn a_mixed_batch_equals_each_sequence_alone() {
 }
 
 /// A CPU rank that fails its `at`-th step: with an error, or by panicking.
-struct Faulty {
-    inner: Decoder,
-    at: u64,
-    panic: bool,
-}
-
-impl Rank for Faulty {
-    fn info(&self) -> RankInfo {
-        self.inner.info()
-    }
-
-    fn step(&mut self, plan: &StepPlan) -> crate::Result<StepOut> {
-        if self.inner.steps() + 1 == self.at {
-            if self.panic {
-                panic!("injected panic");
-            }
-            return Err(crate::EngineError::InvalidInput("injected error".into()));
-        }
-        Rank::step(&mut self.inner, plan)
-    }
-
-    fn release(&mut self, slot: usize) -> crate::Result<()> {
-        Rank::release(&mut self.inner, slot)
-    }
-
-    fn snapshot(&mut self, slot: usize) -> crate::Result<SlotSnapshot> {
-        Rank::snapshot(&mut self.inner, slot)
-    }
-
-    fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> crate::Result<()> {
-        Rank::restore(&mut self.inner, slot, snapshot)
-    }
-
-    fn health(&mut self) -> crate::Result<RankHealth> {
-        Rank::health(&mut self.inner)
-    }
-}
-
 #[test]
 fn a_rank_failing_a_valid_step_stops_the_group() {
     let dir = tiny(Family::NemotronH);
-    for panic in [false, true] {
-        let handles = std::sync::Mutex::new(
-            crate::shard::LocalComm::group(2)
-                .into_iter()
-                .map(Some)
-                .collect::<Vec<_>>(),
-        );
-        let path = dir.path().to_path_buf();
-        let mut g = RankGroup::spawn(2, "faulty", move |rank| {
-            let comm = handles.lock().expect("lock")[rank].take().expect("handle");
-            let model = ShardedModel::from_dir(&path, 2, rank)?;
-            let inner = Decoder::new(std::sync::Arc::new(model), Box::new(comm), config(1))?;
-            // A panic on rank 1 at its second step aborts the in-process communicator (rank 0 then fails its
-            // collective instead of waiting). An error is injected on every rank: a rank that returns an error while
-            // the others are inside a collective would leave them waiting, which only a step deadline and an abort
-            // of the communicators (the actor runtime's recovery) can end.
-            Ok(Box::new(Faulty {
-                inner,
-                at: if rank == 1 || !panic { 2 } else { u64::MAX },
-                panic,
-            }) as Box<dyn Rank>)
-        })
-        .expect("group");
+    let launcher = CpuLauncher::new(
+        dir.path(),
+        CpuOptions {
+            tp: 2,
+            decoder: config(1),
+        },
+    )
+    .expect("launcher");
+    for kind in [FaultKind::Error, FaultKind::Panic, FaultKind::Nan] {
+        // Rank 1 fails the group's second step. An error or a panic aborts the generation's communicator, so rank 0
+        // fails its collective instead of waiting for rank 1.
+        let faults = Faults::new(vec![FaultSpec { rank: 1, kind, step: 2 }], 2).expect("faults");
+        let mut g = RankGroup::start_with_faults(&launcher, std::sync::Arc::new(faults)).expect("group");
         let f = FormChoice::Replay;
         let s = g.open(f).expect("open");
         g.step(plan(vec![seq(s, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)]))
@@ -416,9 +368,15 @@ fn a_rank_failing_a_valid_step_stops_the_group() {
         let e = g
             .step(plan(vec![seq(s, SeqKind::Decode, PROMPT.len(), &[1], f, Rows::Last)]))
             .expect_err("the injected fault");
-        // Rank 0's answer comes first: its collective was aborted by rank 1's panic.
-        let want = if panic { "rank 1: panicked" } else { "injected error" };
-        assert!(e.to_string().contains(want), "panic {panic}: {e}");
+        let want = match kind {
+            FaultKind::Error | FaultKind::Panic => "rank 1",
+            _ => "non-finite",
+        };
+        assert!(e.to_string().contains(want), "{kind}: {e}");
+        if kind == FaultKind::Nan {
+            // The ranks ran the step: only the answer was poisoned, and the group may go on.
+            continue;
+        }
         assert!(g.failure().is_some());
         let again = g
             .step(plan(vec![seq(s, SeqKind::Decode, PROMPT.len(), &[1], f, Rows::Last)]))

@@ -150,6 +150,15 @@ impl Sampler {
         self.rng.random::<f32>().min(1.0 - f32::EPSILON)
     }
 
+    /// Draw number `index` of seed `seed`'s stream, in `[0, 1)`, without drawing the ones before it: the serving
+    /// coordinator draws by token index, so a request re-run after a fault or a preemption draws exactly what it
+    /// would have.
+    pub fn draw_at(seed: u64, index: u64) -> f32 {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        rng.set_word_pos(u128::from(index));
+        rng.random::<f32>().min(1.0 - f32::EPSILON)
+    }
+
     /// The seed actually in use (drawn at random when the parameters had none).
     pub fn seed(&self) -> u64 {
         self.seed

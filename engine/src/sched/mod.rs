@@ -2,11 +2,14 @@
 //! [`Scheduler`] keeps the waiting queue (priority, then arrival) and the running sequences, admits requests while
 //! sequence slots and KV blocks last, fills each step's token budget with one decode token per running sequence and
 //! then prompt chunks, and preempts by recompute when a running sequence needs a KV block and none is free (the victim
-//! frees its slot and blocks and waits again with its whole history as its prompt).
+//! frees its slot and blocks and waits again with its whole history as its prompt). [`OutputStream`] turns one
+//! request's sampled tokens into text and decides when it ends.
 
+mod output;
 mod scheduler;
 
 #[cfg(test)]
 mod tests;
 
+pub use output::{FinishReason, OutputStream, Pushed};
 pub use scheduler::{Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};

@@ -425,6 +425,26 @@ impl Scheduler {
         );
     }
 
+    /// Sends every running sequence back to the queue with what it generated (after a fault: the ranks restart
+    /// empty, and each sequence is re-prefilled with its history when admitted again). Returns their ids.
+    pub fn requeue_all(&mut self) -> Vec<u64> {
+        let mut scratch = Step::default();
+        while !self.running.is_empty() {
+            self.preempt(self.running.len() - 1, &mut scratch);
+        }
+        scratch.preempted.into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// Removes every request, waiting or running (the engine can no longer serve); returns their ids.
+    pub fn drain(&mut self) -> Vec<u64> {
+        let mut ids = self.requeue_all();
+        ids.extend(self.waiting.values().map(|w| w.request.id));
+        self.waiting.clear();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// Records the token sampled for request `id` in the step just run; `stop` when the coordinator's stop rules
     /// (EOS, stop ids, stop strings) end it. Returns the slot to release when the request finished (here, or by
     /// reaching `max_tokens`).

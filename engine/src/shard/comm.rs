@@ -97,6 +97,16 @@ impl LocalComm {
         self.shared.cv.notify_all();
     }
 
+    /// A function that aborts this group from any thread (as [`LocalComm::abort`] on this rank does), for a
+    /// coordinator whose ranks may be stuck in a collective.
+    pub fn abort_handle(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let handle = LocalComm {
+            rank: self.rank,
+            shared: self.shared.clone(),
+        };
+        move |reason: &str| handle.abort(reason)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Rendezvous> {
         // A poisoned lock means a rank panicked inside a collective; the data is still consistent enough to read the
         // abort flag, which the panicking rank's drop sets.

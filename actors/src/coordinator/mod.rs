@@ -1,0 +1,344 @@
+//! The coordinator actor: it owns the scheduler ([`rewind_engine::sched`]), the books of the ranks' slots and the
+//! live requests; each step it plans a batch, runs it on every rank actor under a deadline, streams the sampled
+//! tokens to their requests and releases what finished. It supervises the rank actors: a rank that fails, stops or
+//! misses the deadline starts a recovery ([`recovery`]) that costs no request.
+//!
+//! Steps run inside the actor's message handler, one at a time; the coordinator sends itself [`CoordinatorMsg::Step`]
+//! while there is work, so submissions and cancellations queued meanwhile are taken between steps.
+
+mod ranks;
+mod recovery;
+mod step;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use rewind_engine::decode::FormChoice;
+use rewind_engine::rank::{Books, FaultSpec, Faults, Launcher, RankHealth};
+use rewind_engine::sample::SamplingParams;
+use rewind_engine::sched::{OutputStream, SchedConfig, Scheduler};
+use rewind_engine::tokenizer::Tokenizer;
+use rewind_engine::{EngineError, Result};
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::request::{Event, GenerateRequest};
+pub use ranks::Fault;
+use ranks::Generation;
+
+/// How the engine runs.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// The most tokens one step may run (decodes and prompt chunks together).
+    pub max_batch_tokens: usize,
+    /// How long every rank gets to answer a step before the step counts as a fault (a hang).
+    pub step_deadline: Duration,
+    /// How long a generation of ranks gets to load.
+    pub load_deadline: Duration,
+    /// Faults a request may live through; one more fails it with an error (never a hang).
+    pub max_retries: usize,
+    /// Faults to inject (a testing aid).
+    pub faults: Vec<FaultSpec>,
+    /// The decode form of every sequence.
+    pub form: FormChoice,
+    /// Tokens that end a request unless it sets `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// Turns tokens into text and finds stop strings; without it only ids stream.
+    pub tokenizer: Option<Tokenizer>,
+}
+
+impl EngineConfig {
+    /// Defaults for a model decoded in `form`: a 2048-token step budget, a 60 s step deadline, 3 retries.
+    pub fn new(form: FormChoice) -> Self {
+        EngineConfig {
+            max_batch_tokens: 2048,
+            step_deadline: Duration::from_secs(60),
+            load_deadline: Duration::from_secs(1800),
+            max_retries: 3,
+            faults: Vec::new(),
+            form,
+            eos_token_ids: Vec::new(),
+            tokenizer: None,
+        }
+    }
+}
+
+/// What the engine serves, fixed at start-up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineInfo {
+    pub tp: usize,
+    /// The ranks' devices.
+    pub devices: Vec<String>,
+    pub vocab: usize,
+    pub max_context: usize,
+    pub slots: usize,
+    pub kv_blocks: usize,
+    pub kv_block_size: usize,
+}
+
+/// The engine's state at one moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineHealth {
+    pub ranks: Vec<RankHealth>,
+    /// Requests waiting and sequences running.
+    pub waiting: usize,
+    pub running: usize,
+    /// Free slots and KV blocks, as the scheduler counts them.
+    pub free_slots: usize,
+    pub free_kv_blocks: usize,
+    /// Generations of ranks started (1 + recoveries).
+    pub generation: u64,
+}
+
+/// A message to the coordinator.
+pub enum CoordinatorMsg {
+    /// A new request; its events go to `events`.
+    Submit {
+        id: u64,
+        request: GenerateRequest,
+        events: UnboundedSender<Event>,
+    },
+    /// The client went away.
+    Cancel(u64),
+    /// Run the next step (sent by the coordinator to itself).
+    Step,
+    Info(RpcReplyPort<EngineInfo>),
+    Health(RpcReplyPort<Result<EngineHealth>>),
+}
+
+/// What starts the coordinator.
+pub struct CoordinatorArgs {
+    pub launcher: Arc<dyn Launcher>,
+    pub config: EngineConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A request the coordinator is serving.
+struct Live {
+    events: UnboundedSender<Event>,
+    output: OutputStream,
+    params: SamplingParams,
+    seed: u64,
+    /// The prompt, then every generated token (the repetition penalty's context).
+    history: Vec<u32>,
+    prompt_len: usize,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    /// Faults of steps this request was part of.
+    faults: usize,
+    preemptions: usize,
+    recoveries: usize,
+}
+
+/// The coordinator's state.
+pub struct CoordinatorState {
+    launcher: Arc<dyn Launcher>,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    faults: Arc<Faults>,
+    info: EngineInfo,
+    sched: Scheduler,
+    /// `None` while no generation is up (after a recovery failed).
+    ranks: Option<Generation>,
+    books: Books,
+    generation: u64,
+    live: HashMap<u64, Live>,
+    /// Steps run, over the engine's life (the index each step carries).
+    index: u64,
+    /// A `Step` message is queued.
+    step_queued: bool,
+    /// A rank failed between steps (heard from its supervisor link): recover before the next step.
+    pending_fault: Option<Fault>,
+    /// Set when the ranks could not be restarted: every request fails with it.
+    broken: Option<String>,
+    /// The scheduler's limits from the first generation; a restarted one must match them.
+    capacity: SchedConfig,
+    /// The coordinator itself, the supervisor of every rank actor.
+    myself: ActorCell,
+}
+
+/// The scheduler's limits from the ranks' capacity.
+fn sched_config(books: &Books, info: &EngineInfo, max_batch_tokens: usize) -> SchedConfig {
+    let (kv_blocks, kv_block_size) = if info.kv_blocks > 0 {
+        (info.kv_blocks, info.kv_block_size)
+    } else {
+        // No attention layer: the context is bounded by the slots' length only.
+        (info.slots * books.max_context(), 1)
+    };
+    SchedConfig {
+        slots: info.slots,
+        kv_blocks,
+        kv_block_size,
+        max_batch_tokens,
+        max_context: books.max_context(),
+    }
+}
+
+/// See the module docs.
+pub struct Coordinator;
+
+impl Actor for Coordinator {
+    type Msg = CoordinatorMsg;
+    type State = CoordinatorState;
+    type Arguments = CoordinatorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        args: CoordinatorArgs,
+    ) -> std::result::Result<CoordinatorState, ActorProcessingErr> {
+        let c = &args.config;
+        if c.max_batch_tokens == 0 {
+            return Err(Box::new(EngineError::InvalidInput(
+                "--max-batch-tokens must be at least 1".into(),
+            )));
+        }
+        if c.step_deadline.is_zero() {
+            return Err(Box::new(EngineError::InvalidInput(
+                "the step deadline must be positive".into(),
+            )));
+        }
+        let faults = Arc::new(Faults::new(c.faults.clone(), args.launcher.tp())?);
+        let g = Generation::start(&args.launcher, &faults, myself.get_cell(), c.load_deadline).await?;
+        let vocab = g.infos.last().map_or(0, |i| i.vocab.end);
+        let books = Books::new(&g.infos, vocab)?;
+        if !books.forms().contains(&c.form) {
+            let why = format!("the ranks cannot decode in the {} form", c.form);
+            g.stop(&why).await;
+            return Err(Box::new(EngineError::NotSupported(why)));
+        }
+        let info = EngineInfo {
+            tp: g.infos.len(),
+            devices: g.infos.iter().map(|i| i.device.clone()).collect(),
+            vocab,
+            max_context: books.max_context(),
+            slots: books.slots(),
+            kv_blocks: g.infos.iter().map(|i| i.kv_blocks).min().unwrap_or(0),
+            kv_block_size: g.infos.first().map_or(0, |i| i.kv_block_size),
+        };
+        let capacity = sched_config(&books, &info, c.max_batch_tokens);
+        let sched = Scheduler::new(capacity)?;
+        info!(
+            tp = info.tp,
+            slots = info.slots,
+            max_context = info.max_context,
+            "engine started"
+        );
+        Ok(CoordinatorState {
+            launcher: args.launcher,
+            config: args.config,
+            metrics: args.metrics,
+            faults,
+            info,
+            sched,
+            ranks: Some(g),
+            books,
+            generation: 1,
+            live: HashMap::new(),
+            index: 0,
+            step_queued: false,
+            pending_fault: None,
+            broken: None,
+            capacity,
+            myself: myself.get_cell(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        msg: CoordinatorMsg,
+        st: &mut CoordinatorState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        match msg {
+            CoordinatorMsg::Submit { id, request, events } => {
+                st.submit(id, request, events);
+                st.kick(&myself);
+            }
+            CoordinatorMsg::Cancel(id) => st.cancel(id).await,
+            CoordinatorMsg::Step => {
+                st.step_queued = false;
+                st.step(&myself).await;
+                st.kick(&myself);
+            }
+            CoordinatorMsg::Info(reply) => drop(reply.send(st.info.clone())),
+            CoordinatorMsg::Health(reply) => drop(reply.send(st.health().await)),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<CoordinatorMsg>,
+        evt: SupervisionEvent,
+        st: &mut CoordinatorState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        // Ranks of an older generation end during a recovery; only the current one's matter.
+        let (cell, why) = match evt {
+            SupervisionEvent::ActorFailed(cell, e) => (cell, e.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason.unwrap_or_else(|| "stopped".into())),
+            _ => return Ok(()),
+        };
+        let Some(g) = &st.ranks else { return Ok(()) };
+        if let Some(r) = g.ranks.iter().position(|a| a.get_id() == cell.get_id()) {
+            warn!(rank = r, %why, "a rank actor stopped");
+            st.pending_fault.get_or_insert(Fault::Stopped(r));
+            st.kick(&myself);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<CoordinatorMsg>,
+        st: &mut CoordinatorState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        for (_, l) in st.live.drain() {
+            let _ = l.events.send(Event::Failed {
+                error: "the engine stopped".into(),
+            });
+        }
+        if let Some(g) = st.ranks.take() {
+            g.stop("the engine stopped").await;
+        }
+        Ok(())
+    }
+}
+
+impl CoordinatorState {
+    /// Queues a `Step` when there is work and none is queued.
+    fn kick(&mut self, myself: &ActorRef<CoordinatorMsg>) {
+        let (waiting, running) = self.sched.counts();
+        let work = waiting + running > 0 || self.pending_fault.is_some();
+        if work && !self.step_queued && myself.send_message(CoordinatorMsg::Step).is_ok() {
+            self.step_queued = true;
+        }
+    }
+
+    async fn health(&self) -> Result<EngineHealth> {
+        let g = self
+            .ranks
+            .as_ref()
+            .ok_or_else(|| EngineError::GroupFailed(self.broken.clone().unwrap_or_default()))?;
+        let ranks = g
+            .call(RankActorMsg::Health, self.config.step_deadline)
+            .await
+            .map_err(|f| EngineError::GroupFailed(f.to_string()))?;
+        let (waiting, running) = self.sched.counts();
+        let (free_slots, free_kv_blocks) = self.sched.free();
+        Ok(EngineHealth {
+            ranks,
+            waiting,
+            running,
+            free_slots,
+            free_kv_blocks,
+            generation: self.generation,
+        })
+    }
+}
+
+use crate::rank_actor::RankActorMsg;

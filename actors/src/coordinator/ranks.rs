@@ -1,0 +1,173 @@
+//! One generation of rank actors as the coordinator sees them: starting them (linked to the coordinator, their
+//! supervisor), calling all of them under a deadline, and stopping them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::concurrency::oneshot;
+use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort};
+use rewind_engine::rank::{Faults, Launch, Launcher, RankInfo};
+use rewind_engine::{EngineError, Result};
+
+use crate::rank_actor::{RankActor, RankActorMsg, RankArgs};
+
+/// Why a call to the ranks failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// A rank did not answer within the deadline.
+    Deadline(Duration),
+    /// A rank's actor or thread has stopped (its reply was dropped).
+    Stopped(usize),
+    /// A rank answered with an error.
+    Rank(usize, String, bool),
+    /// The merged answer held a NaN or an infinity.
+    NonFinite(String),
+}
+
+impl Fault {
+    /// The fault's class, for metrics and logs.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Fault::Deadline(_) => "deadline",
+            Fault::Stopped(_) => "stopped",
+            Fault::Rank(_, _, true) => "panic",
+            Fault::Rank(..) => "error",
+            Fault::NonFinite(_) => "non_finite",
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Deadline(d) => write!(
+                f,
+                "a rank did not answer within the step deadline of {:.1} s",
+                d.as_secs_f64()
+            ),
+            Fault::Stopped(r) => write!(f, "rank {r} has stopped"),
+            Fault::Rank(r, e, _) => write!(f, "rank {r}: {e}"),
+            Fault::NonFinite(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The rank actors of one generation.
+pub struct Generation {
+    pub ranks: Vec<ActorRef<RankActorMsg>>,
+    pub launch: Launch,
+    pub infos: Vec<RankInfo>,
+}
+
+impl Generation {
+    /// Launches a generation of `launcher`'s ranks as actors supervised by `supervisor` and waits (up to
+    /// `load_deadline`) for every rank to load.
+    pub async fn start(
+        launcher: &Arc<dyn Launcher>,
+        faults: &Arc<Faults>,
+        supervisor: ActorCell,
+        load_deadline: Duration,
+    ) -> Result<Generation> {
+        let launch = launcher.launch()?;
+        let mut ranks = Vec::with_capacity(launcher.tp());
+        for rank in 0..launcher.tp() {
+            let args = RankArgs {
+                rank,
+                name: launcher.name().to_string(),
+                launch: launch.clone(),
+                faults: faults.clone(),
+            };
+            match Actor::spawn_linked(None, RankActor, args, supervisor.clone()).await {
+                Ok((r, _)) => ranks.push(r),
+                Err(e) => {
+                    let g = Generation {
+                        ranks,
+                        launch,
+                        infos: Vec::new(),
+                    };
+                    g.stop(&format!("starting rank {rank}: {e}")).await;
+                    return Err(EngineError::GroupFailed(format!(
+                        "starting the actor of rank {rank}: {e}"
+                    )));
+                }
+            }
+        }
+        let mut g = Generation {
+            ranks,
+            launch,
+            infos: Vec::new(),
+        };
+        match g.call(RankActorMsg::Ready, load_deadline).await {
+            Ok(infos) => {
+                if let Some((r, i)) = infos
+                    .iter()
+                    .enumerate()
+                    .find(|(r, i)| i.rank != *r || i.tp != infos.len())
+                {
+                    let why = format!("actor {r} loaded rank {} of {}", i.rank, i.tp);
+                    g.stop(&why).await;
+                    return Err(EngineError::Communicator(why));
+                }
+                g.infos = infos;
+                Ok(g)
+            }
+            Err(f) => {
+                let why = format!("loading the ranks: {f}");
+                g.stop(&why).await;
+                Err(EngineError::GroupFailed(why))
+            }
+        }
+    }
+
+    /// Sends a message built by `make` to every rank and waits for all answers (rank order) until `deadline`; the
+    /// first failure, in rank order, is returned.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        make: impl Fn(RpcReplyPort<Result<T>>) -> RankActorMsg,
+        deadline: Duration,
+    ) -> std::result::Result<Vec<T>, Fault> {
+        let mut replies = Vec::with_capacity(self.ranks.len());
+        for (r, actor) in self.ranks.iter().enumerate() {
+            let (tx, rx) = oneshot();
+            actor.send_message(make(tx.into())).map_err(|_| Fault::Stopped(r))?;
+            replies.push(rx);
+        }
+        let until = tokio::time::Instant::now() + deadline;
+        let mut out = Vec::with_capacity(replies.len());
+        let mut faults = Vec::new();
+        for (r, rx) in replies.into_iter().enumerate() {
+            match tokio::time::timeout_at(until, rx).await {
+                Err(_) => return Err(Fault::Deadline(deadline)),
+                Ok(Err(_)) => faults.push(Fault::Stopped(r)),
+                Ok(Ok(Err(e))) => {
+                    let panicked = matches!(e, EngineError::RankPanicked { .. });
+                    faults.push(Fault::Rank(r, e.to_string(), panicked));
+                }
+                Ok(Ok(Ok(v))) => out.push(v),
+            }
+        }
+        // A failing rank aborts the generation, so the others answer too; the root cause is reported: a panic, then
+        // an error that is not a communicator abort, then whatever came first.
+        let rank = |f: &Fault| match f {
+            Fault::Rank(_, _, true) => 0,
+            Fault::Rank(_, e, false) if !e.contains("communicator:") => 1,
+            Fault::Stopped(_) => 2,
+            _ => 3,
+        };
+        match faults.into_iter().min_by_key(rank) {
+            Some(f) => Err(f),
+            None => Ok(out),
+        }
+    }
+
+    /// Aborts the generation (ranks waiting in a collective return) and stops its actors, waiting for their threads.
+    pub async fn stop(&self, why: &str) {
+        self.launch.abort.abort(why);
+        for r in &self.ranks {
+            // An actor that already failed has nothing left to stop.
+            let _ = r
+                .stop_and_wait(Some(why.to_string()), Some(Duration::from_secs(60)))
+                .await;
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The coordinator's step: admit and plan with the scheduler, run the plan on every rank, stream the sampled
+//! tokens, release what finished. Also submission and cancellation.
+
+use std::time::Instant;
+
+use ractor::ActorRef;
+use rewind_engine::rank::{finish, prepare, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
+use rewind_engine::sample::Sampler;
+use rewind_engine::sched::{OutputStream, Planned, Request, StepWork};
+use rewind_engine::EngineError;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{debug, info_span, warn, Instrument};
+
+use super::{CoordinatorMsg, CoordinatorState, Fault, Live};
+use crate::metrics::Metrics;
+use crate::rank_actor::RankActorMsg;
+use crate::request::{Event, GenerateRequest, RequestTiming, StepStats, Usage};
+
+impl CoordinatorState {
+    /// Takes a request, or fails it alone with a clear error.
+    pub(super) fn submit(&mut self, id: u64, request: GenerateRequest, events: UnboundedSender<Event>) {
+        if let Err(e) = self.admit(id, request, &events) {
+            Metrics::inc(&self.metrics.requests_failed);
+            let _ = events.send(Event::Failed { error: e.to_string() });
+        }
+    }
+
+    fn admit(
+        &mut self,
+        id: u64,
+        request: GenerateRequest,
+        events: &UnboundedSender<Event>,
+    ) -> rewind_engine::Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(EngineError::GroupFailed(why.clone()));
+        }
+        let GenerateRequest {
+            prompt,
+            params,
+            priority,
+        } = request;
+        params.validate(self.info.vocab)?;
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "the prompt is empty (no tokens to start from)".into(),
+            ));
+        }
+        if let Some((i, &t)) = prompt.iter().enumerate().find(|(_, &t)| t as usize >= self.info.vocab) {
+            return Err(EngineError::InvalidInput(format!(
+                "prompt token id {t} at index {i} is out of range (vocab size {})",
+                self.info.vocab
+            )));
+        }
+        let room = self.info.max_context.saturating_sub(prompt.len());
+        if room == 0 {
+            return Err(EngineError::InvalidInput(format!(
+                "the prompt's {} tokens leave no room to generate within the context limit of {}",
+                prompt.len(),
+                self.info.max_context
+            )));
+        }
+        if let Some(m) = params.max_tokens.filter(|&m| m > room) {
+            return Err(EngineError::InvalidInput(format!(
+                "max_tokens {m} and the prompt's {} tokens exceed the context limit of {} (at most {room} tokens \
+                 can be generated)",
+                prompt.len(),
+                self.info.max_context
+            )));
+        }
+        let output = OutputStream::new(
+            self.config.tokenizer.as_ref(),
+            &params,
+            &self.config.eos_token_ids,
+            room,
+        );
+        self.sched
+            .submit(Request {
+                id,
+                prompt: prompt.clone(),
+                max_tokens: output.limit(),
+                priority,
+            })
+            .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
+        let seed = params.seed.unwrap_or_else(|| {
+            // A fresh seed per request, reproducible from the event stream (it is reported at the end).
+            Sampler::new(params.clone()).map(|s| s.seed()).unwrap_or(id)
+        });
+        Metrics::inc(&self.metrics.requests_submitted);
+        self.live.insert(
+            id,
+            Live {
+                events: events.clone(),
+                output,
+                params,
+                seed,
+                prompt_len: prompt.len(),
+                history: prompt,
+                submitted: Instant::now(),
+                first_token: None,
+                faults: 0,
+                preemptions: 0,
+                recoveries: 0,
+            },
+        );
+        self.gauges();
+        Ok(())
+    }
+
+    /// Drops a request wherever it is (its client went away).
+    pub(super) async fn cancel(&mut self, id: u64) {
+        if self.live.remove(&id).is_none() {
+            return;
+        }
+        Metrics::inc(&self.metrics.requests_cancelled);
+        if let Some(slot) = self.sched.cancel(id) {
+            self.release(&[slot]).await;
+        }
+        self.gauges();
+    }
+
+    /// Ends the sequences in `slots` on every rank; a rank that fails to is a fault.
+    async fn release(&mut self, slots: &[usize]) {
+        for &slot in slots {
+            // A slot that never ran a step is only in the books.
+            let started = self.books.started(slot);
+            let _ = self.books.close(slot);
+            if !started {
+                continue;
+            }
+            let Some(g) = &self.ranks else { return };
+            if let Err(f) = g
+                .call(|r| RankActorMsg::Release(slot, r), self.config.step_deadline)
+                .await
+            {
+                self.pending_fault.get_or_insert(f);
+                return;
+            }
+        }
+    }
+
+    fn gauges(&self) {
+        let m = &self.metrics;
+        let (waiting, running) = self.sched.counts();
+        let (slots, blocks) = self.sched.free();
+        Metrics::set(&m.queue_depth, waiting as u64);
+        Metrics::set(&m.running, running as u64);
+        Metrics::set(&m.free_slots, slots as u64);
+        Metrics::set(&m.free_kv_blocks, blocks as u64);
+    }
+
+    /// The sampling row of `id`'s next token; `None` for greedy decoding without a penalty (the argmax).
+    fn sample_row(&self, id: u64) -> Option<SampleRow> {
+        let l = self.live.get(&id)?;
+        let p = &l.params;
+        if p.temperature == 0.0 && p.repetition_penalty == 1.0 {
+            return None;
+        }
+        Some(SampleRow {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            history: if p.repetition_penalty != 1.0 {
+                l.history.clone()
+            } else {
+                Vec::new()
+            },
+            uniform: Sampler::draw_at(l.seed, l.output.generated() as u64),
+        })
+    }
+
+    fn seq_step(&self, p: &Planned) -> SeqStep {
+        let (kind, position, tokens) = match &p.work {
+            StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
+            StepWork::Decode { position, token } => (SeqKind::Decode, *position, vec![*token]),
+        };
+        let samples = p.samples();
+        SeqStep {
+            slot: p.slot,
+            kind,
+            position,
+            tokens,
+            form: self.config.form,
+            rows: if samples { Rows::Last } else { Rows::None },
+            sample: if samples { self.sample_row(p.id) } else { None },
+        }
+    }
+
+    /// One step; see the module docs.
+    pub(super) async fn step(&mut self, _myself: &ActorRef<CoordinatorMsg>) {
+        if let Some(f) = self.pending_fault.take() {
+            self.recover(f, &[]).await;
+        }
+        if self.ranks.is_none() {
+            return;
+        }
+        let planned = self.sched.schedule();
+        if !planned.preempted.is_empty() {
+            Metrics::add(&self.metrics.preemptions, planned.preempted.len() as u64);
+            let slots: Vec<usize> = planned
+                .preempted
+                .iter()
+                .map(|&(id, slot)| {
+                    if let Some(l) = self.live.get_mut(&id) {
+                        l.preemptions += 1;
+                    }
+                    slot
+                })
+                .collect();
+            self.release(&slots).await;
+            if let Some(f) = self.pending_fault.take() {
+                let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+                self.recover(f, &ids).await;
+                return;
+            }
+        }
+        if planned.work.is_empty() {
+            self.gauges();
+            return;
+        }
+        for p in &planned.work {
+            if p.fresh {
+                if let Err(e) = self.books.open_at(p.slot, self.config.form) {
+                    // The scheduler and the books disagree: a bug, charged to the whole step as a fault.
+                    let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+                    self.recover(Fault::Rank(0, format!("opening slot {}: {e}", p.slot), false), &ids)
+                        .await;
+                    return;
+                }
+            }
+        }
+        let plan = StepPlan {
+            commits: Vec::new(),
+            seqs: planned.work.iter().map(|p| self.seq_step(p)).collect(),
+            full_logits: false,
+        };
+        self.index += 1;
+        let index = self.index;
+        let (seqs, tokens) = (plan.seqs.len(), plan.token_count());
+        let span = info_span!("engine_step", step = index, seqs, tokens);
+        let t0 = Instant::now();
+        let result = self.run(index, &plan).instrument(span).await;
+        let seconds = t0.elapsed().as_secs_f64();
+        let result = match result {
+            Ok(r) => r,
+            Err(f) => {
+                let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+                self.recover(f, &ids).await;
+                return;
+            }
+        };
+        let m = &self.metrics;
+        Metrics::inc(&m.steps);
+        Metrics::set(&m.batch_seqs, seqs as u64);
+        Metrics::set(&m.batch_tokens, tokens as u64);
+        let prefill: usize = planned
+            .work
+            .iter()
+            .map(|p| match &p.work {
+                StepWork::Prefill { tokens, .. } => tokens.len(),
+                StepWork::Decode { .. } => 0,
+            })
+            .sum();
+        Metrics::add(&m.prefill_tokens, prefill as u64);
+        let stats = StepStats {
+            index,
+            seqs,
+            tokens,
+            seconds,
+        };
+        debug!(step = index, seqs, tokens, seconds, "step");
+        let mut finished = Vec::new();
+        for (row, p) in planned.work.iter().filter(|p| p.samples()).enumerate() {
+            let token = result.sampled[row].unwrap_or(result.rows[row].argmax);
+            if let Some(slot) = self.deliver(p.id, token, stats) {
+                finished.push(slot);
+            }
+        }
+        self.release(&finished).await;
+        self.gauges();
+    }
+
+    /// Runs `plan` as step `index` on every rank and merges the answers.
+    async fn run(&mut self, index: u64, plan: &StepPlan) -> Result<rewind_engine::rank::StepResult, Fault> {
+        let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
+        let prepared = prepare(&self.books, plan, g.ranks.len()).map_err(|e| Fault::Rank(0, e.to_string(), false))?;
+        let sent = prepared.sent.clone();
+        let outs = g
+            .call(
+                |reply| RankActorMsg::Step {
+                    index,
+                    plan: sent.clone(),
+                    reply,
+                },
+                self.config.step_deadline,
+            )
+            .await?;
+        finish(&mut self.books, plan, &prepared, &outs, self.info.vocab).map_err(|e| match e {
+            EngineError::NonFinite { .. } => Fault::NonFinite(e.to_string()),
+            e => Fault::Rank(0, e.to_string(), false),
+        })
+    }
+
+    /// Streams request `id`'s new token; returns its slot when the request ended.
+    fn deliver(&mut self, id: u64, token: u32, step: StepStats) -> Option<usize> {
+        let Some(l) = self.live.get_mut(&id) else {
+            // Cancelled while the step ran: the scheduler let it go already.
+            return None;
+        };
+        Metrics::inc(&self.metrics.generated_tokens);
+        let index = l.output.generated();
+        let pushed = l.output.push(token);
+        l.history.push(token);
+        let now = Instant::now();
+        l.first_token.get_or_insert(now);
+        let (text, finish) = match pushed {
+            Ok(p) => (p.text, p.finish),
+            Err(e) => {
+                warn!(request = id, %e, "detokenizing failed");
+                Metrics::inc(&self.metrics.requests_failed);
+                let _ = l.events.send(Event::Failed { error: e.to_string() });
+                self.live.remove(&id);
+                return self.sched.cancel(id);
+            }
+        };
+        let client_gone = l
+            .events
+            .send(Event::Token {
+                token,
+                text,
+                index,
+                step,
+            })
+            .is_err();
+        let slot = match self.sched.sampled(id, token, finish.is_some() || client_gone) {
+            Ok(slot) => slot,
+            Err(e) => {
+                warn!(request = id, %e, "the scheduler lost a request");
+                None
+            }
+        };
+        if let Some(reason) = finish {
+            let l = self.live.remove(&id)?;
+            Metrics::inc(&self.metrics.requests_finished);
+            let _ = l.events.send(Event::Finished {
+                reason,
+                usage: Usage {
+                    prompt_tokens: l.prompt_len,
+                    completion_tokens: l.output.generated(),
+                },
+                timing: RequestTiming {
+                    ttft_seconds: l.first_token.map_or(0.0, |t| (t - l.submitted).as_secs_f64()),
+                    total_seconds: now.duration_since(l.submitted).as_secs_f64(),
+                    preemptions: l.preemptions,
+                    recoveries: l.recoveries,
+                },
+                seed: l.seed,
+            });
+        } else if client_gone {
+            self.live.remove(&id);
+            Metrics::inc(&self.metrics.requests_cancelled);
+        }
+        slot
+    }
+}

@@ -1,0 +1,144 @@
+//! [`EngineHandle`]: the one client handle every front end uses. `submit` returns an [`EventStream`] of the request's
+//! events; dropping the stream before its end cancels the request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorRef};
+use rewind_engine::rank::Launcher;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg, EngineConfig, EngineHealth, EngineInfo};
+use crate::error::ActorsError;
+use crate::metrics::Metrics;
+use crate::request::{Event, GenerateRequest};
+
+/// A running engine: the coordinator actor and its rank actors.
+pub struct EngineHandle {
+    coordinator: ActorRef<CoordinatorMsg>,
+    join: Option<tokio::task::JoinHandle<()>>,
+    next_id: AtomicU64,
+    metrics: Arc<Metrics>,
+    info: EngineInfo,
+}
+
+impl EngineHandle {
+    /// Starts the coordinator and the first generation of `launcher`'s ranks (waiting for them to load).
+    pub async fn start(launcher: Arc<dyn Launcher>, config: EngineConfig) -> Result<Self, ActorsError> {
+        let metrics = Arc::new(Metrics::default());
+        let args = CoordinatorArgs {
+            launcher,
+            config,
+            metrics: metrics.clone(),
+        };
+        let (coordinator, join) = Actor::spawn(None, Coordinator, args)
+            .await
+            .map_err(|e| ActorsError::Start(e.to_string()))?;
+        let info = ractor::call!(coordinator, CoordinatorMsg::Info).map_err(|e| ActorsError::Start(e.to_string()))?;
+        Ok(EngineHandle {
+            coordinator,
+            join: Some(join),
+            next_id: AtomicU64::new(1),
+            metrics,
+            info,
+        })
+    }
+
+    /// What the engine serves.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The engine's counters and gauges.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Queues a request; its events arrive on the returned stream. A request the engine cannot take (bad
+    /// parameters, a prompt too long) gets a single `Failed` event.
+    pub fn submit(&self, request: GenerateRequest) -> Result<EventStream, ActorsError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        self.coordinator
+            .send_message(CoordinatorMsg::Submit {
+                id,
+                request,
+                events: tx,
+            })
+            .map_err(|_| ActorsError::Stopped)?;
+        Ok(EventStream {
+            id,
+            rx,
+            coordinator: self.coordinator.clone(),
+            ended: false,
+        })
+    }
+
+    /// Every rank's health and the scheduler's counts.
+    pub async fn health(&self) -> Result<EngineHealth, ActorsError> {
+        ractor::call!(self.coordinator, CoordinatorMsg::Health)
+            .map_err(|_| ActorsError::Stopped)?
+            .map_err(ActorsError::Engine)
+    }
+
+    /// Stops the engine: live requests fail with "the engine stopped", the ranks end.
+    pub async fn shutdown(mut self) {
+        let _ = self
+            .coordinator
+            .stop_and_wait(None, Some(Duration::from_secs(120)))
+            .await;
+        if let Some(j) = self.join.take() {
+            let _ = j.await;
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        if self.join.is_some() {
+            self.coordinator.stop(None);
+        }
+    }
+}
+
+/// The events of one request; see [`Event`]. Dropped before its end, it cancels the request.
+pub struct EventStream {
+    id: u64,
+    rx: UnboundedReceiver<Event>,
+    coordinator: ActorRef<CoordinatorMsg>,
+    ended: bool,
+}
+
+impl EventStream {
+    /// The request's id in the engine.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.ended {
+            return None;
+        }
+        let e = self.rx.recv().await;
+        match &e {
+            Some(Event::Finished { .. } | Event::Failed { .. }) | None => self.ended = true,
+            Some(Event::Token { .. }) => {}
+        }
+        if e.is_none() {
+            return Some(Event::Failed {
+                error: "the engine stopped".into(),
+            });
+        }
+        e
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.coordinator.send_message(CoordinatorMsg::Cancel(self.id));
+        }
+    }
+}

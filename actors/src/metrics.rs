@@ -1,0 +1,131 @@
+//! The coordinator's counters and gauges, kept where an exporter (the HTTP server's `/metrics`) can read them:
+//! lock-free atomics updated on the step path, plus the log of recoveries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// One recovery: what failed and how long the restart took (from the fault to the new ranks being ready; the
+/// sequences' re-prefill follows in the next steps).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recovery {
+    /// `deadline`, `panic`, `error`, `non_finite` or `stopped`.
+    pub fault: String,
+    pub message: String,
+    pub restart_seconds: f64,
+    /// Sequences sent back to be re-prefilled.
+    pub requeued: usize,
+}
+
+macro_rules! metrics {
+    ($( $name:ident: $kind:literal, $help:literal; )*) => {
+        /// The engine's metrics; see the module docs.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $( #[doc = $help] pub $name: AtomicU64, )*
+            recoveries_log: Mutex<Vec<Recovery>>,
+        }
+
+        /// A copy of every metric at one moment.
+        #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+        pub struct MetricsSnapshot {
+            $( #[doc = $help] pub $name: u64, )*
+            pub recoveries_log: Vec<Recovery>,
+        }
+
+        impl Metrics {
+            /// Reads every metric.
+            pub fn snapshot(&self) -> MetricsSnapshot {
+                MetricsSnapshot {
+                    $( $name: self.$name.load(Ordering::Relaxed), )*
+                    recoveries_log: self.recoveries_log.lock().map(|l| l.clone()).unwrap_or_default(),
+                }
+            }
+
+            /// The metrics in Prometheus' text format, each named `rewind_<metric>`.
+            pub fn prometheus(&self) -> String {
+                let mut out = String::new();
+                $(
+                    out.push_str(&format!(
+                        "# HELP rewind_{0} {1}\n# TYPE rewind_{0} {2}\nrewind_{0} {3}\n",
+                        stringify!($name),
+                        $help,
+                        $kind,
+                        self.$name.load(Ordering::Relaxed)
+                    ));
+                )*
+                out
+            }
+        }
+    };
+}
+
+metrics! {
+    steps: "counter", "Steps run.";
+    prefill_tokens: "counter", "Prompt tokens prefilled (re-prefills after a preemption or a fault included).";
+    generated_tokens: "counter", "Tokens generated and streamed.";
+    requests_submitted: "counter", "Requests accepted.";
+    requests_finished: "counter", "Requests finished.";
+    requests_failed: "counter", "Requests failed (bad parameters, faults beyond the retry limit).";
+    requests_cancelled: "counter", "Requests cancelled by their client.";
+    preemptions: "counter", "Sequences preempted to free slots or KV blocks.";
+    faults: "counter", "Faults seen (a failed or late step, a rank that stopped).";
+    recoveries: "counter", "Recoveries completed (ranks restarted).";
+    recovery_ms_total: "counter", "Total restart time of the recoveries, in milliseconds.";
+    last_recovery_ms: "gauge", "Restart time of the latest recovery, in milliseconds.";
+    queue_depth: "gauge", "Requests waiting.";
+    running: "gauge", "Sequences running.";
+    batch_seqs: "gauge", "Sequences in the latest step.";
+    batch_tokens: "gauge", "Tokens in the latest step.";
+    free_slots: "gauge", "Free sequence slots.";
+    free_kv_blocks: "gauge", "Free KV blocks.";
+}
+
+impl Metrics {
+    /// Adds 1 to a counter.
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets a gauge.
+    pub fn set(gauge: &AtomicU64, v: u64) {
+        gauge.store(v, Ordering::Relaxed);
+    }
+
+    /// Records a completed recovery.
+    pub fn recovered(&self, r: Recovery) {
+        let ms = (r.restart_seconds * 1e3).round() as u64;
+        Self::inc(&self.recoveries);
+        Self::add(&self.recovery_ms_total, ms);
+        Self::set(&self.last_recovery_ms, ms);
+        if let Ok(mut log) = self.recoveries_log.lock() {
+            log.push(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_names_types_and_help() {
+        let m = Metrics::default();
+        Metrics::inc(&m.steps);
+        Metrics::set(&m.queue_depth, 7);
+        let text = m.prometheus();
+        assert!(text.contains("# TYPE rewind_steps counter\nrewind_steps 1\n"), "{text}");
+        assert!(
+            text.contains("# TYPE rewind_queue_depth gauge\nrewind_queue_depth 7\n"),
+            "{text}"
+        );
+        assert!(text.contains("# HELP rewind_steps Steps run.\n"), "{text}");
+        assert_eq!(m.snapshot().steps, 1);
+    }
+}

@@ -1,0 +1,81 @@
+//! What a client sends ([`GenerateRequest`]) and what streams back ([`Event`]).
+
+use rewind_engine::sample::SamplingParams;
+use rewind_engine::sched::FinishReason;
+use serde::Serialize;
+
+/// One generation request: prompt ids and sampling parameters (`max_tokens`, stop strings and stop ids included).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Higher runs first; equal priorities run in arrival order.
+    pub priority: i32,
+}
+
+impl GenerateRequest {
+    /// A request with priority 0.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
+        GenerateRequest {
+            prompt,
+            params,
+            priority: 0,
+        }
+    }
+}
+
+/// The engine step that produced a token.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepStats {
+    /// The coordinator's step number (from 1, over the engine's life).
+    pub index: u64,
+    /// Sequences and tokens the step ran.
+    pub seqs: usize,
+    pub tokens: usize,
+    /// Wall time of the step on the ranks.
+    pub seconds: f64,
+}
+
+/// Prompt and generated token counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// How a finished request went.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RequestTiming {
+    /// From submission to the first token.
+    pub ttft_seconds: f64,
+    /// From submission to the end.
+    pub total_seconds: f64,
+    /// Times the request was preempted (and re-prefilled), and rebuilt after a fault.
+    pub preemptions: usize,
+    pub recoveries: usize,
+}
+
+/// One event of a request's stream. A stream ends with exactly one `Finished` or `Failed`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A generated token and the text that became final with it (often empty mid-character or while a possible
+    /// stop string is held back).
+    Token {
+        token: u32,
+        text: String,
+        /// The token's index among the generated ones (from 0).
+        index: usize,
+        step: StepStats,
+    },
+    /// The request ended (its last token's event came just before, with any held-back text).
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        timing: RequestTiming,
+        /// The sampling seed in use (drawn at random when the request had none).
+        seed: u64,
+    },
+    /// The request failed (bad parameters, or faults beyond the retry limit); nothing more comes.
+    Failed { error: String },
+}

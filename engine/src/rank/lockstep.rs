@@ -1,0 +1,95 @@
+//! The coordinator's half of a step, as two plain functions both drivers call (the synchronous
+//! [`super::RankGroup`] and the actor runtime's coordinator): [`prepare`] checks a plan against the [`Books`] and
+//! builds what every rank receives; [`finish`] records the step in the books and merges the ranks' answers into
+//! one whole-vocabulary result.
+//!
+//! Under tensor parallelism the ranks hold vocabulary slices, so a row to sample comes back as logits and is
+//! sampled in [`finish`] with the same function a whole-vocabulary rank uses.
+
+use std::sync::Arc;
+
+use super::books::Books;
+use super::plan::{SampleRow, StepOut, StepPlan};
+use super::vocab::{merge_step, VocabSummary};
+use crate::error::{EngineError, Result};
+
+/// The whole-vocabulary answer to one step: per reported row (in plan order) its summary, the token chosen for it
+/// when the plan asked to sample, and the logits `[rows, vocab]` when the plan asked for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepResult {
+    pub rows: Vec<VocabSummary>,
+    pub sampled: Vec<Option<u32>>,
+    pub logits: Option<Vec<f32>>,
+}
+
+/// A validated plan as the ranks receive it, with the rows the coordinator samples itself.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// What every rank runs.
+    pub sent: Arc<StepPlan>,
+    /// Per reported row: the sampling the coordinator does (tensor parallelism only).
+    host_samples: Vec<Option<SampleRow>>,
+}
+
+/// Checks `plan` against `books` (a bad plan fails here, before any rank computes) and builds what `tp` ranks run.
+pub fn prepare(books: &Books, plan: &StepPlan, tp: usize) -> Result<Prepared> {
+    books.validate(plan)?;
+    let mut sent = plan.clone();
+    let mut host_samples = Vec::new();
+    if tp > 1 {
+        for s in &mut sent.seqs {
+            let rows = s.row_count();
+            for r in 0..rows {
+                host_samples.push(if r + 1 == rows { s.sample.take() } else { None });
+            }
+            sent.full_logits |= host_samples.iter().rev().take(rows).any(Option::is_some);
+        }
+    }
+    Ok(Prepared {
+        sent: Arc::new(sent),
+        host_samples,
+    })
+}
+
+/// Records the step `plan` (which every rank ran) in `books` and merges the ranks' answers `outs` (rank order);
+/// a row with a NaN or an infinity fails the step.
+pub fn finish(
+    books: &mut Books,
+    plan: &StepPlan,
+    prepared: &Prepared,
+    outs: &[StepOut],
+    vocab: usize,
+) -> Result<StepResult> {
+    books.apply(plan)?;
+    let merged = merge_step(outs, vocab)?;
+    let mut sampled = merged.sampled;
+    if let Some(logits) = &merged.logits {
+        for (row, s) in prepared.host_samples.iter().enumerate() {
+            if let Some(s) = s {
+                sampled[row] = Some(s.sample(&logits[row * vocab..(row + 1) * vocab]));
+            }
+        }
+    }
+    if let Some(row) = merged.rows.iter().position(VocabSummary::poisoned) {
+        return Err(EngineError::NonFinite {
+            position: row_position(plan, row),
+        });
+    }
+    Ok(StepResult {
+        rows: merged.rows,
+        sampled,
+        logits: if plan.full_logits { merged.logits } else { None },
+    })
+}
+
+/// The position of reported row `row` of `plan` (for error messages).
+fn row_position(plan: &StepPlan, mut row: usize) -> usize {
+    for s in &plan.seqs {
+        let n = s.row_count();
+        if row < n {
+            return s.position + s.tokens.len() - n + row;
+        }
+        row -= n;
+    }
+    0
+}
