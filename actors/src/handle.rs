@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorRef};
+use ractor::{Actor, ActorRef, SpawnErr};
 use rewind_engine::rank::Launcher;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -32,9 +32,10 @@ impl EngineHandle {
             config,
             metrics: metrics.clone(),
         };
-        let (coordinator, join) = Actor::spawn(None, Coordinator, args)
-            .await
-            .map_err(|e| ActorsError::Start(e.to_string()))?;
+        let (coordinator, join) = Actor::spawn(None, Coordinator, args).await.map_err(|e| match e {
+            SpawnErr::StartupFailed(e) => ActorsError::Start(e.to_string()),
+            e => ActorsError::Start(e.to_string()),
+        })?;
         let info = ractor::call!(coordinator, CoordinatorMsg::Info).map_err(|e| ActorsError::Start(e.to_string()))?;
         Ok(EngineHandle {
             coordinator,

@@ -90,6 +90,26 @@ pub struct GenerateArgs {
     pub decode: DecodeArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// How the serving engine (coordinator and rank actors) runs (shared by `generate` and `bench`).
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// The most tokens one engine step runs: one per decoding sequence plus prompt chunks.
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Seconds every rank gets to answer a step; a rank that takes longer counts as hung and the ranks restart.
+    #[arg(long, default_value_t = 60.0)]
+    pub step_timeout: f64,
+    /// Faults a request may live through (each restarts the ranks and re-prefills it); one more fails it.
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: usize,
+    /// Testing aid: make rank RANK fail the engine's step number STEP (from 1) with KIND = panic | hang | error |
+    /// nan, e.g. `0:panic@5` (repeatable). The engine recovers; outputs must not change.
+    #[arg(long = "inject-fault", value_name = "RANK:KIND@STEP")]
+    pub inject_fault: Vec<String>,
 }
 
 /// How SSM layers decode (shared by `generate` and `logits`).
@@ -263,10 +283,22 @@ pub struct BenchArgs {
     /// Decode batch sizes (default 1 on the CPU, 1,64 on GPUs): each runs that many sequences through the batched step.
     #[arg(long, value_delimiter = ',')]
     pub batch: Option<Vec<usize>>,
+    /// Serving mode: keep N requests in flight through the engine (coordinator and rank actors) and report output
+    /// tokens/s, time to first token and inter-token latency (p50 / p99), after the batched-step numbers.
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// Serving mode: requests in all (each a --prompt-len prompt generating --decode-tokens tokens).
+    #[arg(long, value_name = "M", requires = "concurrency")]
+    pub requests: Option<usize>,
+    /// Serving mode only: skip the batched-step numbers.
+    #[arg(long, requires = "concurrency")]
+    pub serving_only: bool,
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 #[derive(Args, Debug)]

@@ -63,6 +63,9 @@ pub enum EngineError {
     /// A rank panicked inside a call; its thread has stopped.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked { rank: usize, message: String },
+    /// A rank failed to load (the message is the rank's error).
+    #[error("loading the ranks: {0}")]
+    RankLoad(String),
     /// A fault injected for testing (`--inject-fault`).
     #[error("injected fault: {0}")]
     Injected(String),

@@ -313,3 +313,53 @@ fn a_dropped_stream_cancels_its_request_and_frees_its_slot() {
         e.shutdown().await;
     });
 }
+
+#[test]
+fn five_hundred_concurrent_requests_on_the_tiny_preset_all_complete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rewind_engine::init::init_model(&rewind_engine::init::InitOptions {
+        family: rewind_engine::model::Family::NemotronH,
+        preset: "tiny".into(),
+        layers: None,
+        seed: 5,
+        out: dir.path().to_path_buf(),
+        dtype: None,
+    })
+    .expect("init-model");
+    let rt = runtime();
+    rt.block_on(async {
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.max_batch_tokens = 512;
+        let e = engine(dir.path(), 1, 32, 64, config).await;
+        let vocab = e.info().vocab;
+        let mut rng = Rng(11);
+        let reqs: Vec<_> = (0..500)
+            .map(|_| {
+                let prompt = (0..4 + rng.below(12)).map(|_| rng.below(vocab) as u32).collect();
+                GenerateRequest::new(prompt, greedy(1 + rng.below(8)))
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let out = serve_all(&e, &reqs).await;
+        let wall = t0.elapsed().as_secs_f64();
+        for (o, r) in out.iter().zip(&reqs) {
+            let want = r.params.max_tokens.expect("max_tokens");
+            assert!(
+                matches!(o, Outcome::Done(t, FinishReason::Length) if t.len() == want),
+                "{o:?}"
+            );
+        }
+        let m = e.metrics().snapshot();
+        assert_eq!(m.requests_finished, 500);
+        // The queue never holds more than the requests, the slots never more than 32: memory is the pools'.
+        let h = e.health().await.expect("health");
+        assert_eq!((h.waiting, h.running, h.free_slots), (0, 0, 32), "{h:?}");
+        eprintln!(
+            "500 requests: {:.2} s, {:.0} output tok/s, {} steps",
+            wall,
+            m.generated_tokens as f64 / wall,
+            m.steps
+        );
+        e.shutdown().await;
+    });
+}

@@ -112,9 +112,12 @@ impl Generation {
                 Ok(g)
             }
             Err(f) => {
-                let why = format!("loading the ranks: {f}");
+                let why = match &f {
+                    Fault::Rank(_, e, _) => e.clone(),
+                    f => f.to_string(),
+                };
                 g.stop(&why).await;
-                Err(EngineError::GroupFailed(why))
+                Err(EngineError::RankLoad(why))
             }
         }
     }

@@ -54,15 +54,16 @@ impl CoordinatorState {
         let room = self.info.max_context.saturating_sub(prompt.len());
         if room == 0 {
             return Err(EngineError::InvalidInput(format!(
-                "the prompt's {} tokens leave no room to generate within the context limit of {}",
+                "the prompt's {} tokens leave no room to generate within the context limit of {} (the pools' length, \
+                 at most the model's max_position_embeddings)",
                 prompt.len(),
                 self.info.max_context
             )));
         }
         if let Some(m) = params.max_tokens.filter(|&m| m > room) {
             return Err(EngineError::InvalidInput(format!(
-                "max_tokens {m} and the prompt's {} tokens exceed the context limit of {} (at most {room} tokens \
-                 can be generated)",
+                "max_tokens {m} and the prompt's {} tokens exceed the context limit of {} (the pools' length, at \
+                 most the model's max_position_embeddings; at most {room} tokens can be generated)",
                 prompt.len(),
                 self.info.max_context
             )));
@@ -173,7 +174,7 @@ impl CoordinatorState {
     fn seq_step(&self, p: &Planned) -> SeqStep {
         let (kind, position, tokens) = match &p.work {
             StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
-            StepWork::Decode { position, token } => (SeqKind::Decode, *position, vec![*token]),
+            StepWork::Decode { position, token, .. } => (SeqKind::Decode, *position, vec![*token]),
         };
         let samples = p.samples();
         SeqStep {

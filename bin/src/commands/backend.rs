@@ -1,14 +1,18 @@
-//! The one place the commands choose a backend: the model in `dir` loaded as a [`RankGroup`] on the CPU (`--tp`
-//! rank threads) or on GPUs, which every command then drives through the same rank interface.
+//! The one place the commands choose a backend: the model in `dir` as a [`Launcher`] of CPU ranks (`--tp` rank
+//! threads) or GPU ranks, which a command either starts as a synchronous [`RankGroup`] (`logits`, `perplexity`, the
+//! batched-step bench) or hands to the serving engine ([`start_engine`]: `generate`, the serving bench).
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use rewind_actors::{EngineConfig, EngineHandle};
 use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::model::ModelConfig;
-use rewind_engine::rank::{cpu_group, CpuOptions, RankGroup};
+use rewind_engine::rank::{CpuLauncher, CpuOptions, FaultSpec, Launcher, RankGroup};
 
-use crate::cli::{DecodeArgs, Device, DeviceArgs};
+use crate::cli::{DecodeArgs, Device, DeviceArgs, EngineArgs};
 
 /// What a command needs of the pools.
 #[derive(Clone, Copy, Debug)]
@@ -19,7 +23,30 @@ pub struct Needs {
     pub context: usize,
 }
 
-/// A model loaded on its device, with the decode form its sequences use.
+/// A model's ranks, ready to start, with the decode form its sequences use.
+pub struct Backend {
+    pub launcher: Arc<dyn Launcher>,
+    pub config: ModelConfig,
+    pub form: FormChoice,
+    /// Prints what a GPU load placed where (after the ranks have started).
+    #[cfg(feature = "cuda")]
+    gpu: Option<(Arc<rewind_engine::gpu::GpuLauncher>, DeviceArgs)>,
+    cpu_device: Option<String>,
+}
+
+impl Backend {
+    /// The device, in words, after the ranks have started (a GPU's load report is printed too).
+    pub fn started(&self, t0: std::time::Instant) -> Result<String> {
+        #[cfg(feature = "cuda")]
+        if let Some((g, d)) = &self.gpu {
+            return super::gpu::report(&g.report()?, d, self.launcher.tp(), t0);
+        }
+        let _ = t0;
+        Ok(self.cpu_device.clone().unwrap_or_default())
+    }
+}
+
+/// A model loaded on its device as a synchronous rank group.
 pub struct Loaded {
     pub group: RankGroup,
     pub config: ModelConfig,
@@ -28,9 +55,9 @@ pub struct Loaded {
     pub device: String,
 }
 
-/// Loads the model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (the CPU
+/// The model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (the CPU
 /// default form is `auto`, the GPU's `recurrent`, the only one it runs yet).
-pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Loaded> {
+pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Backend> {
     // The flags are checked before anything is read.
     let which = device.device()?;
     let config = ModelConfig::from_dir(dir)?;
@@ -41,18 +68,24 @@ pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs:
             if let Some(d) = decode {
                 dc.buffer_len = d.buffer_len;
             }
-            let group = cpu_group(
+            let launcher = CpuLauncher::new(
                 dir,
-                &CpuOptions {
+                CpuOptions {
                     tp: device.tp,
                     decoder: dc,
                 },
             )?;
-            Ok(Loaded {
-                group,
+            Ok(Backend {
+                launcher: Arc::new(launcher),
                 config,
                 form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),
-                device: format!("cpu ({} threads, tp {})", rayon::current_num_threads(), device.tp),
+                #[cfg(feature = "cuda")]
+                gpu: None,
+                cpu_device: Some(format!(
+                    "cpu ({} threads, tp {})",
+                    rayon::current_num_threads(),
+                    device.tp
+                )),
             })
         }
         #[cfg(feature = "cuda")]
@@ -65,15 +98,71 @@ pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs:
                 dargs.max_model_len = Some(context);
             }
             dargs.max_seqs = dargs.max_seqs.max(needs.slots);
-            let (group, report) = super::gpu::load(dir, &dargs, devices)?;
-            Ok(Loaded {
-                group,
+            let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(
+                dir,
+                &super::gpu::options(&dargs, devices)?,
+            )?);
+            Ok(Backend {
+                launcher: g.clone(),
                 config,
                 form: FormChoice::Recurrent,
-                device: report.devices.join(", "),
+                gpu: Some((g, dargs)),
+                cpu_device: None,
             })
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(super::no_cuda()),
     }
+}
+
+/// Loads the model in `dir` as a synchronous rank group; see [`backend`].
+pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Loaded> {
+    let b = backend(dir, device, decode, needs)?;
+    let t0 = std::time::Instant::now();
+    let group = RankGroup::start(b.launcher.as_ref())?;
+    let device = b.started(t0)?;
+    Ok(Loaded {
+        group,
+        config: b.config,
+        form: b.form,
+        device,
+    })
+}
+
+/// The engine's settings from the flags (checked before anything loads).
+pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig> {
+    anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens must be at least 1");
+    anyhow::ensure!(
+        args.step_timeout.is_finite() && args.step_timeout > 0.0,
+        "--step-timeout must be a positive number of seconds, got {}",
+        args.step_timeout
+    );
+    let mut c = EngineConfig::new(form);
+    c.max_batch_tokens = args.max_batch_tokens;
+    c.step_deadline = Duration::from_secs_f64(args.step_timeout);
+    c.max_retries = args.max_retries;
+    c.faults = args
+        .inject_fault
+        .iter()
+        .map(|s| s.parse::<FaultSpec>())
+        .collect::<rewind_engine::Result<_>>()?;
+    Ok(c)
+}
+
+/// A multi-threaded runtime for the engine's actors.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rewind-actors")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Starts the serving engine on `b`'s ranks; returns it and the device in words.
+pub async fn start_engine(b: &Backend, config: EngineConfig) -> Result<(EngineHandle, String)> {
+    let t0 = std::time::Instant::now();
+    let engine = EngineHandle::start(b.launcher.clone(), config).await?;
+    let device = b.started(t0)?;
+    Ok((engine, device))
 }

@@ -183,6 +183,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
          {limit} tokens",
         args.decode_tokens
     );
+    let serving = match (args.concurrency, args.requests) {
+        (Some(n), m) => Some((n, m.unwrap_or(4 * n))),
+        (None, _) => None,
+    };
+    if args.serving_only {
+        let (n, m) = serving.context("--serving-only needs --concurrency")?;
+        let mut result = header(&args, &config);
+        println!("| measure | value |");
+        println!("|---|---|");
+        result["serving"] = super::serve_bench::run(&args, &dir, n, m)?;
+        return write_json(&args, &result);
+    }
     let biggest = batches.iter().copied().max().unwrap_or(1);
     let needs = Needs {
         slots: biggest,
@@ -247,13 +259,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         c,
         prompt.len() as f64 / c
     );
-    let mut result = json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        "commit": git_commit(),
+    let mut result = header(&args, &config);
+    let more = json!({
         "device": loaded.device,
         "tp": loaded.group.tp(),
-        "model": config.summary(),
         "prompt_tokens": prompt.len(),
         "prefill_s": chunked,
         "prefill_median_s": c,
@@ -263,6 +272,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "sampling": "greedy, each row's argmax from the ranks' summaries",
         "decode": rows,
     });
+    for (k, v) in more.as_object().into_iter().flatten() {
+        result[k] = v.clone();
+    }
     if cpu {
         let s = median(stepwise.clone());
         println!(
@@ -287,8 +299,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r["step_ms_median"].as_f64().unwrap_or(f64::NAN)
         );
     }
+    if let Some((n, m)) = serving {
+        // The batched-step group is dropped first: the engine loads its own ranks.
+        drop(loaded);
+        result["serving"] = super::serve_bench::run(&args, &dir, n, m)?;
+    }
+    write_json(&args, &result)
+}
+
+/// What every bench result records: the command, date, commit and model.
+fn header(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> serde_json::Value {
+    json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "commit": git_commit(),
+        "model": config.summary(),
+        "tp": args.device.tp,
+    })
+}
+
+fn write_json(args: &BenchArgs, result: &serde_json::Value) -> Result<()> {
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)? + "\n")
+        std::fs::write(path, serde_json::to_string_pretty(result)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -1,12 +1,13 @@
 //! `rewind generate`: stream text from a prompt.
 
 use std::io::Write;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rewind_engine::generate::generate_on;
+use rewind_actors::{EngineHandle, Event, GenerateRequest};
+use rewind_engine::generate::{GenerationOutput, GenerationStats};
 use rewind_engine::generation_config::GenerationDefaults;
 use rewind_engine::model::json::parse_relaxed;
-use rewind_engine::rank::GroupSequence;
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::Tokenizer;
@@ -81,17 +82,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     }
 
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let json = args.json;
-    let mut write_err: Option<std::io::Error> = None;
-    let mut on_text = |piece: &str| {
-        if !json && write_err.is_none() {
-            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                write_err = Some(e);
-            }
-        }
-    };
     // One sequence: the pools hold what this generation can reach, not the model's whole context.
     let want = prompt
         .len()
@@ -103,14 +93,26 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         slots: 1,
         context: want,
     };
-    let mut loaded = backend::open(&dir, &dargs, Some(&args.decode), needs)?;
-    let result = {
-        let mut seq = GroupSequence::open(&mut loaded.group, loaded.form, want)?;
-        generate_on(&mut seq, &tokenizer, &prompt, &params, &eos, &mut on_text)?
-    };
-    if let Some(e) = write_err {
-        return Err(e).context("writing to stdout");
-    }
+    let b = backend::backend(&dir, &dargs, Some(&args.decode), needs)?;
+    let mut engine_config = backend::engine_config(&args.engine, b.form)?;
+    engine_config.eos_token_ids = eos;
+    engine_config.tokenizer = Some(tokenizer);
+    let json = args.json;
+    let result = backend::runtime()?.block_on(async {
+        let (engine, _device) = backend::start_engine(&b, engine_config).await?;
+        let out = stream(&engine, prompt, params, json).await;
+        let recoveries = engine.metrics().snapshot().recoveries_log;
+        engine.shutdown().await;
+        for r in recoveries {
+            eprintln!(
+                "[recovered from a fault ({}: {}): ranks restarted in {:.3} s, {} sequence(s) re-prefilled]",
+                r.fault, r.message, r.restart_seconds, r.requeued
+            );
+        }
+        out
+    })?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
     if json {
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;
@@ -128,4 +130,61 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs one request through the engine, streaming its text to stdout unless `json`.
+async fn stream(
+    engine: &EngineHandle,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    json: bool,
+) -> Result<GenerationOutput> {
+    let prompt_tokens = prompt.len();
+    let t0 = Instant::now();
+    let mut events = engine.submit(GenerateRequest::new(prompt, params))?;
+    let stdout = std::io::stdout();
+    let (mut text, mut tokens) = (String::new(), Vec::new());
+    let mut first: Option<f64> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Event::Token { token, text: piece, .. } => {
+                first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                tokens.push(token);
+                if !json && !piece.is_empty() {
+                    let mut out = stdout.lock();
+                    out.write_all(piece.as_bytes())
+                        .and_then(|_| out.flush())
+                        .context("writing to stdout")?;
+                }
+                text.push_str(&piece);
+            }
+            Event::Finished { reason, seed, .. } => {
+                let total = t0.elapsed().as_secs_f64();
+                // The first token comes from the prompt's step; every later one costs one decode step.
+                let prefill_seconds = first.unwrap_or(total);
+                let decode_seconds = total - prefill_seconds;
+                let decoded = tokens.len().saturating_sub(1);
+                return Ok(GenerationOutput {
+                    text,
+                    stats: GenerationStats {
+                        prompt_tokens,
+                        generated_tokens: tokens.len(),
+                        prefill_seconds,
+                        decode_seconds,
+                        prefill_tokens_per_second: prompt_tokens as f64 / prefill_seconds.max(1e-9),
+                        decode_tokens_per_second: if decoded > 0 {
+                            decoded as f64 / decode_seconds.max(1e-9)
+                        } else {
+                            0.0
+                        },
+                        finish_reason: reason,
+                        seed,
+                    },
+                    tokens,
+                });
+            }
+            Event::Failed { error } => anyhow::bail!("{error}"),
+        }
+    }
+    anyhow::bail!("the engine ended the request without a final event")
 }

@@ -1,12 +1,9 @@
-//! The GPU options from the device flags, and loading a model onto GPUs as a rank group (with a report of what was
-//! placed where).
+//! The GPU options from the device flags, and the report of what a GPU load placed where.
 
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Result;
-use rewind_engine::gpu::{gpu_group, GpuOptions, GpuReport};
-use rewind_engine::rank::RankGroup;
+use rewind_engine::gpu::{GpuOptions, GpuReport};
 
 use crate::cli::DeviceArgs;
 
@@ -22,16 +19,14 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
     })
 }
 
-/// Loads `dir` onto `devices`, printing what was placed where.
-pub fn load(dir: &Path, d: &DeviceArgs, devices: Vec<usize>) -> Result<(RankGroup, GpuReport)> {
-    let t0 = Instant::now();
-    let (group, r) = gpu_group(dir, &options(d, devices)?)?;
+/// Prints what was placed where (`t0`: when loading began); returns the devices in words.
+pub fn report(r: &GpuReport, d: &DeviceArgs, tp: usize, t0: Instant) -> Result<String> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     eprintln!(
         "GPU: {} | tp {} | {} activations | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB per rank of {:.1} GiB | \
          {} sequences × {} tokens, {} KV blocks | loaded in {:.1} s",
         r.devices.join(", "),
-        group.tp(),
+        tp,
         d.dtype,
         gib(r.weight_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.state_bytes.iter().copied().max().unwrap_or(0)),
@@ -42,5 +37,5 @@ pub fn load(dir: &Path, d: &DeviceArgs, devices: Vec<usize>) -> Result<(RankGrou
         r.sizes.num_blocks,
         t0.elapsed().as_secs_f64()
     );
-    Ok((group, r))
+    Ok(r.devices.join(", "))
 }

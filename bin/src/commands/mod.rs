@@ -12,6 +12,7 @@ mod plan_memory;
 mod selftest;
 #[cfg(feature = "cuda")]
 mod selftest_model;
+mod serve_bench;
 
 use anyhow::Result;
 

@@ -39,7 +39,7 @@ pub enum RankMsg {
     Synchronize(Reply<()>),
 }
 
-/// Called once when the thread stops serving for a reason other than its channel closing (a panic, a failed load).
+/// Called once when the thread stops serving for a reason other than its channel closing (a panic).
 pub type ExitHook = Box<dyn FnOnce(String) + Send>;
 
 /// The handle on one rank's thread.
@@ -76,11 +76,11 @@ impl RankThread {
                         serve(rank, &mut *r, &msg_rx, &launch.abort, &faults)
                     }
                     Err(e) => {
-                        // Ranks still loading would wait for this one in their first collective.
+                        // Ranks still loading would wait for this one in their first collective. The failure is
+                        // the answer to `ready`, not an exit to report.
                         launch.abort.abort(&format!("rank {rank} failed to load: {e}"));
-                        let why = e.to_string();
                         let _ = ready_tx.send(Err(e));
-                        Some(why)
+                        None
                     }
                 };
                 if let (Some(why), Some(hook)) = (exit, on_exit) {

@@ -67,6 +67,11 @@ struct Running {
     blocks: usize,
     /// Whether the slot must be reset (the first step after admission).
     fresh: bool,
+    /// The prompt chunks' lengths so far, and those of an earlier admission still to repeat: a re-prefill takes
+    /// the same chunks, then feeds the generated tokens one decode step each, so that it computes exactly what the
+    /// first run did (a chunked scan rounds differently from token-by-token steps) and greedy outputs cannot change.
+    chunks: Vec<usize>,
+    replay: std::collections::VecDeque<usize>,
 }
 
 impl Running {
@@ -74,8 +79,17 @@ impl Running {
         self.history.len() + self.generated.len() - self.generated_at_admission
     }
 
+    /// Whether the prompt is still being prefilled (in chunks).
     fn prefilling(&self) -> bool {
-        self.in_state < self.history.len()
+        self.in_state < self.prompt_len
+    }
+
+    /// Token `i` of the stream (history, then what was generated since admission).
+    fn token_at(&self, i: usize) -> u32 {
+        match self.history.get(i) {
+            Some(&t) => t,
+            None => self.generated[self.generated_at_admission + i - self.history.len()],
+        }
     }
 }
 
@@ -85,6 +99,8 @@ struct Waiting {
     request: Request,
     arrival: u64,
     generated: Vec<u32>,
+    /// The prompt chunks of an earlier admission (see `Running::chunks`).
+    chunks: Vec<usize>,
 }
 
 /// What one sequence does in a step.
@@ -96,8 +112,9 @@ pub enum StepWork {
         tokens: Vec<u32>,
         last: bool,
     },
-    /// One token at `position` (the last generated one); its row is sampled.
-    Decode { position: usize, token: u32 },
+    /// One token at `position`: the last generated one, whose row is sampled (`sample`), or after a re-admission
+    /// one of the tokens generated before it, fed again (sampled only for the last).
+    Decode { position: usize, token: u32, sample: bool },
 }
 
 /// One sequence's part of a step.
@@ -115,7 +132,7 @@ impl Planned {
     pub fn samples(&self) -> bool {
         match self.work {
             StepWork::Prefill { last, .. } => last,
-            StepWork::Decode { .. } => true,
+            StepWork::Decode { sample, .. } => sample,
         }
     }
 }
@@ -214,6 +231,7 @@ impl Scheduler {
                 request,
                 arrival,
                 generated: Vec::new(),
+                chunks: Vec::new(),
             },
         );
         Ok(())
@@ -272,7 +290,7 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Step {
         let mut preempted = Vec::new();
         loop {
-            let mut step = self.plan_once();
+            let mut step = self.plan_once(&preempted);
             preempted.append(&mut step.preempted);
             if !step.work.is_empty() || self.running.is_empty() {
                 step.preempted = preempted;
@@ -285,7 +303,7 @@ impl Scheduler {
         }
     }
 
-    fn plan_once(&mut self) -> Step {
+    fn plan_once(&mut self, earlier: &[(u64, usize)]) -> Step {
         let mut step = Step::default();
         let mut budget = self.config.max_batch_tokens;
         self.running.sort_by_key(|r| (-i64::from(r.priority), r.arrival));
@@ -308,10 +326,8 @@ impl Scheduler {
             self.free_blocks -= need;
             let r = &mut self.running[i];
             r.blocks += need;
-            let token = *r
-                .generated
-                .last()
-                .expect("a sequence past its prompt has generated a token");
+            let token = r.token_at(r.in_state);
+            let sample = r.in_state + 1 == r.stream_len();
             step.work.push(Planned {
                 id: r.id,
                 slot: r.slot,
@@ -319,6 +335,7 @@ impl Scheduler {
                 work: StepWork::Decode {
                     position: r.in_state,
                     token,
+                    sample,
                 },
             });
             r.in_state += 1;
@@ -338,11 +355,16 @@ impl Scheduler {
                 break;
             };
             // A sequence preempted in this step waits at least one step: re-admitting it at once would only churn.
-            if step.preempted.iter().any(|(id, _)| *id == w.request.id) {
+            if step.preempted.iter().chain(earlier).any(|(id, _)| *id == w.request.id) {
                 break;
             }
             // Admit only when the first chunk's blocks are free: a request never starts without room to progress.
-            let first = (w.request.prompt.len() + w.generated.len()).min(budget);
+            let first = match w.chunks.first() {
+                // A re-prefill repeats its first chunk whole, so it waits for a step with that much budget.
+                Some(&c) if c > budget => break,
+                Some(&c) => c,
+                None => w.request.prompt.len().min(budget),
+            };
             if self.blocks_for(first) > self.free_blocks {
                 break;
             }
@@ -367,6 +389,8 @@ impl Scheduler {
                 max_tokens: w.request.max_tokens,
                 blocks: 0,
                 fresh: true,
+                chunks: Vec::new(),
+                replay: w.chunks.into(),
             });
             let idx = self.running.len() - 1;
             budget -= self.chunk(idx, budget, &mut step);
@@ -380,7 +404,14 @@ impl Scheduler {
         let bs = self.config.kv_block_size;
         let r = &self.running[idx];
         let room = (r.blocks + self.free_blocks) * bs - r.in_state;
-        let n = (r.history.len() - r.in_state).min(budget).min(room);
+        let mut n = (r.prompt_len - r.in_state).min(budget).min(room);
+        if let Some(&want) = r.replay.front() {
+            // The chunk of the earlier run, or nothing this step.
+            if want > n {
+                return 0;
+            }
+            n = want;
+        }
         if n == 0 {
             return 0;
         }
@@ -388,6 +419,8 @@ impl Scheduler {
         self.free_blocks -= need;
         let r = &mut self.running[idx];
         r.blocks += need;
+        r.replay.pop_front();
+        r.chunks.push(n);
         let position = r.in_state;
         r.in_state += n;
         step.work.push(Planned {
@@ -421,6 +454,12 @@ impl Scheduler {
                 },
                 arrival: r.arrival,
                 generated: r.generated,
+                chunks: if r.replay.is_empty() {
+                    r.chunks
+                } else {
+                    // Preempted again before its replay ended: the earlier run's chunks still hold.
+                    r.chunks.into_iter().chain(r.replay).collect()
+                },
             },
         );
     }

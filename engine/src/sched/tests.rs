@@ -1,8 +1,10 @@
-//! Property tests of the scheduler over random arrivals, cancellations, stops and configurations, against a model of
-//! what the ranks hold: no slot or KV block is leaked or used twice, every step stays within its token budget and
-//! feeds each slot the next position of its sequence, and every admitted request finishes.
+//! Property tests of the scheduler over random arrivals, cancellations, stops, faults and configurations, against a
+//! model of what the ranks hold: no slot or KV block is leaked or used twice, every step stays within its token budget
+//! and feeds each slot the next tokens of its sequence (prompt, then every sampled token), a fault frees everything and
+//! each requeued sequence is re-prefilled afresh with its prompt and generated tokens, and every admitted request
+//! finishes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 
@@ -19,6 +21,8 @@ enum Op {
     Step {
         stops: u64,
     },
+    /// A rank fault: every running sequence goes back to the queue and the ranks restart empty.
+    Fault,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -26,6 +30,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (1usize..40, 1usize..16, -1i32..2).prop_map(|(prompt, max_tokens, priority)| Op::Submit { prompt, max_tokens, priority }),
         1 => (0usize..64).prop_map(Op::Cancel),
         6 => any::<u64>().prop_map(|stops| Op::Step { stops }),
+        1 => Just(Op::Fault),
     ]
 }
 
@@ -39,14 +44,16 @@ fn config() -> impl Strategy<Value = SchedConfig> {
     })
 }
 
-/// What the ranks would hold: per slot, the request in it and how many tokens its state holds.
+/// What the ranks would hold: per slot, the request in it and the tokens its state holds.
 #[derive(Default)]
 struct Ranks {
-    slots: HashMap<usize, (u64, usize)>,
+    slots: HashMap<usize, (u64, Vec<u32>)>,
 }
 
 impl Ranks {
-    fn run(&mut self, step: &Step, budget: usize) {
+    /// Runs `step` against every request's token stream (its prompt, then every token sampled for it); a request in
+    /// `restarted` (requeued by a fault) must come back afresh with a prefill from position 0.
+    fn run(&mut self, step: &Step, budget: usize, streams: &HashMap<u64, Vec<u32>>, restarted: &mut HashSet<u64>) {
         assert!(
             step.tokens() <= budget,
             "the step runs {} tokens, budget {budget}",
@@ -55,113 +62,221 @@ impl Ranks {
         for (id, slot) in &step.preempted {
             let held = self.slots.remove(slot);
             assert!(
-                held.is_none_or(|(h, _)| h == *id),
+                held.as_ref().is_none_or(|(h, _)| h == id),
                 "slot {slot} released for {id}, held {held:?}"
             );
             assert!(step.work.iter().all(|p| p.id != *id), "preempted {id} still planned");
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         for p in &step.work {
             assert!(seen.insert(p.slot), "slot {} planned twice", p.slot);
+            if restarted.remove(&p.id) {
+                assert!(
+                    p.fresh && matches!(p.work, StepWork::Prefill { position: 0, .. }),
+                    "request {} resumes after a fault without a fresh prefill from position 0: {p:?}",
+                    p.id
+                );
+            }
             if p.fresh {
                 assert!(
                     self.slots.get(&p.slot).is_none_or(|(id, _)| *id == p.id),
                     "slot {} taken afresh while another request holds it",
                     p.slot
                 );
-                self.slots.insert(p.slot, (p.id, 0));
+                self.slots.insert(p.slot, (p.id, Vec::new()));
             }
-            let (id, len) = self.slots.get_mut(&p.slot).expect("a planned slot holds a sequence");
+            let (id, held) = self.slots.get_mut(&p.slot).expect("a planned slot holds a sequence");
             assert_eq!(*id, p.id, "slot {} holds another request", p.slot);
+            let stream = &streams[&p.id];
             match &p.work {
-                StepWork::Prefill { position, tokens, .. } => {
-                    assert_eq!(*position, *len, "prompt chunk of {} at the wrong position", p.id);
-                    *len += tokens.len();
+                StepWork::Prefill { position, tokens, last } => {
+                    assert_eq!(*position, held.len(), "prompt chunk of {} at the wrong position", p.id);
+                    held.extend_from_slice(tokens);
+                    assert!(stream.starts_with(held), "prompt chunk of {} is not its stream", p.id);
+                    if *last {
+                        assert_eq!(
+                            held, stream,
+                            "{}'s prefill ends before its prompt and generated tokens",
+                            p.id
+                        );
+                    }
                 }
-                StepWork::Decode { position, .. } => {
-                    assert_eq!(*position, *len, "decode of {} at the wrong position", p.id);
-                    *len += 1;
+                StepWork::Decode {
+                    position,
+                    token,
+                    sample,
+                } => {
+                    assert_eq!(*position, held.len(), "decode of {} at the wrong position", p.id);
+                    held.push(*token);
+                    assert!(stream.starts_with(held), "decode of {} is not its stream", p.id);
+                    if *sample {
+                        assert_eq!(held, stream, "decode of {} does not feed its last sampled token", p.id);
+                    } else {
+                        assert!(held.len() < stream.len(), "{} replays past its stream", p.id);
+                    }
                 }
             }
         }
     }
 }
 
-fn check_books(s: &Scheduler, c: &SchedConfig) {
+fn check_books(s: &Scheduler, c: &SchedConfig, ranks: &Ranks) {
     let (free_slots, free_blocks) = s.free();
-    let running = s.running_slots();
-    let mut sorted = running.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    assert_eq!(sorted.len(), running.len(), "a slot is used twice: {running:?}");
+    let mut running = s.running_slots();
+    running.sort_unstable();
+    let n = running.len();
+    running.dedup();
+    assert_eq!(running.len(), n, "a slot is used twice: {running:?}");
     assert_eq!(free_slots + running.len(), c.slots, "slots leaked");
     assert_eq!(free_blocks + s.held_blocks(), c.kv_blocks, "KV blocks leaked");
+    let mut held: Vec<usize> = ranks.slots.keys().copied().collect();
+    held.sort_unstable();
+    assert_eq!(held, running, "the ranks' slots differ from the running sequences'");
+}
+
+/// One random run: the scheduler, the ranks' model, and every request's record.
+struct Sim {
+    c: SchedConfig,
+    s: Scheduler,
+    ranks: Ranks,
+    /// Prompt, then every token sampled, per accepted request.
+    streams: HashMap<u64, Vec<u32>>,
+    prompt_len: HashMap<u64, usize>,
+    max_tokens: HashMap<u64, usize>,
+    accepted: Vec<u64>,
+    cancelled: HashSet<u64>,
+    /// Requeued by a fault and not planned since.
+    restarted: HashSet<u64>,
+    next_id: u64,
+    next_token: u32,
+}
+
+impl Sim {
+    fn new(c: SchedConfig) -> Self {
+        Sim {
+            c,
+            s: Scheduler::new(c).expect("scheduler"),
+            ranks: Ranks::default(),
+            streams: HashMap::new(),
+            prompt_len: HashMap::new(),
+            max_tokens: HashMap::new(),
+            accepted: Vec::new(),
+            cancelled: HashSet::new(),
+            restarted: HashSet::new(),
+            next_id: 0,
+            next_token: 1_000_000,
+        }
+    }
+
+    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32) {
+        let id = self.next_id;
+        self.next_id += 1;
+        // Tokens distinct across requests and positions, so a chunk fed from the wrong place shows.
+        let prompt: Vec<u32> = (0..prompt as u32).map(|i| id as u32 * 100 + i).collect();
+        let r = Request {
+            id,
+            prompt: prompt.clone(),
+            max_tokens,
+            priority,
+        };
+        if self.s.submit(r).is_ok() {
+            self.accepted.push(id);
+            self.prompt_len.insert(id, prompt.len());
+            self.max_tokens.insert(id, max_tokens);
+            self.streams.insert(id, prompt);
+        }
+    }
+
+    fn cancel(&mut self, k: usize) {
+        let Some(&id) = self.accepted.get(k) else {
+            return;
+        };
+        if self.s.contains(id) {
+            if let Some(slot) = self.s.cancel(id) {
+                self.ranks.slots.remove(&slot);
+            }
+            self.cancelled.insert(id);
+            self.restarted.remove(&id);
+        }
+    }
+
+    fn step(&mut self, stops: u64) {
+        let step = self.s.schedule();
+        self.ranks
+            .run(&step, self.c.max_batch_tokens, &self.streams, &mut self.restarted);
+        for (k, p) in step.work.iter().enumerate() {
+            if p.samples() {
+                let stop = stops >> (k % 64) & 1 == 1 && stops.count_ones() > 60;
+                let token = self.next_token;
+                self.next_token += 1;
+                self.streams.get_mut(&p.id).expect("stream").push(token);
+                if let Some(slot) = self.s.sampled(p.id, token, stop).expect("sampled") {
+                    self.ranks.slots.remove(&slot);
+                }
+            }
+        }
+    }
+
+    /// A fault: every running sequence is requeued and the ranks restart with every slot empty.
+    fn fault(&mut self) {
+        let (waiting, running) = self.s.counts();
+        let mut was_running: Vec<u64> = self.ranks.slots.values().map(|(id, _)| *id).collect();
+        was_running.sort_unstable();
+        let mut requeued = self.s.requeue_all();
+        requeued.sort_unstable();
+        assert_eq!(
+            requeued, was_running,
+            "requeue_all must return every running sequence once"
+        );
+        self.ranks.slots.clear();
+        assert_eq!(
+            self.s.free(),
+            (self.c.slots, self.c.kv_blocks),
+            "a fault must free every slot and block"
+        );
+        assert_eq!(
+            self.s.counts(),
+            (waiting + running, 0),
+            "a fault must requeue, not drop"
+        );
+        assert!(requeued.iter().all(|&id| self.s.contains(id)));
+        self.restarted.extend(requeued);
+    }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
 
     #[test]
-    fn no_leaks_budget_holds_positions_follow_and_everything_finishes(c in config(), ops in prop::collection::vec(op(), 1..80)) {
-        let mut s = Scheduler::new(c).expect("scheduler");
-        let mut ranks = Ranks::default();
-        let mut next_id = 0u64;
-        let mut accepted: Vec<u64> = Vec::new();
-        let mut done: HashMap<u64, usize> = HashMap::new();
-        let mut cancelled = std::collections::HashSet::new();
-        let mut max_tokens: HashMap<u64, usize> = HashMap::new();
-        let step_once = |s: &mut Scheduler, ranks: &mut Ranks, stops: u64, done: &mut HashMap<u64, usize>| {
-            let step = s.schedule();
-            ranks.run(&step, c.max_batch_tokens);
-            for (k, p) in step.work.iter().enumerate() {
-                if p.samples() {
-                    let stop = stops >> (k % 64) & 1 == 1 && stops.count_ones() > 60;
-                    *done.entry(p.id).or_default() += 1;
-                    if let Some(slot) = s.sampled(p.id, 7, stop).expect("sampled") {
-                        ranks.slots.remove(&slot);
-                    }
-                }
-            }
-        };
+    fn no_leaks_budget_holds_streams_follow_faults_recover_and_everything_finishes(c in config(), ops in prop::collection::vec(op(), 1..80)) {
+        let mut sim = Sim::new(c);
         for o in ops {
             match o {
-                Op::Submit { prompt, max_tokens: m, priority } => {
-                    let r = Request { id: next_id, prompt: vec![1; prompt], max_tokens: m, priority };
-                    if s.submit(r).is_ok() {
-                        accepted.push(next_id);
-                        max_tokens.insert(next_id, m);
-                    }
-                    next_id += 1;
-                }
-                Op::Cancel(k) => {
-                    if let Some(&id) = accepted.get(k) {
-                        if s.contains(id) {
-                            if let Some(slot) = s.cancel(id) {
-                                ranks.slots.remove(&slot);
-                            }
-                            cancelled.insert(id);
-                        }
-                    }
-                }
-                Op::Step { stops } => step_once(&mut s, &mut ranks, stops, &mut done),
+                Op::Submit { prompt, max_tokens, priority } => sim.submit(prompt, max_tokens, priority),
+                Op::Cancel(k) => sim.cancel(k),
+                Op::Step { stops } => sim.step(stops),
+                Op::Fault => sim.fault(),
             }
-            check_books(&s, &c);
+            check_books(&sim.s, &c, &sim.ranks);
         }
-        // Drain: with no more arrivals every request finishes within a bounded number of steps.
+        // Run out: with no more arrivals every request finishes within a bounded number of steps.
         let bound = 10_000;
         let mut steps = 0;
-        while s.counts() != (0, 0) {
-            step_once(&mut s, &mut ranks, 0, &mut done);
-            check_books(&s, &c);
+        while sim.s.counts() != (0, 0) {
+            sim.step(0);
+            check_books(&sim.s, &c, &sim.ranks);
             steps += 1;
-            prop_assert!(steps < bound, "no progress: {:?} waiting/running", s.counts());
+            prop_assert!(steps < bound, "no progress: {:?} waiting/running", sim.s.counts());
         }
-        prop_assert_eq!(s.free(), (c.slots, c.kv_blocks));
-        for id in accepted {
-            if !cancelled.contains(&id) {
-                // Without stops a request ends exactly at max_tokens; a stop ends it earlier, never later.
-                let n = done.get(&id).copied().unwrap_or(0);
-                prop_assert!(n >= 1 && n <= max_tokens[&id], "request {} sampled {} tokens of {}", id, n, max_tokens[&id]);
+        prop_assert_eq!(sim.s.free(), (c.slots, c.kv_blocks));
+        prop_assert!(sim.restarted.is_empty(), "requeued but never resumed: {:?}", sim.restarted);
+        prop_assert!(sim.s.drain().is_empty());
+        for id in &sim.accepted {
+            if !sim.cancelled.contains(id) {
+                // Without stops a request ends exactly at max_tokens; a stop ends it earlier, never later. A fault
+                // keeps what was sampled, so it changes neither.
+                let n = sim.streams[id].len() - sim.prompt_len[id];
+                prop_assert!(n >= 1 && n <= sim.max_tokens[id], "request {} sampled {} tokens of {}", id, n, sim.max_tokens[id]);
             }
         }
     }
@@ -219,7 +334,106 @@ fn decodes_come_first_then_chunks_fill_the_budget_and_priority_wins() {
     s.submit(req(3, 10, 5)).expect("submit");
     let step = s.schedule();
     // Request 1 decodes its sampled token, then the higher-priority request 3 takes the rest of the budget.
-    assert_eq!(step.work[0].work, StepWork::Decode { position: 4, token: 9 });
+    assert_eq!(
+        step.work[0].work,
+        StepWork::Decode {
+            position: 4,
+            token: 9,
+            sample: true
+        }
+    );
     assert_eq!(step.work[1].id, 3);
     assert_eq!(step.tokens(), 6);
+}
+
+#[test]
+fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens() {
+    let c = SchedConfig {
+        slots: 1,
+        kv_blocks: 16,
+        kv_block_size: 4,
+        max_batch_tokens: 16,
+        max_context: 32,
+    };
+    let mut s = Scheduler::new(c).expect("scheduler");
+    s.submit(Request {
+        id: 1,
+        prompt: vec![10, 11, 12],
+        max_tokens: 4,
+        priority: 0,
+    })
+    .expect("submit");
+    assert_eq!(s.schedule().tokens(), 3);
+    assert_eq!(s.sampled(1, 20, false), Ok(None));
+    let decode = |position, token, sample| StepWork::Decode {
+        position,
+        token,
+        sample,
+    };
+    assert_eq!(s.schedule().work[0].work, decode(3, 20, true));
+    assert_eq!(s.sampled(1, 21, false), Ok(None));
+    assert_eq!(s.requeue_all(), vec![1]);
+    assert_eq!((s.free(), s.counts()), ((1, 16), (1, 0)));
+    let step = s.schedule();
+    assert_eq!(
+        step.work,
+        vec![Planned {
+            id: 1,
+            slot: 0,
+            fresh: true,
+            work: StepWork::Prefill {
+                position: 0,
+                tokens: vec![10, 11, 12],
+                last: false
+            },
+        }]
+    );
+    // The generated tokens are fed again one step each, as they were first computed; the last one samples.
+    assert_eq!(s.schedule().work[0].work, decode(3, 20, false));
+    assert_eq!(s.schedule().work[0].work, decode(4, 21, true));
+    assert_eq!(s.sampled(1, 22, false), Ok(None));
+    assert_eq!(s.schedule().work[0].work, decode(5, 22, true));
+    // The tokens sampled before the fault count: the fourth ends the request.
+    assert_eq!(s.sampled(1, 23, false), Ok(Some(0)));
+    assert_eq!((s.free(), s.counts()), ((1, 16), (0, 0)));
+}
+
+#[test]
+fn drain_removes_every_request_and_frees_every_slot_and_block() {
+    let c = SchedConfig {
+        slots: 2,
+        kv_blocks: 8,
+        kv_block_size: 4,
+        max_batch_tokens: 8,
+        max_context: 32,
+    };
+    let mut s = Scheduler::new(c).expect("scheduler");
+    let req = |id, m, p| Request {
+        id,
+        prompt: vec![1; 4],
+        max_tokens: m,
+        priority: p,
+    };
+    assert!(s.drain().is_empty());
+    for (id, m, p) in [(9, 4, 0), (3, 4, 0), (5, 4, 1), (7, 1, 2), (1, 4, -1)] {
+        s.submit(req(id, m, p)).expect("submit");
+    }
+    // Step 1 admits 7 (which finishes at its one token) and 5; step 2 decodes 5 and admits 9.
+    for _ in 0..2 {
+        for p in s.schedule().work {
+            s.sampled(p.id, 2, false).expect("sampled");
+        }
+    }
+    assert_eq!(s.counts(), (2, 2));
+    assert_eq!(s.drain(), vec![1, 3, 5, 9]);
+    assert_eq!(s.counts(), (0, 0));
+    assert_eq!(s.free(), (c.slots, c.kv_blocks));
+    assert!(s.running_slots().is_empty());
+    assert_eq!(s.held_blocks(), 0);
+    assert!([1, 3, 5, 7, 9].iter().all(|&id| !s.contains(id)));
+    assert_eq!(s.schedule(), Step::default());
+    assert!(s.drain().is_empty());
+    // The ids are free again.
+    s.submit(req(5, 4, 0)).expect("resubmit");
+    assert_eq!(s.schedule().tokens(), 4);
 }

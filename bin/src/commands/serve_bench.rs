@@ -1,0 +1,188 @@
+//! `rewind bench --concurrency N --requests M`: serving through the engine (coordinator and rank actors). M requests,
+//! each a fixed pseudo-random prompt generating a fixed number of greedy tokens, are submitted with at most N in
+//! flight; reported are output tokens/s over the run, time to first token and inter-token latency (p50 / p99), and
+//! the process's peak memory.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use rewind_actors::{EngineHandle, Event, GenerateRequest};
+use rewind_engine::sample::SamplingParams;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use super::backend::{self, Needs};
+use super::bench::tokens;
+use crate::cli::BenchArgs;
+
+/// The `q`-quantile (0..=1) of `xs` by the nearest rank (NaN for none).
+fn quantile(xs: &mut [f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let i = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1;
+    xs[i]
+}
+
+/// The process's peak resident memory in MiB (Linux), if known.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// What one request saw: its submit time, each token's arrival, and how it ended.
+struct Trace {
+    submitted: Instant,
+    arrivals: Vec<Instant>,
+    error: Option<String>,
+}
+
+async fn one(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<Semaphore>) -> Trace {
+    let _permit = gate.acquire_owned().await;
+    let submitted = Instant::now();
+    let mut trace = Trace {
+        submitted,
+        arrivals: Vec::new(),
+        error: None,
+    };
+    let mut events = match engine.submit(request) {
+        Ok(s) => s,
+        Err(e) => {
+            trace.error = Some(e.to_string());
+            return trace;
+        }
+    };
+    while let Some(e) = events.next().await {
+        match e {
+            Event::Token { .. } => trace.arrivals.push(Instant::now()),
+            Event::Finished { .. } => break,
+            Event::Failed { error } => {
+                trace.error = Some(error);
+                break;
+            }
+        }
+    }
+    trace
+}
+
+/// Runs the serving benchmark; returns its JSON (and prints its table rows).
+pub fn run(args: &BenchArgs, dir: &std::path::Path, concurrency: usize, requests: usize) -> Result<Value> {
+    anyhow::ensure!(concurrency > 0, "--concurrency must be at least 1");
+    anyhow::ensure!(requests > 0, "--requests must be at least 1");
+    let needs = Needs {
+        slots: concurrency,
+        context: args.prompt_len + args.decode_tokens,
+    };
+    let mut dargs = args.device.clone();
+    dargs.max_seqs = dargs.max_seqs.max(concurrency);
+    let b = backend::backend(dir, &dargs, Some(&args.decode), needs)?;
+    let mut config = backend::engine_config(&args.engine, b.form)?;
+    config.eos_token_ids = Vec::new();
+    let vocab = b.config.vocab_size;
+    let params = SamplingParams {
+        max_tokens: Some(args.decode_tokens),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let rt = backend::runtime()?;
+    let (traces, wall, metrics, device) = rt.block_on(async {
+        let (engine, device) = backend::start_engine(&b, config).await?;
+        let engine = Arc::new(engine);
+        let gate = Arc::new(Semaphore::new(concurrency));
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..requests)
+            .map(|i| {
+                let prompt = tokens(args.prompt_len, vocab, 0x5eed + i as u64);
+                let req = GenerateRequest::new(prompt, params.clone());
+                tokio::spawn(one(engine.clone(), req, gate.clone()))
+            })
+            .collect();
+        let mut traces = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            traces.push(t.await?);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let metrics = engine.metrics().snapshot();
+        if let Ok(engine) = Arc::try_unwrap(engine) {
+            engine.shutdown().await;
+        }
+        anyhow::Ok((traces, wall, metrics, device))
+    })?;
+    let failed: Vec<&String> = traces.iter().filter_map(|t| t.error.as_ref()).collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {requests} requests failed; the first: {}",
+        failed.len(),
+        failed[0]
+    );
+    let generated: usize = traces.iter().map(|t| t.arrivals.len()).sum();
+    let mut ttft: Vec<f64> = traces
+        .iter()
+        .filter_map(|t| t.arrivals.first().map(|a| (*a - t.submitted).as_secs_f64()))
+        .collect();
+    let mut itl: Vec<f64> = traces
+        .iter()
+        .flat_map(|t| t.arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()))
+        .collect();
+    let mut latency: Vec<f64> = traces
+        .iter()
+        .filter_map(|t| t.arrivals.last().map(|a| (*a - t.submitted).as_secs_f64()))
+        .collect();
+    let out_tps = generated as f64 / wall;
+    let (ttft50, ttft99) = (quantile(&mut ttft, 0.5), quantile(&mut ttft, 0.99));
+    let (itl50, itl99) = (quantile(&mut itl, 0.5), quantile(&mut itl, 0.99));
+    let (lat50, lat99) = (quantile(&mut latency, 0.5), quantile(&mut latency, 0.99));
+    let peak = peak_rss_mib();
+    eprintln!(
+        "serving: {requests} requests, concurrency {concurrency} on {device}: {out_tps:.1} output tok/s | TTFT p50 {:.1} ms \
+         p99 {:.1} ms | ITL p50 {:.2} ms p99 {:.2} ms | {} steps, {} preemptions, {} faults",
+        ttft50 * 1e3,
+        ttft99 * 1e3,
+        itl50 * 1e3,
+        itl99 * 1e3,
+        metrics.steps,
+        metrics.preemptions,
+        metrics.faults
+    );
+    println!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens);
+    println!(
+        "| serving: time to first token p50 / p99 | {:.1} / {:.1} ms |",
+        ttft50 * 1e3,
+        ttft99 * 1e3
+    );
+    println!(
+        "| serving: inter-token latency p50 / p99 | {:.2} / {:.2} ms |",
+        itl50 * 1e3,
+        itl99 * 1e3
+    );
+    println!("| serving: request latency p50 / p99 | {:.3} / {:.3} s |", lat50, lat99);
+    if let Some(p) = peak {
+        println!("| serving: peak resident memory | {p:.0} MiB |");
+    }
+    Ok(json!({
+        "device": device,
+        "requests": requests,
+        "concurrency": concurrency,
+        "prompt_tokens": args.prompt_len,
+        "output_tokens_per_request": args.decode_tokens,
+        "max_batch_tokens": args.engine.max_batch_tokens,
+        "wall_s": wall,
+        "output_tokens": generated,
+        "output_tok_per_s": out_tps,
+        "ttft_ms": {"p50": ttft50 * 1e3, "p99": ttft99 * 1e3},
+        "itl_ms": {"p50": itl50 * 1e3, "p99": itl99 * 1e3},
+        "request_latency_s": {"p50": lat50, "p99": lat99},
+        "peak_rss_mib": peak,
+        "engine": {
+            "steps": metrics.steps,
+            "prefill_tokens": metrics.prefill_tokens,
+            "preemptions": metrics.preemptions,
+            "faults": metrics.faults,
+            "recoveries": metrics.recoveries_log,
+        },
+    }))
+}
