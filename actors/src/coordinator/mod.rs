@@ -132,6 +132,8 @@ struct Live {
     faults: usize,
     preemptions: usize,
     recoveries: usize,
+    /// The request's tracing span (its tokens and its end are recorded inside it).
+    span: tracing::Span,
 }
 
 /// The coordinator's state.

@@ -82,6 +82,7 @@ impl CoordinatorState {
                 priority,
             })
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
+        let (prompt_len, limit) = (prompt.len(), output.limit());
         let seed = params.seed.unwrap_or_else(|| {
             // A fresh seed per request, reproducible from the event stream (it is reported at the end).
             Sampler::new(params.clone()).map(|s| s.seed()).unwrap_or(id)
@@ -101,6 +102,7 @@ impl CoordinatorState {
                 faults: 0,
                 preemptions: 0,
                 recoveries: 0,
+                span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit),
             },
         );
         self.gauges();
@@ -310,6 +312,8 @@ impl CoordinatorState {
             return None;
         };
         Metrics::inc(&self.metrics.generated_tokens);
+        let span = l.span.clone();
+        let _entered = span.enter();
         let index = l.output.generated();
         let pushed = l.output.push(token);
         l.history.push(token);
@@ -344,6 +348,7 @@ impl CoordinatorState {
         if let Some(reason) = finish {
             let l = self.live.remove(&id)?;
             Metrics::inc(&self.metrics.requests_finished);
+            debug!(?reason, tokens = l.output.generated(), preemptions = l.preemptions, recoveries = l.recoveries, "finished");
             let _ = l.events.send(Event::Finished {
                 reason,
                 usage: Usage {
