@@ -348,7 +348,13 @@ impl CoordinatorState {
         if let Some(reason) = finish {
             let l = self.live.remove(&id)?;
             Metrics::inc(&self.metrics.requests_finished);
-            debug!(?reason, tokens = l.output.generated(), preemptions = l.preemptions, recoveries = l.recoveries, "finished");
+            debug!(
+                ?reason,
+                tokens = l.output.generated(),
+                preemptions = l.preemptions,
+                recoveries = l.recoveries,
+                "finished"
+            );
             let _ = l.events.send(Event::Finished {
                 reason,
                 usage: Usage {
