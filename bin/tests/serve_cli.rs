@@ -1,7 +1,7 @@
 //! `rewind generate` through the serving engine, end to end: greedy tokens at `--tp 1|2|3` equal, every
 //! `--inject-fault` kind recovered with the same tokens (and reported on stderr), bad engine flags clear errors.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn rewind(args: &[&str]) -> Output {
@@ -32,7 +32,7 @@ fn tiny_model(arch: &str) -> PathBuf {
 }
 
 /// Greedy tokens of `generate --json` with `extra` flags, and its stderr.
-fn tokens(model: &PathBuf, extra: &[&str]) -> (Vec<u64>, String) {
+fn tokens(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
     let mut args = vec![
         "generate",
         "the quick brown fox",
