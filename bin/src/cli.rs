@@ -21,6 +21,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Generate text from a prompt (streams to stdout; a summary goes to stderr).
+    #[command(after_help = GENERATE_EXAMPLES)]
     Generate(GenerateArgs),
     /// Write per-position logits for a token sequence: the first N tokens through prefill, the rest through decode.
     Logits(LogitsArgs),
@@ -29,6 +30,7 @@ pub enum Command {
     /// Write a complete HF-format checkpoint with seeded random weights.
     InitModel(InitModelArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
+    #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
     /// How many sequences fit a memory budget, for each decode form and speculative window.
     PlanMemory(PlanMemoryArgs),
@@ -36,11 +38,39 @@ pub enum Command {
     Selftest(SelftestArgs),
 }
 
+/// Examples shown after `rewind generate --help`.
+const GENERATE_EXAMPLES: &str = "\
+Examples:
+  rewind generate \"The quick brown fox\" --max-tokens 32
+  rewind generate --model ./my-model --chat --system \"Be brief.\" \"What is an SSM?\"
+  echo \"Once upon a time\" | rewind generate - --temperature 0 --json
+  rewind generate --model ./my-model --prompt-file prompt.txt --device cuda --tp 2";
+
+/// Examples shown after `rewind bench --help`.
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  rewind bench --model ./my-model --prompt-len 1024 --decode-tokens 64
+  rewind bench --model ./my-model --device cuda --batch 1,16,64 --json bench.json
+  rewind bench --model ./my-model --concurrency 8 --requests 64 --serving-only";
+
+/// A whole number of at least 0 (a negative one is a clear error rather than clap's \"unexpected argument\").
+fn non_negative<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    if s.trim_start().starts_with('-') {
+        return Err(format!("must be a non-negative integer, got `{s}`"));
+    }
+    s.parse::<T>()
+        .map_err(|e| format!("must be a non-negative integer, got `{s}` ({e})"))
+}
+
 /// Sampling flags shared by the commands that generate.
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.0.
     #[arg(long, allow_hyphen_values = true)]
@@ -49,7 +79,7 @@ pub struct SamplingArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = non_negative::<usize>)]
     pub top_k: Option<usize>,
     /// Drop tokens whose probability is below P times the most likely token's, in [0, 1].
     #[arg(long, allow_hyphen_values = true)]
@@ -58,13 +88,13 @@ pub struct SamplingArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     /// Random seed: the same seed gives the same output.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<u64>)]
     pub seed: Option<u64>,
     /// Stop when this string is generated (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
     /// Stop when this token id is generated (repeatable).
-    #[arg(long = "stop-token-id")]
+    #[arg(long = "stop-token-id", allow_negative_numbers = true, value_parser = non_negative::<u32>)]
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
@@ -73,8 +103,15 @@ pub struct SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// The prompt (default: "The quick brown fox").
+    /// The prompt, or `-` to read it from stdin (default: "The quick brown fox"). One trailing newline of a prompt
+    /// read from stdin or a file is dropped.
     pub prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+    /// A system message before the prompt (with --chat).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
     /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -98,13 +135,13 @@ pub struct GenerateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// The most tokens one engine step runs: one per decoding sequence plus prompt chunks.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub max_batch_tokens: usize,
     /// Seconds every rank gets to answer a step; a rank that takes longer counts as hung and the ranks restart.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
     pub step_timeout: f64,
     /// Faults a request may live through (each restarts the ranks and re-prefills it); one more fails it.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub max_retries: usize,
     /// Testing aid: make rank RANK fail the engine's step number STEP (from 1) with KIND = panic | hang | error |
     /// nan, e.g. `0:panic@5` (repeatable). The engine recovers; outputs must not change.
@@ -146,25 +183,33 @@ pub struct DeviceArgs {
     pub device: String,
     /// Tensor-parallel ranks: one GPU each (NCCL all-reduces between them), or on the CPU one thread each (in-process
     /// all-reduces).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub tp: usize,
     /// Fraction of each GPU's memory rewind may take for weights, activations and state pools, in (0, 1].
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = DEFAULT_GPU_MEMORY_FRACTION, allow_negative_numbers = true, help_heading = "GPU")]
     pub gpu_memory_fraction: f64,
     /// Most sequences alive at once on a GPU (state slots; also the largest decode batch).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT_MAX_SEQS, allow_negative_numbers = true, value_parser = non_negative::<usize>,
+          help_heading = "GPU")]
     pub max_seqs: usize,
     /// Longest sequence on a GPU, in tokens (default: the model's limit, at most 32768).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "GPU")]
     pub max_model_len: Option<usize>,
     /// Tokens per prefill chunk on a GPU.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK, allow_negative_numbers = true,
+          value_parser = non_negative::<usize>, help_heading = "GPU")]
     pub prefill_chunk: usize,
     /// Storage type of GPU activations and state: bf16, or f32 (GEMM inputs still rounded to bf16; for accuracy
     /// checks).
-    #[arg(long, default_value = "bf16")]
+    #[arg(long, default_value = DEFAULT_DTYPE, help_heading = "GPU")]
     pub dtype: String,
 }
+
+/// Defaults of the GPU-only flags (a value other than these with `--device cpu` earns a note).
+const DEFAULT_GPU_MEMORY_FRACTION: f64 = 0.9;
+const DEFAULT_MAX_SEQS: usize = 64;
+const DEFAULT_PREFILL_CHUNK: usize = 512;
+const DEFAULT_DTYPE: &str = "bf16";
 
 /// A parsed `--device`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,10 +220,27 @@ pub enum Device {
 }
 
 impl DeviceArgs {
-    /// Parses `--device` and `--tp`.
+    /// Parses `--device` and `--tp`, and checks every GPU flag's value whatever the device (so a bad value is an
+    /// error on the CPU too, where it would otherwise be ignored).
     pub fn device(&self) -> anyhow::Result<Device> {
         if self.tp == 0 {
             anyhow::bail!("--tp must be at least 1");
+        }
+        let f = self.gpu_memory_fraction;
+        if !(f > 0.0 && f <= 1.0) {
+            anyhow::bail!("--gpu-memory-fraction {f} is outside (0, 1]");
+        }
+        if self.max_seqs == 0 {
+            anyhow::bail!("--max-seqs must be at least 1");
+        }
+        if self.max_model_len == Some(0) {
+            anyhow::bail!("--max-model-len must be at least 1");
+        }
+        if self.prefill_chunk == 0 {
+            anyhow::bail!("--prefill-chunk must be at least 1");
+        }
+        if !matches!(self.dtype.as_str(), "bf16" | "f32") {
+            anyhow::bail!("unknown GPU dtype `{}` for --dtype: expected bf16 or f32", self.dtype);
         }
         let first = match self.device.as_str() {
             "cpu" => return Ok(Device::Cpu),
@@ -189,6 +251,39 @@ impl DeviceArgs {
             },
         };
         Ok(Device::Cuda((first..first + self.tp).collect()))
+    }
+
+    /// The GPU-only flags given a value other than their default: with `--device cpu` they do nothing.
+    pub fn gpu_only_flags_set(&self) -> Vec<&'static str> {
+        let mut set = Vec::new();
+        if self.gpu_memory_fraction != DEFAULT_GPU_MEMORY_FRACTION {
+            set.push("--gpu-memory-fraction");
+        }
+        if self.max_seqs != DEFAULT_MAX_SEQS {
+            set.push("--max-seqs");
+        }
+        if self.max_model_len.is_some() {
+            set.push("--max-model-len");
+        }
+        if self.prefill_chunk != DEFAULT_PREFILL_CHUNK {
+            set.push("--prefill-chunk");
+        }
+        if self.dtype != DEFAULT_DTYPE {
+            set.push("--dtype");
+        }
+        set
+    }
+
+    /// [`DeviceArgs::device`] for a command's own flags: also prints a note for each GPU-only flag that was given a
+    /// value on the CPU, where it does nothing. Call once per command, on the flags as the user gave them.
+    pub fn check(&self) -> anyhow::Result<Device> {
+        let device = self.device()?;
+        if device == Device::Cpu {
+            for flag in self.gpu_only_flags_set() {
+                eprintln!("note: {flag} does not apply to --device cpu");
+            }
+        }
+        Ok(device)
     }
 }
 
@@ -232,8 +327,8 @@ pub struct PerplexityArgs {
     /// Text file to score.
     #[arg(long)]
     pub file: PathBuf,
-    /// Longest window scored in one pass (default: the model's context limit).
-    #[arg(long)]
+    /// Longest window scored in one pass, from 2 to the model's context limit (the default).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub window: Option<usize>,
     /// Print a JSON object instead of a line.
     #[arg(long)]
@@ -249,10 +344,10 @@ pub struct InitModelArgs {
     /// qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3-next-80b-a3b).
     #[arg(long)]
     pub preset: String,
-    /// Output directory.
+    /// Output directory: must not exist or be empty, unless --force.
     #[arg(long)]
     pub out: PathBuf,
-    /// Keep only the first N decoder layers.
+    /// Keep only the first N decoder layers (1 up to the preset's depth; --layers cannot add layers).
     #[arg(long)]
     pub layers: Option<usize>,
     /// Weight seed.
@@ -261,6 +356,11 @@ pub struct InitModelArgs {
     /// Storage dtype: f32 or bf16 (default: f32 for tiny/small, bf16 for real shapes).
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Write into --out even when it is not empty: the checkpoint there (config, generation config, tokenizer files,
+    /// chat template, weight shards and index) is replaced; other files are left alone. Without --force a non-empty
+    /// --out is refused.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -269,26 +369,27 @@ pub struct BenchArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt length for the prefill comparison.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub prompt_len: usize,
-    /// Tokens decoded for the decode rate.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens decoded for the decode rate (at least 1; the prompt plus these must fit the model's context).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub decode_tokens: usize,
     /// Repeats of each measurement (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub repeats: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Decode batch sizes (default 1 on the CPU, 1,64 on GPUs): each runs that many sequences through the batched step.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub batch: Option<Vec<usize>>,
     /// Serving mode: keep N requests in flight through the engine (coordinator and rank actors) and report output
     /// tokens/s, time to first token and inter-token latency (p50 / p99), after the batched-step numbers.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub concurrency: Option<usize>,
     /// Serving mode: requests in all (each a --prompt-len prompt generating --decode-tokens tokens).
-    #[arg(long, value_name = "M", requires = "concurrency")]
+    #[arg(long, value_name = "M", requires = "concurrency", allow_negative_numbers = true,
+          value_parser = non_negative::<usize>)]
     pub requests: Option<usize>,
     /// Serving mode only: skip the batched-step numbers.
     #[arg(long, requires = "concurrency")]
@@ -313,10 +414,11 @@ pub struct PlanMemoryArgs {
     #[arg(long)]
     pub arch: Option<String>,
     /// Memory budget for weights plus sequences: 70GiB, 70GB, 512MiB, or plain bytes.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub budget: String,
-    /// Tokens of context each sequence reserves in its attention layers (default: max_position_embeddings).
-    #[arg(long)]
+    /// Tokens of context each sequence reserves in its attention layers, from 1 to max_position_embeddings (the
+    /// default).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub context: Option<usize>,
     /// Speculative window T (draft tokens per step); 0 plans standard decoding only.
     #[arg(long, default_value_t = 0)]

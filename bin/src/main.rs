@@ -3,7 +3,9 @@
 mod cli;
 mod commands;
 mod default_model;
+mod output;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,8 +25,11 @@ fn main() -> ExitCode {
         .init();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`rewind ... | head`): it wanted no more output, so end quietly.
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Not eprintln!: it panics when stderr itself cannot be written.
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -74,6 +74,17 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
+    /// A number that must satisfy `ok` (described by `requirement`) when present.
+    fn float_in(&self, field: &str, requirement: &str, ok: impl Fn(f32) -> bool) -> Result<Option<f32>> {
+        match self.float(field)? {
+            Some(v) if !ok(v) => {
+                let raw = self.get(field).map(Value::to_string).unwrap_or_default();
+                Err(self.err(field, format!("must be {requirement}, got {raw}")))
+            }
+            v => Ok(v),
+        }
+    }
+
     fn count(&self, field: &str) -> Result<Option<usize>> {
         self.get(field)
             .map(|v| {
@@ -96,8 +107,9 @@ impl<'a> Fields<'a> {
 
 impl GenerationDefaults {
     /// Reads `dir/generation_config.json` if it exists and merges the token ids of `config_json` (the parsed
-    /// `config.json`; for multimodal checkpoints its `text_config` is consulted too). A malformed file or a field of the
-    /// wrong type is an error naming the file and the field.
+    /// `config.json`; for multimodal checkpoints its `text_config` is consulted too). A malformed file, or a field of the
+    /// wrong type or out of its range (a negative temperature, top-p above 1, ...), is an error naming the file's path
+    /// and the field.
     pub fn from_dir(dir: impl AsRef<Path>, config_json: &Value) -> Result<Self> {
         let path = dir.as_ref().join("generation_config.json");
         let gen_json = if path.exists() {
@@ -113,14 +125,21 @@ impl GenerationDefaults {
                 });
             }
         }
-        Self::from_json(gen_json.as_ref(), config_json)
+        Self::parse(gen_json.as_ref(), path.display().to_string(), config_json)
     }
 
     /// [`GenerationDefaults::from_dir`] on already-parsed JSON (`generation` is the generation config, if any).
     pub fn from_json(generation: Option<&Value>, config_json: &Value) -> Result<Self> {
+        Self::parse(generation, "generation_config.json".into(), config_json)
+    }
+
+    /// Reads the fields; `gen_source` names the generation config in errors (its path when read from a file). A
+    /// sampling default out of its range is an error here, naming the file and the field, rather than later with no
+    /// word of where the value came from.
+    fn parse(generation: Option<&Value>, gen_source: String, config_json: &Value) -> Result<Self> {
         let gen = Fields {
             obj: generation.and_then(Value::as_object),
-            source: "generation_config.json".into(),
+            source: gen_source,
         };
         let top = Fields {
             obj: config_json.as_object(),
@@ -143,16 +162,23 @@ impl GenerationDefaults {
             }
         }
         let first = |field: &str| -> Result<Option<u32>> { Ok(gen.id(field)?.or(top.id(field)?).or(text.id(field)?)) };
+        // The ranges `SamplingParams::validate_ranges` enforces.
+        let max_new_tokens = gen.count("max_new_tokens")?;
+        if max_new_tokens == Some(0) {
+            return Err(gen.err("max_new_tokens", "must be at least 1, got 0".into()));
+        }
         Ok(Self {
             eos_token_ids,
             bos_token_id: first("bos_token_id")?,
             pad_token_id: first("pad_token_id")?,
-            temperature: gen.float("temperature")?,
-            top_p: gen.float("top_p")?,
+            temperature: gen.float_in("temperature", "a finite number >= 0", |t| t.is_finite() && t >= 0.0)?,
+            top_p: gen.float_in("top_p", "in (0, 1]", |p| p > 0.0 && p <= 1.0)?,
             top_k: gen.count("top_k")?,
-            min_p: gen.float("min_p")?,
-            repetition_penalty: gen.float("repetition_penalty")?,
-            max_new_tokens: gen.count("max_new_tokens")?,
+            min_p: gen.float_in("min_p", "in [0, 1]", |p| (0.0..=1.0).contains(&p))?,
+            repetition_penalty: gen.float_in("repetition_penalty", "a finite number > 0", |r| {
+                r.is_finite() && r > 0.0
+            })?,
+            max_new_tokens,
             do_sample: gen.flag("do_sample")?,
         })
     }
@@ -253,5 +279,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("config.json: eos_token_id"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_sampling_defaults_name_the_file_and_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("generation_config.json");
+        for (text, field, value) in [
+            (r#"{"temperature": -3}"#, "temperature", "-3"),
+            (r#"{"temperature": 1e39}"#, "temperature", "1e+39"),
+            (r#"{"top_p": 0}"#, "top_p", "0"),
+            (r#"{"top_p": 1.5}"#, "top_p", "1.5"),
+            (r#"{"min_p": -0.1}"#, "min_p", "-0.1"),
+            (r#"{"repetition_penalty": 0}"#, "repetition_penalty", "0"),
+            (r#"{"max_new_tokens": 0}"#, "max_new_tokens", "0"),
+            (r#"{"do_sample": false, "temperature": -3}"#, "temperature", "-3"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = GenerationDefaults::from_dir(dir.path(), &json!({}))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("{}: {field}", path.display())) && e.contains(value),
+                "{text}: {e}"
+            );
+        }
+        // The ends of each range are accepted, and the parsed defaults pass the sampler's own check.
+        std::fs::write(
+            &path,
+            r#"{"temperature": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1e-3, "max_new_tokens": 1,
+                "top_k": 0}"#,
+        )
+        .unwrap();
+        let d = GenerationDefaults::from_dir(dir.path(), &json!({})).unwrap();
+        d.sampling_params().validate_ranges().unwrap();
+        let e = GenerationDefaults::from_json(Some(&json!({"top_p": 2})), &json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("generation_config.json: top_p"), "{e}");
     }
 }

@@ -4,6 +4,10 @@
 //! answers every `take` with zeros and records the name and shape. Each recorded tensor is then filled from a
 //! deterministic generator keyed by (seed, name, chunk) and streamed to disk, so even real-shape checkpoints never
 //! sit in memory twice.
+//!
+//! The tokenizer is a byte-level BPE trained in code ([`build_bpe_tokenizer`]); for the real shapes, whose published
+//! vocabularies are far larger than the shipped corpus can train, the ids past the trained ones are placeholder tokens
+//! (`<|id_N|>`, see [`pad_tokenizer`]), so the tokenizer has exactly the config's `vocab_size` ids and every id decodes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +23,9 @@ use crate::model::tensors::TensorSource;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
 use crate::shard::ShardedModel;
-use crate::tokenizer::bpe_builder::{build_bpe_tokenizer, write_tokenizer_files, SpecialTokenChoice};
+use crate::tokenizer::bpe_builder::{
+    build_bpe_tokenizer, write_tokenizer_files, SpecialTokenChoice, ENDOFTEXT, IM_END,
+};
 
 /// What to build.
 #[derive(Clone, Debug)]
@@ -159,25 +165,139 @@ fn fill(seed: u64, name: &str, init: Init, out: &mut [f32]) {
     });
 }
 
-/// Builds the checkpoint `opts` describes.
-pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
-    let vocab = tokenizer_vocab(&opts.preset);
-    let tokenizer = build_bpe_tokenizer(vocab)?;
+/// The text of the placeholder token that stands for `id` past a preset's trained BPE vocabulary.
+pub fn placeholder_token(id: usize) -> String {
+    format!("<|id_{id}|>")
+}
+
+/// Extends `tokenizer` to exactly `vocab_size` ids: each id past its vocabulary becomes the placeholder token
+/// [`placeholder_token`]`(id)` in the BPE model's vocabulary. No merge produces a placeholder, so encoding never yields
+/// one, while decoding one gives its text (the ByteLevel decoder passes printable ASCII through), so no id the model
+/// can sample decodes to nothing. A tokenizer that already has `vocab_size` ids is returned as is.
+pub fn pad_tokenizer(tokenizer: &tokenizers::Tokenizer, vocab_size: usize) -> Result<tokenizers::Tokenizer> {
+    let have = tokenizer.get_vocab_size(true);
+    if have == vocab_size {
+        return Ok(tokenizer.clone());
+    }
+    if have > vocab_size {
+        return Err(EngineError::config(
+            "vocab_size",
+            format!("the model's {vocab_size} ids cannot hold its tokenizer's {have}"),
+        ));
+    }
+    let err = |message: String| EngineError::Tokenizer(format!("padding the tokenizer to {vocab_size} ids: {message}"));
+    // The new ids must follow the existing ones without a gap or a collision.
+    let ids = tokenizer.get_vocab(true);
+    if ids.len() != have || ids.values().any(|&id| id as usize >= have) {
+        return Err(err(format!("its {have} ids are not 0..{have}")));
+    }
+    let mut model = serde_json::to_value(tokenizer.get_model()).map_err(|e| err(e.to_string()))?;
+    let vocab = model
+        .get_mut("vocab")
+        .and_then(serde_json::Value::as_object_mut)
+        .ok_or_else(|| err("its model has no vocabulary".into()))?;
+    for id in have..vocab_size {
+        vocab.insert(placeholder_token(id), json!(id));
+    }
+    let model: tokenizers::models::ModelWrapper = serde_json::from_value(model).map_err(|e| err(e.to_string()))?;
+    let mut padded = tokenizer.clone();
+    padded.with_model(model);
+    let got = padded.get_vocab_size(true);
+    if got != vocab_size {
+        return Err(err(format!("got {got} ids")));
+    }
+    Ok(padded)
+}
+
+/// What a preset's checkpoint holds besides its weights.
+pub struct PresetFiles {
+    /// `config.json` (with `torch_dtype` still `float32`).
+    pub config: serde_json::Value,
+    /// The tokenizer: trained BPE for the first [`tokenizer_vocab`] ids, placeholders ([`pad_tokenizer`]) up to the
+    /// config's `vocab_size`, so it has exactly `vocab_size` ids.
+    pub tokenizer: tokenizers::Tokenizer,
+    /// BOS id (`<|endoftext|>`).
+    pub bos: u32,
+    /// EOS id (`<|im_end|>`).
+    pub eos: u32,
+}
+
+/// The config and tokenizer of `preset` for `family`, cut to `layers` if given; no weights are planned or written.
+pub fn preset_files(family: Family, preset: &str, layers: Option<usize>) -> Result<PresetFiles> {
+    let trained = build_bpe_tokenizer(tokenizer_vocab(preset))?;
     let id = |tok: &str| {
-        tokenizer
+        trained
             .token_to_id(tok)
             .ok_or_else(|| EngineError::Tokenizer(format!("built tokenizer lacks special token {tok}")))
     };
-    let bos = id("<|endoftext|>")?;
-    let eos = id("<|im_end|>")?;
-    let cfg_json = preset_config(
-        opts.family,
-        &opts.preset,
-        opts.layers,
-        tokenizer.get_vocab_size(true),
+    let bos = id(ENDOFTEXT)?;
+    let eos = id(IM_END)?;
+    let config = preset_config(family, preset, layers, trained.get_vocab_size(true), bos, eos)?;
+    let vocab_size = config["vocab_size"]
+        .as_u64()
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| EngineError::config("vocab_size", format!("preset `{preset}` has no vocab_size")))?;
+    let tokenizer = pad_tokenizer(&trained, vocab_size)?;
+    Ok(PresetFiles {
+        config,
+        tokenizer,
         bos,
         eos,
-    )?;
+    })
+}
+
+/// Files of an earlier checkpoint in the output directory that a loader would read in place of (or beside) the ones
+/// init-model writes; they are removed before writing. Stale weight shards are removed by the writer.
+const STALE_SIDE_FILES: &[&str] = &[
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+];
+
+/// Checks that init-model may write into `out`: it must not exist, or be an empty directory, unless `force` (then any
+/// directory will do, and the checkpoint files in it are replaced). Nothing is written or removed.
+pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
+    let meta = match std::fs::metadata(out) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(EngineError::io(out, e)),
+    };
+    if !meta.is_dir() {
+        return Err(EngineError::InvalidInput(format!(
+            "--out {} exists and is not a directory",
+            out.display()
+        )));
+    }
+    if force {
+        return Ok(());
+    }
+    let mut entries = std::fs::read_dir(out).map_err(|e| EngineError::io(out, e))?;
+    if let Some(entry) = entries.next() {
+        let first = entry.map_err(|e| EngineError::io(out, e))?.file_name();
+        return Err(EngineError::InvalidInput(format!(
+            "--out {} already exists and is not empty (it holds {}{}); pass --force to write the new checkpoint \
+             over the one there, or choose another directory",
+            out.display(),
+            first.to_string_lossy(),
+            if entries.next().is_some() { ", ..." } else { "" }
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the checkpoint `opts` describes. Files of an earlier checkpoint in `opts.out` are replaced; callers that must
+/// not overwrite one check with [`check_out_dir`] first.
+pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
+    let PresetFiles {
+        config: cfg_json,
+        tokenizer,
+        bos,
+        eos,
+    } = preset_files(opts.family, &opts.preset, opts.layers)?;
     let config = ModelConfig::from_json(&cfg_json)?;
     let tensors = plan_tensors(&config)?;
     let dtype = opts
@@ -188,6 +308,12 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
             WriteDtype::BF16
         });
     std::fs::create_dir_all(&opts.out).map_err(|e| EngineError::io(&opts.out, e))?;
+    for name in STALE_SIDE_FILES {
+        let path = opts.out.join(name);
+        if path.is_file() {
+            std::fs::remove_file(&path).map_err(|e| EngineError::io(&path, e))?;
+        }
+    }
     let blocks = config.num_blocks();
     let specs: Vec<(String, Vec<usize>)> = tensors.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
     let family = config.family;
@@ -245,6 +371,7 @@ pub(crate) fn tiny_checkpoint(family: Family, seed: u64) -> tempfile::TempDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::bpe_builder::SPECIAL_TOKENS;
 
     #[test]
     fn fill_is_deterministic_and_named() {
@@ -257,6 +384,117 @@ mod tests {
         assert_ne!(a, b);
         let std = (a.iter().map(|v| v * v).sum::<f32>() / a.len() as f32).sqrt();
         assert!((std - 1.0).abs() < 0.02, "std {std}");
+    }
+
+    /// Every id of every preset's config vocabulary decodes to text with the tokenizer init-model writes (no weights).
+    #[test]
+    fn every_preset_tokenizer_covers_its_config_vocab() {
+        use crate::presets::PRESETS;
+        for p in PRESETS {
+            let t = std::time::Instant::now();
+            let files = preset_files(p.family, p.name, Some(1)).expect("preset files");
+            let vocab_size = files.config["vocab_size"].as_u64().expect("vocab_size") as usize;
+            let built = t.elapsed().as_secs_f64();
+            let tok = &files.tokenizer;
+            assert_eq!(tok.get_vocab_size(true), vocab_size, "{} {}", p.family.name(), p.name);
+            assert!(tok.id_to_token(vocab_size as u32).is_none());
+            let trained = tokenizer_vocab(p.name);
+            let empty: Vec<u32> = (0..vocab_size as u32)
+                .into_par_iter()
+                .filter(|&id| {
+                    // What generation shows (specials skipped) for every id but the specials themselves.
+                    let skip = id as usize >= SPECIAL_TOKENS.len();
+                    tok.decode(&[id], skip).map_or(true, |s| s.is_empty())
+                })
+                .collect();
+            assert!(
+                empty.is_empty(),
+                "{} {}: ids decoding to nothing: {:?}",
+                p.family.name(),
+                p.name,
+                &empty[..empty.len().min(10)]
+            );
+            if vocab_size > trained {
+                let last = vocab_size as u32 - 1;
+                assert_eq!(tok.decode(&[last], true).unwrap(), placeholder_token(last as usize));
+                assert_eq!(tok.decode(&[trained as u32], true).unwrap(), placeholder_token(trained));
+            }
+            eprintln!(
+                "{} {}: {vocab_size} ids, built in {built:.2} s",
+                p.family.name(),
+                p.name
+            );
+        }
+    }
+
+    /// Placeholders are reachable only by id: text that spells one encodes with trained tokens and round-trips.
+    #[test]
+    fn placeholders_never_come_out_of_encoding() {
+        let trained = build_bpe_tokenizer(600).unwrap();
+        let tok = pad_tokenizer(&trained, 5000).unwrap();
+        assert_eq!(tok.get_vocab_size(true), 5000);
+        assert_eq!(tok.token_to_id("<|id_4999|>"), Some(4999));
+        for text in ["<|id_600|> and <|id_4999|>", "plain words, <|im_end|>", ""] {
+            let enc = tok.encode(text, false).unwrap();
+            assert!(enc.get_ids().iter().all(|&id| id < 600), "{text}: {:?}", enc.get_ids());
+            assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), text);
+            assert_eq!(enc.get_ids(), trained.encode(text, false).unwrap().get_ids());
+        }
+        // Same size: unchanged; smaller: an error naming both sizes.
+        assert_eq!(
+            pad_tokenizer(&trained, 600).unwrap().to_string(false).unwrap(),
+            trained.to_string(false).unwrap()
+        );
+        let e = pad_tokenizer(&trained, 599).unwrap_err().to_string();
+        assert!(
+            e.contains("vocab_size") && e.contains("599") && e.contains("600"),
+            "{e}"
+        );
+    }
+
+    /// The padded tokenizer of the largest vocabulary survives its files: written, loaded back, same ids.
+    #[test]
+    fn padded_tokenizer_files_load_back() {
+        let files = preset_files(Family::Qwen35, "qwen3.5-4b", Some(1)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_tokenizer_files(dir.path(), &files.tokenizer, &SpecialTokenChoice::default()).unwrap();
+        let bytes = std::fs::metadata(dir.path().join("tokenizer.json")).unwrap().len();
+        let t = std::time::Instant::now();
+        let tok = crate::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+        eprintln!(
+            "tokenizer.json of 248320 ids: {:.1} MB, loads in {:.2} s",
+            bytes as f64 / 1e6,
+            t.elapsed().as_secs_f64()
+        );
+        assert_eq!(tok.vocab_size(), 248_320);
+        assert_eq!(tok.decode(&[248_319], true).unwrap(), "<|id_248319|>");
+        assert_eq!(
+            tok.decode(&tok.encode("Hello, world", false).unwrap(), true).unwrap(),
+            "Hello, world"
+        );
+    }
+
+    #[test]
+    fn out_dir_must_be_absent_or_empty_unless_forced() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("new");
+        check_out_dir(&missing, false).unwrap();
+        let empty = root.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        check_out_dir(&empty, false).unwrap();
+        std::fs::write(empty.join("config.json"), "{}").unwrap();
+        let e = check_out_dir(&empty, false).unwrap_err().to_string();
+        assert!(
+            e.contains(&empty.display().to_string()) && e.contains("not empty") && e.contains("--force"),
+            "{e}"
+        );
+        check_out_dir(&empty, true).unwrap();
+        let file = root.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        for force in [false, true] {
+            let e = check_out_dir(&file, force).unwrap_err().to_string();
+            assert!(e.contains("not a directory"), "{e}");
+        }
     }
 
     #[test]

@@ -105,16 +105,15 @@ pub fn parse_arch(arch: &str) -> Result<Family> {
     }
 }
 
-/// The tokenizer vocabulary a preset is built with (the model's vocab may be larger, as in real checkpoints).
+/// How many ids of a preset's tokenizer are trained BPE tokens. `tiny` and `small` models use exactly this vocabulary;
+/// the real shapes have their published (larger) vocabulary, and `init-model` fills the ids past the trained ones with
+/// placeholder tokens so that every id the model can produce decodes to text.
 pub fn tokenizer_vocab(preset: &str) -> usize {
     match preset {
         "tiny" => 512,
         _ => 4096,
     }
 }
-
-/// The deepest stack `--layers` may ask for (the deepest supported model has 88 layers).
-pub const MAX_LAYERS: usize = 1024;
 
 /// Nemotron-H-8B's layer pattern: 24 Mamba-2, 4 attention, 24 MLP.
 const NEMOTRON_H_8B_PATTERN: &str = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-";
@@ -135,13 +134,6 @@ pub fn preset_config(
     bos: u32,
     eos: u32,
 ) -> Result<Value> {
-    if let Some(n) = layers {
-        if n == 0 || n > MAX_LAYERS {
-            return Err(EngineError::InvalidInput(format!(
-                "--layers must be between 1 and {MAX_LAYERS}, got {n}"
-            )));
-        }
-    }
     let unknown = || {
         EngineError::InvalidInput(format!(
             "unknown --preset `{preset}` for {}; available: {}",
@@ -185,10 +177,10 @@ pub fn preset_config(
                 ),
                 _ => return Err(unknown()),
             };
-            let pattern: String = match layers {
-                Some(n) => pattern.chars().cycle().take(n).collect(),
-                None => pattern.to_string(),
-            };
+            let pattern: String = pattern
+                .chars()
+                .take(check_layers(family, preset, layers, pattern.len())?)
+                .collect();
             let mut base = json!({
                 "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
                 "hybrid_override_pattern": pattern, "num_hidden_layers": pattern.len(),
@@ -241,7 +233,8 @@ pub fn preset_config(
                 "tie_word_embeddings": false, "full_attention_interval": 4, "use_cache": true,
             });
             merge(&mut base, shape);
-            let n = layers.unwrap_or(base["num_hidden_layers"].as_u64().unwrap_or(1) as usize);
+            let depth = base["num_hidden_layers"].as_u64().unwrap_or(1) as usize;
+            let n = check_layers(family, preset, layers, depth)?;
             let interval = base["full_attention_interval"].as_u64().unwrap_or(4) as usize;
             let types: Vec<&str> = (0..n)
                 .map(|i| {
@@ -312,6 +305,20 @@ pub fn preset_config(
     Ok(cfg)
 }
 
+/// The number of layers to build: `layers` if it is between 1 and the preset's `depth` (`--layers` only cuts depth),
+/// the whole preset if `None`.
+fn check_layers(family: Family, preset: &str, layers: Option<usize>, depth: usize) -> Result<usize> {
+    match layers {
+        None => Ok(depth),
+        Some(n) if (1..=depth).contains(&n) => Ok(n),
+        Some(n) => Err(EngineError::InvalidInput(format!(
+            "--layers {n} is out of range: preset `{preset}` of {} has {depth} layers, and --layers can only cut \
+             depth (1..={depth})",
+            family.name()
+        ))),
+    }
+}
+
 fn merge(base: &mut Value, over: Value) {
     if let (Some(b), Value::Object(o)) = (base.as_object_mut(), over) {
         for (k, v) in o {
@@ -328,11 +335,38 @@ mod tests {
     #[test]
     fn every_preset_parses() {
         for p in PRESETS {
-            let cfg = preset_config(p.family, p.name, Some(5), 512, 1, 2).expect("preset");
+            let cfg = preset_config(p.family, p.name, Some(3), 512, 1, 2).expect("preset");
             let parsed = ModelConfig::from_json(&cfg).unwrap_or_else(|e| panic!("{} {}: {e}", p.family.name(), p.name));
             assert_eq!(parsed.family, p.family);
-            assert_eq!(parsed.layers.len(), 5);
+            assert_eq!(parsed.layers.len(), 3);
         }
+    }
+
+    #[test]
+    fn layers_cut_depth_but_never_grow_it() {
+        for p in PRESETS {
+            let full = preset_config(p.family, p.name, None, 512, 1, 2).expect("preset");
+            let depth = full["num_hidden_layers"].as_u64().expect("num_hidden_layers") as usize;
+            let exact = preset_config(p.family, p.name, Some(depth), 512, 1, 2).expect("the whole depth");
+            assert_eq!(exact, full, "{} {}", p.family.name(), p.name);
+            let one = preset_config(p.family, p.name, Some(1), 512, 1, 2).expect("one layer");
+            assert_eq!(one["num_hidden_layers"], 1);
+            for n in [0, depth + 1, 999, usize::MAX] {
+                let e = preset_config(p.family, p.name, Some(n), 512, 1, 2)
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.contains("--layers")
+                        && e.contains(&format!("{n}"))
+                        && e.contains(&format!("has {depth} layers"))
+                        && e.contains(p.name),
+                    "{e}"
+                );
+            }
+        }
+        // Nemotron-H keeps the first N layers of the pattern.
+        let cfg = preset_config(Family::NemotronH, "nemotron-h-8b", Some(4), 0, 1, 2).expect("cut");
+        assert_eq!(cfg["hybrid_override_pattern"], "M-M-");
     }
 
     #[test]

@@ -155,44 +155,108 @@ fn decode_rate(
     Ok((b * steps) as f64 / secs)
 }
 
+/// Plain progress on stderr: `[elapsed] what ... ` before a measurement and its result after it, so a long run shows
+/// what it is doing.
+#[derive(Clone, Copy)]
+pub(super) struct Progress {
+    start: Instant,
+}
+
+impl Progress {
+    pub(super) fn new() -> Self {
+        Progress { start: Instant::now() }
+    }
+
+    /// Seconds since the bench began.
+    pub(super) fn elapsed(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// One line: `[elapsed] message`.
+    pub(super) fn line(&self, message: &str) {
+        eprintln!("[{:7.1} s] {message}", self.elapsed());
+    }
+
+    /// Runs `f` between `[elapsed] what ... ` and what `done` makes of its result and its wall-clock seconds.
+    fn timed<T>(&self, what: &str, f: impl FnOnce() -> Result<T>, done: impl FnOnce(&T, f64) -> String) -> Result<T> {
+        eprint!("[{:7.1} s] {what} ... ", self.elapsed());
+        let t0 = Instant::now();
+        let r = f();
+        let secs = t0.elapsed().as_secs_f64();
+        match &r {
+            Ok(v) => eprintln!("{}", done(v, secs)),
+            Err(_) => eprintln!("failed after {secs:.3} s"),
+        }
+        r
+    }
+}
+
+/// Checks that the bench fits the model's context: the prompt plus the decoded tokens (the serving mode's requests;
+/// the batched-step bench reports one prompt's prefill and decodes after a 16-token prompt and 3 warm-up steps).
+fn check_context(args: &BenchArgs, limit: usize) -> Result<()> {
+    anyhow::ensure!(
+        args.prompt_len <= limit,
+        "--prompt-len {} exceeds the model's context limit of {limit} tokens (max_position_embeddings)",
+        args.prompt_len
+    );
+    let total = args.prompt_len.checked_add(args.decode_tokens);
+    anyhow::ensure!(
+        total.is_some_and(|t| t <= limit),
+        "--prompt-len {} plus --decode-tokens {} is {} tokens, more than the model's context limit of {limit} tokens \
+         (max_position_embeddings); lower one of them",
+        args.prompt_len,
+        args.decode_tokens,
+        total.map_or_else(|| "too many".to_string(), |t| t.to_string())
+    );
+    anyhow::ensure!(
+        args.decode_tokens.saturating_add(16 + 3) <= limit,
+        "--decode-tokens {} (after a 16-token prompt and 3 warm-up steps) exceeds the model's context limit of \
+         {limit} tokens (max_position_embeddings)",
+        args.decode_tokens
+    );
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => default_model_dir()?,
-    };
+    // The flags are checked before any model is built or loaded.
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
-    let device = args.device.device()?;
+    anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
+    let device = args.device.check()?;
     let cpu = device == Device::Cpu;
     let batches = args
         .batch
         .clone()
         .unwrap_or_else(|| if cpu { vec![1] } else { vec![1, 64] });
     anyhow::ensure!(batches.iter().all(|&b| b > 0), "--batch sizes must be positive");
-    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
-    let limit = config.max_position_embeddings;
-    // Checked before anything is allocated for the prompt.
-    anyhow::ensure!(
-        args.prompt_len <= limit,
-        "--prompt-len {} exceeds the model's context limit of {limit} tokens (max_position_embeddings)",
-        args.prompt_len
-    );
-    anyhow::ensure!(
-        args.decode_tokens.saturating_add(16 + 3) <= limit,
-        "--decode-tokens {} (after a 16-token prompt and 3 warm-up steps) exceeds the model's context limit of \
-         {limit} tokens",
-        args.decode_tokens
-    );
     let serving = match (args.concurrency, args.requests) {
-        (Some(n), m) => Some((n, m.unwrap_or(4 * n))),
+        (Some(n), m) => {
+            anyhow::ensure!(n > 0, "--concurrency must be at least 1");
+            anyhow::ensure!(m != Some(0), "--requests must be at least 1");
+            Some((n, m.unwrap_or(4 * n)))
+        }
         (None, _) => None,
     };
+    if !cpu {
+        args.decode.check_gpu()?;
+    }
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => {
+            eprintln!("{}", super::generate::RANDOM_WEIGHTS_NOTE);
+            default_model_dir()?
+        }
+    };
+    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
+    // Checked before anything is allocated for the prompt.
+    check_context(&args, config.max_position_embeddings)?;
+    let progress = Progress::new();
     if args.serving_only {
         let (n, m) = serving.context("--serving-only needs --concurrency")?;
         let mut result = header(&args, &config);
         println!("| measure | value |");
         println!("|---|---|");
-        result["serving"] = super::serve_bench::run(&args, &dir, n, m)?;
+        result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
         return write_json(&args, &result);
     }
     let biggest = batches.iter().copied().max().unwrap_or(1);
@@ -202,6 +266,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let mut dargs = args.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(biggest);
+    progress.line(&format!("loading {} ...", dir.display()));
     let mut loaded = backend::open(&dir, &dargs, Some(&args.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
     eprintln!(
@@ -214,21 +279,33 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
 
     // A first, untimed run warms caches, allocators and (on a GPU) cuBLAS's heuristics.
-    prefill(&mut loaded, &prompt, false)?;
+    let n = prompt.len();
+    let rate = |(secs, _): &(f64, Vec<f32>), _| format!("{secs:.3} s ({:.0} tok/s)", n as f64 / secs);
+    progress.timed(
+        &format!("prefill {n} tokens, warm-up (untimed)"),
+        || prefill(&mut loaded, &prompt, false),
+        rate,
+    )?;
     let (mut chunked, mut stepwise) = (Vec::new(), Vec::new());
     let mut max_rel_diff = 0.0f64;
-    for r in 0..args.repeats {
-        let (c, a) = prefill(&mut loaded, &prompt, false)?;
+    for r in 1..=args.repeats {
+        let how = if cpu { " (chunked)" } else { "" };
+        let (c, a) = progress.timed(
+            &format!("prefill {n} tokens{how}, repeat {r}/{}", args.repeats),
+            || prefill(&mut loaded, &prompt, false),
+            rate,
+        )?;
         chunked.push(c);
         if cpu {
-            let (s, b) = prefill(&mut loaded, &prompt, true)?;
+            let (s, b) = progress.timed(
+                &format!("prefill {n} tokens (token by token), repeat {r}/{}", args.repeats),
+                || prefill(&mut loaded, &prompt, true),
+                rate,
+            )?;
             stepwise.push(s);
             let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
             let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
             max_rel_diff = max_rel_diff.max((num / den.max(1e-30)).sqrt());
-            eprintln!("  repeat {}: chunked {c:.3} s, token-by-token {s:.3} s", r + 1);
-        } else {
-            eprintln!("  repeat {}: prefill {c:.3} s", r + 1);
         }
     }
     let c = median(chunked.clone());
@@ -236,7 +313,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &b in &batches {
         let rates = (0..args.repeats)
-            .map(|rep| decode_rate(&mut loaded.group, loaded.form, b, args.decode_tokens, 7919 * rep as u64))
+            .map(|rep| {
+                progress.timed(
+                    &format!(
+                        "decode batch {b}, {} tokens each, repeat {}/{}",
+                        args.decode_tokens,
+                        rep + 1,
+                        args.repeats
+                    ),
+                    || decode_rate(&mut loaded.group, loaded.form, b, args.decode_tokens, 7919 * rep as u64),
+                    |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
+                )
+            })
             .collect::<Result<Vec<f64>>>()?;
         let m = median(rates.clone());
         eprintln!(
@@ -302,7 +390,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some((n, m)) = serving {
         // The batched-step group is dropped first: the engine loads its own ranks.
         drop(loaded);
-        result["serving"] = super::serve_bench::run(&args, &dir, n, m)?;
+        result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
     }
     write_json(&args, &result)
 }

@@ -1,6 +1,6 @@
 //! `rewind generate`: stream text from a prompt.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -17,6 +17,41 @@ use crate::cli::{GenerateArgs, SamplingArgs};
 use crate::default_model::default_model_dir;
 
 const DEFAULT_PROMPT: &str = "The quick brown fox";
+
+/// Printed (to stderr) whenever a command runs the default model.
+pub(super) const RANDOM_WEIGHTS_NOTE: &str =
+    "note: the default model has RANDOM weights (no trained default model yet): its output is noise, not language";
+
+/// `text` without one trailing line ending (what `echo` and editors append).
+fn strip_one_newline(mut text: String) -> String {
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    text
+}
+
+/// The prompt's text: `--prompt-file`, stdin for a `-` prompt, the prompt given, or the default.
+fn prompt_text(args: &GenerateArgs) -> Result<String> {
+    let (text, from) = if let Some(path) = &args.prompt_file {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the prompt file {}", path.display()))?;
+        (text, format!("the prompt file {}", path.display()))
+    } else if args.prompt.as_deref() == Some("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the prompt from stdin")?;
+        (text, "stdin".to_string())
+    } else {
+        return Ok(args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string()));
+    };
+    let text = strip_one_newline(text);
+    anyhow::ensure!(!text.is_empty(), "the prompt read from {from} is empty");
+    Ok(text)
+}
 
 /// Sampling parameters: the model's generation_config.json, overridden by flags.
 pub fn sampling_params(defaults: &GenerationDefaults, args: &SamplingArgs) -> SamplingParams {
@@ -45,12 +80,16 @@ pub fn sampling_params(defaults: &GenerationDefaults, args: &SamplingArgs) -> Sa
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    // The flags are checked, and the prompt read, before any model is built or loaded.
+    if args.system.is_some() && !args.chat {
+        anyhow::bail!("--system needs --chat (the system message is rendered with the model's chat template)");
+    }
+    let device = args.device.check()?;
+    let prompt_text = prompt_text(&args)?;
     let dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {
-            eprintln!(
-                "note: the default model has RANDOM weights (no trained default model yet): its output is noise, not language"
-            );
+            eprintln!("{RANDOM_WEIGHTS_NOTE}");
             default_model_dir()?
         }
     };
@@ -62,15 +101,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
     let params = sampling_params(&defaults, &args.sampling);
     let tokenizer = Tokenizer::from_dir(&dir)?;
-    if args.device.device()? != crate::cli::Device::Cpu {
+    if device != crate::cli::Device::Cpu {
         args.decode.check_gpu()?;
     }
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     params.validate(config.vocab_size)?;
 
-    let prompt_text = args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string());
     let prompt = if args.chat {
-        let rendered = tokenizer.render(&[ChatMessage::new("user", prompt_text)], true)?;
+        let mut messages = Vec::with_capacity(2);
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new("system", system.clone()));
+        }
+        messages.push(ChatMessage::new("user", prompt_text));
+        let rendered = tokenizer.render(&messages, true)?;
         tokenizer.encode(&rendered, false)?
     } else {
         tokenizer.encode(&prompt_text, true)?
@@ -120,7 +163,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         writeln!(out)?;
         let s = &result.stats;
         eprintln!(
-            "[{} prompt tokens, {} generated | prefill {:.1} tok/s | decode {:.1} tok/s | finish: {:?} | seed {}]",
+            "[{} prompt tokens, {} generated | prefill {:.1} tok/s | decode {:.1} tok/s | finish: {} | seed {}]",
             s.prompt_tokens,
             s.generated_tokens,
             s.prefill_tokens_per_second,

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use rewind_engine::checkpoint::writer::WriteDtype;
-use rewind_engine::init::{init_model, InitOptions};
+use rewind_engine::init::{check_out_dir, init_model, InitOptions};
 use rewind_engine::presets::parse_arch;
 
 use crate::cli::InitModelArgs;
@@ -15,6 +15,7 @@ pub fn run(args: InitModelArgs) -> Result<()> {
         Some("bf16" | "bfloat16") => Some(WriteDtype::BF16),
         Some(other) => bail!("unknown --dtype `{other}`; expected f32 or bf16"),
     };
+    check_out_dir(&args.out, args.force)?;
     let start = std::time::Instant::now();
     let report = init_model(&InitOptions {
         family,

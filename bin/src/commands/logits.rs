@@ -39,8 +39,13 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     }
     drop(seq);
     let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    serde_json::to_writer(&mut w, &serde_json::json!({ "tokens": args.tokens, "logits": rows }))?;
-    w.flush().with_context(|| format!("writing {}", args.out.display()))?;
-    Ok(())
+    // A write can fail inside serde_json (when the buffer fills) or at the final flush (a full disk): both name the
+    // file.
+    let write = || -> Result<()> {
+        let mut w = std::io::BufWriter::new(file);
+        serde_json::to_writer(&mut w, &serde_json::json!({ "tokens": args.tokens, "logits": rows }))?;
+        w.flush()?;
+        Ok(())
+    };
+    write().with_context(|| format!("writing {}", args.out.display()))
 }

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::backend::{self, Needs};
 use crate::cli::{DeviceArgs, PerplexityArgs};
+use crate::output::outln;
 
 /// Negative log-likelihood of `next` under `logits` (log-sum-exp in f64).
 fn nll(logits: &[f32], next: u32) -> f64 {
@@ -21,6 +22,14 @@ fn nll(logits: &[f32], next: u32) -> f64 {
 const CHUNK: usize = 512;
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    let config = rewind_engine::model::ModelConfig::from_dir(&args.model)?;
+    let limit = config.max_position_embeddings;
+    let window = match args.window {
+        Some(w) if w > limit => bail!("--window {w} exceeds the model's context limit of {limit} tokens"),
+        Some(w) if w < 2 => bail!("--window must be at least 2 tokens, got {w}"),
+        Some(w) => w,
+        None => limit,
+    };
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let tokenizer = Tokenizer::from_dir(&args.model)?;
     let tokens = tokenizer.encode(&text, true)?;
@@ -30,12 +39,6 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             args.file.display(),
             tokens.len()
         );
-    }
-    let config = rewind_engine::model::ModelConfig::from_dir(&args.model)?;
-    let limit = config.max_position_embeddings;
-    let window = args.window.unwrap_or(limit).min(limit);
-    if window < 2 {
-        bail!("--window must be at least 2");
     }
     let device = DeviceArgs {
         device: "cpu".into(),
@@ -76,15 +79,15 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let ppl = (total / count as f64).exp();
     let secs = start.elapsed().as_secs_f64();
     if args.json {
-        println!(
+        outln!(
             "{}",
             json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs})
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "perplexity {ppl:.4} over {count} tokens ({:.0} tok/s)",
             count as f64 / secs
-        );
+        )?;
     }
     Ok(())
 }

@@ -1,12 +1,15 @@
 //! `rewind plan-memory`: bytes per sequence slot and the number of sequences that fit a budget, for each decode form
 //! and speculative window, from a model directory's config or a preset shape (no checkpoint needed).
 
+use std::fmt::Write;
+
 use anyhow::{bail, Context, Result};
 use rewind_engine::model::ModelConfig;
 use rewind_engine::presets::{parse_arch, preset_config, tokenizer_vocab};
 use rewind_engine::state::memory::{format_bytes, parse_bytes, plan_memory, MemoryPlan, PlanOptions, ACT_BYTES};
 
 use crate::cli::PlanMemoryArgs;
+use crate::output::{outln, write_stdout};
 
 fn load_config(args: &PlanMemoryArgs) -> Result<ModelConfig> {
     match (&args.model, &args.preset, &args.arch) {
@@ -28,36 +31,43 @@ fn load_config(args: &PlanMemoryArgs) -> Result<ModelConfig> {
     }
 }
 
-fn print_table(config: &ModelConfig, plan: &MemoryPlan) {
+/// The plan as a table for people, ending in a newline.
+fn format_table(config: &ModelConfig, plan: &MemoryPlan) -> Result<String> {
+    let mut out = String::new();
     let left = plan.budget_bytes.saturating_sub(plan.weights_bytes);
-    println!("model        {}", config.summary());
-    println!(
+    writeln!(out, "model        {}", config.summary())?;
+    writeln!(
+        out,
         "weights      {:.2}B parameters, {} (bf16)",
         plan.parameters as f64 / 1e9,
         format_bytes(plan.weights_bytes)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "budget       {}, {} left for sequences",
         format_bytes(plan.budget_bytes),
         format_bytes(left)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "sequence     {} tokens of context (KV blocks of {}), ring L = {}, kv-only below {} tokens",
         plan.context, plan.kv_block_size, plan.buffer_len, plan.kv_only_threshold
-    );
+    )?;
     let baseline = if plan.spec_window > 0 {
         format!("spec-baseline at T = {}", plan.spec_window)
     } else {
         "recurrent".to_string()
     };
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "{:<14} {:>3} {:>16} {:>12} {:>12} {:>12} {:>10}",
         "form", "T", "bytes/sequence", "(ssm)", "(kv)", "max seqs", "vs base"
-    );
+    )?;
     for f in &plan.forms {
         let ratio = f.vs_baseline.map_or("-".to_string(), |r| format!("{r:.2}x"));
-        println!(
+        writeln!(
+            out,
             "{:<14} {:>3} {:>16} {:>12} {:>12} {:>12} {:>10}",
             f.form.name(),
             f.spec_window,
@@ -66,13 +76,14 @@ fn print_table(config: &ModelConfig, plan: &MemoryPlan) {
             format_bytes(f.kv_bytes),
             f.max_sequences,
             ratio
-        );
+        )?;
     }
-    println!();
-    println!("vs base: max sequences relative to {baseline}.");
+    writeln!(out)?;
+    writeln!(out, "vs base: max sequences relative to {baseline}.")?;
     for note in &plan.notes {
-        println!("note: {note}");
+        writeln!(out, "note: {note}")?;
     }
+    Ok(out)
 }
 
 pub fn run(args: PlanMemoryArgs) -> Result<()> {
@@ -96,13 +107,20 @@ pub fn run(args: PlanMemoryArgs) -> Result<()> {
         args.kv_block_size
     );
     if let Some(c) = args.context {
+        anyhow::ensure!(c >= 1, "--context must be at least 1 token, got {c}");
         anyhow::ensure!(c <= 1 << 30, "--context must be at most {} tokens, got {c}", 1u64 << 30);
     }
     let config = load_config(&args)?;
+    let limit = config.max_position_embeddings;
+    let context = args.context.unwrap_or(limit);
+    anyhow::ensure!(
+        context <= limit,
+        "--context {context} exceeds the model's context limit of {limit} tokens (max_position_embeddings)"
+    );
     let opts = PlanOptions {
         spec_window: args.spec_window,
         buffer_len: args.buffer_len,
-        context: args.context.unwrap_or(config.max_position_embeddings),
+        context,
         kv_block_size: args.kv_block_size,
         kv_only_threshold: None,
         // The GPU's default activation type (bf16).
@@ -114,9 +132,9 @@ pub fn run(args: PlanMemoryArgs) -> Result<()> {
         if let Some(obj) = value.as_object_mut() {
             obj.insert("model".into(), serde_json::Value::String(config.summary()));
         }
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&value)?)?;
     } else {
-        print_table(&config, &plan);
+        write_stdout(&format_table(&config, &plan)?)?;
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! flight; reported are output tokens/s over the run, time to first token and inter-token latency (p50 / p99), and
 //! the process's peak memory.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::backend::{self, Needs};
-use super::bench::tokens;
+use super::bench::{tokens, Progress};
 use crate::cli::BenchArgs;
 
 /// The `q`-quantile (0..=1) of `xs` by the nearest rank (NaN for none).
@@ -41,7 +42,30 @@ struct Trace {
     error: Option<String>,
 }
 
-async fn one(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<Semaphore>) -> Trace {
+/// Requests finished so far, reported on stderr about every tenth of the run.
+struct Done {
+    count: AtomicUsize,
+    of: usize,
+    progress: Progress,
+}
+
+impl Done {
+    fn one_more(&self) {
+        let k = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        let every = self.of.div_ceil(10).max(1);
+        if k.is_multiple_of(every) || k == self.of {
+            self.progress.line(&format!("serving: {k}/{} requests done", self.of));
+        }
+    }
+}
+
+async fn one(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<Semaphore>, done: Arc<Done>) -> Trace {
+    let trace = traced(engine, request, gate).await;
+    done.one_more();
+    trace
+}
+
+async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<Semaphore>) -> Trace {
     let _permit = gate.acquire_owned().await;
     let submitted = Instant::now();
     let mut trace = Trace {
@@ -70,7 +94,13 @@ async fn one(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<Sema
 }
 
 /// Runs the serving benchmark; returns its JSON (and prints its table rows).
-pub fn run(args: &BenchArgs, dir: &std::path::Path, concurrency: usize, requests: usize) -> Result<Value> {
+pub fn run(
+    args: &BenchArgs,
+    dir: &std::path::Path,
+    concurrency: usize,
+    requests: usize,
+    progress: &Progress,
+) -> Result<Value> {
     anyhow::ensure!(concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(requests > 0, "--requests must be at least 1");
     let needs = Needs {
@@ -90,15 +120,25 @@ pub fn run(args: &BenchArgs, dir: &std::path::Path, concurrency: usize, requests
     };
     let rt = backend::runtime()?;
     let (traces, wall, metrics, device) = rt.block_on(async {
+        progress.line(&format!("serving: loading {} ...", dir.display()));
         let (engine, device) = backend::start_engine(&b, config).await?;
         let engine = Arc::new(engine);
         let gate = Arc::new(Semaphore::new(concurrency));
+        progress.line(&format!(
+            "serving: {requests} requests of {} + {} tokens, {concurrency} in flight ...",
+            args.prompt_len, args.decode_tokens
+        ));
+        let done = Arc::new(Done {
+            count: AtomicUsize::new(0),
+            of: requests,
+            progress: *progress,
+        });
         let t0 = Instant::now();
         let tasks: Vec<_> = (0..requests)
             .map(|i| {
                 let prompt = tokens(args.prompt_len, vocab, 0x5eed + i as u64);
                 let req = GenerateRequest::new(prompt, params.clone());
-                tokio::spawn(one(engine.clone(), req, gate.clone()))
+                tokio::spawn(one(engine.clone(), req, gate.clone(), done.clone()))
             })
             .collect();
         let mut traces = Vec::with_capacity(tasks.len());

@@ -32,6 +32,23 @@ impl FinishReason {
             _ => "stop",
         }
     }
+
+    /// The snake_case name, as in JSON (`stop_string`, `context_limit`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Eos => "eos",
+            FinishReason::StopToken => "stop_token",
+            FinishReason::StopString => "stop_string",
+            FinishReason::ContextLimit => "context_limit",
+        }
+    }
+}
+
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What one sampled token produced.

@@ -485,6 +485,9 @@ pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Res
 pub fn parse_bytes(text: &str) -> Result<u64> {
     let bad = |why: &str| EngineError::InvalidInput(format!("`{text}` is not a byte count: {why}"));
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(bad("a negative size; it must be positive, e.g. 70GiB"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mult: u128 = match unit.trim().to_ascii_lowercase().as_str() {

@@ -1,0 +1,72 @@
+//! Command output on stdout that fails with an error instead of a panic.
+//!
+//! `println!` panics when stdout cannot be written: a reader that went away (`rewind ... | head`, EPIPE) or a full
+//! disk (`> /dev/full`, ENOSPC). Commands write through [`write_stdout`] or the [`outln!`] macro instead, which return
+//! the failure as an error naming stdout; `main` ends quietly with exit 0 on a closed pipe ([`is_broken_pipe`]), as
+//! `head` users expect, and prints one `error: writing to stdout: ...` line with a non-zero exit otherwise.
+//!
+//! Use from any command module (`?` needs the function to return `anyhow::Result`):
+//!
+//! ```ignore
+//! use crate::output::{outln, write_stdout};
+//! outln!("{} tokens/s", rate)?;          // println! that returns the error
+//! write_stdout(&piece)?;                 // print! + flush, for streamed text
+//! write_stdout(&table)?;                 // a whole report built in a String, in one write
+//! ```
+
+use std::fmt;
+use std::io::{self, Write};
+
+use anyhow::Result;
+
+/// A failed write to stdout: shows as `writing to stdout: <the io error>` under `{:#}`, and lets `main` tell a
+/// closed stdout pipe from any other broken pipe. Wrap an [`io::Error`] from a hand-made stdout writer with
+/// `StdoutError::from(e)` (or `.map_err(StdoutError::from)?`) to get the same treatment.
+#[derive(Debug)]
+pub struct StdoutError(pub io::Error);
+
+impl fmt::Display for StdoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("writing to stdout")
+    }
+}
+
+impl std::error::Error for StdoutError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl From<io::Error> for StdoutError {
+    fn from(e: io::Error) -> Self {
+        StdoutError(e)
+    }
+}
+
+/// Writes `text` to stdout as is (add the newline yourself) and flushes it, so that a failure surfaces here rather
+/// than being lost at exit. A failure is a [`StdoutError`].
+pub fn write_stdout(text: &str) -> Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| StdoutError(e).into())
+}
+
+/// `println!` that returns `anyhow::Result<()>` (through [`write_stdout`]) instead of panicking when stdout fails.
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use outln;
+
+/// Whether `err` comes from writing to stdout after its reader has gone (EPIPE, e.g. `rewind ... | head`): the
+/// consumer stopped reading, which is not a failure of the command. Other broken pipes are real errors.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<StdoutError>())
+        .any(|e| e.0.kind() == io::ErrorKind::BrokenPipe)
+}

@@ -1,0 +1,514 @@
+//! `rewind generate` and `rewind bench` flags end to end: bench work that cannot fit the context is refused up front,
+//! long benches report progress on stderr, device flags are checked on every device (with a note when a GPU-only flag
+//! does nothing on the CPU), negative numbers are clear errors, the finish reason reads the same on stderr as in JSON,
+//! prompts come from stdin or a file, `--system` adds a system message, the default model's random-weights notice, and
+//! the `--help` examples.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn rewind(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(args)
+        .output()
+        .expect("run rewind")
+}
+
+/// `rewind args` with `input` on stdin.
+fn rewind_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rewind");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait rewind")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// Asserts a clean failure: a non-zero exit, no panic, exactly one `error:` line, and every one of `needles` in it.
+fn assert_fails(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(!err.contains("panicked"), "panic instead of an error: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "want one error line: {err}");
+    for n in needles {
+        assert!(errors[0].contains(n), "the error line lacks `{n}`: {err}");
+    }
+}
+
+fn assert_ok(o: &Output, what: &str) {
+    assert!(o.status.success(), "{what} failed: {}", stderr(o));
+}
+
+/// A fresh temporary directory for the test `tag` (tests run in parallel).
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rewind-gbf-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    dir
+}
+
+/// A tiny Nemotron-H checkpoint (max_position_embeddings 4096) in a directory of its own for the test `tag`.
+fn tiny_model(tag: &str) -> PathBuf {
+    let dir = temp_dir(tag).join("tiny");
+    let o = rewind(&[
+        "init-model",
+        "--arch",
+        "nemotron_h",
+        "--preset",
+        "tiny",
+        "--out",
+        dir.to_str().expect("utf8"),
+        "--seed",
+        "5",
+    ]);
+    assert_ok(&o, "init-model");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config")).expect("json");
+    assert_eq!(
+        config["max_position_embeddings"], 4096,
+        "the tests assume a 4096-token context"
+    );
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8")
+}
+
+/// `generate --json` on `model` with `extra` flags (greedy, 6 tokens unless overridden later in `extra`).
+fn generate_json(model: &Path, extra: &[&str], input: Option<&str>) -> (serde_json::Value, Output) {
+    let mut args = vec!["generate", "--model", s(model), "--temperature", "0", "--json"];
+    args.extend_from_slice(extra);
+    if !args.contains(&"--max-tokens") {
+        args.extend_from_slice(&["--max-tokens", "6"]);
+    }
+    let o = match input {
+        Some(i) => rewind_stdin(&args, i),
+        None => rewind(&args),
+    };
+    assert_ok(&o, &format!("generate {extra:?}"));
+    let v = serde_json::from_str(stdout(&o).trim()).expect("one JSON object on stdout");
+    (v, o)
+}
+
+#[test]
+fn bench_refuses_work_past_the_context_limit() {
+    let model = tiny_model("context");
+    let m = s(&model);
+    for extra in [&[][..], &["--concurrency", "1", "--requests", "1"][..]] {
+        let mut args = vec!["bench", "--model", m, "--prompt-len", "4090", "--decode-tokens", "64"];
+        args.extend_from_slice(extra);
+        assert_fails(
+            &rewind(&args),
+            &[
+                "--prompt-len 4090",
+                "--decode-tokens 64",
+                "4154",
+                "4096",
+                "max_position_embeddings",
+            ],
+        );
+    }
+    // The serving mode decodes right after each prompt: 4033 + 64 is one token too many, 4032 + 64 fits exactly.
+    let serving = |prompt: &str| {
+        rewind(&[
+            "bench",
+            "--model",
+            m,
+            "--prompt-len",
+            prompt,
+            "--decode-tokens",
+            "64",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+            "--serving-only",
+            "--repeats",
+            "1",
+        ])
+    };
+    assert_fails(&serving("4033"), &["--prompt-len 4033", "max_position_embeddings"]);
+    let o = serving("4032");
+    assert_ok(&o, "bench of exactly the context limit");
+    assert!(stdout(&o).contains("4032 + 64 tokens each"), "{}", stdout(&o));
+    // Huge values are refused without overflowing.
+    assert_fails(
+        &rewind(&[
+            "bench",
+            "--model",
+            m,
+            "--prompt-len",
+            "100",
+            "--decode-tokens",
+            "18446744073709551615",
+        ]),
+        &["--decode-tokens", "max_position_embeddings"],
+    );
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--decode-tokens", "0"]),
+        &["--decode-tokens must be at least 1"],
+    );
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--concurrency", "0"]),
+        &["--concurrency must be at least 1"],
+    );
+}
+
+#[test]
+fn bench_reports_progress_on_stderr() {
+    let model = tiny_model("progress");
+    let o = rewind(&[
+        "bench",
+        "--model",
+        s(&model),
+        "--prompt-len",
+        "40",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "2",
+        "--concurrency",
+        "2",
+        "--requests",
+        "3",
+    ]);
+    assert_ok(&o, "bench");
+    let err = stderr(&o);
+    for line in [
+        "prefill 40 tokens, warm-up",
+        "prefill 40 tokens (chunked), repeat 1/2 ... ",
+        "prefill 40 tokens (chunked), repeat 2/2 ... ",
+        "prefill 40 tokens (token by token), repeat 2/2 ... ",
+        "decode batch 1, 4 tokens each, repeat 1/2 ... ",
+        "decode batch 1, 4 tokens each, repeat 2/2 ... ",
+        "serving: 3 requests of 40 + 4 tokens, 2 in flight",
+        "serving: 3/3 requests done",
+    ] {
+        let l = err.lines().find(|l| l.contains(line));
+        assert!(l.is_some(), "stderr lacks `{line}`: {err}");
+        assert!(
+            l.is_some_and(|l| l.starts_with('[')),
+            "no elapsed time on `{line}`: {err}"
+        );
+    }
+    // Each timed measurement's line ends with its time.
+    let timed = err.lines().find(|l| l.contains("(chunked), repeat 1/2")).expect("line");
+    assert!(timed.contains(" s (") && timed.ends_with("tok/s)"), "{timed}");
+    // stdout keeps only the results table.
+    let out = stdout(&o);
+    assert!(
+        !out.contains("repeat") && !out.contains("requests done"),
+        "progress on stdout: {out}"
+    );
+    assert!(out.contains("| decode, batch 1 |"), "{out}");
+}
+
+#[test]
+fn device_flags_are_checked_on_every_device() {
+    let model = tiny_model("device");
+    let m = s(&model);
+    let out = temp_dir("device-files").join("logits.json");
+    let logits: Vec<&str> = vec![
+        "logits",
+        "--model",
+        m,
+        "--tokens",
+        "1,2",
+        "--prefill",
+        "1",
+        "--out",
+        s(&out),
+    ];
+    let generate: Vec<&str> = vec!["generate", "--model", m, "--max-tokens", "2"];
+    let bench: Vec<&str> = vec![
+        "bench",
+        "--model",
+        m,
+        "--prompt-len",
+        "4",
+        "--decode-tokens",
+        "1",
+        "--repeats",
+        "1",
+    ];
+    for base in [&generate, &bench, &logits] {
+        for (flag, value, needle) in [
+            ("--dtype", "f16", "--dtype"),
+            (
+                "--gpu-memory-fraction",
+                "5",
+                "--gpu-memory-fraction 5 is outside (0, 1]",
+            ),
+            (
+                "--gpu-memory-fraction",
+                "0",
+                "--gpu-memory-fraction 0 is outside (0, 1]",
+            ),
+            (
+                "--gpu-memory-fraction",
+                "-0.5",
+                "--gpu-memory-fraction -0.5 is outside (0, 1]",
+            ),
+            (
+                "--gpu-memory-fraction",
+                "NaN",
+                "--gpu-memory-fraction NaN is outside (0, 1]",
+            ),
+            ("--max-seqs", "0", "--max-seqs must be at least 1"),
+            ("--prefill-chunk", "0", "--prefill-chunk must be at least 1"),
+            ("--max-model-len", "0", "--max-model-len must be at least 1"),
+        ] {
+            let mut args = base.clone();
+            args.extend_from_slice(&["--device", "cpu", flag, value]);
+            assert_fails(&rewind(&args), &[needle]);
+        }
+    }
+    // Good values of GPU-only flags on the CPU run, with one note each; the defaults earn none.
+    for base in [&generate, &bench] {
+        let mut args = base.clone();
+        args.extend_from_slice(&[
+            "--device",
+            "cpu",
+            "--gpu-memory-fraction",
+            "0.5",
+            "--max-seqs",
+            "3",
+            "--dtype",
+            "f32",
+        ]);
+        let o = rewind(&args);
+        assert_ok(&o, "GPU-only flags on the CPU");
+        let notes: Vec<String> = stderr(&o)
+            .lines()
+            .filter(|l| l.starts_with("note:"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "note: --gpu-memory-fraction does not apply to --device cpu",
+                "note: --max-seqs does not apply to --device cpu",
+                "note: --dtype does not apply to --device cpu",
+            ],
+            "{}",
+            stderr(&o)
+        );
+        let o = rewind(base);
+        assert_ok(&o, "defaults");
+        assert!(!stderr(&o).contains("does not apply"), "{}", stderr(&o));
+    }
+    // The GPU-only flags have a heading of their own in --help; the device and --tp stay with the other options.
+    for cmd in ["generate", "bench", "logits"] {
+        let help = stdout(&rewind(&[cmd, "--help"]));
+        let heading = help
+            .find("\nGPU:\n")
+            .unwrap_or_else(|| panic!("{cmd} --help has no GPU heading: {help}"));
+        for flag in [
+            "--gpu-memory-fraction",
+            "--max-seqs",
+            "--max-model-len",
+            "--prefill-chunk",
+            "--dtype",
+        ] {
+            assert!(
+                help.find(flag).is_some_and(|i| i > heading),
+                "{cmd}: {flag} not under GPU: {help}"
+            );
+        }
+        for flag in ["--device <DEVICE>", "--tp <TP>"] {
+            assert!(
+                help.find(flag).is_some_and(|i| i < heading),
+                "{cmd}: {flag} under GPU: {help}"
+            );
+        }
+    }
+}
+
+#[test]
+fn negative_numbers_are_clear_errors() {
+    let model = tiny_model("negative");
+    let m = s(&model);
+    for args in [
+        vec!["generate", "--model", m, "--max-tokens", "-1"],
+        vec!["generate", "--model", m, "--seed", "-1"],
+        vec!["generate", "--model", m, "--top-k", "-3"],
+        vec!["generate", "--model", m, "--stop-token-id", "-2"],
+        vec!["generate", "--model", m, "--tp", "-1"],
+        vec!["generate", "--model", m, "--max-seqs", "-4"],
+        vec!["generate", "--model", m, "--max-batch-tokens", "-1"],
+        vec!["bench", "--model", m, "--decode-tokens", "-1"],
+        vec!["bench", "--model", m, "--prompt-len", "-10"],
+        vec!["bench", "--model", m, "--repeats", "-1"],
+        vec!["bench", "--model", m, "--batch", "1,-2"],
+        vec!["bench", "--model", m, "--concurrency", "-1"],
+    ] {
+        let o = rewind(&args);
+        let flag = args[3];
+        assert_fails(&o, &[flag, "must be a non-negative integer"]);
+        assert!(!stderr(&o).contains("unexpected argument"), "{args:?}: {}", stderr(&o));
+    }
+    assert_fails(
+        &rewind(&["generate", "--model", m, "--max-tokens", "lots"]),
+        &["--max-tokens", "must be a non-negative integer, got `lots`"],
+    );
+    // Negative numbers where the engine checks the value reach that check instead of clap's "unexpected argument".
+    assert_fails(
+        &rewind(&["generate", "--model", m, "--step-timeout", "-1"]),
+        &["--step-timeout must be a positive number"],
+    );
+}
+
+#[test]
+fn finish_reason_reads_the_same_on_stderr_as_in_json() {
+    let model = tiny_model("finish");
+    let (v, _) = generate_json(&model, &["hello"], None);
+    let text = v["text"].as_str().expect("text").to_string();
+    // The first character the model writes, as a stop string, ends the request with `stop_string`.
+    let stop: String = text.chars().take(1).collect();
+    assert!(!stop.is_empty(), "no text generated: {v}");
+    let (v, _) = generate_json(&model, &["hello", "--stop", &stop], None);
+    assert_eq!(v["stats"]["finish_reason"], "stop_string", "{v}");
+    let o = rewind(&[
+        "generate",
+        "hello",
+        "--model",
+        s(&model),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+        "--stop",
+        &stop,
+    ]);
+    assert_ok(&o, "generate --stop");
+    let err = stderr(&o);
+    assert!(err.contains("| finish: stop_string |"), "{err}");
+    assert!(!err.contains("StopString"), "{err}");
+    let o = rewind(&["generate", "hello", "--model", s(&model), "--max-tokens", "2"]);
+    assert_ok(&o, "generate");
+    assert!(stderr(&o).contains("| finish: length |"), "{}", stderr(&o));
+}
+
+#[test]
+fn prompts_from_stdin_or_a_file_and_a_system_message() {
+    let model = tiny_model("prompt");
+    let dir = temp_dir("prompt-files");
+    let prompt = "The tide comes in";
+    let (want, _) = generate_json(&model, &[prompt], None);
+    // `-` reads stdin; one trailing newline (as `echo` writes) is dropped.
+    for input in [prompt.to_string(), format!("{prompt}\n"), format!("{prompt}\r\n")] {
+        let (got, _) = generate_json(&model, &["-"], Some(&input));
+        assert_eq!(got["tokens"], want["tokens"], "stdin {input:?}");
+        assert_eq!(
+            got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"],
+            "stdin {input:?}"
+        );
+    }
+    let file = dir.join("prompt.txt");
+    std::fs::write(&file, format!("{prompt}\n")).expect("write prompt");
+    let (got, _) = generate_json(&model, &["--prompt-file", s(&file)], None);
+    assert_eq!(got["tokens"], want["tokens"]);
+    assert_eq!(got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
+    // A different prompt is really read (not the default one).
+    let (other, _) = generate_json(&model, &["-"], Some("Something else entirely, and longer than that"));
+    assert_ne!(other["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
+
+    let m = s(&model);
+    let missing = dir.join("missing.txt");
+    assert_fails(
+        &rewind(&["generate", "--model", m, "--prompt-file", s(&missing)]),
+        &["missing.txt"],
+    );
+    assert_fails(
+        &rewind(&["generate", "hi", "--model", m, "--prompt-file", s(&file)]),
+        &["--prompt-file"],
+    );
+    assert_fails(&rewind_stdin(&["generate", "--model", m, "-"], ""), &["stdin", "empty"]);
+
+    // --system adds a system message to the chat template's rendering.
+    assert_fails(
+        &rewind(&["generate", "hi", "--model", m, "--system", "Be brief."]),
+        &["--system", "--chat"],
+    );
+    let (plain, _) = generate_json(&model, &[prompt, "--chat"], None);
+    let (with_system, _) = generate_json(&model, &[prompt, "--chat", "--system", "Be brief."], None);
+    let n = |v: &serde_json::Value| v["stats"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+    assert!(n(&with_system) > n(&plain) + 3, "{with_system} vs {plain}");
+    // From stdin with --chat and --system as well.
+    let (piped, _) = generate_json(
+        &model,
+        &["-", "--chat", "--system", "Be brief."],
+        Some(&format!("{prompt}\n")),
+    );
+    assert_eq!(piped["tokens"], with_system["tokens"]);
+}
+
+#[test]
+fn bench_of_the_default_model_says_its_weights_are_random() {
+    let cache = temp_dir("default-cache");
+    let o = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(["bench", "--prompt-len", "4", "--decode-tokens", "1", "--repeats", "1"])
+        .env("REWIND_CACHE", &cache)
+        .output()
+        .expect("run rewind");
+    assert_ok(&o, "bench of the default model");
+    assert!(
+        stderr(&o).contains("note: the default model has RANDOM weights"),
+        "{}",
+        stderr(&o)
+    );
+    let model = tiny_model("default");
+    let o = rewind(&[
+        "bench",
+        "--model",
+        s(&model),
+        "--prompt-len",
+        "4",
+        "--decode-tokens",
+        "1",
+        "--repeats",
+        "1",
+    ]);
+    assert_ok(&o, "bench of a model directory");
+    assert!(!stderr(&o).contains("RANDOM weights"), "{}", stderr(&o));
+}
+
+#[test]
+fn help_shows_examples() {
+    for (cmd, example) in [
+        ("generate", "rewind generate - "),
+        ("generate", "--prompt-file"),
+        ("bench", "rewind bench --model"),
+        ("bench", "--concurrency"),
+    ] {
+        let o = rewind(&[cmd, "--help"]);
+        assert_ok(&o, "--help");
+        let help = stdout(&o);
+        let examples = help
+            .find("Examples:")
+            .unwrap_or_else(|| panic!("{cmd} --help has no examples: {help}"));
+        assert!(
+            help[examples..].contains(example),
+            "{cmd} --help examples lack `{example}`: {help}"
+        );
+    }
+}
