@@ -242,3 +242,49 @@ fn perplexity_window_beyond_the_limit_is_an_error() {
     assert!(o.status.success(), "--window 4096: {}", stderr(&o));
     let _ = std::fs::remove_dir_all(&model);
 }
+
+#[test]
+fn bench_and_generate_stdout_closed_or_full() {
+    let model = tiny_model("bench-gen-stdout");
+    let m = model.to_str().expect("utf8");
+    let runs: [&[&str]; 3] = [
+        &[
+            "bench",
+            "--model",
+            m,
+            "--prompt-len",
+            "16",
+            "--decode-tokens",
+            "4",
+            "--repeats",
+            "1",
+        ],
+        &["generate", "hi", "--model", m, "--max-tokens", "3"],
+        &["generate", "hi", "--model", m, "--max-tokens", "3", "--json"],
+    ];
+    for args in runs {
+        // These commands report progress on stderr, so only the exit and the absence of errors are checked.
+        let o = rewind_to(args, closed_pipe());
+        let err = stderr(&o);
+        assert!(
+            o.status.success() && !err.contains("error:") && !err.contains("panicked"),
+            "{args:?}, closed pipe: {:?} {err}",
+            o.status
+        );
+        #[cfg(target_os = "linux")]
+        {
+            let o = rewind_to(args, dev_full());
+            let err = stderr(&o);
+            let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+            assert!(
+                !o.status.success() && !err.contains("panicked"),
+                "{args:?}, /dev/full: {err}"
+            );
+            assert!(
+                errors.len() == 1 && errors[0].contains("stdout") && errors[0].contains("No space left"),
+                "{args:?}, /dev/full: {err}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&model);
+}

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::output::outln;
 use anyhow::{Context, Result};
 use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StepPlan};
 use serde_json::json;
@@ -254,8 +255,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.serving_only {
         let (n, m) = serving.context("--serving-only needs --concurrency")?;
         let mut result = header(&args, &config);
-        println!("| measure | value |");
-        println!("|---|---|");
+        outln!("| measure | value |")?;
+        outln!("|---|---|")?;
         result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
         return write_json(&args, &result);
     }
@@ -339,14 +340,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }));
     }
 
-    println!("| measure | value |");
-    println!("|---|---|");
-    println!(
+    outln!("| measure | value |")?;
+    outln!("|---|---|")?;
+    outln!(
         "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
         prompt.len(),
         c,
         prompt.len() as f64 / c
-    );
+    )?;
     let mut result = header(&args, &config);
     let more = json!({
         "device": loaded.device,
@@ -365,13 +366,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if cpu {
         let s = median(stepwise.clone());
-        println!(
+        outln!(
             "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
             s,
             prompt.len() as f64 / s
-        );
-        println!("| chunked speed-up | {:.1}× |", s / c);
-        println!("| last-logit difference chunked vs token-by-token | {max_rel_diff:.2e} (relative L2) |");
+        )?;
+        outln!("| chunked speed-up | {:.1}× |", s / c)?;
+        outln!("| last-logit difference chunked vs token-by-token | {max_rel_diff:.2e} (relative L2) |")?;
         result["prefill_token_by_token_s"] = json!(stepwise);
         result["prefill_token_by_token_median_s"] = json!(s);
         result["prefill_speedup"] = json!(s / c);
@@ -380,12 +381,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         result["dtype"] = json!(args.device.dtype);
     }
     for r in &rows {
-        println!(
+        outln!(
             "| decode, batch {} | {:.1} tok/s ({:.2} ms per step) |",
             r["batch"],
             r["decode_tok_per_s_median"].as_f64().unwrap_or(f64::NAN),
             r["step_ms_median"].as_f64().unwrap_or(f64::NAN)
-        );
+        )?;
     }
     if let Some((n, m)) = serving {
         // The batched-step group is dropped first: the engine loads its own ranks.

@@ -1,8 +1,9 @@
 //! `rewind generate`: stream text from a prompt.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::time::Instant;
 
+use crate::output::write_stdout;
 use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::{GenerationOutput, GenerationStats};
@@ -154,13 +155,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         out
     })?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
     if json {
-        serde_json::to_writer(&mut out, &result)?;
-        writeln!(out)?;
+        write_stdout(&(serde_json::to_string(&result)? + "\n"))?;
     } else {
-        writeln!(out)?;
+        write_stdout("\n")?;
         let s = &result.stats;
         eprintln!(
             "[{} prompt tokens, {} generated | prefill {:.1} tok/s | decode {:.1} tok/s | finish: {} | seed {}]",
@@ -185,7 +183,6 @@ async fn stream(
     let prompt_tokens = prompt.len();
     let t0 = Instant::now();
     let mut events = engine.submit(GenerateRequest::new(prompt, params))?;
-    let stdout = std::io::stdout();
     let (mut text, mut tokens) = (String::new(), Vec::new());
     let mut first: Option<f64> = None;
     while let Some(event) = events.next().await {
@@ -194,10 +191,7 @@ async fn stream(
                 first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
                 tokens.push(token);
                 if !json && !piece.is_empty() {
-                    let mut out = stdout.lock();
-                    out.write_all(piece.as_bytes())
-                        .and_then(|_| out.flush())
-                        .context("writing to stdout")?;
+                    write_stdout(&piece)?;
                 }
                 text.push_str(&piece);
             }

@@ -10,6 +10,8 @@ use super::backend::{self, Needs};
 use crate::cli::LogitsArgs;
 
 pub fn run(args: LogitsArgs) -> Result<()> {
+    // Bad device values are errors; GPU-only flags on the CPU get a note.
+    args.device.check()?;
     if args.prefill > args.tokens.len() {
         bail!(
             "--prefill {} exceeds the number of tokens ({})",

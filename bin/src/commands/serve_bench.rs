@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::output::outln;
 use anyhow::Result;
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::sample::SamplingParams;
@@ -188,20 +189,20 @@ pub fn run(
         metrics.preemptions,
         metrics.faults
     );
-    println!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens);
-    println!(
+    outln!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens)?;
+    outln!(
         "| serving: time to first token p50 / p99 | {:.1} / {:.1} ms |",
         ttft50 * 1e3,
         ttft99 * 1e3
-    );
-    println!(
+    )?;
+    outln!(
         "| serving: inter-token latency p50 / p99 | {:.2} / {:.2} ms |",
         itl50 * 1e3,
         itl99 * 1e3
-    );
-    println!("| serving: request latency p50 / p99 | {:.3} / {:.3} s |", lat50, lat99);
+    )?;
+    outln!("| serving: request latency p50 / p99 | {:.3} / {:.3} s |", lat50, lat99)?;
     if let Some(p) = peak {
-        println!("| serving: peak resident memory | {p:.0} MiB |");
+        outln!("| serving: peak resident memory | {p:.0} MiB |")?;
     }
     Ok(json!({
         "device": device,
