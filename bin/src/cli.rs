@@ -24,19 +24,54 @@ pub enum Command {
     #[command(after_help = GENERATE_EXAMPLES)]
     Generate(GenerateArgs),
     /// Write per-position logits for a token sequence: the first N tokens through prefill, the rest through decode.
+    #[command(after_help = LOGITS_EXAMPLES)]
     Logits(LogitsArgs),
     /// Perplexity of a text file under a model.
+    #[command(after_help = PERPLEXITY_EXAMPLES)]
     Perplexity(PerplexityArgs),
     /// Write a complete HF-format checkpoint with seeded random weights.
+    #[command(after_help = INIT_MODEL_EXAMPLES)]
     InitModel(InitModelArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
     /// How many sequences fit a memory budget, for each decode form and speculative window.
+    #[command(after_help = PLAN_MEMORY_EXAMPLES)]
     PlanMemory(PlanMemoryArgs),
     /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
+    #[command(after_help = SELFTEST_EXAMPLES)]
     Selftest(SelftestArgs),
 }
+
+/// Examples shown after `rewind logits --help`.
+const LOGITS_EXAMPLES: &str = "\
+Examples:
+  rewind logits --model ./my-model --tokens 5,17,42,7,9 --prefill 3 --out logits.json
+  rewind logits --model ./my-model --tokens 5,17,42,7,9 --prefill 3 --out logits.json --decode replay --tp 2";
+
+/// Examples shown after `rewind perplexity --help`.
+const PERPLEXITY_EXAMPLES: &str = "\
+Examples:
+  rewind perplexity --model ./my-model --file book.txt
+  rewind perplexity --model ./my-model --file book.txt --window 512 --json";
+
+/// Examples shown after `rewind init-model --help`.
+const INIT_MODEL_EXAMPLES: &str = "\
+Examples:
+  rewind init-model --arch nemotron_h --preset tiny --out ./tiny
+  rewind init-model --arch qwen3_5 --preset qwen3.5-4b --layers 4 --out ./q4b-cut --force";
+
+/// Examples shown after `rewind plan-memory --help`.
+const PLAN_MEMORY_EXAMPLES: &str = "\
+Examples:
+  rewind plan-memory --arch nemotron_h --preset nemotron-h-8b --budget 70GiB
+  rewind plan-memory --model ./my-model --budget 40GiB --context 8192 --spec-window 4 --json";
+
+/// Examples shown after `rewind selftest --help`.
+const SELFTEST_EXAMPLES: &str = "\
+Examples:
+  rewind selftest --device cuda
+  rewind selftest --device cuda:1 --only ssd_scan --no-model --json selftest.json";
 
 /// Examples shown after `rewind generate --help`.
 const GENERATE_EXAMPLES: &str = "\

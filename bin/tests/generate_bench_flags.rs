@@ -512,3 +512,27 @@ fn help_shows_examples() {
         );
     }
 }
+
+#[test]
+fn every_subcommand_help_has_examples() {
+    for cmd in [
+        "generate",
+        "logits",
+        "perplexity",
+        "init-model",
+        "bench",
+        "plan-memory",
+        "selftest",
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .args([cmd, "--help"])
+            .output()
+            .expect("run rewind");
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{cmd} --help failed");
+        assert!(
+            help.contains("Examples:") && help.contains(&format!("rewind {cmd} ")),
+            "{cmd} --help has no example: {help}"
+        );
+    }
+}
