@@ -19,8 +19,12 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
+                // Progress of long work (loading, writing a checkpoint) shows on a terminal; a pipe or a log file
+                // gets it with RUST_LOG=info (or RUST_LOG=rewind::progress=info).
+                let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+                tracing_subscriber::EnvFilter::new(if progress { "warn,rewind::progress=info" } else { "warn" })
+            }),
         )
         .init();
     match commands::run(args) {

@@ -536,3 +536,30 @@ fn every_subcommand_help_has_examples() {
         );
     }
 }
+
+#[test]
+fn loading_and_writing_a_checkpoint_report_progress() {
+    let dir = std::env::temp_dir().join(format!("rewind-progress-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .args(args)
+            .env("RUST_LOG", "rewind::progress=info")
+            .output()
+            .expect("run rewind")
+    };
+    let d = dir.to_str().expect("utf8");
+    let o = run(&["init-model", "--arch", "nemotron_h", "--preset", "tiny", "--out", d]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("writing") && err.contains("done in"),
+        "{err}"
+    );
+    let o = run(&["generate", "hi", "--model", d, "--max-tokens", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("loading rank 0 of 1") && err.contains("done in"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -318,9 +318,15 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
     let specs: Vec<(String, Vec<usize>)> = tensors.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
     let family = config.family;
     let seed = opts.seed;
+    let elements: u64 = specs.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+    let mut progress = crate::progress::Progress::new(
+        format!("writing {} parameters to {}", elements, opts.out.display()),
+        elements,
+    );
     write_streaming(&opts.out, dtype, Some(4 << 30), &specs, |name, buf| {
         let shape = tensors.get(name).map(Vec::as_slice).unwrap_or(&[]);
         fill(seed, name, init_for(name, shape, family, blocks), buf);
+        progress.advance(buf.len() as u64);
         Ok(())
     })?;
     let mut cfg_json = cfg_json;

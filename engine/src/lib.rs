@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod init;
 pub mod model;
 pub mod presets;
+pub mod progress;
 pub mod rank;
 pub mod sample;
 pub mod sched;

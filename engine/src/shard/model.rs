@@ -99,6 +99,10 @@ impl ShardedModel {
         let hidden = config.hidden_size;
         let mut ss = ShardSource::new(src, plan.tensors());
         let embed = ss.take(&plan.embed.name, &plan.embed.local_shape())?;
+        let mut progress = crate::progress::Progress::new(
+            format!("loading rank {rank} of {tp} ({} blocks)", plan.blocks.len()),
+            plan.blocks.len() as u64,
+        );
         for b in &plan.blocks {
             let norm = ss.take(&b.norm.name, &[hidden])?;
             let p = b.prefix.as_str();
@@ -114,6 +118,7 @@ impl ShardedModel {
                 mixer,
                 shard: b.shard.clone(),
             })?;
+            progress.advance(1);
         }
         let final_norm = ss.take(&plan.final_norm.name, &[hidden])?;
         let lm_head = match &plan.lm_head {
