@@ -4,6 +4,7 @@ mod cli;
 mod commands;
 mod default_model;
 mod output;
+mod progress_bars;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -19,14 +20,15 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
-                // Progress of long work (loading, writing a checkpoint) shows on a terminal; a pipe or a log file
-                // gets it with RUST_LOG=info (or RUST_LOG=rewind::progress=info).
-                let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-                tracing_subscriber::EnvFilter::new(if progress { "warn,rewind::progress=info" } else { "warn" })
-            }),
+            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // Progress of long work (loading, writing a checkpoint): bars on a terminal; elsewhere plain log lines with
+    // RUST_LOG=info (or RUST_LOG=rewind::progress=info).
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        progress_bars::install();
+    }
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of stdout went away (`rewind ... | head`): it wanted no more output, so end quietly.

@@ -1,10 +1,21 @@
-//! Progress of long work (loading a checkpoint, writing one) as plain log lines on the `rewind::progress` target:
-//! one line when the work starts, one at each further tenth, one when it ends, with the elapsed time. The CLI shows
-//! this target at `info` by default, so a 16 GB load or write is never silent.
+//! Progress of long work (loading a checkpoint, writing one): handed to the process's [`Reporter`] when one is set
+//! (the CLI draws progress bars on a terminal), else plain log lines on the `rewind::progress` target — one when the
+//! work starts, one at each further tenth, one when it ends, with the elapsed time.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use tracing::info;
+
+/// Receives every update instead of the log lines: what, units done, units in all (`done == total` ends it).
+pub type Reporter = Box<dyn Fn(&str, u64, u64) + Send + Sync>;
+
+static REPORTER: OnceLock<Reporter> = OnceLock::new();
+
+/// Sets the process's reporter (once; returns false when one was already set).
+pub fn set_reporter(r: Reporter) -> bool {
+    REPORTER.set(r).is_ok()
+}
 
 /// One piece of long work counted in units (blocks, elements); see the module docs.
 pub struct Progress {
@@ -20,7 +31,10 @@ impl Progress {
     /// Starts counting `total` units of `what` (logs the start).
     pub fn new(what: impl Into<String>, total: u64) -> Self {
         let what = what.into();
-        info!(target: "rewind::progress", "{what} ...");
+        match REPORTER.get() {
+            Some(r) => r(&what, 0, total.max(1)),
+            None => info!(target: "rewind::progress", "{what} ..."),
+        }
         Progress {
             what,
             total: total.max(1),
@@ -33,6 +47,10 @@ impl Progress {
     /// Counts `n` more units; logs each tenth passed and the end.
     pub fn advance(&mut self, n: u64) {
         self.done = (self.done + n).min(self.total);
+        if let Some(r) = REPORTER.get() {
+            r(&self.what, self.done, self.total);
+            return;
+        }
         let tenth = self.done * 10 / self.total;
         if tenth > self.tenth {
             self.tenth = tenth;
