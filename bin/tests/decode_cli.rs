@@ -3,18 +3,9 @@
 //! values are clear errors.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn rewind(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(args)
-        .output()
-        .expect("run rewind")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
+mod common;
+use common::{rewind, stderr};
 
 /// A tiny checkpoint of `arch` in a directory of its own for the test `tag` (tests run in parallel).
 fn tiny_model(arch: &str, tag: &str) -> PathBuf {

@@ -8,12 +8,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-fn rewind(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(args)
-        .output()
-        .expect("run rewind")
-}
+mod common;
+use common::{rewind, stderr};
 
 /// `rewind args` with `input` on stdin.
 fn rewind_stdin(args: &[&str], input: &str) -> Output {
@@ -31,10 +27,6 @@ fn rewind_stdin(args: &[&str], input: &str) -> Output {
         .write_all(input.as_bytes())
         .expect("write stdin");
     child.wait_with_output().expect("wait rewind")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
 }
 
 fn stdout(o: &Output) -> String {

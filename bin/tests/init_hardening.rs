@@ -3,20 +3,12 @@
 //! checkpoint's config allows decodes to text with the tokenizer written beside it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use rewind_engine::tokenizer::Tokenizer;
 
-fn rewind(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(args)
-        .output()
-        .expect("run rewind")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
+mod common;
+use common::{rewind, stderr};
 
 /// The command failed with exactly one `error: ...` line on stderr, holding every needle.
 fn assert_one_error(o: &Output, needles: &[&str]) {

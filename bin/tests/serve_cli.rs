@@ -2,18 +2,9 @@
 //! `--inject-fault` kind recovered with the same tokens (and reported on stderr), bad engine flags clear errors.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn rewind(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(args)
-        .output()
-        .expect("run rewind")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
+mod common;
+use common::{rewind, stderr};
 
 fn tiny_model(arch: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rewind-serve-cli-{arch}-{}", std::process::id()));
