@@ -187,27 +187,15 @@ pub struct EngineArgs {
 /// How SSM layers decode (shared by `generate` and `logits`).
 #[derive(Args, Debug, Clone)]
 pub struct DecodeArgs {
-    /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay).
-    /// Default: auto on the CPU, recurrent on a GPU (the only form the GPU rank has yet).
+    /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay); every
+    /// form runs on the CPU and on GPUs. Default: auto on the CPU, recurrent on a GPU (its replay kernels are exact but
+    /// not yet faster than the recurrent step).
     #[arg(long = "decode", value_name = "FORM", value_parser = parse_form)]
     pub form: Option<FormChoice>,
     /// Input-ring capacity L of the replay form (at least 2); a kv-only sequence holds up to threshold + T entries
     /// until it compresses into replay.
     #[arg(long, value_name = "L", default_value_t = rewind_engine::state::DEFAULT_BUFFER_LEN, value_parser = parse_buffer_len)]
     pub buffer_len: usize,
-}
-
-impl DecodeArgs {
-    /// Fails unless the form can run on a GPU (recurrent, the default there).
-    pub fn check_gpu(&self) -> anyhow::Result<()> {
-        match self.form {
-            None | Some(FormChoice::Recurrent) => Ok(()),
-            Some(f) => anyhow::bail!(
-                "--decode {f}: the GPU runner decodes with the recurrent form only so far; the replay, kv-only and auto \
-                 forms run on the CPU (--device cpu)"
-            ),
-        }
-    }
 }
 
 /// Where a model runs (shared by `generate`, `logits` and `bench`).

@@ -496,8 +496,8 @@ fn gpu_flags_are_checked_before_anything_loads() {
     assert_eq!(greedy("2"), greedy("1"));
     let o = rewind(&["generate", "--model", model, "--device", "cuda", "--tp", "0"]);
     assert_fails(&o, &["--tp must be at least 1"]);
-    let o = rewind(&["generate", "--model", model, "--device", "cuda", "--decode", "replay"]);
-    assert_fails(&o, &["--decode replay", "recurrent"]);
+    let o = rewind(&["generate", "--model", model, "--device", "cuda", "--decode", "bogus"]);
+    assert_fails(&o, &["unknown decode form `bogus`"]);
     let o = rewind(&["bench", "--model", model, "--batch", "0"]);
     assert_fails(&o, &["--batch sizes must be positive"]);
 }

@@ -55,8 +55,8 @@ pub struct Loaded {
     pub device: String,
 }
 
-/// The model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (the CPU
-/// default form is `auto`, the GPU's `recurrent`, the only one it runs yet).
+/// The model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (default form
+/// `auto` on the CPU, `recurrent` on GPUs, whose replay kernels are not yet faster).
 pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Backend> {
     // The flags are checked before anything is read.
     let which = device.device()?;
@@ -90,22 +90,23 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(devices) => {
-            if let Some(d) = decode {
-                d.check_gpu()?;
-            }
             let mut dargs = device.clone();
             if dargs.max_model_len.is_none() {
                 dargs.max_model_len = Some(context);
             }
             dargs.max_seqs = dargs.max_seqs.max(needs.slots);
-            let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(
-                dir,
-                &super::gpu::options(&dargs, devices)?,
-            )?);
+            let mut opts = super::gpu::options(&dargs, devices)?;
+            if let Some(d) = decode {
+                opts.buffer_len = d.buffer_len;
+            }
+            let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),
                 config,
-                form: FormChoice::Recurrent,
+                // Every form runs on the GPU, but its replay kernels are still slower than the recurrent step kernel
+                // (bench/results/gpu-replay-forms-nemotron-h-8b-2026-11-24.md), so the GPU default stays recurrent
+                // until they are not.
+                form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Recurrent),
                 gpu: Some((g, dargs)),
                 cpu_device: None,
             })

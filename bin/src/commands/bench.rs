@@ -238,9 +238,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         (None, _) => None,
     };
-    if !cpu {
-        args.decode.check_gpu()?;
-    }
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => {

@@ -85,7 +85,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.system.is_some() && !args.chat {
         anyhow::bail!("--system needs --chat (the system message is rendered with the model's chat template)");
     }
-    let device = args.device.check()?;
+    args.device.check()?;
     let prompt_text = prompt_text(&args)?;
     let dir = match &args.model {
         Some(dir) => dir.clone(),
@@ -102,9 +102,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
     let params = sampling_params(&defaults, &args.sampling);
     let tokenizer = Tokenizer::from_dir(&dir)?;
-    if device != crate::cli::Device::Cpu {
-        args.decode.check_gpu()?;
-    }
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     params.validate(config.vocab_size)?;
 

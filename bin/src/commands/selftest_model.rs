@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use rewind_engine::gpu::{teacher_forced, GpuDtype, GpuOptions, TeacherForcedReport};
+use rewind_engine::decode::FormChoice;
+use rewind_engine::gpu::{teacher_forced, verify_forced, GpuDtype, GpuOptions, TeacherForcedReport, VerifyReport};
 use serde_json::{json, Value};
 
 /// Per-position tolerance of the gating check, `max|Δlogit| / max|logit_cpu|`: the GPU engine in f32 (`--dtype f32`)
@@ -16,6 +17,13 @@ pub const TOLERANCE: f64 = 1e-4;
 pub const BF16_BOUND: f64 = 2e-2;
 /// Greedy steps decoded after each prompt.
 const STEPS: usize = 12;
+/// Teacher tokens verified after each prompt in the speculative check, and its window and corruption rate.
+const VERIFY_STEPS: usize = 24;
+const VERIFY_WINDOW: usize = 4;
+const CORRUPT: f64 = 0.25;
+/// A small ring and kv-only threshold, so the few steps of a fixture flush, compress and wrap the rings.
+const BUFFER_LEN: usize = 4;
+const KV_THRESHOLD: usize = 12;
 
 fn fixture_dirs(root: &Path) -> Result<Vec<PathBuf>, String> {
     let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e} (pass --fixtures DIR)", root.display()))?;
@@ -48,6 +56,50 @@ fn prompts(dir: &Path) -> Result<Vec<Vec<u32>>, String> {
     Ok(vec![tokens[..n].to_vec(), tokens[n / 2..].to_vec()])
 }
 
+fn verify_line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport, String>) -> (Value, bool) {
+    let gating = dtype == GpuDtype::F32;
+    match r {
+        Ok(r) => {
+            let verdict = match (r.pass, gating) {
+                (true, true) => "pass",
+                (false, true) => "FAIL",
+                (true, false) => "within bound (report)",
+                (false, false) => "outside bound (report, not gating)",
+            };
+            println!(
+                "{:<20} tp {}  {:<4}  verify {:<8} T {} p {:.2}: {} positions, {:.2} accepted per verify, worst rel vs \
+                 recurrent {:.2e} (≤ {:.0e})  {}",
+                case,
+                tp,
+                dtype,
+                r.form,
+                r.window,
+                r.corrupt,
+                r.positions,
+                r.accepted as f64 / r.verifies.max(1) as f64,
+                r.worst_rel,
+                r.tolerance,
+                verdict
+            );
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["case"] = json!(case);
+            v["check"] = json!("verify");
+            if !r.worst_rel.is_finite() {
+                v["worst_rel"] = json!(r.worst_rel.to_string());
+            }
+            v["gating"] = json!(gating);
+            (v, r.pass || !gating)
+        }
+        Err(e) => {
+            println!("{case:<20} tp {tp}  {dtype:<4}  verify FAIL: {e}");
+            (
+                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "check": "verify", "pass": false, "error": e }),
+                false,
+            )
+        }
+    }
+}
+
 fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
     let gating = dtype == GpuDtype::F32;
     match r {
@@ -59,11 +111,12 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
                 (false, false) => "outside bound (report, not gating)",
             };
             println!(
-                "{:<20} tp {}  {:<4}  {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e}; {:.1e} vs unrounded \
-                 weights)  argmax {}/{} equal  restored copy {:.1e}  {}",
+                "{:<20} tp {}  {:<4}  {:<9} {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e}; {:.1e} vs \
+                 unrounded weights)  argmax {}/{} equal  restored copy {:.1e}  {}",
                 case,
                 tp,
                 dtype,
+                r.form,
                 r.positions,
                 r.sequences,
                 r.worst_rel,
@@ -109,7 +162,9 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
 pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
     println!(
         "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
-         steps, 2 sequences per batch, prefill in chunks of 8); f32 rows gate at {TOLERANCE:.0e}, bf16 rows are reported \
+         steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
+         (threshold {KV_THRESHOLD}) forms, and speculative verify (T = {VERIFY_WINDOW}, drafts corrupted with p = \
+         {CORRUPT}) against the GPU's own recurrent rows; f32 rows gate at {TOLERANCE:.0e}, bf16 rows are reported \
          against {BF16_BOUND:.0e}"
     );
     let dirs = match fixture_dirs(root) {
@@ -147,12 +202,29 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
                     max_model_len: None,
                     prefill_chunk: 8,
                     dtype,
+                    buffer_len: BUFFER_LEN,
+                    max_verify: BUFFER_LEN / 2,
+                    kv_only_threshold: Some(KV_THRESHOLD),
                 };
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
-                let r = teacher_forced(dir, &prompts, STEPS, &opts, bound).map_err(|e| e.to_string());
-                let (v, ok) = line(&case, *tp, dtype, &r);
-                all_ok &= ok;
-                rows.push(v);
+                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+                    let r = teacher_forced(dir, &prompts, STEPS, &opts, form, bound).map_err(|e| e.to_string());
+                    let (v, ok) = line(&case, *tp, dtype, &r);
+                    all_ok &= ok;
+                    rows.push(v);
+                }
+                let vopts = GpuOptions {
+                    buffer_len: 2 * VERIFY_WINDOW,
+                    max_verify: VERIFY_WINDOW,
+                    ..opts.clone()
+                };
+                for form in [FormChoice::Replay, FormChoice::KvOnly] {
+                    let r = verify_forced(dir, &prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
+                        .map_err(|e| e.to_string());
+                    let (v, ok) = verify_line(&case, *tp, dtype, &r);
+                    all_ok &= ok;
+                    rows.push(v);
+                }
             }
         }
     }

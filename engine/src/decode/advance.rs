@@ -5,7 +5,7 @@
 use super::step::{Phase, Seq};
 use super::{Decoder, Item};
 use crate::error::{EngineError, Result};
-use crate::state::DecodeForm;
+use crate::state::{DecodeForm, StepPhase};
 use rewind_kernels::cpu::traffic::Traffic;
 
 impl Decoder {
@@ -63,7 +63,7 @@ impl Decoder {
                     self.prepare_prefill(slot, t)?;
                     (self.pools.counters().form_of(slot), false)
                 }
-                Phase::Decode | Phase::Verify => self.plan_step(slot, t)?,
+                Phase::Decode | Phase::Verify => self.plan_step(slot, t, it.phase)?,
             };
             seqs.push(Seq {
                 slot,
@@ -109,44 +109,45 @@ impl Decoder {
         Ok(x)
     }
 
-    /// Before a prompt chunk of `t` tokens: the first chunk of a kv-only sequence at least as long as the threshold
-    /// starts it in replay; a later chunk folds the ring into the checkpoint, so the chunked scan starts from the
-    /// whole history.
+    /// Before a prompt chunk of `t` tokens: the slot's form and fold as [`crate::state::SlotCounters::decide`] rules.
     fn prepare_prefill(&mut self, slot: usize, t: usize) -> Result<()> {
-        let form = self.pools.counters().form_of(slot);
-        if self.position[slot] == 0 {
-            if form == DecodeForm::KvOnly && t >= self.kv_threshold {
-                self.pools.set_form(slot, DecodeForm::Replay)?;
-            }
-        } else if form == DecodeForm::KvOnly || self.pools.counters().ring(slot).len > 0 {
+        let phase = StepPhase::Prefill {
+            position: self.position[slot],
+        };
+        let d = self
+            .pools
+            .counters()
+            .decide(slot, phase, t, self.kv_threshold, self.config.max_verify);
+        if d.start_replay {
+            self.pools.set_form(slot, DecodeForm::Replay)?;
+        }
+        if d.fold_first {
             self.fold(slot)?;
         }
         self.pools.set_flush(slot, false)?;
         Ok(())
     }
 
-    /// Decides, before a step appending `t` tokens to `slot`, its form (compressing a KV-only sequence whose context
-    /// has reached the threshold) and its flush flag, which is written to the slot's counters.
-    ///
-    /// A kv-only step starts with `h < threshold` committed entries and appends `t ≤ T`, so it fits the slot's ring
-    /// of `threshold + T`; a verify may cross the threshold, and the step after its commit compresses.
-    ///
-    /// The flush is one window early: the step flushes unless the ring keeps room for the next window after it,
-    /// `h + t + T ≤ L` with `T` the verify window (`max_verify`). With every step a full window (`t = T`) this is
-    /// ReplaySSM's `h + 2T > L`; for plain decode (`t = T = 1`) it is `h + 2 > L`. Using the largest window rather
-    /// than this step's keeps a window's worth of free rows even after a run of shorter steps.
-    fn plan_step(&mut self, slot: usize, t: usize) -> Result<(DecodeForm, bool)> {
-        let mut form = self.pools.counters().form_of(slot);
-        let h = self.pools.counters().ring(slot).len;
-        if form == DecodeForm::KvOnly && h >= self.kv_threshold {
+    /// Decides, before a step appending `t` tokens to `slot`, its form (compressing a kv-only sequence whose context
+    /// has reached the threshold) and its flush flag, which is written to the slot's counters
+    /// ([`crate::state::SlotCounters::decide`]). A kv-only step starts with `h < threshold` committed entries and appends `t ≤ T`,
+    /// so it fits the slot's ring of `threshold + T`; a verify may cross the threshold, and the step after its commit
+    /// compresses.
+    fn plan_step(&mut self, slot: usize, t: usize, phase: Phase) -> Result<(DecodeForm, bool)> {
+        let phase = if phase == Phase::Verify {
+            StepPhase::Verify
+        } else {
+            StepPhase::Decode
+        };
+        let d = self
+            .pools
+            .counters()
+            .decide(slot, phase, t, self.kv_threshold, self.config.max_verify);
+        if d.fold_first {
             self.fold(slot)?;
-            form = DecodeForm::Replay;
         }
-        let h = self.pools.counters().ring(slot).len;
-        let window = self.config.max_verify.max(t);
-        let flush = form == DecodeForm::Replay && h + t + window > self.config.buffer_len;
-        self.pools.set_flush(slot, flush)?;
-        Ok((form, flush))
+        self.pools.set_flush(slot, d.flush)?;
+        Ok((d.form, d.flush))
     }
 
     /// Grows every sequence's KV length by its tokens; on failure the ones already grown are rolled back.

@@ -81,7 +81,7 @@ impl FormChoice {
     }
 
     /// The form a fresh sequence starts in.
-    fn initial(self) -> DecodeForm {
+    pub(crate) fn initial(self) -> DecodeForm {
         match self {
             FormChoice::Recurrent => DecodeForm::Recurrent,
             FormChoice::Replay => DecodeForm::Replay,

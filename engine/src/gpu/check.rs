@@ -114,12 +114,14 @@ pub struct TeacherForcedReport {
     pub snapshot_rel: f64,
     /// Activation storage type on the GPU.
     pub dtype: String,
+    /// The GPU's decode form.
+    pub form: String,
     pub pass: bool,
     /// Per sequence: the error at each position (prompt positions first, then decode steps).
     pub per_position: Vec<Vec<f64>>,
 }
 
-fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
+pub(super) fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
     let scale = cpu.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(1e-30);
     let diff = gpu
         .iter()
@@ -151,7 +153,12 @@ type Teacher = Vec<(Vec<u32>, Vec<Vec<f32>>)>;
 
 /// The CPU's logits per position (`[prompt + steps]` rows) for `prompt` followed by `steps` tokens: the `forced` ones
 /// when given, else its own greedy picks, which are returned. The CPU engine at TP = 1 in the recurrent form.
-fn cpu_rows(model: ShardedModel, prompts: &[Vec<u32>], steps: usize, forced: Option<&[Vec<u32>]>) -> Result<Teacher> {
+pub(super) fn cpu_rows(
+    model: ShardedModel,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    forced: Option<&[Vec<u32>]>,
+) -> Result<Teacher> {
     let vocab = model.config().vocab_size;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
     let mut dec = Decoder::single(model, DecoderConfig::new(1, longest))?;
@@ -175,12 +182,14 @@ fn cpu_rows(model: ShardedModel, prompts: &[Vec<u32>], steps: usize, forced: Opt
     Ok(out)
 }
 
-/// Runs the check for the checkpoint in `dir` on `prompts` (decoded together as one batch), `steps` tokens each.
+/// Runs the check for the checkpoint in `dir` on `prompts` (decoded together as one batch), `steps` tokens each, the
+/// GPU decoding in `form` (the CPU reference is always the recurrent form).
 pub fn teacher_forced(
     dir: &Path,
     prompts: &[Vec<u32>],
     steps: usize,
     opts: &GpuOptions,
+    form: FormChoice,
     tolerance: f64,
 ) -> Result<TeacherForcedReport> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
@@ -209,7 +218,7 @@ pub fn teacher_forced(
     let mut got: Vec<Vec<Vec<f32>>> = Vec::with_capacity(prompts.len());
     let mut seqs = Vec::with_capacity(prompts.len());
     for p in prompts {
-        let slot = gpu.open(FormChoice::Recurrent)?;
+        let slot = gpu.open(form)?;
         let out = gpu.step(StepPlan {
             commits: Vec::new(),
             seqs: vec![SeqStep {
@@ -217,7 +226,7 @@ pub fn teacher_forced(
                 kind: SeqKind::Prefill,
                 position: 0,
                 tokens: p.clone(),
-                form: FormChoice::Recurrent,
+                form,
                 rows: Rows::All,
                 sample: None,
             }],
@@ -243,7 +252,7 @@ pub fn teacher_forced(
                     kind: SeqKind::Decode,
                     position: len + step,
                     tokens: vec![toks[step]],
-                    form: FormChoice::Recurrent,
+                    form,
                     rows: Rows::Last,
                     sample: None,
                 })
@@ -294,6 +303,7 @@ pub fn teacher_forced(
         tp,
         snapshot_rel: copy_rel,
         dtype: opts.dtype.to_string(),
+        form: form.name().to_string(),
         pass: worst <= tolerance && mismatches == 0 && copy_rel <= SNAPSHOT_TOLERANCE,
         per_position,
     })

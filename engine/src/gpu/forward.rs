@@ -1,13 +1,18 @@
-//! One forward step of a rank over `rows` tokens: either one sequence's prompt chunk (`seqs = 1`, `t = rows`) or one
-//! token of each of `rows` sequences (decode, `t = 1`). Everything stays on the device; the caller uploads the step's
-//! metadata (tokens, slots, positions, lengths, block table) into the scratch first.
+//! One forward step of a rank over `rows` tokens: one sequence's prompt chunk (`seqs = 1`, `t = rows`), one token of
+//! each of `rows` sequences (decode, `t = 1`), or `t` tokens of each of `seqs` sequences (verify). Everything stays on
+//! the device; the caller uploads the step's metadata (tokens, slots, positions, lengths, block table and the replay
+//! rows: each sequence's slot, ring position, fold and conv head) into the scratch first.
+//!
+//! The SSM layers run either the chunked scan into one slot's checkpoint (a prompt chunk in the recurrent or replay
+//! form) or the replay kernels over every row at once, whatever its form: a recurrent row is a replay row with an
+//! empty ring that folds its own entry, a kv-only row reads no checkpoint.
 //!
 //! Per block: `h = rms_norm(x += y_prev)`, the mixer writes its (partial) output `y` in f32, and with tensor
 //! parallelism `y` is all-reduced. The residual stream stays f32; activations and weights are bf16 with f32
 //! accumulation; SSM states are f32.
 
 use rewind_kernels::cpu::norm::GateOrder;
-use rewind_kernels::cuda::ops::{self, ConvDims, MAX_CHUNK};
+use rewind_kernels::cuda::ops::{self, ConvDims, ReplayShape, MAX_CHUNK, REPLAY_META};
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut, Elem};
 
 use super::ffn;
@@ -27,15 +32,43 @@ pub(crate) struct Step {
     pub(crate) seqs: usize,
     /// Tokens per sequence (`rows / seqs`).
     pub(crate) t: usize,
-    /// Prompt numerics (the Mamba-2 `dt` clamp, chunked scans); the slot of the one sequence.
-    pub(crate) prefill: Option<PrefillOf>,
+    /// The reference's prompt numerics: prompts longer than one token clamp the Mamba-2 `dt`.
+    pub(crate) clamp: bool,
+    /// How the SSM layers run.
+    pub(crate) ssm: SsmRun,
+    /// Ring rows per slot in the pools, and the conv ring's rows per slot (`K − 1 + T`).
+    pub(crate) ring_rows: usize,
+    pub(crate) conv_rows: usize,
 }
 
+/// How a step's SSM layers run.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PrefillOf {
-    pub(crate) slot: usize,
-    /// Whether the reference's prompt path applies (prompts longer than one token clamp `dt`).
-    pub(crate) clamp: bool,
+pub(crate) enum SsmRun {
+    /// A decode batch whose rows are all recurrent: the recurrent step kernels, which read and write each state once
+    /// (the replay kernels serve mixed batches; for recurrent rows alone they are slower so far).
+    Recurrent,
+    /// A prompt chunk of one sequence: the chunked scan into slot `slot`'s checkpoint; the conv history is rewritten.
+    Chunked { slot: usize },
+    /// The replay kernels over the step's replay rows (uploaded), `t` tokens each. A prompt chunk of a kv-only
+    /// sequence longer than `piece` runs in pieces of `piece` tokens, replay row `p` describing piece `p`. The conv
+    /// rows are appended (decode, verify) or the history rewritten (`prompt`).
+    Replay { max_m: usize, piece: usize, prompt: bool },
+}
+
+impl Step {
+    /// The replay launches: `(first replay row, first token row, sequences, tokens each)`.
+    fn replay_launches(&self, piece: usize) -> Vec<(usize, usize, usize, usize)> {
+        if self.seqs > 1 || self.t <= piece {
+            return vec![(0, 0, self.seqs, self.t)];
+        }
+        (0..self.t.div_ceil(piece))
+            .map(|p| (p, p * piece, 1, piece.min(self.t - p * piece)))
+            .collect()
+    }
+
+    fn conv_append(&self) -> bool {
+        matches!(self.ssm, SsmRun::Replay { prompt: false, .. } | SsmRun::Recurrent)
+    }
 }
 
 /// What a forward needs besides the weights and pools.
@@ -110,8 +143,48 @@ pub(crate) fn blocks<A: Act>(
             }
         }
         match (&block.mixer, pool) {
-            (GpuMixer::Mamba2(m), LayerPool::Ssm { conv, ssm }) => mamba2(cx, m, conv, ssm, step)?,
-            (GpuMixer::Gdn(m), LayerPool::Ssm { conv, ssm }) => gdn(cx, m, conv, ssm, step)?,
+            (
+                GpuMixer::Mamba2(m),
+                LayerPool::Ssm {
+                    conv,
+                    ssm,
+                    ring_a,
+                    ring_f,
+                    ring_b,
+                },
+            ) => mamba2(
+                cx,
+                m,
+                conv,
+                SsmPools {
+                    ssm,
+                    ring_a,
+                    ring_f,
+                    ring_b,
+                },
+                step,
+            )?,
+            (
+                GpuMixer::Gdn(m),
+                LayerPool::Ssm {
+                    conv,
+                    ssm,
+                    ring_a,
+                    ring_f,
+                    ring_b,
+                },
+            ) => gdn(
+                cx,
+                m,
+                conv,
+                SsmPools {
+                    ssm,
+                    ring_a,
+                    ring_f,
+                    ring_b,
+                },
+                step,
+            )?,
             (GpuMixer::Attention(a), LayerPool::Kv { k, v, layout }) => attention(cx, a, k, v, *layout, step)?,
             (GpuMixer::Mlp(m), LayerPool::None) => {
                 let s = &mut *cx.s;
@@ -151,7 +224,10 @@ fn project_and_conv<A: Act>(
         channels: cd,
         k: kernel,
         slots: cx.max_seqs,
+        capacity: step.conv_rows,
+        append: step.conv_append(),
     };
+    // A prompt in pieces has one replay row per piece, all naming its slot and conv head: row 0 serves the conv.
     ops::causal_conv1d(
         dev,
         dims,
@@ -159,18 +235,26 @@ fn project_and_conv<A: Act>(
         conv_w,
         conv_b,
         conv,
-        &s.seq_slots.slice(..step.seqs),
+        &s.meta.slice(..step.seqs * REPLAY_META),
         true,
         &mut s.b.slice_mut(..rows * cd),
     )
     .map_err(Into::into)
 }
 
+/// One SSM layer's checkpoint and input-ring pools.
+pub(crate) struct SsmPools<'a, A: Act> {
+    ssm: &'a mut CudaSlice<f32>,
+    ring_a: &'a mut CudaSlice<A>,
+    ring_f: &'a mut CudaSlice<f32>,
+    ring_b: &'a mut CudaSlice<A>,
+}
+
 fn mamba2<A: Act>(
     cx: &mut Cx<A>,
     m: &GpuMamba2<A>,
     conv: &mut CudaSlice<A>,
-    ssm: &mut CudaSlice<f32>,
+    pools: SsmPools<'_, A>,
     step: Step,
 ) -> Result<()> {
     project_and_conv(
@@ -194,9 +278,10 @@ fn mamba2<A: Act>(
     ops::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
     ops::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
     ops::gather_cols(dev, &conv_out, rows, cd, &m.c_idx, &mut s.e.slice_mut(..rows * bc))?;
-    let (lo, hi) = match step.prefill {
-        Some(p) if p.clamp => m.spec.time_step_limit,
-        _ => (f32::NEG_INFINITY, f32::INFINITY),
+    let (lo, hi) = if step.clamp {
+        m.spec.time_step_limit
+    } else {
+        (f32::NEG_INFINITY, f32::INFINITY)
     };
     ops::dt_softplus(
         dev,
@@ -210,13 +295,19 @@ fn mamba2<A: Act>(
         &mut s.f0.slice_mut(..rows * d.heads),
     )?;
     let state_len = d.heads * d.head_dim * d.state_dim;
-    match step.prefill {
-        Some(p) => ops::mamba2_chunked(
+    let SsmPools {
+        ssm,
+        ring_a,
+        ring_f,
+        ring_b,
+    } = pools;
+    match step.ssm {
+        SsmRun::Chunked { slot } => ops::mamba2_chunked(
             dev,
             d,
             rows,
             m.spec.chunk_size.min(MAX_CHUNK),
-            &mut ssm.slice_mut(p.slot * state_len..(p.slot + 1) * state_len),
+            &mut ssm.slice_mut(slot * state_len..(slot + 1) * state_len),
             &s.c.slice(..rows * di),
             &s.f0.slice(..rows * d.heads),
             &m.a,
@@ -226,7 +317,7 @@ fn mamba2<A: Act>(
             &mut s.g.slice_mut(..rows * di),
             &mut s.ws,
         )?,
-        None => ops::mamba2_step(
+        SsmRun::Recurrent => ops::mamba2_step(
             dev,
             d,
             ssm,
@@ -239,6 +330,36 @@ fn mamba2<A: Act>(
             &m.d_skip,
             &mut s.g.slice_mut(..rows * di),
         )?,
+        SsmRun::Replay { max_m, piece, .. } => {
+            for (m0, r0, batch, t) in step.replay_launches(piece) {
+                let (r1, shape) = (
+                    r0 + batch * t,
+                    ReplayShape {
+                        batch,
+                        t,
+                        ring_rows: step.ring_rows,
+                        max_m,
+                    },
+                );
+                ops::mamba2_replay(
+                    dev,
+                    d,
+                    shape,
+                    ssm,
+                    ring_a,
+                    ring_f,
+                    ring_b,
+                    &s.meta.slice(m0 * REPLAY_META..(m0 + batch) * REPLAY_META),
+                    &s.c.slice(r0 * di..r1 * di),
+                    &s.f0.slice(r0 * d.heads..r1 * d.heads),
+                    &m.a,
+                    &s.d.slice(r0 * bc..r1 * bc),
+                    &s.e.slice(r0 * bc..r1 * bc),
+                    &m.d_skip,
+                    &mut s.g.slice_mut(r0 * di..r1 * di),
+                )?;
+            }
+        }
     }
     ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
     let (y, z) = (s.g.slice(..rows * di), s.a.slice(..rows * di));
@@ -296,7 +417,7 @@ fn gdn<A: Act>(
     cx: &mut Cx<A>,
     m: &GpuGdn<A>,
     conv: &mut CudaSlice<A>,
-    ssm: &mut CudaSlice<f32>,
+    pools: SsmPools<'_, A>,
     step: Step,
 ) -> Result<()> {
     project_and_conv(
@@ -352,23 +473,28 @@ fn gdn<A: Act>(
         &mut s.f0.slice_mut(..rows * nv),
         &mut s.f1.slice_mut(..rows * nv),
     )?;
-    let (beta, g) = (s.f0.slice(..rows * nv), s.f1.slice(..rows * nv));
-    match step.prefill {
-        Some(p) => ops::gdn_chunked(
+    let SsmPools {
+        ssm,
+        ring_a,
+        ring_f,
+        ring_b,
+    } = pools;
+    match step.ssm {
+        SsmRun::Chunked { slot } => ops::gdn_chunked(
             dev,
             d,
             rows,
             m.spec.chunk_size.min(MAX_CHUNK),
-            &mut ssm.slice_mut(p.slot * d.state_len()..(p.slot + 1) * d.state_len()),
+            &mut ssm.slice_mut(slot * d.state_len()..(slot + 1) * d.state_len()),
             &s.d.slice(..rows * qk),
             &s.e.slice(..rows * qk),
             &s.c.slice(..rows * vd),
-            &g,
-            &beta,
+            &s.f1.slice(..rows * nv),
+            &s.f0.slice(..rows * nv),
             &mut s.g.slice_mut(..rows * vd),
             &mut s.ws,
         )?,
-        None => ops::gdn_step(
+        SsmRun::Recurrent => ops::gdn_step(
             dev,
             d,
             ssm,
@@ -376,10 +502,39 @@ fn gdn<A: Act>(
             &s.d.slice(..rows * qk),
             &s.e.slice(..rows * qk),
             &s.c.slice(..rows * vd),
-            &g,
-            &beta,
+            &s.f1.slice(..rows * nv),
+            &s.f0.slice(..rows * nv),
             &mut s.g.slice_mut(..rows * vd),
         )?,
+        SsmRun::Replay { max_m, piece, .. } => {
+            for (m0, r0, batch, t) in step.replay_launches(piece) {
+                let (r1, shape) = (
+                    r0 + batch * t,
+                    ReplayShape {
+                        batch,
+                        t,
+                        ring_rows: step.ring_rows,
+                        max_m,
+                    },
+                );
+                ops::gdn_replay(
+                    dev,
+                    d,
+                    shape,
+                    ssm,
+                    ring_a,
+                    ring_b,
+                    ring_f,
+                    &s.meta.slice(m0 * REPLAY_META..(m0 + batch) * REPLAY_META),
+                    &s.d.slice(r0 * qk..r1 * qk),
+                    &s.e.slice(r0 * qk..r1 * qk),
+                    &s.c.slice(r0 * vd..r1 * vd),
+                    &s.f1.slice(r0 * nv..r1 * nv),
+                    &s.f0.slice(r0 * nv..r1 * nv),
+                    &mut s.g.slice_mut(r0 * vd..r1 * vd),
+                )?;
+            }
+        }
     }
     ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
     ops::gated_rms_norm(
@@ -493,4 +648,74 @@ fn attention<A: Act>(
         &mut s.y.slice_mut(..rows * hid),
         rows,
     )
+}
+
+/// Folds the committed ring entries of `batch` sequences into their checkpoints in every SSM layer (a flush, or a
+/// kv-only ring's compress from a zero state): the replay kernels with no tokens, over the replay rows uploaded to
+/// the scratch (`fold = h`). `max_m` is the largest `h`.
+pub(crate) fn fold<A: Act>(
+    dev: &CudaDevice,
+    blocks: &[GpuBlock<A>],
+    pools: &mut [LayerPool<A>],
+    s: &mut Scratch<A>,
+    batch: usize,
+    max_m: usize,
+    ring_rows: usize,
+) -> Result<()> {
+    let shape = ReplayShape {
+        batch,
+        t: 0,
+        ring_rows,
+        max_m,
+    };
+    let meta = s.meta.slice(..batch * REPLAY_META);
+    for (block, pool) in blocks.iter().zip(pools.iter_mut()) {
+        let LayerPool::Ssm {
+            ssm,
+            ring_a,
+            ring_f,
+            ring_b,
+            ..
+        } = pool
+        else {
+            continue;
+        };
+        match &block.mixer {
+            GpuMixer::Mamba2(m) => ops::mamba2_replay(
+                dev,
+                m.dims,
+                shape,
+                ssm,
+                ring_a,
+                ring_f,
+                ring_b,
+                &meta,
+                &s.c.slice(..0),
+                &s.f0.slice(..0),
+                &m.a,
+                &s.d.slice(..0),
+                &s.e.slice(..0),
+                &m.d_skip,
+                &mut s.g.slice_mut(..0),
+            )?,
+            GpuMixer::Gdn(m) => ops::gdn_replay(
+                dev,
+                m.dims,
+                shape,
+                ssm,
+                ring_a,
+                ring_b,
+                ring_f,
+                &meta,
+                &s.d.slice(..0),
+                &s.e.slice(..0),
+                &s.c.slice(..0),
+                &s.f1.slice(..0),
+                &s.f0.slice(..0),
+                &mut s.g.slice_mut(..0),
+            )?,
+            _ => return Err(EngineError::Gpu("an SSM pool beside a layer without one".into())),
+        }
+    }
+    Ok(())
 }

@@ -11,12 +11,13 @@ use tracing::info;
 
 use super::loaded::{Capacity, LoadedRank};
 use super::options::{GpuDtype, GpuOptions};
-use super::state::{PoolSizes, BLOCK_SIZE};
+use super::state::{PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 use crate::rank::{Abort, Launch, Launcher, Rank, RankGroup, RankLoader};
 use crate::shard::{Communicator, LocalComm};
+use rewind_kernels::cuda::ops::REPLAY_MAX_T;
 
 /// What loading found, for logs and reports.
 #[derive(Clone, Debug)]
@@ -50,6 +51,20 @@ fn check_options(config: &ModelConfig, opts: &GpuOptions) -> Result<()> {
         return Err(EngineError::InvalidInput(
             "--max-seqs and the prefill chunk must be positive".into(),
         ));
+    }
+    if opts.buffer_len < 2 {
+        return Err(EngineError::InvalidInput(format!(
+            "--buffer-len {} is below 2",
+            opts.buffer_len
+        )));
+    }
+    if opts.max_verify == 0 || opts.max_verify > REPLAY_MAX_T || 2 * opts.max_verify > opts.buffer_len {
+        return Err(EngineError::InvalidInput(format!(
+            "the verify window {} must lie in 1..={} and at most half the buffer length {}",
+            opts.max_verify,
+            REPLAY_MAX_T.min(opts.buffer_len / 2),
+            opts.buffer_len
+        )));
     }
     if let Some(n) = opts.max_model_len {
         if n == 0 || n > config.max_position_embeddings {
@@ -101,6 +116,7 @@ pub struct GpuLauncher {
     opts: GpuOptions,
     max_len: usize,
     rows: usize,
+    replay: ReplaySettings,
     reports: Arc<Mutex<Vec<Option<RankReport>>>>,
 }
 
@@ -114,10 +130,18 @@ impl GpuLauncher {
             .unwrap_or(config.max_position_embeddings.min(32_768))
             .min(config.max_position_embeddings)
             .next_multiple_of(BLOCK_SIZE);
+        let replay = ReplaySettings {
+            buffer_len: opts.buffer_len,
+            max_verify: opts.max_verify,
+            threshold: opts
+                .kv_only_threshold
+                .unwrap_or_else(|| crate::state::memory::kv_only_threshold(&config)),
+        };
         Ok(GpuLauncher {
             dir: dir.to_path_buf(),
             opts: opts.clone(),
             max_len,
+            replay,
             rows: opts.prefill_chunk.max(opts.max_seqs),
             reports: Arc::new(Mutex::new(vec![None; opts.devices.len()])),
         })
@@ -174,11 +198,12 @@ impl Launcher for GpuLauncher {
         }
         let reports = self.reports.clone();
         let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
-        let (fraction, max_seqs, max_len, rows) = (
+        let (fraction, max_seqs, max_len, rows, replay) = (
             self.opts.gpu_memory_fraction,
             self.opts.max_seqs,
             self.max_len,
             self.rows,
+            self.replay,
         );
         let load: RankLoader = Arc::new(move |rank| {
             let comm = meet
@@ -197,6 +222,7 @@ impl Launcher for GpuLauncher {
                 max_seqs,
                 max_len,
                 rows,
+                replay,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm),
@@ -222,6 +248,7 @@ struct Setup<'a> {
     max_seqs: usize,
     max_len: usize,
     rows: usize,
+    replay: ReplaySettings,
 }
 
 impl Setup<'_> {
@@ -237,7 +264,13 @@ impl Setup<'_> {
             None => None,
         };
         let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank)?;
-        let cap = loaded.capacity(self.fraction, self.max_seqs, self.max_len, self.rows)?;
+        let cap = loaded.capacity(
+            self.fraction,
+            self.max_seqs,
+            self.max_len,
+            self.rows,
+            self.replay.rows(),
+        )?;
         let mut all = vec![0.0f32; 2 * self.tp];
         meet.all_gather(&split_u64(cap.kv_blocks as u64), &mut all)?;
         let kv_blocks = all.chunks_exact(2).map(join_u64).min().unwrap_or(0) as usize;
@@ -245,8 +278,9 @@ impl Setup<'_> {
             max_seqs: self.max_seqs,
             max_len: self.max_len,
             num_blocks: kv_blocks,
+            rows: self.replay.rows(),
         };
-        let rank = loaded.allocate(sizes, self.rows)?;
+        let rank = loaded.allocate(sizes, self.rows, self.replay)?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }
 }

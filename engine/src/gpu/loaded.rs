@@ -16,6 +16,7 @@ use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 use crate::shard::ShardedModel;
+use crate::state::memory::SlotRows;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -92,7 +93,14 @@ impl<A: Act> LoadedRank<A> {
 
     /// The KV blocks that fit in `fraction` of the device's memory with `max_seqs` sequences of up to `max_len`
     /// tokens and steps of `rows` tokens; a clear error with the numbers when not even one full-length sequence fits.
-    pub(crate) fn capacity(&self, fraction: f64, max_seqs: usize, max_len: usize, rows: usize) -> Result<Capacity> {
+    pub(crate) fn capacity(
+        &self,
+        fraction: f64,
+        max_seqs: usize,
+        max_len: usize,
+        rows: usize,
+        slot_rows: SlotRows,
+    ) -> Result<Capacity> {
         let (free, total) = self.dev.memory()?;
         let used = total - free;
         let hidden = self.config.hidden_size;
@@ -100,10 +108,11 @@ impl<A: Act> LoadedRank<A> {
             max_seqs,
             max_len,
             num_blocks: 0,
+            rows: slot_rows,
         };
         let w = widths(&self.blocks, hidden, rows);
         let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe);
-        let (per_seq, per_block) = state_bytes(&self.blocks);
+        let (per_seq, per_block) = state_bytes(&self.blocks, slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;
         let fixed = used + scratch + ssm;

@@ -13,6 +13,7 @@
 //!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights.
 
 pub mod check;
+mod check_verify;
 mod ffn;
 mod forward;
 mod layers;
@@ -23,9 +24,11 @@ mod rank;
 mod scratch;
 mod snapshot;
 pub mod state;
+mod steps;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
+pub use check_verify::{verify_forced, VerifyReport};
 pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};
 pub use state::{PoolSizes, BLOCK_SIZE};

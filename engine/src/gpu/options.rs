@@ -18,6 +18,13 @@ pub struct GpuOptions {
     pub prefill_chunk: usize,
     /// Storage type of activations and state (`--dtype`).
     pub dtype: GpuDtype,
+    /// Input-ring capacity `L` of the replay form (`--buffer-len`).
+    pub buffer_len: usize,
+    /// The most tokens one verify takes (`T`): sizes the conv ring (`K − 1 + T` rows) and the kv-only ring.
+    pub max_verify: usize,
+    /// Context length below which a kv-only or auto sequence keeps no state; `None`: the memory model's default
+    /// (the state's key dim).
+    pub kv_only_threshold: Option<usize>,
 }
 
 /// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
@@ -63,6 +70,9 @@ impl Default for GpuOptions {
             max_model_len: None,
             prefill_chunk: 512,
             dtype: GpuDtype::Bf16,
+            buffer_len: crate::state::DEFAULT_BUFFER_LEN,
+            max_verify: 1,
+            kv_only_threshold: None,
         }
     }
 }

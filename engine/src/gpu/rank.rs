@@ -1,27 +1,30 @@
-//! One tensor-parallel rank on one GPU behind the [`Rank`] interface: its weights, pools, books and scratch. A step
-//! runs its prompt chunks one sequence at a time (in chunks of the scratch's rows) and its decodes as one batch; the
-//! LM head reports each row's best id and logit in the rank's vocabulary slice (and samples on the device when the
-//! rank holds the whole vocabulary).
+//! One tensor-parallel rank on one GPU behind the [`Rank`] interface: its weights, pools, books, slot counters and
+//! scratch. The step's orchestration (commits, each sequence's form and flush, prompt chunks, the decode batch, the
+//! verify batches) is `gpu/steps.rs`; this file holds the rank, its forward-and-head pass and the interface. The LM
+//! head reports each row's best id and logit in the rank's vocabulary slice (and samples on the device when the rank
+//! holds the whole vocabulary).
 
 use rewind_kernels::cuda::ops;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
-use tracing::{debug_span, info};
+use tracing::info;
 
-use super::forward::{self, Cx, PrefillOf, Step};
+use super::forward::{self, Cx, Step};
+use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
 use super::scratch::{widths, Scratch, Widths};
-use super::state::{alloc_pools, LayerPool, PoolSizes, BLOCK_SIZE};
+use super::state::{alloc_pools, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
-use crate::rank::{
-    Books, Rank, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan,
-};
+use crate::rank::{Books, Rank, RankHealth, RankInfo, RowSummary, SampleRow, SlotSnapshot, StepOut, StepPlan};
 use crate::state::kv::NO_BLOCK;
+use crate::state::SlotCounters;
+use rewind_kernels::cuda::ops::ReplayRow;
 
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
-    pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize) -> Result<GpuRank<A>> {
+    pub(crate) fn allocate(self, sizes: PoolSizes, rows: usize, replay: ReplaySettings) -> Result<GpuRank<A>> {
+        let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
@@ -41,25 +44,47 @@ impl<A: Act> LoadedRank<A> {
             vocab: self.vocab.clone(),
             slots: sizes.max_seqs,
             max_context: sizes.max_len,
-            max_verify: 0,
+            max_verify: replay.max_verify,
             max_batch: Some(rows),
             kv_blocks: if self.has_attention() { sizes.num_blocks } else { 0 },
             kv_block_size: BLOCK_SIZE,
             chunked_prefill: true,
-            forms: vec![FormChoice::Recurrent],
+            forms: FormChoice::ALL.to_vec(),
             snapshots: true,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
+        let counters = SlotCounters::new(sizes.max_seqs, replay.buffer_len, conv_window, replay.max_verify)
+            .with_kv_only_capacity(replay.threshold + replay.max_verify);
+        debug_assert_eq!(counters.ring_rows(), sizes.rows.ring);
         Ok(GpuRank {
             books,
             info,
             sizes,
             pools,
             scratch,
+            counters,
+            replay,
+            choice: vec![FormChoice::Auto; sizes.max_seqs],
             inner: self,
             table_dirty: true,
             steps: 0,
         })
+    }
+
+    /// `K − 1` of the SSM layers, which must agree: one conv head per slot serves every layer.
+    fn conv_window(&self) -> Result<usize> {
+        let mut ks = self.blocks.iter().filter_map(|b| match &b.mixer {
+            GpuMixer::Mamba2(m) => Some(m.spec.conv_kernel),
+            GpuMixer::Gdn(m) => Some(m.spec.conv_kernel),
+            _ => None,
+        });
+        let first = ks.next().unwrap_or(1);
+        if let Some(other) = ks.find(|&k| k != first) {
+            return Err(EngineError::NotSupported(format!(
+                "SSM layers with different conv widths ({first} and {other}) on the GPU rank"
+            )));
+        }
+        Ok(first.saturating_sub(1))
     }
 }
 
@@ -71,41 +96,40 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) books: Books,
     pub(super) info: RankInfo,
     pub(super) sizes: PoolSizes,
-    scratch: Scratch<A>,
+    pub(super) scratch: Scratch<A>,
+    /// Per slot: ring start, length and capacity, conv head, form and flush flag (`state/counters.rs`).
+    pub(super) counters: SlotCounters,
+    pub(super) replay: ReplaySettings,
+    /// Per slot: the form its sequence asked for.
+    pub(super) choice: Vec<FormChoice>,
     /// The block tables changed since they were last uploaded.
     pub(super) table_dirty: bool,
-    steps: u64,
+    pub(super) steps: u64,
 }
 
 /// What the LM head hands back for a step's reported rows.
-struct HeadOut {
-    rows: Vec<RowSummary>,
-    logits: Option<Vec<f32>>,
+pub(super) struct HeadOut {
+    pub(super) rows: Vec<RowSummary>,
+    pub(super) logits: Option<Vec<f32>>,
 }
 
 /// Copies `data` into the front of `buf`.
-fn put(dev: &CudaDevice, buf: &mut CudaSlice<i32>, data: &[i32], what: &str) -> Result<()> {
+pub(super) fn put(dev: &CudaDevice, buf: &mut CudaSlice<i32>, data: &[i32], what: &str) -> Result<()> {
     dev.stream()
         .memcpy_htod(data, &mut buf.slice_mut(..data.len()))
         .map_err(|e| EngineError::Gpu(format!("uploading {what}: {e}")))
 }
 
-fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
+pub(super) fn to_i32(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
     v.into_iter().map(|x| x as i32).collect()
-}
-
-fn not_supported(what: &str) -> EngineError {
-    EngineError::NotSupported(format!(
-        "{what} on the GPU rank (the GPU replay and speculation kernels come next)"
-    ))
 }
 
 impl<A: Act> GpuRank<A> {
     /// Zeroes a new sequence's conv and SSM state (a fresh sequence starts from zero state).
-    fn clear_slot(&mut self, slot: usize) -> Result<()> {
+    pub(super) fn clear_slot(&mut self, slot: usize) -> Result<()> {
         let n = self.sizes.max_seqs;
         for pool in &mut self.pools {
-            if let LayerPool::Ssm { conv, ssm } = pool {
+            if let LayerPool::Ssm { conv, ssm, .. } = pool {
                 let (cl, sl) = (conv.len() / n, ssm.len() / n);
                 let stream = self.inner.dev.stream().clone();
                 stream
@@ -121,7 +145,7 @@ impl<A: Act> GpuRank<A> {
 
     /// Every slot's length as the kernels read it, with `over` = `(slot, length)` replacing one (a prompt chunk
     /// sees its own end, not the whole prompt's).
-    fn lens(&self, over: Option<(usize, usize)>) -> Vec<i32> {
+    pub(super) fn lens(&self, over: Option<(usize, usize)>) -> Vec<i32> {
         (0..self.sizes.max_seqs)
             .map(|s| match over {
                 Some((slot, len)) if slot == s => len as i32,
@@ -133,16 +157,18 @@ impl<A: Act> GpuRank<A> {
             .collect()
     }
 
-    /// Uploads the step's per-row metadata, the lengths and (when they changed) the block tables.
-    fn upload_step(
+    /// Uploads the step's per-row metadata, its replay rows, the lengths and (when they changed) the block tables.
+    pub(super) fn upload_step(
         &mut self,
         tokens: &[i32],
         row_slots: &[i32],
         row_pos: &[i32],
         seq_slots: &[i32],
         lens: &[i32],
+        replay_rows: &[ReplayRow],
     ) -> Result<()> {
         let (dev, s) = (&*self.inner.dev, &mut self.scratch);
+        put(dev, &mut s.meta, &ReplayRow::encode_all(replay_rows), "replay rows")?;
         put(dev, &mut s.tokens, tokens, "tokens")?;
         put(dev, &mut s.row_slots, row_slots, "row slots")?;
         put(dev, &mut s.row_pos, row_pos, "positions")?;
@@ -165,7 +191,7 @@ impl<A: Act> GpuRank<A> {
 
     /// Embedding and blocks for a step whose metadata is uploaded; then, when `head_rows > 0`, the final norm and the
     /// LM head over the last `head_rows` rows, reported as `want_logits` and `samples` ask.
-    fn run(
+    pub(super) fn run(
         &mut self,
         step: Step,
         head_rows: usize,
@@ -291,99 +317,6 @@ impl<A: Act> GpuRank<A> {
             logits,
         })
     }
-
-    /// A prompt chunk sequence: its tokens in chunks of the scratch's rows; reports its rows as `seq.rows` asks.
-    fn prefill(&mut self, seq: &SeqStep, want_logits: bool) -> Result<HeadOut> {
-        let _span = debug_span!("gpu_prefill", slot = seq.slot, tokens = seq.tokens.len()).entered();
-        let slot = seq.slot;
-        // The reference clamps `dt` on its multi-token path: prompt steps of more than one token (as the CPU does).
-        let clamp = seq.tokens.len() > 1;
-        let chunk = self.scratch.rows;
-        let n_chunks = seq.tokens.len().div_ceil(chunk);
-        let mut out = HeadOut {
-            rows: Vec::new(),
-            logits: want_logits.then(Vec::new),
-        };
-        for (ci, part) in seq.tokens.chunks(chunk).enumerate() {
-            let t = part.len();
-            let pos = seq.position + ci * chunk;
-            let lens = self.lens(Some((slot, pos + t)));
-            self.upload_step(
-                &to_i32(part.iter().map(|&x| x as usize)),
-                &vec![slot as i32; t],
-                &to_i32(pos..pos + t),
-                &[slot as i32],
-                &lens,
-            )?;
-            let step = Step {
-                rows: t,
-                seqs: 1,
-                t,
-                prefill: Some(PrefillOf { slot, clamp }),
-            };
-            let last = ci + 1 == n_chunks;
-            let head_rows = match seq.rows {
-                Rows::All => t,
-                Rows::Last if last => 1,
-                Rows::Last | Rows::None => 0,
-            };
-            let sample = if last {
-                seq.sample.as_ref().map(std::slice::from_ref)
-            } else {
-                None
-            };
-            let h = self.run(step, head_rows, want_logits, sample)?;
-            out.rows.extend(h.rows);
-            if let (Some(all), Some(l)) = (&mut out.logits, h.logits) {
-                all.extend(l);
-            }
-        }
-        Ok(out)
-    }
-
-    /// One decode step over `seqs` (distinct slots, one token each).
-    fn decode(&mut self, seqs: &[&SeqStep], want_logits: bool) -> Result<HeadOut> {
-        let _span = debug_span!("gpu_decode", batch = seqs.len()).entered();
-        let b = seqs.len();
-        let slots = to_i32(seqs.iter().map(|s| s.slot));
-        let lens = self.lens(None);
-        self.upload_step(
-            &to_i32(seqs.iter().map(|s| s.tokens[0] as usize)),
-            &slots,
-            &to_i32(seqs.iter().map(|s| s.position)),
-            &slots,
-            &lens,
-        )?;
-        let step = Step {
-            rows: b,
-            seqs: b,
-            t: 1,
-            prefill: None,
-        };
-        let samples: Option<Vec<SampleRow>> = seqs.iter().any(|s| s.sample.is_some()).then(|| {
-            // Rows that did not ask to sample take the greedy pick (temperature 0 is the argmax).
-            seqs.iter()
-                .map(|s| {
-                    s.sample.clone().unwrap_or(SampleRow {
-                        temperature: 0.0,
-                        top_k: 0,
-                        top_p: 1.0,
-                        min_p: 0.0,
-                        repetition_penalty: 1.0,
-                        history: Vec::new(),
-                        uniform: 0.0,
-                    })
-                })
-                .collect()
-        });
-        let mut out = self.run(step, b, want_logits, samples.as_deref())?;
-        for (row, s) in out.rows.iter_mut().zip(seqs) {
-            if s.sample.is_none() || s.rows == Rows::None {
-                row.sampled = None;
-            }
-        }
-        Ok(out)
-    }
 }
 
 impl<A: Act> Rank for GpuRank<A> {
@@ -392,87 +325,7 @@ impl<A: Act> Rank for GpuRank<A> {
     }
 
     fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        if !plan.commits.is_empty() || plan.seqs.iter().any(|s| s.kind == SeqKind::Verify) {
-            return Err(not_supported("speculative verification"));
-        }
-        if plan.seqs.iter().any(|s| s.sample.is_some()) && self.info.tp > 1 {
-            return Err(EngineError::InvalidInput(
-                "a tensor-parallel rank holds a slice of the vocabulary and cannot sample".into(),
-            ));
-        }
-        // Slots the coordinator opened since the last step: the rank's books take them too.
-        let mut claimed = Vec::new();
-        for s in &plan.seqs {
-            if s.position == 0 && !self.books.started(s.slot) && self.books.len(s.slot).is_err() {
-                if let Err(e) = self.books.open_at(s.slot, s.form) {
-                    for c in claimed {
-                        self.books.close(c)?;
-                    }
-                    return Err(e);
-                }
-                claimed.push(s.slot);
-            }
-        }
-        if let Err(e) = self.books.validate(plan) {
-            for c in claimed {
-                self.books.close(c)?;
-            }
-            return Err(e);
-        }
-        for &c in &claimed {
-            self.clear_slot(c)?;
-        }
-        let held =
-            |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
-        let before = held(&self.books);
-        self.books.apply(plan)?;
-        self.table_dirty |= held(&self.books) != before;
-        self.steps += 1;
-        let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
-        // Prompt chunks one sequence at a time, then every decode as one batch; rows go back in plan order.
-        let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
-        for (i, s) in plan.seqs.iter().enumerate() {
-            if s.kind == SeqKind::Prefill {
-                per_seq[i] = Some(self.prefill(s, plan.full_logits)?);
-            }
-        }
-        let decodes: Vec<(usize, &SeqStep)> = plan
-            .seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.kind == SeqKind::Decode)
-            .collect();
-        if !decodes.is_empty() {
-            let batch: Vec<&SeqStep> = decodes.iter().map(|(_, s)| *s).collect();
-            let out = self.decode(&batch, plan.full_logits)?;
-            let v = self.info.vocab.len();
-            for (k, (i, s)) in decodes.iter().enumerate() {
-                let keep = s.row_count() > 0;
-                per_seq[*i] = Some(HeadOut {
-                    rows: if keep { vec![out.rows[k]] } else { Vec::new() },
-                    logits: out.logits.as_ref().map(|l| {
-                        if keep {
-                            l[k * v..(k + 1) * v].to_vec()
-                        } else {
-                            Vec::new()
-                        }
-                    }),
-                });
-            }
-        }
-        let mut rows = Vec::with_capacity(plan.row_count());
-        let mut logits = plan.full_logits.then(Vec::new);
-        for h in per_seq.into_iter().flatten() {
-            rows.extend(h.rows);
-            if let (Some(all), Some(l)) = (&mut logits, h.logits) {
-                all.extend(l);
-            }
-        }
-        Ok(StepOut {
-            vocab: self.info.vocab.clone(),
-            rows,
-            logits,
-        })
+        self.run_plan(plan)
     }
 
     fn release(&mut self, slot: usize) -> Result<()> {
@@ -508,7 +361,7 @@ impl<A: Act> Rank for GpuRank<A> {
 }
 
 /// The repetition penalty and the draw for `rows` on the device; the ids land in `ids`.
-fn sample_on_device(
+pub(super) fn sample_on_device(
     dev: &CudaDevice,
     logits: &mut rewind_kernels::cuda::CudaViewMut<'_, f32>,
     vocab: usize,

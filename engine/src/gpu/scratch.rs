@@ -1,7 +1,7 @@
 //! Activation buffers of a rank, allocated once for the largest step (`rows` tokens: the prefill chunk or the
 //! decode batch, whichever is larger) and reused by every layer.
 
-use rewind_kernels::cuda::ops::{gdn_chunked_workspace, mamba2_chunked_workspace, MAX_CHUNK};
+use rewind_kernels::cuda::ops::{gdn_chunked_workspace, mamba2_chunked_workspace, MAX_CHUNK, REPLAY_META};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use super::layers::{GpuBlock, GpuMixer};
@@ -53,6 +53,9 @@ pub(crate) struct Scratch<A: Act> {
     pub(crate) row_slots: CudaSlice<i32>,
     pub(crate) row_pos: CudaSlice<i32>,
     pub(crate) seq_slots: CudaSlice<i32>,
+    /// `[rows, 8]` replay rows (`ReplayRow`): each sequence's (or prompt piece's) slot, ring position, fold and conv
+    /// head.
+    pub(crate) meta: CudaSlice<i32>,
     /// The block table and lengths, mirrored from the books.
     pub(crate) table: CudaSlice<i32>,
     pub(crate) lens: CudaSlice<i32>,
@@ -127,7 +130,7 @@ impl<A: Act> Scratch<A> {
             + e * 3 * moe * w.moe_width
             + 4 * (4 * moe + w.experts + 1)
             + 4 * rows * vocab_local
-            + 4 * 8 * rows
+            + 4 * (8 + REPLAY_META) * rows
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
     }
 
@@ -174,6 +177,7 @@ impl<A: Act> Scratch<A> {
             row_slots: dev.alloc_zeros(rows)?,
             row_pos: dev.alloc_zeros(rows)?,
             seq_slots: dev.alloc_zeros(rows)?,
+            meta: dev.alloc_zeros(rows * REPLAY_META)?,
             table: dev.alloc_zeros(sizes.max_seqs * sizes.blocks_per_seq())?,
             lens: dev.alloc_zeros(sizes.max_seqs)?,
         })

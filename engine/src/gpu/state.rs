@@ -1,7 +1,9 @@
-//! A rank's sequence state on the device: per layer a conv-state pool (in the activation type) and an SSM-state pool
-//! (f32) with one slot per sequence, and paged K/V pools for the attention layers. The host-side books (slots,
-//! lengths, KV block tables) are the coordinator's [`crate::rank::Books`], which every rank keeps identically.
-//! The pools are sized by the memory model's [`LayerValues`], the same counts `plan-memory` reports.
+//! A rank's sequence state on the device: per SSM layer a conv history ring (`K − 1 + T` rows, in the activation
+//! type), a checkpoint pool (f32) and an input ring (`x`/`u` and `B`/`k` in the activation type, `dt`/`g` in f32) with
+//! one slot per sequence; paged K/V pools for the attention layers. The host-side books (slots, lengths, KV block
+//! tables) are the coordinator's [`crate::rank::Books`], which every rank keeps identically; the per-slot ring and
+//! conv counters are the rank's [`crate::state::SlotCounters`]. The pools are sized by the memory model's
+//! [`LayerValues`], the same counts `plan-memory` reports (every form at once: its kv-only row past the threshold).
 
 use rewind_kernels::cuda::ops::PagedKv;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
@@ -9,7 +11,7 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use super::layers::{GpuBlock, GpuMixer};
 use super::Act;
 use crate::error::Result;
-use crate::state::memory::{pool_bytes, LayerValues};
+use crate::state::memory::{pool_bytes, LayerValues, SlotRows};
 use crate::state::SsmDims;
 
 /// Tokens per KV block.
@@ -24,6 +26,30 @@ pub struct PoolSizes {
     pub max_len: usize,
     /// KV blocks shared by all sequences (per attention layer).
     pub num_blocks: usize,
+    /// Input-ring rows per slot (`max(L, threshold + T)`) and conv rows beyond the history (`T`).
+    pub rows: SlotRows,
+}
+
+/// The replay form's sizes on a rank: what the slot counters and the decisions of every step use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplaySettings {
+    /// Input-ring capacity `L`.
+    pub buffer_len: usize,
+    /// The most tokens one verify takes (`T`).
+    pub max_verify: usize,
+    /// The kv-only threshold.
+    pub threshold: usize,
+}
+
+impl ReplaySettings {
+    /// The rows every slot's rings hold: `max(L, threshold + T)` input entries (any slot may start kv-only) and `T`
+    /// conv rows beyond the history.
+    pub fn rows(&self) -> SlotRows {
+        SlotRows {
+            ring: self.buffer_len.max(self.threshold + self.max_verify),
+            conv_extra: self.max_verify,
+        }
+    }
 }
 
 impl PoolSizes {
@@ -37,8 +63,14 @@ impl PoolSizes {
 pub(crate) enum LayerPool<A: Act> {
     None,
     Ssm {
+        /// `[slots, K − 1 + T, conv_dim]`.
         conv: CudaSlice<A>,
+        /// `[slots, state]`.
         ssm: CudaSlice<f32>,
+        /// The input ring `[slots, rows, ·]`: Mamba-2 `x`, `dt`, `B`; GDN `u`, `g`, `k`.
+        ring_a: CudaSlice<A>,
+        ring_f: CudaSlice<f32>,
+        ring_b: CudaSlice<A>,
     },
     Kv {
         k: CudaSlice<A>,
@@ -47,7 +79,8 @@ pub(crate) enum LayerPool<A: Act> {
     },
 }
 
-/// The memory model's element counts of one block's pools, from the rank-local spec the block was built from.
+/// The memory model's element counts of one block's pools, from the rank-local spec the block was built from, with
+/// the ring's B / k cached per virtual group (what the replay kernels read).
 fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
     let ssm = |d: SsmDims, conv_dim: usize| {
         // The conv kernels index rows by the block's own width; a model that disagreed would size the pool wrong.
@@ -58,8 +91,16 @@ fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
         LayerValues::ssm(&d)
     };
     match mixer {
-        GpuMixer::Mamba2(m) => ssm(SsmDims::mamba2(&m.spec), m.conv_dim),
-        GpuMixer::Gdn(m) => ssm(SsmDims::gdn(&m.spec), m.conv_dim),
+        GpuMixer::Mamba2(m) => {
+            let mut d = SsmDims::mamba2(&m.spec);
+            d.ring_fields[2].width = m.dims.groups * m.dims.state_dim;
+            ssm(d, m.conv_dim)
+        }
+        GpuMixer::Gdn(m) => {
+            let mut d = SsmDims::gdn(&m.spec);
+            d.ring_fields[1].width = m.dims.k_heads * m.dims.k_dim;
+            ssm(d, m.conv_dim)
+        }
         GpuMixer::Attention(a) => LayerValues::attention(&a.spec),
         GpuMixer::Mlp(_) | GpuMixer::Moe(_) => LayerValues::default(),
     }
@@ -67,9 +108,9 @@ fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
 
 /// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
 /// layers: [`pool_bytes`] at the activation type's size, the sizes [`alloc_pools`] allocates.
-pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>]) -> (usize, usize) {
+pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>], rows: SlotRows) -> (usize, usize) {
     let e = std::mem::size_of::<A>() as u64;
-    let (per_seq, per_block) = pool_bytes(blocks.iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e);
+    let (per_seq, per_block) = pool_bytes(blocks.iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e, rows);
     (per_seq as usize, per_block as usize)
 }
 
@@ -83,10 +124,21 @@ pub(crate) fn alloc_pools<A: Act>(
         .iter()
         .map(|b| {
             let values = layer_values(&b.mixer);
+            let (n, r) = (sizes.max_seqs, sizes.rows.ring);
             Ok(match &b.mixer {
-                GpuMixer::Mamba2(_) | GpuMixer::Gdn(_) => LayerPool::Ssm {
-                    conv: dev.alloc_zeros(sizes.max_seqs * values.conv)?,
-                    ssm: dev.alloc_zeros(sizes.max_seqs * values.state)?,
+                GpuMixer::Mamba2(m) => LayerPool::Ssm {
+                    conv: dev.alloc_zeros(n * (values.conv + sizes.rows.conv_extra * values.conv_row))?,
+                    ssm: dev.alloc_zeros(n * values.state)?,
+                    ring_a: dev.alloc_zeros((n * r * m.dims.heads * m.dims.head_dim).max(1))?,
+                    ring_f: dev.alloc_zeros((n * r * m.dims.heads).max(1))?,
+                    ring_b: dev.alloc_zeros((n * r * m.dims.groups * m.dims.state_dim).max(1))?,
+                },
+                GpuMixer::Gdn(m) => LayerPool::Ssm {
+                    conv: dev.alloc_zeros(n * (values.conv + sizes.rows.conv_extra * values.conv_row))?,
+                    ssm: dev.alloc_zeros(n * values.state)?,
+                    ring_a: dev.alloc_zeros((n * r * m.dims.v_heads * m.dims.v_dim).max(1))?,
+                    ring_f: dev.alloc_zeros((n * r * m.dims.v_heads).max(1))?,
+                    ring_b: dev.alloc_zeros((n * r * m.dims.k_heads * m.dims.k_dim).max(1))?,
                 },
                 GpuMixer::Attention(a) => {
                     let layout = PagedKv {

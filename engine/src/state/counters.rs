@@ -264,6 +264,76 @@ impl SlotCounters {
     }
 }
 
+/// The phase of a sequence's step, for [`SlotCounters::decide`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPhase {
+    /// A prompt chunk starting at `position`.
+    Prefill { position: usize },
+    /// One committed token.
+    Decode,
+    /// Drafts awaiting a commit.
+    Verify,
+}
+
+/// How one sequence's step runs, decided from its counters alone, so that every engine (the CPU decoder, a GPU rank)
+/// applies the same rules: [`SlotCounters::decide`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepDecision {
+    /// Fold every committed ring entry into the checkpoint before the step (from a zero state when the slot is
+    /// kv-only: its compress) and empty the ring; the slot continues in replay.
+    pub fold_first: bool,
+    /// A kv-only prompt at least as long as the threshold: the slot starts in replay (its ring is empty).
+    pub start_replay: bool,
+    /// The form the step runs in.
+    pub form: DecodeForm,
+    /// The step's flush flag.
+    pub flush: bool,
+}
+
+impl SlotCounters {
+    /// Decides how a step of `t` tokens runs for `slot`, with the kv-only `threshold`, the verify window `window`
+    /// (`T`, at least 1) and the replay ring capacity `L` of these counters. Changes nothing: the caller folds,
+    /// switches the form ([`SlotCounters::set_form`]) and sets the flag.
+    ///
+    /// - A prompt chunk at position 0 of a kv-only sequence at least `threshold` long starts it in replay; a later
+    ///   chunk first folds the ring (compressing a kv-only ring), so the chunked scan starts from the whole history.
+    /// - A decode or verify of a kv-only sequence whose committed context has reached the threshold compresses
+    ///   first. The flush is one window early: the step flushes unless the ring keeps room for the next window after
+    ///   it, `h + t + T ≤ L` ([`needs_flush`] with every step a full window); using the largest window rather than this
+    ///   step's keeps a window's worth of free rows even after a run of shorter steps.
+    pub fn decide(&self, slot: usize, phase: StepPhase, t: usize, threshold: usize, window: usize) -> StepDecision {
+        let form = self.form_of(slot);
+        let h = self.ring_len[slot] as usize;
+        match phase {
+            StepPhase::Prefill { position } => {
+                let start_replay = position == 0 && form == DecodeForm::KvOnly && t >= threshold;
+                let fold_first = position > 0 && (form == DecodeForm::KvOnly || h > 0);
+                StepDecision {
+                    fold_first,
+                    start_replay,
+                    form: if start_replay || (fold_first && form == DecodeForm::KvOnly) {
+                        DecodeForm::Replay
+                    } else {
+                        form
+                    },
+                    flush: false,
+                }
+            }
+            StepPhase::Decode | StepPhase::Verify => {
+                let fold_first = form == DecodeForm::KvOnly && h >= threshold;
+                let (form, h) = if fold_first { (DecodeForm::Replay, 0) } else { (form, h) };
+                let window = window.max(t);
+                StepDecision {
+                    fold_first,
+                    start_replay: false,
+                    form,
+                    flush: form == DecodeForm::Replay && h + t + window > self.ring_capacity,
+                }
+            }
+        }
+    }
+}
+
 /// ReplaySSM's flush rule, one window early: flush before a step that appends up to `window` entries when
 /// `h + 2·window > L`, which leaves at least `window` free entries on every later step.
 pub fn needs_flush(h: usize, window: usize, capacity: usize) -> bool {
@@ -365,6 +435,53 @@ mod tests {
         c.set_form(1, DecodeForm::Recurrent)
             .expect("same capacity: no resize needed");
         assert_eq!(c.ring(1).len, 8);
+    }
+
+    #[test]
+    fn decide_applies_the_shared_rules() {
+        // L = 8, conv K − 1 = 3, T = 2; kv-only rings of threshold 5 + T = 7.
+        let (threshold, window) = (5, 2);
+        let mut c = SlotCounters::new(2, 8, 3, window).with_kv_only_capacity(threshold + window);
+        c.reset(0, DecodeForm::KvOnly);
+        let prefill = |position| StepPhase::Prefill { position };
+        // A kv-only prompt shorter than the threshold stays kv-only; one at least as long starts in replay.
+        let d = c.decide(0, prefill(0), 4, threshold, window);
+        assert_eq!(
+            (d.form, d.start_replay, d.fold_first),
+            (DecodeForm::KvOnly, false, false)
+        );
+        let d = c.decide(0, prefill(0), 5, threshold, window);
+        assert_eq!(
+            (d.form, d.start_replay, d.fold_first),
+            (DecodeForm::Replay, true, false)
+        );
+        // A later chunk of a kv-only prompt compresses first.
+        c.ring_commit(0, 4).expect("prompt entries");
+        let d = c.decide(0, prefill(4), 3, threshold, window);
+        assert_eq!((d.form, d.fold_first, d.flush), (DecodeForm::Replay, true, false));
+        // Decode below the threshold stays kv-only and never flushes; at the threshold it compresses into replay.
+        let d = c.decide(0, StepPhase::Decode, 1, threshold, window);
+        assert_eq!((d.form, d.fold_first, d.flush), (DecodeForm::KvOnly, false, false));
+        c.ring_commit(0, 1).expect("decode entry");
+        let d = c.decide(0, StepPhase::Verify, 2, threshold, window);
+        assert_eq!((d.form, d.fold_first, d.flush), (DecodeForm::Replay, true, false));
+        // Replay flushes one window early: h + t + T > L.
+        c.reset(1, DecodeForm::Replay);
+        c.ring_commit(1, 5).expect("entries");
+        assert!(
+            !c.decide(1, StepPhase::Decode, 1, threshold, window).flush,
+            "5 + 1 + 2 = 8 fits"
+        );
+        c.ring_commit(1, 1).expect("entry");
+        assert!(
+            c.decide(1, StepPhase::Decode, 1, threshold, window).flush,
+            "6 + 1 + 2 > 8"
+        );
+        assert!(c.decide(1, StepPhase::Verify, 2, threshold, window).flush);
+        // A recurrent slot never flushes or folds.
+        c.reset(1, DecodeForm::Recurrent);
+        let d = c.decide(1, StepPhase::Decode, 1, threshold, window);
+        assert_eq!((d.form, d.fold_first, d.flush), (DecodeForm::Recurrent, false, false));
     }
 
     #[test]

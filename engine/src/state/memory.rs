@@ -78,24 +78,43 @@ pub struct PlanOptions {
 }
 
 /// The values one layer keeps per sequence slot and per KV token, by element type: what the GPU pools allocate (the
-/// recurrent state and conv window per slot, paged K and V per token) and what the byte model multiplies by element
-/// sizes. Every count comes from the layer's spec alone, so it needs no device.
+/// recurrent state, conv history ring and input ring per slot, paged K and V per token) and what the byte model
+/// multiplies by element sizes. Every count comes from the layer's spec alone, so it needs no device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LayerValues {
     /// fp32 SSM state values per slot.
     pub state: usize,
     /// Conv history values per slot, `(K − 1)·conv_dim`, in the activation type.
     pub conv: usize,
+    /// Values of one conv input row (`conv_dim`), in the activation type.
+    pub conv_row: usize,
+    /// Values of one input-ring entry in the activation type (Mamba-2 `x`, `B`; GDN `u`, `k`).
+    pub ring_act: usize,
+    /// fp32 values of one input-ring entry (Mamba-2 `dt`, GDN `g`).
+    pub ring_f32: usize,
     /// Attention K and V values per token, `2·kv_heads·head_dim`, in the activation type.
     pub kv_per_token: usize,
+}
+
+/// The rows a slot's rings hold beyond the recurrent state: what the pools of every decode form at once need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotRows {
+    /// Input-ring rows per slot: `max(L, threshold + T)` (any slot may start kv-only); 0 for recurrent-only pools.
+    pub ring: usize,
+    /// Conv rows beyond the `K − 1` of history: the verify window `T`.
+    pub conv_extra: usize,
 }
 
 impl LayerValues {
     /// An SSM layer with these pool dims.
     pub fn ssm(d: &SsmDims) -> Self {
+        let ring = |elem: RingElem| d.ring_fields.iter().filter(|f| f.elem == elem).map(|f| f.width).sum();
         LayerValues {
             state: d.state_len(),
             conv: d.conv_window * d.conv_dim,
+            conv_row: d.conv_dim,
+            ring_act: ring(RingElem::Act),
+            ring_f32: ring(RingElem::F32),
             kv_per_token: 0,
         }
     }
@@ -118,9 +137,12 @@ impl LayerValues {
         }
     }
 
-    /// Bytes of one slot's recurrent state and conv history with activations of `act_bytes`.
-    pub fn slot_bytes(&self, act_bytes: u64) -> u64 {
-        self.state as u64 * STATE_BYTES + self.conv as u64 * act_bytes
+    /// Bytes of one slot's recurrent state, conv history ring and input ring (`rows`) with activations of
+    /// `act_bytes`.
+    pub fn slot_bytes(&self, act_bytes: u64, rows: SlotRows) -> u64 {
+        self.state as u64 * STATE_BYTES
+            + (self.conv + rows.conv_extra * self.conv_row) as u64 * act_bytes
+            + rows.ring as u64 * (self.ring_act as u64 * act_bytes + self.ring_f32 as u64 * STATE_BYTES)
     }
 
     /// Bytes of one token's K and V with activations of `act_bytes`.
@@ -129,12 +151,17 @@ impl LayerValues {
     }
 }
 
-/// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state and conv
-/// history) and bytes per KV block of `block` tokens, with activations of `act_bytes`.
-pub fn pool_bytes(layers: impl IntoIterator<Item = LayerValues>, block: usize, act_bytes: u64) -> (u64, u64) {
+/// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state, conv
+/// history ring, input ring of `rows`) and bytes per KV block of `block` tokens, with activations of `act_bytes`.
+pub fn pool_bytes(
+    layers: impl IntoIterator<Item = LayerValues>,
+    block: usize,
+    act_bytes: u64,
+    rows: SlotRows,
+) -> (u64, u64) {
     layers.into_iter().fold((0, 0), |(slot, kv), l| {
         (
-            slot + l.slot_bytes(act_bytes),
+            slot + l.slot_bytes(act_bytes, rows),
             kv + block as u64 * l.kv_bytes_per_token(act_bytes),
         )
     })

@@ -158,13 +158,29 @@ fn gpu_pool_planning_agrees_with_the_plan() {
                 act_bytes: act,
                 ..opts(0, block)
             };
-            // What `gpu::state::state_bytes` reserves per slot and per KV block is the recurrent row of the plan and
-            // one block of its KV.
-            let (per_slot, per_block) = pool_bytes(layers.iter().copied(), block, act);
+            // What `gpu::state::state_bytes` reserves per slot and per KV block: without rings the recurrent row of
+            // the plan, with them (every form at once) the kv-only row past its threshold, and one block of KV.
+            let (per_slot, per_block) = pool_bytes(layers.iter().copied(), block, act, SlotRows::default());
             assert_eq!(
                 per_slot,
                 ssm_bytes(&c, MemoryForm::Recurrent, 0, &o),
                 "{} act {act}",
+                c.summary()
+            );
+            let t = 4;
+            let threshold = kv_only_threshold(&c);
+            let rows = SlotRows {
+                ring: o.buffer_len.max(threshold + t),
+                conv_extra: t,
+            };
+            let past = PlanOptions {
+                context: threshold + 1,
+                ..o.clone()
+            };
+            assert_eq!(
+                pool_bytes(layers.iter().copied(), block, act, rows).0,
+                ssm_bytes(&c, MemoryForm::KvOnly, t, &past),
+                "{} act {act}, every form",
                 c.summary()
             );
             assert_eq!(per_block, kv_bytes(&c, block, block, act), "{} act {act}", c.summary());
@@ -178,7 +194,10 @@ fn gpu_pool_planning_agrees_with_the_plan() {
                     v.state as u64 * STATE_BYTES + v.conv as u64 * act,
                     bytes.form_bytes(MemoryForm::Recurrent, 0, 0, 0, 0)
                 );
-                assert_eq!(v.slot_bytes(act), bytes.state + bytes.conv_window * bytes.conv_row);
+                assert_eq!(
+                    v.slot_bytes(act, SlotRows::default()),
+                    bytes.state + bytes.conv_window * bytes.conv_row
+                );
             }
         }
     }
@@ -205,12 +224,14 @@ fn layer_values_match_the_device_layout_of_every_rank() {
                             state: s.heads * s.head_dim * s.state_dim,
                             conv: (s.conv_kernel - 1) * (s.heads * s.head_dim + 2 * split.groups.len() * s.state_dim),
                             kv_per_token: 0,
+                            ..LayerValues::default()
                         },
                         (BlockKind::Gdn(s), ShardKind::Gdn(split)) => LayerValues {
                             state: s.v_heads * s.v_head_dim * s.k_head_dim,
                             conv: (s.conv_kernel - 1)
                                 * (2 * split.groups.len() * s.k_head_dim + s.v_heads * s.v_head_dim),
                             kv_per_token: 0,
+                            ..LayerValues::default()
                         },
                         (BlockKind::Attention(a), _) => LayerValues {
                             kv_per_token: 2 * a.kv_heads * a.head_dim,
@@ -218,9 +239,10 @@ fn layer_values_match_the_device_layout_of_every_rank() {
                         },
                         _ => LayerValues::default(),
                     };
+                    let v = LayerValues::of_block(&b.kind);
                     assert_eq!(
-                        LayerValues::of_block(&b.kind),
-                        device,
+                        (v.state, v.conv, v.kv_per_token),
+                        (device.state, device.conv, device.kv_per_token),
                         "{} tp {tp} rank {rank} {}",
                         c.summary(),
                         b.prefix

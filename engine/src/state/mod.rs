@@ -21,7 +21,7 @@ pub mod ssm;
 #[cfg(test)]
 mod tests;
 
-pub use counters::{DecodeForm, SlotCounters};
+pub use counters::{DecodeForm, SlotCounters, StepDecision, StepPhase};
 pub use kv::{KvBlocks, KvLayerPool, KvSlotMut};
 pub use pools::{LayerState, PoolConfig, StatePools, StateRef};
 /// The kernels' ring counters, which the per-slot counters hand out per slot.

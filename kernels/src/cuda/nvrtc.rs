@@ -71,6 +71,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("embedding", typed: true, ["embedding"]),
     module!("mamba2", typed: true, ["mamba2_step"]),
     module!("gdn", typed: true, ["gdn_step"]),
+    module!("replay", typed: true, ["mamba2_replay", "gdn_replay"]),
     module!("attention", typed: true, ["kv_write", "attn_paged"]),
     module!("ssd", typed: true, ["ssd_chunk_state", "ssd_state_scan", "ssd_chunk_out"]),
     module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),

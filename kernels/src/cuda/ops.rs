@@ -273,10 +273,10 @@ pub fn l2_norm<T: Elem>(
     )
 }
 
-/// Shape of a batched causal conv1d.
+/// Shape of a batched causal conv1d over a conv-history ring.
 #[derive(Clone, Copy, Debug)]
 pub struct ConvDims {
-    /// Rows (sequences) in the batch.
+    /// Rows (sequences).
     pub batch: usize,
     /// Tokens per row.
     pub seq: usize,
@@ -286,11 +286,16 @@ pub struct ConvDims {
     pub k: usize,
     /// Slots in the state pool.
     pub slots: usize,
+    /// Ring rows per slot (`K − 1 + T`: the history plus a verify window; at least `K − 1`).
+    pub capacity: usize,
+    /// Decode / verify: write the row's inputs after its history (the host moves the head by the accepted count).
+    /// Prompt chunk: replace the history in place by the last `K − 1` inputs.
+    pub append: bool,
 }
 
 /// Depthwise causal conv1d (see [`crate::cpu::conv::causal_conv1d`]) for `batch` rows of `seq` tokens, optionally
 /// followed by SiLU. `x`, `out`: `[batch, seq, channels]`; `weight`: `[channels, K]`; `bias`: `[channels]`;
-/// `state_pool`: `[slots, K − 1, channels]`; `slots`: `[batch]`.
+/// `state_pool`: `[slots, capacity, channels]`; `meta`: `[batch, 8]` rows of [`ReplayRow`] (slot and conv head).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     dev: &CudaDevice,
@@ -299,7 +304,7 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     weight: &impl DevicePtr<T>,
     bias: Option<&B>,
     state_pool: &mut impl DevicePtrMut<T>,
-    slots: &impl DevicePtr<i32>,
+    meta: &impl DevicePtr<i32>,
     apply_silu: bool,
     out: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
@@ -310,15 +315,26 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         channels,
         k,
         slots: num_slots,
+        capacity,
+        append,
     } = dims;
     ensure(OP, (1..=8).contains(&k), || {
         format!("kernel width {k} is outside 1..=8")
     })?;
+    ensure(OP, capacity >= k - 1 && capacity > 0, || {
+        format!("a conv ring of {capacity} rows cannot hold a history of {}", k - 1)
+    })?;
+    ensure(OP, !append || k - 1 + seq <= capacity, || {
+        format!(
+            "{seq} appended rows overflow a conv ring of {capacity} (history {})",
+            k - 1
+        )
+    })?;
     check_len(OP, "x", x.len(), batch * seq * channels)?;
     check_len(OP, "out", out.len(), batch * seq * channels)?;
     check_len(OP, "weight", weight.len(), channels * k)?;
-    check_len(OP, "state_pool", state_pool.len(), num_slots * (k - 1) * channels)?;
-    check_len(OP, "slots", slots.len(), batch)?;
+    check_len(OP, "state_pool", state_pool.len(), num_slots * capacity * channels)?;
+    check_len(OP, "meta", meta.len(), batch * REPLAY_META)?;
     if let Some(b) = bias {
         check_len(OP, "bias", b.len(), channels)?;
     }
@@ -327,12 +343,14 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     if batch == 0 || seq == 0 || channels == 0 {
         return Ok(());
     }
-    let (seq_i, ch_i, k_i, slots_i, silu_i) = (
+    let (seq_i, ch_i, k_i, slots_i, cap_i, silu_i, append_i) = (
         seq as i32,
         channels as i32,
         k as i32,
         num_slots as i32,
+        capacity as i32,
         apply_silu as i32,
+        append as i32,
     );
     let (xp, _gx) = x.device_ptr(dev.stream());
     let (wp, _gw) = weight.device_ptr(dev.stream());
@@ -344,7 +362,7 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         None => (0, None),
     };
     let (sp, _gs) = state_pool.device_ptr_mut(dev.stream());
-    let (ip, _gi) = slots.device_ptr(dev.stream());
+    let (ip, _gi) = meta.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
     let cfg = LaunchConfig {
         grid_dim: (channels.div_ceil(128) as u32, batch as u32, 1),
@@ -361,11 +379,13 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         sp,
         ip,
         slots_i,
+        cap_i,
         op,
         seq_i,
         ch_i,
         k_i,
-        silu_i
+        silu_i,
+        append_i
     )
 }
 
@@ -627,6 +647,7 @@ pub fn gdn_step<T: Elem>(
 mod attention;
 mod glue;
 mod moe;
+mod replay;
 mod sample;
 mod scan;
 
@@ -636,5 +657,8 @@ pub use glue::{
     moe_finish, scale, sigmoid_mul, swiglu_split,
 };
 pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
+pub use replay::{
+    gdn_replay, mamba2_replay, replay_shared_bytes, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T, REPLAY_META,
+};
 pub use sample::{argmax_rows, repetition_penalty, sample_rows};
 pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};

@@ -4,7 +4,7 @@
 
 use half::bf16;
 
-use super::{cases_glue, cases_moe, cases_seq, cases_ssm, rounded, tol, Case, Check, Ctx, Rng};
+use super::{cases_glue, cases_moe, cases_replay, cases_seq, cases_ssm, rounded, tol, Case, Check, Ctx, Rng};
 use crate::cpu;
 use crate::cpu::norm::GateOrder;
 use crate::cuda::ops::{self, Activation};
@@ -113,6 +113,7 @@ pub fn all() -> Vec<Case> {
         }));
     }
     cases_ssm::register(&mut cases);
+    cases_replay::register(&mut cases);
     cases_seq::register(&mut cases);
     cases_moe::register(&mut cases);
     cases_glue::register(&mut cases);

@@ -8,7 +8,7 @@ use super::{rounded, tol, Case, Check, Ctx, Rng};
 use crate::cpu;
 use crate::cpu::gdn::GdnDims;
 use crate::cpu::mamba2::Mamba2Dims;
-use crate::cuda::ops::{self, ConvDims};
+use crate::cuda::ops::{self, ConvDims, ReplayRow};
 use crate::cuda::{Elem, Result};
 
 /// Registers the recurrent-op cases.
@@ -22,18 +22,28 @@ pub(super) fn register(cases: &mut Vec<Case>) {
     ] {
         let shape = format!("batch {batch} × seq {seq} × {channels}, K {k}, bias {bias}, {what}");
         let pool = batch + 3;
+        // A decode or verify appends its rows after the history (a ring of K − 1 + T rows); a prompt chunk rewrites
+        // the history in place.
+        let append = seq <= 5;
+        let cap = if append { k - 1 + seq.max(4) } else { k - 1 + 4 };
         both!(
             cases,
             "conv1d",
-            shape,
-            conv1d(batch, seq, channels, k, bias, true, pool)
+            format!("{shape}, ring {cap}, append {append}"),
+            conv1d(batch, seq, channels, k, bias, true, pool, cap, append)
         );
     }
     both!(
         cases,
         "conv1d",
-        "batch 2 × seq 4 × 33, K 4, no SiLU, odd",
-        conv1d(2, 4, 33, 4, false, false, 4)
+        "batch 2 × seq 4 × 33, K 4, no SiLU, odd, ring 3 (history only)",
+        conv1d(2, 4, 33, 4, false, false, 4, 3, false)
+    );
+    both!(
+        cases,
+        "conv1d",
+        "batch 3 × seq 37 × 70, K 3, prompt chunk, ring 6",
+        conv1d(3, 37, 70, 3, true, true, 5, 6, false)
     );
     let nemotron_8b = Mamba2Dims {
         heads: 128,
@@ -110,17 +120,29 @@ fn conv1d<T: Elem>(
     bias: bool,
     silu: bool,
     pool: usize,
+    cap: usize,
+    append: bool,
 ) -> Result<Vec<Check>> {
     let slots = rng.distinct(batch, pool);
+    let heads: Vec<usize> = (0..batch).map(|_| rng.below(0, cap)).collect();
     let x = rounded::<T>(&rng.uniform_vec(batch * seq * channels, 1.0));
     let w = rounded::<T>(&rng.uniform_vec(channels * k, 0.5));
     let b = bias.then(|| rounded::<T>(&rng.uniform_vec(channels, 0.5)));
-    let per_slot = (k - 1) * channels;
+    let per_slot = cap * channels;
     let mut state = rounded::<T>(&rng.uniform_vec(pool * per_slot, 1.0));
     let (dx, dw) = (cx.dev.upload_as::<T>(&x)?, cx.dev.upload_as::<T>(&w)?);
     let db: Option<CudaSlice<T>> = b.as_ref().map(|b| cx.dev.upload_as::<T>(b)).transpose()?;
     let mut dstate = cx.dev.upload_as::<T>(&state)?;
-    let dslots = cx.dev.upload(&slots_i32(&slots))?;
+    let rows: Vec<ReplayRow> = slots
+        .iter()
+        .zip(&heads)
+        .map(|(&slot, &conv_head)| ReplayRow {
+            slot,
+            conv_head,
+            ..ReplayRow::default()
+        })
+        .collect();
+    let dmeta = cx.dev.upload(&ReplayRow::encode_all(&rows))?;
     let mut out = cx.dev.alloc_nan::<T>(batch * seq * channels)?;
     let dims = ConvDims {
         batch,
@@ -128,30 +150,39 @@ fn conv1d<T: Elem>(
         channels,
         k,
         slots: pool,
+        capacity: cap,
+        append,
     };
-    ops::causal_conv1d(
-        cx.dev,
-        dims,
-        &dx,
-        &dw,
-        db.as_ref(),
-        &mut dstate,
-        &dslots,
-        silu,
-        &mut out,
-    )?;
+    ops::causal_conv1d(cx.dev, dims, &dx, &dw, db.as_ref(), &mut dstate, &dmeta, silu, &mut out)?;
     let mut want = vec![0.0; batch * seq * channels];
     let row = seq * channels;
-    for (r, &s) in slots.iter().enumerate() {
+    for (r, (&s, &head)) in slots.iter().zip(&heads).enumerate() {
+        let ring = &mut state[s * per_slot..(s + 1) * per_slot];
+        let at = |j: usize| (head + j) % cap * channels;
+        let mut window: Vec<f32> = (0..k - 1)
+            .flat_map(|j| ring[at(j)..at(j) + channels].to_vec())
+            .collect();
+        let xs = &x[r * row..(r + 1) * row];
         cpu::conv::causal_conv1d(
-            &x[r * row..(r + 1) * row],
+            xs,
             seq,
             channels,
             &w,
             b.as_deref(),
-            &mut state[s * per_slot..(s + 1) * per_slot],
+            &mut window,
             &mut want[r * row..(r + 1) * row],
         );
+        if append {
+            for t in 0..seq {
+                let p = at(k - 1 + t);
+                ring[p..p + channels].copy_from_slice(&xs[t * channels..(t + 1) * channels]);
+            }
+        } else {
+            for j in 0..k - 1 {
+                let p = at(j);
+                ring[p..p + channels].copy_from_slice(&window[j * channels..(j + 1) * channels]);
+            }
+        }
     }
     if silu {
         cpu::act::map_inplace(&mut want, cpu::act::silu);

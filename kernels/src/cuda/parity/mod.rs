@@ -28,6 +28,7 @@ macro_rules! both {
 pub mod cases;
 mod cases_glue;
 mod cases_moe;
+mod cases_replay;
 mod cases_seq;
 mod cases_ssm;
 

@@ -1,0 +1,449 @@
+//! A GPU rank's step: the commits (pointer moves of the slot counters), each sequence's form and flush decided from its
+//! counters by the rules every engine shares ([`SlotCounters::decide`]), the folds some sequences need first, then
+//! the prompt chunks one sequence at a time, every decode as one batch and the verifies in batches of equal window.
+//! Forms and flushes are data in the replay rows, so one launch per layer serves a batch that mixes them.
+//!
+//! After the device work the counters move exactly as the CPU decoder's (`decode/advance.rs`): a decode commits its
+//! entry (and a flush drops the folded ones), a verify's drafts wait for the commit, a kv-only prompt keeps its
+//! entries.
+//!
+//! [`SlotCounters::decide`]: crate::state::SlotCounters::decide
+
+use rewind_kernels::cuda::ops::{ReplayRow, REPLAY_MAX_T};
+use tracing::debug_span;
+
+use super::forward::{self, SsmRun, Step};
+use super::rank::{put, to_i32, GpuRank, HeadOut};
+use super::Act;
+use crate::error::{EngineError, Result};
+use crate::rank::{Books, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
+use crate::state::{DecodeForm, StepDecision, StepPhase};
+
+/// A greedy pick for rows that did not ask to sample (temperature 0 is the argmax).
+fn greedy() -> SampleRow {
+    SampleRow {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        uniform: 0.0,
+    }
+}
+
+/// Keeps the rows a sequence asked to report out of its `t` rows of `all` (`v` logits each).
+fn keep_rows(all: &HeadOut, first: usize, t: usize, rows: Rows, v: usize) -> HeadOut {
+    let range = match rows {
+        Rows::All => first..first + t,
+        Rows::Last => first + t - 1..first + t,
+        Rows::None => first..first,
+    };
+    HeadOut {
+        rows: all.rows[range.clone()].to_vec(),
+        logits: all.logits.as_ref().map(|l| l[range.start * v..range.end * v].to_vec()),
+    }
+}
+
+impl<A: Act> GpuRank<A> {
+    /// The form a plan's sequence runs in before this step's decisions: its slot's, or its first form when the
+    /// slot is new.
+    fn form_before(&self, s: &SeqStep) -> DecodeForm {
+        if self.books.started(s.slot) {
+            self.counters.form_of(s.slot)
+        } else {
+            s.form.initial()
+        }
+    }
+
+    /// Runs one plan; see the module docs.
+    pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        if plan.seqs.iter().any(|s| s.sample.is_some()) && self.info.tp > 1 {
+            return Err(EngineError::InvalidInput(
+                "a tensor-parallel rank holds a slice of the vocabulary and cannot sample".into(),
+            ));
+        }
+        for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
+            if self.form_before(s) == DecodeForm::Recurrent {
+                return Err(EngineError::NotSupported(format!(
+                    "speculative verification of slot {} in the recurrent form on the GPU rank (its per-draft state \
+                     snapshots are not kept on the GPU; use --decode replay, kv-only or auto)",
+                    s.slot
+                )));
+            }
+            if s.sample.is_some() {
+                return Err(EngineError::NotSupported(
+                    "sampling a verify row on the GPU rank (the coordinator samples verified rows)".into(),
+                ));
+            }
+        }
+        // Slots the coordinator opened since the last step: the rank's books take them too.
+        let mut claimed = Vec::new();
+        for s in &plan.seqs {
+            if s.position == 0 && !self.books.started(s.slot) && self.books.len(s.slot).is_err() {
+                if let Err(e) = self.books.open_at(s.slot, s.form) {
+                    for c in claimed {
+                        self.books.close(c)?;
+                    }
+                    return Err(e);
+                }
+                claimed.push(s.slot);
+            }
+        }
+        if let Err(e) = self.books.validate(plan) {
+            for c in claimed {
+                self.books.close(c)?;
+            }
+            return Err(e);
+        }
+        for s in plan.seqs.iter().filter(|s| claimed.contains(&s.slot)) {
+            self.clear_slot(s.slot)?;
+            self.counters.reset(s.slot, s.form.initial());
+            self.choice[s.slot] = s.form;
+        }
+        let held =
+            |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
+        let before = held(&self.books);
+        self.books.apply(plan)?;
+        self.table_dirty |= held(&self.books) != before;
+        for c in &plan.commits {
+            self.commit(c.slot, c.accepted)?;
+        }
+        self.steps += 1;
+        let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
+        let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
+        for (i, s) in plan.seqs.iter().enumerate() {
+            if s.kind == SeqKind::Prefill {
+                per_seq[i] = Some(self.prefill(s, plan.full_logits)?);
+            }
+        }
+        let v = self.info.vocab.len();
+        let decodes: Vec<usize> = (0..plan.seqs.len())
+            .filter(|&i| plan.seqs[i].kind == SeqKind::Decode)
+            .collect();
+        if !decodes.is_empty() {
+            let batch: Vec<&SeqStep> = decodes.iter().map(|&i| &plan.seqs[i]).collect();
+            let out = self.decode(&batch, plan.full_logits)?;
+            for (k, &i) in decodes.iter().enumerate() {
+                per_seq[i] = Some(keep_rows(&out, k, 1, plan.seqs[i].rows, v));
+            }
+        }
+        let mut windows: Vec<usize> = plan
+            .seqs
+            .iter()
+            .filter(|s| s.kind == SeqKind::Verify)
+            .map(|s| s.tokens.len())
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        for t in windows {
+            let group: Vec<usize> = (0..plan.seqs.len())
+                .filter(|&i| plan.seqs[i].kind == SeqKind::Verify && plan.seqs[i].tokens.len() == t)
+                .collect();
+            let batch: Vec<&SeqStep> = group.iter().map(|&i| &plan.seqs[i]).collect();
+            let out = self.verify(&batch, t, plan.full_logits)?;
+            for (k, &i) in group.iter().enumerate() {
+                per_seq[i] = Some(keep_rows(&out, k * t, t, plan.seqs[i].rows, v));
+            }
+        }
+        let mut rows = Vec::with_capacity(plan.row_count());
+        let mut logits = plan.full_logits.then(Vec::new);
+        for h in per_seq.into_iter().flatten() {
+            rows.extend(h.rows);
+            if let (Some(all), Some(l)) = (&mut logits, h.logits) {
+                all.extend(l);
+            }
+        }
+        Ok(StepOut {
+            vocab: self.info.vocab.clone(),
+            rows,
+            logits,
+        })
+    }
+
+    /// Keeps the first `accepted` drafts of the slot's verify: the ring length and the conv head move by
+    /// `accepted` (the books moved the KV length).
+    fn commit(&mut self, slot: usize, accepted: usize) -> Result<()> {
+        if self.counters.form_of(slot) == DecodeForm::Recurrent {
+            return Err(EngineError::NotSupported(format!(
+                "a commit of slot {slot} in the recurrent form on the GPU rank"
+            )));
+        }
+        self.counters.ring_commit(slot, accepted)?;
+        self.counters.conv_advance(slot, accepted)?;
+        Ok(())
+    }
+
+    fn decide(&self, slot: usize, phase: StepPhase, t: usize) -> StepDecision {
+        self.counters
+            .decide(slot, phase, t, self.replay.threshold, self.replay.max_verify)
+    }
+
+    /// Decides every sequence of a decode or verify batch and runs the folds the decisions ask for first.
+    fn decide_batch(&mut self, seqs: &[&SeqStep], phase: StepPhase, t: usize) -> Result<Vec<StepDecision>> {
+        let decisions: Vec<StepDecision> = seqs.iter().map(|s| self.decide(s.slot, phase, t)).collect();
+        let folds: Vec<usize> = seqs
+            .iter()
+            .zip(&decisions)
+            .filter(|(_, d)| d.fold_first)
+            .map(|(s, _)| s.slot)
+            .collect();
+        self.fold_slots(&folds)?;
+        Ok(decisions)
+    }
+
+    /// The replay row of `slot` for a step of `form` that folds `fold` entries.
+    fn replay_row(&self, slot: usize, form: DecodeForm, fold: usize) -> ReplayRow {
+        let r = self.counters.ring(slot);
+        ReplayRow {
+            slot,
+            ring_start: r.start,
+            ring_len: r.len,
+            ring_cap: r.capacity,
+            fold,
+            read_state: form != DecodeForm::KvOnly,
+            conv_head: self.counters.conv(slot).start,
+        }
+    }
+
+    /// Folds every committed entry of `slots` into their checkpoints (a kv-only ring compresses from a zero state and
+    /// the slot moves to replay) and empties their rings.
+    fn fold_slots(&mut self, slots: &[usize]) -> Result<()> {
+        let rows: Vec<ReplayRow> = slots
+            .iter()
+            .filter(|&&s| self.counters.ring(s).len > 0)
+            .map(|&s| {
+                let h = self.counters.ring(s).len;
+                self.replay_row(s, self.counters.form_of(s), h)
+            })
+            .collect();
+        if !rows.is_empty() {
+            let _span = debug_span!("gpu_fold", seqs = rows.len()).entered();
+            let max_m = rows.iter().map(|r| r.ring_len).max().unwrap_or(1);
+            let dev = self.inner.dev.clone();
+            put(
+                &dev,
+                &mut self.scratch.meta,
+                &ReplayRow::encode_all(&rows),
+                "replay rows",
+            )?;
+            forward::fold(
+                &dev,
+                &self.inner.blocks,
+                &mut self.pools,
+                &mut self.scratch,
+                rows.len(),
+                max_m,
+                self.sizes.rows.ring,
+            )?;
+        }
+        for &s in slots {
+            let h = self.counters.ring(s).len;
+            self.counters.ring_flush(s, h)?;
+            if self.counters.form_of(s) == DecodeForm::KvOnly {
+                self.counters.set_form(s, DecodeForm::Replay)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step_shape(&self, rows: usize, seqs: usize, t: usize, clamp: bool, ssm: SsmRun) -> Step {
+        Step {
+            rows,
+            seqs,
+            t,
+            clamp,
+            ssm,
+            ring_rows: self.sizes.rows.ring,
+            conv_rows: self.counters.conv_capacity(),
+        }
+    }
+
+    /// A prompt chunk sequence, in chunks of the scratch's rows: the chunked scan into the checkpoint, or for a kv-only
+    /// sequence the replay kernels in pieces, keeping the prompt as ring entries. Reports its rows as `seq.rows` asks.
+    fn prefill(&mut self, seq: &SeqStep, want_logits: bool) -> Result<HeadOut> {
+        let _span = debug_span!("gpu_prefill", slot = seq.slot, tokens = seq.tokens.len()).entered();
+        let slot = seq.slot;
+        // The reference clamps `dt` on its multi-token path: prompt steps of more than one token (as the CPU does).
+        let clamp = seq.tokens.len() > 1;
+        let chunk = self.scratch.rows;
+        let n_chunks = seq.tokens.len().div_ceil(chunk);
+        let mut out = HeadOut {
+            rows: Vec::new(),
+            logits: want_logits.then(Vec::new),
+        };
+        for (ci, part) in seq.tokens.chunks(chunk).enumerate() {
+            let t = part.len();
+            let pos = seq.position + ci * chunk;
+            let d = self.decide(slot, StepPhase::Prefill { position: pos }, t);
+            if d.start_replay {
+                self.counters.set_form(slot, DecodeForm::Replay)?;
+            }
+            if d.fold_first {
+                self.fold_slots(&[slot])?;
+            }
+            self.counters.set_flush(slot, false);
+            let (replay_rows, ssm) = if d.form == DecodeForm::KvOnly {
+                let first = self.replay_row(slot, d.form, 0);
+                let rows: Vec<ReplayRow> = (0..t.div_ceil(REPLAY_MAX_T))
+                    .map(|p| ReplayRow {
+                        ring_len: first.ring_len + p * REPLAY_MAX_T,
+                        ..first
+                    })
+                    .collect();
+                let ssm = SsmRun::Replay {
+                    max_m: first.ring_len + t,
+                    piece: REPLAY_MAX_T,
+                    prompt: true,
+                };
+                (rows, ssm)
+            } else {
+                (vec![self.replay_row(slot, d.form, 0)], SsmRun::Chunked { slot })
+            };
+            let lens = self.lens(Some((slot, pos + t)));
+            self.upload_step(
+                &to_i32(part.iter().map(|&x| x as usize)),
+                &vec![slot as i32; t],
+                &to_i32(pos..pos + t),
+                &[slot as i32],
+                &lens,
+                &replay_rows,
+            )?;
+            let step = self.step_shape(t, 1, t, clamp, ssm);
+            let last = ci + 1 == n_chunks;
+            let head_rows = match seq.rows {
+                Rows::All => t,
+                Rows::Last if last => 1,
+                Rows::Last | Rows::None => 0,
+            };
+            let sample = if last {
+                seq.sample.as_ref().map(std::slice::from_ref)
+            } else {
+                None
+            };
+            let h = self.run(step, head_rows, want_logits, sample)?;
+            if d.form == DecodeForm::KvOnly {
+                self.counters.ring_commit(slot, t)?;
+            }
+            out.rows.extend(h.rows);
+            if let (Some(all), Some(l)) = (&mut out.logits, h.logits) {
+                all.extend(l);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One decode step over `seqs` (distinct slots, one token each), every form in one launch per layer.
+    fn decode(&mut self, seqs: &[&SeqStep], want_logits: bool) -> Result<HeadOut> {
+        let _span = debug_span!("gpu_decode", batch = seqs.len()).entered();
+        let b = seqs.len();
+        let decisions = self.decide_batch(seqs, StepPhase::Decode, 1)?;
+        let mut replay_rows = Vec::with_capacity(b);
+        for (s, d) in seqs.iter().zip(&decisions) {
+            self.counters.set_flush(s.slot, d.flush);
+            let h = self.counters.ring(s.slot).len;
+            // A recurrent row is a replay row with an empty ring that folds its own entry every step.
+            let fold = match d.form {
+                DecodeForm::Recurrent => 1,
+                DecodeForm::Replay if d.flush => h + 1,
+                DecodeForm::Replay | DecodeForm::KvOnly => 0,
+            };
+            replay_rows.push(self.replay_row(s.slot, d.form, fold));
+        }
+        let max_m = replay_rows.iter().map(|r| r.ring_len + 1).max().unwrap_or(1);
+        let slots = to_i32(seqs.iter().map(|s| s.slot));
+        let lens = self.lens(None);
+        self.upload_step(
+            &to_i32(seqs.iter().map(|s| s.tokens[0] as usize)),
+            &slots,
+            &to_i32(seqs.iter().map(|s| s.position)),
+            &slots,
+            &lens,
+            &replay_rows,
+        )?;
+        let ssm = if decisions.iter().all(|d| d.form == DecodeForm::Recurrent) {
+            SsmRun::Recurrent
+        } else {
+            SsmRun::Replay {
+                max_m,
+                piece: 1,
+                prompt: false,
+            }
+        };
+        let step = self.step_shape(b, b, 1, false, ssm);
+        let samples: Option<Vec<SampleRow>> = seqs
+            .iter()
+            .any(|s| s.sample.is_some())
+            .then(|| seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect());
+        let mut out = self.run(step, b, want_logits, samples.as_deref())?;
+        for (row, s) in out.rows.iter_mut().zip(seqs) {
+            if s.sample.is_none() || s.rows == Rows::None {
+                row.sampled = None;
+            }
+        }
+        for ((s, d), r) in seqs.iter().zip(&decisions).zip(&replay_rows) {
+            match d.form {
+                DecodeForm::Recurrent => {}
+                DecodeForm::KvOnly => self.counters.ring_commit(s.slot, 1)?,
+                DecodeForm::Replay => {
+                    self.counters.ring_commit(s.slot, 1)?;
+                    if d.flush {
+                        // The step folded every committed entry, its own included.
+                        self.counters.ring_flush(s.slot, r.ring_len + 1)?;
+                    }
+                }
+            }
+            self.counters.conv_advance(s.slot, 1)?;
+        }
+        Ok(out)
+    }
+
+    /// One verify step over `seqs` (distinct slots, `t` drafts each): every row of every sequence reported; the
+    /// drafts wait in the rings for the commit.
+    fn verify(&mut self, seqs: &[&SeqStep], t: usize, want_logits: bool) -> Result<HeadOut> {
+        let _span = debug_span!("gpu_verify", batch = seqs.len(), t).entered();
+        let b = seqs.len();
+        let decisions = self.decide_batch(seqs, StepPhase::Verify, t)?;
+        let mut replay_rows = Vec::with_capacity(b);
+        for (s, d) in seqs.iter().zip(&decisions) {
+            self.counters.set_flush(s.slot, d.flush);
+            let h = self.counters.ring(s.slot).len;
+            // A verify's flush folds the committed history only, never a draft.
+            let fold = if d.flush { h } else { 0 };
+            replay_rows.push(self.replay_row(s.slot, d.form, fold));
+        }
+        let max_m = replay_rows.iter().map(|r| r.ring_len + t).max().unwrap_or(t);
+        let tokens: Vec<i32> = seqs.iter().flat_map(|s| s.tokens.iter().map(|&x| x as i32)).collect();
+        let row_slots: Vec<i32> = seqs
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.slot as i32, t))
+            .collect();
+        let row_pos: Vec<i32> = seqs
+            .iter()
+            .flat_map(|s| (s.position..s.position + t).map(|p| p as i32))
+            .collect();
+        let lens = self.lens(None);
+        self.upload_step(
+            &tokens,
+            &row_slots,
+            &row_pos,
+            &to_i32(seqs.iter().map(|s| s.slot)),
+            &lens,
+            &replay_rows,
+        )?;
+        let ssm = SsmRun::Replay {
+            max_m,
+            piece: t,
+            prompt: false,
+        };
+        let step = self.step_shape(b * t, b, t, false, ssm);
+        let out = self.run(step, b * t, want_logits, None)?;
+        for ((s, d), r) in seqs.iter().zip(&decisions).zip(&replay_rows) {
+            if d.flush {
+                // The verify folded the committed history; the drafts are now entries 0 .. t, pending.
+                self.counters.ring_flush(s.slot, r.ring_len)?;
+            }
+        }
+        Ok(out)
+    }
+}

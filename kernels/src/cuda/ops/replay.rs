@@ -1,0 +1,310 @@
+//! Launch wrappers of the input-replay kernels (`kernels/replay.cu`): one launch steps a batch of sequences, each
+//! row's form, ring position and flush given as data ([`ReplayRow`]), so a batch may mix forms and flushes.
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use super::{after_launch, fits_grid_y, pool_slots};
+use crate::cpu::gdn::GdnDims;
+use crate::cpu::mamba2::Mamba2Dims;
+use crate::cuda::device::{CudaDevice, Elem};
+use crate::cuda::{check_len, driver_err, ensure, Result};
+
+/// `i32`s per row of the metadata array the replay and conv kernels read.
+pub const REPLAY_META: usize = 8;
+
+/// The most tokens one row of a replay launch may append (a verify window, or a kv-only prompt piece).
+pub const REPLAY_MAX_T: usize = 16;
+
+/// The most values per lane a state row is split into: state (key) dims up to 256.
+const MAX_KEY_DIM: usize = 256;
+
+const THREADS: u32 = 128;
+
+/// One row of a replay (or conv) launch: where the sequence's state and entries live and what the step does with its
+/// checkpoint. The host decides every field and moves its counters after the launch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayRow {
+    /// State, ring and conv slot.
+    pub slot: usize,
+    /// Physical ring row of logical entry 0.
+    pub ring_start: usize,
+    /// Committed entries `h`.
+    pub ring_len: usize,
+    /// The slot's logical ring capacity (at most the pool's rows per slot).
+    pub ring_cap: usize,
+    /// After the readout the checkpoint becomes the state after logical entries `0 .. fold` (0: not written).
+    pub fold: usize,
+    /// The checkpoint holds the state before entry 0 (false: a zero state, the kv-only form).
+    pub read_state: bool,
+    /// Physical row of the oldest conv history row.
+    pub conv_head: usize,
+}
+
+impl ReplayRow {
+    /// The row as the kernels read it.
+    pub fn encode(&self) -> [i32; REPLAY_META] {
+        [
+            self.slot as i32,
+            self.ring_start as i32,
+            self.ring_len as i32,
+            self.ring_cap as i32,
+            self.fold as i32,
+            self.read_state as i32,
+            self.conv_head as i32,
+            0,
+        ]
+    }
+
+    /// Every row, flattened.
+    pub fn encode_all(rows: &[ReplayRow]) -> Vec<i32> {
+        rows.iter().flat_map(|r| r.encode()).collect()
+    }
+}
+
+/// What a replay launch needs besides its tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayShape {
+    /// Rows (sequences).
+    pub batch: usize,
+    /// Tokens each row appends (0: a fold alone).
+    pub t: usize,
+    /// Ring rows per slot in the pools.
+    pub ring_rows: usize,
+    /// The largest `h + t` of any row (sizes the shared memory).
+    pub max_m: usize,
+}
+
+/// Shared memory of one block: the kernel's layout in `replay.cu`, in bytes.
+pub fn replay_shared_bytes(kind: ReplayKind, t: usize, max_m: usize) -> usize {
+    let floats = match kind {
+        ReplayKind::Mamba2(d) => {
+            let (n, p) = (d.state_dim, d.head_dim);
+            max_m * n + max_m * p + t * n + max_m + t * max_m + max_m + t + 1
+        }
+        ReplayKind::Gdn(d) => {
+            let (dk, dv) = (d.k_dim, d.v_dim);
+            max_m * dk + t * dk + max_m + 2 * max_m * t + 2 * max_m + 3 * t * dv + 2 * t * t + 2 * t + 2
+        }
+    };
+    floats * 4
+}
+
+/// Which family a replay launch serves.
+#[derive(Clone, Copy, Debug)]
+pub enum ReplayKind {
+    /// Mamba-2 (heads split into B/C groups).
+    Mamba2(Mamba2Dims),
+    /// Gated DeltaNet (value heads reading key heads).
+    Gdn(GdnDims),
+}
+
+fn check_shape(op: &'static str, shape: ReplayShape, key_dim: usize) -> Result<()> {
+    ensure(op, shape.t <= REPLAY_MAX_T, || {
+        format!("{} tokens per row exceed {REPLAY_MAX_T}", shape.t)
+    })?;
+    ensure(op, (1..=MAX_KEY_DIM).contains(&key_dim), || {
+        format!("state key dim {key_dim} is outside 1..={MAX_KEY_DIM}")
+    })?;
+    ensure(op, shape.max_m >= shape.t && shape.max_m <= shape.ring_rows, || {
+        format!(
+            "max_m {} must lie in {}..={} (ring rows)",
+            shape.max_m, shape.t, shape.ring_rows
+        )
+    })?;
+    fits_grid_y(op, "batch", shape.batch)
+}
+
+/// Raises the kernel's dynamic shared memory limit when a launch needs more than the default 48 KiB.
+fn shared_limit(dev: &CudaDevice, name: &str, bytes: usize) -> Result<()> {
+    if bytes > 48 * 1024 {
+        dev.function(name)?
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(driver_err(format!("raising the shared memory limit of {name}")))?;
+    }
+    Ok(())
+}
+
+/// A Mamba-2 replay step (ReplaySSM Alg. 2 / 4 and the fold; CPU twins `replay_mamba2::{replay_decode,
+/// verify_replay, flush, compress}`). `state_pool`: `[slots, heads, head_dim, state_dim]` f32; `meta`: `[batch, 8]`
+/// ([`ReplayRow`]); `x`, `y`: `[batch, t, heads, head_dim]`; `dt`: `[batch, t, heads]` f32; `b`, `c`:
+/// `[batch, t, groups, state_dim]`; `a`, `d_skip`: `[heads]` f32. Each row's `t` entries are written to its ring at
+/// logical `h .. h + t`; its checkpoint is written when `fold > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_replay<T: Elem>(
+    dev: &CudaDevice,
+    dims: Mamba2Dims,
+    shape: ReplayShape,
+    state_pool: &mut impl DevicePtrMut<f32>,
+    ring_x: &mut impl DevicePtrMut<T>,
+    ring_dt: &mut impl DevicePtrMut<f32>,
+    ring_b: &mut impl DevicePtrMut<T>,
+    meta: &impl DevicePtr<i32>,
+    x: &impl DevicePtr<T>,
+    dt: &impl DevicePtr<f32>,
+    a: &impl DevicePtr<f32>,
+    b: &impl DevicePtr<T>,
+    c: &impl DevicePtr<T>,
+    d_skip: &impl DevicePtr<f32>,
+    y: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    const OP: &str = "mamba2_replay";
+    let Mamba2Dims {
+        heads,
+        head_dim,
+        state_dim,
+        groups,
+    } = dims;
+    ensure(OP, groups > 0 && heads.is_multiple_of(groups) && head_dim > 0, || {
+        format!("bad dims {dims:?}")
+    })?;
+    check_shape(OP, shape, state_dim)?;
+    let ReplayShape {
+        batch,
+        t,
+        ring_rows,
+        max_m,
+    } = shape;
+    let num_slots = pool_slots(OP, state_pool.len(), heads * head_dim * state_dim)?;
+    check_len(OP, "ring x", ring_x.len(), num_slots * ring_rows * heads * head_dim)?;
+    check_len(OP, "ring dt", ring_dt.len(), num_slots * ring_rows * heads)?;
+    check_len(OP, "ring B", ring_b.len(), num_slots * ring_rows * groups * state_dim)?;
+    check_len(OP, "meta", meta.len(), batch * REPLAY_META)?;
+    check_len(OP, "x", x.len(), batch * t * heads * head_dim)?;
+    check_len(OP, "y", y.len(), batch * t * heads * head_dim)?;
+    check_len(OP, "dt", dt.len(), batch * t * heads)?;
+    check_len(OP, "A", a.len(), heads)?;
+    check_len(OP, "D", d_skip.len(), heads)?;
+    check_len(OP, "B", b.len(), batch * t * groups * state_dim)?;
+    check_len(OP, "C", c.len(), batch * t * groups * state_dim)?;
+    if batch == 0 {
+        return Ok(());
+    }
+    let smem = replay_shared_bytes(ReplayKind::Mamba2(dims), t, max_m);
+    let name = format!("mamba2_replay_{}", T::NAME);
+    shared_limit(dev, &name, smem)?;
+    let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
+        num_slots as i32,
+        ring_rows as i32,
+        t as i32,
+        heads as i32,
+        head_dim as i32,
+        state_dim as i32,
+        groups as i32,
+        max_m as i32,
+    );
+    let s = dev.stream();
+    let (sp, _g0) = state_pool.device_ptr_mut(s);
+    let (rxp, _g1) = ring_x.device_ptr_mut(s);
+    let (rdp, _g2) = ring_dt.device_ptr_mut(s);
+    let (rbp, _g3) = ring_b.device_ptr_mut(s);
+    let (mp, _g4) = meta.device_ptr(s);
+    let (xp, _g5) = x.device_ptr(s);
+    let (dtp, _g6) = dt.device_ptr(s);
+    let (ap, _g7) = a.device_ptr(s);
+    let (bp, _g8) = b.device_ptr(s);
+    let (cp, _g9) = c.device_ptr(s);
+    let (dp, _g10) = d_skip.device_ptr(s);
+    let (yp, _g11) = y.device_ptr_mut(s);
+    let cfg = LaunchConfig {
+        grid_dim: (heads as u32, batch as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    launch!(
+        dev, name, cfg, sp, rxp, rdp, rbp, mp, slots_i, rows_i, xp, dtp, ap, bp, cp, dp, yp, t_i, h_i, p_i, n_i, g_i,
+        m_i
+    )
+}
+
+/// A Gated DeltaNet replay step (ReplaySSM Alg. 6 / 8 and the fold; CPU twins `replay_gdn::{replay_decode,
+/// verify_replay, flush, compress}`). `state_pool`: `[slots, v_heads, v_dim, k_dim]` f32; rings `u`
+/// `[slots, R, v_heads, v_dim]`, `k` `[slots, R, k_heads, k_dim]`, `g` `[slots, R, v_heads]` (f32); `meta`:
+/// `[batch, 8]`; `q`, `k`: `[batch, t, k_heads, k_dim]`; `v`, `out`: `[batch, t, v_heads, v_dim]`; `g`, `beta`:
+/// `[batch, t, v_heads]` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_replay<T: Elem>(
+    dev: &CudaDevice,
+    dims: GdnDims,
+    shape: ReplayShape,
+    state_pool: &mut impl DevicePtrMut<f32>,
+    ring_u: &mut impl DevicePtrMut<T>,
+    ring_k: &mut impl DevicePtrMut<T>,
+    ring_g: &mut impl DevicePtrMut<f32>,
+    meta: &impl DevicePtr<i32>,
+    q: &impl DevicePtr<T>,
+    k: &impl DevicePtr<T>,
+    v: &impl DevicePtr<T>,
+    g: &impl DevicePtr<f32>,
+    beta: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    const OP: &str = "gdn_replay";
+    let GdnDims {
+        k_heads,
+        v_heads,
+        k_dim,
+        v_dim,
+    } = dims;
+    ensure(OP, k_heads > 0 && v_heads.is_multiple_of(k_heads) && v_dim > 0, || {
+        format!("bad dims {dims:?}")
+    })?;
+    check_shape(OP, shape, k_dim)?;
+    let ReplayShape {
+        batch,
+        t,
+        ring_rows,
+        max_m,
+    } = shape;
+    let num_slots = pool_slots(OP, state_pool.len(), dims.state_len())?;
+    check_len(OP, "ring u", ring_u.len(), num_slots * ring_rows * v_heads * v_dim)?;
+    check_len(OP, "ring k", ring_k.len(), num_slots * ring_rows * k_heads * k_dim)?;
+    check_len(OP, "ring g", ring_g.len(), num_slots * ring_rows * v_heads)?;
+    check_len(OP, "meta", meta.len(), batch * REPLAY_META)?;
+    check_len(OP, "q", q.len(), batch * t * k_heads * k_dim)?;
+    check_len(OP, "k", k.len(), batch * t * k_heads * k_dim)?;
+    check_len(OP, "v", v.len(), batch * t * v_heads * v_dim)?;
+    check_len(OP, "out", out.len(), batch * t * v_heads * v_dim)?;
+    check_len(OP, "g", g.len(), batch * t * v_heads)?;
+    check_len(OP, "beta", beta.len(), batch * t * v_heads)?;
+    if batch == 0 {
+        return Ok(());
+    }
+    let smem = replay_shared_bytes(ReplayKind::Gdn(dims), t, max_m);
+    let name = format!("gdn_replay_{}", T::NAME);
+    shared_limit(dev, &name, smem)?;
+    let (slots_i, rows_i, t_i, hk_i, hv_i, dk_i, dv_i, m_i) = (
+        num_slots as i32,
+        ring_rows as i32,
+        t as i32,
+        k_heads as i32,
+        v_heads as i32,
+        k_dim as i32,
+        v_dim as i32,
+        max_m as i32,
+    );
+    let s = dev.stream();
+    let (sp, _g0) = state_pool.device_ptr_mut(s);
+    let (rup, _g1) = ring_u.device_ptr_mut(s);
+    let (rkp, _g2) = ring_k.device_ptr_mut(s);
+    let (rgp, _g3) = ring_g.device_ptr_mut(s);
+    let (mp, _g4) = meta.device_ptr(s);
+    let (qp, _g5) = q.device_ptr(s);
+    let (kp, _g6) = k.device_ptr(s);
+    let (vp, _g7) = v.device_ptr(s);
+    let (gp, _g8) = g.device_ptr(s);
+    let (bp, _g9) = beta.device_ptr(s);
+    let (op, _g10) = out.device_ptr_mut(s);
+    let cfg = LaunchConfig {
+        grid_dim: (v_heads as u32, batch as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    launch!(
+        dev, name, cfg, sp, rup, rkp, rgp, mp, slots_i, rows_i, qp, kp, vp, gp, bp, op, t_i, hk_i, hv_i, dk_i, dv_i,
+        m_i
+    )
+}
