@@ -23,6 +23,7 @@ pub mod options;
 mod rank;
 mod scratch;
 mod snapshot;
+mod ssm_layers;
 pub mod state;
 mod steps;
 mod weights;

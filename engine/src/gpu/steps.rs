@@ -12,7 +12,7 @@
 use rewind_kernels::cuda::ops::{ReplayRow, REPLAY_MAX_T};
 use tracing::debug_span;
 
-use super::forward::{self, SsmRun, Step};
+use super::forward::{SsmRun, Step};
 use super::rank::{put, to_i32, GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
@@ -227,7 +227,7 @@ impl<A: Act> GpuRank<A> {
                 &ReplayRow::encode_all(&rows),
                 "replay rows",
             )?;
-            forward::fold(
+            super::ssm_layers::fold(
                 &dev,
                 &self.inner.blocks,
                 &mut self.pools,
