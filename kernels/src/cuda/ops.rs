@@ -273,122 +273,6 @@ pub fn l2_norm<T: Elem>(
     )
 }
 
-/// Shape of a batched causal conv1d over a conv-history ring.
-#[derive(Clone, Copy, Debug)]
-pub struct ConvDims {
-    /// Rows (sequences).
-    pub batch: usize,
-    /// Tokens per row.
-    pub seq: usize,
-    /// Channels.
-    pub channels: usize,
-    /// Kernel width `K` (at most 8).
-    pub k: usize,
-    /// Slots in the state pool.
-    pub slots: usize,
-    /// Ring rows per slot (`K − 1 + T`: the history plus a verify window; at least `K − 1`).
-    pub capacity: usize,
-    /// Decode / verify: write the row's inputs after its history (the host moves the head by the accepted count).
-    /// Prompt chunk: replace the history in place by the last `K − 1` inputs.
-    pub append: bool,
-}
-
-/// Depthwise causal conv1d (see [`crate::cpu::conv::causal_conv1d`]) for `batch` rows of `seq` tokens, optionally
-/// followed by SiLU. `x`, `out`: `[batch, seq, channels]`; `weight`: `[channels, K]`; `bias`: `[channels]`;
-/// `state_pool`: `[slots, capacity, channels]`; `meta`: `[batch, 8]` rows of [`ReplayRow`] (slot and conv head).
-#[allow(clippy::too_many_arguments)]
-pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
-    dev: &CudaDevice,
-    dims: ConvDims,
-    x: &impl DevicePtr<T>,
-    weight: &impl DevicePtr<T>,
-    bias: Option<&B>,
-    state_pool: &mut impl DevicePtrMut<T>,
-    meta: &impl DevicePtr<i32>,
-    apply_silu: bool,
-    out: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    const OP: &str = "causal_conv1d";
-    let ConvDims {
-        batch,
-        seq,
-        channels,
-        k,
-        slots: num_slots,
-        capacity,
-        append,
-    } = dims;
-    ensure(OP, (1..=8).contains(&k), || {
-        format!("kernel width {k} is outside 1..=8")
-    })?;
-    ensure(OP, capacity >= k - 1 && capacity > 0, || {
-        format!("a conv ring of {capacity} rows cannot hold a history of {}", k - 1)
-    })?;
-    ensure(OP, !append || k - 1 + seq <= capacity, || {
-        format!(
-            "{seq} appended rows overflow a conv ring of {capacity} (history {})",
-            k - 1
-        )
-    })?;
-    check_len(OP, "x", x.len(), batch * seq * channels)?;
-    check_len(OP, "out", out.len(), batch * seq * channels)?;
-    check_len(OP, "weight", weight.len(), channels * k)?;
-    check_len(OP, "state_pool", state_pool.len(), num_slots * capacity * channels)?;
-    check_len(OP, "meta", meta.len(), batch * REPLAY_META)?;
-    if let Some(b) = bias {
-        check_len(OP, "bias", b.len(), channels)?;
-    }
-    fits_grid_y(OP, "batch", batch)?;
-    fits_u32(OP, "batch · seq · channels", batch * seq * channels)?;
-    if batch == 0 || seq == 0 || channels == 0 {
-        return Ok(());
-    }
-    let (seq_i, ch_i, k_i, slots_i, cap_i, silu_i, append_i) = (
-        seq as i32,
-        channels as i32,
-        k as i32,
-        num_slots as i32,
-        capacity as i32,
-        apply_silu as i32,
-        append as i32,
-    );
-    let (xp, _gx) = x.device_ptr(dev.stream());
-    let (wp, _gw) = weight.device_ptr(dev.stream());
-    let (bp, _gb) = match bias {
-        Some(b) => {
-            let (p, g) = b.device_ptr(dev.stream());
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let (sp, _gs) = state_pool.device_ptr_mut(dev.stream());
-    let (ip, _gi) = meta.device_ptr(dev.stream());
-    let (op, _go) = out.device_ptr_mut(dev.stream());
-    let cfg = LaunchConfig {
-        grid_dim: (channels.div_ceil(128) as u32, batch as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(
-        dev,
-        format!("conv1d_{}", T::NAME),
-        cfg,
-        xp,
-        wp,
-        bp,
-        sp,
-        ip,
-        slots_i,
-        cap_i,
-        op,
-        seq_i,
-        ch_i,
-        k_i,
-        silu_i,
-        append_i
-    )
-}
-
 /// NeoX rotary embedding in place on the first `rotary_dim` channels of each head (see
 /// [`crate::cpu::rope::apply_rope`]). `x`: `[rows, heads, head_dim]`; `positions`: `[rows]`; `inv_freq`:
 /// `[rotary_dim / 2]` from [`crate::cpu::rope::inv_freq`].
@@ -645,6 +529,7 @@ pub fn gdn_step<T: Elem>(
 
 // Declared after `launch!` so the submodules can use it.
 mod attention;
+mod conv;
 mod glue;
 mod moe;
 mod replay;
@@ -652,6 +537,7 @@ mod sample;
 mod scan;
 
 pub use attention::{kv_write, paged_attention, PagedKv};
+pub use conv::{causal_conv1d, ConvDims};
 pub use glue::{
     add_bias, add_rms_norm, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols, gdn_gates,
     moe_finish, scale, sigmoid_mul, swiglu_split,
