@@ -89,7 +89,20 @@ fn main() -> Result<()> {
     let dev = CudaDevice::open(0)?;
     let rng = &mut Rng::new(11);
     let copy = copy_bandwidth(&dev)?;
-    println!("{} | copy {copy:.0} GB/s", dev.name());
+    println!("{} | copy {copy:.0} GB/s | {} SMs", dev.name(), dev.sm_count());
+    for name in [
+        "mamba2_replay_nc4_bf16",
+        "gdn_replay_nc4_bf16",
+        "mamba2_step_bf16",
+        "gdn_step_bf16",
+    ] {
+        let f = dev.function(name)?;
+        let regs = f.num_regs().map_err(|e| CudaError::Unavailable(format!("{e:?}")))?;
+        let blocks = f
+            .occupancy_max_active_blocks_per_multiprocessor(256, 16 * 1024, None)
+            .map_err(|e| CudaError::Unavailable(format!("{e:?}")))?;
+        println!("{name}: {regs} registers, {blocks} blocks of 256 threads per SM with 16 KiB shared");
+    }
     let md = Mamba2Dims {
         heads: 128,
         head_dim: 64,

@@ -129,6 +129,7 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     name: String,
     arch: (u32, u32),
+    sm_count: usize,
     functions: HashMap<String, CudaFunction>,
     modules: Vec<ModuleReport>,
     sync_each_launch: bool,
@@ -171,11 +172,16 @@ impl CudaDevice {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver_err("reading the compute capability"))?;
+        let sm_count = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("reading the multiprocessor count"))?
+            .max(1) as usize;
         let mut dev = Self {
             ctx,
             stream,
             name,
             arch: (major as u32, minor as u32),
+            sm_count,
             functions: HashMap::new(),
             modules: Vec::new(),
             sync_each_launch: std::env::var("REWIND_CUDA_SYNC").is_ok_and(|v| v == "1"),
@@ -229,6 +235,11 @@ impl CudaDevice {
     /// Compute capability `(major, minor)`.
     pub fn arch(&self) -> (u32, u32) {
         self.arch
+    }
+
+    /// Streaming multiprocessors (sizes persistent grids).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// How each kernel module was built when the device opened.

@@ -71,7 +71,20 @@ pub const MODULES: &[KernelModule] = &[
     module!("embedding", typed: true, ["embedding"]),
     module!("mamba2", typed: true, ["mamba2_step"]),
     module!("gdn", typed: true, ["gdn_step"]),
-    module!("replay", typed: true, ["mamba2_replay", "gdn_replay"]),
+    module!(
+        "replay",
+        typed: true,
+        [
+            "mamba2_replay_nc1",
+            "mamba2_replay_nc2",
+            "mamba2_replay_nc4",
+            "mamba2_replay_nc8",
+            "gdn_replay_nc1",
+            "gdn_replay_nc2",
+            "gdn_replay_nc4",
+            "gdn_replay_nc8",
+        ]
+    ),
     module!("attention", typed: true, ["kv_write", "attn_paged"]),
     module!("ssd", typed: true, ["ssd_chunk_state", "ssd_state_scan", "ssd_chunk_out"]),
     module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),

@@ -544,7 +544,8 @@ pub use glue::{
 };
 pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
 pub use replay::{
-    gdn_replay, mamba2_replay, replay_shared_bytes, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T, REPLAY_META,
+    gdn_replay, mamba2_replay, replay_geometry, ReplayGeometry, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T,
+    REPLAY_META,
 };
 pub use sample::{argmax_rows, repetition_penalty, sample_rows};
 pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};

@@ -15,10 +15,20 @@
 // The host moves the counters afterwards (commit: len += accepted; fold: start += F, len −= F), so a launch never
 // changes where another row's entries are. Entries j ≥ h (the step's own) are read from the inputs, never from the
 // ring they are appended to, so blocks of one row can run in any order.
+//
+// Speed: the checkpoint is the traffic (everything else is a few KiB per head that L1 / L2 serve), so the kernels are
+// shaped like the recurrent step kernels, whose warps stream state rows with no block-wide barrier. One warp owns one
+// (row, head) item: a short prologue (decay weights, the §5.4 key–query products and the ring's share of each output,
+// in the warp's own slice of shared memory) runs while the first rows of the checkpoint are in flight, then the warp
+// streams the head's state RP_CHUNK rows at a time, loading the next chunk (16-byte loads) before it reduces the
+// current one. 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
+// registers, so the checkpoint is read once and written at most once. Decay sums are accumulated backward from the
+// query in the CPU twin's order. Grid (ceil(heads / warps per block), batch); each warp's scratch is `scratch` floats.
 
 #define RP_META 8
 #define RP_TMAX 16
-#define RP_MAX_PER_LANE 8
+#define RP_RPW 2                  // 4-row sweeps per chunk
+#define RP_CHUNK (4 * RP_RPW)     // rows per chunk
 
 __device__ __forceinline__ int rp_phys(int start, int j, int cap) { return (start + j) % cap; }
 
@@ -29,150 +39,305 @@ __device__ __forceinline__ bool rp_valid(const int* m, int num_slots, int ring_r
            h + t <= cap && fold >= 0 && fold <= h + t;
 }
 
+// Sum over the 8 lanes that share a row; every one of them gets it.
+__device__ __forceinline__ float rp_sum8(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    return v;
+}
+
+// Four state values from column c of a row (zeros past n); 16-byte loads when rows are 16-byte aligned.
+__device__ __forceinline__ void rp_load4(const float* row, int c, int n, bool vec, float* o) {
+    if (vec && c < n) {
+        const float4 v = *reinterpret_cast<const float4*>(row + c);
+        o[0] = v.x;
+        o[1] = v.y;
+        o[2] = v.z;
+        o[3] = v.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            o[e] = c + e < n ? row[c + e] : 0.0f;
+        }
+    }
+}
+
+__device__ __forceinline__ void rp_store4(float* row, int c, int n, bool vec, const float* v) {
+    if (vec && c < n) {
+        *reinterpret_cast<float4*>(row + c) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (c + e < n) {
+                row[c + e] = v[e];
+            }
+        }
+    }
+}
+
+// Chunk ch of a head's checkpoint into registers (zeros when the row reads no state): lane l holds row
+// ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3.
+template <int NC>
+__device__ __forceinline__ void rp_load_chunk(const float* S, int rows, int ch, int n, bool read, bool vec,
+                                              float (&st)[RP_RPW][NC][4]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < RP_RPW; ++r) {
+        const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            const int c = 4 * ((lane & 7) + 8 * k);
+            if (read && i < rows) {
+                rp_load4(S + (u64)i * n, c, n, vec, st[r][k]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    st[r][k][e] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+template <int NC>
+__device__ __forceinline__ void rp_move(float (&dst)[RP_RPW][NC][4], const float (&src)[RP_RPW][NC][4]) {
+#pragma unroll
+    for (int r = 0; r < RP_RPW; ++r) {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dst[r][k][e] = src[r][k][e];
+            }
+        }
+    }
+}
+
+// Dot products of one stored row (n values, read by one lane) with one or two shared f32 vectors; 16-byte loads
+// when the row is aligned.
+__device__ __forceinline__ void rp_dot2(const float* __restrict__ row, const float* v1, const float* v2, int n,
+                                        float& a1, float& a2) {
+    a1 = 0.0f;
+    a2 = 0.0f;
+    if ((n & 3) == 0 && ((u64)row & 15) == 0) {
+        for (int c = 0; c < n; c += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(row + c);
+            a1 += q.x * v1[c] + q.y * v1[c + 1] + q.z * v1[c + 2] + q.w * v1[c + 3];
+            a2 += q.x * v2[c] + q.y * v2[c + 1] + q.z * v2[c + 2] + q.w * v2[c + 3];
+        }
+    } else {
+        for (int c = 0; c < n; ++c) {
+            a1 += row[c] * v1[c];
+            a2 += row[c] * v2[c];
+        }
+    }
+}
+
+__device__ __forceinline__ float rp_bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float rp_bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ void rp_dot2(const bf16* __restrict__ row, const float* v1, const float* v2, int n,
+                                        float& a1, float& a2) {
+    a1 = 0.0f;
+    a2 = 0.0f;
+    if ((n & 7) == 0 && ((u64)row & 15) == 0) {
+        for (int c = 0; c < n; c += 8) {
+            const uint4 q = *reinterpret_cast<const uint4*>(row + c);
+            const float f[8] = {rp_bf16_lo(q.x), rp_bf16_hi(q.x), rp_bf16_lo(q.y), rp_bf16_hi(q.y),
+                                rp_bf16_lo(q.z), rp_bf16_hi(q.z), rp_bf16_lo(q.w), rp_bf16_hi(q.w)};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                a1 += f[e] * v1[c + e];
+                a2 += f[e] * v2[c + e];
+            }
+        }
+    } else {
+        for (int c = 0; c < n; ++c) {
+            a1 += to_f32(row[c]) * v1[c];
+            a2 += to_f32(row[c]) * v2[c];
+        }
+    }
+}
+
 // Mamba-2 (ReplaySSM Alg. 2 / 4 and the fold). Per row b and head hd (group g), with m = h + t entries:
 //   y_s = exp(seg(−1, h+s))·(S0·C_s) + Σ_{j ≤ h+s} dt_j·exp(seg(j, h+s))·(B_j·C_s)·x_j + D·x_s,
 //   seg(i, p) = Σ_{i<r≤p} dt_r·A, accumulated backward from the query so only non-positive numbers are exponentiated.
 // Pools: state [slots, heads, head_dim, state_dim] f32; ring_x [slots, R, heads, head_dim]; ring_dt [slots, R, heads]
 // f32; ring_b [slots, R, groups, state_dim]. Inputs x [batch, t, heads, head_dim], dt [batch, t, heads],
-// B, C [batch, t, groups, state_dim]; y as x. Grid (heads, batch); shared memory sized by the host for max_m.
-template <typename T>
+// B, C [batch, t, groups, state_dim]; y as x. The warp's scratch: mamba2_replay_scratch in ops/replay.rs.
+template <typename T, int NC>
 __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict__ ring_x, float* __restrict__ ring_dt,
                                    T* __restrict__ ring_b, const int* __restrict__ meta, int num_slots, int ring_rows,
                                    const T* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
                                    const T* __restrict__ B, const T* __restrict__ C, const float* __restrict__ D,
                                    T* __restrict__ y, int t, int heads, int head_dim, int state_dim, int groups,
-                                   int max_m) {
+                                   int max_m, int scratch) {
     extern __shared__ float smem[];
-    const int hd = blockIdx.x;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hd = blockIdx.x * warps + warp;
     const int b = blockIdx.y;
+    if (hd >= heads) {
+        return;
+    }
     const int hpg = heads / groups;
     const int g = hd / hpg;
     const int p = head_dim, n = state_dim;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int l8 = lane & 7;
     const int* mt = meta + (u64)b * RP_META;
     if (!rp_valid(mt, num_slots, ring_rows, t) || mt[2] + t > max_m) {
-        for (int i = threadIdx.x; i < t * p; i += blockDim.x) {
-            const int s = i / p;
-            y[(((u64)b * t + s) * heads + hd) * p + (i % p)] = from_f32<T>(nan_f32());
+        for (int idx = lane; idx < t * p; idx += 32) {
+            y[(((u64)b * t + idx / p) * heads + hd) * p + idx % p] = from_f32<T>(nan_f32());
         }
         return;
     }
-    const int slot = mt[0], start = mt[1], h = mt[2], cap = mt[3], fold = mt[4], rs = mt[5];
+    const int slot = mt[0], start = mt[1], h = mt[2], cap = mt[3], fold = mt[4];
+    const bool read = mt[5] != 0;
     const int m = h + t;
-    float* Bs = smem;                 // [max_m, n]
-    float* Xs = Bs + max_m * n;       // [max_m, p]
-    float* Cs = Xs + max_m * p;       // [t, n]
-    float* dts = Cs + t * n;          // [max_m]
-    float* w = dts + max_m;           // [t, max_m]
-    float* coef = w + t * max_m;      // [max_m]
-    float* decay = coef + max_m;      // [t]
-    float* total = decay + t;         // [1]
+    float* S = state_pool + ((u64)slot * heads + hd) * p * n;
+    const bool vec = (n & 3) == 0 && ((u64)S & 15) == 0;
+    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
+    rp_load_chunk<NC>(S, p, 0, n, read, vec, st);
+
+    float* dts = smem + (u64)warp * scratch;  // [max_m]
+    float* Cs = dts + max_m;                  // [t, n]
+    float* w = Cs + t * n;                    // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
+    float* coef = w + t * max_m;              // [max_m]: fold weights
+    float* decay = coef + max_m;              // [t]
+    float* keep = decay + t;                  // [1]
+    float* rv = keep + 1;                     // [t, p]: the ring's share of y plus D·x
     const u64 ring_row = (u64)slot * ring_rows;
-    for (int idx = threadIdx.x; idx < m * n; idx += blockDim.x) {
-        const int j = idx / n, c = idx % n;
-        Bs[idx] = j < h ? to_f32(ring_b[((ring_row + rp_phys(start, j, cap)) * groups + g) * n + c])
-                        : to_f32(B[(((u64)b * t + (j - h)) * groups + g) * n + c]);
-    }
-    for (int idx = threadIdx.x; idx < m * p; idx += blockDim.x) {
-        const int j = idx / p, i = idx % p;
-        Xs[idx] = j < h ? to_f32(ring_x[((ring_row + rp_phys(start, j, cap)) * heads + hd) * p + i])
-                        : to_f32(x[(((u64)b * t + (j - h)) * heads + hd) * p + i]);
-    }
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+    for (int j = lane; j < m; j += 32) {
         dts[j] = j < h ? ring_dt[(ring_row + rp_phys(start, j, cap)) * heads + hd] : dt[((u64)b * t + (j - h)) * heads + hd];
     }
-    for (int idx = threadIdx.x; idx < t * n; idx += blockDim.x) {
-        const int s = idx / n, c = idx % n;
-        Cs[idx] = to_f32(C[(((u64)b * t + s) * groups + g) * n + c]);
+    for (int idx = lane; idx < t * n; idx += 32) {
+        Cs[idx] = to_f32(C[(((u64)b * t + idx / n) * groups + g) * n + idx % n]);
     }
-    __syncthreads();
-    // The §5.4 products B_j·C_s, one warp per (s, j) with j ≤ h + s.
-    for (int pr = warp; pr < t * m; pr += warps) {
-        const int s = pr / m, j = pr % m;
-        float acc = 0.0f;
-        if (j <= h + s) {
-            for (int c = lane; c < n; c += 32) {
-                acc += Bs[j * n + c] * Cs[s * n + c];
-            }
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            w[s * max_m + j] = acc;
-        }
-    }
-    __syncthreads();
+    __syncwarp();
     const float a = A[hd];
-    if (threadIdx.x < t) {
-        const int s = threadIdx.x;
+    // The §5.4 products B_j·C_s and the decay weights, one lane per entry.
+    for (int s = 0; s < t; ++s) {
+        for (int j = lane; j <= h + s; j += 32) {
+            const T* bj = j < h ? ring_b + ((ring_row + rp_phys(start, j, cap)) * groups + g) * n
+                                : B + (((u64)b * t + (j - h)) * groups + g) * n;
+            float prod, unused;
+            rp_dot2(bj, Cs + s * n, Cs + s * n, n, prod, unused);
+            float seg = 0.0f;
+            for (int r = h + s; r > j; --r) {
+                seg += dts[r] * a;
+            }
+            w[s * max_m + j] = prod * dts[j] * expf(seg);
+        }
+    }
+    for (int s = lane; s < t; s += 32) {
         float seg = 0.0f;
-        for (int j = h + s; j >= 0; --j) {
-            w[s * max_m + j] *= dts[j] * expf(seg);
-            seg += dts[j] * a;
+        for (int r = h + s; r >= 0; --r) {
+            seg += dts[r] * a;
         }
         decay[s] = expf(seg);
     }
-    if (threadIdx.x == blockDim.x - 1) {
+    for (int j = lane; j < fold; j += 32) {
         float seg = 0.0f;
-        for (int j = fold - 1; j >= 0; --j) {
-            coef[j] = dts[j] * expf(seg);
-            seg += dts[j] * a;
+        for (int r = fold - 1; r > j; --r) {
+            seg += dts[r] * a;
         }
-        total[0] = expf(seg);
+        coef[j] = dts[j] * expf(seg);
     }
-    __syncthreads();
+    if (lane == 0) {
+        float seg = 0.0f;
+        for (int r = fold - 1; r >= 0; --r) {
+            seg += dts[r] * a;
+        }
+        keep[0] = expf(seg);
+    }
+    __syncwarp();
     const float dskip = D[hd];
-    float* S = state_pool + ((u64)slot * heads + hd) * p * n;
-    for (int i = warp; i < p; i += warps) {
-        float s0[RP_MAX_PER_LANE];
-#pragma unroll
-        for (int k = 0; k < RP_MAX_PER_LANE; ++k) {
-            const int c = lane + 32 * k;
-            s0[k] = (rs && c < n) ? S[(u64)i * n + c] : 0.0f;
+    for (int s = 0; s < t; ++s) {
+        for (int i = lane; i < p; i += 32) {
+            float acc = 0.0f;
+            for (int j = 0; j <= h + s; ++j) {
+                const T xj = j < h ? ring_x[((ring_row + rp_phys(start, j, cap)) * heads + hd) * p + i]
+                                   : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
+                acc += w[s * max_m + j] * to_f32(xj);
+            }
+            rv[s * p + i] = acc + dskip * to_f32(x[(((u64)b * t + s) * heads + hd) * p + i]);
+        }
+    }
+    __syncwarp();
+    const int chunks = (p + RP_CHUNK - 1) / RP_CHUNK;
+    for (int ch = 0; ch < chunks; ++ch) {
+        if (ch + 1 < chunks) {
+            rp_load_chunk<NC>(S, p, ch + 1, n, read, vec, nx);
         }
         for (int s = 0; s < t; ++s) {
-            float ck = 0.0f;
 #pragma unroll
-            for (int k = 0; k < RP_MAX_PER_LANE; ++k) {
-                const int c = lane + 32 * k;
-                if (c < n) {
-                    ck += s0[k] * Cs[s * n + c];
+            for (int r = 0; r < RP_RPW; ++r) {
+                const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
+                float part = 0.0f;
+#pragma unroll
+                for (int k = 0; k < NC; ++k) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int c = 4 * (l8 + 8 * k) + e;
+                        if (c < n) {
+                            part += st[r][k][e] * Cs[s * n + c];
+                        }
+                    }
                 }
-            }
-            float acc = 0.0f;
-            for (int j = lane; j <= h + s; j += 32) {
-                acc += w[s * max_m + j] * Xs[j * p + i];
-            }
-            const float total_s = warp_sum(decay[s] * ck + acc);
-            if (lane == 0) {
-                y[(((u64)b * t + s) * heads + hd) * p + i] = from_f32<T>(total_s + dskip * Xs[(h + s) * p + i]);
+                part = rp_sum8(part) * decay[s];
+                if (l8 == 0 && i < p) {
+                    y[(((u64)b * t + s) * heads + hd) * p + i] = from_f32<T>(part + rv[s * p + i]);
+                }
             }
         }
         if (fold > 0) {
-            const float keep = total[0];
+            const float kp = keep[0];
 #pragma unroll
-            for (int k = 0; k < RP_MAX_PER_LANE; ++k) {
-                const int c = lane + 32 * k;
-                if (c < n) {
-                    float v = rs ? keep * s0[k] : 0.0f;
-                    for (int j = 0; j < fold; ++j) {
-                        v += coef[j] * Xs[j * p + i] * Bs[j * n + c];
+            for (int r = 0; r < RP_RPW; ++r) {
+                const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
+                if (i < p) {
+#pragma unroll
+                    for (int k = 0; k < NC; ++k) {
+                        const int c = 4 * (l8 + 8 * k);
+                        if (c < n) {
+                            float v[4];
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                v[e] = kp * st[r][k][e];
+                            }
+                            for (int j = 0; j < fold; ++j) {
+                                const bool ring = j < h;
+                                const u64 jr = ring_row + rp_phys(start, j, cap);
+                                const u64 jt = (u64)b * t + (j - h);
+                                const float xj =
+                                    coef[j] * to_f32(ring ? ring_x[(jr * heads + hd) * p + i] : x[(jt * heads + hd) * p + i]);
+                                const T* bj = ring ? ring_b + (jr * groups + g) * n : B + (jt * groups + g) * n;
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) {
+                                    if (c + e < n) {
+                                        v[e] += xj * to_f32(bj[c + e]);
+                                    }
+                                }
+                            }
+                            rp_store4(S + (u64)i * n, c, n, vec, v);
+                        }
                     }
-                    S[(u64)i * n + c] = v;
                 }
             }
         }
+        rp_move<NC>(st, nx);
     }
-    // The step's own entries, after every read of the ring above (other blocks read only entries j < h).
-    for (int idx = threadIdx.x; idx < t * p; idx += blockDim.x) {
+    // The step's own entries, after every read of the ring above (other warps read only entries j < h).
+    for (int idx = lane; idx < t * p; idx += 32) {
         const int s = idx / p, i = idx % p;
         const u64 r = ring_row + rp_phys(start, h + s, cap);
         ring_x[(r * heads + hd) * p + i] = x[(((u64)b * t + s) * heads + hd) * p + i];
     }
-    for (int s = threadIdx.x; s < t; s += blockDim.x) {
+    for (int s = lane; s < t; s += 32) {
         ring_dt[(ring_row + rp_phys(start, h + s, cap)) * heads + hd] = dts[h + s];
     }
     if (hd % hpg == 0) {
-        for (int idx = threadIdx.x; idx < t * n; idx += blockDim.x) {
+        for (int idx = lane; idx < t * n; idx += 32) {
             const int s = idx / n, c = idx % n;
             const u64 r = ring_row + rp_phys(start, h + s, cap);
             ring_b[(r * groups + g) * n + c] = B[(((u64)b * t + s) * groups + g) * n + c];
@@ -188,94 +353,100 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
 // from the checkpoint's products and the ring's key products. Pools: state [slots, v_heads, v_dim, k_dim] f32;
 // ring_u [slots, R, v_heads, v_dim]; ring_k [slots, R, k_heads, k_dim]; ring_g [slots, R, v_heads] f32. Inputs q, k
 // [batch, t, k_heads, k_dim] (normalised, q scaled); v, out [batch, t, v_heads, v_dim]; g, beta [batch, t, v_heads].
-template <typename T>
+// The warp's scratch: gdn_replay_scratch in ops/replay.rs.
+template <typename T, int NC>
 __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ ring_u, T* __restrict__ ring_k,
                                 float* __restrict__ ring_g, const int* __restrict__ meta, int num_slots, int ring_rows,
                                 const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const float* __restrict__ g, const float* __restrict__ beta, T* __restrict__ out,
-                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m) {
+                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch) {
     extern __shared__ float smem[];
-    const int hd = blockIdx.x;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hd = blockIdx.x * warps + warp;
     const int b = blockIdx.y;
+    if (hd >= v_heads) {
+        return;
+    }
     const int per_key = v_heads / k_heads;
     const int kh = hd / per_key;
     const int dk = k_dim, dv = v_dim;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int l8 = lane & 7;
     const int* mt = meta + (u64)b * RP_META;
     if (!rp_valid(mt, num_slots, ring_rows, t) || mt[2] + t > max_m) {
-        for (int i = threadIdx.x; i < t * dv; i += blockDim.x) {
-            const int s = i / dv;
-            out[(((u64)b * t + s) * v_heads + hd) * dv + (i % dv)] = from_f32<T>(nan_f32());
+        for (int idx = lane; idx < t * dv; idx += 32) {
+            out[(((u64)b * t + idx / dv) * v_heads + hd) * dv + idx % dv] = from_f32<T>(nan_f32());
         }
         return;
     }
-    const int slot = mt[0], start = mt[1], h = mt[2], cap = mt[3], fold = mt[4], rs = mt[5];
+    const int slot = mt[0], start = mt[1], h = mt[2], cap = mt[3], fold = mt[4];
+    const bool read = mt[5] != 0;
     const int m = h + t;
-    float* Ks = smem;                 // [max_m, dk]
-    float* Qs = Ks + max_m * dk;      // [t, dk]
-    float* gs = Qs + t * dk;          // [max_m]
-    float* kk = gs + max_m;           // [max_m, t]: K_j·k_s
-    float* kq = kk + max_m * t;       // [max_m, t]: K_j·q_s
-    float* wh = kq + max_m * t;       // [max_m]: decay from entry j to h
-    float* coef = wh + max_m;         // [max_m]: decay from entry j to F
-    float* Us = coef + max_m;         // [t, dv]
-    float* s0k = Us + t * dv;         // [t, dv]
-    float* s0q = s0k + t * dv;        // [t, dv]
-    float* Am = s0q + t * dv;         // [t, t]
-    float* Ew = Am + t * t;           // [t, t]: e^{G_s − G_s'}
-    float* Es = Ew + t * t;           // [t]: e^{G_s}
-    float* bt = Es + t;               // [t]
-    float* sc = bt + t;               // [2]: D_h, D_F
+    float* S = state_pool + ((u64)slot * v_heads + hd) * dv * dk;
+    const bool vec = (dk & 3) == 0 && ((u64)S & 15) == 0;
+    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
+    rp_load_chunk<NC>(S, dv, 0, dk, read, vec, st);
+
+    float* Qs = smem + (u64)warp * scratch;  // [t, dk]
+    float* Kt = Qs + t * dk;                  // [t, dk]: the step's keys
+    float* gs = Kt + t * dk;                  // [max_m]
+    float* kk = gs + max_m;                   // [max_m, t]: K_j·k_s
+    float* kq = kk + max_m * t;               // [max_m, t]: K_j·q_s
+    float* wh = kq + max_m * t;               // [max_m]: decay from entry j to h
+    float* coef = wh + max_m;                 // [max_m]: decay from entry j to F
+    float* Am = coef + max_m;                 // [t, t]
+    float* Ew = Am + t * t;                   // [t, t]: e^{G_s − G_s'}
+    float* Es = Ew + t * t;                   // [t]: e^{G_s}
+    float* bt = Es + t;                       // [t]
+    float* sc = bt + t;                       // [2]: D_h, D_F
+    float* SK = sc + 2;                       // [t, RP_CHUNK]: S_h k_s of the chunk's rows
+    float* SQ = SK + t * RP_CHUNK;            // [t, RP_CHUNK]: S_h q_s
+    float* Us = SQ + t * RP_CHUNK;            // [t, RP_CHUNK]
     const u64 ring_row = (u64)slot * ring_rows;
-    for (int idx = threadIdx.x; idx < m * dk; idx += blockDim.x) {
-        const int j = idx / dk, c = idx % dk;
-        Ks[idx] = j < h ? to_f32(ring_k[((ring_row + rp_phys(start, j, cap)) * k_heads + kh) * dk + c])
-                        : to_f32(k[(((u64)b * t + (j - h)) * k_heads + kh) * dk + c]);
+    for (int idx = lane; idx < t * dk; idx += 32) {
+        const u64 src = (((u64)b * t + idx / dk) * k_heads + kh) * dk + idx % dk;
+        Qs[idx] = to_f32(q[src]);
+        Kt[idx] = to_f32(k[src]);
     }
-    for (int idx = threadIdx.x; idx < t * dk; idx += blockDim.x) {
-        const int s = idx / dk, c = idx % dk;
-        Qs[idx] = to_f32(q[(((u64)b * t + s) * k_heads + kh) * dk + c]);
-    }
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+    for (int j = lane; j < m; j += 32) {
         gs[j] = j < h ? ring_g[(ring_row + rp_phys(start, j, cap)) * v_heads + hd] : g[((u64)b * t + (j - h)) * v_heads + hd];
     }
-    for (int s = threadIdx.x; s < t; s += blockDim.x) {
+    for (int s = lane; s < t; s += 32) {
         bt[s] = beta[((u64)b * t + s) * v_heads + hd];
     }
-    __syncthreads();
-    for (int pr = warp; pr < m * t; pr += warps) {
-        const int j = pr / t, s = pr % t;
-        float a1 = 0.0f, a2 = 0.0f;
-        for (int c = lane; c < dk; c += 32) {
-            a1 += Ks[j * dk + c] * Ks[(h + s) * dk + c];
-            a2 += Ks[j * dk + c] * Qs[s * dk + c];
+    __syncwarp();
+    // Key products and decay weights, one lane per entry.
+    for (int j = lane; j < m; j += 32) {
+        const T* kj = j < h ? ring_k + ((ring_row + rp_phys(start, j, cap)) * k_heads + kh) * dk
+                            : k + (((u64)b * t + (j - h)) * k_heads + kh) * dk;
+        for (int s = 0; s < t; ++s) {
+            rp_dot2(kj, Kt + s * dk, Qs + s * dk, dk, kk[j * t + s], kq[j * t + s]);
         }
-        a1 = warp_sum(a1);
-        a2 = warp_sum(a2);
-        if (lane == 0) {
-            kk[j * t + s] = a1;
-            kq[j * t + s] = a2;
-        }
-    }
-    if (threadIdx.x == 0) {
         float seg = 0.0f;
-        for (int j = h - 1; j >= 0; --j) {
-            wh[j] = expf(seg);
-            seg += gs[j];
+        for (int r = h - 1; r > j; --r) {
+            seg += gs[r];
+        }
+        wh[j] = expf(seg);
+        seg = 0.0f;
+        for (int r = fold - 1; r > j; --r) {
+            seg += gs[r];
+        }
+        coef[j] = expf(seg);
+    }
+    if (lane == 0) {
+        float seg = 0.0f;
+        for (int r = h - 1; r >= 0; --r) {
+            seg += gs[r];
         }
         sc[0] = expf(seg);
-    }
-    if (threadIdx.x == 32 % blockDim.x) {
-        float seg = 0.0f;
-        for (int j = fold - 1; j >= 0; --j) {
-            coef[j] = expf(seg);
-            seg += gs[j];
+        seg = 0.0f;
+        for (int r = fold - 1; r >= 0; --r) {
+            seg += gs[r];
         }
         sc[1] = expf(seg);
     }
-    __syncthreads();
-    // e^{G_s − G_s'} as the exponential of the gates between them (never a difference of sums); needs kk above.
-    for (int pr = threadIdx.x; pr < t * t; pr += blockDim.x) {
+    __syncwarp();
+    // e^{G_s − G_s'} as the exponential of the gates between them (never a difference of sums).
+    for (int pr = lane; pr < t * t; pr += 32) {
         const int s = pr / t, s2 = pr % t;
         float seg = 0.0f;
         for (int i = s2 + 1; i <= s; ++i) {
@@ -284,108 +455,117 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         Ew[pr] = s2 <= s ? expf(seg) : 0.0f;
         Am[pr] = s2 < s ? bt[s] * expf(seg) * kk[(h + s2) * t + s] : 0.0f;
     }
-    for (int s = threadIdx.x; s < t; s += blockDim.x) {
+    for (int s = lane; s < t; s += 32) {
         float seg = 0.0f;
         for (int i = 0; i <= s; ++i) {
             seg += gs[h + i];
         }
         Es[s] = expf(seg);
     }
-    float* S = state_pool + ((u64)slot * v_heads + hd) * dv * dk;
-    // The checkpoint's products, one warp per state row.
-    for (int r = warp; r < dv; r += warps) {
-        float row[RP_MAX_PER_LANE];
-#pragma unroll
-        for (int kx = 0; kx < RP_MAX_PER_LANE; ++kx) {
-            const int c = lane + 32 * kx;
-            row[kx] = (rs && c < dk) ? S[(u64)r * dk + c] : 0.0f;
+    __syncwarp();
+    const float dh = sc[0], kp = sc[1];
+    const int chunks = (dv + RP_CHUNK - 1) / RP_CHUNK;
+    for (int ch = 0; ch < chunks; ++ch) {
+        if (ch + 1 < chunks) {
+            rp_load_chunk<NC>(S, dv, ch + 1, dk, read, vec, nx);
         }
+        // S_h k_s and S_h q_s: the checkpoint's products from registers plus the ring's, 8 lanes per row.
         for (int s = 0; s < t; ++s) {
-            float a1 = 0.0f, a2 = 0.0f;
 #pragma unroll
-            for (int kx = 0; kx < RP_MAX_PER_LANE; ++kx) {
-                const int c = lane + 32 * kx;
-                if (c < dk) {
-                    a1 += row[kx] * Ks[(h + s) * dk + c];
-                    a2 += row[kx] * Qs[s * dk + c];
-                }
-            }
-            a1 = warp_sum(a1);
-            a2 = warp_sum(a2);
-            if (lane == 0) {
-                s0k[s * dv + r] = a1;
-                s0q[s * dv + r] = a2;
-            }
-        }
-    }
-    __syncthreads();
-    const float dh = sc[0];
-    // One thread per value row: S_h k_s, S_h q_s from the ring, then the triangular solve and the outputs.
-    for (int r = threadIdx.x; r < dv; r += blockDim.x) {
-        float sk[RP_TMAX], sq[RP_TMAX], uu[RP_TMAX];
+            for (int r = 0; r < RP_RPW; ++r) {
+                const int li = r * 4 + (lane >> 3);
+                const int row = min(ch * RP_CHUNK + li, dv - 1);
+                float pk = 0.0f, pq = 0.0f;
 #pragma unroll
-        for (int s = 0; s < RP_TMAX; ++s) {
-            sk[s] = s < t ? dh * s0k[s * dv + r] : 0.0f;
-            sq[s] = s < t ? dh * s0q[s * dv + r] : 0.0f;
-        }
-        for (int j = 0; j < h; ++j) {
-            const float uj = wh[j] * to_f32(ring_u[((ring_row + rp_phys(start, j, cap)) * v_heads + hd) * dv + r]);
+                for (int kx = 0; kx < NC; ++kx) {
 #pragma unroll
-            for (int s = 0; s < RP_TMAX; ++s) {
-                if (s < t) {
-                    sk[s] += uj * kk[j * t + s];
-                    sq[s] += uj * kq[j * t + s];
-                }
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < RP_TMAX; ++s) {
-            if (s < t) {
-                const float vs = to_f32(v[(((u64)b * t + s) * v_heads + hd) * dv + r]);
-                float us = bt[s] * (vs - Es[s] * sk[s]);
-                for (int s2 = 0; s2 < s; ++s2) {
-                    us -= Am[s * t + s2] * uu[s2];
-                }
-                uu[s] = us;
-                float ys = Es[s] * sq[s];
-                for (int s2 = 0; s2 <= s; ++s2) {
-                    ys += Ew[s * t + s2] * kq[(h + s2) * t + s] * uu[s2];
-                }
-                out[(((u64)b * t + s) * v_heads + hd) * dv + r] = from_f32<T>(ys);
-                Us[s * dv + r] = us;
-            }
-        }
-    }
-    __syncthreads();
-    if (fold > 0) {
-        const float keep = sc[1];
-        for (int r = warp; r < dv; r += warps) {
-#pragma unroll
-            for (int kx = 0; kx < RP_MAX_PER_LANE; ++kx) {
-                const int c = lane + 32 * kx;
-                if (c < dk) {
-                    float val = rs ? keep * S[(u64)r * dk + c] : 0.0f;
-                    for (int j = 0; j < fold; ++j) {
-                        const float uj = j < h
-                            ? to_f32(ring_u[((ring_row + rp_phys(start, j, cap)) * v_heads + hd) * dv + r])
-                            : Us[(j - h) * dv + r];
-                        val += coef[j] * uj * Ks[j * dk + c];
+                    for (int e = 0; e < 4; ++e) {
+                        const int c = 4 * (l8 + 8 * kx) + e;
+                        if (c < dk) {
+                            pk += st[r][kx][e] * Kt[s * dk + c];
+                            pq += st[r][kx][e] * Qs[s * dk + c];
+                        }
                     }
-                    S[(u64)r * dk + c] = val;
+                }
+                pk *= dh;
+                pq *= dh;
+                for (int j = l8; j < h; j += 8) {
+                    const float uj =
+                        wh[j] * to_f32(ring_u[((ring_row + rp_phys(start, j, cap)) * v_heads + hd) * dv + row]);
+                    pk += uj * kk[j * t + s];
+                    pq += uj * kq[j * t + s];
+                }
+                pk = rp_sum8(pk);
+                pq = rp_sum8(pq);
+                if (l8 == 0) {
+                    SK[s * RP_CHUNK + li] = pk;
+                    SQ[s * RP_CHUNK + li] = pq;
                 }
             }
         }
+        __syncwarp();
+        // The triangular solve and the outputs, one lane per row of the chunk.
+        const int row = ch * RP_CHUNK + lane;
+        if (lane < RP_CHUNK && row < dv) {
+            for (int s = 0; s < t; ++s) {
+                const float vs = to_f32(v[(((u64)b * t + s) * v_heads + hd) * dv + row]);
+                float us = bt[s] * (vs - Es[s] * SK[s * RP_CHUNK + lane]);
+                for (int s2 = 0; s2 < s; ++s2) {
+                    us -= Am[s * t + s2] * Us[s2 * RP_CHUNK + lane];
+                }
+                Us[s * RP_CHUNK + lane] = us;
+                float ys = Es[s] * SQ[s * RP_CHUNK + lane];
+                for (int s2 = 0; s2 <= s; ++s2) {
+                    ys += Ew[s * t + s2] * kq[(h + s2) * t + s] * Us[s2 * RP_CHUNK + lane];
+                }
+                out[(((u64)b * t + s) * v_heads + hd) * dv + row] = from_f32<T>(ys);
+                // The step's own entries (other warps and this warp's fold read only entries j < h of the ring).
+                ring_u[((ring_row + rp_phys(start, h + s, cap)) * v_heads + hd) * dv + row] = from_f32<T>(us);
+            }
+        }
+        __syncwarp();
+        if (fold > 0) {
+#pragma unroll
+            for (int r = 0; r < RP_RPW; ++r) {
+                const int li = r * 4 + (lane >> 3);
+                const int i = ch * RP_CHUNK + li;
+                if (i < dv) {
+#pragma unroll
+                    for (int kx = 0; kx < NC; ++kx) {
+                        const int c = 4 * (l8 + 8 * kx);
+                        if (c < dk) {
+                            float val[4];
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                val[e] = kp * st[r][kx][e];
+                            }
+                            for (int j = 0; j < fold; ++j) {
+                                const u64 jr = ring_row + rp_phys(start, j, cap);
+                                const float uj =
+                                    coef[j] * (j < h ? to_f32(ring_u[(jr * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) {
+                                    if (c + e < dk) {
+                                        const float kj = j < h ? to_f32(ring_k[(jr * k_heads + kh) * dk + c + e])
+                                                               : Kt[(j - h) * dk + c + e];
+                                        val[e] += uj * kj;
+                                    }
+                                }
+                            }
+                            rp_store4(S + (u64)i * dk, c, dk, vec, val);
+                        }
+                    }
+                }
+            }
+        }
+        __syncwarp();  // SK, SQ and Us are the next chunk's
+        rp_move<NC>(st, nx);
     }
-    // The step's own entries, after every read of the ring above.
-    for (int idx = threadIdx.x; idx < t * dv; idx += blockDim.x) {
-        const int s = idx / dv, r = idx % dv;
-        ring_u[((ring_row + rp_phys(start, h + s, cap)) * v_heads + hd) * dv + r] = from_f32<T>(Us[idx]);
-    }
-    for (int s = threadIdx.x; s < t; s += blockDim.x) {
+    for (int s = lane; s < t; s += 32) {
         ring_g[(ring_row + rp_phys(start, h + s, cap)) * v_heads + hd] = gs[h + s];
     }
     if (hd % per_key == 0) {
-        for (int idx = threadIdx.x; idx < t * dk; idx += blockDim.x) {
+        for (int idx = lane; idx < t * dk; idx += 32) {
             const int s = idx / dk, c = idx % dk;
             const u64 rr = ring_row + rp_phys(start, h + s, cap);
             ring_k[(rr * k_heads + kh) * dk + c] = k[(((u64)b * t + s) * k_heads + kh) * dk + c];
@@ -393,21 +573,22 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     }
 }
 
-#define REPLAY(T, S)                                                                                                   \
-    extern "C" __global__ void mamba2_replay_##S(float* state_pool, T* ring_x, float* ring_dt, T* ring_b,              \
-                                                 const int* meta, int num_slots, int ring_rows, const T* x,            \
-                                                 const float* dt, const float* A, const T* B, const T* C,              \
-                                                 const float* D, T* y, int t, int heads, int head_dim, int state_dim,  \
-                                                 int groups, int max_m) {                                              \
-        mamba2_replay_impl<T>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D, y, t, \
-                              heads, head_dim, state_dim, groups, max_m);                                              \
+// Entry points: storage type T (suffix S) and NC column groups of 32 per state row (key dims up to 32·NC).
+#define REPLAY_NC(T, S, NC)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2) mamba2_replay_nc##NC##_##S(                                   \
+        float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
+        const T* x, const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,   \
+        int head_dim, int state_dim, int groups, int max_m, int scratch) {                                             \
+        mamba2_replay_impl<T, NC>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D,  \
+                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch);                           \
     }                                                                                                                  \
-    extern "C" __global__ void gdn_replay_##S(float* state_pool, T* ring_u, T* ring_k, float* ring_g, const int* meta, \
-                                              int num_slots, int ring_rows, const T* q, const T* k, const T* v,        \
-                                              const float* g, const float* beta, T* out, int t, int k_heads,           \
-                                              int v_heads, int k_dim, int v_dim, int max_m) {                          \
-        gdn_replay_impl<T>(state_pool, ring_u, ring_k, ring_g, meta, num_slots, ring_rows, q, k, v, g, beta, out, t,   \
-                           k_heads, v_heads, k_dim, v_dim, max_m);                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2) gdn_replay_nc##NC##_##S(                                      \
+        float* state_pool, T* ring_u, T* ring_k, float* ring_g, const int* meta, int num_slots, int ring_rows,         \
+        const T* q, const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads,             \
+        int v_heads, int k_dim, int v_dim, int max_m, int scratch) {                                                   \
+        gdn_replay_impl<T, NC>(state_pool, ring_u, ring_k, ring_g, meta, num_slots, ring_rows, q, k, v, g, beta, out,  \
+                               t, k_heads, v_heads, k_dim, v_dim, max_m, scratch);                                     \
     }
+#define REPLAY(T, S) REPLAY_NC(T, S, 1) REPLAY_NC(T, S, 2) REPLAY_NC(T, S, 4) REPLAY_NC(T, S, 8)
 REPLAY(float, f32)
 REPLAY(bf16, bf16)

@@ -19,7 +19,21 @@ pub const REPLAY_MAX_T: usize = 16;
 /// The most values per lane a state row is split into: state (key) dims up to 256.
 const MAX_KEY_DIM: usize = 256;
 
-const THREADS: u32 = 128;
+/// Warps per block (each warp serves one (row, head) item on its own), and state rows per streamed chunk
+/// (`RP_CHUNK` in `replay.cu`).
+const MAX_WARPS: usize = 8;
+const CHUNK: usize = 8;
+
+/// Shared memory the blocks of one launch may take together before fewer warps share a block.
+const BLOCK_SHARED: usize = 96 * 1024;
+
+/// The most dynamic shared memory a block may use (Hopper and Blackwell: 227 KiB).
+const MAX_SHARED: usize = 227 * 1024;
+
+/// The kernel variant for a state key dim: columns are split in groups of 32 (`NC` in `replay.cu`).
+fn column_groups(key_dim: usize) -> usize {
+    key_dim.div_ceil(32).next_power_of_two()
+}
 
 /// One row of a replay (or conv) launch: where the sequence's state and entries live and what the step does with its
 /// checkpoint. The host decides every field and moves its counters after the launch.
@@ -75,19 +89,48 @@ pub struct ReplayShape {
     pub max_m: usize,
 }
 
-/// Shared memory of one block: the kernel's layout in `replay.cu`, in bytes.
-pub fn replay_shared_bytes(kind: ReplayKind, t: usize, max_m: usize) -> usize {
-    let floats = match kind {
+/// Scratch floats of one warp: the kernel's layout in `replay.cu`.
+fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
+    match kind {
         ReplayKind::Mamba2(d) => {
             let (n, p) = (d.state_dim, d.head_dim);
-            max_m * n + max_m * p + t * n + max_m + t * max_m + max_m + t + 1
+            max_m + t * n + t * max_m + max_m + t + 1 + t * p
         }
         ReplayKind::Gdn(d) => {
-            let (dk, dv) = (d.k_dim, d.v_dim);
-            max_m * dk + t * dk + max_m + 2 * max_m * t + 2 * max_m + 3 * t * dv + 2 * t * t + 2 * t + 2
+            let dk = d.k_dim;
+            2 * t * dk + max_m + 2 * max_m * t + 2 * max_m + 2 * t * t + 2 * t + 2 + 3 * t * CHUNK
         }
-    };
-    floats * 4
+    }
+}
+
+/// How a replay launch is laid out: warps per block, and each warp's scratch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayGeometry {
+    /// Warps per block, one (row, head) item each.
+    pub warps: usize,
+    /// Scratch floats per warp.
+    pub scratch: usize,
+}
+
+impl ReplayGeometry {
+    /// Dynamic shared memory of one block, in bytes.
+    pub fn shared_bytes(&self) -> usize {
+        self.warps * self.scratch * 4
+    }
+}
+
+/// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries: up to 8 warps per block,
+/// fewer when long kv-only rings make a warp's scratch large; an error when one warp's scratch cannot fit.
+pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize) -> Result<ReplayGeometry> {
+    let scratch = warp_scratch(kind, t, max_m);
+    let bytes = scratch * 4;
+    ensure("replay", bytes <= MAX_SHARED, || {
+        format!(
+            "{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {MAX_SHARED})"
+        )
+    })?;
+    let warps = (BLOCK_SHARED / bytes.max(1)).clamp(1, MAX_WARPS);
+    Ok(ReplayGeometry { warps, scratch })
 }
 
 /// Which family a replay launch serves.
@@ -183,8 +226,10 @@ pub fn mamba2_replay<T: Elem>(
     if batch == 0 {
         return Ok(());
     }
-    let smem = replay_shared_bytes(ReplayKind::Mamba2(dims), t, max_m);
-    let name = format!("mamba2_replay_{}", T::NAME);
+    let geo = replay_geometry(ReplayKind::Mamba2(dims), t, max_m)?;
+    let smem = geo.shared_bytes();
+    let scratch_i = geo.scratch as i32;
+    let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
         num_slots as i32,
@@ -210,13 +255,13 @@ pub fn mamba2_replay<T: Elem>(
     let (dp, _g10) = d_skip.device_ptr(s);
     let (yp, _g11) = y.device_ptr_mut(s);
     let cfg = LaunchConfig {
-        grid_dim: (heads as u32, batch as u32, 1),
-        block_dim: (THREADS, 1, 1),
+        grid_dim: (heads.div_ceil(geo.warps) as u32, batch as u32, 1),
+        block_dim: (32 * geo.warps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     launch!(
         dev, name, cfg, sp, rxp, rdp, rbp, mp, slots_i, rows_i, xp, dtp, ap, bp, cp, dp, yp, t_i, h_i, p_i, n_i, g_i,
-        m_i
+        m_i, scratch_i
     )
 }
 
@@ -273,8 +318,10 @@ pub fn gdn_replay<T: Elem>(
     if batch == 0 {
         return Ok(());
     }
-    let smem = replay_shared_bytes(ReplayKind::Gdn(dims), t, max_m);
-    let name = format!("gdn_replay_{}", T::NAME);
+    let geo = replay_geometry(ReplayKind::Gdn(dims), t, max_m)?;
+    let smem = geo.shared_bytes();
+    let scratch_i = geo.scratch as i32;
+    let name = format!("gdn_replay_nc{}_{}", column_groups(k_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, hk_i, hv_i, dk_i, dv_i, m_i) = (
         num_slots as i32,
@@ -299,12 +346,12 @@ pub fn gdn_replay<T: Elem>(
     let (bp, _g9) = beta.device_ptr(s);
     let (op, _g10) = out.device_ptr_mut(s);
     let cfg = LaunchConfig {
-        grid_dim: (v_heads as u32, batch as u32, 1),
-        block_dim: (THREADS, 1, 1),
+        grid_dim: (v_heads.div_ceil(geo.warps) as u32, batch as u32, 1),
+        block_dim: (32 * geo.warps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     launch!(
         dev, name, cfg, sp, rup, rkp, rgp, mp, slots_i, rows_i, qp, kp, vp, gp, bp, op, t_i, hk_i, hv_i, dk_i, dv_i,
-        m_i
+        m_i, scratch_i
     )
 }
