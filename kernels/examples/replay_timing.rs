@@ -101,7 +101,10 @@ fn main() -> Result<()> {
         let blocks = f
             .occupancy_max_active_blocks_per_multiprocessor(256, 16 * 1024, None)
             .map_err(|e| CudaError::Unavailable(format!("{e:?}")))?;
-        println!("{name}: {regs} registers, {blocks} blocks of 256 threads per SM with 16 KiB shared");
+        let local = f
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+            .map_err(|e| CudaError::Unavailable(format!("{e:?}")))?;
+        println!("{name}: {regs} registers, {local} B local (spills), {blocks} blocks of 256 threads per SM with 16 KiB shared");
     }
     let md = Mamba2Dims {
         heads: 128,

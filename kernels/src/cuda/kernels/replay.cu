@@ -134,6 +134,30 @@ __device__ __forceinline__ void rp_dot2(const float* __restrict__ row, const flo
     }
 }
 
+// Four values of a shared f32 vector from column c (zeros past n): one 16-byte load when n is a multiple of 4 (the
+// vectors sit at 16-byte aligned offsets of the warp's scratch).
+__device__ __forceinline__ void rp_smem4(const float* v, int c, int n, float* o) {
+    if ((n & 3) == 0 && c < n) {
+        const float4 q = *reinterpret_cast<const float4*>(v + c);
+        o[0] = q.x;
+        o[1] = q.y;
+        o[2] = q.z;
+        o[3] = q.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            o[e] = c + e < n ? v[c + e] : 0.0f;
+        }
+    }
+}
+
+// Physical pool row (slot · R + ring row) of every committed entry, once per item: the modulo stays out of the loops.
+__device__ __forceinline__ void rp_ring_rows(int* pj, int slot, int ring_rows, int start, int h, int cap) {
+    for (int j = threadIdx.x & 31; j < h; j += 32) {
+        pj[j] = slot * ring_rows + rp_phys(start, j, cap);
+    }
+}
+
 __device__ __forceinline__ float rp_bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float rp_bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
@@ -160,6 +184,39 @@ __device__ __forceinline__ void rp_dot2(const bf16* __restrict__ row, const floa
     }
 }
 
+// Dot product of one stored row (read by one lane) with a shared f32 vector.
+__device__ __forceinline__ float rp_dot1(const float* __restrict__ row, const float* v, int n) {
+    float a = 0.0f;
+    if ((n & 3) == 0 && ((u64)row & 15) == 0) {
+        for (int c = 0; c < n; c += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(row + c);
+            a += q.x * v[c] + q.y * v[c + 1] + q.z * v[c + 2] + q.w * v[c + 3];
+        }
+    } else {
+        for (int c = 0; c < n; ++c) {
+            a += row[c] * v[c];
+        }
+    }
+    return a;
+}
+
+__device__ __forceinline__ float rp_dot1(const bf16* __restrict__ row, const float* v, int n) {
+    float a = 0.0f;
+    if ((n & 7) == 0 && ((u64)row & 15) == 0) {
+        for (int c = 0; c < n; c += 8) {
+            const uint4 q = *reinterpret_cast<const uint4*>(row + c);
+            a += rp_bf16_lo(q.x) * v[c] + rp_bf16_hi(q.x) * v[c + 1] + rp_bf16_lo(q.y) * v[c + 2] +
+                 rp_bf16_hi(q.y) * v[c + 3] + rp_bf16_lo(q.z) * v[c + 4] + rp_bf16_hi(q.z) * v[c + 5] +
+                 rp_bf16_lo(q.w) * v[c + 6] + rp_bf16_hi(q.w) * v[c + 7];
+        }
+    } else {
+        for (int c = 0; c < n; ++c) {
+            a += to_f32(row[c]) * v[c];
+        }
+    }
+    return a;
+}
+
 // Mamba-2 (ReplaySSM Alg. 2 / 4 and the fold). Per row b and head hd (group g), with m = h + t entries:
 //   y_s = exp(seg(−1, h+s))·(S0·C_s) + Σ_{j ≤ h+s} dt_j·exp(seg(j, h+s))·(B_j·C_s)·x_j + D·x_s,
 //   seg(i, p) = Σ_{i<r≤p} dt_r·A, accumulated backward from the query so only non-positive numbers are exponentiated.
@@ -173,7 +230,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                                    const T* __restrict__ B, const T* __restrict__ C, const float* __restrict__ D,
                                    T* __restrict__ y, int t, int heads, int head_dim, int state_dim, int groups,
                                    int max_m, int scratch) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = blockIdx.x * warps + warp;
     const int b = blockIdx.y;
@@ -199,14 +256,16 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
     rp_load_chunk<NC>(S, p, 0, n, read, vec, st);
 
-    float* dts = smem + (u64)warp * scratch;  // [max_m]
-    float* Cs = dts + max_m;                  // [t, n]
-    float* w = Cs + t * n;                    // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
+    float* Cs = smem + (u64)warp * scratch;   // [t, n], 16-byte aligned
+    float* dts = Cs + t * n;                  // [max_m]
+    int* pj = reinterpret_cast<int*>(dts + max_m);  // [max_m]: pool rows of the committed entries
+    float* w = dts + 2 * max_m;               // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
     float* coef = w + t * max_m;              // [max_m]: fold weights
     float* decay = coef + max_m;              // [t]
     float* keep = decay + t;                  // [1]
     float* rv = keep + 1;                     // [t, p]: the ring's share of y plus D·x
     const u64 ring_row = (u64)slot * ring_rows;
+    rp_ring_rows(pj, slot, ring_rows, start, h, cap);
     for (int j = lane; j < m; j += 32) {
         dts[j] = j < h ? ring_dt[(ring_row + rp_phys(start, j, cap)) * heads + hd] : dt[((u64)b * t + (j - h)) * heads + hd];
     }
@@ -218,10 +277,8 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     // The §5.4 products B_j·C_s and the decay weights, one lane per entry.
     for (int s = 0; s < t; ++s) {
         for (int j = lane; j <= h + s; j += 32) {
-            const T* bj = j < h ? ring_b + ((ring_row + rp_phys(start, j, cap)) * groups + g) * n
-                                : B + (((u64)b * t + (j - h)) * groups + g) * n;
-            float prod, unused;
-            rp_dot2(bj, Cs + s * n, Cs + s * n, n, prod, unused);
+            const T* bj = j < h ? ring_b + ((u64)pj[j] * groups + g) * n : B + (((u64)b * t + (j - h)) * groups + g) * n;
+            const float prod = rp_dot1(bj, Cs + s * n, n);
             float seg = 0.0f;
             for (int r = h + s; r > j; --r) {
                 seg += dts[r] * a;
@@ -256,8 +313,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
         for (int i = lane; i < p; i += 32) {
             float acc = 0.0f;
             for (int j = 0; j <= h + s; ++j) {
-                const T xj = j < h ? ring_x[((ring_row + rp_phys(start, j, cap)) * heads + hd) * p + i]
-                                   : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
+                const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i] : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
                 acc += w[s * max_m + j] * to_f32(xj);
             }
             rv[s * p + i] = acc + dskip * to_f32(x[(((u64)b * t + s) * heads + hd) * p + i]);
@@ -276,12 +332,11 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                 float part = 0.0f;
 #pragma unroll
                 for (int k = 0; k < NC; ++k) {
+                    float cv[4];
+                    rp_smem4(Cs + s * n, 4 * (l8 + 8 * k), n, cv);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int c = 4 * (l8 + 8 * k) + e;
-                        if (c < n) {
-                            part += st[r][k][e] * Cs[s * n + c];
-                        }
+                        part += st[r][k][e] * cv[e];
                     }
                 }
                 part = rp_sum8(part) * decay[s];
@@ -307,7 +362,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                             }
                             for (int j = 0; j < fold; ++j) {
                                 const bool ring = j < h;
-                                const u64 jr = ring_row + rp_phys(start, j, cap);
+                                const u64 jr = ring ? (u64)pj[j] : 0;
                                 const u64 jt = (u64)b * t + (j - h);
                                 const float xj =
                                     coef[j] * to_f32(ring ? ring_x[(jr * heads + hd) * p + i] : x[(jt * heads + hd) * p + i]);
@@ -360,7 +415,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                                 const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const float* __restrict__ g, const float* __restrict__ beta, T* __restrict__ out,
                                 int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = blockIdx.x * warps + warp;
     const int b = blockIdx.y;
@@ -398,10 +453,15 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     float* Es = Ew + t * t;                   // [t]: e^{G_s}
     float* bt = Es + t;                       // [t]
     float* sc = bt + t;                       // [2]: D_h, D_F
-    float* SK = sc + 2;                       // [t, RP_CHUNK]: S_h k_s of the chunk's rows
+    int* pj = reinterpret_cast<int*>(sc + 2); // [max_m]: pool rows of the committed entries
+    float* SK = sc + 2 + max_m;               // [t, RP_CHUNK]: S_h k_s of the chunk's rows
     float* SQ = SK + t * RP_CHUNK;            // [t, RP_CHUNK]: S_h q_s
     float* Us = SQ + t * RP_CHUNK;            // [t, RP_CHUNK]
+    float* RK = Us + t * RP_CHUNK;            // [t, dv]: the ring's share of S_h k_s, Σ_{j<h} w_j u_j (k_j·k_s)
+    float* RQ = RK + t * dv;                  // [t, dv]: the ring's share of S_h q_s
+    float* Vs = RQ + t * dv;                  // [t, dv]: the step's values
     const u64 ring_row = (u64)slot * ring_rows;
+    rp_ring_rows(pj, slot, ring_rows, start, h, cap);
     for (int idx = lane; idx < t * dk; idx += 32) {
         const u64 src = (((u64)b * t + idx / dk) * k_heads + kh) * dk + idx % dk;
         Qs[idx] = to_f32(q[src]);
@@ -416,7 +476,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     __syncwarp();
     // Key products and decay weights, one lane per entry.
     for (int j = lane; j < m; j += 32) {
-        const T* kj = j < h ? ring_k + ((ring_row + rp_phys(start, j, cap)) * k_heads + kh) * dk
+        const T* kj = j < h ? ring_k + (((u64)slot * ring_rows + rp_phys(start, j, cap)) * k_heads + kh) * dk
                             : k + (((u64)b * t + (j - h)) * k_heads + kh) * dk;
         for (int s = 0; s < t; ++s) {
             rp_dot2(kj, Kt + s * dk, Qs + s * dk, dk, kk[j * t + s], kq[j * t + s]);
@@ -462,6 +522,22 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         }
         Es[s] = expf(seg);
     }
+    // The ring's shares and the values, one lane per value row (coalesced), so the row loop below reads no memory
+    // but the checkpoint.
+    for (int row = lane; row < dv; row += 32) {
+        for (int s = 0; s < t; ++s) {
+            RK[s * dv + row] = 0.0f;
+            RQ[s * dv + row] = 0.0f;
+            Vs[s * dv + row] = to_f32(v[(((u64)b * t + s) * v_heads + hd) * dv + row]);
+        }
+        for (int j = 0; j < h; ++j) {
+            const float uj = wh[j] * to_f32(ring_u[((u64)pj[j] * v_heads + hd) * dv + row]);
+            for (int s = 0; s < t; ++s) {
+                RK[s * dv + row] += uj * kk[j * t + s];
+                RQ[s * dv + row] += uj * kq[j * t + s];
+            }
+        }
+    }
     __syncwarp();
     const float dh = sc[0], kp = sc[1];
     const int chunks = (dv + RP_CHUNK - 1) / RP_CHUNK;
@@ -478,28 +554,20 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                 float pk = 0.0f, pq = 0.0f;
 #pragma unroll
                 for (int kx = 0; kx < NC; ++kx) {
+                    float kv[4], qv[4];
+                    rp_smem4(Kt + s * dk, 4 * (l8 + 8 * kx), dk, kv);
+                    rp_smem4(Qs + s * dk, 4 * (l8 + 8 * kx), dk, qv);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int c = 4 * (l8 + 8 * kx) + e;
-                        if (c < dk) {
-                            pk += st[r][kx][e] * Kt[s * dk + c];
-                            pq += st[r][kx][e] * Qs[s * dk + c];
-                        }
+                        pk += st[r][kx][e] * kv[e];
+                        pq += st[r][kx][e] * qv[e];
                     }
-                }
-                pk *= dh;
-                pq *= dh;
-                for (int j = l8; j < h; j += 8) {
-                    const float uj =
-                        wh[j] * to_f32(ring_u[((ring_row + rp_phys(start, j, cap)) * v_heads + hd) * dv + row]);
-                    pk += uj * kk[j * t + s];
-                    pq += uj * kq[j * t + s];
                 }
                 pk = rp_sum8(pk);
                 pq = rp_sum8(pq);
                 if (l8 == 0) {
-                    SK[s * RP_CHUNK + li] = pk;
-                    SQ[s * RP_CHUNK + li] = pq;
+                    SK[s * RP_CHUNK + li] = dh * pk + RK[s * dv + row];
+                    SQ[s * RP_CHUNK + li] = dh * pq + RQ[s * dv + row];
                 }
             }
         }
@@ -508,7 +576,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         const int row = ch * RP_CHUNK + lane;
         if (lane < RP_CHUNK && row < dv) {
             for (int s = 0; s < t; ++s) {
-                const float vs = to_f32(v[(((u64)b * t + s) * v_heads + hd) * dv + row]);
+                const float vs = Vs[s * dv + row];
                 float us = bt[s] * (vs - Es[s] * SK[s * RP_CHUNK + lane]);
                 for (int s2 = 0; s2 < s; ++s2) {
                     us -= Am[s * t + s2] * Us[s2 * RP_CHUNK + lane];
@@ -540,7 +608,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                                 val[e] = kp * st[r][kx][e];
                             }
                             for (int j = 0; j < fold; ++j) {
-                                const u64 jr = ring_row + rp_phys(start, j, cap);
+                                const u64 jr = j < h ? (u64)pj[j] : 0;
                                 const float uj =
                                     coef[j] * (j < h ? to_f32(ring_u[(jr * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
 #pragma unroll

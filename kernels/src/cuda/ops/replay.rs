@@ -91,16 +91,18 @@ pub struct ReplayShape {
 
 /// Scratch floats of one warp: the kernel's layout in `replay.cu`.
 fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
-    match kind {
+    let floats = match kind {
         ReplayKind::Mamba2(d) => {
             let (n, p) = (d.state_dim, d.head_dim);
-            max_m + t * n + t * max_m + max_m + t + 1 + t * p
+            t * n + 2 * max_m + t * max_m + max_m + t + 1 + t * p
         }
         ReplayKind::Gdn(d) => {
             let dk = d.k_dim;
-            2 * t * dk + max_m + 2 * max_m * t + 2 * max_m + 2 * t * t + 2 * t + 2 + 3 * t * CHUNK
+            2 * t * dk + max_m + 2 * max_m * t + 2 * max_m + 2 * t * t + 2 * t + 2 + max_m + 3 * t * CHUNK + 3 * t * d.v_dim
         }
-    }
+    };
+    // Each warp's slice starts 16-byte aligned: the vectors at its head are read 16 bytes at a time.
+    floats.next_multiple_of(4)
 }
 
 /// How a replay launch is laid out: warps per block, and each warp's scratch.
