@@ -121,7 +121,7 @@ fn main() -> Result<()> {
     let mut rb = bf16s(&dev, rng, SLOTS * L * g * n)?;
     let a = dev.upload(&vec![-1.0f32; h])?;
     let d = dev.upload(&vec![1.0f32; h])?;
-    for batch in [64usize, 256] {
+    for batch in [1usize, 64, 256] {
         let t_max = 4;
         let x = bf16s(&dev, rng, batch * t_max * h * p)?;
         let dt = dev.upload(&vec![0.05f32; batch * t_max * h])?;
@@ -206,7 +206,7 @@ fn main() -> Result<()> {
     let mut ru = bf16s(&dev, rng, SLOTS * L * hv * dv)?;
     let mut rk = bf16s(&dev, rng, SLOTS * L * hk * dk)?;
     let mut rg = dev.upload(&vec![-0.05f32; SLOTS * L * hv])?;
-    for batch in [64usize, 256] {
+    for batch in [1usize, 64, 256] {
         let t_max = 4;
         let (q, k) = (
             bf16s(&dev, rng, batch * t_max * hk * dk)?,

@@ -23,11 +23,13 @@
 // streams the head's state RP_CHUNK rows at a time, loading the next chunk (16-byte loads) before it reduces the
 // current one. 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
 // registers, so the checkpoint is read once and written at most once. Decay sums are accumulated backward from the
-// query in the CPU twin's order. Grid (ceil(heads / warps per block), batch); each warp's scratch is `scratch` floats.
+// query in the CPU twin's order. When rows × heads are few (small batches) each head's rows are split between
+// `splits` warps, each running the (short) prologue for itself. Grid (ceil(heads · splits / warps per block), batch);
+// each warp's scratch is `scratch` floats.
 
 #define RP_META 8
 #define RP_TMAX 16
-#define RP_RPW 2                  // 4-row sweeps per chunk
+#define RP_RPW 1                  // 4-row sweeps per chunk
 #define RP_CHUNK (4 * RP_RPW)     // rows per chunk
 
 __device__ __forceinline__ int rp_phys(int start, int j, int cap) { return (start + j) % cap; }
@@ -229,12 +231,14 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                                    const T* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
                                    const T* __restrict__ B, const T* __restrict__ C, const float* __restrict__ D,
                                    T* __restrict__ y, int t, int heads, int head_dim, int state_dim, int groups,
-                                   int max_m, int scratch) {
+                                   int max_m, int scratch, int splits) {
     extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int hd = blockIdx.x * warps + warp;
+    const int hd = (blockIdx.x * warps + warp) / splits, part = (blockIdx.x * warps + warp) % splits;
     const int b = blockIdx.y;
-    if (hd >= heads) {
+    const int chunks = (head_dim + RP_CHUNK - 1) / RP_CHUNK, per = (chunks + splits - 1) / splits;
+    const int ch0 = part * per, ch1 = min(chunks, ch0 + per);
+    if (hd >= heads || ch0 >= ch1) {
         return;
     }
     const int hpg = heads / groups;
@@ -254,7 +258,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     float* S = state_pool + ((u64)slot * heads + hd) * p * n;
     const bool vec = (n & 3) == 0 && ((u64)S & 15) == 0;
     float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
-    rp_load_chunk<NC>(S, p, 0, n, read, vec, st);
+    rp_load_chunk<NC>(S, p, ch0, n, read, vec, st);
 
     float* Cs = smem + (u64)warp * scratch;   // [t, n], 16-byte aligned
     float* dts = Cs + t * n;                  // [max_m]
@@ -310,7 +314,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     __syncwarp();
     const float dskip = D[hd];
     for (int s = 0; s < t; ++s) {
-        for (int i = lane; i < p; i += 32) {
+        for (int i = ch0 * RP_CHUNK + lane; i < min(p, ch1 * RP_CHUNK); i += 32) {
             float acc = 0.0f;
             for (int j = 0; j <= h + s; ++j) {
                 const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i] : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
@@ -320,9 +324,8 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
         }
     }
     __syncwarp();
-    const int chunks = (p + RP_CHUNK - 1) / RP_CHUNK;
-    for (int ch = 0; ch < chunks; ++ch) {
-        if (ch + 1 < chunks) {
+    for (int ch = ch0; ch < ch1; ++ch) {
+        if (ch + 1 < ch1) {
             rp_load_chunk<NC>(S, p, ch + 1, n, read, vec, nx);
         }
         for (int s = 0; s < t; ++s) {
@@ -382,7 +385,11 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
         }
         rp_move<NC>(st, nx);
     }
-    // The step's own entries, after every read of the ring above (other warps read only entries j < h).
+    // The step's own entries (by the head's first warp), after every read of the ring above (other warps read only
+    // entries j < h).
+    if (part != 0) {
+        return;
+    }
     for (int idx = lane; idx < t * p; idx += 32) {
         const int s = idx / p, i = idx % p;
         const u64 r = ring_row + rp_phys(start, h + s, cap);
@@ -414,12 +421,14 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                                 float* __restrict__ ring_g, const int* __restrict__ meta, int num_slots, int ring_rows,
                                 const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const float* __restrict__ g, const float* __restrict__ beta, T* __restrict__ out,
-                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch) {
+                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits) {
     extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int hd = blockIdx.x * warps + warp;
+    const int hd = (blockIdx.x * warps + warp) / splits, part = (blockIdx.x * warps + warp) % splits;
     const int b = blockIdx.y;
-    if (hd >= v_heads) {
+    const int chunks = (v_dim + RP_CHUNK - 1) / RP_CHUNK, per = (chunks + splits - 1) / splits;
+    const int ch0 = part * per, ch1 = min(chunks, ch0 + per);
+    if (hd >= v_heads || ch0 >= ch1) {
         return;
     }
     const int per_key = v_heads / k_heads;
@@ -439,7 +448,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     float* S = state_pool + ((u64)slot * v_heads + hd) * dv * dk;
     const bool vec = (dk & 3) == 0 && ((u64)S & 15) == 0;
     float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
-    rp_load_chunk<NC>(S, dv, 0, dk, read, vec, st);
+    rp_load_chunk<NC>(S, dv, ch0, dk, read, vec, st);
 
     float* Qs = smem + (u64)warp * scratch;  // [t, dk]
     float* Kt = Qs + t * dk;                  // [t, dk]: the step's keys
@@ -524,7 +533,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     }
     // The ring's shares and the values, one lane per value row (coalesced), so the row loop below reads no memory
     // but the checkpoint.
-    for (int row = lane; row < dv; row += 32) {
+    for (int row = ch0 * RP_CHUNK + lane; row < min(dv, ch1 * RP_CHUNK); row += 32) {
         for (int s = 0; s < t; ++s) {
             RK[s * dv + row] = 0.0f;
             RQ[s * dv + row] = 0.0f;
@@ -540,9 +549,8 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     }
     __syncwarp();
     const float dh = sc[0], kp = sc[1];
-    const int chunks = (dv + RP_CHUNK - 1) / RP_CHUNK;
-    for (int ch = 0; ch < chunks; ++ch) {
-        if (ch + 1 < chunks) {
+    for (int ch = ch0; ch < ch1; ++ch) {
+        if (ch + 1 < ch1) {
             rp_load_chunk<NC>(S, dv, ch + 1, dk, read, vec, nx);
         }
         // S_h k_s and S_h q_s: the checkpoint's products from registers plus the ring's, 8 lanes per row.
@@ -629,6 +637,9 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         __syncwarp();  // SK, SQ and Us are the next chunk's
         rp_move<NC>(st, nx);
     }
+    if (part != 0) {
+        return;
+    }
     for (int s = lane; s < t; s += 32) {
         ring_g[(ring_row + rp_phys(start, h + s, cap)) * v_heads + hd] = gs[h + s];
     }
@@ -643,19 +654,19 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
 
 // Entry points: storage type T (suffix S) and NC column groups of 32 per state row (key dims up to 32·NC).
 #define REPLAY_NC(T, S, NC)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, 2) mamba2_replay_nc##NC##_##S(                                   \
+    extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_##S(                                   \
         float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
         const T* x, const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,   \
-        int head_dim, int state_dim, int groups, int max_m, int scratch) {                                             \
+        int head_dim, int state_dim, int groups, int max_m, int scratch, int splits) {                                 \
         mamba2_replay_impl<T, NC>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D,  \
-                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch);                           \
+                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits);                   \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) gdn_replay_nc##NC##_##S(                                      \
+    extern "C" __global__ void __launch_bounds__(256, 3) gdn_replay_nc##NC##_##S(                                      \
         float* state_pool, T* ring_u, T* ring_k, float* ring_g, const int* meta, int num_slots, int ring_rows,         \
         const T* q, const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads,             \
-        int v_heads, int k_dim, int v_dim, int max_m, int scratch) {                                                   \
+        int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits) {                                       \
         gdn_replay_impl<T, NC>(state_pool, ring_u, ring_k, ring_g, meta, num_slots, ring_rows, q, k, v, g, beta, out,  \
-                               t, k_heads, v_heads, k_dim, v_dim, max_m, scratch);                                     \
+                               t, k_heads, v_heads, k_dim, v_dim, max_m, scratch, splits);                             \
     }
 #define REPLAY(T, S) REPLAY_NC(T, S, 1) REPLAY_NC(T, S, 2) REPLAY_NC(T, S, 4) REPLAY_NC(T, S, 8)
 REPLAY(float, f32)

@@ -22,7 +22,7 @@ const MAX_KEY_DIM: usize = 256;
 /// Warps per block (each warp serves one (row, head) item on its own), and state rows per streamed chunk
 /// (`RP_CHUNK` in `replay.cu`).
 const MAX_WARPS: usize = 8;
-const CHUNK: usize = 8;
+const CHUNK: usize = 4;
 
 /// Shared memory the blocks of one launch may take together before fewer warps share a block.
 const BLOCK_SHARED: usize = 96 * 1024;
@@ -98,7 +98,16 @@ fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
         }
         ReplayKind::Gdn(d) => {
             let dk = d.k_dim;
-            2 * t * dk + max_m + 2 * max_m * t + 2 * max_m + 2 * t * t + 2 * t + 2 + max_m + 3 * t * CHUNK + 3 * t * d.v_dim
+            2 * t * dk
+                + max_m
+                + 2 * max_m * t
+                + 2 * max_m
+                + 2 * t * t
+                + 2 * t
+                + 2
+                + max_m
+                + 3 * t * CHUNK
+                + 3 * t * d.v_dim
         }
     };
     // Each warp's slice starts 16-byte aligned: the vectors at its head are read 16 bytes at a time.
@@ -112,6 +121,17 @@ pub struct ReplayGeometry {
     pub warps: usize,
     /// Scratch floats per warp.
     pub scratch: usize,
+}
+
+/// Warps a launch aims to keep busy (per SM): below this, each head's rows are split between several warps.
+const WARPS_PER_SM_TARGET: usize = 32;
+
+/// How many warps share one head's rows: enough for `batch · heads · splits` to fill the device, at most one
+/// 4-row chunk (`RP_CHUNK / 2` with `RP_RPW = 1`) per warp.
+fn row_splits(dev: &CudaDevice, batch: usize, heads: usize, rows: usize) -> usize {
+    let chunks = rows.div_ceil(CHUNK);
+    let target = dev.sm_count() * WARPS_PER_SM_TARGET;
+    target.div_ceil((batch * heads).max(1)).clamp(1, chunks.max(1))
 }
 
 impl ReplayGeometry {
@@ -231,6 +251,8 @@ pub fn mamba2_replay<T: Elem>(
     let geo = replay_geometry(ReplayKind::Mamba2(dims), t, max_m)?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
+    let splits = row_splits(dev, batch, heads, head_dim);
+    let splits_i = splits as i32;
     let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
@@ -257,13 +279,13 @@ pub fn mamba2_replay<T: Elem>(
     let (dp, _g10) = d_skip.device_ptr(s);
     let (yp, _g11) = y.device_ptr_mut(s);
     let cfg = LaunchConfig {
-        grid_dim: (heads.div_ceil(geo.warps) as u32, batch as u32, 1),
+        grid_dim: ((heads * splits).div_ceil(geo.warps) as u32, batch as u32, 1),
         block_dim: (32 * geo.warps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     launch!(
         dev, name, cfg, sp, rxp, rdp, rbp, mp, slots_i, rows_i, xp, dtp, ap, bp, cp, dp, yp, t_i, h_i, p_i, n_i, g_i,
-        m_i, scratch_i
+        m_i, scratch_i, splits_i
     )
 }
 
@@ -323,6 +345,8 @@ pub fn gdn_replay<T: Elem>(
     let geo = replay_geometry(ReplayKind::Gdn(dims), t, max_m)?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
+    let splits = row_splits(dev, batch, v_heads, v_dim);
+    let splits_i = splits as i32;
     let name = format!("gdn_replay_nc{}_{}", column_groups(k_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, hk_i, hv_i, dk_i, dv_i, m_i) = (
@@ -348,12 +372,12 @@ pub fn gdn_replay<T: Elem>(
     let (bp, _g9) = beta.device_ptr(s);
     let (op, _g10) = out.device_ptr_mut(s);
     let cfg = LaunchConfig {
-        grid_dim: (v_heads.div_ceil(geo.warps) as u32, batch as u32, 1),
+        grid_dim: ((v_heads * splits).div_ceil(geo.warps) as u32, batch as u32, 1),
         block_dim: (32 * geo.warps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     launch!(
         dev, name, cfg, sp, rup, rkp, rgp, mp, slots_i, rows_i, qp, kp, vp, gp, bp, op, t_i, hk_i, hv_i, dk_i, dv_i,
-        m_i, scratch_i
+        m_i, scratch_i, splits_i
     )
 }
