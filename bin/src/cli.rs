@@ -188,8 +188,7 @@ pub struct EngineArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DecodeArgs {
     /// Decode form: recurrent, replay, kv-only, or auto (kv-only while the context is short, then replay); every
-    /// form runs on the CPU and on GPUs. Default: auto on the CPU, recurrent on a GPU (its replay kernels are exact but
-    /// not yet faster than the recurrent step).
+    /// form runs on the CPU and on GPUs [default: auto].
     #[arg(long = "decode", value_name = "FORM", value_parser = parse_form)]
     pub form: Option<FormChoice>,
     /// Input-ring capacity L of the replay form (at least 2); a kv-only sequence holds up to threshold + T entries

@@ -103,10 +103,9 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             Ok(Backend {
                 launcher: g.clone(),
                 config,
-                // Every form runs on the GPU, but its replay kernels are still slower than the recurrent step kernel
-                // (bench/results/gpu-replay-forms-nemotron-h-8b-2026-11-24.md), so the GPU default stays recurrent
-                // until they are not.
-                form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Recurrent),
+                // kv-only while short, then replay: faster than the recurrent step from batch 64 up and within a few
+                // percent of it at batch 1 (bench/results/gpu-replay-kernels-2026-11-24.md).
+                form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),
                 gpu: Some((g, dargs)),
                 cpu_device: None,
             })

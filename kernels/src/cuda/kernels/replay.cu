@@ -652,7 +652,9 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     }
 }
 
-// Entry points: storage type T (suffix S) and NC column groups of 32 per state row (key dims up to 32·NC).
+// Entry points: storage type T (suffix S) and NC column groups of 32 per state row (key dims up to 32·NC):
+// mamba2_replay_nc1, mamba2_replay_nc2, mamba2_replay_nc4, mamba2_replay_nc8, gdn_replay_nc1, gdn_replay_nc2,
+// gdn_replay_nc4, gdn_replay_nc8, each _f32 and _bf16.
 #define REPLAY_NC(T, S, NC)                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_##S(                                   \
         float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
