@@ -8,28 +8,8 @@ use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::ops::{self, Activation, PagedKv, SigmoidRouting};
 use rewind_kernels::cuda::parity::Rng;
+use rewind_kernels::cuda::timing;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice, Result};
-
-const WARMUP: usize = 3;
-const REPS: usize = 20;
-
-/// Median milliseconds of `f` over [`REPS`] timed runs after [`WARMUP`] untimed ones.
-fn time(dev: &CudaDevice, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let err = |e| rewind_kernels::cuda::CudaError::Unavailable(format!("event: {e:?}"));
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    for _ in 0..WARMUP {
-        f()?;
-    }
-    let mut ms = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let start = dev.stream().record_event(flags).map_err(err)?;
-        f()?;
-        let end = dev.stream().record_event(flags).map_err(err)?;
-        ms.push(start.elapsed_ms(&end).map_err(err)? as f64);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[REPS / 2])
-}
 
 /// `n` random bf16 values: a random block of at most 4 Mi values repeated on the device (drawing gigabytes on the host
 /// would take minutes; the values only need to be ordinary numbers).
@@ -87,7 +67,7 @@ fn attention(
     let q = random(dev, rng, batch * t * heads * d, 1.0)?;
     let mut out = dev.alloc::<bf16>(batch * t * heads * d)?;
     let scale = 1.0 / (d as f32).sqrt();
-    let ms = time(dev, || {
+    let ms = timing::median_ms(dev, || {
         ops::paged_attention(dev, layout, heads, t, &q, &kp, &vp, &dt, &dl, &ds, scale, &mut out)
     })?;
     // Decode reads each row's K and V once; prefill is compute-bound: report causal FLOPs instead.
@@ -133,7 +113,7 @@ fn main() -> Result<()> {
     let mut state = dev.upload(&rng.uniform_vec(128 * 64 * 128, 1.0))?;
     let mut y = dev.alloc::<bf16>(seq * 128 * 64)?;
     let mut ws = dev.alloc::<f32>(ops::mamba2_chunked_workspace(md, seq, chunk))?;
-    let ms = time(&dev, || {
+    let ms = timing::median_ms(&dev, || {
         ops::mamba2_chunked(
             &dev, md, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &dsk, &mut y, &mut ws,
         )
@@ -156,7 +136,7 @@ fn main() -> Result<()> {
     let mut gstate = dev.upload(&rng.uniform_vec(gd.state_len(), 0.5))?;
     let mut o = dev.alloc::<bf16>(seq * 32 * 128)?;
     let mut gws = dev.alloc::<f32>(ops::gdn_chunked_workspace(gd, seq, chunk))?;
-    let ms = time(&dev, || {
+    let ms = timing::median_ms(&dev, || {
         ops::gdn_chunked(
             &dev,
             gd,
@@ -180,7 +160,7 @@ fn main() -> Result<()> {
         let mut ids = dev.alloc_zeros::<i32>(tokens * top_k)?;
         let mut wts = dev.alloc_zeros::<f32>(tokens * top_k)?;
         let ms_route = if gated {
-            time(&dev, || {
+            timing::median_ms(&dev, || {
                 ops::route_softmax(&dev, &logits, experts, top_k, true, &mut ids, &mut wts)
             })?
         } else {
@@ -192,7 +172,7 @@ fn main() -> Result<()> {
                 norm_topk_prob: true,
                 routed_scaling_factor: 2.5,
             };
-            time(&dev, || {
+            timing::median_ms(&dev, || {
                 ops::route_sigmoid_grouped(&dev, cfg, &logits, &bias, &mut ids, &mut wts)
             })?
         };
@@ -211,10 +191,10 @@ fn main() -> Result<()> {
         let mut yv = dev.alloc::<bf16>(n * h)?;
         let mut out = dev.alloc::<bf16>(tokens * h)?;
         ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
-        let ms_up = time(&dev, || {
+        let ms_up = timing::median_ms(&dev, || {
             ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)
         })?;
-        let ms = time(&dev, || {
+        let ms = timing::median_ms(&dev, || {
             ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
             ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
             if gated {

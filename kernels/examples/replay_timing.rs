@@ -1,7 +1,7 @@
-//! Decode-kernel times of one SSM layer at batch 64 and 256 (bf16 storage, f32 state), CUDA events, 3 warm-up
-//! launches then the median of 20, state pools of 256 slots (1 GB for the Mamba-2 layer, beyond L2): the recurrent
-//! step kernel, the replay kernel running recurrent rows, replay with a ring of L = 16 (rows at every fill 0 .. 15, one
-//! in 16 flushing), and verify of T = 4 drafts. Each line gives the byte model's bytes, the achieved bandwidth and its
+//! Decode-kernel times of one SSM layer at batch 1, 64 and 256 (bf16 storage, f32 state), CUDA events, 3 warm-up
+//! launches then the median of 20 (`rewind_kernels::cuda::timing`), state pools of 256 slots (1 GB for the Mamba-2
+//! layer, beyond L2): the recurrent step kernel, the replay kernel running recurrent rows (read and fold), replay with
+//! a ring of L = 16 (rows at fills 0 .. 14, none flushing), and verify of T = 4 drafts. Each line gives the byte model's bytes, the achieved bandwidth and its
 //! fraction of a device-to-device copy measured in the same run.
 //!
 //! `cargo run --release -p rewind-kernels --example replay_timing` on a machine with a GPU.
@@ -11,45 +11,14 @@ use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::ops::{self, ReplayRow, ReplayShape};
 use rewind_kernels::cuda::parity::Rng;
+use rewind_kernels::cuda::timing;
 use rewind_kernels::cuda::{CudaDevice, CudaError, CudaSlice, Result};
 
-const WARMUP: usize = 3;
-const REPS: usize = 20;
 const SLOTS: usize = 256;
 const L: usize = 16;
 
-fn time(dev: &CudaDevice, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let err = |e| CudaError::Unavailable(format!("event: {e:?}"));
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    for _ in 0..WARMUP {
-        f()?;
-    }
-    let mut ms = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let start = dev.stream().record_event(flags).map_err(err)?;
-        f()?;
-        let end = dev.stream().record_event(flags).map_err(err)?;
-        ms.push(start.elapsed_ms(&end).map_err(err)? as f64);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[REPS / 2])
-}
-
 fn bf16s(dev: &CudaDevice, rng: &mut Rng, n: usize) -> Result<CudaSlice<bf16>> {
     dev.upload_as::<bf16>(&rng.uniform_vec(n, 0.5))
-}
-
-/// Copy bandwidth in GB/s (read + write of 1 GiB).
-fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
-    let n = 1usize << 28;
-    let src = dev.alloc_zeros::<f32>(n)?;
-    let mut dst = dev.alloc_zeros::<f32>(n)?;
-    let ms = time(dev, || {
-        dev.stream()
-            .memcpy_dtod(&src, &mut dst)
-            .map_err(|e| CudaError::Unavailable(format!("copy: {e:?}")))
-    })?;
-    Ok(2.0 * (n * 4) as f64 / ms / 1e6)
 }
 
 /// The rows of a launch: distinct slots; `kind` 0 recurrent (empty ring, folds its entry), 1 replay (fill `b % L`
@@ -88,7 +57,7 @@ fn report(what: &str, batch: usize, ms: f64, bytes: f64, copy: f64) {
 fn main() -> Result<()> {
     let dev = CudaDevice::open(0)?;
     let rng = &mut Rng::new(11);
-    let copy = copy_bandwidth(&dev)?;
+    let copy = timing::copy_bandwidth(&dev)?;
     println!("{} | copy {copy:.0} GB/s | {} SMs", dev.name(), dev.sm_count());
     for name in [
         "mamba2_replay_nc4_bf16",
@@ -132,7 +101,7 @@ fn main() -> Result<()> {
         let mut y = dev.alloc_zeros::<bf16>(batch * t_max * h * p)?;
         let slots: Vec<i32> = (0..batch).map(|b| ((b * 37) % SLOTS) as i32).collect();
         let dslots = dev.upload(&slots)?;
-        let ms = time(&dev, || {
+        let ms = timing::median_ms(&dev, || {
             ops::mamba2_step(
                 &dev,
                 md,
@@ -167,7 +136,7 @@ fn main() -> Result<()> {
                 ring_rows: L,
                 max_m: r.iter().map(|r| r.ring_len + t).max().unwrap_or(t),
             };
-            let ms = time(&dev, || {
+            let ms = timing::median_ms(&dev, || {
                 ops::mamba2_replay(
                     &dev,
                     md,
@@ -218,7 +187,7 @@ fn main() -> Result<()> {
         let mut out = dev.alloc_zeros::<bf16>(batch * t_max * hv * dv)?;
         let slots: Vec<i32> = (0..batch).map(|b| ((b * 37) % SLOTS) as i32).collect();
         let dslots = dev.upload(&slots)?;
-        let ms = time(&dev, || {
+        let ms = timing::median_ms(&dev, || {
             ops::gdn_step(
                 &dev,
                 gd,
@@ -252,7 +221,7 @@ fn main() -> Result<()> {
                 ring_rows: L,
                 max_m: r.iter().map(|r| r.ring_len + t).max().unwrap_or(t),
             };
-            let ms = time(&dev, || {
+            let ms = timing::median_ms(&dev, || {
                 ops::gdn_replay(
                     &dev,
                     gd,

@@ -20,6 +20,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod ops;
 pub mod parity;
+pub mod timing;
 
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 pub use half::bf16;
