@@ -11,7 +11,7 @@ pub mod metrics;
 pub mod rank_actor;
 mod request;
 
-pub use coordinator::{EngineConfig, EngineHealth, EngineInfo};
+pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec};
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};

@@ -80,6 +80,9 @@ metrics! {
     batch_tokens: "gauge", "Tokens in the latest step.";
     free_slots: "gauge", "Free sequence slots.";
     free_kv_blocks: "gauge", "Free KV blocks.";
+    spec_verifies: "counter", "Speculative verify steps run (one per sequence and step).";
+    spec_drafted: "counter", "Draft tokens verified.";
+    spec_accepted: "counter", "Draft tokens accepted.";
 }
 
 impl Metrics {

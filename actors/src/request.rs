@@ -2,6 +2,7 @@
 
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::FinishReason;
+use rewind_engine::spec::SpecStats;
 use serde::Serialize;
 
 /// One generation request: prompt ids and sampling parameters (`max_tokens`, stop strings and stop ids included).
@@ -11,6 +12,11 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Higher runs first; equal priorities run in arrival order.
     pub priority: i32,
+    /// The oracle drafter's reference continuation (`--spec oracle:P`, a benchmarking tool): the target's greedy
+    /// output for this prompt, computed without speculation.
+    pub reference: Option<Vec<u32>>,
+    /// Whether the request speculates when the engine does (default true; the oracle's reference run does not).
+    pub speculate: bool,
 }
 
 impl GenerateRequest {
@@ -20,6 +26,8 @@ impl GenerateRequest {
             prompt,
             params,
             priority: 0,
+            reference: None,
+            speculate: true,
         }
     }
 }
@@ -75,6 +83,8 @@ pub enum Event {
         timing: RequestTiming,
         /// The sampling seed in use (drawn at random when the request had none).
         seed: u64,
+        /// Speculation's counters, when the engine speculates.
+        spec: Option<SpecStats>,
     },
     /// The request failed (bad parameters, or faults beyond the retry limit); nothing more comes.
     Failed { error: String },

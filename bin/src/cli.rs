@@ -161,9 +161,46 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// Speculative decoding (shared by `generate` and `bench`).
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Drafter: none, ngram (prompt lookup), mtp (the checkpoint's MTP layer), draft:DIR (a smaller checkpoint with
+    /// the same tokenizer), or oracle:P (benchmarking only: the target's own greedy continuation, each token
+    /// corrupted with probability P).
+    #[arg(
+        long,
+        value_name = "DRAFTER",
+        default_value = "none",
+        help_heading = "Speculative decoding"
+    )]
+    pub spec: String,
+    /// Drafts per step T (a verify runs 1 + T tokens; needs --buffer-len ≥ 2·(1 + T)).
+    #[arg(long, value_name = "T", default_value_t = 4, allow_negative_numbers = true,
+          value_parser = non_negative::<usize>, help_heading = "Speculative decoding")]
+    pub spec_window: usize,
+    /// Window policy: fixed (always up to T drafts) or adaptive (by batch size and measured acceptance, none above
+    /// a batch of 32).
+    #[arg(
+        long,
+        value_name = "POLICY",
+        default_value = "fixed",
+        help_heading = "Speculative decoding"
+    )]
+    pub spec_policy: String,
+    /// Shortest and longest n-gram the ngram drafter matches.
+    #[arg(long, value_name = "N", default_value_t = rewind_engine::spec::config::NGRAM_MIN,
+          allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "Speculative decoding")]
+    pub ngram_min: usize,
+    #[arg(long, value_name = "N", default_value_t = rewind_engine::spec::config::NGRAM_MAX,
+          allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "Speculative decoding")]
+    pub ngram_max: usize,
 }
 
 /// How the serving engine (coordinator and rank actors) runs (shared by `generate` and `bench`).
@@ -383,6 +420,10 @@ pub struct InitModelArgs {
     /// --out is refused.
     #[arg(long)]
     pub force: bool,
+    /// Also write one random MTP layer (`mtp.*` tensors, `mtp_num_hidden_layers: 1`) for `--spec mtp`; qwen3_next,
+    /// qwen3_5 and qwen3_5_moe only.
+    #[arg(long)]
+    pub mtp: bool,
 }
 
 #[derive(Args, Debug)]
@@ -418,6 +459,8 @@ pub struct BenchArgs {
     pub serving_only: bool,
     #[command(flatten)]
     pub decode: DecodeArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]

@@ -44,6 +44,7 @@ pub fn default_model_dir() -> Result<PathBuf> {
         seed: 0,
         out: tmp.clone(),
         dtype: None,
+        mtp: false,
     })?;
     if let Err(e) = std::fs::rename(&tmp, &dir) {
         // Another process may have finished first; use its copy if so.

@@ -37,6 +37,8 @@ pub struct InitOptions {
     pub out: PathBuf,
     /// Storage dtype; `None` picks f32 for `tiny`/`small` and bf16 for real shapes.
     pub dtype: Option<WriteDtype>,
+    /// Also write one random MTP layer (`mtp.*`, `mtp_num_hidden_layers: 1`) for the MTP drafter; qwen families only.
+    pub mtp: bool,
 }
 
 /// What was written.
@@ -298,8 +300,22 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
         bos,
         eos,
     } = preset_files(opts.family, &opts.preset, opts.layers)?;
+    let mut cfg_json = cfg_json;
+    if opts.mtp {
+        if opts.family == Family::NemotronH {
+            return Err(EngineError::NotSupported(
+                "init-model --mtp for nemotron_h: MTP weights are written for qwen3_next, qwen3_5 and qwen3_5_moe"
+                    .into(),
+            ));
+        }
+        // The presets' configs are text configs, where the published checkpoints keep this field.
+        cfg_json["mtp_num_hidden_layers"] = json!(1);
+    }
     let config = ModelConfig::from_json(&cfg_json)?;
-    let tensors = plan_tensors(&config)?;
+    let mut tensors = plan_tensors(&config)?;
+    if opts.mtp {
+        tensors.extend(crate::model::mtp::plan_mtp_tensors(&cfg_json, &config)?);
+    }
     let dtype = opts
         .dtype
         .unwrap_or(if matches!(opts.preset.as_str(), "tiny" | "small") {
@@ -329,7 +345,6 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
         progress.advance(buf.len() as u64);
         Ok(())
     })?;
-    let mut cfg_json = cfg_json;
     cfg_json["torch_dtype"] = json!(match dtype {
         WriteDtype::F32 => "float32",
         WriteDtype::BF16 => "bfloat16",
@@ -369,6 +384,7 @@ pub(crate) fn tiny_checkpoint(family: Family, seed: u64) -> tempfile::TempDir {
         seed,
         out: dir.path().to_path_buf(),
         dtype: None,
+        mtp: false,
     })
     .expect("init-model");
     dir

@@ -16,6 +16,7 @@ pub mod rank;
 pub mod sample;
 pub mod sched;
 pub mod shard;
+pub mod spec;
 pub mod state;
 pub mod tokenizer;
 

@@ -324,6 +324,7 @@ fn five_hundred_concurrent_requests_on_the_tiny_preset_all_complete() {
         seed: 5,
         out: dir.path().to_path_buf(),
         dtype: None,
+        mtp: false,
     })
     .expect("init-model");
     let rt = runtime();

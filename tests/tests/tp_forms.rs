@@ -51,8 +51,10 @@ fn step(
                 form,
                 rows,
                 sample: None,
+                spec: None,
             }],
             full_logits: true,
+            hidden: false,
         })
         .expect("step");
     let logits = out.logits.expect("logits");

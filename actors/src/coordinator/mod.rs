@@ -8,6 +8,7 @@
 
 mod ranks;
 mod recovery;
+mod spec;
 mod step;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::{Books, FaultSpec, Faults, Launcher, RankHealth};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::{OutputStream, SchedConfig, Scheduler};
+use rewind_engine::spec::{DrafterFactory, SpecConfig, WindowPolicy};
 use rewind_engine::tokenizer::Tokenizer;
 use rewind_engine::{EngineError, Result};
 use serde::Serialize;
@@ -29,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::request::{Event, GenerateRequest};
 pub use ranks::Fault;
 use ranks::Generation;
+use spec::LiveSpec;
 
 /// How the engine runs.
 #[derive(Clone)]
@@ -49,6 +52,15 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<u32>,
     /// Turns tokens into text and finds stop strings; without it only ids stream.
     pub tokenizer: Option<Tokenizer>,
+    /// Speculative decoding, when on.
+    pub spec: Option<EngineSpec>,
+}
+
+/// Speculative decoding as the engine runs it: the settings and the drafters' factory.
+#[derive(Clone)]
+pub struct EngineSpec {
+    pub config: SpecConfig,
+    pub factory: Arc<dyn DrafterFactory>,
 }
 
 impl EngineConfig {
@@ -63,6 +75,7 @@ impl EngineConfig {
             form,
             eos_token_ids: Vec::new(),
             tokenizer: None,
+            spec: None,
         }
     }
 }
@@ -134,6 +147,8 @@ struct Live {
     recoveries: usize,
     /// The request's tracing span (its tokens and its end are recorded inside it).
     span: tracing::Span,
+    /// Speculation: the request's drafter and what it has done.
+    spec: Option<LiveSpec>,
 }
 
 /// The coordinator's state.
@@ -161,6 +176,8 @@ pub struct CoordinatorState {
     capacity: SchedConfig,
     /// The coordinator itself, the supervisor of every rank actor.
     myself: ActorCell,
+    /// Speculation's window per step, when on.
+    window: Option<WindowPolicy>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -213,6 +230,12 @@ impl Actor for Coordinator {
             g.stop(&why).await;
             return Err(Box::new(EngineError::NotSupported(why)));
         }
+        if let Some(spec) = &c.spec {
+            if let Err(e) = spec::check_ranks(spec, &books) {
+                g.stop(&e.to_string()).await;
+                return Err(Box::new(e));
+            }
+        }
         let info = EngineInfo {
             tp: g.infos.len(),
             devices: g.infos.iter().map(|i| i.device.clone()).collect(),
@@ -230,6 +253,10 @@ impl Actor for Coordinator {
             max_context = info.max_context,
             "engine started"
         );
+        let window = c
+            .spec
+            .as_ref()
+            .map(|s| WindowPolicy::new(s.config.window, s.config.policy));
         Ok(CoordinatorState {
             launcher: args.launcher,
             config: args.config,
@@ -247,6 +274,7 @@ impl Actor for Coordinator {
             broken: None,
             capacity,
             myself: myself.get_cell(),
+            window,
         })
     }
 

@@ -39,6 +39,9 @@ impl CoordinatorState {
         for id in &requeued {
             if let Some(l) = self.live.get_mut(id) {
                 l.recoveries += 1;
+                if let Some(s) = l.spec.as_mut() {
+                    s.reset();
+                }
             }
         }
         if let Some(g) = self.ranks.take() {

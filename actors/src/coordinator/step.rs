@@ -4,13 +4,15 @@
 use std::time::Instant;
 
 use ractor::ActorRef;
-use rewind_engine::rank::{finish, prepare, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
+use rewind_engine::rank::{finish, prepare, Commit, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
 use rewind_engine::sample::Sampler;
 use rewind_engine::sched::{OutputStream, Planned, Request, StepWork};
+use rewind_engine::spec::DraftRequest;
 use rewind_engine::EngineError;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info_span, warn, Instrument};
 
+use super::spec::{Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
@@ -38,6 +40,8 @@ impl CoordinatorState {
             prompt,
             params,
             priority,
+            reference,
+            speculate,
         } = request;
         params.validate(self.info.vocab)?;
         if prompt.is_empty() {
@@ -87,6 +91,18 @@ impl CoordinatorState {
             // A fresh seed per request, reproducible from the event stream (it is reported at the end).
             Sampler::new(params.clone()).map(|s| s.seed()).unwrap_or(id)
         });
+        let spec = match self.config.spec.as_ref().filter(|_| speculate) {
+            Some(s) => Some(LiveSpec::new(
+                s,
+                &DraftRequest {
+                    prompt: &prompt,
+                    params: &params,
+                    seed,
+                    reference: reference.as_deref(),
+                },
+            )?),
+            None => None,
+        };
         Metrics::inc(&self.metrics.requests_submitted);
         self.live.insert(
             id,
@@ -103,6 +119,7 @@ impl CoordinatorState {
                 preemptions: 0,
                 recoveries: 0,
                 span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit),
+                spec,
             },
         );
         self.gauges();
@@ -122,7 +139,7 @@ impl CoordinatorState {
     }
 
     /// Ends the sequences in `slots` on every rank; a rank that fails to is a fault.
-    async fn release(&mut self, slots: &[usize]) {
+    pub(super) async fn release(&mut self, slots: &[usize]) {
         for &slot in slots {
             // A slot that never ran a step is only in the books.
             let started = self.books.started(slot);
@@ -177,6 +194,18 @@ impl CoordinatorState {
         let (kind, position, tokens) = match &p.work {
             StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
             StepWork::Decode { position, token, .. } => (SeqKind::Decode, *position, vec![*token]),
+            StepWork::Verify { position, tokens } => {
+                return SeqStep {
+                    slot: p.slot,
+                    kind: SeqKind::Verify,
+                    position: *position,
+                    tokens: tokens.clone(),
+                    form: self.config.form,
+                    rows: Rows::All,
+                    sample: None,
+                    spec: self.spec_sample(p.id),
+                };
+            }
         };
         let samples = p.samples();
         SeqStep {
@@ -187,6 +216,7 @@ impl CoordinatorState {
             form: self.config.form,
             rows: if samples { Rows::Last } else { Rows::None },
             sample: if samples { self.sample_row(p.id) } else { None },
+            spec: None,
         }
     }
 
@@ -198,6 +228,7 @@ impl CoordinatorState {
         if self.ranks.is_none() {
             return;
         }
+        self.draft().await;
         let planned = self.sched.schedule();
         if !planned.preempted.is_empty() {
             Metrics::add(&self.metrics.preemptions, planned.preempted.len() as u64);
@@ -207,6 +238,9 @@ impl CoordinatorState {
                 .map(|&(id, slot)| {
                     if let Some(l) = self.live.get_mut(&id) {
                         l.preemptions += 1;
+                        if let Some(s) = l.spec.as_mut() {
+                            s.reset();
+                        }
                     }
                     slot
                 })
@@ -218,7 +252,7 @@ impl CoordinatorState {
                 return;
             }
         }
-        if planned.work.is_empty() {
+        if planned.work.is_empty() && planned.commits.is_empty() {
             self.gauges();
             return;
         }
@@ -233,10 +267,19 @@ impl CoordinatorState {
                 }
             }
         }
+        let full_logits = planned
+            .work
+            .iter()
+            .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows);
         let plan = StepPlan {
-            commits: Vec::new(),
+            commits: planned
+                .commits
+                .iter()
+                .map(|&(slot, accepted)| Commit { slot, accepted })
+                .collect(),
             seqs: planned.work.iter().map(|p| self.seq_step(p)).collect(),
-            full_logits: false,
+            full_logits,
+            hidden: self.wants_hidden(),
         };
         self.index += 1;
         let index = self.index;
@@ -262,7 +305,7 @@ impl CoordinatorState {
             .iter()
             .map(|p| match &p.work {
                 StepWork::Prefill { tokens, .. } => tokens.len(),
-                StepWork::Decode { .. } => 0,
+                StepWork::Decode { .. } | StepWork::Verify { .. } => 0,
             })
             .sum();
         Metrics::add(&m.prefill_tokens, prefill as u64);
@@ -274,13 +317,45 @@ impl CoordinatorState {
         };
         debug!(step = index, seqs, tokens, seconds, "step");
         let mut finished = Vec::new();
-        for (row, p) in planned.work.iter().filter(|p| p.samples()).enumerate() {
-            let token = result.sampled[row].unwrap_or(result.rows[row].argmax);
-            if let Some(slot) = self.deliver(p.id, token, stats) {
-                finished.push(slot);
+        let mut failed = Vec::new();
+        let mut row = 0;
+        for p in planned.work.iter().filter(|p| p.samples()) {
+            let (tokens, rows) = match &p.work {
+                StepWork::Verify { position, tokens } => {
+                    let n = tokens.len();
+                    match self.judge(p.id, *position, tokens, &result, row) {
+                        Ok(t) => (t, n),
+                        Err(e) => {
+                            failed.push((p.id, format!("judging the speculative verify failed: {e}")));
+                            row += n;
+                            continue;
+                        }
+                    }
+                }
+                StepWork::Prefill { position, tokens, .. } => {
+                    self.note_hidden(p.id, position + tokens.len() - 1, &result, row);
+                    (vec![result.sampled[row].unwrap_or(result.rows[row].argmax)], 1)
+                }
+                StepWork::Decode { position, .. } => {
+                    self.note_hidden(p.id, *position, &result, row);
+                    (vec![result.sampled[row].unwrap_or(result.rows[row].argmax)], 1)
+                }
+            };
+            row += rows;
+            for token in tokens {
+                if let Some(slot) = self.deliver(p.id, token, stats) {
+                    finished.push(slot);
+                    break;
+                }
+                if !self.live.contains_key(&p.id) {
+                    break;
+                }
             }
         }
         self.release(&finished).await;
+        for (id, error) in failed {
+            self.fail(id, error).await;
+        }
         self.gauges();
     }
 
@@ -368,6 +443,7 @@ impl CoordinatorState {
                     recoveries: l.recoveries,
                 },
                 seed: l.seed,
+                spec: l.spec.as_ref().map(|s| s.stats),
             });
         } else if client_gone {
             self.live.remove(&id);

@@ -21,6 +21,8 @@ pub struct Needs {
     pub slots: usize,
     /// The longest context any of them reaches.
     pub context: usize,
+    /// The most tokens one verify takes (1 + the speculation window; 1 without speculation).
+    pub verify: usize,
 }
 
 /// A model's ranks, ready to start, with the decode form its sequences use.
@@ -68,6 +70,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             if let Some(d) = decode {
                 dc.buffer_len = d.buffer_len;
             }
+            dc.max_verify = needs.verify.max(1);
             let launcher = CpuLauncher::new(
                 dir,
                 CpuOptions {
@@ -99,6 +102,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             if let Some(d) = decode {
                 opts.buffer_len = d.buffer_len;
             }
+            opts.max_verify = needs.verify.max(1);
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),

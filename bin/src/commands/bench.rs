@@ -60,8 +60,10 @@ fn one(loaded: &Loaded, slot: usize, kind: SeqKind, position: usize, tokens: Vec
             form: loaded.form,
             rows: Rows::Last,
             sample: None,
+            spec: None,
         }],
         full_logits: logits,
+        hidden: false,
     }
 }
 
@@ -112,8 +114,10 @@ fn decode_rate(
                 form,
                 rows: Rows::Last,
                 sample: None,
+                spec: None,
             }],
             full_logits: false,
+            hidden: false,
         })?;
         seqs.push((slot, 16usize, out.rows[0].argmax));
     }
@@ -130,9 +134,11 @@ fn decode_rate(
                     form,
                     rows: Rows::Last,
                     sample: None,
+                    spec: None,
                 })
                 .collect(),
             full_logits: false,
+            hidden: false,
         };
         let out = group.step(plan)?;
         for (s, r) in seqs.iter_mut().zip(&out.rows) {
@@ -261,6 +267,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let needs = Needs {
         slots: biggest,
         context: args.prompt_len.max(16 + 3 + args.decode_tokens),
+        verify: 1,
     };
     let mut dargs = args.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(biggest);

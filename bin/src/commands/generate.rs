@@ -6,10 +6,11 @@ use std::time::Instant;
 use crate::output::write_stdout;
 use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
-use rewind_engine::generate::{GenerationOutput, GenerationStats};
+use rewind_engine::generate::{GenerationOutput, GenerationStats, SpecReport};
 use rewind_engine::generation_config::GenerationDefaults;
 use rewind_engine::model::json::parse_relaxed;
 use rewind_engine::sample::SamplingParams;
+use rewind_engine::spec::{DrafterKind, SpecConfig};
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::Tokenizer;
 
@@ -86,6 +87,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         anyhow::bail!("--system needs --chat (the system message is rendered with the model's chat template)");
     }
     args.device.check()?;
+    let spec = super::spec::config(&args.spec, &args.decode)?;
     let prompt_text = prompt_text(&args)?;
     let dir = match &args.model {
         Some(dir) => dir.clone(),
@@ -133,15 +135,32 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let needs = Needs {
         slots: 1,
         context: want,
+        verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let b = backend::backend(&dir, &dargs, Some(&args.decode), needs)?;
     let mut engine_config = backend::engine_config(&args.engine, b.form)?;
     engine_config.eos_token_ids = eos;
     engine_config.tokenizer = Some(tokenizer);
+    if let Some(s) = &spec {
+        engine_config.spec = Some(super::spec::engine_spec(s, &dir, config.vocab_size, 1, want)?);
+    }
     let json = args.json;
     let result = backend::runtime()?.block_on(async {
         let (engine, _device) = backend::start_engine(&b, engine_config).await?;
-        let out = stream(&engine, prompt, params, json).await;
+        let mut request = GenerateRequest::new(prompt.clone(), params.clone());
+        if matches!(spec.as_ref().map(|s| &s.drafter), Some(DrafterKind::Oracle { .. })) {
+            // The oracle proposes the target's own greedy continuation, computed here once without speculation.
+            let greedy = SamplingParams {
+                temperature: 0.0,
+                repetition_penalty: 1.0,
+                stop_strings: Vec::new(),
+                ..params.clone()
+            };
+            let mut plain = GenerateRequest::new(prompt.clone(), greedy);
+            plain.speculate = false;
+            request.reference = Some(collect(&engine, plain).await?);
+        }
+        let out = stream(&engine, request, json, spec.as_ref()).await;
         let recoveries = engine.metrics().snapshot().recoveries_log;
         engine.shutdown().await;
         for r in recoveries {
@@ -166,20 +185,37 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             s.finish_reason,
             s.seed
         );
+        if let Some(r) = &s.spec {
+            eprintln!("{}", r.line());
+        }
     }
     Ok(())
+}
+
+/// Runs `request` to its end without streaming; its generated tokens.
+async fn collect(engine: &EngineHandle, request: GenerateRequest) -> Result<Vec<u32>> {
+    let mut events = engine.submit(request)?;
+    let mut tokens = Vec::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Event::Token { token, .. } => tokens.push(token),
+            Event::Finished { .. } => return Ok(tokens),
+            Event::Failed { error } => anyhow::bail!("{error}"),
+        }
+    }
+    anyhow::bail!("the engine ended the request without a final event")
 }
 
 /// Runs one request through the engine, streaming its text to stdout unless `json`.
 async fn stream(
     engine: &EngineHandle,
-    prompt: Vec<u32>,
-    params: SamplingParams,
+    request: GenerateRequest,
     json: bool,
+    spec_config: Option<&SpecConfig>,
 ) -> Result<GenerationOutput> {
-    let prompt_tokens = prompt.len();
+    let prompt_tokens = request.prompt.len();
     let t0 = Instant::now();
-    let mut events = engine.submit(GenerateRequest::new(prompt, params))?;
+    let mut events = engine.submit(request)?;
     let (mut text, mut tokens) = (String::new(), Vec::new());
     let mut first: Option<f64> = None;
     while let Some(event) = events.next().await {
@@ -192,7 +228,7 @@ async fn stream(
                 }
                 text.push_str(&piece);
             }
-            Event::Finished { reason, seed, .. } => {
+            Event::Finished { reason, seed, spec, .. } => {
                 let total = t0.elapsed().as_secs_f64();
                 // The first token comes from the prompt's step; every later one costs one decode step.
                 let prefill_seconds = first.unwrap_or(total);
@@ -213,6 +249,7 @@ async fn stream(
                         },
                         finish_reason: reason,
                         seed,
+                        spec: spec_config.zip(spec).map(|(c, s)| SpecReport::new(c, &s)),
                     },
                     tokens,
                 });

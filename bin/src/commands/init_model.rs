@@ -24,6 +24,7 @@ pub fn run(args: InitModelArgs) -> Result<()> {
         seed: args.seed,
         out: args.out.clone(),
         dtype,
+        mtp: args.mtp,
     })?;
     eprintln!(
         "wrote {} ({}): {} tensors, {:.1}M parameters, in {:.1} s",

@@ -22,6 +22,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     let needs = Needs {
         slots: 1,
         context: args.tokens.len(),
+        verify: 1,
     };
     let mut loaded = backend::open(&args.model, &args.device, Some(&args.decode), needs)?;
     let vocab = loaded.config.vocab_size;

@@ -13,6 +13,7 @@ mod selftest;
 #[cfg(feature = "cuda")]
 mod selftest_model;
 mod serve_bench;
+mod spec;
 
 use anyhow::Result;
 

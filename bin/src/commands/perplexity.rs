@@ -52,6 +52,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let needs = Needs {
         slots: 1,
         context: window.min(tokens.len()),
+        verify: 1,
     };
     let mut loaded = backend::open(&args.model, &device, None, needs)?;
     let vocab = config.vocab_size;

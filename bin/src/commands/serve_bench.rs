@@ -107,6 +107,7 @@ pub fn run(
     let needs = Needs {
         slots: concurrency,
         context: args.prompt_len + args.decode_tokens,
+        verify: 1,
     };
     let mut dargs = args.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(concurrency);

@@ -229,8 +229,10 @@ pub fn teacher_forced(
                 form,
                 rows: Rows::All,
                 sample: None,
+                spec: None,
             }],
             full_logits: true,
+            hidden: false,
         })?;
         let all = out.logits.unwrap_or_default();
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
@@ -255,9 +257,11 @@ pub fn teacher_forced(
                     form,
                     rows: Rows::Last,
                     sample: None,
+                    spec: None,
                 })
                 .collect(),
             full_logits: true,
+            hidden: false,
         };
         let logits = gpu.step(plan)?.logits.unwrap_or_default();
         let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();

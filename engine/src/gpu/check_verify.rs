@@ -54,8 +54,10 @@ fn prefill(gpu: &mut RankGroup, prompts: &[Vec<u32>], form: FormChoice) -> Resul
                 form,
                 rows: Rows::None,
                 sample: None,
+                spec: None,
             }],
             full_logits: false,
+            hidden: false,
         })?;
         slots.push(slot);
     }
@@ -114,9 +116,11 @@ pub fn verify_forced(
                         form: FormChoice::Recurrent,
                         rows: Rows::Last,
                         sample: None,
+                        spec: None,
                     })
                     .collect(),
                 full_logits: true,
+                hidden: false,
             };
             let logits = gpu.step(plan)?.logits.unwrap_or_default();
             for (k, row) in logits.chunks_exact(vocab).enumerate() {
@@ -157,6 +161,7 @@ pub fn verify_forced(
                 form,
                 rows: Rows::All,
                 sample: None,
+                spec: None,
             });
             accepts.push((k, slot, i, w, accept));
         }
@@ -167,6 +172,7 @@ pub fn verify_forced(
             commits: std::mem::take(&mut commits),
             seqs,
             full_logits: true,
+            hidden: false,
         })?;
         let logits = out.logits.unwrap_or_default();
         let mut row = 0;

@@ -51,6 +51,8 @@ impl<A: Act> LoadedRank<A> {
             chunked_prefill: true,
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
+            hidden_states: false,
+            spec_summaries: false,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
         let counters = SlotCounters::new(sizes.max_seqs, replay.buffer_len, conv_window, replay.max_verify)
@@ -295,6 +297,7 @@ impl<A: Act> GpuRank<A> {
                 },
                 log_sum_exp: None,
                 sampled: None,
+                spec: None,
             })
             .collect();
         if let Some(samples) = samples {

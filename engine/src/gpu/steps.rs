@@ -158,6 +158,7 @@ impl<A: Act> GpuRank<A> {
             vocab: self.info.vocab.clone(),
             rows,
             logits,
+            hidden: None,
         })
     }
 

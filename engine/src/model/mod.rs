@@ -4,6 +4,7 @@
 pub mod config;
 pub mod json;
 pub mod mixers;
+pub mod mtp;
 pub mod spec;
 pub mod tensors;
 

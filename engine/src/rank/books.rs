@@ -6,7 +6,7 @@
 //! run it. Slots are handed out by [`Books::open`] (deterministic, so a rank that keeps its own books — the GPU rank,
 //! for its block tables — agrees); a rank claims a slot at its first step.
 
-use super::plan::{RankInfo, SeqKind, StepPlan};
+use super::plan::{RankInfo, Rows, SeqKind, StepPlan};
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::state::{KvBlocks, PoolError, SlotAllocator};
@@ -32,6 +32,8 @@ pub struct Books {
     max_batch: Option<usize>,
     chunked_prefill: bool,
     forms: Vec<FormChoice>,
+    spec_summaries: bool,
+    hidden_states: bool,
     slots: SlotAllocator,
     seqs: Vec<SlotBook>,
     /// `None` when the model has no attention layer.
@@ -71,6 +73,8 @@ impl Books {
                 .copied()
                 .filter(|f| infos.iter().all(|i| i.forms.contains(f)))
                 .collect(),
+            spec_summaries: infos.iter().all(|i| i.spec_summaries),
+            hidden_states: infos.iter().all(|i| i.hidden_states),
             slots: SlotAllocator::new(slots),
             seqs: vec![
                 SlotBook {
@@ -93,6 +97,16 @@ impl Books {
     /// The most tokens one verify may take (0: the ranks cannot verify).
     pub fn max_verify(&self) -> usize {
         self.max_verify
+    }
+
+    /// Whether every rank computes the one-pass speculative summaries.
+    pub fn spec_summaries(&self) -> bool {
+        self.spec_summaries
+    }
+
+    /// Whether every rank returns final hidden states.
+    pub fn hidden_states(&self) -> bool {
+        self.hidden_states
     }
 
     /// Sequence slots.
@@ -229,8 +243,32 @@ impl Books {
                 )));
             }
         }
+        if plan.hidden && !self.hidden_states {
+            return Err(EngineError::NotSupported(
+                "returning hidden states (the MTP drafter needs them) on this backend".into(),
+            ));
+        }
         let mut new_blocks = 0;
         for (i, s) in plan.seqs.iter().enumerate() {
+            if let Some(spec) = &s.spec {
+                if !self.spec_summaries {
+                    return Err(EngineError::NotSupported(
+                        "one-pass speculative sampling summaries on this backend".into(),
+                    ));
+                }
+                if s.kind != SeqKind::Verify || s.rows != Rows::All {
+                    return Err(invalid(format!(
+                        "slot {}: speculative summaries need a verify reporting every row",
+                        s.slot
+                    )));
+                }
+                if !(spec.temperature.is_finite() && spec.temperature > 0.0) {
+                    return Err(invalid(format!(
+                        "slot {}: a speculative summary's temperature must be finite and > 0, got {}",
+                        s.slot, spec.temperature
+                    )));
+                }
+            }
             if plan.seqs[..i].iter().any(|o| o.slot == s.slot) {
                 return Err(invalid(format!("slot {} appears twice in one step", s.slot)));
             }

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use super::group::RankGroup;
 use super::launch::{Abort, Launch, Launcher, RankLoader};
-use super::plan::{RankHealth, RankInfo, Rows, SeqKind, SlotSnapshot, StepOut, StepPlan};
+use rewind_kernels::cpu::lm_head::SpecRequest;
+
+use super::plan::{RankHealth, RankInfo, RowSummary, Rows, SeqKind, SlotSnapshot, StepOut, StepPlan};
 use super::vocab::summarise_row;
 use super::Rank;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
@@ -168,6 +170,8 @@ impl Rank for Decoder {
             chunked_prefill: true,
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
+            spec_summaries: true,
+            hidden_states: true,
         }
     }
 
@@ -184,6 +188,7 @@ impl Rank for Decoder {
                 vocab,
                 rows: Vec::new(),
                 logits: plan.full_logits.then(Vec::new),
+                hidden: plan.hidden.then(Vec::new),
             });
         }
         let mut claimed = Vec::new();
@@ -224,16 +229,42 @@ impl Rank for Decoder {
             picked.extend_from_slice(&x[first * hidden..(at + t) * hidden]);
             at += t;
         }
-        let logits = self.model().head(&picked);
+        let spec = spec_requests(plan);
+        let sampling = plan.seqs.iter().any(|s| s.sample.is_some());
         let width = vocab.len().max(1);
-        let mut rows: Vec<_> = logits
-            .chunks_exact(width)
-            .map(|r| summarise_row(r, vocab.start))
-            .collect();
+        // Whole logit rows only where someone reads them (the caller, or the sampler's filters); every other row
+        // is summarised in one pass over the head, writing nothing of the vocabulary's size.
+        let (mut rows, logits) = if plan.full_logits || sampling {
+            let logits = self.model().head(&picked);
+            let mut rows: Vec<_> = logits
+                .chunks_exact(width)
+                .map(|r| summarise_row(r, vocab.start))
+                .collect();
+            if spec.iter().any(Option::is_some) {
+                for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec)) {
+                    row.spec = pass.spec;
+                }
+            }
+            (rows, Some(logits))
+        } else {
+            let rows = self
+                .model()
+                .head_pass(&picked, &spec)
+                .into_iter()
+                .map(|p| RowSummary {
+                    argmax: p.argmax,
+                    max_logit: Some(p.max),
+                    log_sum_exp: Some(p.lse),
+                    sampled: None,
+                    spec: p.spec,
+                })
+                .collect();
+            (rows, None)
+        };
         let mut row = 0;
         for s in &plan.seqs {
             row += s.row_count();
-            if let Some(sample) = &s.sample {
+            if let (Some(sample), Some(logits)) = (&s.sample, &logits) {
                 let last = row - 1;
                 rows[last].sampled = Some(sample.sample(&logits[last * width..(last + 1) * width]));
             }
@@ -241,7 +272,8 @@ impl Rank for Decoder {
         Ok(StepOut {
             vocab,
             rows,
-            logits: plan.full_logits.then_some(logits),
+            logits: if plan.full_logits { logits } else { None },
+            hidden: plan.hidden.then_some(picked),
         })
     }
 
@@ -267,4 +299,23 @@ impl Rank for Decoder {
             steps: self.steps(),
         })
     }
+}
+
+/// Per reported row of `plan`, the one-pass speculative request of a verify that asked for one: row `i`'s draft is
+/// the sequence's token `i + 1` (the last row, the bonus position, has none).
+pub(crate) fn spec_requests(plan: &StepPlan) -> Vec<Option<SpecRequest>> {
+    let mut out = Vec::with_capacity(plan.row_count());
+    for s in &plan.seqs {
+        let n = s.row_count();
+        let first = s.tokens.len() - n;
+        for i in 0..n {
+            out.push(s.spec.map(|sp| SpecRequest {
+                draft: s.tokens.get(first + i + 1).copied(),
+                temperature: sp.temperature,
+                seed: sp.seed,
+                index: sp.index + i as u64,
+            }));
+        }
+    }
+    out
 }

@@ -20,6 +20,8 @@ pub struct StepResult {
     pub rows: Vec<VocabSummary>,
     pub sampled: Vec<Option<u32>>,
     pub logits: Option<Vec<f32>>,
+    /// `[rows, hidden]` final hidden states, when the plan asked for them.
+    pub hidden: Option<Vec<f32>>,
 }
 
 /// A validated plan as the ranks receive it, with the rows the coordinator samples itself.
@@ -79,6 +81,7 @@ pub fn finish(
         rows: merged.rows,
         sampled,
         logits: if plan.full_logits { merged.logits } else { None },
+        hidden: if plan.hidden { merged.hidden } else { None },
     })
 }
 

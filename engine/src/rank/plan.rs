@@ -99,6 +99,21 @@ pub struct SeqStep {
     pub rows: Rows,
     /// Sample the (last) reported row on the rank. Needs `rows != Rows::None`.
     pub sample: Option<SampleRow>,
+    /// A speculative verify's sampled acceptance: every reported row also gets its one-pass summary
+    /// ([`RowSummary::spec`]); row `i`'s draft is `tokens[i + 1]` (the last row has none). Needs `Rows::All`.
+    pub spec: Option<SpecSample>,
+}
+
+/// The temperature and noise key of a verify's one-pass summaries (FlashSpec): per row the log-sum-exp of
+/// `logit / temperature`, the drafted token's scaled logit and a Gumbel-max candidate excluding the draft, whose
+/// noise is keyed by `(seed, index + row)` (see `rewind_kernels::cpu::lm_head`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecSample {
+    /// > 0 and finite.
+    pub temperature: f32,
+    pub seed: u64,
+    /// The output-stream index of the token that row 0 predicts.
+    pub index: u64,
 }
 
 impl SeqStep {
@@ -127,6 +142,9 @@ pub struct StepPlan {
     pub seqs: Vec<SeqStep>,
     /// Return each rank's slice of the reported rows' logits as well as the summaries.
     pub full_logits: bool,
+    /// Return the reported rows' final hidden states (before the final norm; the same on every rank), for drafters
+    /// that run on them (MTP).
+    pub hidden: bool,
 }
 
 impl StepPlan {
@@ -153,6 +171,8 @@ pub struct RowSummary {
     pub log_sum_exp: Option<f32>,
     /// The sampled token, when the plan asked the rank to sample this row.
     pub sampled: Option<u32>,
+    /// The one-pass speculative summary over the slice, when the plan asked for it ([`SeqStep::spec`]).
+    pub spec: Option<rewind_kernels::cpu::lm_head::SpecSummary>,
 }
 
 /// A rank's answer to a [`StepPlan`].
@@ -164,6 +184,8 @@ pub struct StepOut {
     pub rows: Vec<RowSummary>,
     /// `[rows, vocab.len()]`, when the plan asked for the logits.
     pub logits: Option<Vec<f32>>,
+    /// `[rows, hidden]` final hidden states, when the plan asked for them.
+    pub hidden: Option<Vec<f32>>,
 }
 
 /// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:
@@ -235,4 +257,8 @@ pub struct RankInfo {
     pub forms: Vec<FormChoice>,
     /// Whether [`Rank::snapshot`](super::Rank::snapshot) / restore work.
     pub snapshots: bool,
+    /// Whether the rank computes the one-pass speculative summaries ([`SeqStep::spec`]).
+    pub spec_summaries: bool,
+    /// Whether the rank returns final hidden states ([`StepPlan::hidden`]).
+    pub hidden_states: bool,
 }

@@ -53,8 +53,10 @@ impl<'g> GroupSequence<'g> {
                 form: self.form,
                 rows,
                 sample: None,
+                spec: None,
             }],
             full_logits: logits,
+            hidden: false,
         };
         let out = self.group.step(plan)?;
         self.position += tokens.len();

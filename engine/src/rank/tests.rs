@@ -41,6 +41,7 @@ fn seq(slot: usize, kind: SeqKind, position: usize, tokens: &[u32], form: FormCh
         form,
         rows,
         sample: None,
+        spec: None,
     }
 }
 
@@ -49,6 +50,7 @@ fn plan(seqs: Vec<SeqStep>) -> StepPlan {
         commits: Vec::new(),
         seqs,
         full_logits: true,
+        hidden: false,
     }
 }
 
@@ -338,6 +340,7 @@ fn a_mixed_batch_equals_each_sequence_alone() {
             commits: vec![Commit { slot: v, accepted: 2 }],
             seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
             full_logits: false,
+            hidden: false,
         })
         .expect("commit and decode");
         assert_eq!(g.books().len(v).expect("len"), pos + 3);

@@ -8,6 +8,8 @@
 
 use std::ops::Range;
 
+use rewind_kernels::cpu::lm_head::SpecSummary;
+
 use super::plan::{RowSummary, StepOut};
 use crate::error::{EngineError, Result};
 
@@ -20,6 +22,8 @@ pub struct VocabSummary {
     pub max_logit: Option<f32>,
     /// `log Σ exp(logit)` over the whole vocabulary (`None` when a rank did not compute its part).
     pub log_sum_exp: Option<f32>,
+    /// The one-pass speculative summary over the whole vocabulary, when the plan asked for it.
+    pub spec: Option<SpecSummary>,
 }
 
 /// Summarises one row of a rank's slice, whose first id is `first_id`. A NaN anywhere gives a NaN `max_logit`.
@@ -43,6 +47,7 @@ pub fn summarise_row(row: &[f32], first_id: usize) -> RowSummary {
         max_logit: Some(max),
         log_sum_exp: Some(lse),
         sampled: None,
+        spec: None,
     }
 }
 
@@ -62,6 +67,7 @@ pub fn merge_rows(parts: &[RowSummary]) -> Result<VocabSummary> {
             argmax: one.argmax,
             max_logit: one.max_logit,
             log_sum_exp: one.log_sum_exp,
+            spec: one.spec,
         }),
         _ => {
             let values = parts
@@ -95,10 +101,18 @@ pub fn merge_rows(parts: &[RowSummary]) -> Result<VocabSummary> {
                     let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     m + l.iter().map(|v| (v - m).exp()).sum::<f32>().ln()
                 });
+            // Every rank summarised its slice or none did; the merge is associative, so slices in rank order give
+            // the whole vocabulary's candidate (ties to the lowest id) whatever the split.
+            let spec = parts
+                .iter()
+                .map(|p| p.spec)
+                .collect::<Option<Vec<SpecSummary>>>()
+                .and_then(|s| s.into_iter().reduce(SpecSummary::merge));
             Ok(VocabSummary {
                 argmax: parts[best].argmax,
                 max_logit: Some(max),
                 log_sum_exp: lse,
+                spec,
             })
         }
     }
@@ -153,6 +167,8 @@ pub struct MergedStep {
     pub sampled: Vec<Option<u32>>,
     /// `[rows, vocab]`.
     pub logits: Option<Vec<f32>>,
+    /// `[rows, hidden]` final hidden states (rank 0's: every rank holds the same), when the plan asked for them.
+    pub hidden: Option<Vec<f32>>,
 }
 
 /// Merges every rank's [`StepOut`] (in rank order) for a model of `vocab` ids.
@@ -186,6 +202,7 @@ pub fn merge_step(outs: &[StepOut], vocab: usize) -> Result<MergedStep> {
         rows: merged,
         sampled,
         logits,
+        hidden: first.hidden.clone(),
     })
 }
 
@@ -227,6 +244,7 @@ mod tests {
                             .map(|row| summarise_row(row, r.start))
                             .collect(),
                         logits: Some(slice),
+                        hidden: None,
                     }
                 })
                 .collect();

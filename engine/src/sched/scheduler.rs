@@ -42,6 +42,8 @@ pub enum SchedError {
     Duplicate { id: u64 },
     #[error("request {id} is not running")]
     NotRunning { id: u64 },
+    #[error("request {id} has no verify in flight")]
+    NotVerifying { id: u64 },
     #[error("the scheduler needs a slot, a token budget and a KV block size (slots {slots}, budget {budget})")]
     Config { slots: usize, budget: usize },
 }
@@ -72,6 +74,12 @@ struct Running {
     /// first run did (a chunked scan rounds differently from token-by-token steps) and greedy outputs cannot change.
     chunks: Vec<usize>,
     replay: std::collections::VecDeque<usize>,
+    /// Drafts the coordinator proposed for the next step ([`Scheduler::propose`]).
+    drafts: Vec<u32>,
+    /// Drafts of the verify in flight (planned, not yet judged by [`Scheduler::verified`]).
+    verifying: Option<usize>,
+    /// Tokens of the last verify to commit in the next step (the input token plus the accepted drafts).
+    pending_commit: Option<usize>,
 }
 
 impl Running {
@@ -115,6 +123,9 @@ pub enum StepWork {
     /// One token at `position`: the last generated one, whose row is sampled (`sample`), or after a re-admission
     /// one of the tokens generated before it, fed again (sampled only for the last).
     Decode { position: usize, token: u32, sample: bool },
+    /// A speculative verify at `position`: `tokens[0]` is the last generated token, the rest are drafts; every row
+    /// is reported and judged, and [`Scheduler::verified`] says how many drafts were accepted.
+    Verify { position: usize, tokens: Vec<u32> },
 }
 
 /// One sequence's part of a step.
@@ -133,6 +144,7 @@ impl Planned {
         match self.work {
             StepWork::Prefill { last, .. } => last,
             StepWork::Decode { sample, .. } => sample,
+            StepWork::Verify { .. } => true,
         }
     }
 }
@@ -140,6 +152,8 @@ impl Planned {
 /// A step's plan.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Step {
+    /// Verifies of earlier steps to commit first: `(slot, tokens accepted)`.
+    pub commits: Vec<(usize, usize)>,
     pub work: Vec<Planned>,
     /// Sequences preempted to make room, with the slots they freed (the ranks release them); each waits to be
     /// re-prefilled with its history.
@@ -152,7 +166,7 @@ impl Step {
         self.work
             .iter()
             .map(|p| match &p.work {
-                StepWork::Prefill { tokens, .. } => tokens.len(),
+                StepWork::Prefill { tokens, .. } | StepWork::Verify { tokens, .. } => tokens.len(),
                 StepWork::Decode { .. } => 1,
             })
             .sum()
@@ -288,12 +302,23 @@ impl Scheduler {
     /// latest one is preempted and the plan retried: the first sequence always fits alone ([`Scheduler::submit`]
     /// refuses a request whose whole context exceeds the pool), so every step makes progress.
     pub fn schedule(&mut self) -> Step {
+        // Commits are taken once, whatever planning attempt runs; a sequence preempted meanwhile drops its own.
+        let commits: Vec<(u64, usize, usize)> = self
+            .running
+            .iter_mut()
+            .filter_map(|r| r.pending_commit.take().map(|n| (r.id, r.slot, n)))
+            .collect();
         let mut preempted = Vec::new();
         loop {
             let mut step = self.plan_once(&preempted);
             preempted.append(&mut step.preempted);
             if !step.work.is_empty() || self.running.is_empty() {
                 step.preempted = preempted;
+                step.commits = commits
+                    .iter()
+                    .filter(|(id, slot, _)| self.running.iter().any(|r| r.id == *id && r.slot == *slot))
+                    .map(|&(_, slot, n)| (slot, n))
+                    .collect();
                 return step;
             }
             let last = self.running.len() - 1;
@@ -324,22 +349,47 @@ impl Scheduler {
                 continue;
             }
             self.free_blocks -= need;
-            let r = &mut self.running[i];
-            r.blocks += need;
-            let token = r.token_at(r.in_state);
+            let r = &self.running[i];
             let sample = r.in_state + 1 == r.stream_len();
+            // Drafts ride along only on a sampled step, within the budget, the context and the free blocks (never
+            // preempting anyone for a draft).
+            let mut k = if sample { r.drafts.len() } else { 0 };
+            k = k
+                .min(budget - 1)
+                .min(self.config.max_context.saturating_sub(r.in_state + 1));
+            while k > 0 && self.blocks_for(r.in_state + 1 + k) > r.blocks + need + self.free_blocks {
+                k -= 1;
+            }
+            let extra = self.blocks_for(r.in_state + 1 + k).saturating_sub(r.blocks + need);
+            self.free_blocks -= extra;
+            let r = &mut self.running[i];
+            r.blocks += need + extra;
+            let token = r.token_at(r.in_state);
+            let drafts = std::mem::take(&mut r.drafts);
+            let work = if k > 0 {
+                let mut tokens = Vec::with_capacity(1 + k);
+                tokens.push(token);
+                tokens.extend_from_slice(&drafts[..k]);
+                r.verifying = Some(k);
+                StepWork::Verify {
+                    position: r.in_state,
+                    tokens,
+                }
+            } else {
+                StepWork::Decode {
+                    position: r.in_state,
+                    token,
+                    sample,
+                }
+            };
             step.work.push(Planned {
                 id: r.id,
                 slot: r.slot,
                 fresh: std::mem::take(&mut r.fresh),
-                work: StepWork::Decode {
-                    position: r.in_state,
-                    token,
-                    sample,
-                },
+                work,
             });
-            r.in_state += 1;
-            budget -= 1;
+            r.in_state += 1 + k;
+            budget -= 1 + k;
             i += 1;
         }
         for idx in 0..self.running.len() {
@@ -391,6 +441,9 @@ impl Scheduler {
                 fresh: true,
                 chunks: Vec::new(),
                 replay: w.chunks.into(),
+                drafts: Vec::new(),
+                verifying: None,
+                pending_commit: None,
             });
             let idx = self.running.len() - 1;
             budget -= self.chunk(idx, budget, &mut step);
@@ -482,6 +535,46 @@ impl Scheduler {
         ids.sort_unstable();
         ids.dedup();
         ids
+    }
+
+    /// Request ids whose next step samples a new token (running past their prompt, nothing in flight): the
+    /// sequences a drafter may propose for.
+    pub fn draft_ready(&self) -> Vec<u64> {
+        self.running
+            .iter()
+            .filter(|r| !r.prefilling() && r.verifying.is_none() && r.in_state + 1 == r.stream_len())
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// Sets the drafts request `id` verifies in the next step (dropped if that step cannot sample it).
+    pub fn propose(&mut self, id: u64, drafts: Vec<u32>) -> Result<(), SchedError> {
+        let r = self
+            .running
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or(SchedError::NotRunning { id })?;
+        r.drafts = drafts;
+        Ok(())
+    }
+
+    /// Records that the verify request `id` ran in the step just planned accepted `accepted` of its drafts: the
+    /// slot keeps its input token and those drafts (committed at the start of the next step), and the rejected
+    /// drafts leave the stream. The accepted drafts and the token after them follow through
+    /// [`Scheduler::sampled`], in order.
+    pub fn verified(&mut self, id: u64, accepted: usize) -> Result<(), SchedError> {
+        let r = self
+            .running
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or(SchedError::NotRunning { id })?;
+        let Some(k) = r.verifying.take() else {
+            return Err(SchedError::NotVerifying { id });
+        };
+        let accepted = accepted.min(k);
+        r.in_state -= k - accepted;
+        r.pending_commit = Some(1 + accepted);
+        Ok(())
     }
 
     /// Records the token sampled for request `id` in the step just run; `stop` when the coordinator's stop rules

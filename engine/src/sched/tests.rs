@@ -115,6 +115,7 @@ impl Ranks {
                         assert!(held.len() < stream.len(), "{} replays past its stream", p.id);
                     }
                 }
+                StepWork::Verify { .. } => panic!("{} verifies although nothing was drafted", p.id),
             }
         }
     }

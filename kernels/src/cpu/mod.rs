@@ -5,6 +5,7 @@ pub mod attention;
 pub mod conv;
 pub mod gdn;
 pub mod gemm;
+pub mod lm_head;
 pub mod mamba2;
 pub mod moe;
 pub mod norm;

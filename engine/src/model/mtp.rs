@@ -1,0 +1,327 @@
+//! The multi-token-prediction (MTP) module that Qwen3-Next and Qwen3.5(-MoE) checkpoints carry beside the model:
+//! its weights (everything under `mtp.`, plus the embedding, the LM head and the main model's final norm it shares)
+//! and its CPU forward pass. The drafter that runs it is [`crate::spec::mtp`].
+//!
+//! Published layout (vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py`, `Qwen3NextMultiTokenPredictor`):
+//! `mtp.fc.weight` `[hidden, 2·hidden]` (no bias), `mtp.pre_fc_norm_embedding.weight`, `mtp.pre_fc_norm_hidden.weight`,
+//! `mtp.norm.weight` (`[hidden]`, zero-centred like every Qwen3-Next norm), and `mtp.layers.{i}.` decoder layers built
+//! as the model's own layer with `layer_type = "full_attention"` and layer index `i` (gated attention, then the FFN
+//! layer `i` would have: MoE for Qwen3-Next and Qwen3.5-MoE, the dense MLP for Qwen3.5). One step is
+//!
+//! ```text
+//! x = fc(concat[pre_fc_norm_embedding(embed(token)), pre_fc_norm_hidden(hidden)])
+//! x = x + attn(input_layernorm(x));  x = x + ffn(post_attention_layernorm(x))
+//! out = norm(x)        // both the LM head's input and the next step's `hidden`
+//! ```
+//!
+//! where `hidden` is the target model's output *after* its final norm (vLLM's target forward ends with the norm and
+//! `compute_logits` applies the LM head directly) for the first step, and the MTP's own `out` for later steps.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use rewind_kernels::cpu::gemm::linear;
+use rewind_kernels::cpu::norm::rms_norm_vec;
+use serde_json::{json, Value};
+
+use super::config::{BlockKind, BlockPlan, Family, ModelConfig};
+use super::mixers::attention::{AttentionMixer, KvCache};
+use super::mixers::ffn::{Mlp, Moe};
+use super::tensors::TensorSource;
+use crate::checkpoint::SafetensorsSource;
+use crate::error::{EngineError, Result};
+use crate::shard::RankPlan;
+
+/// The prefix of every MTP tensor in a checkpoint.
+pub const MTP_PREFIX: &str = "mtp.";
+
+/// The residual blocks of an MTP decoder layer for the model `config_json` describes: the family's full-attention
+/// block and the FFN block of layer 0.
+///
+/// The family's own config parser builds them, from the config cut to one `full_attention` layer, so the attention
+/// spec (heads, partial RoPE, gate, q/k norm) and the FFN choice (`mlp_only_layers`, `decoder_sparse_step`) are
+/// exactly the main model's even when its layer stack (e.g. cut by `--layers`) holds no full-attention layer.
+pub fn mtp_layer_plan(config_json: &Value) -> Result<Vec<BlockPlan>> {
+    let mut one = config_json.clone();
+    let cut = |v: &mut Value| {
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("num_hidden_layers".into(), json!(1));
+            obj.insert("layer_types".into(), json!(["full_attention"]));
+        }
+    };
+    // The multimodal wrappers (qwen3_5, qwen3_5_moe) keep the text model's fields in `text_config`.
+    if let Some(text) = one.get_mut("text_config") {
+        cut(text);
+    }
+    cut(&mut one);
+    let config = ModelConfig::from_json(&one)?;
+    let layer = config.layers.into_iter().next().unwrap_or_default();
+    match layer.as_slice() {
+        [BlockPlan {
+            kind: BlockKind::Attention(_),
+            ..
+        }, BlockPlan {
+            kind: BlockKind::Mlp(_) | BlockKind::Moe(_),
+            ..
+        }] => Ok(layer),
+        _ => Err(EngineError::NotSupported(format!(
+            "MTP layers of {} checkpoints (an attention block then an FFN block was expected)",
+            config.model_type
+        ))),
+    }
+}
+
+/// Fails unless `config` describes a checkpoint whose MTP layers rewind can run; `dir` names it in the message.
+fn check_mtp_config(config: &ModelConfig, dir: &Path) -> Result<()> {
+    if config.mtp_layers == 0 {
+        return Err(no_mtp(dir, "its config.json sets no mtp_num_hidden_layers"));
+    }
+    if config.family == Family::NemotronH {
+        return Err(EngineError::NotSupported(format!(
+            "MTP drafting for {} checkpoints (family nemotron_h, num_nextn_predict_layers = {}): the layout of their \
+             MTP layers is not implemented; --spec mtp runs qwen3_next, qwen3_5 and qwen3_5_moe checkpoints",
+            dir.display(),
+            config.mtp_layers
+        )));
+    }
+    Ok(())
+}
+
+fn no_mtp(dir: &Path, why: &str) -> EngineError {
+    EngineError::InvalidInput(format!(
+        "the checkpoint in {} has no MTP weights (mtp.* tensors; {why}); --spec mtp needs them \
+         (init-model --mtp writes random ones)",
+        dir.display()
+    ))
+}
+
+/// The FFN block of an MTP layer.
+enum MtpFfn {
+    Mlp(Mlp),
+    Moe(Moe),
+}
+
+/// The tensors under `mtp.`: the input projection, its two norms, decoder layer 0 and the output norm.
+pub struct MtpHead {
+    hidden: usize,
+    eps: f32,
+    offset: f32,
+    /// `[hidden, 2·hidden]`: the embedding half of the input first, then the hidden half.
+    fc: Vec<f32>,
+    pre_fc_norm_embedding: Vec<f32>,
+    pre_fc_norm_hidden: Vec<f32>,
+    attn_norm: Vec<f32>,
+    attn: AttentionMixer,
+    ffn_norm: Vec<f32>,
+    ffn: MtpFfn,
+    norm: Vec<f32>,
+}
+
+impl MtpHead {
+    /// Loads `mtp.*` of layer 0 through `src` for the blocks `layer` ([`mtp_layer_plan`]). Further MTP layers
+    /// (`mtp.layers.1.` ...) are not read: published Qwen3-Next / Qwen3.5 checkpoints have one.
+    pub fn load(config: &ModelConfig, layer: &[BlockPlan], src: &mut dyn TensorSource) -> Result<Self> {
+        let h = config.hidden_size;
+        let (attn_plan, ffn_plan) = match layer {
+            [a, f] => (a, f),
+            _ => {
+                return Err(EngineError::NotSupported(format!(
+                    "an MTP layer of {} blocks (an attention block then an FFN block was expected)",
+                    layer.len()
+                )))
+            }
+        };
+        let lp = format!("{MTP_PREFIX}layers.0.");
+        let fc = src.take(&format!("{MTP_PREFIX}fc.weight"), &[h, 2 * h])?;
+        let pre_fc_norm_embedding = src.take(&format!("{MTP_PREFIX}pre_fc_norm_embedding.weight"), &[h])?;
+        let pre_fc_norm_hidden = src.take(&format!("{MTP_PREFIX}pre_fc_norm_hidden.weight"), &[h])?;
+        let attn_norm = src.take(&format!("{lp}{}", attn_plan.norm), &[h])?;
+        let attn = match &attn_plan.kind {
+            BlockKind::Attention(s) => AttentionMixer::load(s, src, &format!("{lp}{}", attn_plan.mixer))?,
+            other => {
+                return Err(EngineError::NotSupported(format!(
+                    "an MTP layer whose first block is {} (attention expected)",
+                    other.label()
+                )))
+            }
+        };
+        let ffn_norm = src.take(&format!("{lp}{}", ffn_plan.norm), &[h])?;
+        let fp = format!("{lp}{}", ffn_plan.mixer);
+        let ffn = match &ffn_plan.kind {
+            BlockKind::Mlp(s) => MtpFfn::Mlp(Mlp::load(s, src, &fp)?),
+            BlockKind::Moe(s) => MtpFfn::Moe(Moe::load(s, src, &fp)?),
+            other => {
+                return Err(EngineError::NotSupported(format!(
+                    "an MTP layer whose second block is {} (an MLP or MoE expected)",
+                    other.label()
+                )))
+            }
+        };
+        let norm = src.take(&format!("{MTP_PREFIX}norm.weight"), &[h])?;
+        Ok(MtpHead {
+            hidden: h,
+            eps: config.norm_eps,
+            offset: config.norm_offset,
+            fc,
+            pre_fc_norm_embedding,
+            pre_fc_norm_hidden,
+            attn_norm,
+            attn,
+            ffn_norm,
+            ffn,
+            norm,
+        })
+    }
+
+    fn rms(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        rms_norm_vec(x, w, self.eps, self.offset)
+    }
+
+    /// The decoder layer and output norm over `t` rows of embeddings `emb` and hidden inputs `hidden`.
+    fn forward(&self, emb: &[f32], hidden: &[f32], t: usize, cache: &mut KvCache) -> Vec<f32> {
+        let h = self.hidden;
+        let e = self.rms(emb, &self.pre_fc_norm_embedding);
+        let g = self.rms(hidden, &self.pre_fc_norm_hidden);
+        // vLLM concatenates [embedding, hidden] (`torch.cat([inputs_embeds, hidden_states], dim=-1)`).
+        let mut cat = Vec::with_capacity(t * 2 * h);
+        for (er, gr) in e.chunks_exact(h).zip(g.chunks_exact(h)) {
+            cat.extend_from_slice(er);
+            cat.extend_from_slice(gr);
+        }
+        let mut x = linear(&cat, &self.fc, None, t, 2 * h, h);
+        let a = self.attn.forward(&self.rms(&x, &self.attn_norm), t, cache.len(), cache);
+        x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+        let normed = self.rms(&x, &self.ffn_norm);
+        let f = match &self.ffn {
+            MtpFfn::Mlp(m) => m.forward(&normed, t),
+            MtpFfn::Moe(m) => m.forward(&normed, t),
+        };
+        x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+        self.rms(&x, &self.norm)
+    }
+}
+
+/// Every `mtp.*` tensor (name → shape) that [`MtpHead::load`] reads for the model `config_json` describes, in the
+/// published per-expert layout: what `init-model --mtp` writes.
+pub fn plan_mtp_tensors(config_json: &Value, config: &ModelConfig) -> Result<BTreeMap<String, Vec<usize>>> {
+    let layer = mtp_layer_plan(config_json)?;
+    let mut rec = crate::init::ShapeRecorder::default();
+    MtpHead::load(config, &layer, &mut rec)?;
+    Ok(rec.tensors)
+}
+
+/// Everything the MTP drafter reads, shared by every request's drafter: the MTP head plus the embedding, the LM head
+/// (or the tied embedding) and the main model's final norm, all f32 on the host.
+pub struct MtpWeights {
+    config: ModelConfig,
+    /// `[vocab, hidden]`.
+    embed: Vec<f32>,
+    /// `[vocab, hidden]`; `None` when the LM head is the tied embedding.
+    lm_head: Option<Vec<f32>>,
+    /// The main model's final norm, applied to the target's hidden rows (which come before it).
+    final_norm: Vec<f32>,
+    head: MtpHead,
+}
+
+impl MtpWeights {
+    /// Loads the MTP weights of the checkpoint in `dir` (config.json and its safetensors), and only those: the
+    /// `mtp.` tensors, the embedding, the LM head and the final norm.
+    ///
+    /// A checkpoint without MTP layers (`mtp_num_hidden_layers` absent or 0, or no `mtp.*` tensors) is
+    /// [`EngineError::InvalidInput`]; a Nemotron-H checkpoint is [`EngineError::NotSupported`].
+    pub fn load(dir: &Path) -> Result<Arc<Self>> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
+        let json = super::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let config = ModelConfig::from_json(&json)?;
+        check_mtp_config(&config, dir)?;
+        let mut src = SafetensorsSource::open(dir)?;
+        if !src.names().iter().any(|n| n.starts_with(MTP_PREFIX)) {
+            return Err(no_mtp(
+                dir,
+                &format!(
+                    "its config.json says {} MTP layer(s), but its safetensors hold none",
+                    config.mtp_layers
+                ),
+            ));
+        }
+        Ok(Arc::new(Self::from_source(config, &json, &mut src)?))
+    }
+
+    /// Loads from any tensor source; `config_json` is the config `config` was parsed from.
+    pub fn from_source(config: ModelConfig, config_json: &Value, src: &mut dyn TensorSource) -> Result<Self> {
+        // The one-rank plan names the embedding, final norm and LM head exactly as the model loader does.
+        let plan = {
+            let view: &dyn TensorSource = src;
+            RankPlan::new(&config, 1, 0, &|n| view.contains(n))?
+        };
+        let (vocab, h) = (config.vocab_size, config.hidden_size);
+        let embed = src.take(&plan.embed.name, &[vocab, h])?;
+        let final_norm = src.take(&plan.final_norm.name, &[h])?;
+        let lm_head = match &plan.lm_head {
+            Some(t) => Some(src.take(&t.name, &[vocab, h])?),
+            None => None,
+        };
+        let head = MtpHead::load(&config, &mtp_layer_plan(config_json)?, src)?;
+        Ok(MtpWeights {
+            config,
+            embed,
+            lm_head,
+            final_norm,
+            head,
+        })
+    }
+
+    /// The main model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The LM head `[vocab, hidden]` (the embedding when tied).
+    pub fn lm_head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// An empty KV cache for the MTP layer's attention.
+    pub fn new_cache(&self) -> KvCache {
+        self.head.attn.new_cache()
+    }
+
+    /// The target's hidden rows `[t, hidden]` (before the final norm, as the ranks return them) under the main
+    /// model's final norm: the `hidden` input of an MTP step.
+    pub fn normalise_target(&self, rows: &[f32]) -> Vec<f32> {
+        rms_norm_vec(rows, &self.final_norm, self.config.norm_eps, self.config.norm_offset)
+    }
+
+    /// One MTP step over `tokens.len()` rows, appending their keys and values to `cache`: `hidden` `[t, hidden]` is
+    /// each row's hidden input ([`MtpWeights::normalise_target`] of the target's rows, or a previous step's output)
+    /// and `tokens` the token that followed it. Returns the outputs `[t, hidden]` (after `mtp.norm`): the LM head's
+    /// input, and the next step's `hidden`. RoPE positions are `cache.len()..`.
+    pub fn forward(&self, hidden: &[f32], tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        let (h, vocab, t) = (self.config.hidden_size, self.config.vocab_size, tokens.len());
+        if hidden.len() != t * h {
+            return Err(EngineError::InvalidInput(format!(
+                "MTP step: {} hidden values for {t} rows of {h}",
+                hidden.len()
+            )));
+        }
+        let mut emb = Vec::with_capacity(t * h);
+        for &tok in tokens {
+            let id = tok as usize;
+            if id >= vocab {
+                return Err(EngineError::InvalidInput(format!(
+                    "MTP step: token id {tok} is out of range (vocab size {vocab})"
+                )));
+            }
+            emb.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
+        }
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.head.forward(&emb, hidden, t, cache))
+    }
+}

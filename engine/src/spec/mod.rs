@@ -1,0 +1,143 @@
+//! Speculative decoding: drafters propose tokens, the target verifies them in one step (the decode forms'
+//! verify / commit, whose rollback is a pointer move), and [`accept`] turns the verify's per-position summaries into
+//! the tokens that come out: exactly what plain decoding would give (greedy), or a sample of exactly the target's
+//! distribution (sampled).
+//!
+//! - [`config`]: the `--spec` / `--spec-window` / `--spec-policy` settings and their validation;
+//! - [`window`]: the policy that sizes each step's window (fixed, or adaptive by batch size and measured
+//!   acceptance, Snakes and Ladders §4);
+//! - [`accept`]: acceptance and resampling from the one-pass summaries (FlashSpec) or, for filtered sampling and
+//!   sampled drafts, from whole rows;
+//! - the drafters, one module each: [`ngram`] (prompt lookup), [`oracle`] (a benchmark tool), [`draft_model`] (a
+//!   separate checkpoint), [`mtp`] (the checkpoint's own multi-token-prediction layer).
+//!
+//! The coordinator (actors/src/coordinator) owns one [`Drafter`] per running request.
+
+pub mod accept;
+pub mod config;
+pub mod draft_model;
+pub mod factory;
+pub mod mtp;
+pub mod ngram;
+pub mod oracle;
+pub mod window;
+
+#[cfg(test)]
+mod tests;
+
+pub use accept::{accept_rows, accept_summaries, Acceptance, RowSampling};
+pub use config::{DrafterKind, SpecConfig, SpecPolicy};
+pub use window::{AcceptanceMeter, WindowPolicy};
+
+use crate::error::Result;
+
+/// The target's final hidden states (before the final norm) of committed positions, for drafters that run on them
+/// (MTP): rows `[n, hidden]` of positions `position .. position + n`; the token that followed row `i` is
+/// `tokens[position + i + 1]` of the [`DraftInput`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct HiddenRows {
+    pub position: usize,
+    pub hidden: usize,
+    pub rows: Vec<f32>,
+}
+
+/// What a drafter sees when asked for drafts.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftInput<'a> {
+    /// The sequence so far: prompt, then every generated token. The last one is the token the next verify starts
+    /// with (it is not yet in the target's state); drafts continue after it.
+    pub tokens: &'a [u32],
+    /// Hidden states of the positions committed since the last proposal, when the drafter asked for them
+    /// ([`Drafter::wants_hidden`]) and the ranks could give them.
+    pub hidden: Option<&'a HiddenRows>,
+    /// The most drafts to propose (≥ 1).
+    pub max: usize,
+}
+
+/// A drafter's proposal.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    /// The drafted tokens, in order (possibly none: the step then decodes one token).
+    pub tokens: Vec<u32>,
+    /// Per drafted token, the drafter's whole-vocabulary probabilities `q` when the tokens were sampled from it;
+    /// `None` for deterministic drafts (`q` one-hot on the token), which is what the one-pass acceptance needs.
+    pub probs: Option<Vec<Vec<f32>>>,
+}
+
+/// Proposes tokens for one sequence. A drafter may keep state between proposals (its own KV, a draft model's
+/// sequence); every proposal sees the whole token stream, so a drafter that kept state finds what was accepted by
+/// comparing it with what it proposed.
+pub trait Drafter: Send + Sync {
+    /// The drafter's name, as `--spec` spells it.
+    fn name(&self) -> &'static str;
+
+    /// Up to `input.max` tokens to follow `input.tokens`.
+    fn propose(&mut self, input: &DraftInput<'_>) -> Result<Draft>;
+
+    /// Whether [`DraftInput::hidden`] is needed (the ranks then return hidden states of the verified rows).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+}
+
+/// What a drafter is made for: one request.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRequest<'a> {
+    pub prompt: &'a [u32],
+    pub params: &'a crate::sample::SamplingParams,
+    /// The request's sampling seed (drafters that sample derive their own stream from it).
+    pub seed: u64,
+    /// The oracle drafter's reference continuation (benchmarking only).
+    pub reference: Option<&'a [u32]>,
+}
+
+/// Makes one [`Drafter`] per request (sharing whatever is expensive: a draft model's weights, MTP weights).
+pub trait DrafterFactory: Send + Sync {
+    /// The drafter kind, for reports.
+    fn kind(&self) -> &DrafterKind;
+
+    /// A drafter for `request`, or a clear error (the request alone fails).
+    fn drafter(&self, request: &DraftRequest<'_>) -> Result<Box<dyn Drafter>>;
+
+    /// Whether the drafters need the target's hidden states.
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+}
+
+/// A request's speculation counters, as `generate` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpecStats {
+    /// Tokens drafted and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Verify steps run.
+    pub verifies: usize,
+}
+
+impl SpecStats {
+    /// Accepted drafts per verify step.
+    pub fn accepted_per_step(&self) -> f64 {
+        if self.verifies == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.verifies as f64
+        }
+    }
+
+    /// Accepted over drafted.
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+
+    /// Adds another request's counters.
+    pub fn add(&mut self, o: &SpecStats) {
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.verifies += o.verifies;
+    }
+}

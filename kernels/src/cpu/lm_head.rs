@@ -1,0 +1,359 @@
+//! One-pass LM-head summaries (FlashSpec): the head's logits are produced a vocabulary tile at a time and folded into
+//! a per-row summary — the argmax and its logit, the log-sum-exp, and for a speculative row the drafted token's
+//! scaled logit and a Gumbel-max candidate — so nothing of the vocabulary's size is ever written per row. The partial
+//! summaries of tiles (and of tensor-parallel ranks' vocabulary slices) merge with [`RowPass::merge`], which is
+//! associative, so a vocabulary split any way gives the same tokens.
+//!
+//! The Gumbel noise is a pure function of `(seed, index, token id)` ([`gumbel`]), so a device kernel, a rank holding
+//! any slice, and a re-run after a fault all draw the same candidate.
+
+use rayon::prelude::*;
+
+use super::gemm::matmul_nt;
+
+/// Vocabulary ids per tile: small enough that a tile's logits for a verify's rows stay in cache.
+pub const TILE: usize = 512;
+
+/// What a speculative row asks of the pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecRequest {
+    /// The token drafted for this row's position (`None` for the bonus row, which has no draft).
+    pub draft: Option<u32>,
+    /// Sampling temperature (> 0): scores are `logit / temperature`.
+    pub temperature: f32,
+    /// The request's seed and this row's token index in its output stream: the Gumbel noise's key.
+    pub seed: u64,
+    pub index: u64,
+}
+
+/// The speculative part of a row's summary, over the ids the pass saw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecSummary {
+    /// `log Σ exp(logit / temperature)`.
+    pub lse: f32,
+    /// `logit(draft) / temperature`, when the ids seen hold the draft.
+    pub drafted: Option<f32>,
+    /// The Gumbel-max candidate among the ids seen except the draft: `argmax logit / temperature + gumbel`, the
+    /// lowest id on ties; `score` is −∞ when no id qualified.
+    pub candidate: u32,
+    pub score: f32,
+}
+
+/// A row's summary over the ids a pass saw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowPass {
+    /// The lowest id among the largest logits, and that logit (NaN when the row held a NaN).
+    pub argmax: u32,
+    pub max: f32,
+    /// `log Σ exp(logit)`.
+    pub lse: f32,
+    pub spec: Option<SpecSummary>,
+}
+
+fn lse_merge(a: f32, b: f32) -> f32 {
+    if a == f32::NEG_INFINITY {
+        return b;
+    }
+    if b == f32::NEG_INFINITY {
+        return a;
+    }
+    let m = a.max(b);
+    if !m.is_finite() {
+        return m;
+    }
+    m + ((a - m).exp() + (b - m).exp()).ln()
+}
+
+impl SpecSummary {
+    fn empty() -> Self {
+        SpecSummary {
+            lse: f32::NEG_INFINITY,
+            drafted: None,
+            candidate: 0,
+            score: f32::NEG_INFINITY,
+        }
+    }
+
+    /// Merges the summaries of two disjoint id sets.
+    pub fn merge(self, o: SpecSummary) -> SpecSummary {
+        let take_o = o.score > self.score || (o.score == self.score && o.candidate < self.candidate);
+        SpecSummary {
+            lse: lse_merge(self.lse, o.lse),
+            drafted: self.drafted.or(o.drafted),
+            candidate: if take_o { o.candidate } else { self.candidate },
+            score: if take_o { o.score } else { self.score },
+        }
+    }
+}
+
+impl RowPass {
+    fn empty(spec: bool) -> Self {
+        RowPass {
+            argmax: 0,
+            max: f32::NEG_INFINITY,
+            lse: f32::NEG_INFINITY,
+            spec: spec.then(SpecSummary::empty),
+        }
+    }
+
+    /// Merges the summaries of two disjoint id sets (a NaN in either stays a NaN maximum).
+    pub fn merge(self, o: RowPass) -> RowPass {
+        let nan = self.max.is_nan() || o.max.is_nan();
+        let take_o = o.max > self.max || (o.max == self.max && o.argmax < self.argmax) || self.max.is_nan();
+        let (argmax, max) = if take_o {
+            (o.argmax, o.max)
+        } else {
+            (self.argmax, self.max)
+        };
+        RowPass {
+            argmax,
+            max: if nan { f32::NAN } else { max },
+            lse: if nan { f32::NAN } else { lse_merge(self.lse, o.lse) },
+            spec: match (self.spec, o.spec) {
+                (Some(a), Some(b)) => Some(a.merge(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+
+    /// Folds logits `row` of ids `first_id..` into this summary.
+    fn fold(&mut self, row: &[f32], first_id: u32, spec: Option<&SpecRequest>) {
+        let mut max = f32::NEG_INFINITY;
+        let mut arg = 0usize;
+        let mut nan = false;
+        for (i, &v) in row.iter().enumerate() {
+            nan |= v.is_nan();
+            if v > max {
+                (max, arg) = (v, i);
+            }
+        }
+        let lse = if nan {
+            f32::NAN
+        } else if max.is_finite() {
+            max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
+        } else {
+            max
+        };
+        let mut part = RowPass {
+            argmax: first_id + arg as u32,
+            max: if nan { f32::NAN } else { max },
+            lse,
+            spec: None,
+        };
+        if let Some(r) = spec {
+            let inv = 1.0 / r.temperature;
+            let smax = max * inv;
+            let mut s = SpecSummary::empty();
+            s.lse = if smax.is_finite() {
+                smax + row.iter().map(|v| (v * inv - smax).exp()).sum::<f32>().ln()
+            } else {
+                smax
+            };
+            for (i, &v) in row.iter().enumerate() {
+                let id = first_id + i as u32;
+                if Some(id) == r.draft {
+                    s.drafted = Some(v * inv);
+                    continue;
+                }
+                let score = v * inv + gumbel(r.seed, r.index, id);
+                if score > s.score {
+                    (s.candidate, s.score) = (id, score);
+                }
+            }
+            part.spec = Some(s);
+        }
+        *self = self.merge(part);
+    }
+}
+
+/// SplitMix64's finaliser: a bijective 64-bit mix (the device kernel computes the same integer ops).
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A uniform in the open interval (0, 1), a pure function of `(seed, index, id)`.
+pub fn uniform_at(seed: u64, index: u64, id: u32) -> f32 {
+    let h = mix64(mix64(seed ^ mix64(index.wrapping_add(0x9e37_79b9_7f4a_7c15))) ^ u64::from(id));
+    // 24 random bits, centred in their cell so neither 0 nor 1 can come out.
+    ((h >> 40) as f32 + 0.5) * (1.0 / 16_777_216.0)
+}
+
+/// Standard Gumbel noise `−ln(−ln u)` for `(seed, index, id)`.
+pub fn gumbel(seed: u64, index: u64, id: u32) -> f32 {
+    -(-uniform_at(seed, index, id).ln()).ln()
+}
+
+/// Summaries of `rows` rows of `x` `[rows, hidden]` (already normed) through a head slice `weight` `[n, hidden]`
+/// whose first id is `first_id`, one vocabulary tile at a time (tiles in parallel, merged in id order); `spec[r]`
+/// asks for row `r`'s speculative summary. Nothing of size `n` is kept per row.
+pub fn head_pass(
+    x: &[f32],
+    weight: &[f32],
+    hidden: usize,
+    first_id: u32,
+    spec: &[Option<SpecRequest>],
+) -> Vec<RowPass> {
+    let rows = spec.len();
+    assert_eq!(x.len(), rows * hidden, "head_pass: x");
+    assert!(hidden > 0 && weight.len().is_multiple_of(hidden), "head_pass: weight");
+    let n = weight.len() / hidden;
+    let empty = || spec.iter().map(|s| RowPass::empty(s.is_some())).collect::<Vec<_>>();
+    if rows == 0 {
+        return Vec::new();
+    }
+    let tiles: Vec<Vec<RowPass>> = (0..n.div_ceil(TILE))
+        .into_par_iter()
+        .map(|t| {
+            let (lo, hi) = (t * TILE, ((t + 1) * TILE).min(n));
+            let mut logits = vec![0.0f32; rows * (hi - lo)];
+            matmul_nt(x, &weight[lo * hidden..hi * hidden], &mut logits, rows, hidden, hi - lo);
+            let mut out = empty();
+            for (r, row) in logits.chunks_exact(hi - lo).enumerate() {
+                out[r].fold(row, first_id + lo as u32, spec[r].as_ref());
+            }
+            out
+        })
+        .collect();
+    tiles.into_iter().fold(empty(), |acc, t| {
+        acc.into_iter().zip(t).map(|(a, b)| a.merge(b)).collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+
+    fn random(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    /// The summary computed from whole logit rows, the straightforward way.
+    fn reference(logits: &[f32], spec: Option<&SpecRequest>) -> RowPass {
+        let argmax = super::super::sample::argmax(logits);
+        let max = logits[argmax as usize];
+        let lse = max + logits.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+        let spec = spec.map(|r| {
+            let s: Vec<f32> = logits.iter().map(|v| v / r.temperature).collect();
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut best = (0u32, f32::NEG_INFINITY);
+            for (i, v) in s.iter().enumerate() {
+                let id = i as u32;
+                if Some(id) != r.draft {
+                    let g = v + gumbel(r.seed, r.index, id);
+                    if g > best.1 {
+                        best = (id, g);
+                    }
+                }
+            }
+            SpecSummary {
+                lse: m + s.iter().map(|v| (v - m).exp()).sum::<f32>().ln(),
+                drafted: r.draft.map(|d| s[d as usize]),
+                candidate: best.0,
+                score: best.1,
+            }
+        });
+        RowPass { argmax, max, lse, spec }
+    }
+
+    #[test]
+    fn tiled_pass_matches_whole_rows_and_splits_merge() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let (rows, hidden, n) = (3, 24, 2 * TILE + 77);
+        let x = random(rows * hidden, &mut rng);
+        let w = random(n * hidden, &mut rng);
+        let spec = [
+            Some(SpecRequest {
+                draft: Some(5),
+                temperature: 0.7,
+                seed: 11,
+                index: 3,
+            }),
+            None,
+            Some(SpecRequest {
+                draft: None,
+                temperature: 1.3,
+                seed: 11,
+                index: 4,
+            }),
+        ];
+        let got = head_pass(&x, &w, hidden, 0, &spec);
+        let mut logits = vec![0.0; rows * n];
+        matmul_nt(&x, &w, &mut logits, rows, hidden, n);
+        // Two slices, as two tensor-parallel ranks would see them.
+        let cut = 600;
+        let a = head_pass(&x, &w[..cut * hidden], hidden, 0, &spec);
+        let b = head_pass(&x, &w[cut * hidden..], hidden, cut as u32, &spec);
+        for r in 0..rows {
+            let want = reference(&logits[r * n..(r + 1) * n], spec[r].as_ref());
+            for p in [got[r], a[r].merge(b[r])] {
+                assert_eq!(p.argmax, want.argmax);
+                assert!((p.lse - want.lse).abs() < 1e-4, "{} {}", p.lse, want.lse);
+                match (p.spec, want.spec) {
+                    (Some(s), Some(t)) => {
+                        assert_eq!(s.candidate, t.candidate);
+                        assert!((s.lse - t.lse).abs() < 1e-4);
+                        assert_eq!(s.drafted.is_some(), t.drafted.is_some());
+                        if let (Some(u), Some(v)) = (s.drafted, t.drafted) {
+                            assert!((u - v).abs() < 1e-5);
+                        }
+                    }
+                    (None, None) => {}
+                    other => panic!("spec summaries differ: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gumbel_max_samples_the_softmax() {
+        // Over many indices the candidate of a 4-id row must follow softmax(l / t).
+        let l = [0.5f32, -0.2, 1.1, 0.0];
+        let t = 0.8;
+        let mut counts = [0usize; 4];
+        let draws = 40_000;
+        for index in 0..draws {
+            let mut p = RowPass::empty(true);
+            p.fold(
+                &l,
+                0,
+                Some(&SpecRequest {
+                    draft: None,
+                    temperature: t,
+                    seed: 99,
+                    index,
+                }),
+            );
+            counts[p.spec.expect("spec").candidate as usize] += 1;
+        }
+        let z: f32 = l.iter().map(|v| (v / t).exp()).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let want = (l[i] / t).exp() / z;
+            let got = c as f32 / draws as f32;
+            assert!((got - want).abs() < 0.01, "id {i}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn uniforms_stay_inside_the_open_interval() {
+        for i in 0..10_000u32 {
+            let u = uniform_at(u64::MAX, u64::from(i), i);
+            assert!(u > 0.0 && u < 1.0);
+        }
+        assert_ne!(uniform_at(1, 2, 3), uniform_at(1, 3, 2));
+    }
+
+    #[test]
+    fn a_nan_poisons_the_merged_row() {
+        let mut p = RowPass::empty(false);
+        p.fold(&[1.0, f32::NAN, 0.5], 0, None);
+        let mut q = RowPass::empty(false);
+        q.fold(&[3.0], 3, None);
+        assert!(p.merge(q).max.is_nan());
+        assert!(q.merge(p).max.is_nan());
+    }
+}
