@@ -7,11 +7,13 @@
 //! from the ranks' one-pass summaries (nothing of the vocabulary's size leaves a rank); the filters, the repetition
 //! penalty or drafts sampled from a draft model from whole logit rows.
 
+use std::sync::Arc;
+
 use rewind_engine::rank::{Books, SpecSample, StepResult};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::{
-    accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter, HiddenRows,
-    RowSampling, SpecStats,
+    accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
+    DrafterFactory, HiddenRows, RowSampling, SpecStats,
 };
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
@@ -22,7 +24,11 @@ use crate::request::Event;
 
 /// A request's speculation state.
 pub(super) struct LiveSpec {
-    drafter: Box<dyn Drafter>,
+    factory: Arc<dyn DrafterFactory>,
+    /// Made when the request first drafts, dropped when its sequence leaves the ranks.
+    drafter: Option<Box<dyn Drafter>>,
+    prompt: Vec<u32>,
+    reference: Option<Vec<u32>>,
     meter: AcceptanceMeter,
     pub(super) stats: SpecStats,
     /// Hidden states of the positions committed since the last proposal (drafters that want them).
@@ -64,10 +70,14 @@ fn plain_temperature(p: &SamplingParams) -> bool {
 }
 
 impl LiveSpec {
-    /// A drafter for a new request.
+    /// Speculation for a new request (its drafter is made when it first drafts).
     pub(super) fn new(spec: &EngineSpec, request: &DraftRequest<'_>) -> Result<Self> {
+        spec.factory.check(request)?;
         Ok(LiveSpec {
-            drafter: spec.factory.drafter(request)?,
+            factory: spec.factory.clone(),
+            drafter: None,
+            prompt: request.prompt.to_vec(),
+            reference: request.reference.map(<[u32]>::to_vec),
             meter: AcceptanceMeter::default(),
             stats: SpecStats::default(),
             hidden: None,
@@ -77,20 +87,40 @@ impl LiveSpec {
 
     /// Whether the drafter needs hidden states.
     pub(super) fn wants_hidden(&self) -> bool {
-        self.drafter.wants_hidden()
+        self.factory.wants_hidden()
     }
 
-    /// Forgets state tied to the slot (after a preemption or a recovery the sequence is rebuilt).
+    /// Forgets state tied to the slot and drops the drafter (after a preemption or a recovery the sequence is
+    /// rebuilt; a draft model's slot is freed meanwhile).
     pub(super) fn reset(&mut self) {
         self.hidden = None;
         self.drafts = None;
+        self.drafter = None;
     }
 
     /// Records the hidden states of committed rows.
     pub(super) fn set_hidden(&mut self, hidden: Option<HiddenRows>) {
-        if self.drafter.wants_hidden() {
+        if self.factory.wants_hidden() {
             self.hidden = hidden;
         }
+    }
+
+    /// Proposes up to `max` drafts after `tokens`, making the drafter first if needed.
+    fn propose(&mut self, tokens: &[u32], max: usize, params: &SamplingParams, seed: u64) -> Result<Draft> {
+        let drafter = match &mut self.drafter {
+            Some(d) => d,
+            None => self.drafter.insert(self.factory.drafter(&DraftRequest {
+                prompt: &self.prompt,
+                params,
+                seed,
+                reference: self.reference.as_deref(),
+            })?),
+        };
+        drafter.propose(&DraftInput {
+            tokens,
+            hidden: self.hidden.as_ref(),
+            max,
+        })
     }
 }
 
@@ -141,12 +171,7 @@ impl CoordinatorState {
             if max == 0 {
                 continue;
             }
-            let input = DraftInput {
-                tokens: &l.history,
-                hidden: s.hidden.as_ref(),
-                max,
-            };
-            match s.drafter.propose(&input) {
+            match s.propose(&l.history, max, &l.params, l.seed) {
                 Ok(mut d) => {
                     d.tokens.truncate(max);
                     if let Some(&bad) = d.tokens.iter().find(|&&t| t as usize >= self.info.vocab) {
@@ -162,7 +187,7 @@ impl CoordinatorState {
                     }
                     s.drafts = Some(d);
                 }
-                Err(e) => failed.push((id, format!("the {} drafter failed: {e}", s.drafter.name()))),
+                Err(e) => failed.push((id, format!("the {} drafter failed: {e}", s.factory.kind().name()))),
             }
         }
         for (id, error) in failed {

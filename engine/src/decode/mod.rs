@@ -158,6 +158,8 @@ pub struct Decoder {
     /// Per slot and SSM layer: the baseline's per-draft state snapshots `[T, state]` (recurrent verify only).
     snapshots: Vec<Vec<Vec<f32>>>,
     traffic: Traffic,
+    /// The LM head's bytes in the last rank step (see [`Decoder::last_head_traffic`]).
+    pub(crate) head_traffic: Traffic,
     /// Steps run (for health reports).
     steps: u64,
 }
@@ -239,6 +241,7 @@ impl Decoder {
             pending: vec![0; n],
             snapshots: vec![Vec::new(); n],
             traffic: Traffic::default(),
+            head_traffic: Traffic::default(),
             steps: 0,
             config: DecoderConfig { max_context, ..config },
         })
@@ -278,6 +281,12 @@ impl Decoder {
     /// ops.
     pub fn last_traffic(&self) -> Traffic {
         self.traffic
+    }
+
+    /// The bytes the LM head moved in the last step through the [`crate::rank::Rank`] interface (GPU layout): the
+    /// one-pass summaries write a few bytes per row, whole logits `4·vocab` per row.
+    pub fn last_head_traffic(&self) -> Traffic {
+        self.head_traffic
     }
 
     /// Takes a free slot for a new sequence decoded in `form`.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::group::RankGroup;
 use super::launch::{Abort, Launch, Launcher, RankLoader};
-use rewind_kernels::cpu::lm_head::SpecRequest;
+use rewind_kernels::cpu::lm_head::{self, SpecRequest};
 
 use super::plan::{RankHealth, RankInfo, RowSummary, Rows, SeqKind, SlotSnapshot, StepOut, StepPlan};
 use super::vocab::summarise_row;
@@ -234,6 +234,14 @@ impl Rank for Decoder {
         let width = vocab.len().max(1);
         // Whole logit rows only where someone reads them (the caller, or the sampler's filters); every other row
         // is summarised in one pass over the head, writing nothing of the vocabulary's size.
+        let n_rows = plan.row_count();
+        let spec_rows = spec.iter().filter(|s| s.is_some()).count();
+        let hidden = self.model().config().hidden_size;
+        self.head_traffic = if plan.full_logits || sampling {
+            lm_head::head_logits_traffic(n_rows, hidden, vocab.len())
+        } else {
+            lm_head::head_pass_traffic(n_rows, hidden, vocab.len(), spec_rows)
+        };
         let (mut rows, logits) = if plan.full_logits || sampling {
             let logits = self.model().head(&picked);
             let mut rows: Vec<_> = logits

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::config::DrafterKind;
 use super::draft_model::{DraftModel, DraftSampling};
+use super::mtp::{MtpDrafter, MtpWeights};
 use super::ngram::NgramDrafter;
 use super::oracle::OracleDrafter;
 use super::{DraftRequest, Drafter, DrafterFactory};
@@ -67,14 +68,12 @@ impl DrafterFactory for Oracle {
         &self.kind
     }
 
+    fn check(&self, r: &DraftRequest<'_>) -> Result<()> {
+        self.reference(r).map(|_| ())
+    }
+
     fn drafter(&self, r: &DraftRequest<'_>) -> Result<Box<dyn Drafter>> {
-        let reference = r.reference.ok_or_else(|| {
-            EngineError::InvalidInput(
-                "the oracle drafter (a benchmarking tool) needs the request's reference continuation: the target's \
-                 greedy output for the prompt, computed without speculation (`generate` and `bench` compute it)"
-                    .into(),
-            )
-        })?;
+        let reference = self.reference(r)?;
         Ok(Box::new(OracleDrafter::new(
             reference.to_vec(),
             r.prompt.len(),
@@ -82,6 +81,18 @@ impl DrafterFactory for Oracle {
             self.vocab,
             r.seed,
         )?))
+    }
+}
+
+impl Oracle {
+    fn reference<'r>(&self, r: &DraftRequest<'r>) -> Result<&'r [u32]> {
+        r.reference.ok_or_else(|| {
+            EngineError::InvalidInput(
+                "the oracle drafter (a benchmarking tool) needs the request's reference continuation: the target's \
+                 greedy output for the prompt, computed without speculation (`generate` and `bench` compute it)"
+                    .into(),
+            )
+        })
     }
 }
 
@@ -120,6 +131,28 @@ impl DrafterFactory for Draft {
     }
 }
 
-fn mtp_factory(_kind: &DrafterKind, _target: &Target<'_>) -> Result<Arc<dyn DrafterFactory>> {
-    Err(EngineError::NotSupported("WIP mtp".into()))
+fn mtp_factory(kind: &DrafterKind, target: &Target<'_>) -> Result<Arc<dyn DrafterFactory>> {
+    Ok(Arc::new(Mtp {
+        kind: kind.clone(),
+        weights: MtpWeights::load(target.dir)?,
+    }))
+}
+
+struct Mtp {
+    kind: DrafterKind,
+    weights: Arc<MtpWeights>,
+}
+
+impl DrafterFactory for Mtp {
+    fn kind(&self) -> &DrafterKind {
+        &self.kind
+    }
+
+    fn drafter(&self, _: &DraftRequest<'_>) -> Result<Box<dyn Drafter>> {
+        Ok(Box::new(MtpDrafter::new(self.weights.clone())))
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
 }

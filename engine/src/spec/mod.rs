@@ -96,7 +96,14 @@ pub trait DrafterFactory: Send + Sync {
     /// The drafter kind, for reports.
     fn kind(&self) -> &DrafterKind;
 
-    /// A drafter for `request`, or a clear error (the request alone fails).
+    /// Checks, when the request arrives, what [`DrafterFactory::drafter`] will need of it (so a request that can
+    /// never be served fails at once).
+    fn check(&self, _request: &DraftRequest<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// A drafter for `request`, or a clear error (the request alone fails). Made when the request starts running
+    /// and dropped when it stops (a draft model's slot is held only meanwhile).
     fn drafter(&self, request: &DraftRequest<'_>) -> Result<Box<dyn Drafter>>;
 
     /// Whether the drafters need the target's hidden states.

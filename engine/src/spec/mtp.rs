@@ -193,7 +193,8 @@ impl Drafter for MtpDrafter {
                 )))
             }
         };
-        let mut tokens = Vec::with_capacity(input.max);
+        // `max` is a window size; the capacity is capped so that a huge one cannot abort on allocation.
+        let mut tokens = Vec::with_capacity(input.max.min(64));
         while tokens.len() < input.max {
             let position = len - 1 + tokens.len();
             let d = tiled_argmax(&x, self.weights.lm_head(), h).ok_or(EngineError::NonFinite { position })?;

@@ -185,6 +185,32 @@ pub fn gumbel(seed: u64, index: u64, id: u32) -> f32 {
     -(-uniform_at(seed, index, id).ln()).ln()
 }
 
+/// Bytes a device kernel writes per row summary: argmax, max and LSE, plus for a speculative row its LSE, drafted
+/// logit, candidate and score (4 bytes each).
+pub const SUMMARY_BYTES: u64 = 12;
+pub const SPEC_SUMMARY_BYTES: u64 = 16;
+
+/// The bytes a head pass over `rows` rows moves on a device: the head slice `[n, hidden]` (bf16) and the rows
+/// (bf16) read once, and per row only its summary written — nothing proportional to `n`.
+pub fn head_pass_traffic(rows: usize, hidden: usize, n: usize, spec_rows: usize) -> super::traffic::Traffic {
+    use super::traffic::Traffic;
+    Traffic {
+        inputs: Traffic::bf16s(n * hidden) + Traffic::bf16s(rows * hidden),
+        outputs: rows as u64 * SUMMARY_BYTES + spec_rows as u64 * SPEC_SUMMARY_BYTES,
+        ..Traffic::default()
+    }
+}
+
+/// The bytes the plain head moves for `rows` rows: the same reads, and every logit written (f32).
+pub fn head_logits_traffic(rows: usize, hidden: usize, n: usize) -> super::traffic::Traffic {
+    use super::traffic::Traffic;
+    Traffic {
+        inputs: Traffic::bf16s(n * hidden) + Traffic::bf16s(rows * hidden),
+        outputs: Traffic::f32s(rows * n),
+        ..Traffic::default()
+    }
+}
+
 /// Summaries of `rows` rows of `x` `[rows, hidden]` (already normed) through a head slice `weight` `[n, hidden]`
 /// whose first id is `first_id`, one vocabulary tile at a time (tiles in parallel, merged in id order); `spec[r]`
 /// asks for row `r`'s speculative summary. Nothing of size `n` is kept per row.

@@ -1,0 +1,400 @@
+//! Speculative decoding through the serving engine on CPU ranks: greedy speculative output equals greedy output
+//! token for token (every fixture, every drafter, T from 1 to 8, every decode form, TP 1 and 2, speculating and plain
+//! requests mixed in one batch); sampled speculative output follows the target's distribution (chi-square against
+//! plain sampling, for deterministic and sampled drafts, one-pass and whole-row judging); the one-pass verify writes
+//! O(1) bytes per row whatever the vocabulary.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rewind_actors::{EngineConfig, EngineHandle, EngineSpec, Event, GenerateRequest};
+use rewind_engine::decode::{DecoderConfig, FormChoice};
+use rewind_engine::rank::{CpuLauncher, CpuOptions, Rank, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
+use rewind_engine::sample::SamplingParams;
+use rewind_engine::spec::factory::{build, Target};
+use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy, SpecStats};
+use rewind_tests::{fixtures, name, single, tokens, Rng};
+
+/// Ring length for windows up to T = 8 (a verify of 9 tokens needs L ≥ 18).
+const RING: usize = 18;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn spec_config(drafter: DrafterKind, window: usize) -> SpecConfig {
+    SpecConfig {
+        drafter,
+        window,
+        policy: SpecPolicy::Fixed,
+    }
+}
+
+async fn engine(dir: &Path, tp: usize, form: FormChoice, slots: usize, spec: &SpecConfig) -> EngineHandle {
+    let context = 96;
+    let mut decoder = DecoderConfig::new(slots, context);
+    decoder.buffer_len = RING;
+    decoder.max_verify = spec.max_verify();
+    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
+    let vocab = rewind_engine::model::ModelConfig::from_dir(dir)
+        .expect("config")
+        .vocab_size;
+    let factory = build(
+        &spec.drafter,
+        &Target {
+            dir,
+            vocab,
+            slots,
+            max_context: context,
+            window: spec.window,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", name(dir)));
+    let mut config = EngineConfig::new(form);
+    config.spec = Some(EngineSpec {
+        config: spec.clone(),
+        factory,
+    });
+    EngineHandle::start(Arc::new(launcher), config)
+        .await
+        .unwrap_or_else(|e| panic!("{} at tp {tp}: {e}", name(dir)))
+}
+
+/// Reads a request's stream to its end: its tokens and speculation counters.
+async fn run(mut s: rewind_actors::EventStream) -> (Vec<u32>, Option<SpecStats>) {
+    let mut tokens = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev {
+            Event::Token { token, index, .. } => {
+                assert_eq!(index, tokens.len(), "tokens arrive in order, none repeated or dropped");
+                tokens.push(token);
+            }
+            Event::Finished { spec, .. } => return (tokens, spec),
+            Event::Failed { error } => panic!("request failed: {error}"),
+        }
+    }
+    panic!("the stream ended without a final event")
+}
+
+async fn run_all(e: &EngineHandle, requests: Vec<GenerateRequest>) -> Vec<(Vec<u32>, Option<SpecStats>)> {
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|r| tokio::spawn(run(e.submit(r).expect("submit"))))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}
+
+fn params(max_tokens: usize, temperature: f32, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+/// Prompts with repeats (so prompt lookup finds matches) from a fixture's tokens.
+fn prompts(dir: &Path) -> Vec<Vec<u32>> {
+    let (toks, prefill) = tokens(dir);
+    let base = &toks[..prefill.min(8)];
+    vec![
+        [base, base].concat(),
+        toks[..prefill].to_vec(),
+        [&base[..3], &base[..3], &base[..3]].concat(),
+    ]
+}
+
+#[test]
+fn greedy_speculation_changes_no_token() {
+    let rt = runtime();
+    let forms = [
+        FormChoice::Recurrent,
+        FormChoice::Replay,
+        FormChoice::KvOnly,
+        FormChoice::Auto,
+    ];
+    let mut window = 0;
+    for dir in fixtures() {
+        let self_draft = DrafterKind::Draft(dir.clone());
+        for tp in [1, 2] {
+            for form in forms {
+                for drafter in [
+                    DrafterKind::Ngram { min_n: 1, max_n: 3 },
+                    DrafterKind::Oracle { p: 0.25 },
+                    self_draft.clone(),
+                ] {
+                    // Every window from 1 to 8 comes round for every drafter and form.
+                    window = window % 8 + 1;
+                    let spec = spec_config(drafter.clone(), window);
+                    let what = format!("{} tp {tp} {form} {drafter} T={window}", name(&dir));
+                    let (plain, spec_out) = rt.block_on(async {
+                        let e = engine(&dir, tp, form, 8, &spec).await;
+                        let ps = prompts(&dir);
+                        let plain_reqs: Vec<GenerateRequest> = ps
+                            .iter()
+                            .map(|p| {
+                                let mut r = GenerateRequest::new(p.clone(), params(20, 0.0, 1));
+                                r.speculate = false;
+                                r
+                            })
+                            .collect();
+                        let plain = run_all(&e, plain_reqs).await;
+                        // Speculating and plain requests share the batch.
+                        let mut reqs = Vec::new();
+                        for (p, (reference, _)) in ps.iter().zip(&plain) {
+                            let mut r = GenerateRequest::new(p.clone(), params(20, 0.0, 1));
+                            r.reference = Some(reference.clone());
+                            reqs.push(r);
+                            let mut q = GenerateRequest::new(p.clone(), params(20, 0.0, 1));
+                            q.speculate = false;
+                            reqs.push(q);
+                        }
+                        let out = run_all(&e, reqs).await;
+                        e.shutdown().await;
+                        (plain, out)
+                    });
+                    for (i, (want, _)) in plain.iter().enumerate() {
+                        let (got, stats) = &spec_out[2 * i];
+                        assert_eq!(got, want, "{what}: prompt {i}");
+                        assert_eq!(
+                            &spec_out[2 * i + 1].0,
+                            want,
+                            "{what}: plain request {i} beside speculation"
+                        );
+                        let stats = stats.expect("speculation counters");
+                        assert!(stats.accepted <= stats.drafted, "{what}");
+                        if !matches!(drafter, DrafterKind::Ngram { .. }) {
+                            assert!(stats.verifies > 0 && stats.accepted > 0, "{what}: {stats:?}");
+                        }
+                        if matches!(drafter, DrafterKind::Draft(_)) {
+                            // The target drafting for itself is (up to rounding) always right.
+                            assert!(stats.accepted * 10 >= stats.drafted * 9, "{what}: {stats:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Pearson's chi-square homogeneity statistic of two samples over `bins` categories (sparse bins pooled) and its
+/// degrees of freedom.
+fn homogeneity(a: &[usize], b: &[usize]) -> (f64, usize) {
+    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
+    let mut pooled: Vec<(f64, f64)> = Vec::new();
+    let (mut pa, mut pb) = (0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        if x + y >= 10 {
+            pooled.push((x as f64, y as f64));
+        } else {
+            pa += x as f64;
+            pb += y as f64;
+        }
+    }
+    if pa + pb > 0.0 {
+        pooled.push((pa, pb));
+    }
+    let n = na + nb;
+    let mut chi = 0.0;
+    for (x, y) in &pooled {
+        let col = x + y;
+        let (ea, eb) = (col * na / n, col * nb / n);
+        chi += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
+    }
+    (chi, pooled.len().saturating_sub(1))
+}
+
+/// The chi-square critical value at p = 0.001 (Wilson–Hilferty).
+fn critical(dof: usize) -> f64 {
+    let k = dof.max(1) as f64;
+    k * (1.0 - 2.0 / (9.0 * k) + 3.090 * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+/// A random `tiny` Qwen3.5 checkpoint (with an MTP layer when `mtp`) in a fresh temporary directory.
+fn tiny_qwen(seed: u64, mtp: bool) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rewind_engine::init::init_model(&rewind_engine::init::InitOptions {
+        family: rewind_engine::model::Family::Qwen35,
+        preset: "tiny".into(),
+        layers: None,
+        seed,
+        out: dir.path().to_path_buf(),
+        dtype: None,
+        mtp,
+    })
+    .expect("init-model");
+    dir
+}
+
+#[test]
+fn greedy_mtp_speculation_changes_no_token() {
+    let rt = runtime();
+    let target = tiny_qwen(11, true);
+    let dir = target.path();
+    let prompt: Vec<u32> = vec![5, 9, 13, 5, 9, 13, 2];
+    for tp in [1, 2] {
+        for (form, window) in [
+            (FormChoice::Replay, 3),
+            (FormChoice::Auto, 5),
+            (FormChoice::Recurrent, 2),
+        ] {
+            let spec = spec_config(DrafterKind::Mtp, window);
+            let out = rt.block_on(async {
+                let e = engine(dir, tp, form, 4, &spec).await;
+                let mut plain = GenerateRequest::new(prompt.clone(), params(24, 0.0, 1));
+                plain.speculate = false;
+                let out = run_all(
+                    &e,
+                    vec![plain, GenerateRequest::new(prompt.clone(), params(24, 0.0, 1))],
+                )
+                .await;
+                e.shutdown().await;
+                out
+            });
+            assert_eq!(out[1].0, out[0].0, "mtp tp {tp} {form} T={window}");
+            let stats = out[1].1.expect("counters");
+            assert!(stats.verifies > 0 && stats.drafted > 0, "{stats:?}");
+        }
+    }
+}
+
+/// Low enough that the random models' distributions are peaked: drafts are often right, and often wrong.
+const TEMPERATURE: f32 = 0.5;
+
+#[test]
+fn sampled_speculation_follows_the_target_distribution() {
+    let rt = runtime();
+    let fixture = fixtures()
+        .into_iter()
+        .find(|d| name(d) == "qwen3_5")
+        .expect("qwen3_5 fixture");
+    // A draft model with the target's vocabulary but other weights, so its q differs from p.
+    let (target, draft) = (tiny_qwen(1, false), tiny_qwen(2, false));
+    let n = 3000;
+    // (target, drafter, top_k): deterministic drafts judged in one pass, deterministic drafts judged on whole rows
+    // (top-k), and drafts sampled from a draft model (whole rows with its q).
+    let cases = [
+        (fixture.clone(), DrafterKind::Oracle { p: 0.5 }, 0),
+        (fixture.clone(), DrafterKind::Oracle { p: 0.5 }, 5),
+        (
+            target.path().to_path_buf(),
+            DrafterKind::Draft(draft.path().to_path_buf()),
+            0,
+        ),
+    ];
+    for (dir, drafter, top_k) in cases {
+        let vocab = rewind_engine::model::ModelConfig::from_dir(&dir)
+            .expect("config")
+            .vocab_size;
+        let prompt: Vec<u32> = vec![3, 1, 4, 1, 5, 9];
+        let spec = spec_config(drafter.clone(), 2);
+        let (plain, spec_out) = rt.block_on(async {
+            let e = engine(&dir, 1, FormChoice::Auto, 64, &spec).await;
+            // The oracle drafts the greedy continuation (likely tokens, so acceptance tests have power).
+            let mut greedy = GenerateRequest::new(prompt.clone(), params(3, 0.0, 0));
+            greedy.speculate = false;
+            let reference = run_all(&e, vec![greedy]).await.remove(0).0;
+            let mk = |seed: u64, speculate: bool| {
+                let mut p = params(3, TEMPERATURE, seed);
+                p.top_k = top_k;
+                let mut r = GenerateRequest::new(prompt.clone(), p);
+                r.speculate = speculate;
+                r.reference = Some(reference.clone());
+                r
+            };
+            let plain = run_all(&e, (0..n).map(|s| mk(s, false)).collect()).await;
+            let spec_out = run_all(&e, (0..n).map(|s| mk(s + 1_000_000, true)).collect()).await;
+            e.shutdown().await;
+            (plain, spec_out)
+        });
+        let stats = spec_out.iter().fold(SpecStats::default(), |mut acc, (_, s)| {
+            acc.add(&s.expect("counters"));
+            acc
+        });
+        assert!(
+            stats.accepted > 0 && stats.accepted < stats.drafted,
+            "{drafter}: {stats:?}"
+        );
+        // Tokens 1 and 2 come out of verifies: accepted drafts, residual samples and bonus tokens.
+        for index in 1..3 {
+            let mut a = vec![0usize; vocab];
+            let mut b = vec![0usize; vocab];
+            for (t, _) in &plain {
+                a[t[index] as usize] += 1;
+            }
+            for (t, _) in &spec_out {
+                b[t[index] as usize] += 1;
+            }
+            let (chi, dof) = homogeneity(&a, &b);
+            assert!(
+                chi < critical(dof),
+                "{drafter} top-k {top_k}, token {index}: chi-square {chi:.1} over {dof} degrees of freedom"
+            );
+        }
+    }
+}
+
+#[test]
+fn one_pass_verify_writes_o1_bytes_per_row() {
+    let mut per_row = Vec::new();
+    for dir in fixtures() {
+        let vocab = rewind_engine::model::ModelConfig::from_dir(&dir)
+            .expect("config")
+            .vocab_size;
+        let mut config = DecoderConfig::new(1, 64);
+        config.max_verify = 5;
+        let mut rank = single(&dir, config);
+        let (toks, _) = tokens(&dir);
+        let step = |kind, tokens: &[u32], position, spec, full_logits| StepPlan {
+            commits: Vec::new(),
+            seqs: vec![SeqStep {
+                slot: 0,
+                kind,
+                position,
+                tokens: tokens.to_vec(),
+                form: FormChoice::Replay,
+                rows: if kind == SeqKind::Verify { Rows::All } else { Rows::Last },
+                sample: None,
+                spec,
+            }],
+            full_logits,
+            hidden: false,
+        };
+        rank.step(&step(SeqKind::Prefill, &toks[..6], 0, None, false))
+            .expect("prefill");
+        let spec = Some(SpecSample {
+            temperature: 0.7,
+            seed: 3,
+            index: 0,
+        });
+        let out = rank
+            .step(&step(SeqKind::Verify, &toks[6..11], 6, spec, false))
+            .expect("verify");
+        assert!(out.rows.iter().all(|r| r.spec.is_some()), "{}", name(&dir));
+        let one_pass = rank.last_head_traffic().outputs;
+        assert_eq!(one_pass % 5, 0);
+        per_row.push(one_pass / 5);
+        // The same verify asking for whole rows writes every logit.
+        rank.step(&StepPlan {
+            commits: vec![rewind_engine::rank::Commit { slot: 0, accepted: 0 }],
+            ..step(SeqKind::Verify, &toks[6..11], 6, spec, true)
+        })
+        .expect("verify with logits");
+        assert_eq!(rank.last_head_traffic().outputs, 5 * 4 * vocab as u64, "{}", name(&dir));
+    }
+    assert!(
+        per_row.windows(2).all(|w| w[0] == w[1]),
+        "bytes per row vary with the vocabulary: {per_row:?}"
+    );
+    assert!(per_row[0] <= 32, "{} bytes per row", per_row[0]);
+    let _ = Rng(0);
+}
