@@ -2,6 +2,10 @@
 //! each a fixed pseudo-random prompt generating a fixed number of greedy tokens, are submitted with at most N in
 //! flight; reported are output tokens/s over the run, time to first token and inter-token latency (p50 / p99), and
 //! the process's peak memory.
+//!
+//! With `--spec`, the same requests run alternately without and with speculation in one engine (`--repeats`
+//! passes each, medians reported), so the speed-up is measured side by side; the plain pass's tokens are the
+//! oracle drafter's references, and every speculative pass must reproduce them exactly (greedy).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,7 +14,9 @@ use std::time::Instant;
 use crate::output::outln;
 use anyhow::Result;
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
+use rewind_engine::generate::SpecReport;
 use rewind_engine::sample::SamplingParams;
+use rewind_engine::spec::{SpecConfig, SpecStats};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -40,6 +46,8 @@ fn peak_rss_mib() -> Option<f64> {
 struct Trace {
     submitted: Instant,
     arrivals: Vec<Instant>,
+    tokens: Vec<u32>,
+    spec: Option<SpecStats>,
     error: Option<String>,
 }
 
@@ -72,6 +80,8 @@ async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<S
     let mut trace = Trace {
         submitted,
         arrivals: Vec::new(),
+        tokens: Vec::new(),
+        spec: None,
         error: None,
     };
     let mut events = match engine.submit(request) {
@@ -83,8 +93,14 @@ async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<S
     };
     while let Some(e) = events.next().await {
         match e {
-            Event::Token { .. } => trace.arrivals.push(Instant::now()),
-            Event::Finished { .. } => break,
+            Event::Token { token, .. } => {
+                trace.arrivals.push(Instant::now());
+                trace.tokens.push(token);
+            }
+            Event::Finished { spec, .. } => {
+                trace.spec = spec;
+                break;
+            }
             Event::Failed { error } => {
                 trace.error = Some(error);
                 break;
@@ -104,10 +120,11 @@ pub fn run(
 ) -> Result<Value> {
     anyhow::ensure!(concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(requests > 0, "--requests must be at least 1");
+    let spec = super::spec::config(&args.spec, &args.decode)?;
     let needs = Needs {
         slots: concurrency,
         context: args.prompt_len + args.decode_tokens,
-        verify: 1,
+        verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let mut dargs = args.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(concurrency);
@@ -115,13 +132,22 @@ pub fn run(
     let mut config = backend::engine_config(&args.engine, b.form)?;
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
+    if let Some(s) = &spec {
+        config.spec = Some(super::spec::engine_spec(
+            s,
+            dir,
+            vocab,
+            concurrency,
+            args.prompt_len + args.decode_tokens,
+        )?);
+    }
     let params = SamplingParams {
         max_tokens: Some(args.decode_tokens),
         ignore_eos: true,
         ..SamplingParams::greedy()
     };
     let rt = backend::runtime()?;
-    let (traces, wall, metrics, device) = rt.block_on(async {
+    let (traces, wall, metrics, device, side) = rt.block_on(async {
         progress.line(&format!("serving: loading {} ...", dir.display()));
         let (engine, device) = backend::start_engine(&b, config).await?;
         let engine = Arc::new(engine);
@@ -130,29 +156,51 @@ pub fn run(
             "serving: {requests} requests of {} + {} tokens, {concurrency} in flight ...",
             args.prompt_len, args.decode_tokens
         ));
-        let done = Arc::new(Done {
-            count: AtomicUsize::new(0),
-            of: requests,
-            progress: *progress,
-        });
-        let t0 = Instant::now();
-        let tasks: Vec<_> = (0..requests)
-            .map(|i| {
-                let prompt = tokens(args.prompt_len, vocab, 0x5eed + i as u64);
-                let req = GenerateRequest::new(prompt, params.clone());
-                tokio::spawn(one(engine.clone(), req, gate.clone(), done.clone()))
-            })
-            .collect();
-        let mut traces = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            traces.push(t.await?);
+        let pass = |speculate: bool, references: Option<Vec<Vec<u32>>>| {
+            let (engine, gate, params) = (engine.clone(), gate.clone(), params.clone());
+            async move {
+                let done = Arc::new(Done {
+                    count: AtomicUsize::new(0),
+                    of: requests,
+                    progress: *progress,
+                });
+                let t0 = Instant::now();
+                let tasks: Vec<_> = (0..requests)
+                    .map(|i| {
+                        let prompt = tokens(args.prompt_len, vocab, 0x5eed + i as u64);
+                        let mut req = GenerateRequest::new(prompt, params.clone());
+                        req.speculate = speculate;
+                        req.reference = references.as_ref().map(|r| r[i].clone());
+                        tokio::spawn(one(engine.clone(), req, gate.clone(), done.clone()))
+                    })
+                    .collect();
+                let mut traces = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    traces.push(t.await?);
+                }
+                anyhow::Ok((traces, t0.elapsed().as_secs_f64()))
+            }
+        };
+        let (traces, wall) = pass(false, None).await?;
+        let mut side = None;
+        if spec.is_some() {
+            // Alternate plain and speculative passes so drift hits both alike; the first plain pass above warms up.
+            let references: Vec<Vec<u32>> = traces.iter().map(|t| t.tokens.clone()).collect();
+            let (mut plain_walls, mut spec_walls, mut spec_traces) = (Vec::new(), Vec::new(), Vec::new());
+            for r in 0..args.repeats {
+                progress.line(&format!("serving: side-by-side pass {}/{} ...", r + 1, args.repeats));
+                plain_walls.push(pass(false, None).await?.1);
+                let (t, w) = pass(true, Some(references.clone())).await?;
+                spec_walls.push(w);
+                spec_traces = t;
+            }
+            side = Some((references, plain_walls, spec_walls, spec_traces));
         }
-        let wall = t0.elapsed().as_secs_f64();
         let metrics = engine.metrics().snapshot();
         if let Ok(engine) = Arc::try_unwrap(engine) {
             engine.shutdown().await;
         }
-        anyhow::Ok((traces, wall, metrics, device))
+        anyhow::Ok((traces, wall, metrics, device, side))
     })?;
     let failed: Vec<&String> = traces.iter().filter_map(|t| t.error.as_ref()).collect();
     anyhow::ensure!(
@@ -205,7 +253,18 @@ pub fn run(
     if let Some(p) = peak {
         outln!("| serving: peak resident memory | {p:.0} MiB |")?;
     }
+    let speculation = match (&spec, side) {
+        (Some(config), Some((references, mut plain_walls, mut spec_walls, spec_traces))) => Some(side_by_side(
+            config,
+            &references,
+            &mut plain_walls,
+            &mut spec_walls,
+            &spec_traces,
+        )?),
+        _ => None,
+    };
     Ok(json!({
+        "speculation": speculation,
         "device": device,
         "requests": requests,
         "concurrency": concurrency,
@@ -226,5 +285,62 @@ pub fn run(
             "faults": metrics.faults,
             "recoveries": metrics.recoveries_log,
         },
+    }))
+}
+
+/// Checks the speculative pass against the plain one (greedy: the same tokens) and reports the medians of the
+/// side-by-side passes and the speculation counters.
+fn side_by_side(
+    config: &SpecConfig,
+    references: &[Vec<u32>],
+    plain_walls: &mut [f64],
+    spec_walls: &mut [f64],
+    spec_traces: &[Trace],
+) -> Result<Value> {
+    if let Some(t) = spec_traces.iter().find_map(|t| t.error.as_ref()) {
+        anyhow::bail!("a speculative request failed: {t}");
+    }
+    let same = spec_traces
+        .iter()
+        .zip(references)
+        .filter(|(t, r)| &t.tokens == *r)
+        .count();
+    anyhow::ensure!(
+        same == references.len(),
+        "speculation changed the greedy output of {} of {} requests",
+        references.len() - same,
+        references.len()
+    );
+    let mut stats = SpecStats::default();
+    for t in spec_traces {
+        if let Some(s) = &t.spec {
+            stats.add(s);
+        }
+    }
+    let report = SpecReport::new(config, &stats);
+    let generated: usize = references.iter().map(Vec::len).sum();
+    let (plain, spec) = (quantile(plain_walls, 0.5), quantile(spec_walls, 0.5));
+    let speedup = plain / spec;
+    eprintln!("{}", report.line());
+    outln!(
+        "| serving, side by side (median of {}): plain / spec {} | {:.1} / {:.1} output tok/s, speed-up {speedup:.2}x |",
+        plain_walls.len(),
+        report.drafter,
+        generated as f64 / plain,
+        generated as f64 / spec
+    )?;
+    outln!(
+        "| serving, spec {}: accepted per step / acceptance | {:.2} / {:.1}% |",
+        report.drafter,
+        report.accepted_per_step,
+        100.0 * report.acceptance_rate
+    )?;
+    Ok(json!({
+        "report": report,
+        "plain_wall_s": plain_walls,
+        "spec_wall_s": spec_walls,
+        "plain_tok_per_s_median": generated as f64 / plain,
+        "spec_tok_per_s_median": generated as f64 / spec,
+        "speedup": speedup,
     }))
 }
