@@ -187,14 +187,17 @@ pub fn run(
             // Alternate plain and speculative passes so drift hits both alike; the first plain pass above warms up.
             let references: Vec<Vec<u32>> = traces.iter().map(|t| t.tokens.clone()).collect();
             let (mut plain_walls, mut spec_walls, mut spec_traces) = (Vec::new(), Vec::new(), Vec::new());
+            let mut plain_traces = Vec::new();
             for r in 0..args.repeats {
                 progress.line(&format!("serving: side-by-side pass {}/{} ...", r + 1, args.repeats));
-                plain_walls.push(pass(false, None).await?.1);
+                let (t, w) = pass(false, None).await?;
+                plain_walls.push(w);
+                plain_traces = t;
                 let (t, w) = pass(true, Some(references.clone())).await?;
                 spec_walls.push(w);
                 spec_traces = t;
             }
-            side = Some((references, plain_walls, spec_walls, spec_traces));
+            side = Some((references, plain_walls, spec_walls, spec_traces, plain_traces));
         }
         let metrics = engine.metrics().snapshot();
         if let Ok(engine) = Arc::try_unwrap(engine) {
@@ -254,13 +257,20 @@ pub fn run(
         outln!("| serving: peak resident memory | {p:.0} MiB |")?;
     }
     let speculation = match (&spec, side) {
-        (Some(config), Some((references, mut plain_walls, mut spec_walls, spec_traces))) => Some(side_by_side(
-            config,
-            &references,
-            &mut plain_walls,
-            &mut spec_walls,
-            &spec_traces,
-        )?),
+        (Some(config), Some((references, mut plain_walls, mut spec_walls, spec_traces, plain_traces))) => {
+            // Exact output is required where the arithmetic is deterministic across batch shapes (the CPU, and f32
+            // on GPUs); in bf16 a verify's GEMMs round differently from a decode step's, so near-tied greedy picks
+            // may flip, in plain batches of other shapes too: there the matches are reported.
+            let exact = device.starts_with("cpu") || args.device.dtype == "f32";
+            Some(side_by_side(
+                config,
+                &references,
+                &mut plain_walls,
+                &mut spec_walls,
+                (&spec_traces, &plain_traces),
+                exact,
+            )?)
+        }
         _ => None,
     };
     Ok(json!({
@@ -295,22 +305,27 @@ fn side_by_side(
     references: &[Vec<u32>],
     plain_walls: &mut [f64],
     spec_walls: &mut [f64],
-    spec_traces: &[Trace],
+    (spec_traces, plain_traces): (&[Trace], &[Trace]),
+    exact: bool,
 ) -> Result<Value> {
-    if let Some(t) = spec_traces.iter().find_map(|t| t.error.as_ref()) {
-        anyhow::bail!("a speculative request failed: {t}");
+    if let Some(t) = spec_traces.iter().chain(plain_traces).find_map(|t| t.error.as_ref()) {
+        anyhow::bail!("a side-by-side request failed: {t}");
     }
-    let same = spec_traces
-        .iter()
-        .zip(references)
-        .filter(|(t, r)| &t.tokens == *r)
-        .count();
+    let matching = |traces: &[Trace]| traces.iter().zip(references).filter(|(t, r)| &t.tokens == *r).count();
+    let (same, plain_same) = (matching(spec_traces), matching(plain_traces));
     anyhow::ensure!(
-        same == references.len(),
+        !exact || same == references.len(),
         "speculation changed the greedy output of {} of {} requests",
         references.len() - same,
         references.len()
     );
+    if same < references.len() || plain_same < references.len() {
+        eprintln!(
+            "note: greedy outputs equal to the first plain pass: speculative {same} / {n}, plain {plain_same} / {n} \
+             (bf16 rounding differs between batch shapes)",
+            n = references.len()
+        );
+    }
     let mut stats = SpecStats::default();
     for t in spec_traces {
         if let Some(s) = &t.spec {
@@ -342,5 +357,6 @@ fn side_by_side(
         "plain_tok_per_s_median": generated as f64 / plain,
         "spec_tok_per_s_median": generated as f64 / spec,
         "speedup": speedup,
+        "requests_matching_reference": {"speculative": same, "plain": plain_same, "of": references.len()},
     }))
 }
