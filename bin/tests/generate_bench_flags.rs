@@ -395,7 +395,18 @@ fn finish_reason_reads_the_same_on_stderr_as_in_json() {
     let err = stderr(&o);
     assert!(err.contains("| finish: stop_string |"), "{err}");
     assert!(!err.contains("StopString"), "{err}");
-    let o = rewind(&["generate", "hello", "--model", s(&model), "--max-tokens", "2"]);
+    // Seeded: an unseeded draw could end on EOS before the length limit.
+    let o = rewind(&[
+        "generate",
+        "hello",
+        "--model",
+        s(&model),
+        "--max-tokens",
+        "2",
+        "--seed",
+        "7",
+        "--ignore-eos",
+    ]);
     assert_ok(&o, "generate");
     assert!(stderr(&o).contains("| finish: length |"), "{}", stderr(&o));
 }
