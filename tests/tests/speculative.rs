@@ -13,7 +13,7 @@ use rewind_engine::rank::{CpuLauncher, CpuOptions, Rank, Rows, SeqKind, SeqStep,
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::factory::{build, Target};
 use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy, SpecStats};
-use rewind_tests::{fixtures, name, single, tokens, Rng};
+use rewind_tests::{fixtures, name, single, tokens};
 
 /// Ring length for windows up to T = 8 (a verify of 9 tokens needs L ≥ 18).
 const RING: usize = 18;
@@ -396,5 +396,4 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
         "bytes per row vary with the vocabulary: {per_row:?}"
     );
     assert!(per_row[0] <= 32, "{} bytes per row", per_row[0]);
-    let _ = Rng(0);
 }

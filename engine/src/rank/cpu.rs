@@ -236,7 +236,6 @@ impl Rank for Decoder {
         // is summarised in one pass over the head, writing nothing of the vocabulary's size.
         let n_rows = plan.row_count();
         let spec_rows = spec.iter().filter(|s| s.is_some()).count();
-        let hidden = self.model().config().hidden_size;
         self.head_traffic = if plan.full_logits || sampling {
             lm_head::head_logits_traffic(n_rows, hidden, vocab.len())
         } else {

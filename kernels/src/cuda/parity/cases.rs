@@ -4,7 +4,9 @@
 
 use half::bf16;
 
-use super::{cases_glue, cases_moe, cases_replay, cases_seq, cases_ssm, rounded, tol, Case, Check, Ctx, Rng};
+use super::{
+    cases_glue, cases_moe, cases_replay, cases_sample, cases_seq, cases_ssm, rounded, tol, Case, Check, Ctx, Rng,
+};
 use crate::cpu;
 use crate::cpu::norm::GateOrder;
 use crate::cuda::ops::{self, Activation};
@@ -117,6 +119,7 @@ pub fn all() -> Vec<Case> {
     cases_seq::register(&mut cases);
     cases_moe::register(&mut cases);
     cases_glue::register(&mut cases);
+    cases_sample::register(&mut cases);
     cases
 }
 

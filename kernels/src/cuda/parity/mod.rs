@@ -29,6 +29,7 @@ pub mod cases;
 mod cases_glue;
 mod cases_moe;
 mod cases_replay;
+mod cases_sample;
 mod cases_seq;
 mod cases_ssm;
 

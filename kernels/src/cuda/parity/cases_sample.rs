@@ -1,0 +1,227 @@
+//! Cases for token selection on the device (argmax, repetition penalty, filtered sampling) against the CPU twins.
+//! Shapes are the real vocabularies (131072 / 248320 / 262144, 1 and 64 rows) plus odd ones.
+
+use super::cases_glue::verdict;
+use super::{rounded, Case, Check, Ctx, Rng};
+use crate::cpu;
+use crate::cuda::ops;
+use crate::cuda::{bf16, Result};
+
+/// Registers the token-selection cases.
+pub(super) fn register(cases: &mut Vec<Case>) {
+    for (rows, vocab, what) in [
+        (64, 131072, "Nemotron-H vocab, 64 rows"),
+        (1, 248320, "Qwen3.5 vocab, 1 row"),
+        (64, 262144, "262144, 64 rows"),
+        (3, 1000, "odd"),
+    ] {
+        cases.push(Case::new(
+            "argmax_rows",
+            "f32",
+            format!("[{rows}, {vocab}] {what}"),
+            move |cx, rng| argmax_rows(cx, rng, rows, vocab),
+        ));
+    }
+    for (rows, vocab, per_row, what) in [(64, 131072, 300, "Nemotron-H vocab"), (3, 1000, 40, "odd")] {
+        let shape = format!("[{rows}, {vocab}], {per_row} tokens a row, {what}");
+        cases.push(Case::new("repetition_penalty", "f32", shape, move |cx, rng| {
+            repetition_penalty(cx, rng, rows, vocab, per_row)
+        }));
+    }
+    for (rows, vocab, what) in [
+        (64, 131072, "Nemotron-H vocab"),
+        (64, 248320, "Qwen3.5 vocab"),
+        (1, 262144, "262144, 1 row"),
+        (512, 3000, "many rows, small vocab"),
+    ] {
+        let shape = format!("[{rows}, {vocab}] mixed parameters, {what}");
+        cases.push(Case::new("sample_rows", "f32", shape, move |cx, rng| {
+            sample_rows(cx, rng, rows, vocab)
+        }));
+    }
+    // dtype "-": the check is a statistical score, not an f32 rounding error (keeps the selftest's worst f32 honest).
+    cases.push(Case::new(
+        "sample_rows",
+        "-",
+        "vocab 7, 200000 draws: frequencies",
+        sample_frequencies,
+    ));
+}
+
+/// Random rows with planted ties on the maximum (an earlier and a later copy), −0/+0 ties, a row of equal values and,
+/// when there are at least three rows, a row holding a NaN (→ −1).
+fn argmax_rows(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize) -> Result<Vec<Check>> {
+    let mut logits = rng.uniform_vec(rows * vocab, 10.0);
+    for r in 0..rows {
+        let row = &mut logits[r * vocab..(r + 1) * vocab];
+        let m = cpu::sample::argmax(row) as usize;
+        let (a, b) = (rng.below(0, vocab), rng.below(0, vocab));
+        row[a] = row[m];
+        row[b] = row[m];
+        match r % 4 {
+            1 => row.fill(-3.5),
+            2 => {
+                row.iter_mut().for_each(|v| *v = -v.abs());
+                row[b] = -0.0;
+                row[a] = 0.0;
+            }
+            _ => {}
+        }
+    }
+    if rows >= 3 {
+        let at = rng.below(0, vocab);
+        logits[2 * vocab + at] = f32::NAN;
+    }
+    let dl = cx.dev.upload(&logits)?;
+    let mut out = cx.dev.upload(&vec![-7i32; rows])?;
+    ops::argmax_rows(cx.dev, &dl, rows, &mut out)?;
+    let want: Vec<i32> = logits
+        .chunks_exact(vocab)
+        .map(|row| {
+            if row.iter().any(|v| v.is_nan()) {
+                -1
+            } else {
+                cpu::sample::argmax(row) as i32
+            }
+        })
+        .collect();
+    Ok(vec![verdict("ids", cx.dev.download(&out)? == want)])
+}
+
+fn repetition_penalty(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize, per_row: usize) -> Result<Vec<Check>> {
+    let logits = rng.uniform_vec(rows * vocab, 8.0);
+    let penalty: Vec<f32> = (0..rows).map(|_| rng.uniform(0.5, 2.0)).collect();
+    let (mut rows_of, mut tokens) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        for t in rng.distinct(per_row, vocab) {
+            rows_of.push(r as i32);
+            tokens.push(t as i32);
+        }
+    }
+    let mut dl = cx.dev.upload(&logits)?;
+    let (dr, dt, dp) = (
+        cx.dev.upload(&rows_of)?,
+        cx.dev.upload(&tokens)?,
+        cx.dev.upload(&penalty)?,
+    );
+    ops::repetition_penalty(cx.dev, &mut dl, vocab, &dr, &dt, &dp)?;
+    // The engine Sampler's rule, per distinct previous token.
+    let mut want = logits;
+    for (&r, &t) in rows_of.iter().zip(&tokens) {
+        let p = penalty[r as usize];
+        let s = &mut want[r as usize * vocab + t as usize];
+        *s = if *s > 0.0 { *s / p } else { *s * p };
+    }
+    Ok(vec![Check::new("logits", &cx.dev.download(&dl)?, &want, 0.0)])
+}
+
+/// The twin of one row of `sample_rows`: −1 for a NaN row (greedy) or any non-finite logit (sampling).
+fn sample_want(row: &[f32], p: &[f32], u: f32) -> i32 {
+    let (t, k, top_p, min_p) = (p[0], p[1] as usize, p[2], p[3]);
+    if t <= 0.0 {
+        return if row.iter().any(|v| v.is_nan()) {
+            -1
+        } else {
+            cpu::sample::argmax(row) as i32
+        };
+    }
+    if row.iter().any(|v| !v.is_finite()) {
+        return -1;
+    }
+    cpu::sample::sample_row(row, t, k, top_p, min_p, u) as i32
+}
+
+/// Rows of logits rounded to bf16 (ties, as real logits have) on varied scales, each with its own parameters drawn
+/// from sets that exercise every filter alone and together (greedy, top-k 1, tiny temperatures that zero most
+/// weights, top-k past the vocabulary), plus a NaN row and an infinite row. The ids must be identical.
+fn sample_rows(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize) -> Result<Vec<Check>> {
+    let mut logits = Vec::with_capacity(rows * vocab);
+    for r in 0..rows {
+        let scale = [2.0f32, 6.0, 15.0][r % 3];
+        logits.extend(rounded::<bf16>(&rng.uniform_vec(vocab, scale)));
+    }
+    let temps = [0.0f32, 1.0, 0.7, 1.5, 0.3, 1e-4];
+    let top_ks = [0usize, 1, 5, 40, 1000, vocab + 3];
+    let top_ps = [1.0f32, 0.9, 0.5, 0.95, 0.2];
+    let min_ps = [0.0f32, 0.05, 0.1, 0.0];
+    let mut params = Vec::with_capacity(rows * 4);
+    for _ in 0..rows {
+        params.push(temps[rng.below(0, temps.len())]);
+        params.push(top_ks[rng.below(0, top_ks.len())] as f32);
+        params.push(top_ps[rng.below(0, top_ps.len())]);
+        params.push(min_ps[rng.below(0, min_ps.len())]);
+    }
+    if rows >= 4 {
+        logits[vocab + 17] = f32::NAN;
+        logits[3 * vocab + 5] = f32::INFINITY;
+        params[4] = 1.0;
+        params[12] = 0.0;
+    }
+    let uniforms: Vec<f32> = (0..rows).map(|_| rng.unit()).collect();
+    let (dl, dp, du) = (
+        cx.dev.upload(&logits)?,
+        cx.dev.upload(&params)?,
+        cx.dev.upload(&uniforms)?,
+    );
+    let mut out = cx.dev.upload(&vec![-7i32; rows])?;
+    ops::sample_rows(cx.dev, &dl, rows, vocab, &dp, &du, &mut out)?;
+    let got = cx.dev.download(&out)?;
+    let mismatches = (0..rows)
+        .filter(|&r| {
+            got[r]
+                != sample_want(
+                    &logits[r * vocab..(r + 1) * vocab],
+                    &params[r * 4..r * 4 + 4],
+                    uniforms[r],
+                )
+        })
+        .count();
+    Ok(vec![Check {
+        output: "ids (mismatched rows / rows)",
+        rel_err: mismatches as f64 / rows as f64,
+        threshold: 0.0,
+    }])
+}
+
+/// 200000 draws from one tiny row: each id's frequency must match the Sampler's probability (kept weight / kept mass)
+/// within 5 standard deviations; the check reports the worst deviation in units of that bound.
+fn sample_frequencies(cx: &Ctx, rng: &mut Rng) -> Result<Vec<Check>> {
+    const DRAWS: usize = 200_000;
+    let row = [0.3f32, -1.2, 2.0, 1.1, 2.0, -0.4, 0.9];
+    let (t, k, top_p, min_p) = (0.9f32, 6usize, 0.93f32, 0.04f32);
+    let vocab = row.len();
+    let logits: Vec<f32> = (0..DRAWS).flat_map(|_| row.iter().copied()).collect();
+    let params: Vec<f32> = (0..DRAWS).flat_map(|_| [t, k as f32, top_p, min_p]).collect();
+    let uniforms: Vec<f32> = (0..DRAWS).map(|_| rng.unit()).collect();
+    let (dl, dp, du) = (
+        cx.dev.upload(&logits)?,
+        cx.dev.upload(&params)?,
+        cx.dev.upload(&uniforms)?,
+    );
+    let mut out = cx.dev.upload(&vec![-7i32; DRAWS])?;
+    ops::sample_rows(cx.dev, &dl, DRAWS, vocab, &dp, &du, &mut out)?;
+    let mut counts = vec![0usize; vocab];
+    let mut bad = 0usize;
+    for id in cx.dev.download(&out)? {
+        match usize::try_from(id).ok().filter(|&i| i < vocab) {
+            Some(i) => counts[i] += 1,
+            None => bad += 1,
+        }
+    }
+    let kept = cpu::sample::kept_weights(&row, t, k, top_p, min_p);
+    let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+    let mut worst = if bad > 0 { f64::INFINITY } else { 0.0f64 };
+    for (i, &c) in counts.iter().enumerate() {
+        let p = kept
+            .iter()
+            .find(|&&(j, _)| j as usize == i)
+            .map_or(0.0, |&(_, w)| f64::from(w) / total);
+        let bound = 5.0 * (p * (1.0 - p) / DRAWS as f64).sqrt() + 1e-9;
+        worst = worst.max((c as f64 / DRAWS as f64 - p).abs() / bound);
+    }
+    Ok(vec![Check {
+        output: "frequency deviation / 5σ",
+        rel_err: worst,
+        threshold: 1.0,
+    }])
+}
