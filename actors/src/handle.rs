@@ -12,7 +12,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg, EngineConfig, EngineHealth, EngineInfo};
 use crate::error::ActorsError;
 use crate::metrics::Metrics;
-use crate::request::{Event, GenerateRequest};
+use crate::request::{Event, FailureKind, GenerateRequest};
 
 /// A running engine: the coordinator actor and its rank actors.
 pub struct EngineHandle {
@@ -128,9 +128,7 @@ impl EventStream {
             Some(Event::Token { .. }) => {}
         }
         if e.is_none() {
-            return Some(Event::Failed {
-                error: "the engine stopped".into(),
-            });
+            return Some(Event::failed(FailureKind::Unavailable, "the engine stopped"));
         }
         e
     }

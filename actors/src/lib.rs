@@ -15,4 +15,4 @@ pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec};
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};
-pub use request::{Event, GenerateRequest, RequestTiming, StepStats, Usage};
+pub use request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};

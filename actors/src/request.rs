@@ -87,5 +87,43 @@ pub enum Event {
         spec: Option<SpecStats>,
     },
     /// The request failed (bad parameters, or faults beyond the retry limit); nothing more comes.
-    Failed { error: String },
+    Failed { error: String, kind: FailureKind },
+}
+
+impl Event {
+    /// A `Failed` event.
+    pub fn failed(kind: FailureKind, error: impl Into<String>) -> Self {
+        Event::Failed {
+            error: error.into(),
+            kind,
+        }
+    }
+}
+
+/// What kind of failure ended a request: what the front ends map to a status code (gRPC) or an HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The request itself is wrong (a parameter, the prompt's length, a token id): retrying it cannot help.
+    InvalidArgument,
+    /// It names a session that does not exist (never did, closed or evicted).
+    NotFound,
+    /// The engine is full (the waiting queue is at its limit): back-pressure, retry later.
+    ResourceExhausted,
+    /// The engine stopped, is recovering from a fault beyond the request's retries, or could not be restarted.
+    Unavailable,
+    /// Something failed inside the engine (a drafter, the detokenizer).
+    Internal,
+}
+
+impl FailureKind {
+    /// The kind an engine error is.
+    pub fn of(e: &rewind_engine::EngineError) -> Self {
+        use rewind_engine::EngineError as E;
+        match e {
+            E::InvalidInput(_) | E::Config { .. } => FailureKind::InvalidArgument,
+            E::GroupFailed(_) | E::Communicator(_) => FailureKind::Unavailable,
+            _ => FailureKind::Internal,
+        }
+    }
 }

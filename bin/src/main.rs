@@ -1,15 +1,10 @@
 //! `rewind`: the command-line interface of the rewind serving engine.
 
-mod cli;
-mod commands;
-mod default_model;
-mod output;
-mod progress_bars;
-
 use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
+use rewind_bin::{cli, commands, output, progress_bars};
 
 fn main() -> ExitCode {
     // NCCL reads NCCL_NVLS_ENABLE when the first communicator is made; set it (unless the user did) while this is the

@@ -62,7 +62,7 @@ async fn collect(mut s: rewind_actors::EventStream) -> Outcome {
                 assert_eq!(usage.completion_tokens, tokens.len());
                 return Outcome::Done(tokens, reason);
             }
-            Event::Failed { error } => return Outcome::Failed(error),
+            Event::Failed { error, .. } => return Outcome::Failed(error),
         }
     }
     panic!("the stream ended without a final event")

@@ -74,7 +74,7 @@ async fn run(mut s: rewind_actors::EventStream) -> (Vec<u32>, Option<SpecStats>)
                 tokens.push(token);
             }
             Event::Finished { spec, .. } => return (tokens, spec),
-            Event::Failed { error } => panic!("request failed: {error}"),
+            Event::Failed { error, .. } => panic!("request failed: {error}"),
         }
     }
     panic!("the stream ended without a final event")

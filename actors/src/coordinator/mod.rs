@@ -28,7 +28,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::request::{Event, GenerateRequest};
+use crate::request::{Event, FailureKind, GenerateRequest};
 pub use ranks::Fault;
 use ranks::Generation;
 use spec::LiveSpec;
@@ -328,9 +328,9 @@ impl Actor for Coordinator {
         st: &mut CoordinatorState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         for (_, l) in st.live.drain() {
-            let _ = l.events.send(Event::Failed {
-                error: "the engine stopped".into(),
-            });
+            let _ = l
+                .events
+                .send(Event::failed(FailureKind::Unavailable, "the engine stopped"));
         }
         if let Some(g) = st.ranks.take() {
             g.stop("the engine stopped").await;

@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::ranks::Generation;
 use super::{sched_config, CoordinatorState, Fault};
 use crate::metrics::{Metrics, Recovery};
-use crate::request::Event;
+use crate::request::{Event, FailureKind};
 
 impl CoordinatorState {
     /// Recovers from `fault`, charged to the requests `involved` (the failed step's); see the module docs.
@@ -30,7 +30,7 @@ impl CoordinatorState {
                     l.faults, self.config.max_retries
                 );
                 Metrics::inc(&self.metrics.requests_failed);
-                let _ = l.events.send(Event::Failed { error });
+                let _ = l.events.send(Event::failed(FailureKind::Unavailable, error));
                 self.live.remove(&id);
                 self.sched.cancel(id);
             }
@@ -77,7 +77,7 @@ impl CoordinatorState {
         error!(%broken);
         for (_, l) in self.live.drain() {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = l.events.send(Event::Failed { error: broken.clone() });
+            let _ = l.events.send(Event::failed(FailureKind::Unavailable, broken.clone()));
         }
         self.sched.drain();
         self.broken = Some(broken);

@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::{CoordinatorState, EngineSpec};
 use crate::metrics::Metrics;
-use crate::request::Event;
+use crate::request::{Event, FailureKind};
 
 /// A request's speculation state.
 pub(super) struct LiveSpec {
@@ -199,7 +199,7 @@ impl CoordinatorState {
     pub(super) async fn fail(&mut self, id: u64, error: String) {
         if let Some(l) = self.live.remove(&id) {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = l.events.send(Event::Failed { error });
+            let _ = l.events.send(Event::failed(FailureKind::Internal, error));
         }
         if let Some(slot) = self.sched.cancel(id) {
             self.release(&[slot]).await;

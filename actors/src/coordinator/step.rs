@@ -16,14 +16,14 @@ use super::spec::{Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
-use crate::request::{Event, GenerateRequest, RequestTiming, StepStats, Usage};
+use crate::request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
 
 impl CoordinatorState {
     /// Takes a request, or fails it alone with a clear error.
     pub(super) fn submit(&mut self, id: u64, request: GenerateRequest, events: UnboundedSender<Event>) {
         if let Err(e) = self.admit(id, request, &events) {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = events.send(Event::Failed { error: e.to_string() });
+            let _ = events.send(Event::failed(FailureKind::of(&e), e.to_string()));
         }
     }
 
@@ -399,7 +399,7 @@ impl CoordinatorState {
             Err(e) => {
                 warn!(request = id, %e, "detokenizing failed");
                 Metrics::inc(&self.metrics.requests_failed);
-                let _ = l.events.send(Event::Failed { error: e.to_string() });
+                let _ = l.events.send(Event::failed(FailureKind::Internal, e.to_string()));
                 self.live.remove(&id);
                 return self.sched.cancel(id);
             }

@@ -200,7 +200,7 @@ async fn collect(engine: &EngineHandle, request: GenerateRequest) -> Result<Vec<
         match event {
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { .. } => return Ok(tokens),
-            Event::Failed { error } => anyhow::bail!("{error}"),
+            Event::Failed { error, .. } => anyhow::bail!("{error}"),
         }
     }
     anyhow::bail!("the engine ended the request without a final event")
@@ -254,7 +254,7 @@ async fn stream(
                     tokens,
                 });
             }
-            Event::Failed { error } => anyhow::bail!("{error}"),
+            Event::Failed { error, .. } => anyhow::bail!("{error}"),
         }
     }
     anyhow::bail!("the engine ended the request without a final event")

@@ -101,7 +101,7 @@ async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<S
                 trace.spec = spec;
                 break;
             }
-            Event::Failed { error } => {
+            Event::Failed { error, .. } => {
                 trace.error = Some(error);
                 break;
             }

@@ -1,0 +1,9 @@
+//! The servers every front end shares: one engine ([`ServeState`]) behind the gRPC session API (`grpc`) and the
+//! OpenAI-compatible HTTP API (`http`). `rewind serve` runs them in one process; `rewind-launch` adds GPU discovery
+//! and the TP plan on top.
+
+pub mod model;
+pub mod state;
+
+pub use model::ServedModel;
+pub use state::ServeState;

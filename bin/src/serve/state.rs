@@ -1,0 +1,88 @@
+//! [`ServeState`]: the engine and everything both APIs read about the served model, shared by every connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rewind_actors::EngineHandle;
+use rewind_engine::sample::SamplingParams;
+
+use super::model::ServedModel;
+
+/// What every request handler shares.
+pub struct ServeState {
+    pub engine: Arc<EngineHandle>,
+    pub model: ServedModel,
+    /// The model id both APIs report and accept (`/v1/models`, the `model` field).
+    pub model_name: String,
+    /// When set, every request must present it (gRPC `authorization: Bearer K` metadata, HTTP
+    /// `Authorization: Bearer K`); health checks too, except HTTP `/health`.
+    pub api_key: Option<String>,
+    /// `max_tokens` when a request gives none, and the most a request may ask for.
+    pub default_max_tokens: usize,
+    pub max_tokens_limit: usize,
+    /// Set on SIGINT / SIGTERM: new requests are refused (UNAVAILABLE / 503) while in-flight ones finish.
+    draining: AtomicBool,
+    pub started: Instant,
+}
+
+impl ServeState {
+    /// The state for `engine` serving `model` under `model_name`.
+    pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_key: Option<String>) -> Self {
+        let context = engine.info().max_context;
+        ServeState {
+            engine,
+            model,
+            model_name,
+            api_key,
+            default_max_tokens: 256.min(context),
+            max_tokens_limit: context,
+            draining: AtomicBool::new(false),
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether the servers refuse new requests (shutting down).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Starts refusing new requests.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether `presented` (a bearer token, or none) is allowed in.
+    pub fn authorized(&self, presented: Option<&str>) -> bool {
+        match &self.api_key {
+            None => true,
+            Some(k) => presented.is_some_and(|p| constant_time_eq(p.as_bytes(), k.as_bytes())),
+        }
+    }
+
+    /// The sampling parameters a request starts from (generation_config.json's) with this server's default
+    /// `max_tokens`.
+    pub fn sampling_defaults(&self) -> SamplingParams {
+        let mut p = self.model.sampling_defaults();
+        p.max_tokens = Some(self.default_max_tokens);
+        p
+    }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}
