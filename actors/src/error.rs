@@ -11,4 +11,6 @@ pub enum ActorsError {
     Stopped,
     #[error(transparent)]
     Engine(#[from] rewind_engine::EngineError),
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
 }

@@ -9,10 +9,13 @@ use ractor::{Actor, ActorRef, SpawnErr};
 use rewind_engine::rank::Launcher;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg, EngineConfig, EngineHealth, EngineInfo};
+use crate::coordinator::{
+    Coordinator, CoordinatorArgs, CoordinatorMsg, EngineConfig, EngineHealth, EngineInfo, SessionMsg,
+};
 use crate::error::ActorsError;
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
+use crate::session::{SessionInfo, SessionOptions};
 
 /// A running engine: the coordinator actor and its rank actors.
 pub struct EngineHandle {
@@ -81,6 +84,38 @@ impl EngineHandle {
         ractor::call!(self.coordinator, CoordinatorMsg::Health)
             .map_err(|_| ActorsError::Stopped)?
             .map_err(ActorsError::Engine)
+    }
+
+    async fn session_call<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(ractor::RpcReplyPort<T>) -> SessionMsg,
+    ) -> Result<T, ActorsError> {
+        ractor::call!(self.coordinator, |reply| CoordinatorMsg::Session(make(reply))).map_err(|_| ActorsError::Stopped)
+    }
+
+    /// Opens a session (see `session.rs`): its turns are requests with [`GenerateRequest::session`] set.
+    pub async fn create_session(&self, options: SessionOptions) -> Result<SessionInfo, ActorsError> {
+        Ok(self.session_call(|r| SessionMsg::Create(options, r)).await??)
+    }
+
+    /// A new session holding a copy of session `id`'s tokens and saved state (refused while `id` runs a turn).
+    pub async fn fork_session(&self, id: &str) -> Result<SessionInfo, ActorsError> {
+        Ok(self.session_call(|r| SessionMsg::Fork(id.to_string(), r)).await??)
+    }
+
+    /// Removes session `id` (a turn it is running finishes, but is not saved).
+    pub async fn close_session(&self, id: &str) -> Result<(), ActorsError> {
+        Ok(self.session_call(|r| SessionMsg::Close(id.to_string(), r)).await??)
+    }
+
+    /// Session `id`.
+    pub async fn session(&self, id: &str) -> Result<SessionInfo, ActorsError> {
+        Ok(self.session_call(|r| SessionMsg::Get(id.to_string(), r)).await??)
+    }
+
+    /// Every session, by id.
+    pub async fn list_sessions(&self) -> Result<Vec<SessionInfo>, ActorsError> {
+        self.session_call(SessionMsg::List).await
     }
 
     /// Stops the engine: live requests fail with "the engine stopped", the ranks end.

@@ -10,9 +10,11 @@ mod handle;
 pub mod metrics;
 pub mod rank_actor;
 mod request;
+mod session;
 
 pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec};
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};
 pub use request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
+pub use session::{SessionError, SessionInfo, SessionOptions};

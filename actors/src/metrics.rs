@@ -83,6 +83,11 @@ metrics! {
     spec_verifies: "counter", "Speculative verify steps run (one per sequence and step).";
     spec_drafted: "counter", "Draft tokens verified.";
     spec_accepted: "counter", "Draft tokens accepted.";
+    restored_tokens: "counter", "Prompt tokens restored from a session's saved state instead of prefilled.";
+    sessions: "gauge", "Sessions held.";
+    sessions_evicted: "counter", "Sessions evicted after sitting idle past the timeout.";
+    session_state_bytes: "gauge", "Host bytes of the sessions' saved states.";
+    requests_refused: "counter", "Requests refused as back-pressure (the waiting queue at its limit).";
 }
 
 impl Metrics {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use rewind_engine::rank::{Faults, Launch, RankHealth, RankInfo, RankMsg, RankThread, StepOut, StepPlan};
+use rewind_engine::rank::{Faults, Launch, RankHealth, RankInfo, RankMsg, RankThread, SlotSnapshot, StepOut, StepPlan};
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
 
@@ -27,6 +27,10 @@ pub enum RankActorMsg {
     /// Ends the sequence in a slot.
     Release(usize, RpcReplyPort<Result<()>>),
     Health(RpcReplyPort<Result<RankHealth>>),
+    /// Copies a slot's state to the host (no verify may await its commit).
+    Snapshot(usize, RpcReplyPort<Result<SlotSnapshot>>),
+    /// Starts the sequence in a free slot from a snapshot of this rank's shard.
+    Restore(usize, Box<SlotSnapshot>, RpcReplyPort<Result<()>>),
     /// The rank's thread stopped serving (sent by the thread itself).
     ThreadExited(String),
 }
@@ -114,6 +118,10 @@ impl Actor for RankActor {
             )?,
             RankActorMsg::Release(slot, reply) => Self::send(state, RankMsg::Release(slot, forward(reply)))?,
             RankActorMsg::Health(reply) => Self::send(state, RankMsg::Health(forward(reply)))?,
+            RankActorMsg::Snapshot(slot, reply) => Self::send(state, RankMsg::Snapshot(slot, forward(reply)))?,
+            RankActorMsg::Restore(slot, snap, reply) => {
+                Self::send(state, RankMsg::Restore(slot, snap, forward(reply)))?
+            }
             RankActorMsg::ThreadExited(why) => {
                 return Err(Box::new(EngineError::GroupFailed(format!(
                     "rank {}'s thread stopped: {why}",

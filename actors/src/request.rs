@@ -17,6 +17,9 @@ pub struct GenerateRequest {
     pub reference: Option<Vec<u32>>,
     /// Whether the request speculates when the engine does (default true; the oracle's reference run does not).
     pub speculate: bool,
+    /// A turn of this session (see `session.rs`): `prompt` holds only the turn's new tokens, which continue the
+    /// session's state; the session holds the turn's tokens when it finishes.
+    pub session: Option<String>,
 }
 
 impl GenerateRequest {
@@ -28,6 +31,7 @@ impl GenerateRequest {
             priority: 0,
             reference: None,
             speculate: true,
+            session: None,
         }
     }
 }
@@ -47,8 +51,11 @@ pub struct StepStats {
 /// Prompt and generated token counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
+    /// The sequence's tokens before generation: a session turn counts the session's earlier tokens too.
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens restored from a session's saved state instead of prefilled.
+    pub cached_tokens: usize,
 }
 
 /// How a finished request went.
@@ -108,6 +115,8 @@ pub enum FailureKind {
     InvalidArgument,
     /// It names a session that does not exist (never did, closed or evicted).
     NotFound,
+    /// Its session is running another turn.
+    FailedPrecondition,
     /// The engine is full (the waiting queue is at its limit): back-pressure, retry later.
     ResourceExhausted,
     /// The engine stopped, is recovering from a fault beyond the request's retries, or could not be restarted.

@@ -95,3 +95,12 @@ impl Rng {
         (self.next_u64() % n as u64) as usize
     }
 }
+
+/// The async runtime the serving tests run an engine on (two workers, like the CI machine's cores).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

@@ -11,15 +11,7 @@ use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::rank::{CpuLauncher, CpuOptions, FaultKind, FaultSpec, GroupSequence, Rows, SeqKind};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::FinishReason;
-use rewind_tests::{argmax, fixtures, group, name, tokens, Rng};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use rewind_tests::{argmax, fixtures, group, name, runtime, tokens, Rng};
 
 async fn engine(dir: &Path, tp: usize, slots: usize, context: usize, config: EngineConfig) -> EngineHandle {
     let launcher = CpuLauncher::new(
@@ -361,6 +353,44 @@ fn five_hundred_concurrent_requests_on_the_tiny_preset_all_complete() {
             m.generated_tokens as f64 / wall,
             m.steps
         );
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn a_full_waiting_queue_refuses_requests_as_back_pressure() {
+    let rt = runtime();
+    let dir = &fixtures()[0];
+    let (toks, prefill) = tokens(dir);
+    let prompt = &toks[..prefill];
+    rt.block_on(async {
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.max_waiting = 1;
+        let e = engine(dir, 1, 1, 64, config).await;
+        let mut running = e
+            .submit(GenerateRequest::new(prompt.to_vec(), greedy(30)))
+            .expect("submit");
+        // Once it streams, the one slot is taken: the next request waits and the one after is refused.
+        assert!(matches!(running.next().await, Some(Event::Token { .. })));
+        let waiting = e
+            .submit(GenerateRequest::new(prompt.to_vec(), greedy(2)))
+            .expect("submit");
+        let refused = collect(
+            e.submit(GenerateRequest::new(prompt.to_vec(), greedy(2)))
+                .expect("submit"),
+        )
+        .await;
+        match refused {
+            Outcome::Failed(error) => assert!(error.contains("the engine is full"), "{error}"),
+            other => panic!("not refused: {other:?}"),
+        }
+        assert!(matches!(collect(waiting).await, Outcome::Done(..)));
+        let mut last = None;
+        while let Some(ev) = running.next().await {
+            last = Some(ev);
+        }
+        assert!(matches!(last, Some(Event::Finished { .. })), "{last:?}");
+        assert_eq!(e.metrics().snapshot().requests_refused, 1);
         e.shutdown().await;
     });
 }

@@ -13,18 +13,10 @@ use rewind_engine::rank::{CpuLauncher, CpuOptions, Rank, Rows, SeqKind, SeqStep,
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::factory::{build, Target};
 use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy, SpecStats};
-use rewind_tests::{fixtures, name, single, tokens};
+use rewind_tests::{fixtures, name, runtime, single, tokens};
 
 /// Ring length for windows up to T = 8 (a verify of 9 tokens needs L ≥ 18).
 const RING: usize = 18;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn spec_config(drafter: DrafterKind, window: usize) -> SpecConfig {
     SpecConfig {

@@ -8,6 +8,7 @@
 
 mod ranks;
 mod recovery;
+mod sessions;
 mod spec;
 mod step;
 
@@ -29,8 +30,11 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
+use crate::session::Sessions;
 pub use ranks::Fault;
 use ranks::Generation;
+pub use sessions::SessionMsg;
+use sessions::{LiveSession, Save};
 use spec::LiveSpec;
 
 /// How the engine runs.
@@ -54,6 +58,11 @@ pub struct EngineConfig {
     pub tokenizer: Option<Tokenizer>,
     /// Speculative decoding, when on.
     pub spec: Option<EngineSpec>,
+    /// Requests that may wait at once; one more is refused as back-pressure (`FailureKind::ResourceExhausted`).
+    pub max_waiting: usize,
+    /// Sessions held at once, and how long one may sit idle before it is evicted (`None`: never).
+    pub max_sessions: usize,
+    pub session_idle_timeout: Option<Duration>,
 }
 
 /// Speculative decoding as the engine runs it: the settings and the drafters' factory.
@@ -76,6 +85,9 @@ impl EngineConfig {
             eos_token_ids: Vec::new(),
             tokenizer: None,
             spec: None,
+            max_waiting: 4096,
+            max_sessions: 4096,
+            session_idle_timeout: Some(Duration::from_secs(1800)),
         }
     }
 }
@@ -121,6 +133,8 @@ pub enum CoordinatorMsg {
     Step,
     Info(RpcReplyPort<EngineInfo>),
     Health(RpcReplyPort<Result<EngineHealth>>),
+    /// A session operation.
+    Session(SessionMsg),
 }
 
 /// What starts the coordinator.
@@ -149,6 +163,8 @@ struct Live {
     span: tracing::Span,
     /// Speculation: the request's drafter and what it has done.
     spec: Option<LiveSpec>,
+    /// The session this request is a turn of.
+    session: Option<LiveSession>,
 }
 
 /// The coordinator's state.
@@ -178,6 +194,9 @@ pub struct CoordinatorState {
     myself: ActorCell,
     /// Speculation's window per step, when on.
     window: Option<WindowPolicy>,
+    sessions: Sessions,
+    /// Turns that finished in the step being run, saved before their slots are released.
+    saves: Vec<Save>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -253,6 +272,12 @@ impl Actor for Coordinator {
             max_context = info.max_context,
             "engine started"
         );
+        if let Some(t) = c.session_idle_timeout {
+            // Evicted lazily on every session operation too; the timer frees an idle server's memory.
+            let period = (t / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+            myself.send_interval(period, || CoordinatorMsg::Session(SessionMsg::EvictIdle));
+        }
+        let sessions = Sessions::new(c.max_sessions, c.session_idle_timeout);
         let window = c
             .spec
             .as_ref()
@@ -275,6 +300,8 @@ impl Actor for Coordinator {
             capacity,
             myself: myself.get_cell(),
             window,
+            sessions,
+            saves: Vec::new(),
         })
     }
 
@@ -297,6 +324,7 @@ impl Actor for Coordinator {
             }
             CoordinatorMsg::Info(reply) => drop(reply.send(st.info.clone())),
             CoordinatorMsg::Health(reply) => drop(reply.send(st.health().await)),
+            CoordinatorMsg::Session(msg) => st.session_msg(msg),
         }
         Ok(())
     }

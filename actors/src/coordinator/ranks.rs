@@ -129,10 +129,19 @@ impl Generation {
         make: impl Fn(RpcReplyPort<Result<T>>) -> RankActorMsg,
         deadline: Duration,
     ) -> std::result::Result<Vec<T>, Fault> {
+        self.call_each(|_, reply| make(reply), deadline).await
+    }
+
+    /// [`Generation::call`] with a message per rank: `make` gets the rank's index.
+    pub async fn call_each<T: Send + 'static>(
+        &self,
+        make: impl Fn(usize, RpcReplyPort<Result<T>>) -> RankActorMsg,
+        deadline: Duration,
+    ) -> std::result::Result<Vec<T>, Fault> {
         let mut replies = Vec::with_capacity(self.ranks.len());
         for (r, actor) in self.ranks.iter().enumerate() {
             let (tx, rx) = oneshot();
-            actor.send_message(make(tx.into())).map_err(|_| Fault::Stopped(r))?;
+            actor.send_message(make(r, tx.into())).map_err(|_| Fault::Stopped(r))?;
             replies.push(rx);
         }
         let until = tokio::time::Instant::now() + deadline;

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info_span, warn, Instrument};
 
 use super::spec::{Judge, LiveSpec};
-use super::{CoordinatorMsg, CoordinatorState, Fault, Live};
+use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
 use crate::request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
@@ -21,39 +21,83 @@ use crate::request::{Event, FailureKind, GenerateRequest, RequestTiming, StepSta
 impl CoordinatorState {
     /// Takes a request, or fails it alone with a clear error.
     pub(super) fn submit(&mut self, id: u64, request: GenerateRequest, events: UnboundedSender<Event>) {
-        if let Err(e) = self.admit(id, request, &events) {
+        if let Err((kind, error)) = self.admit(id, request, &events) {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = events.send(Event::failed(FailureKind::of(&e), e.to_string()));
+            let _ = events.send(Event::failed(kind, error));
         }
     }
 
     fn admit(
         &mut self,
         id: u64,
+        mut request: GenerateRequest,
+        events: &UnboundedSender<Event>,
+    ) -> Result<(), (FailureKind, String)> {
+        let refused = |e: EngineError| (FailureKind::of(&e), e.to_string());
+        if let Some(why) = &self.broken {
+            return Err((FailureKind::Unavailable, why.clone()));
+        }
+        let waiting = self.sched.counts().0;
+        if waiting >= self.config.max_waiting {
+            Metrics::inc(&self.metrics.requests_refused);
+            return Err((
+                FailureKind::ResourceExhausted,
+                format!("the engine is full: {waiting} requests are waiting (the limit); retry later"),
+            ));
+        }
+        if let Some((i, &t)) = request
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.info.vocab)
+        {
+            return Err(refused(EngineError::InvalidInput(format!(
+                "prompt token id {t} at index {i} is out of range (vocab size {})",
+                self.info.vocab
+            ))));
+        }
+        // A turn runs on the session's tokens and starts from its saved state. A refused turn leaves the session
+        // idle: it is busy only while its request is live.
+        let (request, turn) = match request.session.take() {
+            Some(sid) => {
+                let t = self.begin_turn(&sid, id, &request.prompt, request.speculate)?;
+                let request = GenerateRequest {
+                    prompt: t.prompt,
+                    speculate: t.speculate,
+                    ..request
+                };
+                (request, Some((t.session, t.restored)))
+            }
+            None => (request, None),
+        };
+        self.admit_sequence(id, request, turn, events).map_err(refused)
+    }
+
+    /// Queues a sequence (a plain request, or a session's turn with its session and restored tokens).
+    fn admit_sequence(
+        &mut self,
+        id: u64,
         request: GenerateRequest,
+        turn: Option<(super::sessions::LiveSession, usize)>,
         events: &UnboundedSender<Event>,
     ) -> rewind_engine::Result<()> {
-        if let Some(why) = &self.broken {
-            return Err(EngineError::GroupFailed(why.clone()));
-        }
         let GenerateRequest {
             prompt,
             params,
             priority,
             reference,
             speculate,
+            session: _,
         } = request;
         params.validate(self.info.vocab)?;
+        let (session, restored) = match turn {
+            Some((s, n)) => (Some(s), n),
+            None => (None, 0),
+        };
         if prompt.is_empty() {
             return Err(EngineError::InvalidInput(
                 "the prompt is empty (no tokens to start from)".into(),
             ));
-        }
-        if let Some((i, &t)) = prompt.iter().enumerate().find(|(_, &t)| t as usize >= self.info.vocab) {
-            return Err(EngineError::InvalidInput(format!(
-                "prompt token id {t} at index {i} is out of range (vocab size {})",
-                self.info.vocab
-            )));
         }
         let room = self.info.max_context.saturating_sub(prompt.len());
         if room == 0 {
@@ -84,6 +128,7 @@ impl CoordinatorState {
                 prompt: prompt.clone(),
                 max_tokens: output.limit(),
                 priority,
+                restored,
             })
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let (prompt_len, limit) = (prompt.len(), output.limit());
@@ -118,8 +163,9 @@ impl CoordinatorState {
                 faults: 0,
                 preemptions: 0,
                 recoveries: 0,
-                span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit),
+                span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit, restored),
                 spec,
+                session,
             },
         );
         self.gauges();
@@ -267,6 +313,19 @@ impl CoordinatorState {
                 }
             }
         }
+        let restores: Vec<(u64, usize)> = planned
+            .work
+            .iter()
+            .filter(|p| p.fresh && p.restored > 0)
+            .map(|p| (p.id, p.slot))
+            .collect();
+        if let Err(f) = self.restore(&restores).await {
+            let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+            self.recover(f, &ids).await;
+            return;
+        }
+        let restored: usize = planned.work.iter().filter(|p| p.fresh).map(|p| p.restored).sum();
+        Metrics::add(&self.metrics.restored_tokens, restored as u64);
         let full_logits = planned
             .work
             .iter()
@@ -342,8 +401,12 @@ impl CoordinatorState {
                 }
             };
             row += rows;
+            let verify_at = match &p.work {
+                StepWork::Verify { position, .. } => Some(*position),
+                StepWork::Prefill { .. } | StepWork::Decode { .. } => None,
+            };
             for token in tokens {
-                if let Some(slot) = self.deliver(p.id, token, stats) {
+                if let Some(slot) = self.deliver(p.id, token, stats, verify_at) {
                     finished.push(slot);
                     break;
                 }
@@ -352,6 +415,8 @@ impl CoordinatorState {
                 }
             }
         }
+        let saves = std::mem::take(&mut self.saves);
+        self.save(saves).await;
         self.release(&finished).await;
         for (id, error) in failed {
             self.fail(id, error).await;
@@ -360,7 +425,7 @@ impl CoordinatorState {
     }
 
     /// Runs `plan` as step `index` on every rank and merges the answers.
-    async fn run(&mut self, index: u64, plan: &StepPlan) -> Result<rewind_engine::rank::StepResult, Fault> {
+    pub(super) async fn run(&mut self, index: u64, plan: &StepPlan) -> Result<rewind_engine::rank::StepResult, Fault> {
         let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
         let prepared = prepare(&self.books, plan, g.ranks.len()).map_err(|e| Fault::Rank(0, e.to_string(), false))?;
         let sent = prepared.sent.clone();
@@ -381,7 +446,8 @@ impl CoordinatorState {
     }
 
     /// Streams request `id`'s new token; returns its slot when the request ended.
-    fn deliver(&mut self, id: u64, token: u32, step: StepStats) -> Option<usize> {
+    /// A session turn that finishes is queued to be saved (`verify_at`: the position of the verify it ran in, if).
+    fn deliver(&mut self, id: u64, token: u32, step: StepStats, verify_at: Option<usize>) -> Option<usize> {
         let Some(l) = self.live.get_mut(&id) else {
             // Cancelled while the step ran: the scheduler let it go already.
             return None;
@@ -430,11 +496,21 @@ impl CoordinatorState {
                 recoveries = l.recoveries,
                 "finished"
             );
+            if let (Some(s), Some(slot)) = (&l.session, slot) {
+                self.saves.push(Save {
+                    session: s.id.clone(),
+                    request: id,
+                    slot,
+                    tokens: l.history.clone(),
+                    verify_at,
+                });
+            }
             let _ = l.events.send(Event::Finished {
                 reason,
                 usage: Usage {
                     prompt_tokens: l.prompt_len,
                     completion_tokens: l.output.generated(),
+                    cached_tokens: l.session.as_ref().and_then(|s| s.state.as_ref()).map_or(0, |(_, n)| *n),
                 },
                 timing: RequestTiming {
                     ttft_seconds: l.first_token.map_or(0.0, |t| (t - l.submitted).as_secs_f64()),

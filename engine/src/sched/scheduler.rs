@@ -25,6 +25,9 @@ pub struct Request {
     pub max_tokens: usize,
     /// Higher runs first; equal priorities run in arrival order.
     pub priority: i32,
+    /// Leading tokens of `prompt` already in a saved state (a session's earlier turns): the ranks restore that state
+    /// when the sequence starts, and only the rest of the prompt is prefilled. 0 for a fresh sequence.
+    pub restored: usize,
 }
 
 /// Why a request cannot be taken.
@@ -32,6 +35,8 @@ pub struct Request {
 pub enum SchedError {
     #[error("request {id}: the prompt is empty")]
     EmptyPrompt { id: u64 },
+    #[error("request {id}: {restored} restored tokens leave none of the {prompt} prompt tokens to prefill")]
+    NothingToPrefill { id: u64, restored: usize, prompt: usize },
     #[error("request {id}: max_tokens must be at least 1")]
     NoTokens { id: u64 },
     #[error("request {id}: {need} tokens (prompt and max_tokens) exceed the context limit of {limit}")]
@@ -58,6 +63,8 @@ struct Running {
     priority: i32,
     arrival: u64,
     prompt_len: usize,
+    /// Tokens the slot's state starts from (see [`Request::restored`]).
+    restored: usize,
     history: Vec<u32>,
     /// Every token generated since the request arrived (kept across preemptions).
     generated: Vec<u32>,
@@ -135,6 +142,8 @@ pub struct Planned {
     pub slot: usize,
     /// The sequence (re)starts in this step: the ranks take the slot afresh.
     pub fresh: bool,
+    /// With `fresh`: the ranks restore the sequence's saved state of this many tokens first ([`Request::restored`]).
+    pub restored: usize,
     pub work: StepWork,
 }
 
@@ -216,6 +225,13 @@ impl Scheduler {
         }
         if request.max_tokens == 0 {
             return Err(SchedError::NoTokens { id });
+        }
+        if request.restored >= request.prompt.len() {
+            return Err(SchedError::NothingToPrefill {
+                id,
+                restored: request.restored,
+                prompt: request.prompt.len(),
+            });
         }
         if self.contains(id) {
             return Err(SchedError::Duplicate { id });
@@ -386,6 +402,7 @@ impl Scheduler {
                 id: r.id,
                 slot: r.slot,
                 fresh: std::mem::take(&mut r.fresh),
+                restored: r.restored,
                 work,
             });
             r.in_state += 1 + k;
@@ -413,9 +430,9 @@ impl Scheduler {
                 // A re-prefill repeats its first chunk whole, so it waits for a step with that much budget.
                 Some(&c) if c > budget => break,
                 Some(&c) => c,
-                None => w.request.prompt.len().min(budget),
+                None => (w.request.prompt.len() - w.request.restored).min(budget),
             };
-            if self.blocks_for(first) > self.free_blocks {
+            if self.blocks_for(w.request.restored + first) > self.free_blocks {
                 break;
             }
             let Some(w) = self.waiting.remove(&key) else {
@@ -432,10 +449,11 @@ impl Scheduler {
                 priority: w.request.priority,
                 arrival: w.arrival,
                 prompt_len: w.request.prompt.len(),
+                restored: w.request.restored,
                 history,
                 generated_at_admission: w.generated.len(),
                 generated: w.generated,
-                in_state: 0,
+                in_state: w.request.restored,
                 max_tokens: w.request.max_tokens,
                 blocks: 0,
                 fresh: true,
@@ -480,6 +498,7 @@ impl Scheduler {
             id: r.id,
             slot: r.slot,
             fresh: std::mem::take(&mut r.fresh),
+            restored: r.restored,
             work: StepWork::Prefill {
                 position,
                 tokens: r.history[position..position + n].to_vec(),
@@ -504,6 +523,7 @@ impl Scheduler {
                     prompt: r.history[..r.prompt_len].to_vec(),
                     max_tokens: r.max_tokens,
                     priority: r.priority,
+                    restored: r.restored,
                 },
                 arrival: r.arrival,
                 generated: r.generated,

@@ -16,6 +16,8 @@ enum Op {
         prompt: usize,
         max_tokens: usize,
         priority: i32,
+        /// Leading prompt tokens restored from a saved state (a session's turn), reduced below the prompt's length.
+        restored: usize,
     },
     Cancel(usize),
     Step {
@@ -27,7 +29,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (1usize..40, 1usize..16, -1i32..2).prop_map(|(prompt, max_tokens, priority)| Op::Submit { prompt, max_tokens, priority }),
+        4 => (1usize..40, 1usize..16, -1i32..2, prop_oneof![2 => Just(0usize), 1 => 0usize..40])
+            .prop_map(|(prompt, max_tokens, priority, restored)| Op::Submit { prompt, max_tokens, priority, restored: restored % prompt }),
         1 => (0usize..64).prop_map(Op::Cancel),
         6 => any::<u64>().prop_map(|stops| Op::Step { stops }),
         1 => Just(Op::Fault),
@@ -72,8 +75,8 @@ impl Ranks {
             assert!(seen.insert(p.slot), "slot {} planned twice", p.slot);
             if restarted.remove(&p.id) {
                 assert!(
-                    p.fresh && matches!(p.work, StepWork::Prefill { position: 0, .. }),
-                    "request {} resumes after a fault without a fresh prefill from position 0: {p:?}",
+                    p.fresh && matches!(p.work, StepWork::Prefill { position, .. } if position == p.restored),
+                    "request {} resumes after a fault without a fresh prefill from its restored state: {p:?}",
                     p.id
                 );
             }
@@ -83,7 +86,8 @@ impl Ranks {
                     "slot {} taken afresh while another request holds it",
                     p.slot
                 );
-                self.slots.insert(p.slot, (p.id, Vec::new()));
+                // A restored sequence's slot starts holding its saved tokens.
+                self.slots.insert(p.slot, (p.id, streams[&p.id][..p.restored].to_vec()));
             }
             let (id, held) = self.slots.get_mut(&p.slot).expect("a planned slot holds a sequence");
             assert_eq!(*id, p.id, "slot {} holds another request", p.slot);
@@ -169,7 +173,7 @@ impl Sim {
         }
     }
 
-    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32) {
+    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32, restored: usize) {
         let id = self.next_id;
         self.next_id += 1;
         // Tokens distinct across requests and positions, so a chunk fed from the wrong place shows.
@@ -179,6 +183,7 @@ impl Sim {
             prompt: prompt.clone(),
             max_tokens,
             priority,
+            restored,
         };
         if self.s.submit(r).is_ok() {
             self.accepted.push(id);
@@ -253,7 +258,12 @@ proptest! {
         let mut sim = Sim::new(c);
         for o in ops {
             match o {
-                Op::Submit { prompt, max_tokens, priority } => sim.submit(prompt, max_tokens, priority),
+                Op::Submit {
+                    prompt,
+                    max_tokens,
+                    priority,
+                    restored,
+                } => sim.submit(prompt, max_tokens, priority, restored),
                 Op::Cancel(k) => sim.cancel(k),
                 Op::Step { stops } => sim.step(stops),
                 Op::Fault => sim.fault(),
@@ -298,6 +308,7 @@ fn requests_that_can_never_run_are_refused() {
         prompt: vec![1; n],
         max_tokens: m,
         priority: 0,
+        restored: 0,
     };
     assert_eq!(s.submit(req(1, 0, 1)), Err(SchedError::EmptyPrompt { id: 1 }));
     assert_eq!(s.submit(req(2, 4, 0)), Err(SchedError::NoTokens { id: 2 }));
@@ -326,6 +337,7 @@ fn decodes_come_first_then_chunks_fill_the_budget_and_priority_wins() {
         prompt: vec![1; n],
         max_tokens: 4,
         priority: p,
+        restored: 0,
     };
     s.submit(req(1, 4, 0)).expect("submit");
     let step = s.schedule();
@@ -362,6 +374,7 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
         prompt: vec![10, 11, 12],
         max_tokens: 4,
         priority: 0,
+        restored: 0,
     })
     .expect("submit");
     assert_eq!(s.schedule().tokens(), 3);
@@ -382,6 +395,7 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
             id: 1,
             slot: 0,
             fresh: true,
+            restored: 0,
             work: StepWork::Prefill {
                 position: 0,
                 tokens: vec![10, 11, 12],
@@ -414,6 +428,7 @@ fn drain_removes_every_request_and_frees_every_slot_and_block() {
         prompt: vec![1; 4],
         max_tokens: m,
         priority: p,
+        restored: 0,
     };
     assert!(s.drain().is_empty());
     for (id, m, p) in [(9, 4, 0), (3, 4, 0), (5, 4, 1), (7, 1, 2), (1, 4, -1)] {

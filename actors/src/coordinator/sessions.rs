@@ -1,0 +1,252 @@
+//! The coordinator's side of sessions (`session.rs` holds the store): the session operations, a turn's admission
+//! (the session's tokens before the turn's, its saved state restored instead of prefilled), restoring that state into
+//! the slot a turn starts in, and saving the slot's state when a turn finishes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ractor::RpcReplyPort;
+use rewind_engine::rank::{Commit, StepPlan};
+use tracing::warn;
+
+use super::{CoordinatorState, Fault};
+use crate::metrics::Metrics;
+use crate::rank_actor::RankActorMsg;
+use crate::request::FailureKind;
+use crate::session::{SavedState, SessionError, SessionInfo, SessionOptions};
+
+/// A session operation.
+pub enum SessionMsg {
+    Create(SessionOptions, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    Fork(String, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    Close(String, RpcReplyPort<Result<(), SessionError>>),
+    Get(String, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    List(RpcReplyPort<Vec<SessionInfo>>),
+    /// Evict idle sessions (sent by a timer).
+    EvictIdle,
+}
+
+/// A live request's session: which one, and the state its turn started from.
+pub(super) struct LiveSession {
+    pub id: String,
+    pub state: Option<(SavedState, usize)>,
+}
+
+/// A turn that finished in the step just run, to save before its slot is released.
+pub(super) struct Save {
+    pub session: String,
+    pub request: u64,
+    pub slot: usize,
+    /// Every token of the session now (the last one sampled, not yet run).
+    pub tokens: Vec<u32>,
+    /// The position of the verify the turn finished in, if it did: the slot's state then holds every drafted token
+    /// until a commit keeps those before the turn's last token.
+    pub verify_at: Option<usize>,
+}
+
+/// What a turn starts from.
+pub(super) struct Turn {
+    pub prompt: Vec<u32>,
+    pub restored: usize,
+    pub speculate: bool,
+    pub session: LiveSession,
+}
+
+impl CoordinatorState {
+    fn busy(&self) -> impl Fn(u64) -> bool + '_ {
+        |request| self.live.contains_key(&request)
+    }
+
+    /// Answers a session operation.
+    pub(super) fn session_msg(&mut self, msg: SessionMsg) {
+        self.evict_idle();
+        match msg {
+            SessionMsg::Create(options, reply) => {
+                let r = self.sessions.create(options).and_then(|id| self.session_info(&id));
+                drop(reply.send(r));
+            }
+            SessionMsg::Fork(id, reply) => {
+                let live = &self.live;
+                let r = self.sessions.fork(&id, |q| live.contains_key(&q));
+                drop(reply.send(r.and_then(|new| self.session_info(&new))));
+            }
+            SessionMsg::Close(id, reply) => drop(reply.send(self.sessions.close(&id).map(drop))),
+            SessionMsg::Get(id, reply) => drop(reply.send(self.session_info(&id))),
+            SessionMsg::List(reply) => {
+                let all = self
+                    .sessions
+                    .ids()
+                    .iter()
+                    .filter_map(|id| self.session_info(id).ok())
+                    .collect();
+                drop(reply.send(all));
+            }
+            SessionMsg::EvictIdle => {}
+        }
+        self.session_gauges();
+    }
+
+    fn session_info(&self, id: &str) -> Result<SessionInfo, SessionError> {
+        self.sessions.info(id, self.busy())
+    }
+
+    pub(super) fn evict_idle(&mut self) {
+        let live = &self.live;
+        let n = self.sessions.evict_idle(|q| live.contains_key(&q));
+        if n > 0 {
+            Metrics::add(&self.metrics.sessions_evicted, n as u64);
+        }
+    }
+
+    fn session_gauges(&self) {
+        Metrics::set(&self.metrics.sessions, self.sessions.len() as u64);
+        Metrics::set(&self.metrics.session_state_bytes, self.sessions.state_bytes() as u64);
+    }
+
+    /// Starts a turn of session `id` with the turn's new tokens `prompt`, marking the session busy with `request`.
+    pub(super) fn begin_turn(
+        &mut self,
+        id: &str,
+        request: u64,
+        prompt: &[u32],
+        speculate: bool,
+    ) -> Result<Turn, (FailureKind, String)> {
+        self.evict_idle();
+        let busy = {
+            let live = &self.live;
+            self.sessions
+                .get(id)
+                .map(|s| s.turn.is_some_and(|q| live.contains_key(&q)))
+        };
+        match busy {
+            Err(e) => return Err((FailureKind::NotFound, e.to_string())),
+            Ok(true) => {
+                return Err((
+                    FailureKind::FailedPrecondition,
+                    SessionError::Busy { id: id.to_string() }.to_string(),
+                ))
+            }
+            Ok(false) => {}
+        }
+        let s = self
+            .sessions
+            .get_mut(id)
+            .map_err(|e| (FailureKind::NotFound, e.to_string()))?;
+        let mut full = s.tokens.clone();
+        full.extend_from_slice(prompt);
+        s.turn = Some(request);
+        s.touched = Instant::now();
+        Ok(Turn {
+            prompt: full,
+            restored: s.state.as_ref().map_or(0, |(_, n)| *n),
+            speculate: speculate && s.options.speculate,
+            session: LiveSession {
+                id: id.to_string(),
+                state: s.state.clone(),
+            },
+        })
+    }
+
+    /// Restores the saved state of every turn starting afresh in this step (`(request, slot)`) into its slot.
+    pub(super) async fn restore(&mut self, starts: &[(u64, usize)]) -> Result<(), Fault> {
+        for &(request, slot) in starts {
+            let Some((state, n)) = self
+                .live
+                .get(&request)
+                .and_then(|l| l.session.as_ref())
+                .and_then(|s| s.state.clone())
+            else {
+                return Err(Fault::Rank(
+                    0,
+                    format!("request {request} starts from a restored state it does not have"),
+                    false,
+                ));
+            };
+            let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
+            if state.len() != g.ranks.len() {
+                return Err(Fault::Rank(
+                    0,
+                    format!(
+                        "a saved state of {} ranks cannot be restored on {}",
+                        state.len(),
+                        g.ranks.len()
+                    ),
+                    false,
+                ));
+            }
+            let parts = state.clone();
+            g.call_each(
+                |r, reply| RankActorMsg::Restore(slot, Box::new(parts[r].clone()), reply),
+                self.config.step_deadline,
+            )
+            .await?;
+            self.books
+                .restored(slot, n)
+                .map_err(|e| Fault::Rank(0, format!("restoring slot {slot}: {e}"), false))?;
+        }
+        Ok(())
+    }
+
+    /// Saves the state of each turn that finished (before its slot is released). A turn whose state cannot be
+    /// saved keeps its tokens, so its session's next turn prefills them all; the failure counts as a fault.
+    pub(super) async fn save(&mut self, saves: Vec<Save>) {
+        for s in saves {
+            let state = match self.save_one(&s).await {
+                Ok(state) => Some(state),
+                Err(f) => {
+                    warn!(session = %s.session, fault = %f, "saving the session's state failed; its next turn re-prefills");
+                    self.pending_fault.get_or_insert(f);
+                    None
+                }
+            };
+            let Ok(session) = self.sessions.get_mut(&s.session) else {
+                // Closed or evicted during the turn.
+                continue;
+            };
+            if session.turn == Some(s.request) {
+                session.turn = None;
+            }
+            session.tokens = s.tokens;
+            session.state = state;
+            session.turns += 1;
+            session.touched = Instant::now();
+        }
+        self.session_gauges();
+    }
+
+    async fn save_one(&mut self, s: &Save) -> Result<(SavedState, usize), Fault> {
+        let keep = s.tokens.len() - 1;
+        if let Some(position) = s.verify_at {
+            // Keep the verify's tokens before the turn's last one (its input token and the drafts emitted before
+            // it: a commit counts the verify's tokens kept); drop the rest.
+            let accepted = keep.checked_sub(position).filter(|&n| n >= 1).ok_or_else(|| {
+                Fault::Rank(
+                    0,
+                    format!("a verify at {position} cannot end a turn of {keep} tokens"),
+                    false,
+                )
+            })?;
+            let plan = StepPlan {
+                commits: vec![Commit { slot: s.slot, accepted }],
+                seqs: Vec::new(),
+                full_logits: false,
+                hidden: false,
+            };
+            self.index += 1;
+            self.run(self.index, &plan).await?;
+        }
+        let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
+        let slot = s.slot;
+        let parts = g
+            .call(|reply| RankActorMsg::Snapshot(slot, reply), self.config.step_deadline)
+            .await?;
+        if let Some(p) = parts.iter().find(|p| p.position != keep) {
+            return Err(Fault::Rank(
+                0,
+                format!("slot {slot}'s state holds {} tokens, the session {keep}", p.position),
+                false,
+            ));
+        }
+        Ok((Arc::new(parts), keep))
+    }
+}
