@@ -369,9 +369,25 @@ pub struct LogitsArgs {
     /// How many leading tokens go through the prefill path in one pass (the rest are decoded one at a time).
     #[arg(long)]
     pub prefill: usize,
-    /// Output JSON file: { "tokens": [...], "logits": [[f32; vocab] per position] }.
+    /// Output JSON file: { "tokens": [...], "logits": [[f32; vocab] per position] }; with --reference-form, the
+    /// per-position differences instead (see `rewind logits --help`).
     #[arg(long)]
     pub out: PathBuf,
+    /// After the prefill, feed the rest through speculative verify steps of 1 + T tokens, teacher-forced (the
+    /// drafts are the next tokens), each keeping its tokens up to the first rejected draft.
+    #[arg(long, value_name = "T")]
+    pub verify_window: Option<usize>,
+    /// With --verify-window: the probability that each draft is rejected (drawn with --seed).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub verify_reject: f64,
+    /// Seed of the --verify-reject draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also run the tokens in this form without speculation (prefill, then one decode per token) and write the
+    /// per-position differences to --out: the largest absolute and relative (to the row's largest |logit|)
+    /// difference, where it is, and how many positions agree on the argmax.
+    #[arg(long, value_name = "FORM", value_parser = parse_form)]
+    pub reference_form: Option<FormChoice>,
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]

@@ -104,6 +104,74 @@ fn logits_in_every_form_match_recurrent() {
 }
 
 #[test]
+fn teacher_forced_verify_steps_match_recurrent_decoding() {
+    let tokens = "5,17,42,7,9,33,2,8,61,4,19,23,6,50,11,3,27,14,5,8,13,21,34,55,1,2,3";
+    for arch in ["nemotron_h", "qwen3_5"] {
+        let model = tiny_model(arch, "verify");
+        let want = logits(&model, tokens, 4, &["--decode", "recurrent"]);
+        for flags in [
+            &[
+                "--decode",
+                "replay",
+                "--buffer-len",
+                "12",
+                "--verify-window",
+                "4",
+                "--verify-reject",
+                "0.25",
+            ][..],
+            &[
+                "--decode",
+                "kv-only",
+                "--verify-window",
+                "3",
+                "--verify-reject",
+                "0.5",
+                "--seed",
+                "3",
+            ],
+            &["--decode", "auto", "--verify-window", "4", "--tp", "2"],
+        ] {
+            let got = logits(&model, tokens, 4, flags);
+            assert_eq!(got.len(), want.len(), "{arch} {flags:?}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = rel(g, w);
+                assert!(e < 1e-4, "{arch} {flags:?}: position {i} off by {e:.2e}");
+            }
+        }
+        // The in-process comparison reports the same agreement, and the drafts it kept.
+        let out = std::env::temp_dir().join(format!("rewind-decode-cli-cmp-{arch}-{}.json", std::process::id()));
+        let o = rewind(&[
+            "logits",
+            "--model",
+            model.to_str().expect("utf8"),
+            "--tokens",
+            tokens,
+            "--prefill",
+            "4",
+            "--out",
+            out.to_str().expect("utf8"),
+            "--decode",
+            "replay",
+            "--verify-window",
+            "4",
+            "--verify-reject",
+            "0.25",
+            "--reference-form",
+            "recurrent",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+        assert_eq!(c["positions"], 27);
+        assert_eq!(c["argmax_agree"], 27);
+        assert!(c["max_rel_diff"].as_f64().expect("rel") < 1e-4, "{c}");
+        assert!(c["verify_steps"].as_u64().expect("steps") > 0 && c["drafts_kept"].as_u64().expect("kept") > 0);
+        let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_dir_all(&model);
+    }
+}
+
+#[test]
 fn bad_decode_flags_are_clear_errors() {
     for (flags, needle) in [
         (&["--decode", "fast"][..], "unknown decode form `fast`"),

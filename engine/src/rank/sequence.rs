@@ -62,6 +62,29 @@ impl<'g> GroupSequence<'g> {
         self.position += tokens.len();
         Ok(out)
     }
+
+    /// Keeps the first `kept` tokens (the input token and `kept − 1` drafts) of the verify just run
+    /// ([`SeqKind::Verify`] through [`GroupSequence::run`]): a commit-only step, after which the sequence continues
+    /// after them.
+    pub fn commit(&mut self, verified: usize, kept: usize) -> Result<()> {
+        if kept == 0 || kept > verified || verified > self.position {
+            return Err(crate::EngineError::InvalidInput(format!(
+                "cannot keep {kept} of a verify of {verified} tokens"
+            )));
+        }
+        let plan = StepPlan {
+            commits: vec![super::plan::Commit {
+                slot: self.slot,
+                accepted: kept,
+            }],
+            seqs: Vec::new(),
+            full_logits: false,
+            hidden: false,
+        };
+        self.group.step(plan)?;
+        self.position -= verified - kept;
+        Ok(())
+    }
 }
 
 impl Drop for GroupSequence<'_> {
