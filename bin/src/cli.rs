@@ -41,6 +41,8 @@ pub enum Command {
     /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
     #[command(after_help = SELFTEST_EXAMPLES)]
     Selftest(SelftestArgs),
+    /// Talk to a running server over gRPC: generate, sessions, tokenize, health, stats.
+    Client(crate::commands::client::ClientArgs),
 }
 
 /// Examples shown after `rewind logits --help`.

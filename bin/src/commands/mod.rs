@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+pub mod client;
 mod generate;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -35,5 +36,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::PlanMemory(a) => plan_memory::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Client(a) => client::run(a),
     }
 }

@@ -2,6 +2,7 @@
 //! OpenAI-compatible HTTP API (`http`). `rewind serve` runs them in one process; `rewind-launch` adds GPU discovery
 //! and the TP plan on top.
 
+pub mod grpc;
 pub mod model;
 pub mod state;
 

@@ -1,0 +1,170 @@
+//! The gRPC API (`rewind.v1.Rewind`, `proto/rewind/v1/rewind.proto`): sessions that keep the model's state between
+//! turns and fork it, stateless streaming completion, tokenization, health and statistics, over the one engine of a
+//! [`ServeState`]. [`service`] is the server with its API key check; [`client::connect`] the matching client.
+//!
+//! Each RPC runs in a `grpc` tracing span named after it; a streaming call's span covers its chunks too.
+
+mod auth;
+pub mod client;
+mod info;
+pub(crate) mod json;
+mod params;
+mod sessions;
+mod status;
+mod stream;
+
+use std::sync::Arc;
+
+use rewind_actors::GenerateRequest;
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+pub use auth::Auth;
+pub use stream::ChunkStream;
+
+use crate::serve::ServeState;
+
+/// The messages, server and client generated from `rewind.proto`.
+pub mod pb {
+    tonic::include_proto!("rewind.v1");
+}
+
+/// The gRPC server type: the API behind its API key check.
+pub type Service = InterceptedService<pb::rewind_server::RewindServer<RewindService>, Auth>;
+
+/// The API over `state`'s engine, with the API key check (a no-op when `state.api_key` is unset). Add it to a
+/// `tonic::transport::Server`.
+pub fn service(state: Arc<ServeState>) -> Service {
+    pb::rewind_server::RewindServer::with_interceptor(RewindService { state: state.clone() }, Auth::new(state))
+}
+
+/// The implementation of `rewind.v1.Rewind`.
+pub struct RewindService {
+    state: Arc<ServeState>,
+}
+
+/// A tracing span for one RPC.
+fn span(rpc: &'static str) -> tracing::Span {
+    tracing::info_span!("grpc", rpc)
+}
+
+/// What a request asking for logprobs gets: this server computes no per-token log-probabilities, and saying so
+/// beats ignoring the flag.
+fn no_logprobs() -> Status {
+    Status::invalid_argument("logprobs is not supported (this server computes no per-token log-probabilities)")
+}
+
+#[tonic::async_trait]
+impl pb::rewind_server::Rewind for RewindService {
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let r = request.into_inner();
+        sessions::create(&self.state, &r)
+            .instrument(span("CreateSession"))
+            .await
+            .map(Response::new)
+    }
+
+    type GenerateStream = ChunkStream;
+
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<ChunkStream>, Status> {
+        let r = request.into_inner();
+        let span = tracing::info_span!("grpc", rpc = "Generate", session = %r.session_id);
+        sessions::generate(&self.state, r, span.clone())
+            .instrument(span)
+            .await
+            .map(Response::new)
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let id = request.into_inner().session_id;
+        let span = tracing::info_span!("grpc", rpc = "ForkSession", session = %id);
+        sessions::fork(&self.state, &id)
+            .instrument(span)
+            .await
+            .map(Response::new)
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let id = request.into_inner().session_id;
+        let span = tracing::info_span!("grpc", rpc = "CloseSession", session = %id);
+        sessions::close(&self.state, &id).instrument(span).await?;
+        Ok(Response::new(pb::CloseSessionResponse {}))
+    }
+
+    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let id = request.into_inner().session_id;
+        let span = tracing::info_span!("grpc", rpc = "GetSession", session = %id);
+        sessions::get(&self.state, &id)
+            .instrument(span)
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let sessions = sessions::list(&self.state).instrument(span("ListSessions")).await?;
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    type CompleteStream = ChunkStream;
+
+    async fn complete(&self, request: Request<pb::CompleteRequest>) -> Result<Response<ChunkStream>, Status> {
+        let span = span("Complete");
+        let r = request.into_inner();
+        complete(&self.state, r, span.clone())
+            .instrument(span)
+            .await
+            .map(Response::new)
+    }
+
+    async fn tokenize(&self, request: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let _g = span("Tokenize").entered();
+        info::tokenize(&self.state, request.get_ref()).map(Response::new)
+    }
+
+    async fn detokenize(
+        &self,
+        request: Request<pb::DetokenizeRequest>,
+    ) -> Result<Response<pb::DetokenizeResponse>, Status> {
+        let _g = span("Detokenize").entered();
+        info::detokenize(&self.state, request.get_ref()).map(Response::new)
+    }
+
+    async fn health(&self, _request: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {
+        Ok(Response::new(
+            info::health(&self.state).instrument(span("Health")).await,
+        ))
+    }
+
+    async fn stats(&self, _request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+        Ok(Response::new(info::stats(&self.state).instrument(span("Stats")).await))
+    }
+}
+
+/// Complete: a stateless generation from the whole prompt.
+async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Span) -> Result<ChunkStream, Status> {
+    if state.draining() {
+        return Err(status::draining());
+    }
+    if r.logprobs {
+        return Err(no_logprobs());
+    }
+    let params = params::merge(state, &state.sampling_defaults(), r.sampling.as_ref())?;
+    let prompt = params::input_ids(state, r.input, true)?;
+    let mut request = GenerateRequest::new(prompt, params);
+    request.speculate = r.speculate.unwrap_or(true);
+    let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;
+    stream::respond(events, span).await
+}

@@ -1,0 +1,98 @@
+//! The session RPCs: create, fork, close, inspect, and Generate — one turn, whose input holds only the new tokens
+//! (the engine continues the session's state rather than prefilling the earlier turns again).
+
+use rewind_actors::{GenerateRequest, SessionInfo, SessionOptions};
+use tonic::Status;
+
+use super::params::{input_ids, merge, resolved};
+use super::status::{actors, draining, invalid};
+use super::stream::{respond, ChunkStream};
+use super::{no_logprobs, pb};
+use crate::serve::ServeState;
+
+/// A session as the API reports it.
+fn info(s: SessionInfo) -> pb::SessionInfo {
+    pb::SessionInfo {
+        id: s.id,
+        tokens: s.tokens as u64,
+        turns: s.turns,
+        busy: s.busy,
+        idle_seconds: s.idle_seconds,
+        defaults: Some(resolved(&s.defaults)),
+        speculate: s.speculate,
+        forked_from: s.forked_from,
+    }
+}
+
+/// INVALID_ARGUMENT for an empty id (rather than NOT_FOUND for a session named "").
+fn require_id(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(invalid("session_id", "is required"));
+    }
+    Ok(())
+}
+
+/// CreateSession: the model's defaults with the request's overrides become the session's.
+pub async fn create(state: &ServeState, r: &pb::CreateSessionRequest) -> Result<pb::SessionInfo, Status> {
+    if state.draining() {
+        return Err(draining());
+    }
+    let defaults = merge(state, &state.sampling_defaults(), r.defaults.as_ref())?;
+    let options = SessionOptions {
+        defaults,
+        speculate: r.speculate.unwrap_or(true),
+    };
+    let s = state.engine.create_session(options).await.map_err(|e| actors(&e))?;
+    tracing::info!(session = %s.id, "session created");
+    Ok(info(s))
+}
+
+/// ForkSession: a new session with a copy of `id`'s state.
+pub async fn fork(state: &ServeState, id: &str) -> Result<pb::SessionInfo, Status> {
+    if state.draining() {
+        return Err(draining());
+    }
+    require_id(id)?;
+    let s = state.engine.fork_session(id).await.map_err(|e| actors(&e))?;
+    tracing::info!(session = %s.id, from = id, "session forked");
+    Ok(info(s))
+}
+
+/// CloseSession. Allowed while draining: it frees memory.
+pub async fn close(state: &ServeState, id: &str) -> Result<(), Status> {
+    require_id(id)?;
+    state.engine.close_session(id).await.map_err(|e| actors(&e))
+}
+
+/// GetSession.
+pub async fn get(state: &ServeState, id: &str) -> Result<pb::SessionInfo, Status> {
+    require_id(id)?;
+    state.engine.session(id).await.map(info).map_err(|e| actors(&e))
+}
+
+/// ListSessions.
+pub async fn list(state: &ServeState) -> Result<Vec<pb::SessionInfo>, Status> {
+    let all = state.engine.list_sessions().await.map_err(|e| actors(&e))?;
+    Ok(all.into_iter().map(info).collect())
+}
+
+/// Generate: one turn of session `r.session_id`, sampled with the session's defaults and the request's overrides.
+pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing::Span) -> Result<ChunkStream, Status> {
+    if state.draining() {
+        return Err(draining());
+    }
+    if r.logprobs {
+        return Err(no_logprobs());
+    }
+    require_id(&r.session_id)?;
+    // The session's defaults, and whether the turn starts its sequence (only then does text get BOS); a session that
+    // is gone is NOT_FOUND here already.
+    let s = state.engine.session(&r.session_id).await.map_err(|e| actors(&e))?;
+    let params = merge(state, &s.defaults, r.sampling.as_ref())?;
+    let prompt = input_ids(state, r.input, s.tokens == 0)?;
+    let mut request = GenerateRequest::new(prompt, params);
+    request.session = Some(r.session_id);
+    request.speculate = s.speculate;
+    let events = state.engine.submit(request).map_err(|e| actors(&e))?;
+    respond(events, span).await
+}

@@ -1,0 +1,89 @@
+//! Errors as gRPC statuses: the one mapping from the engine's failure kinds and errors to status codes, so every RPC
+//! reports the same condition with the same code.
+
+use rewind_actors::{ActorsError, FailureKind, SessionError};
+use rewind_engine::EngineError;
+use tonic::{Code, Status};
+
+/// The status code of a failure kind.
+pub fn code(kind: FailureKind) -> Code {
+    match kind {
+        FailureKind::InvalidArgument => Code::InvalidArgument,
+        FailureKind::NotFound => Code::NotFound,
+        FailureKind::FailedPrecondition => Code::FailedPrecondition,
+        FailureKind::ResourceExhausted => Code::ResourceExhausted,
+        FailureKind::Unavailable => Code::Unavailable,
+        FailureKind::Internal => Code::Internal,
+    }
+}
+
+/// A request's failure as a status.
+pub fn failure(kind: FailureKind, message: impl Into<String>) -> Status {
+    Status::new(code(kind), message)
+}
+
+/// An engine error as a status (a bad parameter is INVALID_ARGUMENT, a failed rank group UNAVAILABLE).
+pub fn engine(e: &EngineError) -> Status {
+    failure(FailureKind::of(e), e.to_string())
+}
+
+/// A runtime error as a status.
+pub fn actors(e: &ActorsError) -> Status {
+    match e {
+        // A stopped engine, or one that did not start, may come back (a restart): retrying later can succeed.
+        ActorsError::Stopped | ActorsError::Start(_) => Status::unavailable(e.to_string()),
+        ActorsError::Engine(e) => engine(e),
+        ActorsError::Session(s) => Status::new(session_code(s), s.to_string()),
+    }
+}
+
+/// The status code of a refused session operation.
+fn session_code(e: &SessionError) -> Code {
+    match e {
+        SessionError::NotFound { .. } => Code::NotFound,
+        SessionError::Busy { .. } => Code::FailedPrecondition,
+        SessionError::Limit { .. } => Code::ResourceExhausted,
+    }
+}
+
+/// INVALID_ARGUMENT for `field`: the message starts with the field's name.
+pub fn invalid(field: &str, why: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {why}"))
+}
+
+/// What a request gets while the server shuts down.
+pub fn draining() -> Status {
+    Status::unavailable("the server is draining (shutting down): it takes no new requests")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_kinds_map_to_their_codes() {
+        assert_eq!(code(FailureKind::InvalidArgument), Code::InvalidArgument);
+        assert_eq!(code(FailureKind::NotFound), Code::NotFound);
+        assert_eq!(code(FailureKind::ResourceExhausted), Code::ResourceExhausted);
+        assert_eq!(code(FailureKind::Unavailable), Code::Unavailable);
+        assert_eq!(code(FailureKind::Internal), Code::Internal);
+        assert_eq!(code(FailureKind::FailedPrecondition), Code::FailedPrecondition);
+        let gone = ActorsError::Session(SessionError::NotFound {
+            id: "sess-1".into(),
+            reason: "it was closed".into(),
+        });
+        assert_eq!(actors(&gone).code(), Code::NotFound);
+        assert!(actors(&gone).message().contains("closed"));
+        let busy = ActorsError::Session(SessionError::Busy { id: "sess-1".into() });
+        assert_eq!(actors(&busy).code(), Code::FailedPrecondition);
+        assert_eq!(
+            actors(&ActorsError::Session(SessionError::Limit { max: 2 })).code(),
+            Code::ResourceExhausted
+        );
+        let s = engine(&EngineError::InvalidInput("temperature must be >= 0".into()));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().contains("temperature"), "{}", s.message());
+        assert_eq!(actors(&ActorsError::Stopped).code(), Code::Unavailable);
+        assert_eq!(invalid("top_k", "must be >= 0").message(), "top_k: must be >= 0");
+    }
+}

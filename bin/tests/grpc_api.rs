@@ -1,0 +1,632 @@
+//! The gRPC API end to end over real loopback sockets, on the CPU with a tiny random model: session turns continue
+//! the saved state (no re-prefill) and match a stateless completion of the whole conversation, forks diverge
+//! independently, a dropped stream frees its slot, 200 concurrent streams complete, every malformed request gets its
+//! status and a message naming the field while other streams go on, the API key, closed sessions, and the
+//! `rewind client` binary against a server started here.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rewind_actors::{EngineConfig, EngineHandle};
+use rewind_bin::serve::grpc::client::{connect, Client};
+use rewind_bin::serve::grpc::{self, pb};
+use rewind_bin::serve::{ServeState, ServedModel};
+use rewind_engine::decode::{DecoderConfig, FormChoice};
+use rewind_engine::init::{init_model, InitOptions};
+use rewind_engine::model::Family;
+use rewind_engine::rank::{CpuLauncher, CpuOptions};
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Code, Status};
+
+/// The pools' length: every test's sequences fit.
+const CONTEXT: usize = 256;
+
+/// A tiny random Nemotron-H checkpoint, written once per test process.
+fn model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rewind-grpc-api-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        init_model(&InitOptions {
+            family: Family::NemotronH,
+            preset: "tiny".into(),
+            layers: None,
+            seed: 0,
+            out: dir.clone(),
+            dtype: None,
+            mtp: false,
+        })
+        .expect("init-model");
+        dir
+    })
+}
+
+/// A server on a loopback port over its own engine; stops when dropped.
+struct Server {
+    addr: String,
+    state: Arc<ServeState>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Server {
+    async fn start(slots: usize, api_key: Option<&str>) -> Server {
+        Self::start_with(slots, api_key, |_| {}).await
+    }
+
+    /// A server whose engine settings `tune` changes.
+    async fn start_with(slots: usize, api_key: Option<&str>, tune: impl FnOnce(&mut EngineConfig)) -> Server {
+        let dir = model_dir();
+        let model = ServedModel::load(dir).expect("model");
+        let launcher = CpuLauncher::new(
+            dir,
+            CpuOptions {
+                tp: 1,
+                decoder: DecoderConfig::new(slots, CONTEXT),
+            },
+        )
+        .expect("launcher");
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.eos_token_ids = model.eos_token_ids.clone();
+        config.tokenizer = Some(model.tokenizer.clone());
+        tune(&mut config);
+        let engine = EngineHandle::start(Arc::new(launcher), config).await.expect("engine");
+        let state = Arc::new(ServeState::new(
+            Arc::new(engine),
+            model,
+            "tiny".into(),
+            api_key.map(String::from),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .add_service(grpc::service(state.clone()))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            });
+        tokio::spawn(server);
+        Server {
+            addr,
+            state,
+            _stop: stop,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.addr, self.state.api_key.as_deref())
+            .await
+            .expect("connect")
+    }
+
+    fn prefilled(&self) -> u64 {
+        self.state.engine.metrics().snapshot().prefill_tokens
+    }
+}
+
+fn greedy(max_tokens: i64) -> Option<pb::Sampling> {
+    Some(pb::Sampling {
+        temperature: Some(0.0),
+        ignore_eos: Some(true),
+        max_tokens: Some(max_tokens),
+        ..Default::default()
+    })
+}
+
+fn ids_input(ids: &[u32]) -> pb::TokenIds {
+    pb::TokenIds { ids: ids.to_vec() }
+}
+
+fn complete_ids(ids: &[u32], sampling: Option<pb::Sampling>) -> pb::CompleteRequest {
+    pb::CompleteRequest {
+        input: Some(pb::complete_request::Input::TokenIds(ids_input(ids))),
+        sampling,
+        speculate: None,
+        logprobs: false,
+    }
+}
+
+fn turn_ids(session: &str, ids: &[u32], sampling: Option<pb::Sampling>) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        session_id: session.to_string(),
+        input: Some(pb::generate_request::Input::TokenIds(ids_input(ids))),
+        sampling,
+        logprobs: false,
+    }
+}
+
+type Reply = Result<(Vec<u32>, pb::GenerateChunk), Status>;
+
+/// Every token of a streamed reply, and its last chunk.
+async fn drain(response: Result<tonic::Response<tonic::Streaming<pb::GenerateChunk>>, Status>) -> Reply {
+    let mut stream = response?.into_inner();
+    let mut tokens = Vec::new();
+    let mut last = None;
+    while let Some(chunk) = stream.message().await? {
+        tokens.extend_from_slice(&chunk.token_ids);
+        last = Some(chunk);
+    }
+    Ok((tokens, last.expect("at least one chunk")))
+}
+
+/// The calls the tests make, each in one line.
+trait Calls {
+    async fn complete_all(&mut self, ids: &[u32], sampling: Option<pb::Sampling>) -> Reply;
+    async fn turn(&mut self, id: &str, ids: &[u32], sampling: Option<pb::Sampling>) -> Reply;
+    async fn create(&mut self, defaults: Option<pb::Sampling>) -> pb::SessionInfo;
+    async fn get(&mut self, id: &str) -> Result<pb::SessionInfo, Status>;
+    async fn fork(&mut self, id: &str) -> Result<pb::SessionInfo, Status>;
+    async fn close(&mut self, id: &str) -> Result<(), Status>;
+    async fn stats_now(&mut self) -> pb::StatsResponse;
+}
+
+impl Calls for Client {
+    async fn complete_all(&mut self, ids: &[u32], sampling: Option<pb::Sampling>) -> Reply {
+        drain(self.complete(complete_ids(ids, sampling)).await).await
+    }
+    async fn turn(&mut self, id: &str, ids: &[u32], sampling: Option<pb::Sampling>) -> Reply {
+        drain(self.generate(turn_ids(id, ids, sampling)).await).await
+    }
+    async fn create(&mut self, defaults: Option<pb::Sampling>) -> pb::SessionInfo {
+        let r = pb::CreateSessionRequest {
+            defaults,
+            speculate: None,
+        };
+        self.create_session(r).await.expect("create").into_inner()
+    }
+    async fn get(&mut self, id: &str) -> Result<pb::SessionInfo, Status> {
+        let r = pb::GetSessionRequest { session_id: id.into() };
+        self.get_session(r).await.map(tonic::Response::into_inner)
+    }
+    async fn fork(&mut self, id: &str) -> Result<pb::SessionInfo, Status> {
+        let r = pb::ForkSessionRequest { session_id: id.into() };
+        self.fork_session(r).await.map(tonic::Response::into_inner)
+    }
+    async fn close(&mut self, id: &str) -> Result<(), Status> {
+        let r = pb::CloseSessionRequest { session_id: id.into() };
+        self.close_session(r).await.map(drop)
+    }
+    async fn stats_now(&mut self) -> pb::StatsResponse {
+        self.stats(pb::StatsRequest {}).await.expect("stats").into_inner()
+    }
+}
+
+/// Asserts `r` failed with `code` and a message containing every one of `words`.
+#[track_caller]
+fn assert_status<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, words: &[&str]) {
+    let s = r.expect_err("the call should fail");
+    assert_eq!(s.code(), code, "{s:?}");
+    for w in words {
+        assert!(s.message().contains(w), "`{}` should mention `{w}`", s.message());
+    }
+}
+
+/// Waits until `check` holds (the coordinator updates its books between steps).
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !check() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_turns_continue_the_state_and_match_one_completion() {
+    let server = Server::start(4, None).await;
+    let mut c = server.client().await;
+    let s = c.create(greedy(6)).await;
+    assert_eq!((s.tokens, s.turns), (0, 0));
+
+    let turn1: Vec<u32> = vec![5, 17, 42, 7, 9, 11, 3];
+    let before = server.prefilled();
+    let (out1, last1) = c.turn(&s.id, &turn1, None).await.expect("turn 1");
+    assert_eq!(out1.len(), 6);
+    let u1 = last1.usage.expect("usage");
+    assert_eq!((u1.prompt_tokens, u1.cached_tokens), (7, 0));
+    assert_eq!(server.prefilled() - before, 7);
+    let after1 = c.get(&s.id).await.expect("get");
+    assert_eq!((after1.tokens, after1.turns, after1.busy), (13, 1, false));
+
+    // Turn 2 sends only its new tokens. The saved state covers every earlier token but the last one sampled (never
+    // run yet): that one and the new ones are all that is prefilled.
+    let turn2: Vec<u32> = vec![8, 30, 2];
+    let before = server.prefilled();
+    let (out2, last2) = c.turn(&s.id, &turn2, greedy(5)).await.expect("turn 2");
+    assert_eq!(out2.len(), 5);
+    let u2 = last2.usage.expect("usage");
+    assert_eq!(u2.prompt_tokens, 13 + 3);
+    assert_eq!(u2.cached_tokens, 13 - 1, "turn 1's tokens come from the saved state");
+    assert_eq!(server.prefilled() - before, 3 + 1, "only the new tokens are prefilled");
+
+    // The same tokens as one stateless completion of the whole conversation (greedy).
+    let all = [&turn1[..], &out1, &turn2].concat();
+    let (whole, _) = c.complete_all(&all, greedy(5)).await.expect("complete");
+    assert_eq!(out2, whole);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_diverge_independently_and_closed_sessions_are_not_found() {
+    let server = Server::start(4, None).await;
+    let mut c = server.client().await;
+    let s = c.create(greedy(4)).await;
+    let (out1, _) = c.turn(&s.id, &[5, 17, 42, 7], None).await.expect("turn 1");
+    let fork = c.fork(&s.id).await.expect("fork");
+    assert_eq!(fork.forked_from.as_deref(), Some(s.id.as_str()));
+    assert_eq!((fork.tokens, fork.turns), (8, 0));
+
+    // The fork's turn leaves the original as it was.
+    let (a, _) = c.turn(&fork.id, &[100, 101], None).await.expect("fork turn");
+    let original = c.get(&s.id).await.expect("get");
+    assert_eq!((original.tokens, original.turns), (8, 1));
+    let (b, _) = c.turn(&s.id, &[200, 3], None).await.expect("original turn");
+
+    // Each continuation is what a stateless completion of its own history gives: neither saw the other's turn.
+    let history = |turn: &[u32]| [&[5, 17, 42, 7][..], &out1, turn].concat();
+    let (want_a, _) = c.complete_all(&history(&[100, 101]), greedy(4)).await.expect("a");
+    let (want_b, _) = c.complete_all(&history(&[200, 3]), greedy(4)).await.expect("b");
+    assert_eq!(a, want_a);
+    assert_eq!(b, want_b);
+    assert_ne!(a, b, "different turns after the fork point continue differently");
+    let listed = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    let mut got: Vec<_> = listed.sessions.iter().map(|x| (x.id.clone(), x.tokens)).collect();
+    got.sort();
+    let mut want = vec![(s.id.clone(), 14), (fork.id.clone(), 14)];
+    want.sort();
+    assert_eq!(got, want);
+
+    c.close(&s.id).await.expect("close");
+    assert_status(c.turn(&s.id, &[1], None).await, Code::NotFound, &[&s.id, "closed"]);
+    assert_status(c.get(&s.id).await, Code::NotFound, &["closed"]);
+    assert_status(c.close(&s.id).await, Code::NotFound, &["closed"]);
+    assert_status(c.fork("sess-nope").await, Code::NotFound, &["no session"]);
+    // The fork lives on after its origin closed.
+    assert_eq!(c.get(&fork.id).await.expect("fork").turns, 1);
+}
+
+/// Asserts that `request` is INVALID_ARGUMENT with a message containing `words`.
+async fn refused(c: &mut Client, request: pb::CompleteRequest, words: &[&str]) {
+    assert_status(c.complete(request).await, Code::InvalidArgument, words);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_their_status_while_other_streams_go_on() {
+    let server = Server::start(4, None).await;
+    let mut c = server.client().await;
+    // A long stream runs through every refusal below.
+    let mut long = c
+        .complete(complete_ids(&[5, 6, 7], greedy(48)))
+        .await
+        .expect("long")
+        .into_inner();
+    let first = long.message().await.expect("first chunk").expect("a chunk");
+    assert!(!first.token_ids.is_empty());
+
+    let text = |bytes: &[u8]| pb::CompleteRequest {
+        input: Some(pb::complete_request::Input::Text(bytes.to_vec())),
+        ..complete_ids(&[], greedy(2))
+    };
+    let with = |f: fn(&mut pb::Sampling)| {
+        let mut s = greedy(2).expect("sampling");
+        f(&mut s);
+        complete_ids(&[5, 6], Some(s))
+    };
+    let vocab = server.state.engine.info().vocab as u32;
+    let limit = server.state.max_tokens_limit as i64;
+    refused(&mut c, text(b"caf\xc3"), &["text", "UTF-8"]).await;
+    refused(&mut c, with(|s| s.temperature = Some(-1.0)), &["temperature"]).await;
+    refused(
+        &mut c,
+        with(|s| s.temperature = Some(f32::NAN)),
+        &["temperature", "NaN"],
+    )
+    .await;
+    refused(&mut c, with(|s| s.top_p = Some(f32::NAN)), &["top_p"]).await;
+    refused(&mut c, with(|s| s.min_p = Some(-0.5)), &["min_p"]).await;
+    refused(
+        &mut c,
+        with(|s| s.repetition_penalty = Some(-2.0)),
+        &["repetition_penalty"],
+    )
+    .await;
+    refused(&mut c, with(|s| s.top_k = Some(-3)), &["top_k", "-3"]).await;
+    refused(&mut c, with(|s| s.max_tokens = Some(0)), &["max_tokens"]).await;
+    refused(&mut c, with(|s| s.max_tokens = Some(-4)), &["max_tokens"]).await;
+    refused(&mut c, complete_ids(&[5], greedy(limit + 1)), &["max_tokens", "limit"]).await;
+    let stops = with(|s| s.stop = vec![b"ok".to_vec(), b"\xff".to_vec()]);
+    refused(&mut c, stops, &["stop[1]", "UTF-8"]).await;
+    refused(&mut c, with(|s| s.stop_token_ids = vec![u32::MAX]), &["stop_token_ids"]).await;
+    refused(
+        &mut c,
+        complete_ids(&[5, vocab], greedy(2)),
+        &["token_ids[1]", "out of range"],
+    )
+    .await;
+    refused(&mut c, complete_ids(&[5; CONTEXT + 10], greedy(2)), &["context limit"]).await;
+    let no_input = pb::CompleteRequest {
+        input: None,
+        ..complete_ids(&[], greedy(2))
+    };
+    refused(&mut c, no_input, &["input"]).await;
+    let logprobs = pb::CompleteRequest {
+        logprobs: true,
+        ..complete_ids(&[5], greedy(2))
+    };
+    refused(&mut c, logprobs, &["logprobs is not supported"]).await;
+    let tokenize = pb::TokenizeRequest {
+        text: b"\xffx".to_vec(),
+        add_special_tokens: false,
+    };
+    assert_status(c.tokenize(tokenize).await, Code::InvalidArgument, &["text", "UTF-8"]);
+    let detokenize = pb::DetokenizeRequest {
+        token_ids: vec![vocab + 7],
+        skip_special_tokens: false,
+    };
+    assert_status(c.detokenize(detokenize).await, Code::InvalidArgument, &["token_ids[0]"]);
+    let gone = "sess-0000000000000000";
+    assert_status(c.turn(gone, &[5], None).await, Code::NotFound, &[gone, "no session"]);
+    assert_status(c.turn("", &[5], None).await, Code::InvalidArgument, &["session_id"]);
+    let bad_defaults = pb::CreateSessionRequest {
+        defaults: Some(pb::Sampling {
+            top_p: Some(2.0),
+            ..Default::default()
+        }),
+        speculate: None,
+    };
+    assert_status(c.create_session(bad_defaults).await, Code::InvalidArgument, &["top_p"]);
+
+    // The long stream was untouched by all of that.
+    let mut n = first.token_ids.len();
+    let mut last = first;
+    while let Some(chunk) = long.message().await.expect("long stream") {
+        n += chunk.token_ids.len();
+        last = chunk;
+    }
+    assert_eq!(n, 48);
+    assert_eq!(last.finish_reason, pb::FinishReason::Length as i32);
+
+    // Text round trip, then a draining server refuses new work but still answers health.
+    let tokenize = pb::TokenizeRequest {
+        text: b"hello world".to_vec(),
+        add_special_tokens: false,
+    };
+    let token_ids = c.tokenize(tokenize).await.expect("tokenize").into_inner().token_ids;
+    let detokenize = pb::DetokenizeRequest {
+        token_ids,
+        skip_special_tokens: true,
+    };
+    assert_eq!(
+        c.detokenize(detokenize).await.expect("detokenize").into_inner().text,
+        "hello world"
+    );
+    server.state.drain();
+    assert_status(c.complete_all(&[5], greedy(2)).await, Code::Unavailable, &["draining"]);
+    let h = c.health(pb::HealthRequest {}).await.expect("health").into_inner();
+    assert_eq!(h.status, pb::ServingStatus::Draining as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_frees_its_slot() {
+    let server = Server::start(1, None).await;
+    let mut c = server.client().await;
+    let mut stream = c
+        .complete(complete_ids(&[5, 6, 7], greedy(200)))
+        .await
+        .expect("complete")
+        .into_inner();
+    stream.message().await.expect("chunk").expect("a chunk");
+    stream.message().await.expect("chunk").expect("a chunk");
+    let stats = c.stats_now().await;
+    assert_eq!((stats.slots_total, stats.slots_in_use, stats.running), (1, 1, 1));
+    drop(stream);
+    let metrics = server.state.engine.metrics().clone();
+    eventually("the cancellation", || metrics.snapshot().requests_cancelled == 1).await;
+    let stats = c.stats_now().await;
+    assert_eq!(
+        (stats.slots_in_use, stats.running, stats.queue_depth),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert!(stats.generated_tokens < 200, "the request stopped generating");
+    // The one slot serves the next request.
+    let (tokens, _) = c.complete_all(&[9, 9], greedy(3)).await.expect("next");
+    assert_eq!(tokens.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_streams_complete() {
+    let server = Server::start(32, None).await;
+    let c = server.client().await;
+    let mut tasks = Vec::new();
+    for i in 0..200u32 {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.complete_all(&[1 + i % 500, 2 + i % 7, 3], greedy(4)).await
+        }));
+    }
+    for t in tasks {
+        let (tokens, last) = t.await.expect("task").expect("stream");
+        assert_eq!(tokens.len(), 4);
+        assert_eq!(last.usage.expect("usage").completion_tokens, 4);
+    }
+    let stats = server.client().await.stats_now().await;
+    assert_eq!((stats.requests_finished, stats.generated_tokens), (200, 800));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_required_and_busy_sessions_are_refused() {
+    let server = Server::start(2, Some("s3cret")).await;
+    let mut anonymous = connect(&server.addr, None).await.expect("connect");
+    let r = anonymous.health(pb::HealthRequest {}).await;
+    assert_status(r, Code::Unauthenticated, &["authorization"]);
+    let mut wrong = connect(&server.addr, Some("guess")).await.expect("connect");
+    assert_status(
+        wrong.stats(pb::StatsRequest {}).await,
+        Code::Unauthenticated,
+        &["invalid API key"],
+    );
+    let mut c = server.client().await;
+    let h = c.health(pb::HealthRequest {}).await.expect("health").into_inner();
+    assert_eq!((h.status, h.ranks.len()), (pb::ServingStatus::Serving as i32, 1));
+
+    // A second turn while the first runs: FAILED_PRECONDITION; the first is unaffected.
+    let s = c.create(greedy(100)).await;
+    let mut first = c
+        .generate(turn_ids(&s.id, &[5, 6], None))
+        .await
+        .expect("turn")
+        .into_inner();
+    let mut n = first.message().await.expect("chunk").expect("a chunk").token_ids.len();
+    assert_status(
+        c.turn(&s.id, &[7], None).await,
+        Code::FailedPrecondition,
+        &["running a turn"],
+    );
+    assert_status(c.fork(&s.id).await, Code::FailedPrecondition, &["running a turn"]);
+    while let Some(chunk) = first.message().await.expect("turn stream") {
+        n += chunk.token_ids.len();
+    }
+    assert_eq!(n, 100);
+}
+
+/// Runs `rewind client` with `args` (and `env`) against a server (off the runtime's threads, which serve it); its
+/// exit status, stdout and stderr.
+fn rewind_client(args: &[&str], env: &[(&str, &str)]) -> impl std::future::Future<Output = (bool, String, String)> {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .arg("client")
+            .args(&args)
+            .env_remove("REWIND_ADDR")
+            .env_remove("REWIND_API_KEY")
+            .envs(env)
+            .output()
+            .expect("run rewind")
+    });
+    async move {
+        let out = out.await.expect("join");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    }
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_binary_drives_a_server() {
+    let server = Server::start(2, Some("k3y")).await;
+    let addr = server.addr.as_str();
+    let key = [("REWIND_API_KEY", "k3y")];
+    // `rewind client --addr ADDR` with the key from the environment and `args` split at spaces.
+    let cli = |args: &str| {
+        let args: Vec<&str> = ["--addr", addr].into_iter().chain(args.split(' ')).collect();
+        rewind_client(&args, &key)
+    };
+
+    let (ok, out, err) = rewind_client(&["--addr", addr, "--api-key", "k3y", "health"], &[]).await;
+    assert!(ok && out.starts_with("serving (model tiny"), "{out}{err}");
+    let (ok, _, err) = rewind_client(&["--addr", addr, "health"], &[]).await;
+    assert!(!ok && err.contains("Unauthenticated"), "{err}");
+
+    // Address and key from the environment.
+    let (ok, out, err) = rewind_client(&["tokenize", "hello world"], &[("REWIND_ADDR", addr), key[0]]).await;
+    let ids = server
+        .state
+        .model
+        .tokenizer
+        .encode("hello world", false)
+        .expect("encode");
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    assert!(ok && out.trim() == ids.join(" "), "{out}{err}");
+
+    let (ok, out, err) = cli("generate hello --max-tokens 5 --temperature 0 --ignore-eos --json").await;
+    assert!(ok, "{err}");
+    let chunks: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let n: usize = chunks
+        .iter()
+        .map(|c| c["token_ids"].as_array().expect("ids").len())
+        .sum();
+    let last = chunks.last().expect("a chunk");
+    assert_eq!(
+        (n, &last["finish_reason"], &last["usage"]["completion_tokens"]),
+        (5, &"length".into(), &5.into())
+    );
+
+    let (ok, out, err) = cli("--json session create --temperature 0 --max-tokens 3 --ignore-eos").await;
+    assert!(ok, "{err}");
+    let id = json(&out)["id"].as_str().expect("id").to_string();
+    let (ok, _, err) = rewind_client(&["--addr", addr, "generate", "hi there", "--session", &id], &key).await;
+    assert!(
+        ok && err.contains("3 generated") && err.contains("finish: length"),
+        "{err}"
+    );
+    let (ok, out, err) = cli(&format!("session show {id} --json")).await;
+    assert!(ok && json(&out)["turns"] == 1, "{out}{err}");
+    let (ok, out, err) = cli(&format!("session fork {id} --json")).await;
+    assert!(ok, "{err}");
+    let fork = json(&out)["id"].as_str().expect("id").to_string();
+    let (ok, out, err) = cli("session list").await;
+    assert!(ok && out.contains(&id) && out.contains(&fork), "{out}{err}");
+    let (ok, out, err) = cli(&format!("session close {id}")).await;
+    assert!(ok && out.trim() == format!("closed {id}"), "{out}{err}");
+    let (ok, _, err) = cli(&format!("session show {id}")).await;
+    assert!(!ok && err.contains("NotFound") && err.contains("closed"), "{err}");
+
+    let (ok, out, err) = cli("stats --json").await;
+    let stats = json(&out);
+    assert!(ok, "{err}");
+    assert_eq!(
+        (&stats["sessions"], &stats["status"], &stats["requests_finished"]),
+        (&1.into(), &"serving".into(), &2.into())
+    );
+    let (ok, out, err) = cli("stats").await;
+    assert!(ok && out.contains("sessions         1"), "{out}{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_and_the_session_limit_are_resource_exhausted() {
+    let server = Server::start_with(1, None, |c| {
+        c.max_waiting = 1;
+        c.max_sessions = 1;
+    })
+    .await;
+    let mut c = server.client().await;
+    // One request runs in the only slot, one waits; a third finds the queue full.
+    let running = c.complete(complete_ids(&[5, 6], greedy(200))).await.expect("running");
+    let mut running = running.into_inner();
+    running.message().await.expect("chunk").expect("a chunk");
+    let mut c2 = c.clone();
+    let waiting = tokio::spawn(async move { c2.complete_all(&[7], greedy(2)).await });
+    let metrics = server.state.engine.metrics().clone();
+    eventually("the second request to queue", || metrics.snapshot().queue_depth == 1).await;
+    assert_status(
+        c.complete_all(&[8], greedy(2)).await,
+        Code::ResourceExhausted,
+        &["full", "retry later"],
+    );
+    drop(running);
+    let (tokens, _) = waiting
+        .await
+        .expect("task")
+        .expect("the queued request runs once the slot frees");
+    assert_eq!(tokens.len(), 2);
+
+    let s = c.create(None).await;
+    let again = pb::CreateSessionRequest {
+        defaults: None,
+        speculate: None,
+    };
+    assert_status(
+        c.create_session(again).await,
+        Code::ResourceExhausted,
+        &["limit of 1 sessions"],
+    );
+    assert_status(c.fork(&s.id).await, Code::ResourceExhausted, &["limit"]);
+}
