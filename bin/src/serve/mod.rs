@@ -3,6 +3,7 @@
 //! and the TP plan on top.
 
 pub mod grpc;
+pub mod http;
 pub mod model;
 pub mod state;
 

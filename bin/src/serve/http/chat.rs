@@ -1,0 +1,209 @@
+//! `POST /v1/chat/completions`: the messages rendered with the model's chat template, continued as the assistant's
+//! reply, streamed or not.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::response::Response;
+use rewind_engine::tokenizer::chat::ChatMessage;
+use serde_json::{json, Value};
+
+use super::errors::ApiError;
+use super::generation::{answer, blocking, Answer};
+use super::openai::{self, type_name, Endpoint, Fields};
+use super::{Api, RequestContext};
+use crate::serve::ServeState;
+
+/// A message's content: a string, `null` (an assistant turn that only called tools), or an array of parts of which
+/// only text ones are understood; their texts are joined by newlines, as vLLM joins them.
+fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    let parts = match v {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::String(s)) => return Ok(s.clone()),
+        Some(Value::Array(parts)) => parts,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("{at}.content"),
+                format!(
+                    "{at}.content must be a string or an array of parts, got {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let param = format!("{at}.content[{j}]");
+        match (part.get("type").and_then(Value::as_str), part.get("text")) {
+            (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+            (Some("text"), _) => return Err(ApiError::invalid(&param, format!("{param}.text must be a string"))),
+            (Some(other), _) => {
+                return Err(ApiError::unsupported(
+                    &param,
+                    &format!("content of type `{other}` (only `text`)"),
+                ))
+            }
+            (None, _) => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("{param} must be an object with a `type`"),
+                ))
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// `messages`: a non-empty array of `{role, content}` objects.
+fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match f.get("messages") {
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid("messages", "messages must not be empty"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("messages must be an array, got {}", type_name(other)),
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = format!("messages[{i}]");
+            if !m.is_object() {
+                return Err(ApiError::invalid(
+                    &at,
+                    format!("{at} must be an object, got {}", type_name(m)),
+                ));
+            }
+            let role = match m.get("role") {
+                Some(Value::String(r)) if !r.is_empty() => r.clone(),
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.role"),
+                        format!("{at}.role must be a non-empty string"),
+                    ))
+                }
+            };
+            Ok(ChatMessage::new(role, content(m.get("content"), &at)?))
+        })
+        .collect()
+}
+
+/// The rendered conversation's token ids (the template adds its own special tokens, so none are added here).
+fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = &state.model.tokenizer;
+    if tokenizer.chat_template().is_none() {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "The model `{}` has no chat template, so it cannot take chat messages; use /v1/completions with a \
+                 prompt instead.",
+                state.model_name
+            ),
+        ));
+    }
+    // A template's own checks (`raise_exception`: roles out of order, ...) are the request's fault.
+    let rendered = tokenizer
+        .render(&messages, generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    tokenizer
+        .encode(&rendered, false)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// The handler.
+pub async fn handle(
+    State(api): State<Arc<Api>>,
+    Extension(ctx): Extension<RequestContext>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (api, ctx) = (api.as_ref(), &ctx);
+    let state = &api.state;
+    let (f, streaming) = openai::read(body, state, Endpoint::Chat)?;
+    let messages = parse_messages(&f)?;
+    let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let mut params = openai::sampling(&f, state)?;
+    // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
+    let requested = match f.count("max_completion_tokens")? {
+        Some(m) => Some((m, "max_completion_tokens")),
+        None => f.count("max_tokens")?.map(|m| (m, "max_tokens")),
+    };
+    let ids = blocking(api, move |s| tokenize(s, messages, generation_prompt)).await?;
+    params.max_tokens = Some(openai::resolve_max_tokens(state, ids.len(), "messages", requested)?);
+
+    match answer(api, ctx, (ids, params), streaming, true, None).await? {
+        Answer::Streamed(r) => Ok(r),
+        Answer::Completed(done) => Ok(done.response(
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": done.text}, "logprobs": null,
+                   "finish_reason": done.reason.openai()}),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(body: &str) -> Result<Vec<ChatMessage>, ApiError> {
+        parse_messages(&Fields::parse(body.as_bytes()).expect("object"))
+    }
+
+    #[test]
+    fn messages_take_strings_and_text_parts() {
+        let m = messages(
+            r#"{"messages": [{"role": "system", "content": "be brief"},
+                             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                             {"role": "assistant", "content": null}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            m,
+            vec![
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "a\nb"),
+                ChatMessage::new("assistant", ""),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_messages_name_the_field() {
+        for (body, param, want) in [
+            (r#"{}"#, "messages", "messages is required"),
+            (r#"{"messages": []}"#, "messages", "must not be empty"),
+            (r#"{"messages": "hi"}"#, "messages", "must be an array, got a string"),
+            (r#"{"messages": [3]}"#, "messages[0]", "must be an object"),
+            (
+                r#"{"messages": [{"content": "x"}]}"#,
+                "messages[0].role",
+                "non-empty string",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": 5}]}"#,
+                "messages[0].content",
+                "got a number",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#,
+                "messages[0].content[0]",
+                "`image_url` (only `text`) is not supported",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#,
+                "messages[0].content[0]",
+                "text",
+            ),
+        ] {
+            let e = messages(body).expect_err(body);
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(want), "{body}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Running one generation request on the engine for a handler ([`answer`]): it is handed over and the engine's first
+//! event awaited before anything is sent (so a request the engine refuses gets its HTTP status rather than a failed
+//! stream), then streamed as server-sent events or read to its end for a JSON body. Tokenizing, done before, runs on
+//! the blocking pool ([`blocking`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rewind_actors::{Event, EventStream, GenerateRequest, Usage};
+use rewind_engine::sample::SamplingParams;
+use rewind_engine::sched::FinishReason;
+use serde_json::{json, Value};
+
+use super::errors::ApiError;
+use super::metrics::HttpMetrics;
+use super::openai::Streaming;
+use super::sse::{self, ChunkShape};
+use super::{Api, RequestContext};
+use crate::serve::ServeState;
+
+/// A request the engine took: its events, the first one already read. Dropping it cancels the request (the
+/// [`EventStream`] inside does), which is what happens when the client goes away.
+pub struct Admitted {
+    events: EventStream,
+    first: Option<Event>,
+    /// Where the time to the first token goes, until it has been recorded.
+    ttft: Option<(Arc<HttpMetrics>, &'static str, Instant)>,
+}
+
+/// Submits `prompt` with `params` and waits for the engine's first event: a `Failed` one (bad parameters the checks
+/// here missed, a full queue, a stopped engine) becomes the error, anything else starts the answer.
+async fn submit(
+    api: &Api,
+    ctx: &RequestContext,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> Result<Admitted, ApiError> {
+    let prompt_tokens = prompt.len();
+    let mut events = api
+        .state
+        .engine
+        .submit(GenerateRequest::new(prompt, params))
+        .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    tracing::Span::current().record("engine_request", events.id());
+    tracing::debug!(prompt_tokens, "submitted");
+    let first = match events.next().await {
+        Some(Event::Failed { error, kind }) => return Err(ApiError::from_failure(kind, error)),
+        None => {
+            return Err(ApiError::server(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the engine ended the request without an answer",
+            ))
+        }
+        Some(e) => e,
+    };
+    let mut admitted = Admitted {
+        events,
+        first: None,
+        ttft: Some((api.metrics.clone(), ctx.endpoint, ctx.start)),
+    };
+    admitted.saw(&first);
+    admitted.first = Some(first);
+    Ok(admitted)
+}
+
+impl Admitted {
+    /// The next event; `None` after the last one.
+    pub async fn next(&mut self) -> Option<Event> {
+        if let Some(e) = self.first.take() {
+            return Some(e);
+        }
+        let e = self.events.next().await;
+        if let Some(e) = &e {
+            self.saw(e);
+        }
+        e
+    }
+
+    /// Records the time to the first token when `e` is it.
+    fn saw(&mut self, e: &Event) {
+        if matches!(e, Event::Token { .. }) {
+            if let Some((metrics, endpoint, start)) = self.ttft.take() {
+                metrics.first_token(endpoint, start.elapsed());
+            }
+        }
+    }
+}
+
+/// Runs `f` (tokenizing, rendering a chat template: work that grows with the prompt) on the blocking pool, so a long
+/// prompt does not hold up the other connections' tasks.
+pub async fn blocking<T: Send + 'static>(
+    api: &Api,
+    f: impl FnOnce(&ServeState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = api.state.clone();
+    tokio::task::spawn_blocking(move || f(&state))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::server(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("a worker failed: {e}"),
+            ))
+        })
+}
+
+/// A generation that ran to its end.
+pub struct Completed {
+    /// The response's id, creation time and model (what a stream's chunks would have carried).
+    pub shape: ChunkShape,
+    pub text: String,
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+/// Reads `admitted` to its end; its response will have `shape`'s id, time and model.
+async fn collect(mut admitted: Admitted, shape: ChunkShape) -> Result<Completed, ApiError> {
+    let mut text = String::new();
+    while let Some(e) = admitted.next().await {
+        match e {
+            Event::Token { text: piece, .. } => text.push_str(&piece),
+            Event::Finished { reason, usage, .. } => {
+                return Ok(Completed {
+                    shape,
+                    text,
+                    reason,
+                    usage,
+                })
+            }
+            Event::Failed { error, kind } => return Err(ApiError::from_failure(kind, error)),
+        }
+    }
+    Err(ApiError::server(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the engine ended the request without a final event",
+    ))
+}
+
+/// How a generation is answered: streamed (the response is ready), or run to its end for the endpoint's body.
+pub enum Answer {
+    Streamed(Response),
+    Completed(Completed),
+}
+
+/// Runs `prompt` for an endpoint (`chat` or completions): streamed when `streaming` says so, the stream opening with
+/// the chat role and `echo` (the prompt's text, for completions that want it back); else collected.
+pub async fn answer(
+    api: &Api,
+    ctx: &RequestContext,
+    (prompt, params): (Vec<u32>, SamplingParams),
+    streaming: Streaming,
+    chat: bool,
+    echo: Option<String>,
+) -> Result<Answer, ApiError> {
+    let admitted = submit(api, ctx, prompt, params).await?;
+    let shape = ChunkShape {
+        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, ctx.id),
+        created: unix_now(),
+        model: api.state.model_name.clone(),
+        chat,
+        include_usage: streaming.include_usage,
+    };
+    if !streaming.stream {
+        let mut done = collect(admitted, shape).await?;
+        if let Some(prefix) = echo {
+            done.text.insert_str(0, &prefix);
+        }
+        return Ok(Answer::Completed(done));
+    }
+    let opening = chat
+        .then(|| shape.role())
+        .into_iter()
+        .chain(echo.filter(|t| !t.is_empty()).map(|t| shape.text(&t)))
+        .collect();
+    Ok(Answer::Streamed(sse::respond(shape, admitted, opening)))
+}
+
+impl Completed {
+    /// The endpoint's response: `object` with its one `choice`.
+    pub fn response(&self, object: &str, choice: Value) -> Response {
+        Json(json!({
+            "id": self.shape.id,
+            "object": object,
+            "created": self.shape.created,
+            "model": self.shape.model,
+            "choices": [choice],
+            "usage": usage_json(&self.usage),
+        }))
+        .into_response()
+    }
+}
+
+/// OpenAI's `usage` object (`cached_tokens`: prompt tokens restored from a session's state rather than prefilled).
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

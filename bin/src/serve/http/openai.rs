@@ -1,0 +1,494 @@
+//! Reading OpenAI request bodies: [`Fields`] (a JSON object read field by field, every wrong type a 400 naming the
+//! field) and what `/v1/completions` and `/v1/chat/completions` share: the model check, the sampling fields
+//! ([`sampling`]), the streaming options, and the fields this server refuses rather than ignores ([`refuse_unsupported`]).
+//!
+//! Bodies are read as `serde_json::Value` and not derived structs because serde's errors for a wrong type name a
+//! column, not the field, and OpenAI clients send `null` for any field they leave unset.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use rewind_engine::sample::SamplingParams;
+use serde_json::{Map, Value};
+
+use super::errors::ApiError;
+use crate::serve::ServeState;
+
+/// A request body: a JSON object.
+#[derive(Debug)]
+pub struct Fields(Map<String, Value>);
+
+/// How a JSON value's type reads in an error message.
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(name: &str, want: &str, got: &Value) -> ApiError {
+    ApiError::invalid(name, format!("{name} must be {want}, got {}", type_name(got)))
+}
+
+impl Fields {
+    /// Parses a request body, which must be a JSON object.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        if body.is_empty() {
+            return Err(ApiError::bad_request("The request body is empty; send a JSON object."));
+        }
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(m)) => Ok(Fields(m)),
+            Ok(v) => Err(ApiError::bad_request(format!(
+                "The request body must be a JSON object, got {}.",
+                type_name(&v)
+            ))),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "The request body is not valid JSON: {e}."
+            ))),
+        }
+    }
+
+    /// A field's value; `null` counts as absent.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    /// A number field.
+    pub fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| ApiError::invalid(name, format!("{name} must be a finite number"))),
+            Some(v) => Err(wrong_type(name, "a number", v)),
+        }
+    }
+
+    /// An integer field (negative ones included).
+    pub fn int(&self, name: &str) -> Result<Option<i128>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| n.as_u64().map(i128::from))
+                .map(Some)
+                .ok_or_else(|| ApiError::invalid(name, format!("{name} must be an integer, got {n}"))),
+            Some(v) => Err(wrong_type(name, "an integer", v)),
+        }
+    }
+
+    /// A non-negative integer field that fits a `usize`.
+    pub fn count(&self, name: &str) -> Result<Option<usize>, ApiError> {
+        match self.int(name)? {
+            None => Ok(None),
+            Some(i) => usize::try_from(i)
+                .map(Some)
+                .map_err(|_| ApiError::invalid(name, format!("{name} must be a non-negative integer, got {i}"))),
+        }
+    }
+
+    /// A boolean field.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(wrong_type(name, "a boolean", v)),
+        }
+    }
+
+    /// A string field.
+    pub fn str(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(wrong_type(name, "a string", v)),
+        }
+    }
+
+    /// `stop`: a string or an array of strings, none empty.
+    fn stop(&self) -> Result<Vec<String>, ApiError> {
+        let list = match self.get("stop") {
+            None => return Ok(Vec::new()),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    v => Err(wrong_type(&format!("stop[{i}]"), "a string", v)),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
+        };
+        if list.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        Ok(list)
+    }
+
+    /// An array of token ids, each below `vocab`.
+    pub fn token_ids(&self, name: &str, vocab: usize) -> Result<Option<Vec<u32>>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => token_ids(name, v, vocab).map(Some),
+        }
+    }
+}
+
+/// `v` as an array of token ids below `vocab`; errors name `name` and the index at fault.
+pub fn token_ids(name: &str, v: &Value, vocab: usize) -> Result<Vec<u32>, ApiError> {
+    let Value::Array(items) = v else {
+        return Err(wrong_type(name, "an array of token ids", v));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let id = item.as_u64().ok_or_else(|| {
+                ApiError::invalid(
+                    name,
+                    format!("{name}[{i}] must be a non-negative integer token id, got {item}"),
+                )
+            })?;
+            if id >= vocab as u64 {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name}[{i}]: token id {id} is out of range for a vocabulary of {vocab} tokens"),
+                ));
+            }
+            Ok(id as u32)
+        })
+        .collect()
+}
+
+/// What both endpoints read first: the body's fields, checked for the served model and for values this server refuses,
+/// and the streaming options.
+pub fn read(
+    body: Result<Bytes, BytesRejection>,
+    state: &ServeState,
+    endpoint: Endpoint,
+) -> Result<(Fields, Streaming), ApiError> {
+    let body = body.map_err(|r| ApiError::unreadable_body(&r))?;
+    let f = Fields::parse(&body)?;
+    check_model(&f, state)?;
+    refuse_unsupported(&f, endpoint)?;
+    let s = streaming(&f)?;
+    Ok((f, s))
+}
+
+/// A 404 unless `model` (when given) is the served model.
+fn check_model(f: &Fields, state: &ServeState) -> Result<(), ApiError> {
+    match f.str("model")? {
+        Some(m) if m != state.model_name => Err(ApiError::model_not_found(m, &state.model_name)),
+        _ => Ok(()),
+    }
+}
+
+/// Which endpoint a body is for: the two differ in which fields they have and in what `logprobs` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+fn is_one(v: &Value) -> bool {
+    v.as_u64() == Some(1)
+}
+
+fn is_zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+fn is_false(v: &Value) -> bool {
+    v == &Value::Bool(false)
+}
+
+/// Which values of a field [`refuse_unsupported`] lets through.
+type Accepts = fn(&Value) -> bool;
+
+/// The fields [`refuse_unsupported`] checks: the name, what a value other than the default asks for, and which values
+/// pass.
+const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
+    ("n", "n other than 1 (one choice per request)", is_one),
+    ("best_of", "best_of other than 1", is_one),
+    ("presence_penalty", "presence_penalty", is_zero),
+    ("frequency_penalty", "frequency_penalty", is_zero),
+    ("logit_bias", "logit_bias", is_empty),
+    ("top_logprobs", "top_logprobs", is_zero),
+    ("prompt_logprobs", "prompt_logprobs", is_zero),
+    ("min_tokens", "min_tokens", is_zero),
+    ("use_beam_search", "use_beam_search", is_false),
+    ("suffix", "suffix", is_empty),
+    ("tools", "tools (function calling)", is_empty),
+    ("functions", "functions (function calling)", is_empty),
+    ("tool_choice", "tool_choice", |v| v == "none" || v == "auto"),
+    ("response_format", "response_format other than text", |v| {
+        v.get("type").is_some_and(|t| t == "text")
+    }),
+    ("guided_json", "guided_json", is_empty),
+    ("guided_regex", "guided_regex", is_empty),
+];
+
+/// Refuses, with a 400 naming the field, every field whose value asks for something this server does not do; their
+/// defaults (`n: 1`, `logprobs: null`, `presence_penalty: 0`, ...) are accepted, since clients send them unasked.
+fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
+    // `null` is absent and always fine (Fields::get).
+    for (name, what, accepts) in UNSUPPORTED {
+        if let Some(v) = f.get(name) {
+            if !accepts(v) {
+                return Err(ApiError::unsupported(name, what));
+            }
+        }
+    }
+    // Completions take a number of top log-probabilities, chat a boolean; either way none can be computed here.
+    let logprobs_ok = match endpoint {
+        Endpoint::Completions => f.get("logprobs").is_none(),
+        Endpoint::Chat => f.get("logprobs").is_none_or(is_false),
+    };
+    if !logprobs_ok {
+        return Err(ApiError::unsupported("logprobs", "logprobs"));
+    }
+    Ok(())
+}
+
+/// Whether to stream, and whether a stream ends with a usage chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Streaming {
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// `stream` and `stream_options.include_usage`.
+fn streaming(f: &Fields) -> Result<Streaming, ApiError> {
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ))
+        }
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(wrong_type("stream_options.include_usage", "a boolean", v)),
+        },
+        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+    };
+    Ok(Streaming { stream, include_usage })
+}
+
+/// The sampling parameters a body asks for, from the server's defaults; `max_tokens` is left to
+/// [`resolve_max_tokens`], which needs the prompt's length. Ranges are checked by `SamplingParams::validate`, whose
+/// messages name the field.
+pub fn sampling(f: &Fields, state: &ServeState) -> Result<SamplingParams, ApiError> {
+    let mut p = state.sampling_defaults();
+    p.max_tokens = None;
+    if let Some(t) = f.f32("temperature")? {
+        p.temperature = t;
+    }
+    if let Some(v) = f.f32("top_p")? {
+        p.top_p = v;
+    }
+    if let Some(k) = f.int("top_k")? {
+        // vLLM's convention: -1 (or 0) turns the filter off.
+        p.top_k = match k {
+            -1 => 0,
+            k => usize::try_from(k)
+                .map_err(|_| ApiError::invalid("top_k", format!("top_k must be -1 (off) or >= 0, got {k}")))?,
+        };
+    }
+    if let Some(v) = f.f32("min_p")? {
+        p.min_p = v;
+    }
+    if let Some(v) = f.f32("repetition_penalty")? {
+        p.repetition_penalty = v;
+    }
+    if let Some(s) = f.int("seed")? {
+        // OpenAI seeds are signed 64-bit; any integer names one reproducible stream.
+        p.seed = Some(
+            u64::try_from(s)
+                .or_else(|_| i64::try_from(s).map(|s| s as u64))
+                .map_err(|_| ApiError::invalid("seed", format!("seed must fit in 64 bits, got {s}")))?,
+        );
+    }
+    p.stop_strings = f.stop()?;
+    let vocab = state.engine.info().vocab;
+    p.stop_token_ids = f.token_ids("stop_token_ids", vocab)?.unwrap_or_default();
+    p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    p.validate(vocab).map_err(|e| {
+        let message = match e {
+            rewind_engine::EngineError::InvalidInput(m) => m,
+            e => e.to_string(),
+        };
+        ApiError::from_failure(rewind_actors::FailureKind::InvalidArgument, message)
+    })?;
+    Ok(p)
+}
+
+/// The tokens to generate for a prompt of `prompt_len` tokens (named `prompt_param` in errors): the request's
+/// `max_tokens` (`requested`, with the field it came from) if it fits the context and the server's limit, else the
+/// server's default cut to what the context leaves.
+pub fn resolve_max_tokens(
+    state: &ServeState,
+    prompt_len: usize,
+    prompt_param: &str,
+    requested: Option<(usize, &str)>,
+) -> Result<usize, ApiError> {
+    let context = state.engine.info().max_context;
+    if prompt_len == 0 {
+        return Err(ApiError::invalid(prompt_param, format!("{prompt_param} is empty")));
+    }
+    if prompt_len >= context {
+        return Err(ApiError::invalid(
+            prompt_param,
+            format!(
+                "This model's maximum context length is {context} tokens, and the {prompt_param} has {prompt_len} \
+                 tokens, which leaves no room to generate."
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = context - prompt_len;
+    let Some((m, name)) = requested else {
+        return Ok(state.default_max_tokens.min(room));
+    };
+    if m == 0 {
+        return Err(ApiError::invalid(name, format!("{name} must be at least 1, got 0")));
+    }
+    if m > state.max_tokens_limit {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} must be at most {}, got {m}", state.max_tokens_limit),
+        ));
+    }
+    if m > room {
+        return Err(ApiError::invalid(
+            name,
+            format!(
+                "This model's maximum context length is {context} tokens; the {prompt_param} has {prompt_len} tokens \
+                 and {name} asks for {m} more (at most {room} fit)."
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(s: &str) -> Fields {
+        Fields::parse(s.as_bytes()).expect("an object")
+    }
+
+    #[test]
+    fn bodies_must_be_json_objects() {
+        assert!(Fields::parse(b"").is_err());
+        assert!(Fields::parse(b"{").expect_err("bad").message.contains("not valid JSON"));
+        assert!(Fields::parse(b"[1]").expect_err("array").message.contains("an array"));
+        assert!(Fields::parse(b"{\"temperature\": NaN}").is_err(), "NaN is not JSON");
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let f = fields(r#"{"temperature": "hot", "max_tokens": -3, "stream": 1, "seed": 1.5, "model": 7}"#);
+        let e = f.f32("temperature").expect_err("string");
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert!(
+            e.message.contains("temperature must be a number, got a string"),
+            "{}",
+            e.message
+        );
+        let e = f.count("max_tokens").expect_err("negative");
+        assert!(e.message.contains("max_tokens must be a non-negative integer, got -3"));
+        assert_eq!(f.bool("stream").expect_err("number").param.as_deref(), Some("stream"));
+        assert!(f
+            .int("seed")
+            .expect_err("float")
+            .message
+            .contains("seed must be an integer"));
+        assert_eq!(f.str("model").expect_err("number").param.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn null_is_absent() {
+        let f = fields(r#"{"temperature": null, "stop": null, "n": null}"#);
+        assert_eq!(f.f32("temperature").expect("ok"), None);
+        assert_eq!(f.stop().expect("ok"), Vec::<String>::new());
+        assert!(refuse_unsupported(&f, Endpoint::Chat).is_ok());
+    }
+
+    #[test]
+    fn stop_is_a_string_or_strings() {
+        assert_eq!(fields(r#"{"stop": "x"}"#).stop().expect("ok"), vec!["x"]);
+        assert_eq!(fields(r#"{"stop": ["a", "b"]}"#).stop().expect("ok"), vec!["a", "b"]);
+        let e = fields(r#"{"stop": ["a", 3]}"#).stop().expect_err("number");
+        assert_eq!(e.param.as_deref(), Some("stop[1]"));
+        assert!(fields(r#"{"stop": [""]}"#).stop().is_err());
+        assert!(fields(r#"{"stop": 5}"#).stop().is_err());
+    }
+
+    #[test]
+    fn token_ids_are_checked_against_the_vocabulary() {
+        assert_eq!(
+            token_ids("prompt", &serde_json::json!([1, 2]), 10).expect("ok"),
+            vec![1, 2]
+        );
+        let e = token_ids("prompt", &serde_json::json!([1, 10]), 10).expect_err("out of range");
+        assert!(
+            e.message.contains("prompt[1]: token id 10 is out of range"),
+            "{}",
+            e.message
+        );
+        assert!(token_ids("prompt", &serde_json::json!([-1]), 10).is_err());
+        assert!(token_ids("prompt", &serde_json::json!("x"), 10).is_err());
+    }
+
+    #[test]
+    fn unsupported_values_are_refused_and_defaults_pass() {
+        let ok = fields(r#"{"n": 1, "presence_penalty": 0, "logit_bias": {}, "logprobs": false, "tools": []}"#);
+        assert!(refuse_unsupported(&ok, Endpoint::Chat).is_ok());
+        for (body, param) in [
+            (r#"{"n": 2}"#, "n"),
+            (r#"{"frequency_penalty": 0.5}"#, "frequency_penalty"),
+            (r#"{"logprobs": true}"#, "logprobs"),
+            (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
+        ] {
+            let e = refuse_unsupported(&fields(body), Endpoint::Chat).expect_err(body);
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert!(e.message.contains("not supported"));
+        }
+        // Completions' logprobs is a count: any number asks for them.
+        let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
+        assert_eq!(e.message, "logprobs is not supported");
+    }
+
+    #[test]
+    fn stream_options_need_a_stream() {
+        let s = streaming(&fields(
+            r#"{"stream": true, "stream_options": {"include_usage": true}}"#,
+        ))
+        .expect("ok");
+        assert!(s.stream && s.include_usage);
+        let e = streaming(&fields(r#"{"stream_options": {"include_usage": true}}"#)).expect_err("no stream");
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+        assert!(streaming(&fields(r#"{"stream": true, "stream_options": {"include_usage": 1}}"#)).is_err());
+    }
+}

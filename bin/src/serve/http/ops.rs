@@ -1,0 +1,81 @@
+//! The routes that generate nothing: `/v1/models`, `/health`, `/metrics`; and the 404 of every other path and the 405
+//! of a wrong method.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::errors::ApiError;
+use super::generation::unix_now;
+use super::Api;
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(api): State<Arc<Api>>) -> Response {
+    let s = &api.state;
+    let created = unix_now().saturating_sub(s.started.elapsed().as_secs());
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "rewind",
+            "root": s.model_name,
+            "parent": null,
+            "max_model_len": s.engine.info().max_context,
+        }],
+    }))
+    .into_response()
+}
+
+/// `GET /health`: 200 with every rank's health and the scheduler's counts; 503 while draining or when the engine
+/// cannot answer (its ranks failed beyond recovery, or it stopped).
+pub async fn health(State(api): State<Arc<Api>>) -> Response {
+    let s = &api.state;
+    if s.draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response();
+    }
+    match s.engine.health().await {
+        Ok(h) => Json(json!({
+            "status": "ok",
+            "model": s.model_name,
+            "uptime_seconds": s.started.elapsed().as_secs_f64(),
+            "engine": h,
+        }))
+        .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics`: the engine's metrics and the HTTP API's, in Prometheus' text format.
+pub async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let mut text = api.state.engine.metrics().prometheus();
+    text.push_str(&api.metrics.prometheus());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// Any other path: an OpenAI-shaped 404.
+pub async fn no_route(uri: Uri) -> ApiError {
+    ApiError::no_route(uri.path())
+}
+
+/// A route called with a method it does not take: an OpenAI-shaped 405.
+pub async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: Some("method_not_allowed"),
+        ..ApiError::bad_request(format!("{} does not take {method}.", uri.path()))
+    }
+}

@@ -1,0 +1,654 @@
+//! The OpenAI-compatible HTTP API end to end: a tiny random model served on the CPU over real loopback sockets,
+//! driven with `curl` (the client users have): models, completions and chat (plain and streamed), seeded sampling,
+//! stop strings, every malformed request's 4xx naming its field while a stream runs beside it, the API key, draining,
+//! health, metrics, and a client that disconnects mid-stream cancelling its request.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rewind_actors::{EngineConfig, EngineHandle};
+use rewind_bin::serve::http::router;
+use rewind_bin::serve::{ServeState, ServedModel};
+use rewind_engine::decode::{DecoderConfig, FormChoice};
+use rewind_engine::init::{init_model, InitOptions};
+use rewind_engine::model::Family;
+use rewind_engine::rank::{CpuLauncher, CpuOptions};
+use rewind_engine::tokenizer::chat::ChatMessage;
+use serde_json::{json, Value};
+
+const MODEL_NAME: &str = "tiny-test";
+
+/// The tiny nemotron_h checkpoint (seed 0), built once per target directory: deterministic, so a copy another run
+/// built is the same model.
+fn model_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(build_model).clone()
+}
+
+fn build_model() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("http-api-tiny-nemotron_h-v1");
+    if dir.join("config.json").is_file() {
+        return dir;
+    }
+    let tmp = dir.with_extension(format!("building-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    init_model(&InitOptions {
+        family: Family::NemotronH,
+        preset: "tiny".into(),
+        layers: None,
+        seed: 0,
+        out: tmp.clone(),
+        dtype: None,
+        mtp: false,
+    })
+    .expect("init-model");
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another test binary finished first: use its copy.
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(dir.join("config.json").is_file(), "no model in {}", dir.display());
+    }
+    dir
+}
+
+/// An engine on the CPU and the runtime the servers over it run on.
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    engine: Arc<EngineHandle>,
+    model: ServedModel,
+    /// The server without an API key.
+    url: String,
+}
+
+impl Fixture {
+    fn start(slots: usize, context: usize) -> Self {
+        let dir = model_dir();
+        let model = ServedModel::load(&dir).expect("served model");
+        let launcher = CpuLauncher::new(
+            &dir,
+            CpuOptions {
+                tp: 1,
+                decoder: DecoderConfig::new(slots, context),
+            },
+        )
+        .expect("launcher");
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.eos_token_ids = model.eos_token_ids.clone();
+        config.tokenizer = Some(model.tokenizer.clone());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let engine = Arc::new(
+            rt.block_on(EngineHandle::start(Arc::new(launcher), config))
+                .expect("engine"),
+        );
+        let mut f = Fixture {
+            rt,
+            engine,
+            model,
+            url: String::new(),
+        };
+        f.url = f.serve(f.state(None));
+        f
+    }
+
+    fn state(&self, api_key: Option<&str>) -> Arc<ServeState> {
+        Arc::new(ServeState::new(
+            self.engine.clone(),
+            self.model.clone(),
+            MODEL_NAME.into(),
+            api_key.map(str::to_string),
+        ))
+    }
+
+    /// Serves the HTTP API over `state` on a free loopback port; its base URL.
+    fn serve(&self, state: Arc<ServeState>) -> String {
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        self.rt.spawn(async move {
+            axum::serve(listener, router(state)).await.expect("serve");
+        });
+        format!("http://{addr}")
+    }
+}
+
+/// The engine most tests share (4 slots, 1024-token context).
+fn shared() -> &'static Fixture {
+    static SHARED: OnceLock<Fixture> = OnceLock::new();
+    SHARED.get_or_init(|| Fixture::start(4, 1024))
+}
+
+/// Runs curl with `args` and `url`; the status and the body.
+fn curl(url: &str, args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run curl");
+    assert!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    (code.trim().parse().expect("status"), body.to_string())
+}
+
+/// GETs `url`; the status and the body parsed.
+fn get(url: &str, headers: &[&str]) -> (u16, Value) {
+    let args: Vec<&str> = headers.iter().flat_map(|h| ["-H", h]).collect();
+    let (status, text) = curl(url, &args);
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// curl's arguments that POST `body` as JSON.
+fn post_args(body: &str) -> Vec<&str> {
+    let mut args = vec!["-X", "POST", "-H", "content-type: application/json"];
+    args.extend(["--data-binary", body]);
+    args
+}
+
+/// POSTs `body` as JSON; the status and the body parsed (`Value::Null` when it is not JSON, e.g. an SSE stream).
+fn post(url: &str, body: &str, headers: &[&str]) -> (u16, Value) {
+    let mut args = post_args(body);
+    for h in headers {
+        args.extend(["-H", h]);
+    }
+    let (status, text) = curl(url, &args);
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn ok(url: &str, body: Value) -> Value {
+    let (status, v) = post(url, &body.to_string(), &[]);
+    assert_eq!(status, 200, "{body}: {v}");
+    v
+}
+
+/// The error message of an error body.
+fn message(v: &Value) -> &str {
+    v["error"]["message"].as_str().unwrap_or_default()
+}
+
+/// The JSON of every `data:` line of a stream, `[DONE]` as a string.
+fn sse_events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| match d {
+            "[DONE]" => Value::String("[DONE]".into()),
+            d => serde_json::from_str(d).unwrap_or_else(|e| panic!("bad chunk {d}: {e}")),
+        })
+        .collect()
+}
+
+/// Streams `body` through `curl -N`; the status and the events.
+fn stream(url: &str, body: &Value) -> (u16, Vec<Value>) {
+    let b = body.to_string();
+    let mut args = vec!["-N"];
+    args.extend(post_args(&b));
+    let (status, text) = curl(url, &args);
+    (status, sse_events(&text))
+}
+
+/// A `curl -N` stream read as it comes.
+struct Live {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Live {
+    /// POSTs `body` to `url` and waits for the stream's first `data:` line, which it returns.
+    fn start(url: &str, body: &Value) -> (Self, String) {
+        let body = body.to_string();
+        let mut child = Command::new("curl")
+            .args(["-sS", "-N"])
+            .args(post_args(&body))
+            .arg(url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("curl");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut live = Live { child, lines };
+        let first = live
+            .lines
+            .find_map(|l| l.ok().filter(|l| l.starts_with("data: ")))
+            .expect("a first chunk");
+        (live, first)
+    }
+
+    /// The rest of the stream.
+    fn finish(self) -> String {
+        let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
+        rest.join("\n")
+    }
+}
+
+/// A chat stream's content, checking its shape: the role first, content deltas, one finish chunk, `[DONE]` last.
+fn chat_stream_content(events: &[Value]) -> (String, String) {
+    assert!(events.len() >= 3, "{events:?}");
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant", "{:?}", events[0]);
+    assert_eq!(events.last(), Some(&Value::String("[DONE]".into())));
+    let chunks: Vec<&Value> = events.iter().filter(|e| e.is_object()).collect();
+    let mut content = String::new();
+    let mut finish = None;
+    for c in &chunks {
+        assert!(c.get("error").is_none(), "stream failed: {c}");
+        if c["choices"].as_array().is_some_and(Vec::is_empty) {
+            continue; // the usage chunk
+        }
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert!(c["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")));
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+        if let Some(r) = c["choices"][0]["finish_reason"].as_str() {
+            assert!(finish.is_none(), "two finish chunks");
+            finish = Some(r.to_string());
+        }
+    }
+    (content, finish.expect("a finish chunk"))
+}
+
+#[test]
+fn models_lists_the_served_model() {
+    let f = shared();
+    let (status, v) = get(&format!("{}/v1/models", f.url), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(v["data"][0]["id"], MODEL_NAME);
+    assert_eq!(v["data"][0]["owned_by"], "rewind");
+    assert_eq!(v["data"][0]["max_model_len"], 1024);
+}
+
+#[test]
+fn completions_count_usage_and_finish_by_length() {
+    let f = shared();
+    let url = format!("{}/v1/completions", f.url);
+    let prompt = "the quick brown fox";
+    let v = ok(
+        &url,
+        json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 7, "ignore_eos": true, "temperature": 0,
+               "user": "ignored"}),
+    );
+    let want_prompt = f.model.tokenizer.encode(prompt, true).expect("encode").len();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")), "{v}");
+    assert_eq!(v["model"], MODEL_NAME);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["choices"][0]["logprobs"].is_null());
+    assert_eq!(v["usage"]["prompt_tokens"], want_prompt);
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    assert_eq!(v["usage"]["total_tokens"], want_prompt + 7);
+    let text = v["choices"][0]["text"].as_str().expect("text").to_string();
+
+    // Token ids, echo, and the same text streamed (greedy: the same tokens).
+    let v = ok(
+        &url,
+        json!({"prompt": [11, 12, 13], "max_tokens": 3, "ignore_eos": true, "echo": true}),
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    let echoed = f.model.tokenizer.decode(&[11, 12, 13], false).expect("decode");
+    assert!(
+        v["choices"][0]["text"].as_str().is_some_and(|t| t.starts_with(&echoed)),
+        "{v}"
+    );
+    let (status, events) = stream(
+        &url,
+        &json!({"prompt": prompt, "max_tokens": 7, "ignore_eos": true, "temperature": 0, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    );
+    assert_eq!(status, 200);
+    let streamed: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, text);
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 7);
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+#[test]
+fn chat_streams_the_same_reply_as_it_answers() {
+    let f = shared();
+    let url = format!("{}/v1/chat/completions", f.url);
+    let messages = json!([{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": [{"type": "text", "text": "hello there"}]}]);
+    let request = json!({"model": MODEL_NAME, "messages": messages, "max_completion_tokens": 12, "temperature": 0,
+                         "ignore_eos": true});
+    let v = ok(&url, request.clone());
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let turns = [
+        ChatMessage::new("system", "be brief"),
+        ChatMessage::new("user", "hello there"),
+    ];
+    let rendered = f.model.tokenizer.render(&turns, true).expect("render");
+    let prompt_tokens = f.model.tokenizer.encode(&rendered, false).expect("encode").len();
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    let reply = v["choices"][0]["message"]["content"].as_str().expect("content");
+    assert!(!reply.is_empty());
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, events) = stream(&url, &streamed);
+    assert_eq!(status, 200);
+    let (content, finish) = chat_stream_content(&events);
+    assert_eq!(content, reply);
+    assert_eq!(finish, "length");
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["usage"]["completion_tokens"], 12, "{usage}");
+    assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let f = shared();
+    let url = format!("{}/v1/completions", f.url);
+    let text = |seed: i64| {
+        let v = ok(
+            &url,
+            json!({"prompt": "once upon a time", "max_tokens": 16, "ignore_eos": true, "temperature": 1.0,
+                   "top_p": 1.0, "top_k": -1, "seed": seed}),
+        );
+        v["choices"][0]["text"].as_str().expect("text").to_string()
+    };
+    assert_eq!(text(42), text(42));
+    assert_eq!(text(-7), text(-7), "negative seeds are seeds too");
+    let others: Vec<String> = (1..=4).map(text).collect();
+    assert!(
+        others.iter().any(|t| t != &others[0]),
+        "four seeds gave one text: {others:?}"
+    );
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let f = shared();
+    let url = format!("{}/v1/completions", f.url);
+    let base = json!({"prompt": "a stop string test", "max_tokens": 24, "ignore_eos": true, "temperature": 0});
+    let full = ok(&url, base.clone())["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 6, "too little text to cut: {full:?}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let want = &full[..full.find(&stop).expect("in the text")];
+    let mut req = base;
+    req["stop"] = json!([stop, "\u{1}never"]);
+    let v = ok(&url, req);
+    assert_eq!(v["choices"][0]["text"], want, "stop {stop:?} in {full:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+/// Every malformed request's status, `param` and message, while a long stream runs beside them and still ends well.
+#[test]
+fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
+    let f = shared();
+    let chat = format!("{}/v1/chat/completions", f.url);
+    let cmpl = format!("{}/v1/completions", f.url);
+    let long = json!({"messages": [{"role": "user", "content": "go on"}], "max_tokens": 900, "ignore_eos": true,
+                      "stream": true});
+    // The stream has started (its role chunk came) before the first bad request goes out.
+    let (runner, first) = Live::start(&chat, &long);
+    // Bodies of their own: (body, param, message).
+    let over_context = json!({"prompt": vec![5u32; 1024]}).to_string();
+    let vocab = f.engine.info().vocab;
+    let raw: Vec<(String, Option<&str>, &str)> = vec![
+        (r#"{"prompt": "#.into(), None, "not valid JSON"),
+        ("[1, 2]".into(), None, "must be a JSON object"),
+        (r#"{"prompt": "x", "temperature": NaN}"#.into(), None, "not valid JSON"),
+        (over_context, Some("prompt"), "maximum context length is 1024"),
+        (
+            json!({"prompt": [1, vocab]}).to_string(),
+            Some("prompt"),
+            "out of range",
+        ),
+        (r#"{"prompt": ["a", "b"]}"#.into(), Some("prompt"), "batch of 2 prompts"),
+        (r#"{"prompt": 3}"#.into(), Some("prompt"), "prompt must be a string"),
+        (r#"{"max_tokens": 3}"#.into(), Some("prompt"), "prompt is required"),
+    ];
+    // Completions with `"prompt": "x", ` and these fields: (fields, param, message).
+    let stop_ids = format!(r#""stop_token_ids": [{vocab}]"#);
+    let completions: Vec<(&str, &str, &str)> = vec![
+        (r#""temperature": "hot""#, "temperature", "temperature must be a number"),
+        (r#""temperature": -0.5"#, "temperature", "temperature must be"),
+        (r#""top_p": 0"#, "top_p", "top_p must be in (0, 1]"),
+        (r#""top_p": 1.5"#, "top_p", "top_p must be in (0, 1]"),
+        (r#""max_tokens": 0"#, "max_tokens", "at least 1"),
+        (r#""max_tokens": 5000"#, "max_tokens", "at most 1024"),
+        (r#""max_tokens": -1"#, "max_tokens", "non-negative integer"),
+        (r#""max_tokens": 1024"#, "max_tokens", "maximum context length"),
+        (r#""n": 2"#, "n", "not supported"),
+        (r#""logprobs": 1"#, "logprobs", "logprobs is not supported"),
+        (r#""stop": [""]"#, "stop", "must not be empty"),
+        (&stop_ids, "stop_token_ids", "out of range"),
+        (
+            r#""stream_options": {"include_usage": true}"#,
+            "stream_options",
+            "only allowed when stream",
+        ),
+        (r#""min_p": 2"#, "min_p", "min_p must be in [0, 1]"),
+        (
+            r#""repetition_penalty": 0"#,
+            "repetition_penalty",
+            "repetition_penalty must be",
+        ),
+        (r#""top_k": -2"#, "top_k", "top_k must be -1"),
+        (r#""model": "gpt-4""#, "model", "`gpt-4` does not exist"),
+    ];
+    // Chat bodies: (body, param, message).
+    let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+    let chats: Vec<(String, &str, &str)> = vec![
+        (r#"{"messages": []}"#.into(), "messages", "messages must not be empty"),
+        (
+            format!(r#"{{{msgs}, "stream": "yes"}}"#),
+            "stream",
+            "stream must be a boolean",
+        ),
+        (
+            r#"{"messages": [{"content": "hi"}]}"#.into(),
+            "messages[0].role",
+            "role must be",
+        ),
+        (
+            format!(r#"{{{msgs}, "logprobs": true}}"#),
+            "logprobs",
+            "logprobs is not supported",
+        ),
+        (
+            format!(r#"{{{msgs}, "max_completion_tokens": 0}}"#),
+            "max_completion_tokens",
+            "at least 1",
+        ),
+        (format!(r#"{{{msgs}, "model": "other"}}"#), "model", "does not exist"),
+        (
+            format!(r#"{{{msgs}, "tools": [{{"type": "function"}}]}}"#),
+            "tools",
+            "not supported",
+        ),
+    ];
+    let cases =
+        raw.into_iter()
+            .map(|(body, param, message)| (&cmpl, body, param, message))
+            .chain(completions.into_iter().map(|(fields, param, message)| {
+                (&cmpl, format!(r#"{{"prompt": "x", {fields}}}"#), Some(param), message)
+            }))
+            .chain(
+                chats
+                    .into_iter()
+                    .map(|(body, param, message)| (&chat, body, Some(param), message)),
+            );
+    for (url, body, param, message) in cases {
+        let (status, v) = post(url, &body, &[]);
+        let e = &v["error"];
+        let want_status = if param == Some("model") { 404 } else { 400 };
+        assert_eq!(status, want_status, "{body}: {v}");
+        assert_eq!(e["param"].as_str(), param, "{body}: {v}");
+        assert!(self::message(&v).contains(message), "{body}: {v}");
+        assert_eq!(e["type"], "invalid_request_error", "{body}: {v}");
+        if status == 404 {
+            assert_eq!(e["code"], "model_not_found");
+        }
+    }
+    let (status, body) = curl(&format!("{}/v1/nope", f.url), &[]);
+    assert_eq!(status, 404);
+    assert!(body.contains("no route /v1/nope"), "{body}");
+    let (status, v) = get(&cmpl, &[]);
+    assert_eq!(status, 405);
+    assert_eq!(message(&v), "/v1/completions does not take GET.");
+
+    let events = sse_events(&format!("{first}\n{}", runner.finish()));
+    let (_, finish) = chat_stream_content(&events);
+    assert_eq!(finish, "length");
+}
+
+#[test]
+fn chat_needs_a_chat_template() {
+    let f = shared();
+    // The same tokenizer without its template: the served model's files, the template taken out.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("http-api-no-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for name in ["config.json", "generation_config.json", "tokenizer.json"] {
+        std::fs::copy(f.model.dir.join(name), dir.join(name)).expect("copy");
+    }
+    let mut tc: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.model.dir.join("tokenizer_config.json")).expect("read"))
+            .expect("json");
+    tc.as_object_mut().expect("object").remove("chat_template");
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).expect("write");
+    let model = ServedModel::load(&dir).expect("model");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(model.tokenizer.chat_template().is_none());
+    let state = ServeState::new(f.engine.clone(), model, MODEL_NAME.into(), None);
+    let url = f.serve(Arc::new(state));
+    let (status, v) = post(
+        &format!("{url}/v1/chat/completions"),
+        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+        &[],
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(message(&v).contains("no chat template"), "{v}");
+    // Completions still work on it.
+    let v = ok(
+        &format!("{url}/v1/completions"),
+        json!({"prompt": "hi", "max_tokens": 2}),
+    );
+    assert!(
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| (1..=2).contains(&n)),
+        "{v}"
+    );
+}
+
+#[test]
+fn the_api_key_guards_v1_and_metrics_but_not_health() {
+    let f = shared();
+    let url = f.serve(f.state(Some("sekret")));
+    for path in ["/v1/models", "/metrics"] {
+        let (status, v) = get(&format!("{url}{path}"), &[]);
+        assert_eq!(status, 401, "{path} without a key");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        let (status, v) = get(&format!("{url}{path}"), &["Authorization: Bearer wrong"]);
+        assert_eq!(status, 401, "{path} with a wrong key");
+        assert_eq!(message(&v), "Incorrect API key provided.");
+        let (status, _) = curl(&format!("{url}{path}"), &["-H", "Authorization: Bearer sekret"]);
+        assert_eq!(status, 200, "{path} with the key");
+    }
+    let body = r#"{"prompt": "x", "max_tokens": 2}"#;
+    let (status, v) = post(&format!("{url}/v1/completions"), body, &[]);
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["type"], "authentication_error");
+    let (status, v) = post(
+        &format!("{url}/v1/completions"),
+        body,
+        &["Authorization: Bearer sekret"],
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(curl(&format!("{url}/health"), &[]).0, 200);
+}
+
+#[test]
+fn health_reports_the_ranks_and_a_draining_server_refuses_work() {
+    let f = shared();
+    let (status, v) = get(&format!("{}/health", f.url), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["engine"]["ranks"].as_array().map(Vec::len), Some(1), "{v}");
+
+    let state = f.state(None);
+    let url = f.serve(state.clone());
+    state.drain();
+    let (status, body) = curl(&format!("{url}/health"), &[]);
+    assert_eq!(status, 503);
+    assert!(body.contains("draining"), "{body}");
+    let (status, v) = post(&format!("{url}/v1/completions"), r#"{"prompt": "x"}"#, &[]);
+    assert_eq!(status, 503, "{v}");
+    assert!(message(&v).contains("shutting down"), "{v}");
+    assert_eq!(get(&format!("{url}/metrics"), &[]).0, 200, "the drain can be watched");
+}
+
+#[test]
+fn metrics_have_the_http_histograms() {
+    let f = shared();
+    ok(
+        &format!("{}/v1/completions", f.url),
+        json!({"prompt": "metrics", "max_tokens": 2}),
+    );
+    let (status, text) = curl(&format!("{}/metrics", f.url), &[]);
+    assert_eq!(status, 200);
+    for want in [
+        "# TYPE rewind_requests_finished counter",
+        "# TYPE rewind_http_request_duration_seconds histogram",
+        "rewind_http_request_duration_seconds_bucket{endpoint=\"/v1/completions\",le=\"+Inf\"}",
+        "rewind_http_request_duration_seconds_sum{endpoint=\"/v1/completions\"}",
+        "rewind_http_request_duration_seconds_count{endpoint=\"/v1/completions\"}",
+        "# TYPE rewind_http_time_to_first_token_seconds histogram",
+        "rewind_http_time_to_first_token_seconds_bucket{endpoint=\"/v1/completions\",le=\"0.1\"}",
+        "rewind_http_time_to_first_token_seconds_count{endpoint=\"/v1/completions\"}",
+        "rewind_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}",
+        "# TYPE rewind_http_requests_in_flight gauge",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+}
+
+/// A client that goes away mid-stream cancels its request: the engine frees the sequence long before the request
+/// could have finished, and counts it cancelled, not finished.
+#[test]
+fn a_client_disconnecting_mid_stream_cancels_the_request() {
+    // An engine of its own, so its counts are this test's alone.
+    let f = Fixture::start(1, 4096);
+    let body = json!({"prompt": "keep going", "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let (mut live, first) = Live::start(&format!("{}/v1/completions", f.url), &body);
+    assert!(first.contains("text_completion"), "{first}");
+    live.child.kill().expect("kill curl");
+    let _ = live.child.wait();
+    drop(live);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = f.rt.block_on(f.engine.health()).expect("health");
+        if h.running == 0 && h.waiting == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the request still runs: {h:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = f.engine.metrics().snapshot();
+    assert_eq!(m.requests_cancelled, 1, "{m:?}");
+    assert_eq!(m.requests_finished, 0, "the request ran to its end instead: {m:?}");
+    assert!(m.generated_tokens < 4000, "{m:?}");
+}
