@@ -405,16 +405,13 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
     // Bodies of their own: (body, param, message).
     let over_context = json!({"prompt": vec![5u32; 1024]}).to_string();
     let vocab = f.engine.info().vocab;
+    let bad_id = json!({"prompt": [1, vocab]}).to_string();
     let raw: Vec<(String, Option<&str>, &str)> = vec![
         (r#"{"prompt": "#.into(), None, "not valid JSON"),
         ("[1, 2]".into(), None, "must be a JSON object"),
         (r#"{"prompt": "x", "temperature": NaN}"#.into(), None, "not valid JSON"),
         (over_context, Some("prompt"), "maximum context length is 1024"),
-        (
-            json!({"prompt": [1, vocab]}).to_string(),
-            Some("prompt"),
-            "out of range",
-        ),
+        (bad_id, Some("prompt"), "prompt[1]: token id"),
         (r#"{"prompt": ["a", "b"]}"#.into(), Some("prompt"), "batch of 2 prompts"),
         (r#"{"prompt": 3}"#.into(), Some("prompt"), "prompt must be a string"),
         (r#"{"max_tokens": 3}"#.into(), Some("prompt"), "prompt is required"),
@@ -434,62 +431,32 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         (r#""logprobs": 1"#, "logprobs", "logprobs is not supported"),
         (r#""stop": [""]"#, "stop", "must not be empty"),
         (&stop_ids, "stop_token_ids", "out of range"),
-        (
-            r#""stream_options": {"include_usage": true}"#,
-            "stream_options",
-            "only allowed when stream",
-        ),
+        (r#""stream_options": {}"#, "stream_options", "only allowed"),
         (r#""min_p": 2"#, "min_p", "min_p must be in [0, 1]"),
-        (
-            r#""repetition_penalty": 0"#,
-            "repetition_penalty",
-            "repetition_penalty must be",
-        ),
+        (r#""repetition_penalty": 0"#, "repetition_penalty", "must be a finite"),
         (r#""top_k": -2"#, "top_k", "top_k must be -1"),
         (r#""model": "gpt-4""#, "model", "`gpt-4` does not exist"),
     ];
-    // Chat bodies: (body, param, message).
-    let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
-    let chats: Vec<(String, &str, &str)> = vec![
-        (r#"{"messages": []}"#.into(), "messages", "messages must not be empty"),
-        (
-            format!(r#"{{{msgs}, "stream": "yes"}}"#),
-            "stream",
-            "stream must be a boolean",
-        ),
-        (
-            r#"{"messages": [{"content": "hi"}]}"#.into(),
-            "messages[0].role",
-            "role must be",
-        ),
-        (
-            format!(r#"{{{msgs}, "logprobs": true}}"#),
-            "logprobs",
-            "logprobs is not supported",
-        ),
-        (
-            format!(r#"{{{msgs}, "max_completion_tokens": 0}}"#),
-            "max_completion_tokens",
-            "at least 1",
-        ),
-        (format!(r#"{{{msgs}, "model": "other"}}"#), "model", "does not exist"),
-        (
-            format!(r#"{{{msgs}, "tools": [{{"type": "function"}}]}}"#),
-            "tools",
-            "not supported",
-        ),
+    // Chat bodies: these fields, after one user message unless they have their own messages.
+    let chats: Vec<(&str, &str, &str)> = vec![
+        (r#""messages": []"#, "messages", "must not be empty"),
+        (r#""messages": [{"content": "hi"}]"#, "messages[0].role", "role must be"),
+        (r#""stream": "yes""#, "stream", "must be a boolean"),
+        (r#""logprobs": true"#, "logprobs", "logprobs is not supported"),
+        (r#""max_completion_tokens": 0"#, "max_completion_tokens", "at least 1"),
+        (r#""model": "other""#, "model", "does not exist"),
+        (r#""tools": [{"type": "function"}]"#, "tools", "not supported"),
     ];
-    let cases =
-        raw.into_iter()
-            .map(|(body, param, message)| (&cmpl, body, param, message))
-            .chain(completions.into_iter().map(|(fields, param, message)| {
-                (&cmpl, format!(r#"{{"prompt": "x", {fields}}}"#), Some(param), message)
-            }))
-            .chain(
-                chats
-                    .into_iter()
-                    .map(|(body, param, message)| (&chat, body, Some(param), message)),
-            );
+    let mut cases: Vec<(&str, String, Option<&str>, &str)> =
+        raw.into_iter().map(|(b, p, m)| (&*cmpl, b, p, m)).collect();
+    for (fields, p, m) in completions {
+        cases.push((&cmpl, format!(r#"{{"prompt": "x", {fields}}}"#), Some(p), m));
+    }
+    for (fields, p, m) in chats {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}], "#;
+        let msgs = if fields.starts_with(r#""messages""#) { "" } else { msgs };
+        cases.push((&chat, format!("{{{msgs}{fields}}}"), Some(p), m));
+    }
     for (url, body, param, message) in cases {
         let (status, v) = post(url, &body, &[]);
         let e = &v["error"];
