@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use rewind_engine::decode::FormChoice;
 
+mod serving;
+pub use serving::{env_for_every_flag, ChatArgs, ListenArgs, RunArgs, ServeArgs};
+
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]
 #[command(
@@ -41,9 +44,32 @@ pub enum Command {
     /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
     #[command(after_help = SELFTEST_EXAMPLES)]
     Selftest(SelftestArgs),
+    /// Serve a model: gRPC sessions and the OpenAI-compatible HTTP API in one process (SIGINT / SIGTERM drain it).
+    #[command(after_help = SERVE_EXAMPLES)]
+    Serve(ServeArgs),
+    /// Chat with a model in the terminal, one gRPC session per conversation (`/reset`, `/fork`, `/stats`, `/quit`).
+    #[command(after_help = CHAT_EXAMPLES)]
+    Chat(ChatArgs),
     /// Talk to a running server over gRPC: generate, sessions, tokenize, health, stats.
     Client(crate::commands::client::ClientArgs),
 }
+
+/// Examples shown after `rewind serve --help`.
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  rewind serve --model ./my-model
+  rewind serve --model ./my-model --device cuda --tp 2 --http-port 8080 --api-key secret
+  REWIND_MODEL=./my-model REWIND_GRPC_PORT=0 REWIND_HTTP_PORT=0 rewind serve
+
+Every flag can also come from the environment: REWIND_ and the flag's name in capitals with `_` for `-` (REWIND_MODEL,
+REWIND_HOST, REWIND_GRPC_PORT, REWIND_HTTP_PORT, REWIND_API_KEY, REWIND_MAX_SEQS, ...); a flag given wins.";
+
+/// Examples shown after `rewind chat --help`.
+const CHAT_EXAMPLES: &str = "\
+Examples:
+  rewind chat --model ./my-model --system \"Be brief.\"
+  rewind chat --model ./my-model --addr http://127.0.0.1:50051 --api-key secret
+  printf 'hello\\n/fork\\nand then?\\n/stats\\n' | rewind chat --model ./my-model";
 
 /// Examples shown after `rewind logits --help`.
 const LOGITS_EXAMPLES: &str = "\
@@ -161,13 +187,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
-    pub decode: DecodeArgs,
-    #[command(flatten)]
-    pub spec: SpecArgs,
-    #[command(flatten)]
-    pub device: DeviceArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
+    pub run: RunArgs,
 }
 
 /// Speculative decoding (shared by `generate` and `bench`).
@@ -535,9 +555,11 @@ pub struct SelftestArgs {
     /// Skip the NCCL all-reduce check (it runs when at least 2 GPUs are visible).
     #[arg(long)]
     pub no_nccl: bool,
-    /// Fixture models for the model-level check (teacher-forced GPU logits against the CPU; with 2 GPUs also --tp 2).
-    #[arg(long, default_value = "tests/fixtures")]
-    pub fixtures: PathBuf,
+    /// Fixture models for the model-level check (teacher-forced GPU logits against the CPU; with 2 GPUs also --tp 2),
+    /// e.g. `tests/fixtures` in a checkout. Default: one `tiny` model per architecture, generated from --seed into a
+    /// temporary directory (so selftest runs from any directory).
+    #[arg(long, value_name = "DIR")]
+    pub fixtures: Option<PathBuf>,
     /// Skip the model-level check.
     #[arg(long)]
     pub no_model: bool,

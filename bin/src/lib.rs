@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod commands;
 pub mod default_model;
+pub mod launch;
 pub mod output;
 pub mod progress_bars;
 pub mod serve;

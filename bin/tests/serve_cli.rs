@@ -1,26 +1,16 @@
 //! `rewind generate` through the serving engine, end to end: greedy tokens at `--tp 1|2|3` equal, every
 //! `--inject-fault` kind recovered with the same tokens (and reported on stderr), bad engine flags clear errors.
+//! `rewind serve` as a process: both APIs on ports the system picks (flags and environment), the API key, a clean
+//! exit on SIGTERM; `rewind chat` on its in-process server with piped stdin: turns, `/fork`, `/stats`.
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
 
 mod common;
+mod process;
 use common::{rewind, stderr};
-
-fn tiny_model(arch: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rewind-serve-cli-{arch}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let o = rewind(&[
-        "init-model",
-        "--arch",
-        arch,
-        "--preset",
-        "tiny",
-        "--out",
-        dir.to_str().expect("utf8"),
-    ]);
-    assert!(o.status.success(), "init-model failed: {}", stderr(&o));
-    dir
-}
 
 /// Greedy tokens of `generate --json` with `extra` flags, and its stderr.
 fn tokens(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
@@ -52,7 +42,7 @@ fn tokens(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
 #[test]
 fn generate_is_the_same_at_every_tp_and_through_every_fault() {
     for arch in ["nemotron_h", "qwen3_5"] {
-        let model = tiny_model(arch);
+        let model = process::tiny_model(arch, "serve-cli");
         let (want, _) = tokens(&model, &[]);
         assert_eq!(want.len(), 12);
         for tp in ["2", "3"] {
@@ -83,4 +73,103 @@ fn bad_engine_flags_are_clear_errors() {
         let err = stderr(&o);
         assert!(err.contains(want) && !err.contains("panicked"), "{flags:?}: {err}");
     }
+}
+
+#[test]
+fn serve_answers_both_apis_and_stops_on_sigterm() {
+    let model = process::tiny_model("nemotron_h", "serve-process");
+    let m = model.to_str().expect("utf8");
+    // Ports and key from the environment, as a container would set them; --served-model-name from a flag.
+    let server = process::Server::start(
+        Path::new(env!("CARGO_BIN_EXE_rewind")),
+        &["serve", "--model", m, "--served-model-name", "tiny-test"],
+        &[
+            ("REWIND_GRPC_PORT", "0"),
+            ("REWIND_HTTP_PORT", "0"),
+            ("REWIND_API_KEY", "sesame"),
+        ],
+    );
+    let (status, _) = process::http(server.http, "GET", "/v1/models", &[], None);
+    assert_eq!(status, 401, "the API key is not required");
+    let (status, models) = process::http(
+        server.http,
+        "GET",
+        "/v1/models",
+        &["Authorization: Bearer sesame"],
+        None,
+    );
+    assert_eq!(status, 200, "{models}");
+    assert!(models.contains(r#""id":"tiny-test""#), "{models}");
+    let denied = process::grpc_health(server.grpc, None).expect_err("health without the key");
+    assert_eq!(denied.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        process::grpc_health(server.grpc, Some("sesame")).expect("health"),
+        "SERVING_STATUS_SERVING"
+    );
+    server.signal("TERM");
+    let (exit, err) = server.wait(Duration::from_secs(30));
+    assert!(exit.success(), "exit {exit:?}:\n{err}");
+    assert!(
+        err.contains("SIGTERM: draining") && err.contains("rewind: stopped"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&model);
+}
+
+#[test]
+fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
+    let model = process::tiny_model("qwen3_5", "chat-cli");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args([
+            "chat",
+            "--model",
+            model.to_str().expect("utf8"),
+            "--system",
+            "Be brief.",
+            "--max-tokens",
+            "6",
+            "--seed",
+            "7",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rewind chat");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"hello there\nhow are you?\n/fork\nand after the fork?\n/stats\n")
+        .expect("write stdin");
+    // stdin closes here: the chat ends at its end, closing its session and stopping its server.
+    let o = child.wait_with_output().expect("wait");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "chat failed:\n{out}\n{err}");
+    let turns: Vec<&str> = err.lines().filter(|l| l.contains(" tokens | finish: ")).collect();
+    assert_eq!(turns.len(), 3, "three turns expected:\n{err}");
+    // The fork line names both sessions; the stats show the fork, holding the three turns' tokens.
+    let fork = out
+        .lines()
+        .find(|l| l.starts_with("forked "))
+        .unwrap_or_else(|| panic!("no fork line:\n{out}"));
+    let ids: Vec<&str> = fork.split_whitespace().filter(|w| w.starts_with("sess-")).collect();
+    assert!(ids.len() >= 2 && ids[0] != ids[1], "{fork}");
+    let session = out
+        .lines()
+        .find(|l| l.starts_with("session "))
+        .unwrap_or_else(|| panic!("no stats:\n{out}"));
+    assert!(session.starts_with(&format!("session {}:", ids[1])), "{session}");
+    assert!(session.contains(&format!("forked from {}", ids[0])), "{session}");
+    let tokens: u64 = session
+        .split_whitespace()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{session}"));
+    assert!(
+        tokens > 3 * 6,
+        "the session holds every turn's prompt and reply: {session}"
+    );
+    assert!(out.contains("server: model "), "{out}");
+    let _ = std::fs::remove_dir_all(&model);
 }

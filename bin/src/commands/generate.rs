@@ -1,6 +1,7 @@
 //! `rewind generate`: stream text from a prompt.
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::output::write_stdout;
@@ -8,21 +9,32 @@ use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::{GenerationOutput, GenerationStats, SpecReport};
 use rewind_engine::generation_config::GenerationDefaults;
-use rewind_engine::model::json::parse_relaxed;
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::{DrafterKind, SpecConfig};
 use rewind_engine::tokenizer::chat::ChatMessage;
-use rewind_engine::tokenizer::Tokenizer;
 
 use super::backend::{self, Needs};
 use crate::cli::{GenerateArgs, SamplingArgs};
 use crate::default_model::default_model_dir;
+use crate::serve::ServedModel;
 
 const DEFAULT_PROMPT: &str = "The quick brown fox";
 
 /// Printed (to stderr) whenever a command runs the default model.
 pub(super) const RANDOM_WEIGHTS_NOTE: &str =
     "note: the default model has RANDOM weights (no trained default model yet): its output is noise, not language";
+
+/// The model directory a command runs: the one given, else the embedded default model (built on first use), after
+/// the note that its weights are random.
+pub(crate) fn model_dir(model: Option<&Path>) -> Result<PathBuf> {
+    match model {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => {
+            eprintln!("{RANDOM_WEIGHTS_NOTE}");
+            default_model_dir()
+        }
+    }
+}
 
 /// `text` without one trailing line ending (what `echo` and editors append).
 fn strip_one_newline(mut text: String) -> String {
@@ -86,25 +98,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.system.is_some() && !args.chat {
         anyhow::bail!("--system needs --chat (the system message is rendered with the model's chat template)");
     }
-    args.device.check()?;
-    let spec = super::spec::config(&args.spec, &args.decode)?;
+    args.run.device.check()?;
+    let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let prompt_text = prompt_text(&args)?;
-    let dir = match &args.model {
-        Some(dir) => dir.clone(),
-        None => {
-            eprintln!("{RANDOM_WEIGHTS_NOTE}");
-            default_model_dir()?
-        }
-    };
-    let config_path = dir.join("config.json");
-    let config_text =
-        std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
-    let config_json =
-        parse_relaxed(&config_text).with_context(|| format!("{}: malformed JSON", config_path.display()))?;
-    let defaults = GenerationDefaults::from_dir(&dir, &config_json)?;
+    let dir = model_dir(args.model.as_deref())?;
+    let ServedModel {
+        config,
+        defaults,
+        tokenizer,
+        eos_token_ids,
+        ..
+    } = ServedModel::load(&dir)?;
     let params = sampling_params(&defaults, &args.sampling);
-    let tokenizer = Tokenizer::from_dir(&dir)?;
-    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     params.validate(config.vocab_size)?;
 
     let prompt = if args.chat {
@@ -118,28 +123,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         tokenizer.encode(&prompt_text, true)?
     };
-    let mut eos = defaults.eos_token_ids.clone();
-    for id in config.eos_token_ids.iter().chain(tokenizer.eos_token_id().as_ref()) {
-        if !eos.contains(id) {
-            eos.push(*id);
-        }
-    }
 
     // One sequence: the pools hold what this generation can reach, not the model's whole context.
     let want = prompt
         .len()
         .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
         .min(config.max_position_embeddings);
-    let mut dargs = args.device.clone();
+    let mut dargs = args.run.device.clone();
     dargs.max_seqs = dargs.max_seqs.min(8);
     let needs = Needs {
         slots: 1,
         context: want,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
-    let b = backend::backend(&dir, &dargs, Some(&args.decode), needs)?;
-    let mut engine_config = backend::engine_config(&args.engine, b.form)?;
-    engine_config.eos_token_ids = eos;
+    let b = backend::backend(&dir, &dargs, Some(&args.run.decode), needs)?;
+    let mut engine_config = backend::engine_config(&args.run.engine, b.form)?;
+    engine_config.eos_token_ids = eos_token_ids;
     engine_config.tokenizer = Some(tokenizer);
     if let Some(s) = &spec {
         engine_config.spec = Some(super::spec::engine_spec(s, &dir, config.vocab_size, 1, want)?);

@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+mod chat;
 pub mod client;
 mod generate;
 #[cfg(feature = "cuda")]
@@ -13,6 +14,7 @@ mod plan_memory;
 mod selftest;
 #[cfg(feature = "cuda")]
 mod selftest_model;
+pub mod serve;
 mod serve_bench;
 mod spec;
 
@@ -36,6 +38,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::PlanMemory(a) => plan_memory::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Client(a) => client::run(a),
     }
 }

@@ -1,10 +1,14 @@
-//! The model-level part of `rewind selftest --device cuda`: every fixture model (F1's transformers fixtures) run on the
-//! GPU teacher-forced against the CPU f32 reference, with one GPU and, where two are visible, with `--tp 2`.
+//! The model-level part of `rewind selftest --device cuda`: small models run on the GPU teacher-forced against the CPU
+//! f32 reference, with one GPU and, where two are visible, with `--tp 2`. By default the models are made here (one
+//! seeded `tiny` checkpoint per architecture, written to a temporary directory), so the check runs from any directory;
+//! `--fixtures DIR` checks a directory of fixture models instead (F1's transformers fixtures in `tests/fixtures`).
 
 use std::path::{Path, PathBuf};
 
 use rewind_engine::decode::FormChoice;
 use rewind_engine::gpu::{teacher_forced, verify_forced, GpuDtype, GpuOptions, TeacherForcedReport, VerifyReport};
+use rewind_engine::init::{init_model, InitOptions};
+use rewind_engine::model::Family;
 use serde_json::{json, Value};
 
 /// Per-position tolerance of the gating check, `max|Δlogit| / max|logit_cpu|`: the GPU engine in f32 (`--dtype f32`)
@@ -24,6 +28,73 @@ const CORRUPT: f64 = 0.25;
 /// A small ring and kv-only threshold, so the few steps of a fixture flush, compress and wrap the rings.
 const BUFFER_LEN: usize = 4;
 const KV_THRESHOLD: usize = 12;
+/// The generated models: every architecture's `tiny` preset (Mamba-2 + attention + MoE, Gated DeltaNet + gated
+/// attention, dense and MoE).
+const GENERATED: [(&str, Family); 4] = [
+    ("nemotron_h", Family::NemotronH),
+    ("qwen3_next", Family::Qwen3Next),
+    ("qwen3_5", Family::Qwen35),
+    ("qwen3_5_moe", Family::Qwen35Moe),
+];
+/// Lengths of the two prompts of a generated model: odd, so prefill chunks of 8 end part-way.
+const PROMPT_LENS: [usize; 2] = [19, 11];
+
+/// A directory removed when dropped (the generated models).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One model the check runs: its name in the report, its directory and its prompts (or why they could not be read).
+struct Case {
+    name: String,
+    dir: PathBuf,
+    prompts: Result<Vec<Vec<u32>>, String>,
+}
+
+/// One seeded `tiny` checkpoint per architecture under a fresh temporary directory, with its prompts: token ids drawn
+/// from `seed` (a splitmix64 sequence; the model's weights are random, so any ids in its vocabulary serve).
+fn generated_models(seed: u64) -> Result<(TempDir, Vec<Case>), String> {
+    let root = std::env::temp_dir().join(format!("rewind-selftest-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let guard = TempDir(root.clone());
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut models = Vec::new();
+    for (name, family) in GENERATED {
+        let out = root.join(name);
+        let report = init_model(&InitOptions {
+            family,
+            preset: "tiny".into(),
+            layers: None,
+            seed,
+            out: out.clone(),
+            dtype: None,
+            mtp: false,
+        })
+        .map_err(|e| format!("writing the {name} test model in {}: {e}", out.display()))?;
+        let vocab = report.config.vocab_size as u64;
+        let prompts = PROMPT_LENS
+            .iter()
+            .map(|&n| (0..n).map(|_| (next() % vocab) as u32).collect())
+            .collect();
+        models.push(Case {
+            name: format!("{name}-tiny"),
+            dir: out,
+            prompts: Ok(prompts),
+        });
+    }
+    Ok((guard, models))
+}
 
 fn fixture_dirs(root: &Path) -> Result<Vec<PathBuf>, String> {
     let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e} (pass --fixtures DIR)", root.display()))?;
@@ -158,8 +229,9 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
     }
 }
 
-/// Runs the check on every fixture under `root` with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2).
-pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
+/// Runs the check with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2) on the fixture models under `root`,
+/// or without one on models generated from `seed`.
+pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (Value, bool) {
     println!(
         "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
          steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
@@ -167,12 +239,39 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
          {CORRUPT}) against the GPU's own recurrent rows; f32 rows gate at {TOLERANCE:.0e}, bf16 rows are reported \
          against {BF16_BOUND:.0e}"
     );
-    let dirs = match fixture_dirs(root) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("model-level: FAIL: {e}");
-            return (json!({ "status": "error", "error": e }), false);
+    let fail = |e: String| {
+        println!("model-level: FAIL: {e}");
+        (json!({ "status": "error", "error": e }), false)
+    };
+    let (_guard, models) = match root {
+        Some(root) => {
+            let dirs = match fixture_dirs(root) {
+                Ok(d) => d,
+                Err(e) => return fail(e),
+            };
+            let models = dirs
+                .into_iter()
+                .map(|dir| Case {
+                    name: dir
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                    prompts: prompts(&dir),
+                    dir,
+                })
+                .collect::<Vec<_>>();
+            (None, models)
         }
+        None => match generated_models(seed) {
+            Ok((guard, models)) => {
+                println!(
+                    "model-level: {} tiny models generated from seed {seed} in {}",
+                    models.len(),
+                    guard.0.display()
+                );
+                (Some(guard), models)
+            }
+            Err(e) => return fail(e),
+        },
     };
     let mut tps = vec![(1usize, vec![ordinal])];
     if gpus >= 2 {
@@ -180,14 +279,12 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
     }
     let mut all_ok = true;
     let mut rows = Vec::new();
-    for dir in &dirs {
-        let case = dir
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let prompts = match prompts(dir) {
+    for m in &models {
+        let (case, dir) = (m.name.as_str(), m.dir.as_path());
+        let prompts = match &m.prompts {
             Ok(p) => p,
             Err(e) => {
-                let (v, _) = line(&case, 1, GpuDtype::Bf16, &Err(e));
+                let (v, _) = line(case, 1, GpuDtype::Bf16, &Err(e.clone()));
                 rows.push(v);
                 all_ok = false;
                 continue;
@@ -208,8 +305,8 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
                 };
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
                 for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
-                    let r = teacher_forced(dir, &prompts, STEPS, &opts, form, bound).map_err(|e| e.to_string());
-                    let (v, ok) = line(&case, *tp, dtype, &r);
+                    let r = teacher_forced(dir, prompts, STEPS, &opts, form, bound).map_err(|e| e.to_string());
+                    let (v, ok) = line(case, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);
                 }
@@ -219,9 +316,9 @@ pub fn section(root: &Path, ordinal: usize, gpus: usize) -> (Value, bool) {
                     ..opts.clone()
                 };
                 for form in [FormChoice::Replay, FormChoice::KvOnly] {
-                    let r = verify_forced(dir, &prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
+                    let r = verify_forced(dir, prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
                         .map_err(|e| e.to_string());
-                    let (v, ok) = verify_line(&case, *tp, dtype, &r);
+                    let (v, ok) = verify_line(case, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);
                 }

@@ -5,6 +5,7 @@
 pub mod grpc;
 pub mod http;
 pub mod model;
+pub mod run;
 pub mod state;
 
 pub use model::ServedModel;

@@ -1,0 +1,38 @@
+//! `rewind-launch`: serve a model on every GPU (or those listed) with a tensor-parallel size checked against it, a
+//! banner with the memory plan, and a drain on SIGINT / SIGTERM. See `rewind_bin::launch`.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use rewind_bin::{launch, progress_bars};
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    // Not eprintln!: it panics when stderr itself cannot be written.
+    let _ = writeln!(std::io::stderr(), "error: {e:#}");
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let args = launch::parse();
+    // The environment is written while this is the only thread (writing it races with readers on other threads), and
+    // before CUDA starts (it reads CUDA_VISIBLE_DEVICES once): --gpus, and NCCL's NVLS switch as `rewind` sets it.
+    if let Err(e) = launch::restrict_gpus(&args) {
+        return fail(&e);
+    }
+    #[cfg(feature = "cuda")]
+    rewind_engine::gpu::device::disable_nvls_unless_set();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        progress_bars::install();
+    }
+    match launch::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}

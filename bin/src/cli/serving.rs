@@ -1,0 +1,111 @@
+//! The flags of the serving commands: `rewind serve`, `rewind chat` and `rewind-launch` (which adds `--gpus`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{non_negative, DecodeArgs, DeviceArgs, EngineArgs, SpecArgs};
+
+/// Where and how the servers listen (shared by `rewind serve` and `rewind-launch`).
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Serving")]
+pub struct ListenArgs {
+    /// Address both servers bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port of the gRPC session API (0: any free port; the bound port is printed).
+    #[arg(long, default_value_t = 50051)]
+    pub grpc_port: u16,
+    /// Port of the OpenAI-compatible HTTP API (0: any free port; the bound port is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+    /// Require `Authorization: Bearer KEY` (HTTP) / `authorization: Bearer KEY` metadata (gRPC) on every request.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// The model id both APIs report and accept (default: the model directory's name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Seconds a gRPC session may stay idle before it is closed and its state freed (0: never).
+    #[arg(long, value_name = "SECS", default_value_t = 1800.0, allow_negative_numbers = true)]
+    pub session_idle_timeout: f64,
+    /// Seconds SIGINT / SIGTERM waits for in-flight requests before the servers stop anyway.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, allow_negative_numbers = true)]
+    pub drain_timeout: f64,
+}
+
+/// How a model runs: decode form, speculation, device and engine (shared by `generate`, `serve`, `chat` and
+/// `rewind-launch`).
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(mut_args(env_for_every_flag))]
+pub struct ServeArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// Model directory: its tokenizer renders the turns; without --addr it is served in this process on a loopback
+    /// port for the chat (default: the embedded `small` model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// A running server's gRPC address, e.g. http://127.0.0.1:50051 (with --model DIR naming the model it serves,
+    /// whose chat template renders the turns).
+    #[arg(long, value_name = "URL")]
+    pub addr: Option<String>,
+    /// The server's API key (sent as `authorization: Bearer KEY`; with --model the in-process server requires it).
+    #[arg(long, value_name = "KEY", env = "REWIND_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// A system message at the start of every conversation.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Tokens each reply may have at most (default: the server's).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<i64>)]
+    pub max_tokens: Option<i64>,
+    /// Sampling temperature of the replies (default: the model's generation_config.json).
+    #[arg(long, allow_hyphen_values = true)]
+    pub temperature: Option<f32>,
+    /// Random seed of the replies.
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<u64>)]
+    pub seed: Option<u64>,
+    /// How the in-process server of --model runs it.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Gives every long flag of a command without a variable of its own the variable `REWIND_<FLAG>` (`--grpc-port`:
+/// `REWIND_GRPC_PORT`), so a container can configure the server through its environment alone.
+pub fn env_for_every_flag(arg: clap::Arg) -> clap::Arg {
+    let Some(long) = arg.get_long() else {
+        return arg;
+    };
+    if arg.get_env().is_some() || arg.is_positional() {
+        return arg;
+    }
+    let name = format!("REWIND_{}", long.to_uppercase().replace('-', "_"));
+    // A secret's value must not show in --help.
+    let arg = if long == "api-key" {
+        arg.hide_env_values(true)
+    } else {
+        arg
+    };
+    // clap keeps variable names as `&'static str` without its `string` feature; these few names are made once per
+    // process, so leaking them costs a few hundred bytes.
+    arg.env(&*Box::leak(name.into_boxed_str()))
+}

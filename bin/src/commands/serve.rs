@@ -1,0 +1,146 @@
+//! `rewind serve`: one process serving a model over gRPC sessions and the OpenAI-compatible HTTP API. The steps are
+//! public because `rewind-launch` (GPU discovery and the TP plan on top) and `rewind chat --model` (an in-process
+//! server on a loopback port) serve through the same ones: [`prepare`] checks the flags and reads the model,
+//! [`start`] starts the engine, [`crate::serve::run::serve`] runs the servers until a signal drains them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rewind_actors::EngineConfig;
+use rewind_engine::spec::SpecConfig;
+
+use super::backend::{self, Backend, Needs};
+use crate::cli::{Device, ServeArgs};
+use crate::serve::run::{self, ServeOptions};
+use crate::serve::{ServeState, ServedModel};
+
+pub(crate) use super::generate::model_dir;
+
+/// Sequences a CPU server keeps alive at once unless `--max-seqs` says otherwise: the GPU default (64) would reserve
+/// CPU memory for 64 full contexts.
+const CPU_DEFAULT_SLOTS: usize = 8;
+/// The longest context a server reserves per sequence unless `--max-model-len` says otherwise (the model's limit if
+/// shorter), as on GPUs.
+const DEFAULT_CONTEXT_CAP: usize = 32768;
+
+/// A server ready to start: the model read, the flags checked, nothing loaded yet.
+pub struct Prepared {
+    pub model: ServedModel,
+    /// The id both APIs serve the model under.
+    pub name: String,
+    pub api_key: Option<String>,
+    pub backend: Backend,
+    pub engine_config: EngineConfig,
+    pub options: ServeOptions,
+    /// Sequences alive at once and the context each may reach, as the pools are sized.
+    pub slots: usize,
+    pub context: usize,
+    pub device: Device,
+}
+
+/// Checks `args`, reads the model's metadata and plans its backend (nothing is loaded yet).
+pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
+    let device = args.run.device.device()?;
+    let slots_set = args.run.device.gpu_only_flags_set().contains(&"--max-seqs");
+    if device == Device::Cpu {
+        // --max-seqs and --max-model-len size a CPU server's pools too; the other GPU flags do nothing here.
+        for flag in args.run.device.gpu_only_flags_set() {
+            if !matches!(flag, "--max-seqs" | "--max-model-len") {
+                eprintln!("note: {flag} does not apply to --device cpu");
+            }
+        }
+    }
+    let options = ServeOptions::from_args(&args.listen)?;
+    let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
+    let dir = model_dir(args.model.as_deref())?;
+    let model = ServedModel::load(&dir)?;
+    let limit = model.config.max_position_embeddings;
+    let context = match args.run.device.max_model_len {
+        Some(n) => {
+            anyhow::ensure!(
+                n <= limit,
+                "--max-model-len {n} exceeds the model's context limit of {limit} tokens (max_position_embeddings)"
+            );
+            n
+        }
+        None => limit.min(DEFAULT_CONTEXT_CAP),
+    };
+    let slots = if device == Device::Cpu && !slots_set {
+        CPU_DEFAULT_SLOTS
+    } else {
+        args.run.device.max_seqs
+    };
+    let needs = Needs {
+        slots,
+        context,
+        verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
+    };
+    let backend = backend::backend(&dir, &args.run.device, Some(&args.run.decode), needs)?;
+    let mut engine_config = backend::engine_config(&args.run.engine, backend.form)?;
+    engine_config.eos_token_ids = model.eos_token_ids.clone();
+    engine_config.tokenizer = Some(model.tokenizer.clone());
+    engine_config.session_idle_timeout = options.session_idle_timeout;
+    if let Some(s) = &spec {
+        engine_config.spec = Some(super::spec::engine_spec(
+            s,
+            &dir,
+            model.config.vocab_size,
+            slots,
+            context,
+        )?);
+    }
+    let name = match &args.listen.served_model_name {
+        Some(n) => {
+            anyhow::ensure!(!n.trim().is_empty(), "--served-model-name must not be empty");
+            n.clone()
+        }
+        None => model.default_name(),
+    };
+    Ok(Prepared {
+        model,
+        name,
+        api_key: args.listen.api_key.clone().filter(|k| !k.is_empty()),
+        backend,
+        engine_config,
+        options,
+        slots,
+        context,
+        device,
+    })
+}
+
+/// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
+pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
+    let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
+    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key);
+    Ok((Arc::new(state), p.options, device))
+}
+
+/// One line on what is served, before the servers announce their ports.
+pub fn summary(state: &ServeState, device: &str, dir: &Path) -> String {
+    let info = state.engine.info();
+    format!(
+        "rewind: serving {} ({}) as `{}` on {} | tp {} | {} sequences x {} tokens | api key {}",
+        dir.display(),
+        state.model.config.summary(),
+        state.model_name,
+        device,
+        info.tp,
+        info.slots,
+        info.max_context,
+        if state.api_key.is_some() { "required" } else { "off" }
+    )
+}
+
+/// `rewind serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let prepared = prepare(&args)?;
+    let dir = prepared.model.dir.clone();
+    run::runtime()?.block_on(async move {
+        let (state, options, device) = start(prepared).await.context("starting the engine")?;
+        eprintln!("{}", summary(&state, &device, &dir));
+        // The state goes to the servers whole: the engine stops once they let go of it.
+        run::serve(state, &options).await
+    })
+}

@@ -1,0 +1,326 @@
+//! Runs both servers over one engine until SIGINT / SIGTERM, then drains: new requests are refused, in-flight ones
+//! finish (bounded by the drain timeout), both servers shut down gracefully and the engine stops.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::ServeState;
+use crate::cli::ListenArgs;
+
+/// How often the drain polls the engine for in-flight requests.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// How long both servers get to close their connections once the engine is idle (a client that keeps a stream open
+/// past that is cut off).
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long the engine waits for the last handler to let go of it before it is stopped without waiting.
+const ENGINE_RELEASE_GRACE: Duration = Duration::from_secs(5);
+
+/// Where and how the servers listen, from the flags.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    /// 0: any free port (the bound one is printed).
+    pub grpc_port: u16,
+    pub http_port: u16,
+    /// The longest a drain waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// How long a gRPC session may sit idle before the engine evicts it (`None`: never).
+    pub session_idle_timeout: Option<Duration>,
+}
+
+impl ServeOptions {
+    /// The options of the serving flags, checked.
+    pub fn from_args(a: &ListenArgs) -> Result<Self> {
+        let seconds = |v: f64, flag: &str| -> Result<Duration> {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{flag} must be a non-negative number of seconds, got {v}"
+            );
+            Ok(Duration::from_secs_f64(v))
+        };
+        anyhow::ensure!(!a.host.trim().is_empty(), "--host must not be empty");
+        let idle = seconds(a.session_idle_timeout, "--session-idle-timeout")?;
+        Ok(ServeOptions {
+            host: a.host.clone(),
+            grpc_port: a.grpc_port,
+            http_port: a.http_port,
+            drain_timeout: seconds(a.drain_timeout, "--drain-timeout")?,
+            session_idle_timeout: (!idle.is_zero()).then_some(idle),
+        })
+    }
+}
+
+/// The runtime the servers and the engine's actors run on (one worker per core: the engine's heavy work runs on its
+/// rank threads, the workers carry connections).
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .thread_name("rewind-serve")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// SIGINT and SIGTERM, registered when made (so a signal that arrives while the servers start is not lost to its
+/// default action).
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+/// The two servers' bound addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+}
+
+/// A handle to servers started by [`start`]: their addresses and the way to stop them.
+pub struct Running {
+    pub bound: Bound,
+    state: Arc<ServeState>,
+    stop: watch::Sender<bool>,
+    http: tokio::task::JoinHandle<std::io::Result<()>>,
+    grpc: tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
+    TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("binding the {what} server to {host}:{port}"))
+}
+
+/// Resolves when `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Binds both servers on `opts`' host and ports and starts them; calls `announce` with the bound addresses, then
+/// prints them on stderr.
+pub async fn start(state: Arc<ServeState>, opts: &ServeOptions, announce: impl FnOnce(Bound)) -> Result<Running> {
+    let grpc_listener = bind(&opts.host, opts.grpc_port, "gRPC").await?;
+    let http_listener = bind(&opts.host, opts.http_port, "HTTP").await?;
+    let bound = Bound {
+        grpc: grpc_listener.local_addr()?,
+        http: http_listener.local_addr()?,
+    };
+    let (stop, stop_rx) = watch::channel(false);
+    let router = super::http::router(state.clone());
+    let http = tokio::spawn(
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(super::grpc::service(state.clone()))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                stopped(stop_rx),
+            ),
+    );
+    announce(bound);
+    // Tests and scripts read the ports from these lines (port 0 binds any free one); eprintln! does not buffer.
+    eprintln!("rewind: grpc listening on {}", bound.grpc);
+    eprintln!("rewind: http listening on {}", bound.http);
+    Ok(Running {
+        bound,
+        state,
+        stop,
+        http,
+        grpc,
+    })
+}
+
+impl Running {
+    /// Waits until a server fails (an error) or `until` resolves (Ok).
+    async fn watch(&mut self, until: impl std::future::Future<Output = ()>) -> Result<()> {
+        tokio::select! {
+            r = &mut self.http => Err(server_end("HTTP", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = &mut self.grpc => Err(server_end("gRPC", r.map(|r| r.map_err(anyhow::Error::from)))),
+            () = until => Ok(()),
+        }
+    }
+
+    /// Stops both servers gracefully (open connections get [`SERVER_STOP_GRACE`] to end), then the engine.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let Running {
+            state,
+            mut http,
+            mut grpc,
+            ..
+        } = self;
+        match tokio::time::timeout(SERVER_STOP_GRACE, async { tokio::join!(&mut http, &mut grpc) }).await {
+            Ok((h, g)) => {
+                for (what, r) in [
+                    ("HTTP", h.map(|r| r.map_err(anyhow::Error::from))),
+                    ("gRPC", g.map(|r| r.map_err(anyhow::Error::from))),
+                ] {
+                    if let Ok(Err(e)) | Err(e) = r.map_err(anyhow::Error::from) {
+                        eprintln!("rewind: the {what} server ended with an error: {e:#}");
+                    }
+                }
+            }
+            Err(_) => {
+                eprintln!(
+                    "rewind: connections still open {} s after the shutdown began; closing them",
+                    SERVER_STOP_GRACE.as_secs()
+                );
+                http.abort();
+                grpc.abort();
+                // Aborted tasks drop their handlers (and their holds on the engine) as they end.
+                let _ = tokio::join!(http, grpc);
+            }
+        }
+        stop_engine(state).await;
+    }
+}
+
+/// The error of a server that ended on its own.
+fn server_end(what: &str, r: std::result::Result<Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    match r {
+        Ok(Ok(())) => anyhow::anyhow!("the {what} server stopped unexpectedly"),
+        Ok(Err(e)) => e.context(format!("the {what} server failed")),
+        Err(e) => anyhow::anyhow!("the {what} server task failed: {e}"),
+    }
+}
+
+/// Stops the engine once every handler has let go of it; one that still holds it after [`ENGINE_RELEASE_GRACE`]
+/// (a client that never reads its stream) gets an engine stopped without waiting (its requests fail).
+async fn stop_engine(state: Arc<ServeState>) {
+    let deadline = Instant::now() + ENGINE_RELEASE_GRACE;
+    let mut engine = state.engine.clone();
+    drop(state);
+    loop {
+        match Arc::try_unwrap(engine) {
+            Ok(e) => return e.shutdown().await,
+            Err(still) if Instant::now() >= deadline => {
+                eprintln!("rewind: the engine is still in use after the servers stopped; stopping it without waiting");
+                // Dropping the last handle but one stops the coordinator (EngineHandle's Drop) once the rest go.
+                drop(still);
+                return;
+            }
+            Err(still) => {
+                engine = still;
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        }
+    }
+}
+
+/// Waits until the engine has nothing waiting or running, at most `timeout`; `Err` with the counts left on timeout.
+async fn wait_idle(state: &ServeState, timeout: Duration) -> std::result::Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    // Two idle polls in a row: a request a handler took just before the drain began reaches the engine a moment
+    // later, and must not be cut off by a shutdown that saw the engine idle in between.
+    let mut idle_polls = 0;
+    loop {
+        let last = match state.engine.health().await {
+            Ok(h) if h.running == 0 && h.waiting == 0 => {
+                idle_polls += 1;
+                if idle_polls >= 2 {
+                    return Ok(());
+                }
+                "idle".to_string()
+            }
+            Ok(h) => {
+                idle_polls = 0;
+                format!("{} running, {} waiting", h.running, h.waiting)
+            }
+            // A stopped engine has nothing in flight.
+            Err(rewind_actors::ActorsError::Stopped) => return Ok(()),
+            Err(e) => {
+                idle_polls = 0;
+                format!("health check failed: {e}")
+            }
+        };
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
+/// Serves `state` on `opts` until SIGINT / SIGTERM (see the module docs); a second signal during the drain stops
+/// waiting for in-flight requests. An error when a port cannot be bound or a server fails. The caller should hold no
+/// other reference to `state`: the engine stops once the servers have let go of it.
+pub async fn serve(state: Arc<ServeState>, opts: &ServeOptions) -> Result<()> {
+    serve_with(state, opts, |_| {}).await
+}
+
+/// [`serve`], calling `announce` with the bound addresses once both servers listen (`rewind-launch`'s banner).
+pub async fn serve_with(state: Arc<ServeState>, opts: &ServeOptions, announce: impl FnOnce(Bound)) -> Result<()> {
+    let mut signals = Signals::new()?;
+    let mut running = start(state.clone(), opts, announce).await?;
+    let mut signal = None;
+    let outcome = running
+        .watch(async {
+            signal = Some(signals.next().await);
+        })
+        .await;
+    if let Err(e) = outcome {
+        state.drain();
+        running.stop().await;
+        return Err(e);
+    }
+    let signal = signal.unwrap_or("a signal");
+    state.drain();
+    eprintln!(
+        "rewind: {signal}: draining (new requests refused; waiting up to {:.0} s for in-flight ones)",
+        opts.drain_timeout.as_secs_f64()
+    );
+    let t0 = Instant::now();
+    tokio::select! {
+        r = wait_idle(&state, opts.drain_timeout) => match r {
+            Ok(()) => eprintln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(left) => eprintln!(
+                "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
+                opts.drain_timeout.as_secs_f64()
+            ),
+        },
+        again = signals.next() => eprintln!("rewind: {again} again: stopping without waiting for in-flight requests"),
+    }
+    drop(state);
+    running.stop().await;
+    eprintln!("rewind: stopped");
+    Ok(())
+}
