@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# rewind-launch on one GPU with a random Nemotron-H-8B: a gRPC session (two turns and a fork) through `rewind client`,
+# an HTTP chat stream through curl, then SIGTERM. Writes the transcript to $OUT/launch-transcript.txt.
+export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:$LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0
+R=${REWIND:-.gpu/rewind}
+L=${REWIND_LAUNCH:-.gpu/rewind-launch}
+M=/tmp/nemotron-h-8b
+T=$OUT/launch-transcript.txt
+say() { echo "$ $*" >> $T; "$@" >> $T 2>&1; echo "[exit $?]" >> $T; }
+: > $T
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $T
+$R init-model --arch nemotron_h --preset nemotron-h-8b --out $M --seed 3 > /dev/null 2> $OUT/init.log || { echo "init-model failed" >> $T; exit 1; }
+echo "$ rewind-launch --model $M --grpc-port 50051 --http-port 8000 &" >> $T
+$L --model $M --grpc-port 50051 --http-port 8000 > $OUT/launch.log 2>&1 &
+PID=$!
+for i in $(seq 1 240); do $R client health > /dev/null 2>&1 && break; sleep 1; done
+export REWIND_ADDR=http://127.0.0.1:50051
+say $R client health
+S=$($R client session create --max-tokens 16 --temperature 0 2>> $T)
+echo "$ rewind client session create --max-tokens 16 --temperature 0" >> $T; echo "$S" >> $T
+S=$(echo "$S" | grep -o 'sess-[0-9a-f]*' | head -1)
+say $R client generate "The first turn of a conversation about state space models." --session $S
+say $R client generate " And the second turn continues without re-prefilling the first." --session $S
+F=$($R client session fork $S 2>> $T); echo "$ rewind client session fork $S" >> $T; echo "$F" >> $T
+F=$(echo "$F" | grep -o 'sess-[0-9a-f]*' | grep -v "^$S$" | head -1)
+say $R client generate " The fork goes its own way." --session $F
+say $R client generate " While the original goes on." --session $S
+say $R client session list
+say $R client stats
+NAME=$(curl -s http://127.0.0.1:8000/v1/models | python3 -c "import sys,json; print(json.load(sys.stdin)['data'][0]['id'])")
+BODY="{\"model\":\"$NAME\",\"messages\":[{\"role\":\"user\",\"content\":\"Say hello.\"}],\"stream\":true,\"max_tokens\":12,\"seed\":1}"
+echo "$ curl -N http://127.0.0.1:8000/v1/chat/completions -d '$BODY'" >> $T
+curl -sN http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d "$BODY" >> $T 2>&1
+echo "$ curl -s http://127.0.0.1:8000/metrics | grep -E '^rewind_(sessions|restored_tokens|prefill_tokens|generated_tokens) '" >> $T
+curl -s http://127.0.0.1:8000/metrics | grep -E '^rewind_(sessions|restored_tokens|prefill_tokens|generated_tokens) ' >> $T
+echo "$ kill -TERM rewind-launch" >> $T
+kill -TERM $PID; wait $PID; echo "[rewind-launch exit $?]" >> $T
+echo "--- rewind-launch stdout/stderr ---" >> $T; cat $OUT/launch.log >> $T
