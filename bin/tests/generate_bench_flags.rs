@@ -473,6 +473,8 @@ fn bench_of_the_default_model_says_its_weights_are_random() {
         .env("REWIND_CACHE", &cache)
         .output()
         .expect("run rewind");
+    // The default model's cache is a few hundred MB: not left behind in the temporary directory.
+    let _ = std::fs::remove_dir_all(&cache);
     assert_ok(&o, "bench of the default model");
     assert!(
         stderr(&o).contains("note: the default model has RANDOM weights"),
