@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches the raw training text from Debian packages (the only registries this project reaches) into
-# scripts/train/raw/ (git-ignored by nobody: it is large, so do not commit it; prepare.py turns it into the
+# scripts/train/raw/ (git-ignored: ~8 MB, not committed; prepare.py turns it into the
 # compressed, cleaned split that IS committed under scripts/train/data/).
 #
 #   * bible-kjv + bible-kjv-text: the King James Version (1611, public domain), dumped verse by verse with `bible`.
