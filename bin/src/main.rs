@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use rewind_bin::{cli, commands, output, progress_bars};
+use rewind_bin::{cli, commands, output};
 
 fn main() -> ExitCode {
     // NCCL reads NCCL_NVLS_ENABLE when the first communicator is made; set it (unless the user did) while this is the
@@ -12,18 +12,7 @@ fn main() -> ExitCode {
     #[cfg(feature = "cuda")]
     rewind_engine::gpu::device::disable_nvls_unless_set();
     let args = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
-    // Progress of long work (loading, writing a checkpoint): bars on a terminal; elsewhere plain log lines with
-    // RUST_LOG=info (or RUST_LOG=rewind::progress=info).
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        progress_bars::install();
-    }
+    rewind_bin::init_logging();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of stdout went away (`rewind ... | head`): it wanted no more output, so end quietly.

@@ -173,3 +173,27 @@ fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
     assert!(out.contains("server: model "), "{out}");
     let _ = std::fs::remove_dir_all(&model);
 }
+
+#[test]
+fn a_port_in_use_is_reported_before_the_model_loads() {
+    let model = process::tiny_model("nemotron_h", "serve-port");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let o = rewind(&[
+        "serve",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--grpc-port",
+        &port,
+        "--http-port",
+        "0",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("binding the gRPC server to 127.0.0.1:{port}")),
+        "{err}"
+    );
+    // Nothing was loaded: the engine's summary line never came.
+    assert!(!err.contains("rewind: serving"), "{err}");
+}

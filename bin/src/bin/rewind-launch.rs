@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use rewind_bin::{launch, progress_bars};
+use rewind_bin::launch;
 
 fn fail(e: &anyhow::Error) -> ExitCode {
     // Not eprintln!: it panics when stderr itself cannot be written.
@@ -21,16 +21,7 @@ fn main() -> ExitCode {
     }
     #[cfg(feature = "cuda")]
     rewind_engine::gpu::device::disable_nvls_unless_set();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        progress_bars::install();
-    }
+    rewind_bin::init_logging();
     match launch::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),

@@ -271,9 +271,10 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
 fn start_local(rt: &Runtime, args: &ChatArgs, model: &ServedModel) -> Result<(Running, String)> {
     let prepared = super::serve::prepare(&local_server_args(args, model))?;
     rt.block_on(async {
-        let (state, options, _device): (_, ServeOptions, _) =
+        let listeners = run::Listeners::bind(&prepared.options).await?;
+        let (state, _options, _device): (_, ServeOptions, _) =
             super::serve::start(prepared).await.context("starting the engine")?;
-        let running = run::start(state, &options, |_| {}).await?;
+        let running = run::start(state, listeners, |_| {}).await?;
         let addr = format!("http://{}", running.bound.grpc);
         Ok((running, addr))
     })

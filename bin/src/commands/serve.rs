@@ -138,9 +138,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let prepared = prepare(&args)?;
     let dir = prepared.model.dir.clone();
     run::runtime()?.block_on(async move {
+        let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, options, device) = start(prepared).await.context("starting the engine")?;
         eprintln!("{}", summary(&state, &device, &dir));
         // The state goes to the servers whole: the engine stops once they let go of it.
-        run::serve(state, &options).await
+        run::serve(state, listeners, &options).await
     })
 }

@@ -160,6 +160,7 @@ pub fn run(launch: Launch) -> Result<()> {
     let form = prepared.backend.form.name().to_string();
     let (slots, context) = (prepared.slots, prepared.context);
     run::runtime()?.block_on(async move {
+        let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, options, _device) = serve_cmd::start(prepared).await.context("starting the engine")?;
         let banner = banner::Banner {
             model_dir: &dir,
@@ -174,7 +175,7 @@ pub fn run(launch: Launch) -> Result<()> {
             api_key: state.api_key.is_some(),
         };
         // The state goes to the servers whole: the engine stops once they let go of it.
-        run::serve_with(state, &options, move |bound| match banner.render(bound) {
+        run::serve_with(state, listeners, &options, move |bound| match banner.render(bound) {
             Ok(text) => eprint!("{text}"),
             Err(e) => eprintln!("rewind-launch: the banner could not be written: {e}"),
         })

@@ -128,16 +128,34 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
         .with_context(|| format!("binding the {what} server to {host}:{port}"))
 }
 
+/// Both servers' sockets, bound before the model loads: a port in use is reported at once, not after minutes of
+/// loading weights.
+pub struct Listeners {
+    grpc: TcpListener,
+    http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the gRPC and HTTP ports of `opts` on its host.
+    pub async fn bind(opts: &ServeOptions) -> Result<Self> {
+        Ok(Listeners {
+            grpc: bind(&opts.host, opts.grpc_port, "gRPC").await?,
+            http: bind(&opts.host, opts.http_port, "HTTP").await?,
+        })
+    }
+}
+
 /// Resolves when `stop` turns true (or its sender is gone).
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Binds both servers on `opts`' host and ports and starts them; calls `announce` with the bound addresses, then
-/// prints them on stderr.
-pub async fn start(state: Arc<ServeState>, opts: &ServeOptions, announce: impl FnOnce(Bound)) -> Result<Running> {
-    let grpc_listener = bind(&opts.host, opts.grpc_port, "gRPC").await?;
-    let http_listener = bind(&opts.host, opts.http_port, "HTTP").await?;
+/// Starts both servers on `listeners`; calls `announce` with the bound addresses, then prints them on stderr.
+pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl FnOnce(Bound)) -> Result<Running> {
+    let Listeners {
+        grpc: grpc_listener,
+        http: http_listener,
+    } = listeners;
     let bound = Bound {
         grpc: grpc_listener.local_addr()?,
         http: http_listener.local_addr()?,
@@ -283,14 +301,19 @@ async fn wait_idle(state: &ServeState, timeout: Duration) -> std::result::Result
 /// Serves `state` on `opts` until SIGINT / SIGTERM (see the module docs); a second signal during the drain stops
 /// waiting for in-flight requests. An error when a port cannot be bound or a server fails. The caller should hold no
 /// other reference to `state`: the engine stops once the servers have let go of it.
-pub async fn serve(state: Arc<ServeState>, opts: &ServeOptions) -> Result<()> {
-    serve_with(state, opts, |_| {}).await
+pub async fn serve(state: Arc<ServeState>, listeners: Listeners, opts: &ServeOptions) -> Result<()> {
+    serve_with(state, listeners, opts, |_| {}).await
 }
 
 /// [`serve`], calling `announce` with the bound addresses once both servers listen (`rewind-launch`'s banner).
-pub async fn serve_with(state: Arc<ServeState>, opts: &ServeOptions, announce: impl FnOnce(Bound)) -> Result<()> {
+pub async fn serve_with(
+    state: Arc<ServeState>,
+    listeners: Listeners,
+    opts: &ServeOptions,
+    announce: impl FnOnce(Bound),
+) -> Result<()> {
     let mut signals = Signals::new()?;
-    let mut running = start(state.clone(), opts, announce).await?;
+    let mut running = start(state.clone(), listeners, announce).await?;
     let mut signal = None;
     let outcome = running
         .watch(async {

@@ -165,7 +165,8 @@ impl Drop for Observation {
     fn drop(&mut self) {
         let status = self.status.unwrap_or(CLIENT_CLOSED);
         let elapsed = self.start.elapsed();
-        if status >= 500 {
+        // 503 is the server refusing work on purpose (draining, or the engine restarting): not an operator's alarm.
+        if status >= 500 && status != 503 {
             tracing::warn!(
                 endpoint = self.endpoint,
                 status,
