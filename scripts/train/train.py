@@ -40,8 +40,9 @@ def nemotron_h_config(vocab: int, tiny: bool) -> dict:
     if tiny:
         pattern, hidden, heads, mheads, inter = "M-M*-", 64, 2, 2, 128
     else:
-        # 14 layers: 7 Mamba-2, 5 MLP, 2 attention (~18.6M parameters with vocab 6144).
-        pattern, hidden, heads, mheads, inter = "M-M-M*-M-M-M*M", 384, 6, 12, 1536
+        # 14 layers: 7 Mamba-2 (8 heads x 64), 5 MLP (1024), 2 attention (4 q / 2 kv heads x 64): 9.42M parameters
+        # with vocab 6144. Embeddings stay untied: transformers' NemotronHForCausalLM does not tie them.
+        pattern, hidden, heads, mheads, inter = "M-M-M*-M-M-M*M", 256, 4, 8, 1024
     return {
         "architectures": ["NemotronHForCausalLM"],
         "model_type": "nemotron_h",
@@ -84,8 +85,9 @@ def qwen3_5_config(vocab: int, tiny: bool) -> dict:
     if tiny:
         kinds, hidden, heads, inter = ["linear_attention", "full_attention"], 64, 2, 128
     else:
-        # 8 layers: 6 Gated-DeltaNet + 2 full attention, every layer with a SwiGLU MLP (~20.7M parameters).
-        kinds, hidden, heads, inter = (["linear_attention"] * 3 + ["full_attention"]) * 2, 384, 6, 1152
+        # 8 layers: 6 Gated-DeltaNet (2 key / 4 value heads x 64) + 2 full attention (4 q / 2 kv heads x 64), every
+        # layer with a SwiGLU MLP (640); tied input/output embeddings: 9.54M parameters.
+        kinds, hidden, heads, inter = (["linear_attention"] * 3 + ["full_attention"]) * 2, 320, 4, 640
     return {
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
@@ -101,8 +103,8 @@ def qwen3_5_config(vocab: int, tiny: bool) -> dict:
         "attention_bias": False,
         "linear_conv_kernel_dim": 4,
         "linear_key_head_dim": 64 if not tiny else 16,
-        "linear_num_key_heads": 4 if not tiny else 2,
-        "linear_num_value_heads": 8 if not tiny else 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4 if not tiny else 2,
         "linear_value_head_dim": 64 if not tiny else 16,
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-6,
@@ -113,7 +115,7 @@ def qwen3_5_config(vocab: int, tiny: bool) -> dict:
             "rope_theta": 10000000.0,
             "rope_type": "default",
         },
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": True,
         "bos_token_id": EOS_ID,
         "eos_token_id": EOS_ID,
         "pad_token_id": EOS_ID,
@@ -259,7 +261,9 @@ def main():
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--eval-every-s", type=float, default=20.0, help="held-out eval every this many seconds")
+    ap.add_argument("--max-epochs", type=float, default=5.0,
+                    help="also end (and finish the LR decay) after this many passes over the training stream (0 = off)")
+    ap.add_argument("--eval-every-s", type=float, default=10.0, help="held-out eval every this many seconds")
     ap.add_argument("--data", default=str(HERE / "data"))
     ap.add_argument("--tokenizer", default=str(HERE / "tokenizer"))
     ap.add_argument("--device", default="auto")
@@ -294,7 +298,9 @@ def main():
 
     model = build_model(a.arch, vocab, a.tiny).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    n_embed = model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
+    emb_in, emb_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    n_embed = emb_in.numel() + (0 if emb_out is emb_in else emb_out.numel())
+    print(f"[model] embeddings {'tied' if emb_out is emb_in else 'untied'}", flush=True)
     print(f"[model] {a.arch}: {n_params / 1e6:.2f}M parameters ({(n_params - n_embed) / 1e6:.2f}M without "
           f"embeddings/head) on {device}", flush=True)
     model.train()
@@ -307,6 +313,7 @@ def main():
         lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
     )
     budget = a.minutes * 60.0
+    token_budget = a.max_epochs * train_stream.numel() if a.max_epochs > 0 else float("inf")
 
     def lr_at(step: int, frac: float) -> float:
         if step < a.warmup:
@@ -328,10 +335,11 @@ def main():
     t0 = time.time()
     while True:
         elapsed = time.time() - t0
-        if elapsed >= budget or (a.max_steps and step >= a.max_steps):
+        if elapsed >= budget or tokens >= token_budget or (a.max_steps and step >= a.max_steps):
             break
         if step > a.warmup and a.max_steps == 0:
-            frac = (elapsed) / budget
+            # LR decays over whichever budget (wall clock or epochs) runs out first.
+            frac = max(elapsed / budget, tokens / token_budget)
         else:
             frac = step / max(a.max_steps, 1) if a.max_steps else 0.0
         lr = lr_at(step, frac)
