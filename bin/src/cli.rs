@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use rewind_engine::decode::FormChoice;
 
+mod model;
 mod serving;
+pub use model::ModelArgs;
 pub use serving::{env_for_every_flag, ChatArgs, ListenArgs, RunArgs, ServeArgs};
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
@@ -81,6 +83,7 @@ Examples:
 const PERPLEXITY_EXAMPLES: &str = "\
 Examples:
   rewind perplexity --model ./my-model --file book.txt
+  rewind perplexity --default-model qwen3_5 --file book.txt
   rewind perplexity --model ./my-model --file book.txt --window 512 --json";
 
 /// Examples shown after `rewind init-model --help`.
@@ -105,6 +108,7 @@ Examples:
 const GENERATE_EXAMPLES: &str = "\
 Examples:
   rewind generate \"The quick brown fox\" --max-tokens 32
+  rewind generate --default-model qwen3_5 \"It is a truth universally acknowledged\" --temperature 0
   rewind generate --model ./my-model --chat --system \"Be brief.\" \"What is an SSM?\"
   echo \"Once upon a time\" | rewind generate - --temperature 0 --json
   rewind generate --model ./my-model --prompt-file prompt.txt --device cuda --tp 2";
@@ -175,9 +179,8 @@ pub struct GenerateArgs {
     /// A system message before the prompt (with --chat).
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
-    /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -382,9 +385,8 @@ fn parse_buffer_len(s: &str) -> Result<usize, String> {
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
-    /// Model directory.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Comma-separated token ids, e.g. 5,17,42.
     #[arg(long, value_delimiter = ',', required = true)]
     pub tokens: Vec<u32>,
@@ -418,9 +420,8 @@ pub struct LogitsArgs {
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// Model directory.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Text file to score.
     #[arg(long)]
     pub file: PathBuf,
@@ -466,9 +467,8 @@ pub struct InitModelArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Model directory (default: the embedded `small` model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt length for the prefill comparison.
     #[arg(long, default_value_t = 1024, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub prompt_len: usize,

@@ -1,7 +1,7 @@
 //! `rewind generate` and `rewind bench` flags end to end: bench work that cannot fit the context is refused up front,
 //! long benches report progress on stderr, device flags are checked on every device (with a note when a GPU-only flag
 //! does nothing on the CPU), negative numbers are clear errors, the finish reason reads the same on stderr as in JSON,
-//! prompts come from stdin or a file, `--system` adds a system message, the default model's random-weights notice, and
+//! prompts come from stdin or a file, `--system` adds a system message, the random-weights notice (init-model checkpoints only), and
 //! the `--help` examples.
 
 use std::io::Write;
@@ -300,6 +300,8 @@ fn device_flags_are_checked_on_every_device() {
                 "note: --gpu-memory-fraction does not apply to --device cpu",
                 "note: --max-seqs does not apply to --device cpu",
                 "note: --dtype does not apply to --device cpu",
+                // The model is an init-model checkpoint.
+                "note: this model has RANDOM weights (made by `rewind init-model`): its output is noise",
             ],
             "{}",
             stderr(&o)
@@ -466,21 +468,17 @@ fn prompts_from_stdin_or_a_file_and_a_system_message() {
 }
 
 #[test]
-fn bench_of_the_default_model_says_its_weights_are_random() {
+fn bench_notes_random_weights_only_for_init_model_checkpoints() {
     let cache = temp_dir("default-cache");
     let o = Command::new(env!("CARGO_BIN_EXE_rewind"))
         .args(["bench", "--prompt-len", "4", "--decode-tokens", "1", "--repeats", "1"])
         .env("REWIND_CACHE", &cache)
         .output()
         .expect("run rewind");
-    // The default model's cache is a few hundred MB: not left behind in the temporary directory.
+    // The default model's cache (20 MB) is not left behind in the temporary directory.
     let _ = std::fs::remove_dir_all(&cache);
     assert_ok(&o, "bench of the default model");
-    assert!(
-        stderr(&o).contains("note: the default model has RANDOM weights"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(!stderr(&o).contains("RANDOM weights"), "{}", stderr(&o));
     let model = tiny_model("default");
     let o = rewind(&[
         "bench",
@@ -493,8 +491,12 @@ fn bench_of_the_default_model_says_its_weights_are_random() {
         "--repeats",
         "1",
     ]);
-    assert_ok(&o, "bench of a model directory");
-    assert!(!stderr(&o).contains("RANDOM weights"), "{}", stderr(&o));
+    assert_ok(&o, "bench of an init-model checkpoint");
+    assert!(
+        stderr(&o).contains("note: this model has RANDOM weights (made by `rewind init-model`)"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -27,6 +27,19 @@ use crate::tokenizer::bpe_builder::{
     build_bpe_tokenizer, write_tokenizer_files, SpecialTokenChoice, ENDOFTEXT, IM_END,
 };
 
+/// The `config.json` key (`true`) that marks a checkpoint of random weights written here; commands that load one say
+/// its output is noise. Other readers (the config parser, transformers) ignore it.
+pub const RANDOM_INIT_MARKER: &str = "rewind_random_init";
+
+/// Whether the checkpoint in `dir` carries [`RANDOM_INIT_MARKER`]. A missing or unreadable `config.json` counts as
+/// unmarked: loading the model reports that error.
+pub fn has_random_init_marker(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| crate::model::json::parse_relaxed(&text).ok())
+        .is_some_and(|v| v.get(RANDOM_INIT_MARKER).and_then(serde_json::Value::as_bool) == Some(true))
+}
+
 /// What to build.
 #[derive(Clone, Debug)]
 pub struct InitOptions {
@@ -349,6 +362,7 @@ pub fn init_model(opts: &InitOptions) -> Result<InitReport> {
         WriteDtype::F32 => "float32",
         WriteDtype::BF16 => "bfloat16",
     });
+    cfg_json[RANDOM_INIT_MARKER] = json!(true);
     write_json(&opts.out.join("config.json"), &cfg_json)?;
     write_json(
         &opts.out.join("generation_config.json"),
@@ -494,6 +508,32 @@ mod tests {
             tok.decode(&tok.encode("Hello, world", false).unwrap(), true).unwrap(),
             "Hello, world"
         );
+    }
+
+    /// init-model marks its checkpoints as random; the marker does not disturb the config parser, and a directory
+    /// without it (or without a config) is unmarked.
+    #[test]
+    fn random_init_marker_is_written_and_read() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("tiny");
+        let opts = InitOptions {
+            family: Family::Qwen35,
+            preset: "tiny".into(),
+            layers: Some(1),
+            seed: 0,
+            out: out.clone(),
+            dtype: None,
+            mtp: false,
+        };
+        init_model(&opts).unwrap();
+        assert!(has_random_init_marker(&out));
+        ModelConfig::from_dir(&out).unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        config.as_object_mut().unwrap().remove(RANDOM_INIT_MARKER);
+        std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+        assert!(!has_random_init_marker(&out));
+        assert!(!has_random_init_marker(&root.path().join("missing")));
     }
 
     #[test]

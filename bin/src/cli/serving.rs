@@ -1,10 +1,8 @@
 //! The flags of the serving commands: `rewind serve`, `rewind chat` and `rewind-launch` (which adds `--gpus`).
 
-use std::path::PathBuf;
-
 use clap::Args;
 
-use super::{non_negative, DecodeArgs, DeviceArgs, EngineArgs, SpecArgs};
+use super::{non_negative, DecodeArgs, DeviceArgs, EngineArgs, ModelArgs, SpecArgs};
 
 /// Where and how the servers listen (shared by `rewind serve` and `rewind-launch`).
 #[derive(Args, Debug, Clone)]
@@ -50,21 +48,23 @@ pub struct RunArgs {
 #[derive(Args, Debug, Clone)]
 #[command(mut_args(env_for_every_flag))]
 pub struct ServeArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the embedded `small` model.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
     pub run: RunArgs,
 }
 
+/// What `--model` means to `rewind chat`.
+const CHAT_MODEL_HELP: &str = "Model directory: its tokenizer renders the turns; without --addr it is served in this \
+process on a loopback port for the chat (default: the embedded trained model that --default-model names)";
+
 #[derive(Args, Debug)]
+#[command(mut_arg("model", |a| a.help(CHAT_MODEL_HELP)))]
 pub struct ChatArgs {
-    /// Model directory: its tokenizer renders the turns; without --addr it is served in this process on a loopback
-    /// port for the chat (default: the embedded `small` model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// A running server's gRPC address, e.g. http://127.0.0.1:50051 (with --model DIR naming the model it serves,
     /// whose chat template renders the turns).
     #[arg(long, value_name = "URL")]

@@ -11,7 +11,6 @@ use serde_json::json;
 
 use super::backend::{self, Loaded, Needs};
 use crate::cli::{BenchArgs, Device};
-use crate::default_model::default_model_dir;
 
 /// Seed of the benchmark prompt (CPU and GPU benches use the same prompt).
 pub(super) const PROMPT_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -244,13 +243,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         (None, _) => None,
     };
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => {
-            eprintln!("{}", super::generate::RANDOM_WEIGHTS_NOTE);
-            default_model_dir()?
-        }
-    };
+    let dir = super::generate::model_dir(&args.model)?;
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     // Checked before anything is allocated for the prompt.
     check_context(&args, config.max_position_embeddings)?;

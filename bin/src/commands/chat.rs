@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use rewind_engine::tokenizer::Tokenizer;
 use tokio::runtime::Runtime;
 
-use crate::cli::{ChatArgs, ListenArgs, ServeArgs};
+use crate::cli::{ChatArgs, ListenArgs, ModelArgs, ServeArgs};
 use crate::serve::grpc::client::{connect, Client};
 use crate::serve::grpc::pb;
 use crate::serve::run::{self, Running, ServeOptions};
@@ -253,7 +253,7 @@ impl Chat {
 /// The in-process server of `--model`: the chat's flags as `rewind serve`'s, on loopback ports chosen by the system.
 fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
     ServeArgs {
-        model: Some(model.dir.clone()),
+        model: ModelArgs::dir(model.dir.clone()),
         listen: ListenArgs {
             host: "127.0.0.1".into(),
             grpc_port: 0,
@@ -269,7 +269,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
 
 /// Starts the in-process server; returns it with the address the chat connects to.
 fn start_local(rt: &Runtime, args: &ChatArgs, model: &ServedModel) -> Result<(Running, String)> {
-    let prepared = super::serve::prepare(&local_server_args(args, model))?;
+    let prepared = super::serve::prepare(&local_server_args(args, model), &model.dir)?;
     rt.block_on(async {
         let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, _options, _device): (_, ServeOptions, _) =
@@ -282,13 +282,13 @@ fn start_local(rt: &Runtime, args: &ChatArgs, model: &ServedModel) -> Result<(Ru
 
 /// `rewind chat`.
 pub fn run(args: ChatArgs) -> Result<()> {
-    if args.addr.is_some() && args.model.is_none() {
+    if args.addr.is_some() && args.model.path.is_none() {
         anyhow::bail!(
             "--addr needs --model DIR too: the chat template is rendered here (the server's API takes tokens), so \
              the chat reads the model's tokenizer files from DIR"
         );
     }
-    let dir = super::serve::model_dir(args.model.as_deref())?;
+    let dir = super::serve::model_dir(&args.model)?;
     let model = ServedModel::load(&dir)?;
     let rt = run::runtime()?;
     let (local, addr) = match &args.addr {

@@ -1,7 +1,7 @@
 //! `rewind generate`: stream text from a prompt.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::output::write_stdout;
@@ -9,31 +9,34 @@ use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::{GenerationOutput, GenerationStats, SpecReport};
 use rewind_engine::generation_config::GenerationDefaults;
+use rewind_engine::init::has_random_init_marker;
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::{DrafterKind, SpecConfig};
 use rewind_engine::tokenizer::chat::ChatMessage;
 
 use super::backend::{self, Needs};
-use crate::cli::{GenerateArgs, SamplingArgs};
+use crate::cli::{GenerateArgs, ModelArgs, SamplingArgs};
 use crate::default_model::default_model_dir;
 use crate::serve::ServedModel;
 
 const DEFAULT_PROMPT: &str = "The quick brown fox";
 
-/// Printed (to stderr) whenever a command runs the default model.
-pub(super) const RANDOM_WEIGHTS_NOTE: &str =
-    "note: the default model has RANDOM weights (no trained default model yet): its output is noise, not language";
+/// Printed (to stderr) whenever a command loads a checkpoint that `rewind init-model` made.
+pub(crate) const RANDOM_WEIGHTS_NOTE: &str =
+    "note: this model has RANDOM weights (made by `rewind init-model`): its output is noise";
 
-/// The model directory a command runs: the one given, else the embedded default model (built on first use), after
-/// the note that its weights are random.
-pub(crate) fn model_dir(model: Option<&Path>) -> Result<PathBuf> {
-    match model {
-        Some(dir) => Ok(dir.to_path_buf()),
-        None => {
-            eprintln!("{RANDOM_WEIGHTS_NOTE}");
-            default_model_dir()
-        }
+/// The model directory a command runs: `--model`, else the embedded trained model `--default-model` names (written
+/// to the cache on first use). A checkpoint of random weights (one carrying init-model's marker) earns
+/// [`RANDOM_WEIGHTS_NOTE`] on stderr.
+pub(crate) fn model_dir(args: &ModelArgs) -> Result<PathBuf> {
+    let dir = match &args.path {
+        Some(dir) => dir.clone(),
+        None => default_model_dir(args.default_model)?,
+    };
+    if has_random_init_marker(&dir) {
+        eprintln!("{RANDOM_WEIGHTS_NOTE}");
     }
+    Ok(dir)
 }
 
 /// `text` without one trailing line ending (what `echo` and editors append).
@@ -101,7 +104,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     args.run.device.check()?;
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let prompt_text = prompt_text(&args)?;
-    let dir = model_dir(args.model.as_deref())?;
+    let dir = model_dir(&args.model)?;
     let ServedModel {
         config,
         defaults,

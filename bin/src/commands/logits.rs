@@ -174,7 +174,8 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         context: args.tokens.len(),
         verify: 1 + args.verify_window.unwrap_or(0),
     };
-    let mut loaded = backend::open(&args.model, &args.device, Some(&args.decode), needs)?;
+    let dir = super::generate::model_dir(&args.model)?;
+    let mut loaded = backend::open(&dir, &args.device, Some(&args.decode), needs)?;
     let vocab = loaded.config.vocab_size;
     let form = loaded.form;
     let run = forced(&mut loaded.group, form, &args.tokens, args.prefill, verify, vocab)?;

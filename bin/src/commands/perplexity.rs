@@ -22,7 +22,8 @@ fn nll(logits: &[f32], next: u32) -> f64 {
 const CHUNK: usize = 512;
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let config = rewind_engine::model::ModelConfig::from_dir(&args.model)?;
+    let dir = super::generate::model_dir(&args.model)?;
+    let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     let limit = config.max_position_embeddings;
     let window = match args.window {
         Some(w) if w > limit => bail!("--window {w} exceeds the model's context limit of {limit} tokens"),
@@ -31,7 +32,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         None => limit,
     };
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let tokenizer = Tokenizer::from_dir(&dir)?;
     let tokens = tokenizer.encode(&text, true)?;
     if tokens.len() < 2 {
         bail!(
@@ -54,7 +55,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         context: window.min(tokens.len()),
         verify: 1,
     };
-    let mut loaded = backend::open(&args.model, &device, None, needs)?;
+    let mut loaded = backend::open(&dir, &device, None, needs)?;
     let vocab = config.vocab_size;
     let start = std::time::Instant::now();
     let (mut total, mut count) = (0.0f64, 0usize);

@@ -39,8 +39,9 @@ pub struct Prepared {
     pub device: Device,
 }
 
-/// Checks `args`, reads the model's metadata and plans its backend (nothing is loaded yet).
-pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
+/// Checks `args`, reads the metadata of the model in `dir` (resolved by the caller with [`model_dir`], so that a note
+/// about it is printed once) and plans its backend (nothing is loaded yet).
+pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     let device = args.run.device.device()?;
     let slots_set = args.run.device.gpu_only_flags_set().contains(&"--max-seqs");
     if device == Device::Cpu {
@@ -53,8 +54,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     }
     let options = ServeOptions::from_args(&args.listen)?;
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
-    let dir = model_dir(args.model.as_deref())?;
-    let model = ServedModel::load(&dir)?;
+    let model = ServedModel::load(dir)?;
     let limit = model.config.max_position_embeddings;
     let context = match args.run.device.max_model_len {
         Some(n) => {
@@ -76,7 +76,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
-    let backend = backend::backend(&dir, &args.run.device, Some(&args.run.decode), needs)?;
+    let backend = backend::backend(dir, &args.run.device, Some(&args.run.decode), needs)?;
     let mut engine_config = backend::engine_config(&args.run.engine, backend.form)?;
     engine_config.eos_token_ids = model.eos_token_ids.clone();
     engine_config.tokenizer = Some(model.tokenizer.clone());
@@ -84,7 +84,7 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared> {
     if let Some(s) = &spec {
         engine_config.spec = Some(super::spec::engine_spec(
             s,
-            &dir,
+            dir,
             model.config.vocab_size,
             slots,
             context,
@@ -135,8 +135,8 @@ pub fn summary(state: &ServeState, device: &str, dir: &Path) -> String {
 
 /// `rewind serve`.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let prepared = prepare(&args)?;
-    let dir = prepared.model.dir.clone();
+    let dir = model_dir(&args.model)?;
+    let prepared = prepare(&args, &dir)?;
     run::runtime()?.block_on(async move {
         let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, options, device) = start(prepared).await.context("starting the engine")?;

@@ -119,7 +119,7 @@ fn choose_gpus(launch: &Launch, first: usize) -> Result<(usize, Vec<gpus::Gpu>)>
 pub fn run(launch: Launch) -> Result<()> {
     let device = launch.args.serve.run.device.device()?;
     // The directory is resolved once here (the default model's note is printed once).
-    let dir = serve_cmd::model_dir(launch.args.serve.model.as_deref())?;
+    let dir = serve_cmd::model_dir(&launch.args.serve.model)?;
     let config = ModelConfig::from_dir(&dir)?;
     let (tp, gpus) = match &device {
         Device::Cpu => (launch.args.serve.run.device.tp, Vec::new()),
@@ -127,12 +127,11 @@ pub fn run(launch: Launch) -> Result<()> {
     };
     tp::check(&config, tp)?;
     let mut args = launch.args.serve;
-    args.model = Some(dir.clone());
     args.run.device.tp = tp;
     if let Some(g) = gpus.first() {
         args.run.device.device = format!("cuda:{}", g.ordinal);
     }
-    let prepared = serve_cmd::prepare(&args)?;
+    let prepared = serve_cmd::prepare(&args, &dir)?;
     let (plan_budget, devices) = if gpus.is_empty() {
         let budget = banner::cpu_budget().map(|b| (b, "available RAM".to_string()));
         (budget, vec!["CPU thread".to_string(); tp])
