@@ -20,10 +20,11 @@ pub enum DefaultModel {
     Qwen35,
 }
 
-/// The five files of one embedded checkpoint, by name.
-type Files = [(&'static str, &'static [u8]); 5];
+/// The files of one embedded checkpoint, by name (none in a build without the `embedded-default-models` feature).
+type Files = [(&'static str, &'static [u8])];
 
 /// `include_bytes!` of the five files of `models/default/$arch/`.
+#[cfg_attr(not(feature = "embedded-default-models"), allow(unused_macros))]
 macro_rules! embed {
     ($arch:literal) => {
         [
@@ -76,8 +77,16 @@ macro_rules! embed {
     };
 }
 
-static NEMOTRON_H: Files = embed!("nemotron_h");
-static QWEN3_5: Files = embed!("qwen3_5");
+#[cfg(feature = "embedded-default-models")]
+static NEMOTRON_H: &Files = &embed!("nemotron_h");
+#[cfg(feature = "embedded-default-models")]
+static QWEN3_5: &Files = &embed!("qwen3_5");
+// A build for the device machines leaves the 38 MB of weights out: what travels there has a size limit, and those runs
+// name their models.
+#[cfg(not(feature = "embedded-default-models"))]
+static NEMOTRON_H: &Files = &[];
+#[cfg(not(feature = "embedded-default-models"))]
+static QWEN3_5: &Files = &[];
 
 impl DefaultModel {
     /// The name `--default-model` takes (the `--arch` of `init-model`).
@@ -90,8 +99,8 @@ impl DefaultModel {
 
     fn files(self) -> &'static Files {
         match self {
-            DefaultModel::NemotronH => &NEMOTRON_H,
-            DefaultModel::Qwen35 => &QWEN3_5,
+            DefaultModel::NemotronH => NEMOTRON_H,
+            DefaultModel::Qwen35 => QWEN3_5,
         }
     }
 
@@ -137,6 +146,13 @@ fn cache_root() -> PathBuf {
 
 /// The directory of the embedded default model `which`, writing its files there on first use.
 pub fn default_model_dir(which: DefaultModel) -> Result<PathBuf> {
+    if which.files().is_empty() {
+        anyhow::bail!(
+            "this rewind was built without the `embedded-default-models` feature, so it has no default model: pass \
+             --model DIR (a checkout has it in models/default/{})",
+            which.name()
+        );
+    }
     let dir = cache_root().join(format!(
         "default-{}-trained-v{DEFAULT_MODEL_VERSION}-{:016x}",
         which.name(),
