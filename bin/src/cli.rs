@@ -431,6 +431,8 @@ pub struct PerplexityArgs {
     /// Print a JSON object instead of a line.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 #[derive(Args, Debug)]

@@ -8,7 +8,7 @@ use rewind_engine::tokenizer::Tokenizer;
 use serde_json::json;
 
 use super::backend::{self, Needs};
-use crate::cli::{DeviceArgs, PerplexityArgs};
+use crate::cli::PerplexityArgs;
 use crate::output::outln;
 
 /// Negative log-likelihood of `next` under `logits` (log-sum-exp in f64).
@@ -22,6 +22,8 @@ fn nll(logits: &[f32], next: u32) -> f64 {
 const CHUNK: usize = 512;
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    // Bad device values are errors before anything is read.
+    args.device.check()?;
     let dir = super::generate::model_dir(&args.model)?;
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     let limit = config.max_position_embeddings;
@@ -41,21 +43,16 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             tokens.len()
         );
     }
-    let device = DeviceArgs {
-        device: "cpu".into(),
-        tp: 1,
-        gpu_memory_fraction: 0.9,
-        max_seqs: 1,
-        max_model_len: None,
-        prefill_chunk: CHUNK,
-        dtype: "bf16".into(),
-    };
+    // One sequence at a time: the pools hold one window, not the GPU default's 64 sequences.
+    let mut device = args.device.clone();
+    device.max_seqs = 1;
     let needs = Needs {
         slots: 1,
         context: window.min(tokens.len()),
         verify: 1,
     };
     let mut loaded = backend::open(&dir, &device, None, needs)?;
+    let on = loaded.device.clone();
     let vocab = config.vocab_size;
     let start = std::time::Instant::now();
     let (mut total, mut count) = (0.0f64, 0usize);
@@ -83,7 +80,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.json {
         outln!(
             "{}",
-            json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs})
+            json!({"perplexity": ppl, "tokens_scored": count, "mean_nll": total / count as f64, "seconds": secs, "device": on})
         )?;
     } else {
         outln!(
