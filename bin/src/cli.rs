@@ -562,6 +562,10 @@ pub struct SelftestArgs {
     /// temporary directory (so selftest runs from any directory).
     #[arg(long, value_name = "DIR")]
     pub fixtures: Option<PathBuf>,
+    /// The trained default models whose bf16 rows gate (`DIR/nemotron_h`, `DIR/qwen3_5`, e.g. `models/default` in a
+    /// checkout). Default: the ones this binary embeds.
+    #[arg(long, value_name = "DIR")]
+    pub trained_models: Option<PathBuf>,
     /// Skip the model-level check.
     #[arg(long)]
     pub no_model: bool,

@@ -263,7 +263,13 @@ mod cuda {
             println!("\nmodel-level: skipped (--no-model)");
             (json!({ "status": "skipped", "reason": "--no-model" }), true)
         } else {
-            super::super::selftest_model::section(args.fixtures.as_deref(), seed, ordinal, device_count().unwrap_or(1))
+            super::super::selftest_model::section(
+                args.fixtures.as_deref(),
+                args.trained_models.as_deref(),
+                seed,
+                ordinal,
+                device_count().unwrap_or(1),
+            )
         };
 
         let checks: usize = results.iter().map(|r| r.checks.len().max(1)).sum();

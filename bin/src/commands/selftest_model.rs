@@ -15,10 +15,16 @@ use serde_json::{json, Value};
 /// against the CPU f32 reference. The issue's bound for bf16 is 2e-2; the f32 engine must do far better, since only
 /// the order of floating-point sums differs.
 pub const TOLERANCE: f64 = 1e-4;
-/// The bound the bf16 rows are reported against. They do not gate: on F1's fixtures (random weights, widths of 64)
-/// rounding the weights to bf16 alone moves the CPU's own logits by 2e-2 to 1.0 relative
-/// (`cargo run --release -p rewind-engine --example bf16_sensitivity -- tests/fixtures/X`).
+/// The bound of the bf16 rows. On random weights they are only reported: on F1's fixtures (widths of 64) rounding the
+/// weights to bf16 alone moves the CPU's own logits by 2e-2 to 1.0 relative (`cargo run --release -p rewind-engine
+/// --example bf16_sensitivity -- tests/fixtures/X`). On the trained default models (`models/default/`) they gate.
 pub const BF16_BOUND: f64 = 2e-2;
+/// Prompts of the trained models: English in the style they were trained on (not from their training text).
+const TRAINED_PROMPTS: [&str; 2] = [
+    "It was a bright morning when the two sisters walked down to the village, talking of the letter that had come \
+     the evening before, and of what their mother would say.",
+    "And the king sent messengers unto the city, saying, Let the people gather themselves together,",
+];
 /// Greedy steps decoded after each prompt.
 const STEPS: usize = 12;
 /// Teacher tokens verified after each prompt in the speculative check, and its window and corruption rate.
@@ -53,6 +59,31 @@ struct Case {
     name: String,
     dir: PathBuf,
     prompts: Result<Vec<Vec<u32>>, String>,
+    /// Whether its bf16 rows gate (trained weights) or are only reported (random weights).
+    bf16_gates: bool,
+}
+
+/// The trained default models as cases: from `dir` (`<dir>/<arch>/`, e.g. `models/default` in a checkout) or else the
+/// ones this binary embeds; `Err` says why there are none.
+fn trained_models(dir: Option<&Path>) -> Result<Vec<Case>, String> {
+    use crate::default_model::{default_model_dir, DefaultModel};
+    let mut cases = Vec::new();
+    for which in [DefaultModel::NemotronH, DefaultModel::Qwen35] {
+        let dir = match dir {
+            Some(d) => d.join(which.name()),
+            None => default_model_dir(which).map_err(|e| format!("{e} (or pass --trained-models DIR)"))?,
+        };
+        let prompts = rewind_engine::tokenizer::Tokenizer::from_dir(&dir)
+            .and_then(|t| TRAINED_PROMPTS.iter().map(|p| t.encode(p, true)).collect())
+            .map_err(|e| format!("{}: {e}", dir.display()));
+        cases.push(Case {
+            name: format!("{}-trained", which.name()),
+            dir,
+            prompts,
+            bf16_gates: true,
+        });
+    }
+    Ok(cases)
 }
 
 /// One seeded `tiny` checkpoint per architecture under a fresh temporary directory, with its prompts: token ids drawn
@@ -91,6 +122,7 @@ fn generated_models(seed: u64) -> Result<(TempDir, Vec<Case>), String> {
             name: format!("{name}-tiny"),
             dir: out,
             prompts: Ok(prompts),
+            bf16_gates: false,
         });
     }
     Ok((guard, models))
@@ -127,8 +159,8 @@ fn prompts(dir: &Path) -> Result<Vec<Vec<u32>>, String> {
     Ok(vec![tokens[..n].to_vec(), tokens[n / 2..].to_vec()])
 }
 
-fn verify_line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport, String>) -> (Value, bool) {
-    let gating = dtype == GpuDtype::F32;
+fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport, String>) -> (Value, bool) {
+    let (gating, case) = (dtype == GpuDtype::F32 || case.bf16_gates, case.name.as_str());
     match r {
         Ok(r) => {
             let verdict = match (r.pass, gating) {
@@ -171,8 +203,8 @@ fn verify_line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport, 
     }
 }
 
-fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
-    let gating = dtype == GpuDtype::F32;
+fn line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
+    let (gating, case) = (dtype == GpuDtype::F32 || case.bf16_gates, case.name.as_str());
     match r {
         Ok(r) => {
             let verdict = match (r.pass, gating) {
@@ -231,13 +263,13 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, 
 
 /// Runs the check with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2) on the fixture models under `root`,
 /// or without one on models generated from `seed`.
-pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (Value, bool) {
+pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (Value, bool) {
     println!(
         "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
          steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
          (threshold {KV_THRESHOLD}) forms, and speculative verify (T = {VERIFY_WINDOW}, drafts corrupted with p = \
-         {CORRUPT}) against the GPU's own recurrent rows; f32 rows gate at {TOLERANCE:.0e}, bf16 rows are reported \
-         against {BF16_BOUND:.0e}"
+         {CORRUPT}) against the GPU's own recurrent rows; f32 rows gate at {TOLERANCE:.0e}; bf16 rows gate at \
+         {BF16_BOUND:.0e} on the trained default models and are reported against it on random weights"
     );
     let fail = |e: String| {
         println!("model-level: FAIL: {e}");
@@ -257,6 +289,7 @@ pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
                     prompts: prompts(&dir),
                     dir,
+                    bf16_gates: false,
                 })
                 .collect::<Vec<_>>();
             (None, models)
@@ -273,6 +306,11 @@ pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (
             Err(e) => return fail(e),
         },
     };
+    let mut models = models;
+    match trained_models(trained) {
+        Ok(t) => models.extend(t),
+        Err(e) => return fail(format!("the trained default models: {e}")),
+    }
     let mut tps = vec![(1usize, vec![ordinal])];
     if gpus >= 2 {
         tps.push((2, vec![0, 1]));
@@ -280,11 +318,11 @@ pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (
     let mut all_ok = true;
     let mut rows = Vec::new();
     for m in &models {
-        let (case, dir) = (m.name.as_str(), m.dir.as_path());
+        let dir = m.dir.as_path();
         let prompts = match &m.prompts {
             Ok(p) => p,
             Err(e) => {
-                let (v, _) = line(case, 1, GpuDtype::Bf16, &Err(e.clone()));
+                let (v, _) = line(m, 1, GpuDtype::Bf16, &Err(e.clone()));
                 rows.push(v);
                 all_ok = false;
                 continue;
@@ -306,7 +344,7 @@ pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
                 for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
                     let r = teacher_forced(dir, prompts, STEPS, &opts, form, bound).map_err(|e| e.to_string());
-                    let (v, ok) = line(case, *tp, dtype, &r);
+                    let (v, ok) = line(m, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);
                 }
@@ -318,7 +356,7 @@ pub fn section(root: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (
                 for form in [FormChoice::Replay, FormChoice::KvOnly] {
                     let r = verify_forced(dir, prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
                         .map_err(|e| e.to_string());
-                    let (v, ok) = verify_line(case, *tp, dtype, &r);
+                    let (v, ok) = verify_line(m, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);
                 }
