@@ -498,13 +498,7 @@ pub struct BenchArgs {
     #[arg(long, requires = "concurrency")]
     pub serving_only: bool,
     #[command(flatten)]
-    pub decode: DecodeArgs,
-    #[command(flatten)]
-    pub spec: SpecArgs,
-    #[command(flatten)]
-    pub device: DeviceArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]

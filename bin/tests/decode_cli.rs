@@ -26,11 +26,14 @@ fn tiny_model(arch: &str, tag: &str) -> PathBuf {
     dir
 }
 
-/// `rewind logits` rows for `tokens`, the first `prefill` through prefill, with `extra` flags.
-fn logits(model: &Path, tokens: &str, prefill: usize, extra: &[&str]) -> Vec<Vec<f64>> {
+/// The JSON `rewind logits` writes for `tokens`, the first `prefill` through prefill, with `extra` flags.
+fn logits_json(model: &Path, tokens: &str, prefill: usize, extra: &[&str]) -> serde_json::Value {
     let out = std::env::temp_dir().join(format!(
-        "rewind-decode-cli-{}-{}.json",
+        "rewind-decode-cli-{}-{}-{}.json",
         std::process::id(),
+        model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         extra.join("_")
     ));
     let prefill = prefill.to_string();
@@ -50,7 +53,12 @@ fn logits(model: &Path, tokens: &str, prefill: usize, extra: &[&str]) -> Vec<Vec
     assert!(o.status.success(), "logits {extra:?} failed: {}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
     let _ = std::fs::remove_file(&out);
-    v["logits"]
+    v
+}
+
+/// `rewind logits` rows for `tokens`, the first `prefill` through prefill, with `extra` flags.
+fn logits(model: &Path, tokens: &str, prefill: usize, extra: &[&str]) -> Vec<Vec<f64>> {
+    logits_json(model, tokens, prefill, extra)["logits"]
         .as_array()
         .expect("logits")
         .iter()
@@ -140,33 +148,25 @@ fn teacher_forced_verify_steps_match_recurrent_decoding() {
             }
         }
         // The in-process comparison reports the same agreement, and the drafts it kept.
-        let out = std::env::temp_dir().join(format!("rewind-decode-cli-cmp-{arch}-{}.json", std::process::id()));
-        let o = rewind(&[
-            "logits",
-            "--model",
-            model.to_str().expect("utf8"),
-            "--tokens",
+        let c = logits_json(
+            &model,
             tokens,
-            "--prefill",
-            "4",
-            "--out",
-            out.to_str().expect("utf8"),
-            "--decode",
-            "replay",
-            "--verify-window",
-            "4",
-            "--verify-reject",
-            "0.25",
-            "--reference-form",
-            "recurrent",
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+            4,
+            &[
+                "--decode",
+                "replay",
+                "--verify-window",
+                "4",
+                "--verify-reject",
+                "0.25",
+                "--reference-form",
+                "recurrent",
+            ],
+        );
         assert_eq!(c["positions"], 27);
         assert_eq!(c["argmax_agree"], 27);
         assert!(c["max_rel_diff"].as_f64().expect("rel") < 1e-4, "{c}");
         assert!(c["verify_steps"].as_u64().expect("steps") > 0 && c["drafts_kept"].as_u64().expect("kept") > 0);
-        let _ = std::fs::remove_file(&out);
         let _ = std::fs::remove_dir_all(&model);
     }
 }

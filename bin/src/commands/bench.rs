@@ -228,7 +228,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
-    let device = args.device.check()?;
+    let device = args.run.device.check()?;
     let cpu = device == Device::Cpu;
     let batches = args
         .batch
@@ -262,10 +262,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         context: args.prompt_len.max(16 + 3 + args.decode_tokens),
         verify: 1,
     };
-    let mut dargs = args.device.clone();
+    let mut dargs = args.run.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(biggest);
     progress.line(&format!("loading {} ...", dir.display()));
-    let mut loaded = backend::open(&dir, &dargs, Some(&args.decode), needs)?;
+    let mut loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
     eprintln!(
         "model: {} | {} | prompt {} tokens | {} form | {} repeats",
@@ -375,7 +375,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         result["prefill_speedup"] = json!(s / c);
         result["chunked_vs_stepwise_rel_diff"] = json!(max_rel_diff);
     } else {
-        result["dtype"] = json!(args.device.dtype);
+        result["dtype"] = json!(args.run.device.dtype);
     }
     for r in &rows {
         outln!(
@@ -400,7 +400,7 @@ fn header(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> serde
         "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "commit": git_commit(),
         "model": config.summary(),
-        "tp": args.device.tp,
+        "tp": args.run.device.tp,
     })
 }
 

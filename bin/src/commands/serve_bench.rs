@@ -120,16 +120,16 @@ pub fn run(
 ) -> Result<Value> {
     anyhow::ensure!(concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(requests > 0, "--requests must be at least 1");
-    let spec = super::spec::config(&args.spec, &args.decode)?;
+    let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let needs = Needs {
         slots: concurrency,
         context: args.prompt_len + args.decode_tokens,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
-    let mut dargs = args.device.clone();
+    let mut dargs = args.run.device.clone();
     dargs.max_seqs = dargs.max_seqs.max(concurrency);
-    let b = backend::backend(dir, &dargs, Some(&args.decode), needs)?;
-    let mut config = backend::engine_config(&args.engine, b.form)?;
+    let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
+    let mut config = backend::engine_config(&args.run.engine, b.form)?;
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     if let Some(s) = &spec {
@@ -261,7 +261,7 @@ pub fn run(
             // Exact output is required where the arithmetic is deterministic across batch shapes (the CPU, and f32
             // on GPUs); in bf16 a verify's GEMMs round differently from a decode step's, so near-tied greedy picks
             // may flip, in plain batches of other shapes too: there the matches are reported.
-            let exact = device.starts_with("cpu") || args.device.dtype == "f32";
+            let exact = device.starts_with("cpu") || args.run.device.dtype == "f32";
             Some(side_by_side(
                 config,
                 &references,
@@ -280,7 +280,7 @@ pub fn run(
         "concurrency": concurrency,
         "prompt_tokens": args.prompt_len,
         "output_tokens_per_request": args.decode_tokens,
-        "max_batch_tokens": args.engine.max_batch_tokens,
+        "max_batch_tokens": args.run.engine.max_batch_tokens,
         "wall_s": wall,
         "output_tokens": generated,
         "output_tok_per_s": out_tps,

@@ -1,5 +1,7 @@
 //! The scheduler's state and its step planning; see the module docs of [`super`].
 
+mod spec;
+
 use std::collections::BTreeMap;
 
 /// The scheduler's limits.
@@ -555,46 +557,6 @@ impl Scheduler {
         ids.sort_unstable();
         ids.dedup();
         ids
-    }
-
-    /// Request ids whose next step samples a new token (running past their prompt, nothing in flight): the
-    /// sequences a drafter may propose for.
-    pub fn draft_ready(&self) -> Vec<u64> {
-        self.running
-            .iter()
-            .filter(|r| !r.prefilling() && r.verifying.is_none() && r.in_state + 1 == r.stream_len())
-            .map(|r| r.id)
-            .collect()
-    }
-
-    /// Sets the drafts request `id` verifies in the next step (dropped if that step cannot sample it).
-    pub fn propose(&mut self, id: u64, drafts: Vec<u32>) -> Result<(), SchedError> {
-        let r = self
-            .running
-            .iter_mut()
-            .find(|r| r.id == id)
-            .ok_or(SchedError::NotRunning { id })?;
-        r.drafts = drafts;
-        Ok(())
-    }
-
-    /// Records that the verify request `id` ran in the step just planned accepted `accepted` of its drafts: the
-    /// slot keeps its input token and those drafts (committed at the start of the next step), and the rejected
-    /// drafts leave the stream. The accepted drafts and the token after them follow through
-    /// [`Scheduler::sampled`], in order.
-    pub fn verified(&mut self, id: u64, accepted: usize) -> Result<(), SchedError> {
-        let r = self
-            .running
-            .iter_mut()
-            .find(|r| r.id == id)
-            .ok_or(SchedError::NotRunning { id })?;
-        let Some(k) = r.verifying.take() else {
-            return Err(SchedError::NotVerifying { id });
-        };
-        let accepted = accepted.min(k);
-        r.in_state -= k - accepted;
-        r.pending_commit = Some(1 + accepted);
-        Ok(())
     }
 
     /// Records the token sampled for request `id` in the step just run; `stop` when the coordinator's stop rules
