@@ -292,6 +292,10 @@ pub struct DeviceArgs {
     /// checks).
     #[arg(long, default_value = DEFAULT_DTYPE, help_heading = "GPU")]
     pub dtype: String,
+    /// Run every GPU step eagerly instead of replaying decode and verify steps as captured CUDA graphs (for
+    /// debugging, and to measure what the graphs save).
+    #[arg(long, help_heading = "GPU")]
+    pub no_cuda_graphs: bool,
 }
 
 /// Defaults of the GPU-only flags (a value other than these with `--device cpu` earns a note).
@@ -359,6 +363,9 @@ impl DeviceArgs {
         }
         if self.dtype != DEFAULT_DTYPE {
             set.push("--dtype");
+        }
+        if self.no_cuda_graphs {
+            set.push("--no-cuda-graphs");
         }
         set
     }

@@ -74,7 +74,9 @@ fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     let plan = ops::paged_attention_plan::<bf16>(dev, layout, heads, t, batch)?;
     let ms = timing::median_ms(dev, || {
-        ops::paged_attention(dev, layout, heads, t, &q, &kp, &vp, &dt, &dl, &ds, scale, &mut out)
+        ops::paged_attention(
+            dev, layout, heads, t, &q, &kp, &vp, &dt, &dl, &ds, scale, &mut out, None,
+        )
     })?;
     let kv_bytes = (batch * len * kvh * d * 2 * 2) as f64;
     let gbs = kv_bytes / ms / 1e6;

@@ -379,6 +379,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         result["chunked_vs_stepwise_rel_diff"] = json!(max_rel_diff);
     } else {
         result["dtype"] = json!(args.run.device.dtype);
+        // How the decode and verify steps ran: replays of captured CUDA graphs, or eagerly (--no-cuda-graphs).
+        let graphs = loaded.group.health()?.first().and_then(|h| h.graphs);
+        if let Some(g) = graphs {
+            outln!(
+                "| CUDA graphs | {} |",
+                if g.enabled {
+                    format!(
+                        "{} captured, {} replays, {} eager steps",
+                        g.captured, g.replayed, g.eager
+                    )
+                } else {
+                    "off (every step launched eagerly)".to_string()
+                }
+            )?;
+        }
+        result["cuda_graphs"] = json!(graphs);
     }
     for r in &rows {
         outln!(

@@ -16,6 +16,7 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
         max_model_len: d.max_model_len,
         prefill_chunk: d.prefill_chunk,
         dtype: d.dtype.parse()?,
+        cuda_graphs: !d.no_cuda_graphs,
         ..GpuOptions::default()
     })
 }

@@ -204,6 +204,18 @@ fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport,
     }
 }
 
+/// How the check's decode steps ran, for its line.
+fn graphs_note(g: Option<rewind_engine::rank::GraphStats>) -> String {
+    match g {
+        Some(g) if g.enabled => format!(
+            "graphs {} captured / {} replays / {} eager",
+            g.captured, g.replayed, g.eager
+        ),
+        Some(_) => "eager (no CUDA graphs)".into(),
+        None => String::new(),
+    }
+}
+
 fn line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport, String>) -> (Value, bool) {
     let (gating, case) = (dtype == GpuDtype::F32 || case.bf16_gates, case.name.as_str());
     match r {
@@ -216,7 +228,7 @@ fn line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport,
             };
             println!(
                 "{:<20} tp {}  {:<4}  {:<9} {:>3} positions ({} sequences)  worst rel {:.2e} (≤ {:.0e}; {:.1e} vs \
-                 unrounded weights)  argmax {}/{} equal  restored copy {:.1e}  hidden rows {:.1e}  {}",
+                 unrounded weights)  argmax {}/{} equal  restored copy {:.1e}  hidden rows {:.1e}  {}  {}",
                 case,
                 tp,
                 dtype,
@@ -230,6 +242,7 @@ fn line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport,
                 r.argmax_checked,
                 r.snapshot_rel,
                 r.hidden_rel,
+                graphs_note(r.graphs),
                 verdict
             );
             if !r.pass && gating {
@@ -343,10 +356,22 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
                     buffer_len: BUFFER_LEN,
                     max_verify: BUFFER_LEN / 2,
                     kv_only_threshold: Some(KV_THRESHOLD),
+                    cuda_graphs: true,
                 };
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
-                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
-                    let r = teacher_forced(dir, prompts, STEPS, &opts, form, bound).map_err(|e| e.to_string());
+                // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly.
+                let eager = GpuOptions {
+                    cuda_graphs: false,
+                    ..opts.clone()
+                };
+                let runs = [
+                    (FormChoice::Recurrent, &opts),
+                    (FormChoice::Replay, &opts),
+                    (FormChoice::KvOnly, &opts),
+                    (FormChoice::Replay, &eager),
+                ];
+                for (form, o) in runs {
+                    let r = teacher_forced(dir, prompts, STEPS, o, form, bound).map_err(|e| e.to_string());
                     let (v, ok) = line(m, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);

@@ -28,7 +28,7 @@ use crate::decode::{Decoder, DecoderConfig, FormChoice};
 use crate::error::{EngineError, Result};
 use crate::model::tensors::TensorSource;
 use crate::model::ModelConfig;
-use crate::rank::{Rows, SeqKind, SeqStep, StepPlan};
+use crate::rank::{GraphStats, Rows, SeqKind, SeqStep, StepPlan};
 use crate::sample::argmax;
 use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::worse;
@@ -120,6 +120,8 @@ pub struct TeacherForcedReport {
     pub dtype: String,
     /// The GPU's decode form.
     pub form: String,
+    /// The first rank's CUDA-graph counters after the check: with graphs on, the decode steps must have replayed.
+    pub graphs: Option<GraphStats>,
     pub pass: bool,
     /// Per sequence: the error at each position (prompt positions first, then decode steps).
     pub per_position: Vec<Vec<f64>>,
@@ -313,6 +315,9 @@ pub fn teacher_forced(
         per_position.push(errs);
     }
     let tp = gpu.tp();
+    let graphs = gpu.health()?.first().and_then(|h| h.graphs);
+    // Graphs on (and not switched off by REWIND_CUDA_SYNC): the repeated decode shapes must have replayed.
+    let graphs_ok = !opts.cuda_graphs || steps < 3 || graphs.is_some_and(|g| !g.enabled || g.replayed > 0);
     Ok(TeacherForcedReport {
         sequences: prompts.len(),
         positions,
@@ -326,7 +331,12 @@ pub fn teacher_forced(
         hidden_rel,
         dtype: opts.dtype.to_string(),
         form: form.name().to_string(),
-        pass: worst <= tolerance && mismatches == 0 && copy_rel <= SNAPSHOT_TOLERANCE && hidden_rel <= tolerance,
+        graphs,
+        pass: worst <= tolerance
+            && mismatches == 0
+            && copy_rel <= SNAPSHOT_TOLERANCE
+            && hidden_rel <= tolerance
+            && graphs_ok,
         per_position,
     })
 }

@@ -276,6 +276,7 @@ fn attention<A: Act>(
         &s.seq_slots.slice(..step.seqs),
         sp.scale,
         &mut s.d.slice_mut(..qn),
+        Some(&mut s.attention_ws),
     )?;
     if a.gate_idx.is_some() {
         ops::sigmoid_mul(dev, &mut s.d.slice_mut(..qn), &s.e.slice(..qn))?;

@@ -69,25 +69,39 @@ impl HeadScratch {
 }
 
 impl<A: Act> GpuRank<A> {
-    /// The head over the last `head_rows` of the step's `rows` rows (their blocks' outputs in the scratch): the
-    /// summaries always; the logits when `want_logits`; the draws of `samples` (the last rows) when given; the
-    /// speculative summaries that `spec` (empty, or one entry per head row) asks for.
-    pub(super) fn head(
-        &mut self,
-        rows: usize,
-        head_rows: usize,
-        want_logits: bool,
-        samples: Option<&[SampleRow]>,
-        spec: &[Option<SpecRequest>],
-    ) -> Result<HeadOut> {
-        let r = &self.inner;
-        let (dev, hid) = (&*r.dev, r.config.hidden_size);
+    /// Checks a head over `head_rows` rows and uploads its speculative requests (`spec`: empty, or one entry per
+    /// head row), before the step's device work: a captured step reads them from the scratch.
+    pub(super) fn prepare_head(&mut self, head_rows: usize, whole: bool, spec: &[Option<SpecRequest>]) -> Result<()> {
         if !spec.is_empty() && spec.len() != head_rows {
             return Err(EngineError::InvalidInput(format!(
                 "{} speculative requests for {head_rows} head rows",
                 spec.len()
             )));
         }
+        let s = &mut self.scratch;
+        if whole && head_rows > s.whole {
+            return Err(EngineError::InvalidInput(format!(
+                "a step asking for {head_rows} whole logit rows: this rank holds {} (the larger of the prompt chunk \
+                 and --max-seqs)",
+                s.whole
+            )));
+        }
+        let words: Vec<u32> = (0..head_rows)
+            .flat_map(|i| ops::encode_spec(spec.get(i).and_then(Option::as_ref)))
+            .collect();
+        self.inner
+            .dev
+            .stream()
+            .memcpy_htod(&words, &mut s.head.spec.slice_mut(..words.len()))
+            .map_err(|e| EngineError::Gpu(format!("uploading speculative requests: {e}")))
+    }
+
+    /// The head's device work over the last `head_rows` of the step's `rows` rows (their blocks' outputs in the
+    /// scratch): the final norm, the head GEMM (whole rows when `whole`, else a chunk of the vocabulary at a time)
+    /// and the summaries. Only device work, so a step's graph captures it.
+    pub(super) fn head_device(&mut self, rows: usize, head_rows: usize, whole: bool) -> Result<()> {
+        let r = &self.inner;
+        let (dev, hid) = (&*r.dev, r.config.hidden_size);
         let s = &mut self.scratch;
         ops::add_rms_norm(
             dev,
@@ -99,28 +113,14 @@ impl<A: Act> GpuRank<A> {
             &mut s.h.slice_mut(..rows * hid),
         )?;
         let (v, first_id) = (r.vocab.len(), r.vocab.start as u32);
-        let words: Vec<u32> = (0..head_rows)
-            .flat_map(|i| ops::encode_spec(spec.get(i).and_then(Option::as_ref)))
-            .collect();
         let hs = &mut s.head;
-        dev.stream()
-            .memcpy_htod(&words, &mut hs.spec.slice_mut(..words.len()))
-            .map_err(|e| EngineError::Gpu(format!("uploading speculative requests: {e}")))?;
-        let spec_words = hs.spec.slice(..words.len());
+        let spec_words = hs.spec.slice(..head_rows * SPEC_WORDS);
         let head = r.lm_head.as_ref().unwrap_or(&r.embed);
         let x = s.h.slice((rows - head_rows) * hid..rows * hid);
         let (total, parts) = (
             hs.max_parts,
             &mut hs.parts.slice_mut(..head_rows * hs.max_parts * SUMMARY_WORDS),
         );
-        let whole = want_logits || samples.is_some();
-        if whole && head_rows > s.whole {
-            return Err(EngineError::InvalidInput(format!(
-                "a step asking for {head_rows} whole logit rows: this rank holds {} (the larger of the prompt chunk \
-                 and --max-seqs)",
-                s.whole
-            )));
-        }
         let seen = if whole {
             // Whole rows: someone reads them. The summaries come from the same logits.
             let logits = &mut s.logits.slice_mut(..head_rows * v);
@@ -156,6 +156,22 @@ impl<A: Act> GpuRank<A> {
         };
         let out = &mut hs.out.slice_mut(..head_rows * SUMMARY_WORDS);
         ops::head_summary_merge(dev, parts, head_rows, total, seen, out)?;
+        Ok(())
+    }
+
+    /// Reads back what [`GpuRank::head_device`] left: the summaries always; the logits when `want_logits`; the
+    /// final hidden rows when the plan asked; and draws `samples` (the last rows) on the device.
+    pub(super) fn read_head(
+        &mut self,
+        rows: usize,
+        head_rows: usize,
+        want_logits: bool,
+        samples: Option<&[SampleRow]>,
+        spec: &[Option<SpecRequest>],
+    ) -> Result<HeadOut> {
+        let r = &self.inner;
+        let (dev, hid, v) = (&*r.dev, r.config.hidden_size, r.vocab.len());
+        let s = &mut self.scratch;
         let logits = if want_logits {
             Some(dev.download(&s.logits.slice(..head_rows * v))?)
         } else {
@@ -170,7 +186,7 @@ impl<A: Act> GpuRank<A> {
         let flags: Vec<bool> = (0..head_rows)
             .map(|i| spec.get(i).is_some_and(Option::is_some))
             .collect();
-        let passes = ops::decode_summaries(&dev.download(&hs.out.slice(..head_rows * SUMMARY_WORDS))?, &flags);
+        let passes = ops::decode_summaries(&dev.download(&s.head.out.slice(..head_rows * SUMMARY_WORDS))?, &flags);
         let mut summaries: Vec<RowSummary> = passes.into_iter().map(RowSummary::from).collect();
         if let Some(samples) = samples {
             // Sampling rewrites the logits in place (the penalty), so it runs after the summaries.

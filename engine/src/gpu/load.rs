@@ -199,12 +199,13 @@ impl Launcher for GpuLauncher {
         }
         let reports = self.reports.clone();
         let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
-        let (fraction, max_seqs, max_len, rows, replay) = (
+        let (fraction, max_seqs, max_len, rows, replay, graphs) = (
             self.opts.gpu_memory_fraction,
             self.opts.max_seqs,
             self.max_len,
             self.rows,
             self.replay,
+            self.opts.cuda_graphs,
         );
         let load: RankLoader = Arc::new(move |rank| {
             let comm = meet
@@ -224,6 +225,7 @@ impl Launcher for GpuLauncher {
                 max_len,
                 rows,
                 replay,
+                graphs,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm),
@@ -250,6 +252,8 @@ struct Setup<'a> {
     max_len: usize,
     rows: StepRows,
     replay: ReplaySettings,
+    /// Capture decode and verify steps as CUDA graphs.
+    graphs: bool,
 }
 
 impl Setup<'_> {
@@ -281,7 +285,11 @@ impl Setup<'_> {
             num_blocks: kv_blocks,
             rows: self.replay.rows(),
         };
-        let rank = loaded.allocate(sizes, self.rows, self.replay)?;
+        let graphs = self.graphs && !loaded.dev.sync_each_launch();
+        if self.graphs && !graphs {
+            tracing::warn!("REWIND_CUDA_SYNC=1 synchronises after every launch, which a CUDA graph cannot capture: steps run eagerly");
+        }
+        let rank = loaded.allocate(sizes, self.rows, self.replay, graphs)?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }
 }

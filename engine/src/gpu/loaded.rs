@@ -9,7 +9,7 @@ use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
 use tracing::debug_span;
 
 use super::layers::{GpuBlock, GpuMixer};
-use super::scratch::{widths, Scratch, StepRows};
+use super::scratch::{attention_workspace, widths, Scratch, StepRows};
 use super::state::{state_bytes, PoolSizes};
 use super::weights::stored;
 use super::{Act, DeviceComm};
@@ -111,7 +111,8 @@ impl<A: Act> LoadedRank<A> {
             rows: slot_rows,
         };
         let w = widths(&self.blocks, hidden, rows.rows);
-        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe);
+        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe)
+            + 4 * attention_workspace(&self.dev, &self.blocks, rows, probe)?;
         let (per_seq, per_block) = state_bytes(&self.blocks, slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;

@@ -10,12 +10,14 @@
 //! - [`options`]: devices, memory fraction, pool sizes, storage type; [`check`]: the teacher-forced check against the
 //!   CPU.
 //! - `rank`: a rank's load, memory plan and steps; `forward` (mixers) and `ffn` (MLP, MoE): the layers; `state`:
-//!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights.
+//!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights; `graphs`: the
+//!   CUDA graphs decode and verify steps replay.
 
 pub mod check;
 mod check_verify;
 mod ffn;
 mod forward;
+mod graphs;
 mod head;
 mod layers;
 pub mod load;

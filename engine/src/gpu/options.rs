@@ -25,6 +25,8 @@ pub struct GpuOptions {
     /// Context length below which a kv-only or auto sequence keeps no state; `None`: the memory model's default
     /// (the state's key dim).
     pub kv_only_threshold: Option<usize>,
+    /// Capture decode and verify steps as CUDA graphs and replay them (`--no-cuda-graphs` turns it off).
+    pub cuda_graphs: bool,
 }
 
 /// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
@@ -73,6 +75,7 @@ impl Default for GpuOptions {
             buffer_len: crate::state::DEFAULT_BUFFER_LEN,
             max_verify: 1,
             kv_only_threshold: None,
+            cuda_graphs: true,
         }
     }
 }

@@ -8,9 +8,10 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::info;
 
 use super::forward::{self, Cx, Step};
+use super::graphs::{bucket_ring, GraphKey, StepGraphs};
 use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
-use super::scratch::{widths, Scratch, StepRows, Widths};
+use super::scratch::{attention_workspace, widths, Scratch, StepRows, Widths};
 use super::state::{alloc_pools, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
@@ -23,18 +24,27 @@ use rewind_kernels::cuda::ops::ReplayRow;
 
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
-    pub(crate) fn allocate(self, sizes: PoolSizes, rows: StepRows, replay: ReplaySettings) -> Result<GpuRank<A>> {
+    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
+    pub(crate) fn allocate(
+        self,
+        sizes: PoolSizes,
+        rows: StepRows,
+        replay: ReplaySettings,
+        graphs: bool,
+    ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
-        let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes)?;
+        let attention_ws = attention_workspace(&self.dev, &self.blocks, rows, sizes)?;
+        let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes, attention_ws)?;
         self.dev.synchronize()?;
         info!(
             gpu = self.dev.ordinal(),
             max_seqs = sizes.max_seqs,
             kv_blocks = sizes.num_blocks,
             rows = rows.rows,
+            cuda_graphs = graphs,
             "GPU pools allocated"
         );
         let info = RankInfo {
@@ -71,6 +81,7 @@ impl<A: Act> LoadedRank<A> {
             table_dirty: true,
             steps: 0,
             want_hidden: false,
+            graphs: StepGraphs::new(graphs),
         })
     }
 
@@ -110,6 +121,8 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) steps: u64,
     /// Whether the plan being run asked for final hidden states (`StepPlan::hidden`).
     pub(super) want_hidden: bool,
+    /// Captured decode and verify steps.
+    pub(super) graphs: StepGraphs,
 }
 
 /// What the LM head hands back for a step's reported rows.
@@ -226,10 +239,11 @@ impl<A: Act> GpuRank<A> {
     }
 
     /// Embedding and blocks for a step whose metadata is uploaded; then, when `head_rows > 0`, the final norm and the
-    /// LM head over the last `head_rows` rows, reported as `want_logits` and `samples` ask.
+    /// LM head over the last `head_rows` rows, reported as `want_logits` and `samples` ask. A decode or verify step's
+    /// device work replays as a CUDA graph (`gpu/graphs.rs`).
     pub(super) fn run(
         &mut self,
-        step: Step,
+        mut step: Step,
         head_rows: usize,
         want_logits: bool,
         samples: Option<&[SampleRow]>,
@@ -242,6 +256,28 @@ impl<A: Act> GpuRank<A> {
                 step.rows, self.scratch.rows
             )));
         }
+        let whole = want_logits || samples.is_some();
+        if head_rows > 0 {
+            self.prepare_head(head_rows, whole, spec)?;
+        }
+        if self.graphs.enabled() {
+            bucket_ring(&mut step);
+        }
+        let key = GraphKey::of(&step, head_rows, whole);
+        let stream = self.inner.dev.stream().clone();
+        let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
+        let ran = graphs.run(key, &stream, || self.forward(step, head_rows, whole));
+        self.graphs = graphs;
+        ran?;
+        if head_rows == 0 {
+            return Ok(HeadOut::empty(want_logits, self.want_hidden));
+        }
+        self.read_head(step.rows, head_rows, want_logits, samples, spec)
+    }
+
+    /// A step's device work: embedding, blocks and (when `head_rows > 0`) the head's device part. Queues device work
+    /// only (no copies to or from the host), so that it can be captured.
+    fn forward(&mut self, step: Step, head_rows: usize, whole: bool) -> Result<()> {
         let r = &mut self.inner;
         let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
         let s = &mut self.scratch;
@@ -267,10 +303,10 @@ impl<A: Act> GpuRank<A> {
             offset: r.config.norm_offset,
         };
         forward::blocks(&mut cx, &r.blocks, &mut self.pools, step)?;
-        if head_rows == 0 {
-            return Ok(HeadOut::empty(want_logits, self.want_hidden));
+        if head_rows > 0 {
+            self.head_device(rows, head_rows, whole)?;
         }
-        self.head(rows, head_rows, want_logits, samples, spec)
+        Ok(())
     }
 }
 
@@ -307,6 +343,7 @@ impl<A: Act> Rank for GpuRank<A> {
             device: self.info.device.clone(),
             slots_in_use: self.books.slots_in_use(),
             steps: self.steps,
+            graphs: Some(self.graphs.stats()),
         })
     }
 

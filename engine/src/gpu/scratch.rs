@@ -1,12 +1,14 @@
 //! Activation buffers of a rank, allocated once for the largest step (`rows` tokens: the prefill chunk or the
 //! decode batch, whichever is larger) and reused by every layer.
 
-use rewind_kernels::cuda::ops::{gdn_chunked_workspace, mamba2_chunked_workspace, MAX_CHUNK, REPLAY_META};
+use rewind_kernels::cuda::ops::{
+    gdn_chunked_workspace, mamba2_chunked_workspace, paged_attention_workspace_len, PagedKv, MAX_CHUNK, REPLAY_META,
+};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use super::head::{logits_len, HeadScratch};
 use super::layers::{GpuBlock, GpuMixer};
-use super::state::PoolSizes;
+use super::state::{PoolSizes, BLOCK_SIZE};
 use super::Act;
 use crate::error::Result;
 
@@ -36,6 +38,8 @@ pub(crate) struct Scratch<A: Act> {
     pub(crate) f0: CudaSlice<f32>,
     pub(crate) f1: CudaSlice<f32>,
     pub(crate) ws: CudaSlice<f32>,
+    /// Split-KV partials of the attention layers ([`attention_workspace`]).
+    pub(crate) attention_ws: CudaSlice<f32>,
     /// MoE: `[rows · top_k, ·]` expert activations and the routing arrays.
     pub(crate) moe_up: CudaSlice<A>,
     pub(crate) moe_mid: CudaSlice<A>,
@@ -70,6 +74,10 @@ pub(crate) struct Scratch<A: Act> {
 pub(crate) struct StepRows {
     pub(crate) rows: usize,
     pub(crate) whole: usize,
+    /// What the rows were sized from: the prompt chunk, the slots and the longest verify window.
+    pub(crate) prefill_chunk: usize,
+    pub(crate) max_seqs: usize,
+    pub(crate) max_verify: usize,
 }
 
 impl StepRows {
@@ -78,6 +86,9 @@ impl StepRows {
         StepRows {
             rows: prefill_chunk.max(max_seqs * max_verify.max(1)),
             whole: prefill_chunk.max(max_seqs),
+            prefill_chunk,
+            max_seqs,
+            max_verify: max_verify.max(1),
         }
     }
 }
@@ -140,8 +151,45 @@ pub(crate) fn widths<A: Act>(blocks: &[GpuBlock<A>], hidden: usize, rows: usize)
     w
 }
 
+/// Floats of split-KV partials the attention layers need at the largest of the steps the rank runs (decode and
+/// verify batches of every size, prompt chunks of every length): the rank owns them, so that no step allocates and
+/// a captured step (`gpu/graphs.rs`) always reads the same buffer.
+pub(crate) fn attention_workspace<A: Act>(
+    dev: &CudaDevice,
+    blocks: &[GpuBlock<A>],
+    step: StepRows,
+    sizes: PoolSizes,
+) -> Result<usize> {
+    let mut shapes: Vec<(usize, usize, usize)> = blocks
+        .iter()
+        .filter_map(|b| match &b.mixer {
+            GpuMixer::Attention(a) => Some((a.spec.heads, a.spec.kv_heads, a.spec.head_dim)),
+            _ => None,
+        })
+        .collect();
+    shapes.sort_unstable();
+    shapes.dedup();
+    let mut need = 0;
+    for (heads, kv_heads, head_dim) in shapes {
+        let layout = PagedKv {
+            num_blocks: 1,
+            block_size: BLOCK_SIZE,
+            kv_heads,
+            head_dim,
+            num_slots: sizes.max_seqs,
+            blocks_per_slot: sizes.blocks_per_seq(),
+        };
+        let batched = (1..=step.max_verify).flat_map(|t| (1..=step.max_seqs).map(move |b| (t, b)));
+        let prompts = (1..=step.prefill_chunk).map(|t| (t, 1));
+        for (t, batch) in batched.chain(prompts) {
+            need = need.max(paged_attention_workspace_len::<A>(dev, layout, heads, t, batch)?);
+        }
+    }
+    Ok(need)
+}
+
 impl<A: Act> Scratch<A> {
-    /// Bytes [`Scratch::new`] allocates.
+    /// Bytes [`Scratch::new`] allocates (besides the attention workspace, [`attention_workspace`] floats).
     pub(crate) fn bytes(w: &Widths, step: StepRows, hidden: usize, vocab_local: usize, sizes: PoolSizes) -> usize {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
@@ -167,6 +215,7 @@ impl<A: Act> Scratch<A> {
         hidden: usize,
         vocab_local: usize,
         sizes: PoolSizes,
+        attention_ws: usize,
     ) -> Result<Self> {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
@@ -189,6 +238,7 @@ impl<A: Act> Scratch<A> {
             f0: dev.alloc_zeros(rows * w.narrow)?,
             f1: dev.alloc_zeros(rows * w.narrow)?,
             ws: dev.alloc_zeros(w.workspace.max(1))?,
+            attention_ws: dev.alloc_zeros(attention_ws.max(1))?,
             moe_up: dev.alloc_zeros(moe * w.moe_width)?,
             moe_mid: dev.alloc_zeros(moe * w.moe_width)?,
             moe_down: dev.alloc_zeros(moe * w.moe_width)?,

@@ -298,6 +298,7 @@ impl Rank for Decoder {
             device: "cpu".into(),
             slots_in_use: self.pools().slots().used_count(),
             steps: self.steps(),
+            graphs: None,
         })
     }
 }

@@ -37,8 +37,8 @@ pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};
 pub use lockstep::{finish, prepare, Prepared, StepResult};
 pub use plan::{
-    Commit, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SpecSample, SsmSnapshot,
-    StepOut, StepPlan,
+    Commit, GraphStats, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SpecSample,
+    SsmSnapshot, StepOut, StepPlan,
 };
 pub use sequence::GroupSequence;
 pub use thread::{RankMsg, RankThread, Reply};

@@ -260,6 +260,23 @@ pub struct RankHealth {
     pub slots_in_use: usize,
     /// Steps run since the rank was loaded.
     pub steps: u64,
+    /// A GPU rank's CUDA-graph counters (`None` on the CPU).
+    pub graphs: Option<GraphStats>,
+}
+
+/// How a GPU rank's decode and verify steps ran: replays of captured CUDA graphs or eager launches
+/// (`engine/src/gpu/graphs.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphStats {
+    /// Whether steps are captured at all (`--no-cuda-graphs` turns it off).
+    pub enabled: bool,
+    /// Graphs captured, and replays of them.
+    pub captured: u64,
+    pub replayed: u64,
+    /// Decode and verify steps run eagerly: a shape's first sighting, or every step with graphs off.
+    pub eager: u64,
+    /// Graphs dropped to bound how many a rank keeps.
+    pub evicted: u64,
 }
 
 /// A rank's fixed capacity, reported once after loading; the coordinator's books are built from it.

@@ -26,6 +26,9 @@ pub struct Blas {
     blas: CudaBlas,
     lt: CudaBlasLT,
     stream: Arc<CudaStream>,
+    /// cuBLAS's workspace, owned here rather than left to the library: a GEMM captured in a CUDA graph must not
+    /// allocate, and every replay must see the same buffer.
+    _workspace: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for Blas {
@@ -67,7 +70,27 @@ impl Blas {
             context: "creating the cuBLASLt handle".into(),
             status: format!("{:?}", e.0),
         })?;
-        Ok(Self { blas, lt, stream })
+        // 32 MiB, the size NVIDIA recommends for Hopper and later (4 MiB before).
+        let (major, _) = dev.arch();
+        let bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
+        let mut workspace = dev.alloc::<u8>(bytes)?;
+        {
+            let (ptr, _guard) = workspace.device_ptr_mut(&stream);
+            // SAFETY: the buffer lives as long as the handle (both are fields of `Self`) and is only used on its stream.
+            let status = unsafe { cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, bytes) };
+            if status != cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Blas {
+                    context: "setting the cuBLAS workspace".into(),
+                    status: format!("{status:?}"),
+                });
+            }
+        }
+        Ok(Self {
+            blas,
+            lt,
+            stream,
+            _workspace: workspace,
+        })
     }
 
     /// `out[rows, out_dim] = x[rows, in_dim] · w[out_dim, in_dim]ᵀ` through `cublasGemmEx`: bf16 operands, f32

@@ -265,7 +265,7 @@ impl CudaDevice {
     }
 
     /// Whether every launch is followed by a synchronisation (`REWIND_CUDA_SYNC=1`).
-    pub(crate) fn sync_each_launch(&self) -> bool {
+    pub fn sync_each_launch(&self) -> bool {
         self.sync_each_launch
     }
 

@@ -22,7 +22,12 @@ pub mod ops;
 pub mod parity;
 pub mod timing;
 
-pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+pub use cudarc::driver::sys::{
+    CUgraphInstantiate_flags as GraphInstantiateFlags, CUstreamCaptureMode as GraphCaptureMode,
+};
+pub use cudarc::driver::{
+    CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+};
 pub use half::bf16;
 
 pub use blas::Blas;

@@ -538,7 +538,9 @@ mod replay;
 mod sample;
 mod scan;
 
-pub use attention::{kv_write, paged_attention, paged_attention_plan, AttentionPlan, PagedKv};
+pub use attention::{
+    kv_write, paged_attention, paged_attention_plan, paged_attention_workspace_len, AttentionPlan, PagedKv,
+};
 pub use conv::{causal_conv1d, ConvDims};
 pub use glue::{
     add_bias, add_rms_norm, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols, gdn_gates,

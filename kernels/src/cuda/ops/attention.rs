@@ -14,6 +14,7 @@ use super::attention_flash;
 use super::{after_launch, fits_grid_y, fits_u32, grid_1d};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
+use cudarc::driver::CudaSlice;
 
 /// Shape of a paged KV cache: K and V pools of `[num_blocks, block_size, kv_heads, head_dim]` each, and a block table of
 /// `[num_slots, blocks_per_slot]` block ids (position `p` of slot `s` lives in block `table[s][p / block_size]`, row
@@ -162,6 +163,10 @@ pub use attention_flash::AttentionPlan;
 /// A block id outside the pool reads block 0 instead (the table is trusted; this only keeps reads in bounds).
 /// bf16 at head dims 64, 128 and 256 runs on tensor cores (see the module docs); the kernel and key splits chosen
 /// are [`paged_attention_plan`]'s.
+///
+/// `workspace` holds the split-KV partials when the plan splits the keys: at least
+/// [`paged_attention_workspace_len`] floats. Callers that capture the step in a CUDA graph pass one they own; with
+/// `None` the partials are allocated on the stream for the call.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: Elem>(
     dev: &CudaDevice,
@@ -176,6 +181,7 @@ pub fn paged_attention<T: Elem>(
     slots: &impl DevicePtr<i32>,
     scale: f32,
     out: &mut impl DevicePtrMut<T>,
+    workspace: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     const OP: &str = "paged_attention";
     layout.check(OP, k_pool, v_pool, block_table)?;
@@ -214,7 +220,9 @@ pub fn paged_attention<T: Elem>(
         let capacity = layout.blocks_per_slot * layout.block_size;
         let (plan, smem) = attention_flash::plan(dev, batch, t, heads, kv_heads, head_dim, capacity)?;
         fits_u32(OP, "partials", plan.splits * q.len())?;
-        return attention_flash::launch(dev, &plan, smem, ptrs, ints, scale, batch, kv_heads, head_dim);
+        return attention_flash::launch(
+            dev, &plan, smem, ptrs, ints, scale, batch, kv_heads, head_dim, workspace,
+        );
     }
     simt(dev, T::NAME, ptrs, ints, scale, batch, head_dim)
 }
@@ -243,6 +251,23 @@ pub fn paged_attention_plan<T: Elem>(
         splits: 1,
         blocks: (t * group).div_ceil(ATTN_WARPS) * kv_heads * batch,
     })
+}
+
+/// The f32 floats [`paged_attention`]'s split-KV partials take for this shape (0 when the plan does not split):
+/// `splits × rows × (head_dim + 2)`, rows = `batch · t · heads`.
+pub fn paged_attention_workspace_len<T: Elem>(
+    dev: &CudaDevice,
+    layout: PagedKv,
+    heads: usize,
+    t: usize,
+    batch: usize,
+) -> Result<usize> {
+    let plan = paged_attention_plan::<T>(dev, layout, heads, t, batch)?;
+    Ok(attention_flash::workspace_len(
+        &plan,
+        batch * t * heads,
+        layout.head_dim,
+    ))
 }
 
 /// The SIMT kernel (`attn_paged` in `attention.cu`): f32 storage and head dims without a tensor-core build.

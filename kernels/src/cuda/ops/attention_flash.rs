@@ -2,7 +2,7 @@
 //! and the split workspace. Called by [`super::paged_attention`], which owns the operand checks.
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::after_launch;
 use crate::cuda::device::CudaDevice;
@@ -116,6 +116,15 @@ fn choose_splits(base: usize, wave: usize, target: usize, cap: usize) -> usize {
         .unwrap_or_else(|| (lo..=hi).fold(lo, |best, s| if fill(s) > fill(best) { s } else { best }))
 }
 
+/// Floats of split-KV partials a call of `plan` over `n_rows` query rows needs (0 unsplit).
+pub(super) fn workspace_len(plan: &AttentionPlan, n_rows: usize, head_dim: usize) -> usize {
+    if plan.splits > 1 {
+        plan.splits * n_rows * (head_dim + 2)
+    } else {
+        0
+    }
+}
+
 /// Launches the planned kernel (and the combine when split) on raw device pointers the caller has checked.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch(
@@ -128,6 +137,7 @@ pub(super) fn launch(
     batch: usize,
     kv_heads: usize,
     head_dim: usize,
+    workspace: Option<&mut CudaSlice<f32>>,
 ) -> Result<()> {
     let [qp, kp, vp, tp, lp, sp, op] = ptrs;
     let [ns, bps, nb, t_i, h_i, kvh, bs] = ints;
@@ -135,19 +145,30 @@ pub(super) fn launch(
     let n_rows = batch * t * heads;
     let scale_log2 = scale * std::f32::consts::LOG2_E;
     let splits_i = plan.splits as i32;
-    // Partials of every (split, output row): O [splits, rows, head_dim] and (m, l) [splits, rows, 2], f32. Allocated
-    // on the stream (stream-ordered pool allocation), freed when this call returns, after the combine is queued.
-    let mut ws = if plan.splits > 1 {
-        Some((
-            dev.alloc::<f32>(plan.splits * n_rows * head_dim)?,
-            dev.alloc::<f32>(plan.splits * n_rows * 2)?,
-        ))
+    // Partials of every (split, output row): O [splits, rows, head_dim] then (m, l) [splits, rows, 2], f32, in the
+    // caller's workspace or allocated on the stream (stream-ordered pool allocation) and freed when this call
+    // returns, after the combine is queued.
+    let need = workspace_len(plan, n_rows, head_dim);
+    let mut owned = None;
+    let (wo, wm) = if need == 0 {
+        (0, 0)
     } else {
-        None
-    };
-    let (wo, wm) = match ws.as_mut() {
-        Some((o, m)) => (o.device_ptr_mut(dev.stream()).0, m.device_ptr_mut(dev.stream()).0),
-        None => (0, 0),
+        let buf = match workspace {
+            Some(ws) if ws.len() >= need => ws,
+            Some(ws) => {
+                return Err(crate::cuda::CudaError::Shape {
+                    op: "paged_attention",
+                    message: format!(
+                        "the split-KV workspace holds {} floats; {} splits of {n_rows} rows × {head_dim} need {need}",
+                        ws.len(),
+                        plan.splits
+                    ),
+                })
+            }
+            None => owned.insert(dev.alloc::<f32>(need)?),
+        };
+        let base = buf.device_ptr_mut(dev.stream()).0;
+        (base, base + (plan.splits * n_rows * head_dim * 4) as u64)
     };
     let cfg = LaunchConfig {
         grid_dim: ((plan.blocks / (batch * kv_heads)) as u32, kv_heads as u32, batch as u32),
@@ -177,7 +198,7 @@ pub(super) fn launch(
         scale_log2,
         splits_i
     )?;
-    if ws.is_none() {
+    if need == 0 {
         return Ok(());
     }
     let (rows_i, hd_i) = (n_rows as i32, head_dim as i32);

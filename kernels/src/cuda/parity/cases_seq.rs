@@ -202,7 +202,7 @@ fn paged_attention<T: Elem>(cx: &Ctx, rng: &mut Rng, c: AttnCase) -> Result<Vec<
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = dev.alloc_nan::<T>(batch * t * heads * d)?;
     ops::paged_attention(
-        dev, layout, heads, t, &dq, &dk, &dv, &dtable, &dlens, &dslots, scale, &mut out,
+        dev, layout, heads, t, &dq, &dk, &dv, &dtable, &dlens, &dslots, scale, &mut out, None,
     )?;
 
     // The CPU side: the same writes, then a gather of each row's pages into contiguous K/V.
