@@ -10,7 +10,7 @@ use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::ops::{self, Activation, PagedKv, SigmoidRouting};
 use rewind_kernels::cuda::parity::Rng;
 use rewind_kernels::cuda::timing;
-use rewind_kernels::cuda::{CudaDevice, CudaSlice, Result};
+use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, Result};
 
 /// `n` random bf16 values: a random block of at most 4 Mi values repeated on the device (drawing gigabytes on the host
 /// would take minutes; the values only need to be ordinary numbers).
@@ -93,12 +93,73 @@ fn attention(
     Ok(())
 }
 
+/// One skinny GEMM shape `[rows, k] · [n, k]ᵀ` (bf16 in and out) through cuBLAS and through `gemv.cu`, side by side:
+/// weight bytes per second and the fraction of `copy`. The weights rotate over enough copies to exceed 256 MiB, so
+/// neither reads them from L2 (as in a model, whose layers each have their own).
+#[allow(clippy::too_many_arguments)]
+fn skinny(
+    dev: &CudaDevice,
+    blas: &Blas,
+    rng: &mut Rng,
+    copy: f64,
+    rows: usize,
+    k: usize,
+    n: usize,
+    what: &str,
+) -> Result<()> {
+    let bytes = n * k * 2;
+    let copies = (256usize << 20).div_ceil(bytes).max(2);
+    let ws: Vec<CudaSlice<bf16>> = (0..copies)
+        .map(|_| random(dev, rng, n * k, 0.05))
+        .collect::<Result<_>>()?;
+    let x = random(dev, rng, rows * k, 1.0)?;
+    let mut out = dev.alloc::<bf16>(rows * n)?;
+    let mut i = 0;
+    let cublas = timing::median_ms(dev, || {
+        i += 1;
+        blas.linear(&x, &ws[i % copies], &mut out, rows, k, n)
+    })?;
+    let gemv = timing::median_ms(dev, || {
+        i += 1;
+        ops::gemv(dev, &x, &ws[i % copies], &mut out, rows, k, n)
+    })?;
+    let gbs = |ms: f64| bytes as f64 / ms / 1e6;
+    println!(
+        "skinny gemm  [{rows}, {k}] · [{n}, {k}]ᵀ {what}: cuBLAS {cublas:.4} ms ({:.0} GB/s, {:.2} of copy), gemv \
+         {gemv:.4} ms ({:.0} GB/s, {:.2} of copy), {:.2}× cuBLAS",
+        gbs(cublas),
+        gbs(cublas) / copy,
+        gbs(gemv),
+        gbs(gemv) / copy,
+        cublas / gemv
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let dev = CudaDevice::open(0)?;
     println!("{} (compute capability {:?})", dev.name(), dev.arch());
     let rng = &mut Rng::new(7);
     let copy = timing::copy_bandwidth(&dev)?;
     println!("copy bandwidth (device to device, read + write of 1 GiB): {copy:.0} GB/s");
+    let blas = Blas::new(&dev)?;
+    for rows in [1, 2, 4, 5, 8] {
+        for (k, n, what) in [
+            (4096, 18560, "Nemotron-H-8B Mamba in_proj"),
+            (8192, 4096, "Nemotron-H-8B Mamba out_proj"),
+            (4096, 21504, "Nemotron-H-8B MLP up"),
+            (21504, 4096, "Nemotron-H-8B MLP down"),
+            (4096, 1024, "Nemotron-H-8B k_proj"),
+            (4096, 131072, "Nemotron-H-8B LM head"),
+            (2560, 9216, "Qwen3.5-4B MLP gate"),
+        ] {
+            skinny(&dev, &blas, rng, copy, rows, k, n, what)?;
+        }
+    }
+    // `cuda_timing gemv` stops here.
+    if std::env::args().nth(1).as_deref() == Some("gemv") {
+        return Ok(());
+    }
     for (batch, t, len, heads, kvh, d) in [
         (32, 1, 4096, 32, 8, 128),
         (32, 1, 4096, 16, 4, 256),

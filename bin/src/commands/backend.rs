@@ -58,7 +58,7 @@ pub struct Loaded {
 }
 
 /// The model in `dir` where `device` says, sized for `needs`, with `decode`'s form and ring length (default form
-/// `auto` on the CPU, `recurrent` on GPUs, whose replay kernels are not yet faster).
+/// `auto`: kv-only while the context is short, then replay, on the CPU and on GPUs).
 pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs: Needs) -> Result<Backend> {
     // The flags are checked before anything is read.
     let which = device.device()?;

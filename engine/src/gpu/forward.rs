@@ -91,7 +91,7 @@ pub(super) fn lin<A: Act, O: Elem>(
     out: &mut impl DevicePtrMut<O>,
     rows: usize,
 ) -> Result<()> {
-    A::gemm(blas, x, &l.w, out, rows, l.in_dim, l.out_dim)?;
+    A::gemm(dev, blas, x, &l.w, out, rows, l.in_dim, l.out_dim)?;
     if let Some(b) = &l.b {
         ops::add_bias(dev, out, b)?;
     }

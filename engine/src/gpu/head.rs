@@ -124,7 +124,7 @@ impl<A: Act> GpuRank<A> {
         let seen = if whole {
             // Whole rows: someone reads them. The summaries come from the same logits.
             let logits = &mut s.logits.slice_mut(..head_rows * v);
-            A::gemm(&r.blas, &x, &head.slice(..), logits, head_rows, hid, v)?;
+            A::gemm(dev, &r.blas, &x, &head.slice(..), logits, head_rows, hid, v)?;
             ops::head_summary_parts(dev, logits, v, head_rows, v, first_id, &spec_words, parts, total, 0)?;
             ops::parts_for(v)
         } else {
@@ -137,7 +137,7 @@ impl<A: Act> GpuRank<A> {
                 let len = chunk.min(v - lo);
                 let logits = &mut s.logits.slice_mut(..head_rows * len);
                 let w = head.slice(lo * hid..(lo + len) * hid);
-                A::gemm(&r.blas, &x, &w, logits, head_rows, hid, len)?;
+                A::gemm(dev, &r.blas, &x, &w, logits, head_rows, hid, len)?;
                 ops::head_summary_parts(
                     dev,
                     logits,

@@ -64,7 +64,9 @@ pub trait Act: rewind_kernels::cuda::Elem {
     ) -> Result<()>;
 
     /// `out[rows, out_dim] = x · wᵀ` with f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
     fn gemm<O: rewind_kernels::cuda::Elem>(
+        dev: &rewind_kernels::cuda::CudaDevice,
         blas: &rewind_kernels::cuda::Blas,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
         w: &impl rewind_kernels::cuda::DevicePtr<Self>,
@@ -84,7 +86,10 @@ impl Act for half::bf16 {
         Ok(rewind_kernels::cuda::ops::cast_bf16_to_f32(dev, x, out)?)
     }
 
+    /// One or two rows (a decode at batch 1 or 2) stream the weights through the skinny GEMM of `gemv.cu`, which
+    /// keeps more of the memory bandwidth busy than cuBLAS there (`GEMV_FASTER_ROWS`); the rest go to cuBLAS.
     fn gemm<O: rewind_kernels::cuda::Elem>(
+        dev: &rewind_kernels::cuda::CudaDevice,
         blas: &rewind_kernels::cuda::Blas,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
         w: &impl rewind_kernels::cuda::DevicePtr<Self>,
@@ -93,6 +98,10 @@ impl Act for half::bf16 {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<()> {
+        use rewind_kernels::cuda::ops::{gemv_supported, GEMV_FASTER_ROWS};
+        if rows <= GEMV_FASTER_ROWS && gemv_supported(dev, x, w, rows, in_dim) {
+            return Ok(rewind_kernels::cuda::ops::gemv(dev, x, w, out, rows, in_dim, out_dim)?);
+        }
         Ok(blas.linear(x, w, out, rows, in_dim, out_dim)?)
     }
 }
@@ -109,6 +118,7 @@ impl Act for f32 {
     }
 
     fn gemm<O: rewind_kernels::cuda::Elem>(
+        _dev: &rewind_kernels::cuda::CudaDevice,
         blas: &rewind_kernels::cuda::Blas,
         x: &impl rewind_kernels::cuda::DevicePtr<Self>,
         w: &impl rewind_kernels::cuda::DevicePtr<Self>,

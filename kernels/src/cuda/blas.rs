@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use super::device::{probe_driver, CudaDevice, Elem};
-use super::{check_len, ensure, CudaError, Result};
+use super::{check_len, check_linear, ensure, CudaError, Result};
 
 fn blas_err(context: &str) -> impl FnOnce(cublas::result::CublasError) -> CudaError + '_ {
     move |e| CudaError::Blas {
@@ -105,9 +105,7 @@ impl Blas {
         out_dim: usize,
     ) -> Result<()> {
         const OP: &str = "linear";
-        check_len(OP, "x", x.len(), rows * in_dim)?;
-        check_len(OP, "w", w.len(), out_dim * in_dim)?;
-        check_len(OP, "out", out.len(), rows * out_dim)?;
+        check_linear(OP, [x.len(), w.len(), out.len()], rows, in_dim, out_dim)?;
         let (r, k, n) = dims_i32(OP, rows, in_dim, out_dim)?;
         if rows == 0 || out_dim == 0 {
             return Ok(());
@@ -163,9 +161,7 @@ impl Blas {
         ensure(OP, O::NAME == "f32", || {
             format!("output stored as {}, expected f32", O::NAME)
         })?;
-        check_len(OP, "x", x.len(), rows * in_dim)?;
-        check_len(OP, "w", w.len(), out_dim * in_dim)?;
-        check_len(OP, "out", out.len(), rows * out_dim)?;
+        check_linear(OP, [x.len(), w.len(), out.len()], rows, in_dim, out_dim)?;
         let (r, k, n) = dims_i32(OP, rows, in_dim, out_dim)?;
         if rows == 0 || out_dim == 0 {
             return Ok(());
@@ -217,9 +213,7 @@ impl Blas {
         out_dim: usize,
     ) -> Result<()> {
         const OP: &str = "linear_lt";
-        check_len(OP, "x", x.len(), rows * in_dim)?;
-        check_len(OP, "w", w.len(), out_dim * in_dim)?;
-        check_len(OP, "out", out.len(), rows * out_dim)?;
+        check_linear(OP, [x.len(), w.len(), out.len()], rows, in_dim, out_dim)?;
         if let Some(b) = bias {
             check_len(OP, "bias", b.len(), out_dim)?;
         }

@@ -106,6 +106,14 @@ pub(crate) fn driver_err(context: impl Into<String>) -> impl FnOnce(cudarc::driv
 }
 
 /// Checks that operand `arg` of `op` has `expected` elements.
+/// The operands of a linear layer `out[rows, n] = x[rows, k] · w[n, k]ᵀ`, by their lengths.
+pub(crate) fn check_linear(op: &'static str, lens: [usize; 3], rows: usize, k: usize, n: usize) -> Result<()> {
+    let [x, w, out] = lens;
+    check_len(op, "x", x, rows * k)?;
+    check_len(op, "w", w, n * k)?;
+    check_len(op, "out", out, rows * n)
+}
+
 pub(crate) fn check_len(op: &'static str, arg: &str, got: usize, expected: usize) -> Result<()> {
     if got == expected {
         Ok(())

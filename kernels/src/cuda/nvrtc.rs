@@ -137,6 +137,7 @@ pub const MODULES: &[KernelModule] = &[
     ),
     module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "sample_rows"]),
     module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge"]),
+    module!("gemv", typed: true, ["gemv"]),
 ];
 
 /// Compiler options besides the target.

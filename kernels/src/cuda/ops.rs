@@ -531,6 +531,7 @@ pub fn gdn_step<T: Elem>(
 mod attention;
 mod attention_flash;
 mod conv;
+mod gemv;
 mod glue;
 mod lm_head;
 mod moe;
@@ -542,6 +543,7 @@ pub use attention::{
     kv_write, paged_attention, paged_attention_plan, paged_attention_workspace_len, AttentionPlan, PagedKv,
 };
 pub use conv::{causal_conv1d, ConvDims};
+pub use gemv::{gemv, gemv_supported, GEMV_FASTER_ROWS, GEMV_MAX_ROWS};
 pub use glue::{
     add_bias, add_rms_norm, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols, gdn_gates,
     moe_finish, scale, sigmoid_mul, swiglu_split,

@@ -105,6 +105,21 @@ pub fn all() -> Vec<Case> {
             linear(rows, k, n)
         );
     }
+    for (rows, k, n, what) in [
+        (1, 4096, 18560, "Nemotron-H-8B Mamba in_proj, decode at batch 1"),
+        (5, 4096, 21504, "Nemotron-H-8B MLP up, a verify of T = 4"),
+        (8, 21504, 4096, "Nemotron-H-8B MLP down, 8 rows"),
+        (1, 4096, 32768, "an LM-head chunk"),
+        (2, 2560, 9217, "Qwen3.5-4B width, odd columns"),
+        (3, 104, 37, "small, odd"),
+    ] {
+        both!(
+            cases,
+            "gemv",
+            format!("[{rows}, {k}] · [{n}, {k}]ᵀ {what}"),
+            gemv(rows, k, n)
+        );
+    }
     for (rows, k, n, bias, what) in [
         (8, 4096, 4096, true, "Nemotron-H-8B width, bias"),
         (5, 2560, 9216, false, "Qwen3.5-4B MLP gate"),
@@ -307,6 +322,19 @@ fn linear<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, k: usize, n: usize) -> 
     let mut want = vec![0.0; rows * n];
     cpu::gemm::matmul_nt(&x, &w, &mut want, rows, k, n);
     let threshold = if T::NAME == "f32" { 1e-3 } else { 1e-2 };
+    Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, threshold)])
+}
+
+/// The skinny GEMM of `gemv.cu` against the same reference as [`linear`].
+fn gemv<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, k: usize, n: usize) -> Result<Vec<Check>> {
+    let x = rounded::<bf16>(&rng.uniform_vec(rows * k, 1.0));
+    let w = rounded::<bf16>(&rng.uniform_vec(n * k, 1.0));
+    let (dx, dw) = (cx.dev.upload_as::<bf16>(&x)?, cx.dev.upload_as::<bf16>(&w)?);
+    let mut out = cx.dev.alloc_nan::<T>(rows * n)?;
+    ops::gemv(cx.dev, &dx, &dw, &mut out, rows, k, n)?;
+    let mut want = vec![0.0; rows * n];
+    cpu::gemm::matmul_nt(&x, &w, &mut want, rows, k, n);
+    let threshold = if T::NAME == "f32" { 1e-5 } else { 1e-2 };
     Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, threshold)])
 }
 
