@@ -10,7 +10,9 @@
 //! used dropped first. Prompt chunks are not captured (their shapes rarely repeat).
 //!
 //! `--no-cuda-graphs` runs every step eagerly (for debugging and for the before/after benchmark); so does
-//! `REWIND_CUDA_SYNC=1`, which synchronises after every launch and so cannot be captured.
+//! `REWIND_CUDA_SYNC=1`, which synchronises after every launch and so cannot be captured; and so, for now, do
+//! tensor-parallel ranks (their steps hold NCCL all-reduces, whose capture has not been run on a multi-GPU machine).
+//! Each case is logged at load and shows in the rank's health (`GraphStats::enabled`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

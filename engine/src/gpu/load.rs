@@ -285,9 +285,19 @@ impl Setup<'_> {
             num_blocks: kv_blocks,
             rows: self.replay.rows(),
         };
-        let graphs = self.graphs && !loaded.dev.sync_each_launch();
+        // Steps with NCCL all-reduces inside have not been captured on a multi-GPU machine yet (NCCL supports
+        // capture; the check belongs to the multi-GPU runs): tensor-parallel ranks launch eagerly, and say so.
+        let graphs = self.graphs && !loaded.dev.sync_each_launch() && self.tp == 1;
         if self.graphs && !graphs {
-            tracing::warn!("REWIND_CUDA_SYNC=1 synchronises after every launch, which a CUDA graph cannot capture: steps run eagerly");
+            tracing::warn!(
+                tp = self.tp,
+                "CUDA graphs off for this rank: {}",
+                if self.tp > 1 {
+                    "steps of tensor-parallel ranks are launched eagerly until capture with NCCL is verified"
+                } else {
+                    "REWIND_CUDA_SYNC=1 synchronises after every launch, which a graph cannot capture"
+                }
+            );
         }
         let rank = loaded.allocate(sizes, self.rows, self.replay, graphs)?;
         Ok((Box::new(rank), (name, cap, sizes)))
