@@ -286,6 +286,7 @@ fn device_flags_are_checked_on_every_device() {
             "3",
             "--dtype",
             "f32",
+            "--no-cuda-graphs",
         ]);
         let o = rewind(&args);
         assert_ok(&o, "GPU-only flags on the CPU");
@@ -300,6 +301,7 @@ fn device_flags_are_checked_on_every_device() {
                 "note: --gpu-memory-fraction does not apply to --device cpu",
                 "note: --max-seqs does not apply to --device cpu",
                 "note: --dtype does not apply to --device cpu",
+                "note: --no-cuda-graphs does not apply to --device cpu",
                 // The model is an init-model checkpoint.
                 "note: this model has RANDOM weights (made by `rewind init-model`): its output is noise",
             ],
@@ -322,6 +324,7 @@ fn device_flags_are_checked_on_every_device() {
             "--max-model-len",
             "--prefill-chunk",
             "--dtype",
+            "--no-cuda-graphs",
         ] {
             assert!(
                 help.find(flag).is_some_and(|i| i > heading),
