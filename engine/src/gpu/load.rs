@@ -299,7 +299,7 @@ impl Setup<'_> {
                 }
             );
         }
-        let rank = loaded.allocate(sizes, self.rows, self.replay, graphs)?;
+        let rank = loaded.allocate(sizes, self.rows, self.replay, cap.attention_ws, graphs)?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }
 }

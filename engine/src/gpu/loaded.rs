@@ -45,6 +45,8 @@ pub(crate) struct Capacity {
     pub(crate) state_bytes: usize,
     pub(crate) scratch_bytes: usize,
     pub(crate) total_bytes: usize,
+    /// Floats of the attention layers' split-KV workspace (part of `scratch_bytes`), handed on to the allocation.
+    pub(crate) attention_ws: usize,
 }
 
 impl<A: Act> LoadedRank<A> {
@@ -111,8 +113,8 @@ impl<A: Act> LoadedRank<A> {
             rows: slot_rows,
         };
         let w = widths(&self.blocks, hidden, rows.rows);
-        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe)
-            + 4 * attention_workspace(&self.dev, &self.blocks, rows, probe)?;
+        let attention_ws = attention_workspace(&self.dev, &self.blocks, rows, probe)?;
+        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe) + 4 * attention_ws;
         let (per_seq, per_block) = state_bytes(&self.blocks, slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;
@@ -149,6 +151,7 @@ impl<A: Act> LoadedRank<A> {
             state_bytes: ssm + kv_blocks * per_block,
             scratch_bytes: scratch,
             total_bytes: total,
+            attention_ws,
         })
     }
 }

@@ -11,7 +11,7 @@ use super::forward::{self, Cx, Step};
 use super::graphs::{bucket_ring, GraphKey, StepGraphs};
 use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
-use super::scratch::{attention_workspace, widths, Scratch, StepRows, Widths};
+use super::scratch::{widths, Scratch, StepRows, Widths};
 use super::state::{alloc_pools, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
@@ -24,19 +24,20 @@ use rewind_kernels::cuda::ops::ReplayRow;
 
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
+    /// `attention_ws`: the split-KV workspace's floats (`scratch::attention_workspace`, as the capacity computed it);
     /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
     pub(crate) fn allocate(
         self,
         sizes: PoolSizes,
         rows: StepRows,
         replay: ReplaySettings,
+        attention_ws: usize,
         graphs: bool,
     ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
-        let attention_ws = attention_workspace(&self.dev, &self.blocks, rows, sizes)?;
         let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes, attention_ws)?;
         self.dev.synchronize()?;
         info!(
