@@ -13,22 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-WARMUP, REPS = 3, 20
-
-
-def median_ms(fn):
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[REPS // 2]
+from timing import median_ms  # bench/peers/timing.py, shared by the peer scripts
 
 
 def copy_gbs():

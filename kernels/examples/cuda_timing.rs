@@ -2,12 +2,13 @@
 //! launches, then the median of 20; attention beside the copy bandwidth measured in the same run. Correctness is the
 //! selftest's job; this only says where time goes.
 //!
-//! `cargo run --release -p rewind-kernels --example cuda_timing` on a machine with a GPU; prints one line per op.
+//! `cargo run --release -p rewind-kernels --example cuda_timing [gemv|attention|scans|moe]` on a machine with a GPU;
+//! prints one line per op (one section when named, else all).
 
 use half::bf16;
 use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
-use rewind_kernels::cuda::ops::{self, Activation, PagedKv, SigmoidRouting};
+use rewind_kernels::cuda::ops::{self, Activation, MoeKernel, PagedKv, ScanKernel, SigmoidRouting};
 use rewind_kernels::cuda::parity::Rng;
 use rewind_kernels::cuda::timing;
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, Result};
@@ -142,7 +143,32 @@ fn main() -> Result<()> {
     let rng = &mut Rng::new(7);
     let copy = timing::copy_bandwidth(&dev)?;
     println!("copy bandwidth (device to device, read + write of 1 GiB): {copy:.0} GB/s");
-    let blas = Blas::new(&dev)?;
+    let only = std::env::args().nth(1);
+    let want = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    if want("gemv") {
+        gemv_section(&dev, rng, copy)?;
+    }
+    if want("attention") {
+        attention_section(&dev, rng, copy)?;
+    }
+    if want("scans") {
+        scans_section(&dev, rng)?;
+    }
+    if want("moe") {
+        for (tokens, experts, top_k, h, i, gated) in [
+            (64, 128, 6, 2688, 1856, false),
+            (64, 512, 10, 2048, 512, true),
+            (1024, 128, 6, 2688, 1856, false),
+            (1024, 512, 10, 2048, 512, true),
+        ] {
+            moe(&dev, rng, tokens, experts, top_k, h, i, gated)?;
+        }
+    }
+    Ok(())
+}
+
+fn gemv_section(dev: &CudaDevice, rng: &mut Rng, copy: f64) -> Result<()> {
+    let blas = Blas::new(dev)?;
     for rows in [1, 2, 4, 5, 8] {
         for (k, n, what) in [
             (4096, 18560, "Nemotron-H-8B Mamba in_proj"),
@@ -153,13 +179,13 @@ fn main() -> Result<()> {
             (4096, 131072, "Nemotron-H-8B LM head"),
             (2560, 9216, "Qwen3.5-4B MLP gate"),
         ] {
-            skinny(&dev, &blas, rng, copy, rows, k, n, what)?;
+            skinny(dev, &blas, rng, copy, rows, k, n, what)?;
         }
     }
-    // `cuda_timing gemv` stops here.
-    if std::env::args().nth(1).as_deref() == Some("gemv") {
-        return Ok(());
-    }
+    Ok(())
+}
+
+fn attention_section(dev: &CudaDevice, rng: &mut Rng, copy: f64) -> Result<()> {
     for (batch, t, len, heads, kvh, d) in [
         (32, 1, 4096, 32, 8, 128),
         (32, 1, 4096, 16, 4, 256),
@@ -173,9 +199,12 @@ fn main() -> Result<()> {
         (1, 1024, 1024, 16, 4, 256),
         (1, 1024, 4096, 32, 8, 128),
     ] {
-        attention(&dev, rng, copy, batch, t, len, heads, kvh, d)?;
+        attention(dev, rng, copy, batch, t, len, heads, kvh, d)?;
     }
+    Ok(())
+}
 
+fn scans_section(dev: &CudaDevice, rng: &mut Rng) -> Result<()> {
     let (seq, chunk) = (1024, 64);
     let md = Mamba2Dims {
         heads: 128,
@@ -183,10 +212,10 @@ fn main() -> Result<()> {
         state_dim: 128,
         groups: 8,
     };
-    let x = random(&dev, rng, seq * 128 * 64, 1.0)?;
+    let x = random(dev, rng, seq * 128 * 64, 1.0)?;
     let (b, c) = (
-        random(&dev, rng, seq * 8 * 128, 1.0)?,
-        random(&dev, rng, seq * 8 * 128, 1.0)?,
+        random(dev, rng, seq * 8 * 128, 1.0)?,
+        random(dev, rng, seq * 8 * 128, 1.0)?,
     );
     let dt = dev.upload(&(0..seq * 128).map(|_| rng.uniform(0.01, 0.2)).collect::<Vec<f32>>())?;
     let a = dev.upload(&(0..128).map(|_| -rng.uniform(0.5, 4.0)).collect::<Vec<f32>>())?;
@@ -194,12 +223,20 @@ fn main() -> Result<()> {
     let mut state = dev.upload(&rng.uniform_vec(128 * 64 * 128, 1.0))?;
     let mut y = dev.alloc::<bf16>(seq * 128 * 64)?;
     let mut ws = dev.alloc::<f32>(ops::mamba2_chunked_workspace(md, seq, chunk))?;
-    let ms = timing::median_ms(&dev, || {
-        ops::mamba2_chunked(
-            &dev, md, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &dsk, &mut y, &mut ws,
-        )
-    })?;
-    println!("mamba2_chunked   Nemotron-H-8B 128×64 state 128, seq {seq}: {ms:.3} ms");
+    let mut ms = [0.0; 2];
+    for (slot, kernel) in [ScanKernel::Simt, ScanKernel::Auto].into_iter().enumerate() {
+        ms[slot] = timing::median_ms(dev, || {
+            ops::mamba2_chunked_using(
+                dev, kernel, md, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &dsk, &mut y, &mut ws,
+            )
+        })?;
+    }
+    println!(
+        "mamba2_chunked   Nemotron-H-8B 128×64 state 128, seq {seq}: SIMT {:.3} ms, auto (tensor cores) {:.3} ms, {:.2}x",
+        ms[0],
+        ms[1],
+        ms[0] / ms[1]
+    );
 
     let gd = GdnDims {
         k_heads: 16,
@@ -208,18 +245,18 @@ fn main() -> Result<()> {
         v_dim: 128,
     };
     let (q, k) = (
-        random(&dev, rng, seq * 16 * 128, 0.09)?,
-        random(&dev, rng, seq * 16 * 128, 0.09)?,
+        random(dev, rng, seq * 16 * 128, 0.09)?,
+        random(dev, rng, seq * 16 * 128, 0.09)?,
     );
-    let v = random(&dev, rng, seq * 32 * 128, 1.0)?;
+    let v = random(dev, rng, seq * 32 * 128, 1.0)?;
     let g = dev.upload(&(0..seq * 32).map(|_| -rng.uniform(0.01, 1.0)).collect::<Vec<f32>>())?;
     let beta = dev.upload(&(0..seq * 32).map(|_| rng.uniform(0.1, 0.9)).collect::<Vec<f32>>())?;
     let mut gstate = dev.upload(&rng.uniform_vec(gd.state_len(), 0.5))?;
     let mut o = dev.alloc::<bf16>(seq * 32 * 128)?;
     let mut gws = dev.alloc::<f32>(ops::gdn_chunked_workspace(gd, seq, chunk))?;
-    let ms = timing::median_ms(&dev, || {
+    let ms = timing::median_ms(dev, || {
         ops::gdn_chunked(
-            &dev,
+            dev,
             gd,
             seq,
             chunk,
@@ -235,67 +272,112 @@ fn main() -> Result<()> {
     })?;
     println!("gdn_chunked      Qwen3.5-4B 16/32×128, seq {seq}: {ms:.3} ms");
 
-    for (tokens, experts, top_k, h, i, gated) in [(64, 128, 6, 2688, 1856, false), (64, 512, 10, 2048, 512, true)] {
-        let logits = dev.upload(&rng.uniform_vec(tokens * experts, 4.0))?;
-        let bias = dev.upload(&rng.uniform_vec(experts, 0.5))?;
-        let mut ids = dev.alloc_zeros::<i32>(tokens * top_k)?;
-        let mut wts = dev.alloc_zeros::<f32>(tokens * top_k)?;
-        let ms_route = if gated {
-            timing::median_ms(&dev, || {
-                ops::route_softmax(&dev, &logits, experts, top_k, true, &mut ids, &mut wts)
-            })?
-        } else {
-            let cfg = SigmoidRouting {
-                experts,
-                top_k,
-                n_group: 1,
-                topk_group: 1,
-                norm_topk_prob: true,
-                routed_scaling_factor: 2.5,
-            };
-            timing::median_ms(&dev, || {
-                ops::route_sigmoid_grouped(&dev, cfg, &logits, &bias, &mut ids, &mut wts)
-            })?
+    Ok(())
+}
+
+/// One routed MLP pass: routing, then the up GEMM alone with each kernel, then the whole pass (align, GEMMs,
+/// activation, combine) with the SIMT kernel and with the automatic choice.
+#[allow(clippy::too_many_arguments)]
+fn moe(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    h: usize,
+    i: usize,
+    gated: bool,
+) -> Result<()> {
+    let logits = dev.upload(&rng.uniform_vec(tokens * experts, 4.0))?;
+    let bias = dev.upload(&rng.uniform_vec(experts, 0.5))?;
+    let mut ids = dev.alloc_zeros::<i32>(tokens * top_k)?;
+    let mut wts = dev.alloc_zeros::<f32>(tokens * top_k)?;
+    let ms_route = if gated {
+        timing::median_ms(dev, || {
+            ops::route_softmax(dev, &logits, experts, top_k, true, &mut ids, &mut wts)
+        })?
+    } else {
+        let cfg = SigmoidRouting {
+            experts,
+            top_k,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
         };
-        let n = tokens * top_k;
-        let x = random(&dev, rng, tokens * h, 1.0)?;
-        let w_up = random(&dev, rng, experts * i * h, 0.02)?;
-        let w_gate = random(&dev, rng, if gated { experts * i * h } else { 1 }, 0.02)?;
-        let w_down = random(&dev, rng, experts * h * i, 0.02)?;
-        let mut offsets = dev.alloc_zeros::<i32>(experts + 1)?;
-        let (mut rows, mut pos) = (dev.alloc_zeros::<i32>(n)?, dev.alloc_zeros::<i32>(n)?);
-        let (mut up, mut gt, mut act) = (
-            dev.alloc::<bf16>(n * i)?,
-            dev.alloc::<bf16>(n * i)?,
-            dev.alloc::<bf16>(n * i)?,
-        );
-        let mut yv = dev.alloc::<bf16>(n * h)?;
-        let mut out = dev.alloc::<bf16>(tokens * h)?;
-        ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
-        let ms_up = timing::median_ms(&dev, || {
-            ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)
+        timing::median_ms(dev, || {
+            ops::route_sigmoid_grouped(dev, cfg, &logits, &bias, &mut ids, &mut wts)
+        })?
+    };
+    // The GEMMs run on uniformly spread assignments (each token's top-k a random set, as the peer's draw in
+    // bench/peers/prefill.py): random logits with a correction bias concentrate the picks on a few experts, which
+    // would time a different amount of weight traffic than the peer reads.
+    let spread: Vec<i32> = (0..tokens)
+        .flat_map(|_| rng.distinct(top_k, experts))
+        .map(|e| e as i32)
+        .collect();
+    let ids = dev.upload(&spread)?;
+    let n = tokens * top_k;
+    let x = random(dev, rng, tokens * h, 1.0)?;
+    let w_up = random(dev, rng, experts * i * h, 0.02)?;
+    let w_gate = random(dev, rng, if gated { experts * i * h } else { 1 }, 0.02)?;
+    let w_down = random(dev, rng, experts * h * i, 0.02)?;
+    let mut offsets = dev.alloc_zeros::<i32>(experts + 1)?;
+    let (mut rows, mut pos) = (dev.alloc_zeros::<i32>(n)?, dev.alloc_zeros::<i32>(n)?);
+    let (mut up, mut gt, mut act) = (
+        dev.alloc::<bf16>(n * i)?,
+        dev.alloc::<bf16>(n * i)?,
+        dev.alloc::<bf16>(n * i)?,
+    );
+    let mut yv = dev.alloc::<bf16>(n * h)?;
+    let mut out = dev.alloc::<bf16>(tokens * h)?;
+    ops::moe_align(dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
+    let used: Vec<i32> = dev.download(&offsets)?;
+    let active = used.windows(2).filter(|w| w[1] > w[0]).count();
+    let up_bytes = (active * i * h * 2) as f64;
+    let up_flop = (2 * n * i * h) as f64;
+    let mut ups = Vec::new();
+    for (kernel, what) in [
+        (MoeKernel::Simt, "SIMT"),
+        (MoeKernel::TensorM16, "tensor m16"),
+        (MoeKernel::TensorM64, "tensor m64"),
+    ] {
+        let ms = timing::median_ms(dev, || {
+            ops::moe_gemm_using(dev, kernel, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)
         })?;
-        let ms = timing::median_ms(&dev, || {
-            ops::moe_align(&dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
-            ops::moe_gemm(&dev, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
-            if gated {
-                ops::moe_gemm(&dev, &x, Some(&rows), &w_gate, &offsets, &mut gt, tokens, h, i)?;
-                ops::swiglu(&dev, &gt, &up, &mut act)?;
-            } else {
-                ops::activation(&dev, Activation::Relu2, &up, &mut act)?;
-            }
-            ops::moe_gemm::<bf16, CudaSlice<i32>>(&dev, &act, None, &w_down, &offsets, &mut yv, tokens, i, h)?;
-            ops::moe_combine(&dev, &yv, &pos, &wts, top_k, false, &mut out)
-        })?;
-        let used: Vec<i32> = dev.download(&offsets)?;
-        let active = used.windows(2).filter(|w| w[1] > w[0]).count();
-        let mats = if gated { 3 } else { 2 };
-        let bytes = (active * mats * i * h * 2) as f64;
-        println!(
-            "moe {experts} experts top-{top_k} {h}/{i}, {tokens} tokens: route {ms_route:.3} ms, up GEMM {ms_up:.3} ms, \
-             whole pass {ms:.3} ms ({active} experts active, weights {:.0} GB/s)",
-            bytes / ms / 1e6
-        );
+        ups.push(format!(
+            "{what} {ms:.3} ms ({:.0} GB/s, {:.1} TFLOP/s)",
+            up_bytes / ms / 1e6,
+            up_flop / ms / 1e9
+        ));
     }
+    let mut whole = |kernel: MoeKernel| {
+        timing::median_ms(dev, || {
+            ops::moe_align(dev, &ids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
+            ops::moe_gemm_using(dev, kernel, &x, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
+            if gated {
+                ops::moe_gemm_using(dev, kernel, &x, Some(&rows), &w_gate, &offsets, &mut gt, tokens, h, i)?;
+                ops::swiglu(dev, &gt, &up, &mut act)?;
+            } else {
+                ops::activation(dev, Activation::Relu2, &up, &mut act)?;
+            }
+            ops::moe_gemm_using::<bf16, CudaSlice<i32>>(
+                dev, kernel, &act, None, &w_down, &offsets, &mut yv, tokens, i, h,
+            )?;
+            ops::moe_combine(dev, &yv, &pos, &wts, top_k, false, &mut out)
+        })
+    };
+    let (ms_simt, ms_auto) = (whole(MoeKernel::Simt)?, whole(MoeKernel::Auto)?);
+    let mats = if gated { 3 } else { 2 };
+    let bytes = (active * mats * i * h * 2) as f64;
+    println!(
+        "moe {experts} experts top-{top_k} {h}/{i}, {tokens} tokens, {active} experts active: route {ms_route:.3} ms; \
+         up GEMM {}; whole pass SIMT {ms_simt:.3} ms ({:.0} GB/s of weights), auto {ms_auto:.3} ms ({:.0} GB/s), \
+         {:.2}x",
+        ups.join(", "),
+        bytes / ms_simt / 1e6,
+        bytes / ms_auto / 1e6,
+        ms_simt / ms_auto
+    );
     Ok(())
 }

@@ -103,6 +103,7 @@ pub const MODULES: &[KernelModule] = &[
     module!(
         "attention_flash",
         typed: false,
+        prelude: "mma_common.cuh",
         [
             "attn_flash_decode_d64",
             "attn_flash_decode_d128",
@@ -114,9 +115,16 @@ pub const MODULES: &[KernelModule] = &[
         ]
     ),
     module!("ssd", typed: true, ["ssd_chunk_state", "ssd_state_scan", "ssd_chunk_out"]),
+    module!(
+        "ssd_tc",
+        typed: false,
+        prelude: "mma_common.cuh",
+        ["ssd_tc_state_n64", "ssd_tc_out_n64", "ssd_tc_state_n128", "ssd_tc_out_n128"]
+    ),
     module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),
     module!("moe_route", typed: false, ["route_softmax", "route_sigmoid_grouped", "moe_align"]),
     module!("moe", typed: true, ["moe_gemm", "moe_combine"]),
+    module!("moe_tc", typed: false, prelude: "mma_common.cuh", ["moe_gemm_tc_m16", "moe_gemm_tc_m64"]),
     module!(
         "glue",
         typed: true,

@@ -63,6 +63,17 @@ fn per_row(rows: usize, groups: usize, width: usize) -> LaunchConfig {
     }
 }
 
+/// The kernel `name`, allowed `bytes` of dynamic shared memory (past the 48 KiB a launch gets without asking).
+fn with_shared_memory<'a>(dev: &'a CudaDevice, name: &str, bytes: usize) -> Result<&'a cudarc::driver::CudaFunction> {
+    let func = dev.function(name)?;
+    func.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(driver_err(format!("raising the shared memory limit of {name}")))?;
+    Ok(func)
+}
+
 fn fits_u32(op: &'static str, what: &str, v: usize) -> Result<()> {
     ensure(op, v <= u32::MAX as usize / 2, || format!("{what} = {v} is too large"))
 }
@@ -552,10 +563,16 @@ pub use lm_head::{
     decode_summaries, encode_spec, head_summaries, head_summary_merge, head_summary_parts, parts_for, PART_WIDTH,
     SPEC_WORDS, SUMMARY_WORDS,
 };
-pub use moe::{moe_align, moe_combine, moe_gemm, route_sigmoid_grouped, route_softmax, SigmoidRouting};
+pub use moe::{
+    moe_align, moe_combine, moe_gemm, moe_gemm_using, moe_tensor_cores, route_sigmoid_grouped, route_softmax,
+    MoeKernel, SigmoidRouting, MOE_M64_ROWS,
+};
 pub use replay::{
     gdn_replay, mamba2_replay, replay_geometry, ReplayGeometry, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T,
     REPLAY_META,
 };
 pub use sample::{argmax_rows, repetition_penalty, sample_rows};
-pub use scan::{gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_workspace, MAX_CHUNK};
+pub use scan::{
+    gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_using, mamba2_chunked_workspace,
+    mamba2_tensor_cores, ScanKernel, MAX_CHUNK,
+};

@@ -1,10 +1,9 @@
 //! Launch planning for the tensor-core attention kernels of `attention_flash.cu`: which tiling, how many key splits,
 //! and the split workspace. Called by [`super::paged_attention`], which owns the operand checks.
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::after_launch;
+use super::{after_launch, with_shared_memory};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::{driver_err, Result};
 
@@ -77,12 +76,7 @@ pub(super) fn plan(
         "attn_flash_{}_d{head_dim}",
         if tiling.decode { "decode" } else { "prefill" }
     );
-    let func = dev.function(&name)?;
-    func.set_attribute(
-        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        tiling.smem as i32,
-    )
-    .map_err(driver_err(format!("raising the shared memory limit of {name}")))?;
+    let func = with_shared_memory(dev, &name, tiling.smem)?;
     let per_sm = func
         .occupancy_max_active_blocks_per_multiprocessor(THREADS, tiling.smem, None)
         .map_err(driver_err(format!("reading the occupancy of {name}")))?

@@ -4,11 +4,12 @@
 //! A routed MLP is: [`route_softmax`] or [`route_sigmoid_grouped`] → [`moe_align`] → [`moe_gemm`] with the token
 //! gather (up, and gate for gated experts) → an activation ([`super::activation`], [`super::swiglu`]) →
 //! [`moe_gemm`] without gather (down) → [`moe_combine`]. Nothing goes back to the host in between: the GEMM grid is
-//! sized by the token count, an upper bound of any expert's rows, and blocks past their expert's rows exit at once.
+//! sized by bounds known on the host (the token count bounds any expert's rows; rows / tile + experts bounds the row
+//! tiles of all experts) and blocks past the real work exit at once. bf16 GEMMs run on tensor cores (`moe_tc.cu`).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_grid_y, fits_u32, grid_1d};
+use super::{after_launch, fits_grid_y, fits_u32, grid_1d, with_shared_memory};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -197,13 +198,75 @@ pub fn moe_align(
     launch!(dev, "moe_align", cfg, ip, n_i, k_i, e_i, op, rp, pp)
 }
 
+/// Which kernel runs a grouped expert GEMM ([`moe_gemm_using`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKernel {
+    /// The tensor-core kernel for bf16 with `in_dim % 8 == 0` (the M64 tiling when the average expert has at least
+    /// [`MOE_M64_ROWS`] rows, else M16); the SIMT kernel otherwise.
+    Auto,
+    /// The SIMT kernel of `moe.cu` (f32 or bf16, any shape).
+    Simt,
+    /// Tensor cores, one m16 tile of rows per block (decode: weights read once per 16 rows of an expert).
+    TensorM16,
+    /// Tensor cores, 64 rows per block (prefill).
+    TensorM64,
+}
+
+/// Average rows per expert from which [`MoeKernel::Auto`] takes the 64-row tiling: below it most tiles would be
+/// padding and the 16-row tiling reads each expert's weights once anyway.
+pub const MOE_M64_ROWS: usize = 32;
+
+/// Threads of the tensor-core kernels (`MT_THREADS` in `moe_tc.cu`).
+const TC_THREADS: u32 = 128;
+
+/// Dynamic shared memory of a tensor-core tiling (`MtShape<BM>::SMEM` in `moe_tc.cu`): stages × (BM + 64) × 64 bf16.
+fn tc_smem(bm: usize) -> usize {
+    let stages = if bm == 16 { 4 } else { 3 };
+    stages * (bm + 64) * 64 * 2
+}
+
+/// Whether the tensor-core kernels take this GEMM.
+pub fn moe_tensor_cores<T: Elem>(in_dim: usize) -> bool {
+    T::NAME == "bf16" && in_dim.is_multiple_of(8)
+}
+
 /// One grouped GEMM over every expert: for each expert `e` and row `r` of its run `offsets[e] .. offsets[e + 1]`,
 /// `out[r] = a[src(r)] · w[e]ᵀ` with `w` `[experts, out_dim, in_dim]`, `src(r) = gather[r]` (a token of `a`
 /// `[tokens, in_dim]`) when `gather` is given, else `r` (`a` `[rows, in_dim]`). `out`: `[rows, out_dim]`, rows =
-/// `offsets[experts]`. `max_rows` bounds every run (the token count). f32 accumulation.
+/// `offsets[experts]`. `max_rows` bounds every run (the token count). f32 accumulation. The kernel is chosen by
+/// [`MoeKernel::Auto`].
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gemm<T: Elem, G: DevicePtr<i32>>(
     dev: &CudaDevice,
+    a: &impl DevicePtr<T>,
+    gather: Option<&G>,
+    w: &impl DevicePtr<T>,
+    offsets: &impl DevicePtr<i32>,
+    out: &mut impl DevicePtrMut<T>,
+    max_rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<()> {
+    moe_gemm_using(
+        dev,
+        MoeKernel::Auto,
+        a,
+        gather,
+        w,
+        offsets,
+        out,
+        max_rows,
+        in_dim,
+        out_dim,
+    )
+}
+
+/// [`moe_gemm`] with the kernel named (the parity cases and timings run each one); a tensor-core kernel asked for a
+/// shape it cannot take is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gemm_using<T: Elem, G: DevicePtr<i32>>(
+    dev: &CudaDevice,
+    kernel: MoeKernel,
     a: &impl DevicePtr<T>,
     gather: Option<&G>,
     w: &impl DevicePtr<T>,
@@ -229,13 +292,30 @@ pub fn moe_gemm<T: Elem, G: DevicePtr<i32>>(
         check_len(OP, "a", a.len(), rows * in_dim)?;
     }
     ensure(OP, experts <= 65_535, || format!("{experts} experts exceed 65535"))?;
-    fits_grid_y(OP, "row tiles", max_rows.div_ceil(64))?;
     fits_u32(OP, "a", a.len())?;
     fits_u32(OP, "out", out.len())?;
+    let tensor = moe_tensor_cores::<T>(in_dim);
+    let bm = match kernel {
+        MoeKernel::Auto if tensor => Some(if rows >= MOE_M64_ROWS * experts { 64 } else { 16 }),
+        MoeKernel::Auto | MoeKernel::Simt => None,
+        MoeKernel::TensorM16 | MoeKernel::TensorM64 => {
+            ensure(OP, tensor, || {
+                format!(
+                    "the tensor-core kernels take bf16 with in_dim a multiple of 8, not {} with in_dim {in_dim}",
+                    T::NAME
+                )
+            })?;
+            Some(if kernel == MoeKernel::TensorM16 { 16 } else { 64 })
+        }
+    };
+    match bm {
+        Some(bm) => fits_grid_y(OP, "row tiles", rows.div_ceil(bm) + experts)?,
+        None => fits_grid_y(OP, "row tiles", max_rows.div_ceil(64))?,
+    }
     if rows == 0 || max_rows == 0 {
         return Ok(());
     }
-    let (k_i, n_i) = (in_dim as i32, out_dim as i32);
+    let (k_i, n_i, e_i) = (in_dim as i32, out_dim as i32, experts as i32);
     let (ap, _ga) = a.device_ptr(dev.stream());
     let (gp, _gg) = match gather {
         Some(g) => {
@@ -247,6 +327,23 @@ pub fn moe_gemm<T: Elem, G: DevicePtr<i32>>(
     let (wp, _gw) = w.device_ptr(dev.stream());
     let (offp, _goff) = offsets.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
+    // cp.async moves 16-byte chunks: with in_dim % 8 == 0 every row is aligned once the bases are (always, for
+    // allocations and whole-row slices). A misaligned base falls back under Auto and is an error when named.
+    let aligned = ap % 16 == 0 && wp % 16 == 0;
+    ensure(OP, aligned || kernel == MoeKernel::Auto || bm.is_none(), || {
+        "the tensor-core kernels need 16-byte aligned a and w".into()
+    })?;
+    if let Some(bm) = bm.filter(|_| aligned) {
+        let name = format!("moe_gemm_tc_m{bm}");
+        let smem = tc_smem(bm);
+        with_shared_memory(dev, &name, smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (out_dim.div_ceil(64) as u32, (rows.div_ceil(bm) + experts) as u32, 1),
+            block_dim: (TC_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        return launch!(dev, name, cfg, ap, gp, wp, offp, op, k_i, n_i, e_i);
+    }
     let cfg = LaunchConfig {
         grid_dim: (
             out_dim.div_ceil(64) as u32,
@@ -314,4 +411,20 @@ pub fn moe_combine<T: Elem>(
         d_i,
         acc
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_core_tilings_fit_shared_memory_and_take_only_aligned_bf16() {
+        // Hopper and Blackwell give a block at most 227 KiB; these must also leave room for several blocks per SM.
+        assert_eq!(tc_smem(16), 4 * 80 * 64 * 2);
+        assert_eq!(tc_smem(64), 3 * 128 * 64 * 2);
+        assert!(tc_smem(64) <= 64 * 1024);
+        assert!(moe_tensor_cores::<half::bf16>(2688));
+        assert!(!moe_tensor_cores::<half::bf16>(100));
+        assert!(!moe_tensor_cores::<f32>(2688));
+    }
 }

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_u32, grid_1d};
+use super::{after_launch, fits_u32, grid_1d, with_shared_memory};
 use crate::cpu::gdn::GdnDims;
 use crate::cpu::mamba2::Mamba2Dims;
 use crate::cuda::device::{CudaDevice, Elem};
@@ -24,6 +24,22 @@ pub fn mamba2_chunked_workspace(dims: Mamba2Dims, seq: usize, chunk: usize) -> u
     chunks * dims.heads * (dims.head_dim * dims.state_dim + 1)
 }
 
+/// Which kernels run a chunked scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanKernel {
+    /// Tensor cores where the shape allows ([`mamba2_tensor_cores`]), else the SIMT kernels.
+    Auto,
+    /// The SIMT kernels (any shape, f32 or bf16): the baseline the timings compare with.
+    Simt,
+}
+
+/// Whether [`ScanKernel::Auto`] runs this Mamba-2 scan on tensor cores (`ssd_tc.cu`): bf16 storage, chunk 64, head
+/// dim 64, state 64 or 128 (every Nemotron-H / Nemotron-3 layer). The chunk states then carry bf16 rounding of the
+/// scaled `B` operand (accumulated in f32), as mamba_ssm's do.
+pub fn mamba2_tensor_cores<T: Elem>(dims: Mamba2Dims, chunk: usize) -> bool {
+    T::NAME == "bf16" && chunk == 64 && dims.head_dim == 64 && matches!(dims.state_dim, 64 | 128)
+}
+
 /// The Mamba-2 chunked (SSD) scan over `seq` tokens of one sequence (see [`crate::cpu::mamba2::mamba2_chunked`]):
 /// starts from `state` (`[heads, head_dim, state_dim]` f32) and leaves the final state in it.
 ///
@@ -32,6 +48,42 @@ pub fn mamba2_chunked_workspace(dims: Mamba2Dims, seq: usize, chunk: usize) -> u
 #[allow(clippy::too_many_arguments)]
 pub fn mamba2_chunked<T: Elem>(
     dev: &CudaDevice,
+    dims: Mamba2Dims,
+    seq: usize,
+    chunk: usize,
+    state: &mut impl DevicePtrMut<f32>,
+    x: &impl DevicePtr<T>,
+    dt: &impl DevicePtr<f32>,
+    a: &impl DevicePtr<f32>,
+    b: &impl DevicePtr<T>,
+    c: &impl DevicePtr<T>,
+    d_skip: &impl DevicePtr<f32>,
+    y: &mut impl DevicePtrMut<T>,
+    workspace: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    mamba2_chunked_using(
+        dev,
+        ScanKernel::Auto,
+        dims,
+        seq,
+        chunk,
+        state,
+        x,
+        dt,
+        a,
+        b,
+        c,
+        d_skip,
+        y,
+        workspace,
+    )
+}
+
+/// [`mamba2_chunked`] with the kernels named.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_chunked_using<T: Elem>(
+    dev: &CudaDevice,
+    kernel: ScanKernel,
     dims: Mamba2Dims,
     seq: usize,
     chunk: usize,
@@ -97,6 +149,63 @@ pub fn mamba2_chunked<T: Elem>(
     let (cp, _gc) = c.device_ptr(dev.stream());
     let (dp, _gd) = d_skip.device_ptr(dev.stream());
     let (yp, _gy) = y.device_ptr_mut(dev.stream());
+    // 16-byte rows for cp.async: the shapes guarantee it once the bases are aligned (always, for whole-row slices).
+    let aligned = [xp, bp, cp, yp].iter().all(|p| p % 16 == 0);
+    let tensor = kernel == ScanKernel::Auto && mamba2_tensor_cores::<T>(dims, chunk) && aligned;
+    if tensor {
+        let n = state_dim;
+        let (state_smem, out_smem) = ((64 * 64 + 64 * n) * 2, (2 * 64 * n + 64 * 64 + 64 * n) * 2);
+        let (state_k, out_k) = (format!("ssd_tc_state_n{n}"), format!("ssd_tc_out_n{n}"));
+        for (name, smem) in [(&state_k, state_smem), (&out_k, out_smem)] {
+            with_shared_memory(dev, name, smem)?;
+        }
+        let cfg = |smem: usize| LaunchConfig {
+            grid_dim: (chunks as u32, heads as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        launch!(
+            dev,
+            state_k,
+            cfg(state_smem),
+            xp,
+            dtp,
+            ap,
+            bp,
+            wp,
+            decay,
+            seq_i,
+            h_i,
+            g_i
+        )?;
+        launch!(
+            dev,
+            format!("ssd_state_scan_{}", T::NAME),
+            grid_1d(heads * per_head),
+            sp,
+            wp,
+            decay,
+            nc_i,
+            h_i,
+            ph_i
+        )?;
+        return launch!(
+            dev,
+            out_k,
+            cfg(out_smem),
+            xp,
+            dtp,
+            ap,
+            bp,
+            cp,
+            dp,
+            wp,
+            yp,
+            seq_i,
+            h_i,
+            g_i
+        );
+    }
     let per_chunk = LaunchConfig {
         grid_dim: (chunks as u32, heads as u32, 1),
         block_dim: (256, 1, 1),
@@ -273,4 +382,25 @@ pub fn gdn_chunked<T: Elem>(
         dv,
         c_i
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mamba2_tensor_cores_take_the_nemotron_shapes_only() {
+        let dims = |head_dim, state_dim| Mamba2Dims {
+            heads: 128,
+            head_dim,
+            state_dim,
+            groups: 8,
+        };
+        assert!(mamba2_tensor_cores::<half::bf16>(dims(64, 128), 64));
+        assert!(mamba2_tensor_cores::<half::bf16>(dims(64, 64), 64));
+        assert!(!mamba2_tensor_cores::<half::bf16>(dims(64, 128), 32));
+        assert!(!mamba2_tensor_cores::<half::bf16>(dims(80, 128), 64));
+        assert!(!mamba2_tensor_cores::<half::bf16>(dims(64, 256), 64));
+        assert!(!mamba2_tensor_cores::<f32>(dims(64, 128), 64));
+    }
 }

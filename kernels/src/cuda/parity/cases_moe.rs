@@ -8,7 +8,7 @@
 
 use super::{rounded, tol, Case, Check, Ctx, Rng};
 use crate::cpu;
-use crate::cuda::ops::{self, Activation, SigmoidRouting};
+use crate::cuda::ops::{self, Activation, MoeKernel, SigmoidRouting};
 use crate::cuda::{CudaSlice, Elem, Result};
 
 /// One grouped-expert case.
@@ -77,6 +77,14 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         (ex(64, 2048, 512, 512, 10, true, 7), "Qwen3-Next, SwiGLU"),
         (ex(9, 100, 37, 10, 3, false, 10), "odd, relu²"),
         (ex(9, 100, 37, 10, 3, true, 10), "odd, SwiGLU"),
+        // Tensor-core edges: partial column tiles (136, 72 are not multiples of 64), experts with several 16-row
+        // tiles (240 rows over 16 experts), and a prefill-sized pass that Auto sends to the 64-row tiling.
+        (ex(60, 136, 72, 16, 4, false, 16), "ragged tiles, relu²"),
+        (ex(60, 136, 72, 16, 4, true, 16), "ragged tiles, SwiGLU"),
+        (
+            ex(256, 2048, 512, 32, 8, true, 7),
+            "prefill 256 tokens, 32 experts top-8, SwiGLU",
+        ),
     ] {
         let shape = format!(
             "{} tokens, {} experts top-{}, hidden {} expert {}, {what}",
@@ -206,20 +214,37 @@ fn moe_experts<T: Elem>(cx: &Ctx, rng: &mut Rng, c: ExpertCase) -> Result<Vec<Ch
     let mut rows = dev.alloc_zeros::<i32>(n)?;
     let mut pos = dev.alloc_zeros::<i32>(n)?;
     ops::moe_align(dev, &dids, top_k, experts, &mut offsets, &mut rows, &mut pos)?;
-    let mut up = dev.alloc_nan::<T>(n * i)?;
-    ops::moe_gemm(dev, &dx, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
-    let mut act = dev.alloc_nan::<T>(n * i)?;
-    if let Some((w_gate, _)) = &gate {
-        let mut g = dev.alloc_nan::<T>(n * i)?;
-        ops::moe_gemm(dev, &dx, Some(&rows), w_gate, &offsets, &mut g, tokens, h, i)?;
-        ops::swiglu(dev, &g, &up, &mut act)?;
+    // The whole pass with one GEMM kernel; where tensor cores can take both GEMMs, each kernel is checked in turn.
+    let pass = |kernel: MoeKernel| -> Result<Vec<f32>> {
+        let mut up = dev.alloc_nan::<T>(n * i)?;
+        ops::moe_gemm_using(dev, kernel, &dx, Some(&rows), &w_up, &offsets, &mut up, tokens, h, i)?;
+        let mut act = dev.alloc_nan::<T>(n * i)?;
+        if let Some((w_gate, _)) = &gate {
+            let mut g = dev.alloc_nan::<T>(n * i)?;
+            ops::moe_gemm_using(dev, kernel, &dx, Some(&rows), w_gate, &offsets, &mut g, tokens, h, i)?;
+            ops::swiglu(dev, &g, &up, &mut act)?;
+        } else {
+            ops::activation(dev, Activation::Relu2, &up, &mut act)?;
+        }
+        let mut y = dev.alloc_nan::<T>(n * h)?;
+        ops::moe_gemm_using::<T, CudaSlice<i32>>(dev, kernel, &act, None, &w_down, &offsets, &mut y, tokens, i, h)?;
+        let mut out = dev.alloc_nan::<T>(tokens * h)?;
+        ops::moe_combine(dev, &y, &pos, &dw, top_k, false, &mut out)?;
+        dev.download_f32(&out)
+    };
+    let kernels: &[(MoeKernel, &'static str)] = if ops::moe_tensor_cores::<T>(h) && ops::moe_tensor_cores::<T>(i) {
+        &[
+            (MoeKernel::Simt, "out (SIMT kernel)"),
+            (MoeKernel::TensorM16, "out (tensor cores, 16-row tiles)"),
+            (MoeKernel::TensorM64, "out (tensor cores, 64-row tiles)"),
+        ]
     } else {
-        ops::activation(dev, Activation::Relu2, &up, &mut act)?;
+        &[(MoeKernel::Auto, "out")]
+    };
+    let mut got = Vec::with_capacity(kernels.len());
+    for &(kernel, output) in kernels {
+        got.push((output, pass(kernel)?));
     }
-    let mut y = dev.alloc_nan::<T>(n * h)?;
-    ops::moe_gemm::<T, CudaSlice<i32>>(dev, &act, None, &w_down, &offsets, &mut y, tokens, i, h)?;
-    let mut out = dev.alloc_nan::<T>(tokens * h)?;
-    ops::moe_combine(dev, &y, &pos, &dw, top_k, false, &mut out)?;
 
     // CPU: a loop over experts, each one GEMM over its rows, rounding to T where the GPU stores T.
     let groups = cpu::moe::group_by_expert(&ids, &weights, top_k, experts);
@@ -259,8 +284,10 @@ fn moe_experts<T: Elem>(cx: &Ctx, rng: &mut Rng, c: ExpertCase) -> Result<Vec<Ch
     }
     let want_offsets: Vec<f32> = groups.offsets.iter().map(|&o| o as f32).collect();
     let got_offsets: Vec<f32> = dev.download(&offsets)?.iter().map(|&o| o as f32).collect();
-    Ok(vec![
-        Check::new("offsets", &got_offsets, &want_offsets, 0.0),
-        Check::new("out", &dev.download_f32(&out)?, &want, tol::<T>()),
-    ])
+    let mut checks = vec![Check::new("offsets", &got_offsets, &want_offsets, 0.0)];
+    checks.extend(
+        got.iter()
+            .map(|(output, out)| Check::new(output, out, &want, tol::<T>())),
+    );
+    Ok(checks)
 }

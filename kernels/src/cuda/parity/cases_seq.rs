@@ -103,6 +103,17 @@ pub(super) fn register(cases: &mut Vec<Case>) {
     for (dims, seq, chunk, what) in [
         (nemotron_8b, 1024, 64, "Nemotron-H-8B, prompt 1024"),
         (nemotron_8b, 1000, 64, "Nemotron-H-8B, 1000 tokens"),
+        (
+            Mamba2Dims {
+                heads: 8,
+                head_dim: 64,
+                state_dim: 64,
+                groups: 2,
+            },
+            100,
+            64,
+            "state 64, one short chunk after a full one",
+        ),
         (odd_m, 77, 16, "odd"),
         (odd_m, 5, 16, "odd, one short chunk"),
     ] {
@@ -254,33 +265,52 @@ fn mamba2_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, seq: usize
     let d: Vec<f32> = rng.uniform_vec(h, 1.0);
     let mut state = rng.uniform_vec(h * p * n, 1.0);
     let dev = cx.dev;
-    let mut dstate = dev.upload(&state)?;
     let dx = dev.upload_as::<T>(&x)?;
     let (ddt, da, dd) = (dev.upload(&dt)?, dev.upload(&a)?, dev.upload(&d)?);
     let (db, dc) = (dev.upload_as::<T>(&b)?, dev.upload_as::<T>(&c)?);
-    let mut y = dev.alloc_nan::<T>(seq * h * p)?;
     let mut ws = dev.alloc_nan::<f32>(ops::mamba2_chunked_workspace(dims, seq, chunk))?;
-    ops::mamba2_chunked(
-        dev,
-        dims,
-        seq,
-        chunk,
-        &mut dstate,
-        &dx,
-        &ddt,
-        &da,
-        &db,
-        &dc,
-        &dd,
-        &mut y,
-        &mut ws,
-    )?;
+    // (y, final state) of one GPU run from the initial state.
+    let mut run = |kernel: ops::ScanKernel| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut dstate = dev.upload(&state)?;
+        let mut y = dev.alloc_nan::<T>(seq * h * p)?;
+        ops::mamba2_chunked_using(
+            dev,
+            kernel,
+            dims,
+            seq,
+            chunk,
+            &mut dstate,
+            &dx,
+            &ddt,
+            &da,
+            &db,
+            &dc,
+            &dd,
+            &mut y,
+            &mut ws,
+        )?;
+        Ok((dev.download_f32(&y)?, dev.download(&dstate)?))
+    };
+    let (y, got_state) = run(ops::ScanKernel::Auto)?;
+    let simt = if ops::mamba2_tensor_cores::<T>(dims, chunk) {
+        Some(run(ops::ScanKernel::Simt)?)
+    } else {
+        None
+    };
     let mut want = vec![0.0; seq * h * p];
     cpu::mamba2::mamba2_chunked(dims, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &d, &mut want);
-    Ok(vec![
-        Check::new("y", &dev.download_f32(&y)?, &want, tol::<T>()),
-        Check::new("state", &dev.download(&dstate)?, &state, tol::<f32>()),
-    ])
+    let mut checks = vec![Check::new("y", &y, &want, tol::<T>())];
+    match simt {
+        Some((simt_y, simt_state)) => {
+            // Tensor cores round the scaled B and the entering states to bf16 for their products (mamba_ssm does
+            // the same), so their final state is checked at bf16's threshold; the SIMT kernels keep f32's.
+            checks.push(Check::new("state (tensor cores)", &got_state, &state, tol::<T>()));
+            checks.push(Check::new("y (SIMT)", &simt_y, &want, tol::<T>()));
+            checks.push(Check::new("state (SIMT)", &simt_state, &state, tol::<f32>()));
+        }
+        None => checks.push(Check::new("state", &got_state, &state, tol::<f32>())),
+    }
+    Ok(checks)
 }
 
 fn gdn_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, seq: usize, chunk: usize) -> Result<Vec<Check>> {
