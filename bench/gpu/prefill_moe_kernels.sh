@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Tensor-core Mamba-2 prefill scan and MoE grouped GEMM on the device (issue 15, items 1 and 3), in two parts so each
+# Tensor-core prefill scans (Mamba-2, GDN) and MoE grouped GEMM on the device (issue 15, items 1 and 3), in two parts so each
 # fits one device call:
 #   PART=kernels  the whole self-test (every parity case, the new tensor-core ones included, and the model-level
 #                 checks), kernels/examples/cuda_timing's `scans` and `moe` sections (SIMT vs tensor cores side by
 #                 side) and the peers on the same shapes (bench/peers/prefill.py: mamba_ssm, fla, torch._grouped_mm);
 #   PART=e2e      prefill time to first token before / after: `rewind bench` on a random Nemotron-H-8B (Mamba-2 +
-#                 dense MLP) and a random Nemotron-3-Nano-30B-A3B cut to 12 layers (Mamba-2 + MoE + attention),
+#                 dense MLP), a random Nemotron-3-Nano-30B-A3B cut to 12 layers (Mamba-2 + MoE + attention) and a
+#                 random Qwen3.5-4B (Gated DeltaNet + attention; MODELS picks a subset),
 #                 one 1024-token prompt, the previous build (.gpu/old/rewind.xz) and this one back to back.
 # Binaries built on the host and carried in .gpu/ (rewind xz-compressed); peers in .whl/ (see bench/peers/prefill.py).
 set -u
@@ -30,12 +31,17 @@ kernels)
   ;;
 e2e)
   xz -dc .gpu/old/rewind.xz > /tmp/rewind-old && chmod +x /tmp/rewind-old
-  [ -f /tmp/n8b/config.json ] || $R init-model --arch nemotron_h --preset nemotron-h-8b --out /tmp/n8b > /dev/null 2>>$L
-  [ -f /tmp/nano12/config.json ] || $R init-model --arch nemotron_h --preset nemotron-3-nano-30b-a3b --layers 12 \
-    --out /tmp/nano12 > /dev/null 2>>$L
+  for m in ${MODELS:-n8b nano12 q4b}; do
+    case $m in
+      n8b) init="--arch nemotron_h --preset nemotron-h-8b" ;;
+      nano12) init="--arch nemotron_h --preset nemotron-3-nano-30b-a3b --layers 12" ;;
+      q4b) init="--arch qwen3_5 --preset qwen3.5-4b" ;;
+    esac
+    [ -f /tmp/$m/config.json ] || $R init-model $init --out /tmp/$m > /dev/null 2>>$L
+  done
   echo "models at $(( $(date +%s) - t0 )) s" >> $L
   B="bench --device cuda --batch 1 --prompt-len 1024 --decode-tokens 16 --repeats 5"
-  for m in n8b nano12; do
+  for m in ${MODELS:-n8b nano12 q4b}; do
     for v in old new; do
       bin=$R; [ $v = old ] && bin=/tmp/rewind-old
       timeout 200 $bin $B --model /tmp/$m --json $OUT/$m-$v.json > $OUT/$m-$v.md 2>>$L

@@ -254,23 +254,32 @@ fn scans_section(dev: &CudaDevice, rng: &mut Rng) -> Result<()> {
     let mut gstate = dev.upload(&rng.uniform_vec(gd.state_len(), 0.5))?;
     let mut o = dev.alloc::<bf16>(seq * 32 * 128)?;
     let mut gws = dev.alloc::<f32>(ops::gdn_chunked_workspace(gd, seq, chunk))?;
-    let ms = timing::median_ms(dev, || {
-        ops::gdn_chunked(
-            dev,
-            gd,
-            seq,
-            chunk,
-            &mut gstate,
-            &q,
-            &k,
-            &v,
-            &g,
-            &beta,
-            &mut o,
-            &mut gws,
-        )
-    })?;
-    println!("gdn_chunked      Qwen3.5-4B 16/32×128, seq {seq}: {ms:.3} ms");
+    let mut ms = [0.0; 2];
+    for (slot, kernel) in [ScanKernel::Simt, ScanKernel::Auto].into_iter().enumerate() {
+        ms[slot] = timing::median_ms(dev, || {
+            ops::gdn_chunked_using(
+                dev,
+                kernel,
+                gd,
+                seq,
+                chunk,
+                &mut gstate,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &mut o,
+                &mut gws,
+            )
+        })?;
+    }
+    println!(
+        "gdn_chunked      Qwen3.5-4B 16/32×128, seq {seq}: SIMT {:.3} ms, auto (tensor cores) {:.3} ms, {:.2}x",
+        ms[0],
+        ms[1],
+        ms[0] / ms[1]
+    );
 
     Ok(())
 }

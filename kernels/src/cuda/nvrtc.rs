@@ -122,6 +122,7 @@ pub const MODULES: &[KernelModule] = &[
         ["ssd_tc_state_n64", "ssd_tc_out_n64", "ssd_tc_state_n128", "ssd_tc_out_n128"]
     ),
     module!("gdn_chunk", typed: true, ["gdn_chunk_prep", "gdn_chunk_scan"]),
+    module!("gdn_tc", typed: false, prelude: "mma_common.cuh", ["gdn_tc_prep", "gdn_tc_scan"]),
     module!("moe_route", typed: false, ["route_softmax", "route_sigmoid_grouped", "moe_align"]),
     module!("moe", typed: true, ["moe_gemm", "moe_combine"]),
     module!("moe_tc", typed: false, prelude: "mma_common.cuh", ["moe_gemm_tc_m16", "moe_gemm_tc_m64"]),

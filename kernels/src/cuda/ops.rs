@@ -573,6 +573,6 @@ pub use replay::{
 };
 pub use sample::{argmax_rows, repetition_penalty, sample_rows};
 pub use scan::{
-    gdn_chunked, gdn_chunked_workspace, mamba2_chunked, mamba2_chunked_using, mamba2_chunked_workspace,
-    mamba2_tensor_cores, ScanKernel, MAX_CHUNK,
+    gdn_chunked, gdn_chunked_using, gdn_chunked_workspace, gdn_tensor_cores, mamba2_chunked, mamba2_chunked_using,
+    mamba2_chunked_workspace, mamba2_tensor_cores, ScanKernel, MAX_CHUNK,
 };

@@ -286,6 +286,50 @@ pub fn gdn_chunked<T: Elem>(
     out: &mut impl DevicePtrMut<T>,
     workspace: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
+    gdn_chunked_using(
+        dev,
+        ScanKernel::Auto,
+        dims,
+        seq,
+        chunk,
+        state,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        out,
+        workspace,
+    )
+}
+
+/// Whether [`ScanKernel::Auto`] runs this gated-delta-rule scan on tensor cores (`gdn_tc.cu`): bf16 storage, chunk
+/// 64, key and value heads of 128 (every Qwen3-Next / Qwen3.5 layer). Its MMA operands (T, W, the scores, V′ and the
+/// state) are rounded to bf16 for the products, accumulated in f32, as fla's kernels do.
+pub fn gdn_tensor_cores<T: Elem>(dims: GdnDims, chunk: usize) -> bool {
+    T::NAME == "bf16" && chunk == 64 && dims.k_dim == 128 && dims.v_dim == 128
+}
+
+/// Block of state rows one `gdn_tc_scan` block owns (`GT_BV` in `gdn_tc.cu`).
+const GDN_TC_ROWS: usize = 16;
+
+/// [`gdn_chunked`] with the kernels named.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_chunked_using<T: Elem>(
+    dev: &CudaDevice,
+    kernel: ScanKernel,
+    dims: GdnDims,
+    seq: usize,
+    chunk: usize,
+    state: &mut impl DevicePtrMut<f32>,
+    q: &impl DevicePtr<T>,
+    k: &impl DevicePtr<T>,
+    v: &impl DevicePtr<T>,
+    g: &impl DevicePtr<f32>,
+    beta: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<T>,
+    workspace: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
     const OP: &str = "gdn_chunked";
     let GdnDims {
         k_heads,
@@ -334,6 +378,52 @@ pub fn gdn_chunked<T: Elem>(
     let (gp, _gg) = g.device_ptr(dev.stream());
     let (bp, _gb) = beta.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
+    let aligned = [qp, kp, vp, op].iter().all(|p| p % 16 == 0);
+    if kernel == ScanKernel::Auto && gdn_tensor_cores::<T>(dims, chunk) && aligned {
+        // Shared memory of gdn_tc_prep (K, Q, βV; A and T in f32; T in bf16) and gdn_tc_scan (W, Q, scaled K, the
+        // scores, V', the state rows).
+        let prep_smem = 3 * 64 * 128 * 2 + 2 * 64 * 64 * 4 + 64 * 64 * 2;
+        let scan_smem = 3 * 64 * 128 * 2 + 64 * 64 * 2 + 64 * GDN_TC_ROWS * 2 + GDN_TC_ROWS * 128 * 2;
+        with_shared_memory(dev, "gdn_tc_prep", prep_smem)?;
+        with_shared_memory(dev, "gdn_tc_scan", scan_smem)?;
+        let cfg = |grid: (u32, u32, u32), smem: usize| LaunchConfig {
+            grid_dim: grid,
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        launch!(
+            dev,
+            "gdn_tc_prep",
+            cfg((chunks as u32, v_heads as u32, 1), prep_smem),
+            qp,
+            kp,
+            vp,
+            gp,
+            bp,
+            up,
+            wp,
+            scp,
+            seq_i,
+            hk,
+            hv
+        )?;
+        return launch!(
+            dev,
+            "gdn_tc_scan",
+            cfg(((v_dim / GDN_TC_ROWS) as u32, v_heads as u32, 1), scan_smem),
+            qp,
+            kp,
+            gp,
+            up,
+            wp,
+            scp,
+            sp,
+            op,
+            seq_i,
+            hk,
+            hv
+        );
+    }
     let prep = LaunchConfig {
         grid_dim: (chunks as u32, v_heads as u32, 1),
         block_dim: (256, 1, 1),

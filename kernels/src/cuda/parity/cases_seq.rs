@@ -138,6 +138,17 @@ pub(super) fn register(cases: &mut Vec<Case>) {
     for (dims, seq, chunk, what) in [
         (qwen35_4b, 1024, 64, "Qwen3.5-4B, prompt 1024"),
         (qwen35_4b, 1000, 64, "Qwen3.5-4B, 1000 tokens"),
+        (
+            GdnDims {
+                k_heads: 2,
+                v_heads: 6,
+                k_dim: 128,
+                v_dim: 128,
+            },
+            100,
+            64,
+            "2/6 heads, one short chunk after a full one",
+        ),
         (odd_g, 77, 16, "odd, k_dim ≠ v_dim"),
         (odd_g, 5, 16, "odd, one short chunk"),
     ] {
@@ -299,18 +310,7 @@ fn mamba2_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, seq: usize
     };
     let mut want = vec![0.0; seq * h * p];
     cpu::mamba2::mamba2_chunked(dims, seq, chunk, &mut state, &x, &dt, &a, &b, &c, &d, &mut want);
-    let mut checks = vec![Check::new("y", &y, &want, tol::<T>())];
-    match simt {
-        Some((simt_y, simt_state)) => {
-            // Tensor cores round the scaled B and the entering states to bf16 for their products (mamba_ssm does
-            // the same), so their final state is checked at bf16's threshold; the SIMT kernels keep f32's.
-            checks.push(Check::new("state (tensor cores)", &got_state, &state, tol::<T>()));
-            checks.push(Check::new("y (SIMT)", &simt_y, &want, tol::<T>()));
-            checks.push(Check::new("state (SIMT)", &simt_state, &state, tol::<f32>()));
-        }
-        None => checks.push(Check::new("state", &got_state, &state, tol::<f32>())),
-    }
-    Ok(checks)
+    Ok(scan_checks::<T>(["y", "y (SIMT)"], (y, got_state), simt, &want, &state))
 }
 
 fn gdn_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, seq: usize, chunk: usize) -> Result<Vec<Check>> {
@@ -331,33 +331,63 @@ fn gdn_chunked<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, seq: usize, chun
         .collect();
     let mut state = rng.uniform_vec(dims.state_len(), 0.5);
     let dev = cx.dev;
-    let mut dstate = dev.upload(&state)?;
     let (dq, dk_, dv_) = (
         dev.upload_as::<T>(&q)?,
         dev.upload_as::<T>(&k)?,
         dev.upload_as::<T>(&v)?,
     );
     let (dg, db) = (dev.upload(&g)?, dev.upload(&beta)?);
-    let mut out = dev.alloc_nan::<T>(seq * hv * dv)?;
     let mut ws = dev.alloc_nan::<f32>(ops::gdn_chunked_workspace(dims, seq, chunk))?;
-    ops::gdn_chunked(
-        dev,
-        dims,
-        seq,
-        chunk,
-        &mut dstate,
-        &dq,
-        &dk_,
-        &dv_,
-        &dg,
-        &db,
-        &mut out,
-        &mut ws,
-    )?;
+    let mut run = |kernel: ops::ScanKernel| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut dstate = dev.upload(&state)?;
+        let mut out = dev.alloc_nan::<T>(seq * hv * dv)?;
+        ops::gdn_chunked_using(
+            dev,
+            kernel,
+            dims,
+            seq,
+            chunk,
+            &mut dstate,
+            &dq,
+            &dk_,
+            &dv_,
+            &dg,
+            &db,
+            &mut out,
+            &mut ws,
+        )?;
+        Ok((dev.download_f32(&out)?, dev.download(&dstate)?))
+    };
+    let got = run(ops::ScanKernel::Auto)?;
+    let simt = if ops::gdn_tensor_cores::<T>(dims, chunk) {
+        Some(run(ops::ScanKernel::Simt)?)
+    } else {
+        None
+    };
     let mut want = vec![0.0; seq * hv * dv];
     cpu::gdn::gdn_chunked(dims, seq, chunk, &mut state, &q, &k, &v, &g, &beta, &mut want);
-    Ok(vec![
-        Check::new("out", &dev.download_f32(&out)?, &want, tol::<T>()),
-        Check::new("state", &dev.download(&dstate)?, &state, tol::<f32>()),
-    ])
+    Ok(scan_checks::<T>(["out", "out (SIMT)"], got, simt, &want, &state))
+}
+
+/// The checks of a chunked scan: its output and final state against the CPU, and where tensor cores ran (`simt`
+/// holds the SIMT kernels' run of the same case) both runs. Tensor cores round their MMA operands (decay-scaled inputs,
+/// carried states) to bf16, as mamba_ssm and fla do, so their final state is checked at bf16's threshold; the SIMT
+/// kernels keep f32's.
+fn scan_checks<T: Elem>(
+    names: [&'static str; 2],
+    (out, state): (Vec<f32>, Vec<f32>),
+    simt: Option<(Vec<f32>, Vec<f32>)>,
+    want: &[f32],
+    want_state: &[f32],
+) -> Vec<Check> {
+    let mut checks = vec![Check::new(names[0], &out, want, tol::<T>())];
+    match simt {
+        Some((simt_out, simt_state)) => {
+            checks.push(Check::new("state (tensor cores)", &state, want_state, tol::<T>()));
+            checks.push(Check::new(names[1], &simt_out, want, tol::<T>()));
+            checks.push(Check::new("state (SIMT)", &simt_state, want_state, tol::<f32>()));
+        }
+        None => checks.push(Check::new("state", &state, want_state, tol::<f32>())),
+    }
+    checks
 }
