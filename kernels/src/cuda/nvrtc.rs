@@ -99,6 +99,21 @@ pub const MODULES: &[KernelModule] = &[
         prelude: "replay_common.cuh",
         ["gdn_replay_nc1", "gdn_replay_nc2", "gdn_replay_nc4", "gdn_replay_nc8"]
     ),
+    module!(
+        "spec_baseline",
+        typed: false,
+        [
+            "spec_mamba2_verify_v4_f32",
+            "spec_mamba2_verify_v4_bf16",
+            "spec_mamba2_verify_v1_f32",
+            "spec_mamba2_verify_v1_bf16",
+            "spec_gdn_verify_v4_f32",
+            "spec_gdn_verify_v4_bf16",
+            "spec_gdn_verify_v1_f32",
+            "spec_gdn_verify_v1_bf16",
+            "spec_commit",
+        ]
+    ),
     module!("attention", typed: true, ["kv_write", "attn_paged"]),
     module!(
         "attention_flash",

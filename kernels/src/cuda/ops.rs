@@ -549,6 +549,7 @@ mod moe;
 mod replay;
 mod sample;
 mod scan;
+mod spec_baseline;
 
 pub use attention::{
     kv_write, paged_attention, paged_attention_plan, paged_attention_workspace_len, AttentionPlan, PagedKv,
@@ -575,4 +576,7 @@ pub use sample::{argmax_rows, repetition_penalty, sample_rows};
 pub use scan::{
     gdn_chunked, gdn_chunked_using, gdn_chunked_workspace, gdn_tensor_cores, mamba2_chunked, mamba2_chunked_using,
     mamba2_chunked_workspace, mamba2_tensor_cores, ScanKernel, MAX_CHUNK,
+};
+pub use spec_baseline::{
+    gdn_spec_verify, mamba2_spec_verify, spec_commit, SPEC_COMMIT_META, SPEC_MAX_KEY_DIM, SPEC_MAX_T,
 };

@@ -5,8 +5,8 @@
 use half::bf16;
 
 use super::{
-    cases_glue, cases_head, cases_moe, cases_replay, cases_sample, cases_seq, cases_ssm, rounded, tol, Case, Check,
-    Ctx, Rng,
+    cases_glue, cases_head, cases_moe, cases_replay, cases_sample, cases_seq, cases_spec_baseline, cases_ssm, rounded,
+    tol, Case, Check, Ctx, Rng,
 };
 use crate::cpu;
 use crate::cpu::norm::GateOrder;
@@ -132,6 +132,7 @@ pub fn all() -> Vec<Case> {
     }
     cases_ssm::register(&mut cases);
     cases_replay::register(&mut cases);
+    cases_spec_baseline::register(&mut cases);
     cases_seq::register(&mut cases);
     cases_moe::register(&mut cases);
     cases_glue::register(&mut cases);

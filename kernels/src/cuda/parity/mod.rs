@@ -32,6 +32,7 @@ mod cases_moe;
 mod cases_replay;
 mod cases_sample;
 mod cases_seq;
+mod cases_spec_baseline;
 mod cases_ssm;
 
 /// SplitMix64: a small seeded generator, so the parity cases need no extra dependency.
