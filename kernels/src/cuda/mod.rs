@@ -10,10 +10,12 @@
 //! - [`blas`]: bf16 × bf16 → fp32-accumulated GEMMs in the `x · Wᵀ` shape, through cuBLAS and cuBLASLt.
 //! - [`ops`]: launch wrappers for the kernels under `cuda/kernels/`.
 //! - [`parity`]: every op against its CPU twin on fresh random inputs (the `rewind selftest` cases).
+//! - [`timing`] and [`bench_decode`]: CUDA-event timing, and the SSM decode-kernel sweep of `rewind bench kernels`.
 //!
 //! Storage follows the design: bf16 weights and activations (or f32, which the parity tests also use to check the
 //! kernels' arithmetic tightly), f32 accumulation, f32 recurrent state.
 
+pub mod bench_decode;
 pub mod blas;
 pub mod device;
 pub mod nccl;
