@@ -58,6 +58,13 @@ pub fn row_forms(kernel: Kernel, batch: usize) -> Vec<RowForm> {
                 let fill = spread(l - 2 * t + 1, l - t, b, batch);
                 RowForm { fill, t, fold: fill }
             }
+            // No ring: the baseline's verify writes its `t` snapshots, its commit folds `accepted` drafts in.
+            Kernel::BaselineVerify { t } => RowForm { fill: 0, t, fold: 0 },
+            Kernel::BaselineCommit { accepted } => RowForm {
+                fill: 0,
+                t: 0,
+                fold: accepted,
+            },
         })
         .collect()
 }
@@ -105,13 +112,43 @@ fn row(state: u64, entry: u64, r: RowForm, inputs: u64, outputs: u64) -> Traffic
     }
 }
 
+/// The serial baseline's traffic for one row (CPU twins `verify_baseline` and `commit_baseline`): a verify reads the
+/// state once and writes `t` snapshots beside its inputs and outputs; a commit of `accepted > 0` drafts copies one
+/// snapshot to the state (read and written), of 0 moves nothing. `replay` is the family's replay row model, whose
+/// state, input and output terms the baseline shares.
+pub fn baseline_row(kernel: Kernel, replay: impl Fn(RowForm) -> Traffic) -> Traffic {
+    match kernel {
+        Kernel::BaselineVerify { t } => {
+            let r = replay(RowForm { fill: 0, t, fold: 0 });
+            Traffic {
+                state_written: t as u64 * r.state_read,
+                ring_written: 0,
+                ..r
+            }
+        }
+        Kernel::BaselineCommit { accepted } if accepted > 0 => {
+            let state = replay(RowForm { fill: 0, t: 0, fold: 0 }).state_read;
+            Traffic {
+                state_read: state,
+                state_written: state,
+                ..Traffic::default()
+            }
+        }
+        _ => Traffic::default(),
+    }
+}
+
 /// Bytes one launch of `kernel` over `rows` moves in `family`'s layer.
 pub fn launch_bytes(family: Family, kernel: Kernel, rows: &[RowForm]) -> u64 {
+    let replay = |r: RowForm| match family {
+        Family::Mamba2 => mamba2_row(Family::mamba2_dims(), r),
+        Family::Gdn => gdn_row(Family::gdn_dims(), r),
+    };
     let per_row = |r: &RowForm| match (family, kernel) {
         (Family::Mamba2, Kernel::RecurrentStep) => replay_mamba2::recurrent_step_traffic(Family::mamba2_dims()),
         (Family::Gdn, Kernel::RecurrentStep) => replay_gdn::recurrent_step_traffic(Family::gdn_dims()),
-        (Family::Mamba2, _) => mamba2_row(Family::mamba2_dims(), *r),
-        (Family::Gdn, _) => gdn_row(Family::gdn_dims(), *r),
+        (_, Kernel::BaselineVerify { .. } | Kernel::BaselineCommit { .. }) => baseline_row(kernel, replay),
+        _ => replay(*r),
     };
     rows.iter().map(|r| per_row(r).total()).sum()
 }

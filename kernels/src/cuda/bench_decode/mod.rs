@@ -7,6 +7,10 @@
 //! - [`render`]: the markdown tables (per family, and the targets);
 //! - `run`: the device side ([`run_sweep`]): pools beyond L2, operands rotated between timed launches.
 //!
+//! Beside them, the serial snapshot baseline (what an engine without replay runs to verify drafts): its verify
+//! writes one state snapshot per draft, and its commit copies the accepted one back, so that commit is timed per
+//! accepted count.
+//!
 //! A verify's kernel does not depend on how many drafts are later accepted: the accepted count only moves the ring
 //! counters on the host (`commit_replay`, a pointer move with no device work), so verify is timed once per window and
 //! its rows say so ([`Row::commit`]) instead of repeating one time per accepted count.
@@ -114,6 +118,17 @@ pub enum Kernel {
         /// Drafts T.
         t: usize,
     },
+    /// The serial snapshot baseline's verify (`ops::*_spec_verify`): the recurrence run draft by draft from the
+    /// slot's state, one full state snapshot written per draft.
+    BaselineVerify {
+        /// Drafts T.
+        t: usize,
+    },
+    /// The baseline's commit (`ops::spec_commit`): the state becomes snapshot `accepted − 1`; 0 keeps it.
+    BaselineCommit {
+        /// Drafts accepted.
+        accepted: usize,
+    },
 }
 
 impl Kernel {
@@ -126,13 +141,18 @@ impl Kernel {
             Kernel::ReplayFlush { .. } => "replay_flush",
             Kernel::Verify { .. } => "verify",
             Kernel::VerifyFlush { .. } => "verify_flush",
+            Kernel::BaselineVerify { .. } => "baseline_verify",
+            Kernel::BaselineCommit { .. } => "baseline_commit",
         }
     }
 
     /// Ring capacity L, where the kernel has a ring.
     pub fn l(self) -> Option<usize> {
         match self {
-            Kernel::RecurrentStep | Kernel::RecurrentReplay => None,
+            Kernel::RecurrentStep
+            | Kernel::RecurrentReplay
+            | Kernel::BaselineVerify { .. }
+            | Kernel::BaselineCommit { .. } => None,
             Kernel::Replay { l }
             | Kernel::ReplayFlush { l }
             | Kernel::Verify { l, .. }
@@ -143,14 +163,26 @@ impl Kernel {
     /// Tokens each row appends: the window T of a verify, else 1.
     pub fn t(self) -> usize {
         match self {
-            Kernel::Verify { t, .. } | Kernel::VerifyFlush { t, .. } => t,
+            Kernel::Verify { t, .. } | Kernel::VerifyFlush { t, .. } | Kernel::BaselineVerify { t } => t,
             _ => 1,
         }
     }
 
-    /// Whether this is a verify (whose commit is reported, not timed).
-    pub fn is_verify(self) -> bool {
-        matches!(self, Kernel::Verify { .. } | Kernel::VerifyFlush { .. })
+    /// Accepted drafts, for the rows whose time depends on them.
+    pub fn accepted(self) -> Option<usize> {
+        match self {
+            Kernel::BaselineCommit { accepted } => Some(accepted),
+            _ => None,
+        }
+    }
+
+    /// What a verify row says about the commit after it.
+    pub fn commit_note(self) -> Option<&'static str> {
+        match self {
+            Kernel::Verify { .. } | Kernel::VerifyFlush { .. } => Some(REPLAY_COMMIT),
+            Kernel::BaselineVerify { .. } => Some(BASELINE_COMMIT),
+            _ => None,
+        }
     }
 
     /// A short label for tables: `replay L=16`, `verify T=4 (L=16)`.
@@ -162,6 +194,8 @@ impl Kernel {
             Kernel::ReplayFlush { l } => format!("replay flush step L={l}"),
             Kernel::Verify { l, t } => format!("verify T={t} (L={l})"),
             Kernel::VerifyFlush { l, t } => format!("verify T={t} flushing (L={l})"),
+            Kernel::BaselineVerify { t } => format!("baseline verify T={t} (snapshots)"),
+            Kernel::BaselineCommit { accepted } => format!("baseline commit, {accepted} accepted"),
         }
     }
 }
@@ -169,6 +203,10 @@ impl Kernel {
 /// What a verify row says about the commit that follows it.
 pub const REPLAY_COMMIT: &str =
     "commit of any accepted count 0..=T is a ring-counter move on the host (commit_replay): no device work, not timed";
+
+/// What a baseline verify row says about its commit.
+pub const BASELINE_COMMIT: &str =
+    "the commit (state <- snapshot accepted-1) is timed apart, one row per accepted count (baseline_commit)";
 
 /// What one run measures.
 #[derive(Clone, Debug, PartialEq)]
@@ -236,8 +274,9 @@ impl Sweep {
         Ok(())
     }
 
-    /// Every kernel form, in report order: recurrent (both kernels), replay and its flush step per L, then verify and
-    /// its flushing form per T.
+    /// Every kernel form, in report order: recurrent (both kernels), replay and its flush step per L, verify and its
+    /// flushing form per T, then the serial snapshot baseline: its verify per T and its commit per accepted count
+    /// `0 ..= max T` (the commit does not depend on T).
     pub fn kernels(&self) -> Vec<Kernel> {
         let mut k = vec![Kernel::RecurrentStep, Kernel::RecurrentReplay];
         k.extend(self.ring_lens.iter().map(|&l| Kernel::Replay { l }));
@@ -245,6 +284,10 @@ impl Sweep {
         let l = self.verify_ring;
         k.extend(self.windows.iter().map(|&t| Kernel::Verify { l, t }));
         k.extend(self.windows.iter().map(|&t| Kernel::VerifyFlush { l, t }));
+        k.extend(self.windows.iter().map(|&t| Kernel::BaselineVerify { t }));
+        if !self.windows.is_empty() {
+            k.extend((0..=self.max_t()).map(|accepted| Kernel::BaselineCommit { accepted }));
+        }
         k
     }
 
@@ -279,7 +322,8 @@ pub struct Row {
     pub kernel: Kernel,
     /// Rows per launch.
     pub batch: usize,
-    /// Accepted drafts, for rows whose time depends on it (none yet: see [`Row::commit`]).
+    /// Accepted drafts, for rows whose time depends on it (the baseline's commit; a replay commit moves no data,
+    /// see [`Row::commit`]).
     pub accepted: Option<usize>,
     /// Median milliseconds of one launch.
     pub ms: f64,
@@ -295,7 +339,7 @@ pub struct Row {
     pub frac_copy: f64,
     /// `ms` over the recurrent step kernel's at the same family and batch (when measured).
     pub vs_recurrent: Option<f64>,
-    /// For verify rows: what the commit of each accepted count costs ([`REPLAY_COMMIT`]).
+    /// For verify rows: what the commit of each accepted count costs ([`REPLAY_COMMIT`], [`BASELINE_COMMIT`]).
     pub commit: Option<&'static str>,
 }
 
@@ -308,7 +352,7 @@ impl Row {
             family,
             kernel,
             batch,
-            accepted: None,
+            accepted: kernel.accepted(),
             ms,
             ms_min: samples.first().copied().unwrap_or(f64::NAN),
             ms_max: samples.last().copied().unwrap_or(f64::NAN),
@@ -316,7 +360,7 @@ impl Row {
             gbs,
             frac_copy: gbs / copy_gbs,
             vs_recurrent: None,
-            commit: kernel.is_verify().then_some(REPLAY_COMMIT),
+            commit: kernel.commit_note(),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! Rotation, so a launch reads HBM and not what the previous one left in L2: the state pool holds at least 512 slots
 //! (1 GiB for the GDN layer, 2 GiB for Mamba-2) and each launch takes the next window of `batch` slots; the fresh
 //! inputs and outputs come from token pools of at least 256 MiB a family (beyond any current L2), each launch the next window of
-//! `batch · t` token rows. A batch of 1 thus never sees the same state twice in a run of up to 512 launches.
+//! `batch · t` token rows. A batch of 1 thus never sees the same state twice in a run of up to 512 launches. The
+//! baseline's snapshot pool (`[slots, max T, state]`, 12 GiB for Mamba-2 at T = 6) rotates with the state slots.
 
 use half::bf16;
 
@@ -128,6 +129,9 @@ struct Pools {
     /// Mamba-2 `A` and `D` (unused for GDN).
     a: CudaSlice<f32>,
     d: CudaSlice<f32>,
+    /// The baseline's snapshots, `[slots, max T, state]` (when the sweep verifies).
+    snapshots: Option<CudaSlice<f32>>,
+    state_len: usize,
 }
 
 impl Pools {
@@ -179,6 +183,12 @@ impl Pools {
             out: dev.alloc_zeros(rows * vec_c.max(vec_a))?,
             a: filled(dev, rng, heads, -4.0, -0.5)?,
             d: filled(dev, rng, heads, 0.5, 1.5)?,
+            snapshots: if sweep.windows.is_empty() {
+                None
+            } else {
+                Some(dev.alloc_zeros(slots * sweep.max_t() * state_len)?)
+            },
+            state_len,
         })
     }
 
@@ -210,12 +220,21 @@ impl Pools {
         Ok(Row::new(self.family, kernel, batch, &samples, bytes, copy_gbs))
     }
 
-    /// The device metadata of one launch whose rows take slots `base ..`: the slot list for the step kernel, the
-    /// replay rows otherwise.
+    /// The device metadata of one launch whose rows take slots `base ..`: the slot list for the step kernel and the
+    /// baseline verify, (slot, accepted) rows for the baseline commit, the replay rows otherwise.
     fn launch_meta(&self, dev: &CudaDevice, kernel: Kernel, forms: &[RowForm], base: usize) -> Result<CudaSlice<i32>> {
-        if kernel == Kernel::RecurrentStep {
-            let slots: Vec<i32> = (0..forms.len()).map(|b| (base + b) as i32).collect();
-            return dev.upload(&slots);
+        match kernel {
+            Kernel::RecurrentStep | Kernel::BaselineVerify { .. } => {
+                let slots: Vec<i32> = (0..forms.len()).map(|b| (base + b) as i32).collect();
+                return dev.upload(&slots);
+            }
+            Kernel::BaselineCommit { accepted } => {
+                let rows: Vec<i32> = (0..forms.len())
+                    .flat_map(|b| [(base + b) as i32, accepted as i32])
+                    .collect();
+                return dev.upload(&rows);
+            }
+            _ => {}
         }
         let cap = kernel.l().unwrap_or(self.ring_rows);
         let rows: Vec<ReplayRow> = forms
@@ -244,6 +263,14 @@ impl Pools {
         meta: &CudaSlice<i32>,
         tok: usize,
     ) -> Result<()> {
+        let no_snapshots = || CudaError::Shape {
+            op: "bench_decode",
+            message: "the baseline needs a snapshot pool (a sweep with verify windows)".into(),
+        };
+        if let Kernel::BaselineCommit { .. } = kernel {
+            let snapshots = self.snapshots.as_ref().ok_or_else(no_snapshots)?;
+            return ops::spec_commit(dev, self.state_len, &mut self.state, snapshots, meta);
+        }
         let n = shape.batch * shape.t;
         let w = token_widths(self.family);
         let at = |i: usize| tok * w[i]..(tok + n) * w[i];
@@ -257,7 +284,24 @@ impl Pools {
                     self.vec_c.slice(at(3)),
                 );
                 let mut y = self.out.slice_mut(at(4));
-                if kernel == Kernel::RecurrentStep {
+                if let Kernel::BaselineVerify { t } = kernel {
+                    let snapshots = self.snapshots.as_mut().ok_or_else(no_snapshots)?;
+                    ops::mamba2_spec_verify(
+                        dev,
+                        dims,
+                        t,
+                        &self.state,
+                        snapshots,
+                        meta,
+                        &x,
+                        &dt,
+                        &self.a,
+                        &b,
+                        &c,
+                        &self.d,
+                        &mut y,
+                    )
+                } else if kernel == Kernel::RecurrentStep {
                     ops::mamba2_step(
                         dev,
                         dims,
@@ -301,7 +345,23 @@ impl Pools {
                     self.sc_b.slice(at(4)),
                 );
                 let mut out = self.out.slice_mut(at(5));
-                if kernel == Kernel::RecurrentStep {
+                if let Kernel::BaselineVerify { t } = kernel {
+                    let snapshots = self.snapshots.as_mut().ok_or_else(no_snapshots)?;
+                    ops::gdn_spec_verify(
+                        dev,
+                        dims,
+                        t,
+                        &self.state,
+                        snapshots,
+                        meta,
+                        &q,
+                        &k,
+                        &v,
+                        &g,
+                        &beta,
+                        &mut out,
+                    )
+                } else if kernel == Kernel::RecurrentStep {
                     ops::gdn_step(dev, dims, &mut self.state, meta, &q, &k, &v, &g, &beta, &mut out)
                 } else {
                     ops::gdn_replay(

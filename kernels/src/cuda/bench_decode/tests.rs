@@ -1,6 +1,6 @@
 //! The sweep, the row forms, the byte model (against the CPU twins' own traffic) and the markdown, all on the CPU.
 
-use super::bytes::{gdn_row, launch_bytes, mamba2_row, row_forms, RowForm};
+use super::bytes::{baseline_row, gdn_row, launch_bytes, mamba2_row, row_forms, RowForm};
 use super::render::{cell, markdown};
 use super::*;
 use crate::cpu::replay_gdn::{self, GdnRingBuf, GdnTokens};
@@ -13,8 +13,10 @@ fn default_sweep_covers_the_issue() {
     assert_eq!(s.validate(), Ok(()));
     assert_eq!(s.batches, [1, 8, 32, 64, 128, 256, 512]);
     let k = s.kernels();
-    // 2 recurrent forms, 4 replay and 4 flush steps, 3 verify windows plain and flushing.
-    assert_eq!(k.len(), 2 + 4 + 4 + 3 + 3);
+    // 2 recurrent forms, 4 replay and 4 flush steps, 3 verify windows plain and flushing, the baseline's verify per
+    // window and its commit per accepted count 0 ..= 6.
+    assert_eq!(k.len(), 2 + 4 + 4 + 3 + 3 + 3 + 7);
+    assert_eq!(k.last(), Some(&Kernel::BaselineCommit { accepted: 6 }));
     assert_eq!(k[0], Kernel::RecurrentStep);
     assert!(k.contains(&Kernel::Verify { l: 16, t: 6 }));
     assert_eq!(s.ring_rows(), 32);
@@ -136,6 +138,17 @@ fn mamba2_bytes_match_the_cpu_twins() {
     let mut y = vec![0.0; d.heads * d.head_dim];
     let got = replay_mamba2::replay_decode(Some(&mut s0), &mut ring.view(), m2(&tok), &a, &dsk, &mut y, true);
     assert_eq!(got, mamba2_row(d, RowForm { fill: 6, t: 1, fold: 7 }));
+    // The serial baseline from the state after those 7 entries (any state: traffic does not depend on it).
+    let drafts = tokens(rng, t);
+    let mut snaps = vec![0.0; t * s0.len()];
+    let mut y = vec![0.0; t * d.heads * d.head_dim];
+    let got = replay_mamba2::verify_baseline(d, &s0, m2(&drafts), &a, &dsk, &mut snaps, &mut y);
+    let model = |k| baseline_row(k, |r| mamba2_row(d, r));
+    assert_eq!(got, model(Kernel::BaselineVerify { t }));
+    for accepted in 0..=t {
+        let got = replay_mamba2::commit_baseline(d, &mut s0, &snaps, accepted);
+        assert_eq!(got, model(Kernel::BaselineCommit { accepted }), "{accepted} accepted");
+    }
     assert_eq!(
         replay_mamba2::recurrent_step_traffic(d).total(),
         mamba2_row(d, RowForm { fill: 0, t: 1, fold: 1 }).total()
@@ -181,6 +194,16 @@ fn gdn_bytes_match_the_cpu_twins() {
         let mut out = vec![0.0; d.v_heads * d.v_dim];
         let got = replay_gdn::replay_decode(Some(&mut s0), &mut ring.view(), gd(&tok), &mut out, false);
         assert_eq!(got, gdn_row(d, RowForm { fill: h, t: 1, fold: 0 }), "decode at h = {h}");
+    }
+    let drafts = tokens(rng, t);
+    let mut snaps = vec![0.0; t * s0.len()];
+    let mut out = vec![0.0; t * d.v_heads * d.v_dim];
+    let got = replay_gdn::verify_baseline(d, &s0, gd(&drafts), &mut snaps, &mut out);
+    let model = |k| baseline_row(k, |r| gdn_row(d, r));
+    assert_eq!(got, model(Kernel::BaselineVerify { t }));
+    for accepted in 0..=t {
+        let got = replay_gdn::commit_baseline(d, &mut s0, &snaps, accepted);
+        assert_eq!(got, model(Kernel::BaselineCommit { accepted }), "{accepted} accepted");
     }
 }
 
@@ -247,6 +270,14 @@ fn rows_carry_the_median_spread_and_roofline() {
         .find(Family::Mamba2, Kernel::Verify { l: 16, t: 4 }, 64)
         .expect("verify row");
     assert_eq!((v.commit, v.accepted), (Some(REPLAY_COMMIT), None));
+    let v = r
+        .find(Family::Mamba2, Kernel::BaselineVerify { t: 4 }, 64)
+        .expect("baseline row");
+    assert_eq!((v.commit, v.accepted), (Some(BASELINE_COMMIT), None));
+    let c = r
+        .find(Family::Mamba2, Kernel::BaselineCommit { accepted: 3 }, 64)
+        .expect("commit row");
+    assert_eq!((c.commit, c.accepted), (None, Some(3)));
     assert_eq!(cell(Some(row)), "0.500 ms · 0.40");
     assert_eq!(cell(None), "-");
 }
@@ -263,6 +294,8 @@ fn markdown_has_a_table_per_family_and_the_targets() {
     assert!(md.contains("| kernel | batch 64 | batch 256 |\n|---|---|---|\n"));
     assert!(md.contains("| replay L=16 | 0.125 ms · 0.40 | 0.500 ms · 0.40 |"));
     assert!(md.contains("| verify T=4 (L=16) |"));
+    assert!(md.contains("| baseline verify T=4 (snapshots) |"));
+    assert!(md.contains("| baseline commit, 4 accepted |"));
     assert!(!md.contains("Gated DeltaNet"), "only the measured family");
     // Replay at 0.4 of copy misses the roofline; 2× over the recurrent step plainly, (15·0.5 + 1.2)/16 with flushes.
     assert!(md.contains("| mamba2 | replay L=16 ≥ 0.95 of its byte roofline | 256 | 0.40 | **no** |"));
