@@ -1,99 +1,20 @@
 //! Speculative decoding through the serving engine on CPU ranks: greedy speculative output equals greedy output
 //! token for token (every fixture, every drafter, T from 1 to 8, every decode form, TP 1 and 2, speculating and plain
 //! requests mixed in one batch); sampled speculative output follows the target's distribution (chi-square against
-//! plain sampling, for deterministic and sampled drafts, one-pass and whole-row judging); the one-pass verify writes
-//! O(1) bytes per row whatever the vocabulary.
+//! plain sampling, for deterministic and sampled drafts, one-pass and whole-row judging) and is the same at TP 1 and
+//! 2; the one-pass verify writes O(1) bytes per row whatever the vocabulary. The MTP drafter's tests are in
+//! `speculative_mtp.rs`.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use rewind_actors::{EngineConfig, EngineHandle, EngineSpec, Event, GenerateRequest};
+use rewind_actors::GenerateRequest;
 use rewind_engine::decode::{DecoderConfig, FormChoice};
-use rewind_engine::model::Family;
-use rewind_engine::rank::{CpuLauncher, CpuOptions, Rank, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
-use rewind_engine::sample::SamplingParams;
-use rewind_engine::spec::factory::{build, Target};
-use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy, SpecStats};
+use rewind_engine::rank::{Rank, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
+use rewind_engine::spec::{DrafterKind, SpecStats};
 use rewind_tests::{fixtures, name, runtime, single, tokens};
 
-/// Ring length for windows up to T = 8 (a verify of 9 tokens needs L ≥ 18).
-const RING: usize = 18;
-
-fn spec_config(drafter: DrafterKind, window: usize) -> SpecConfig {
-    SpecConfig {
-        drafter,
-        window,
-        policy: SpecPolicy::Fixed,
-    }
-}
-
-async fn engine(dir: &Path, tp: usize, form: FormChoice, slots: usize, spec: &SpecConfig) -> EngineHandle {
-    let context = 96;
-    let mut decoder = DecoderConfig::new(slots, context);
-    decoder.buffer_len = RING;
-    decoder.max_verify = spec.max_verify();
-    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
-    let vocab = rewind_engine::model::ModelConfig::from_dir(dir)
-        .expect("config")
-        .vocab_size;
-    let factory = build(
-        &spec.drafter,
-        &Target {
-            dir,
-            vocab,
-            slots,
-            max_context: context,
-            window: spec.window,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", name(dir)));
-    let mut config = EngineConfig::new(form);
-    config.spec = Some(EngineSpec {
-        config: spec.clone(),
-        factory,
-    });
-    EngineHandle::start(Arc::new(launcher), config)
-        .await
-        .unwrap_or_else(|e| panic!("{} at tp {tp}: {e}", name(dir)))
-}
-
-/// Reads a request's stream to its end: its tokens and speculation counters.
-async fn run(mut s: rewind_actors::EventStream) -> (Vec<u32>, Option<SpecStats>) {
-    let mut tokens = Vec::new();
-    while let Some(ev) = s.next().await {
-        match ev {
-            Event::Token { token, index, .. } => {
-                assert_eq!(index, tokens.len(), "tokens arrive in order, none repeated or dropped");
-                tokens.push(token);
-            }
-            Event::Finished { spec, .. } => return (tokens, spec),
-            Event::Failed { error, .. } => panic!("request failed: {error}"),
-        }
-    }
-    panic!("the stream ended without a final event")
-}
-
-async fn run_all(e: &EngineHandle, requests: Vec<GenerateRequest>) -> Vec<(Vec<u32>, Option<SpecStats>)> {
-    let tasks: Vec<_> = requests
-        .into_iter()
-        .map(|r| tokio::spawn(run(e.submit(r).expect("submit"))))
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task"));
-    }
-    out
-}
-
-fn params(max_tokens: usize, temperature: f32, seed: u64) -> SamplingParams {
-    SamplingParams {
-        temperature,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        seed: Some(seed),
-        ..SamplingParams::default()
-    }
-}
+mod speculative_support;
+use speculative_support::{engine, params, run_all, spec_config, tiny_qwen};
 
 /// Prompts with repeats (so prompt lookup finds matches) from a fixture's tokens.
 fn prompts(dir: &Path) -> Vec<Vec<u32>> {
@@ -109,17 +30,11 @@ fn prompts(dir: &Path) -> Vec<Vec<u32>> {
 #[test]
 fn greedy_speculation_changes_no_token() {
     let rt = runtime();
-    let forms = [
-        FormChoice::Recurrent,
-        FormChoice::Replay,
-        FormChoice::KvOnly,
-        FormChoice::Auto,
-    ];
     let mut window = 0;
     for dir in fixtures() {
         let self_draft = DrafterKind::Draft(dir.clone());
         for tp in [1, 2] {
-            for form in forms {
+            for form in FormChoice::ALL {
                 for drafter in [
                     DrafterKind::Ngram { min_n: 1, max_n: 3 },
                     DrafterKind::Oracle { p: 0.25 },
@@ -212,66 +127,6 @@ fn critical(dof: usize) -> f64 {
     k * (1.0 - 2.0 / (9.0 * k) + 3.090 * (2.0 / (9.0 * k)).sqrt()).powi(3)
 }
 
-/// A random `tiny` Qwen3.5 checkpoint (with an MTP layer when `mtp`) in a fresh temporary directory.
-fn tiny_qwen(seed: u64, mtp: bool) -> tempfile::TempDir {
-    tiny(Family::Qwen35, "tiny", seed, mtp)
-}
-
-/// A random checkpoint of `preset` (with an MTP layer when `mtp`) in a fresh temporary directory.
-fn tiny(family: Family, preset: &str, seed: u64, mtp: bool) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    rewind_engine::init::init_model(&rewind_engine::init::InitOptions {
-        family,
-        preset: preset.into(),
-        layers: None,
-        seed,
-        out: dir.path().to_path_buf(),
-        dtype: None,
-        mtp,
-    })
-    .expect("init-model");
-    dir
-}
-
-#[test]
-fn greedy_mtp_speculation_changes_no_token() {
-    // Qwen3.5's MTP layout, and Nemotron-3's (attention then latent MoE, as Nemotron-3 Super).
-    for (family, preset) in [(Family::Qwen35, "tiny"), (Family::NemotronH, "tiny-latent")] {
-        greedy_mtp_speculation_changes_no_token_for(family, preset);
-    }
-}
-
-fn greedy_mtp_speculation_changes_no_token_for(family: Family, preset: &str) {
-    let rt = runtime();
-    let target = tiny(family, preset, 11, true);
-    let dir = target.path();
-    let prompt: Vec<u32> = vec![5, 9, 13, 5, 9, 13, 2];
-    for tp in [1, 2] {
-        for (form, window) in [
-            (FormChoice::Replay, 3),
-            (FormChoice::Auto, 5),
-            (FormChoice::Recurrent, 2),
-        ] {
-            let spec = spec_config(DrafterKind::Mtp, window);
-            let out = rt.block_on(async {
-                let e = engine(dir, tp, form, 4, &spec).await;
-                let mut plain = GenerateRequest::new(prompt.clone(), params(24, 0.0, 1));
-                plain.speculate = false;
-                let out = run_all(
-                    &e,
-                    vec![plain, GenerateRequest::new(prompt.clone(), params(24, 0.0, 1))],
-                )
-                .await;
-                e.shutdown().await;
-                out
-            });
-            assert_eq!(out[1].0, out[0].0, "{preset} mtp tp {tp} {form} T={window}");
-            let stats = out[1].1.expect("counters");
-            assert!(stats.verifies > 0 && stats.drafted > 0, "{stats:?}");
-        }
-    }
-}
-
 /// Low enough that the random models' distributions are peaked: drafts are often right, and often wrong.
 const TEMPERATURE: f32 = 0.5;
 
@@ -344,6 +199,55 @@ fn sampled_speculation_follows_the_target_distribution() {
                 chi < critical(dof),
                 "{drafter} top-k {top_k}, token {index}: chi-square {chi:.1} over {dof} degrees of freedom"
             );
+        }
+    }
+}
+
+/// Under vocabulary-parallel ranks the verify's per-position summaries (one pass) or logit slices (whole rows) are
+/// merged, never sampled per rank, so sampled speculative output at TP 2 is the TP 1 output token for token.
+#[test]
+fn sampled_speculation_is_the_same_at_tp_1_and_2() {
+    let rt = runtime();
+    let fixture = fixtures()
+        .into_iter()
+        .find(|d| name(d) == "qwen3_5")
+        .expect("qwen3_5 fixture");
+    let prompt: Vec<u32> = vec![3, 1, 4, 1, 5, 9];
+    for top_k in [0, 5] {
+        let spec = spec_config(DrafterKind::Oracle { p: 0.5 }, 3);
+        let outs: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|tp| {
+                rt.block_on(async {
+                    let e = engine(&fixture, tp, FormChoice::Replay, 16, &spec).await;
+                    let mut greedy = GenerateRequest::new(prompt.clone(), params(12, 0.0, 0));
+                    greedy.speculate = false;
+                    let reference = run_all(&e, vec![greedy]).await.remove(0).0;
+                    let reqs = (0..48)
+                        .map(|seed| {
+                            let mut p = params(12, TEMPERATURE, seed);
+                            p.top_k = top_k;
+                            let mut r = GenerateRequest::new(prompt.clone(), p);
+                            r.reference = Some(reference.clone());
+                            r
+                        })
+                        .collect();
+                    let out = run_all(&e, reqs).await;
+                    e.shutdown().await;
+                    out
+                })
+            })
+            .collect();
+        let stats = outs[1].iter().fold(SpecStats::default(), |mut acc, (_, s)| {
+            acc.add(&s.expect("counters"));
+            acc
+        });
+        assert!(
+            stats.accepted > 0 && stats.accepted < stats.drafted,
+            "top-k {top_k}: {stats:?}"
+        );
+        for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            assert_eq!(a.0, b.0, "top-k {top_k}, seed {i}: TP 1 and TP 2 differ");
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use rewind_engine::rank::{Books, SpecSample, StepResult};
+use rewind_engine::rank::{Books, SeqStep, SpecSample, StepPlan, StepResult};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
@@ -31,7 +31,8 @@ pub(super) struct LiveSpec {
     reference: Option<Vec<u32>>,
     meter: AcceptanceMeter,
     pub(super) stats: SpecStats,
-    /// Hidden states of the positions committed since the last proposal (drafters that want them).
+    /// Hidden states of committed positions not yet observed by the drafter (drafters that want them): rows wait
+    /// here until the token after each is known.
     hidden: Option<HiddenRows>,
     /// The drafts proposed for the next step, and their `q` when sampled.
     drafts: Option<Draft>,
@@ -98,28 +99,114 @@ impl LiveSpec {
         self.drafter = None;
     }
 
-    /// Records the hidden states of committed rows.
-    pub(super) fn set_hidden(&mut self, hidden: Option<HiddenRows>) {
-        if self.factory.wants_hidden() {
-            self.hidden = hidden;
+    /// Records the hidden states of committed rows: appended to the rows still waiting when they continue them,
+    /// replacing them otherwise (the drafter restarts its state at a gap).
+    fn add_hidden(&mut self, rows: HiddenRows) {
+        if !self.factory.wants_hidden() || rows.hidden == 0 || rows.rows.is_empty() {
+            return;
+        }
+        match &mut self.hidden {
+            Some(h) if h.hidden == rows.hidden && h.position + h.rows.len() / h.hidden == rows.position => {
+                h.rows.extend_from_slice(&rows.rows);
+            }
+            slot => *slot = Some(rows),
         }
     }
 
-    /// Proposes up to `max` drafts after `tokens`, making the drafter first if needed.
-    fn propose(&mut self, tokens: &[u32], max: usize, params: &SamplingParams, seed: u64) -> Result<Draft> {
-        let drafter = match &mut self.drafter {
+    /// The request's drafter, made now if it was not yet.
+    fn drafter(&mut self, params: &SamplingParams, seed: u64) -> Result<&mut Box<dyn Drafter>> {
+        let d = match self.drafter.take() {
             Some(d) => d,
-            None => self.drafter.insert(self.factory.drafter(&DraftRequest {
+            None => self.factory.drafter(&DraftRequest {
                 prompt: &self.prompt,
                 params,
                 seed,
                 reference: self.reference.as_deref(),
-            })?),
+            })?,
         };
-        drafter.propose(&DraftInput {
+        Ok(self.drafter.insert(d))
+    }
+
+    /// Hands the drafter the waiting hidden rows whose next token is in `tokens` (the sequence so far), so that its
+    /// state (an MTP layer's KV) follows the target from the prompt's first chunk on; the rest keep waiting.
+    fn feed(&mut self, tokens: &[u32], params: &SamplingParams, seed: u64) -> Result<()> {
+        let Some(h) = self.hidden.take() else { return Ok(()) };
+        let n = h.rows.len() / h.hidden.max(1);
+        let known = n.min(tokens.len().saturating_sub(h.position + 1));
+        if known == 0 {
+            self.hidden = Some(h);
+            return Ok(());
+        }
+        let (ready, rest) = h.rows.split_at(known * h.hidden);
+        if !rest.is_empty() {
+            self.hidden = Some(HiddenRows {
+                position: h.position + known,
+                hidden: h.hidden,
+                rows: rest.to_vec(),
+            });
+        }
+        let ready = HiddenRows {
+            position: h.position,
+            hidden: h.hidden,
+            rows: ready.to_vec(),
+        };
+        self.drafter(params, seed)?.observe(tokens, &ready)
+    }
+
+    /// Proposes up to `max` drafts after `tokens`, making the drafter first if needed.
+    fn propose(&mut self, tokens: &[u32], max: usize, params: &SamplingParams, seed: u64) -> Result<Draft> {
+        self.feed(tokens, params, seed)?;
+        let hidden = self.hidden.take();
+        self.drafter(params, seed)?.propose(&DraftInput {
             tokens,
-            hidden: self.hidden.as_ref(),
+            hidden: hidden.as_ref(),
             max,
+        })
+    }
+}
+
+/// Where each sequence's final hidden rows lie in a step's output: rows of `width` values, per plan sequence its
+/// first row and count. A rank returns every prefill row ([`SeqStep::hidden_row_count`]) or, as the GPU rank so far,
+/// only the reported rows; the lengths tell which (they are equal only where the two agree).
+pub(super) struct HiddenLayout {
+    width: usize,
+    spans: Vec<(usize, usize)>,
+}
+
+impl HiddenLayout {
+    /// The layout of `result`'s hidden rows for `plan`, when it returned any of the drafters' `width`.
+    pub(super) fn of(plan: &StepPlan, result: &StepResult, width: Option<usize>) -> Option<Self> {
+        let (h, width) = (result.hidden.as_ref()?, width?);
+        let counts: Vec<usize> = if h.len() == plan.hidden_row_count() * width {
+            plan.seqs.iter().map(SeqStep::hidden_row_count).collect()
+        } else if h.len() == plan.row_count() * width {
+            plan.seqs.iter().map(SeqStep::row_count).collect()
+        } else {
+            warn!(
+                values = h.len(),
+                width, "the step's hidden rows match neither layout; the drafters get none"
+            );
+            return None;
+        };
+        let mut at = 0;
+        let spans = counts
+            .into_iter()
+            .map(|n| {
+                at += n;
+                (at - n, n)
+            })
+            .collect();
+        Some(HiddenLayout { width, spans })
+    }
+
+    /// Sequence `seq`'s rows, the last of which is position `last` (they end there).
+    fn rows(&self, result: &StepResult, seq: usize, last: usize) -> Option<HiddenRows> {
+        let (first, n) = *self.spans.get(seq)?;
+        let h = result.hidden.as_ref()?;
+        (n > 0).then(|| HiddenRows {
+            position: last + 1 - n,
+            hidden: self.width,
+            rows: h[first * self.width..(first + n) * self.width].to_vec(),
         })
     }
 }
@@ -207,7 +294,8 @@ impl CoordinatorState {
     }
 
     /// Judges request `id`'s verify of `tokens` at `position` from its rows `row..` of `result`: the accepted
-    /// drafts and the token after them, in order. Records the acceptance with the scheduler and the counters.
+    /// drafts and the token after them, in order. Records the acceptance with the scheduler and the counters, and
+    /// the committed rows' hidden states (`hidden`: the step's layout and this sequence's index in the plan).
     pub(super) fn judge(
         &mut self,
         id: u64,
@@ -215,6 +303,7 @@ impl CoordinatorState {
         tokens: &[u32],
         result: &StepResult,
         row: usize,
+        hidden: Option<(&HiddenLayout, usize)>,
     ) -> Result<Vec<u32>> {
         let judge = self.judge_of(id);
         let vocab = self.info.vocab;
@@ -253,13 +342,10 @@ impl CoordinatorState {
             s.stats.accepted += a.accepted;
             s.stats.verifies += 1;
             s.drafts = None;
-            if let Some(h) = &result.hidden {
-                let width = h.len() / result.rows.len().max(1);
-                s.set_hidden(Some(HiddenRows {
-                    position,
-                    hidden: width,
-                    rows: h[row * width..(row + 1 + a.accepted) * width].to_vec(),
-                }));
+            // The verify's rows of its input token and the accepted drafts are committed.
+            if let Some(mut h) = hidden.and_then(|(layout, seq)| layout.rows(result, seq, position + n - 1)) {
+                h.rows.truncate((1 + a.accepted) * h.hidden);
+                s.add_hidden(h);
             }
         }
         Metrics::inc(&self.metrics.spec_verifies);
@@ -273,18 +359,32 @@ impl CoordinatorState {
         Ok(out)
     }
 
-    /// Records the hidden state of a sampled decode or prompt row (`position` is the row's).
-    pub(super) fn note_hidden(&mut self, id: u64, position: usize, result: &StepResult, row: usize) {
-        let Some(h) = &result.hidden else { return };
+    /// Records the hidden rows of plan sequence `seq` (request `id`'s prefill chunk or decode, whose last token is
+    /// at position `last`).
+    pub(super) fn note_hidden(&mut self, id: u64, layout: &HiddenLayout, result: &StepResult, seq: usize, last: usize) {
         let Some(s) = self.live.get_mut(&id).and_then(|l| l.spec.as_mut()) else {
             return;
         };
-        let width = h.len() / result.rows.len().max(1);
-        s.set_hidden(Some(HiddenRows {
-            position,
-            hidden: width,
-            rows: h[row * width..(row + 1) * width].to_vec(),
-        }));
+        if let Some(rows) = layout.rows(result, seq, last) {
+            s.add_hidden(rows);
+        }
+    }
+
+    /// Hands every request in `ids` the hidden rows whose next token is now known (after the step's tokens were
+    /// delivered); a drafter that fails fails its request alone.
+    pub(super) fn feed_hidden(&mut self, ids: &[u64], failed: &mut Vec<(u64, String)>) {
+        for &id in ids {
+            let Some(l) = self.live.get_mut(&id) else { continue };
+            let Some(s) = l.spec.as_mut() else { continue };
+            if let Err(e) = s.feed(&l.history, &l.params, l.seed) {
+                failed.push((id, format!("the {} drafter failed: {e}", s.factory.kind().name())));
+            }
+        }
+    }
+
+    /// The hidden-row width the drafters take, when they take any.
+    pub(super) fn hidden_width(&self) -> Option<usize> {
+        self.config.spec.as_ref().and_then(|s| s.factory.hidden_width())
     }
 
     /// Whether any live request's drafter wants hidden states.

@@ -12,7 +12,7 @@ use rewind_engine::EngineError;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info_span, warn, Instrument};
 
-use super::spec::{Judge, LiveSpec};
+use super::spec::{HiddenLayout, Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
@@ -377,12 +377,26 @@ impl CoordinatorState {
         debug!(step = index, seqs, tokens, seconds, "step");
         let mut finished = Vec::new();
         let mut failed = Vec::new();
+        // Hidden rows for drafters that run on them: every prefill and decode row is committed now; a verify's
+        // are kept up to its accepted drafts, once judged. Plan sequence `i` is `planned.work[i]`.
+        let layout = HiddenLayout::of(&plan, &result, self.hidden_width());
+        for (i, p) in planned.work.iter().enumerate() {
+            let Some(layout) = &layout else { break };
+            match &p.work {
+                StepWork::Prefill { position, tokens, .. } => {
+                    self.note_hidden(p.id, layout, &result, i, position + tokens.len() - 1)
+                }
+                StepWork::Decode { position, .. } => self.note_hidden(p.id, layout, &result, i, *position),
+                StepWork::Verify { .. } => {}
+            }
+        }
         let mut row = 0;
-        for p in planned.work.iter().filter(|p| p.samples()) {
+        for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
             let (tokens, rows) = match &p.work {
                 StepWork::Verify { position, tokens } => {
                     let n = tokens.len();
-                    match self.judge(p.id, *position, tokens, &result, row) {
+                    let hidden = layout.as_ref().map(|l| (l, i));
+                    match self.judge(p.id, *position, tokens, &result, row, hidden) {
                         Ok(t) => (t, n),
                         Err(e) => {
                             failed.push((p.id, format!("judging the speculative verify failed: {e}")));
@@ -391,12 +405,7 @@ impl CoordinatorState {
                         }
                     }
                 }
-                StepWork::Prefill { position, tokens, .. } => {
-                    self.note_hidden(p.id, position + tokens.len() - 1, &result, row);
-                    (vec![result.sampled[row].unwrap_or(result.rows[row].argmax)], 1)
-                }
-                StepWork::Decode { position, .. } => {
-                    self.note_hidden(p.id, *position, &result, row);
+                StepWork::Prefill { .. } | StepWork::Decode { .. } => {
                     (vec![result.sampled[row].unwrap_or(result.rows[row].argmax)], 1)
                 }
             };
@@ -414,6 +423,10 @@ impl CoordinatorState {
                     break;
                 }
             }
+        }
+        if layout.is_some() {
+            let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+            self.feed_hidden(&ids, &mut failed);
         }
         let saves = std::mem::take(&mut self.saves);
         self.save(saves).await;

@@ -229,6 +229,18 @@ impl Rank for Decoder {
             picked.extend_from_slice(&x[first * hidden..(at + t) * hidden]);
             at += t;
         }
+        // Hidden rows for a drafter: a prefill chunk's every row (an MTP layer's KV covers the prompt), the
+        // reported rows otherwise; copied from the residual stream, past the head.
+        let hidden_rows = plan.hidden.then(|| {
+            let mut out = Vec::with_capacity(plan.hidden_row_count() * hidden);
+            let mut at = 0;
+            for s in &plan.seqs {
+                let t = s.tokens.len();
+                out.extend_from_slice(&x[(at + t - s.hidden_row_count()) * hidden..(at + t) * hidden]);
+                at += t;
+            }
+            out
+        });
         let spec = spec_requests(plan);
         let sampling = plan.seqs.iter().any(|s| s.sample.is_some());
         let width = vocab.len().max(1);
@@ -274,7 +286,7 @@ impl Rank for Decoder {
             vocab,
             rows,
             logits: if plan.full_logits { logits } else { None },
-            hidden: plan.hidden.then_some(picked),
+            hidden: hidden_rows,
         })
     }
 

@@ -20,7 +20,7 @@ pub struct StepResult {
     pub rows: Vec<VocabSummary>,
     pub sampled: Vec<Option<u32>>,
     pub logits: Option<Vec<f32>>,
-    /// `[rows, hidden]` final hidden states, when the plan asked for them.
+    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
     pub hidden: Option<Vec<f32>>,
 }
 

@@ -128,6 +128,17 @@ impl SeqStep {
         }
     }
 
+    /// How many final hidden rows this sequence returns when the plan asks for them ([`StepPlan::hidden`]): every
+    /// token of a prefill chunk, so that a drafter running on them (an MTP layer) sees every prompt position, and
+    /// the reported rows of a decode or verify. A prefill's extra rows are copies of the residual stream; no head
+    /// runs over them.
+    pub fn hidden_row_count(&self) -> usize {
+        match self.kind {
+            SeqKind::Prefill => self.tokens.len(),
+            SeqKind::Decode | SeqKind::Verify => self.row_count(),
+        }
+    }
+
     /// The one-pass requests of the reported rows (`None` for each when the step asks for none): row `i` asks about
     /// the draft at `i + 1` (the last row, the bonus, has none) at output index `index + i`.
     pub fn spec_requests(&self) -> impl Iterator<Item = Option<SpecRequest>> + '_ {
@@ -159,8 +170,10 @@ pub struct StepPlan {
     pub seqs: Vec<SeqStep>,
     /// Return each rank's slice of the reported rows' logits as well as the summaries.
     pub full_logits: bool,
-    /// Return the reported rows' final hidden states (before the final norm; the same on every rank), for drafters
-    /// that run on them (MTP).
+    /// Return final hidden states (before the final norm; the same on every rank), for drafters that run on them
+    /// (MTP): per sequence, in plan order, its [`SeqStep::hidden_row_count`] last rows. A rank that returns only the
+    /// reported rows instead (the GPU rank, so far) still serves the MTP drafter, whose KV then starts at the last
+    /// prompt row rather than at the prompt's start.
     pub hidden: bool,
 }
 
@@ -168,6 +181,11 @@ impl StepPlan {
     /// How many rows the step reports, over all sequences.
     pub fn row_count(&self) -> usize {
         self.seqs.iter().map(SeqStep::row_count).sum()
+    }
+
+    /// How many final hidden rows the step returns when it asks for them ([`StepPlan::hidden`]).
+    pub fn hidden_row_count(&self) -> usize {
+        self.seqs.iter().map(SeqStep::hidden_row_count).sum()
     }
 
     /// The tokens the step runs through the model.
@@ -214,7 +232,7 @@ pub struct StepOut {
     pub rows: Vec<RowSummary>,
     /// `[rows, vocab.len()]`, when the plan asked for the logits.
     pub logits: Option<Vec<f32>>,
-    /// `[rows, hidden]` final hidden states, when the plan asked for them.
+    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
     pub hidden: Option<Vec<f32>>,
 }
 

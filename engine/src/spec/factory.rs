@@ -155,4 +155,8 @@ impl DrafterFactory for Mtp {
     fn wants_hidden(&self) -> bool {
         true
     }
+
+    fn hidden_width(&self) -> Option<usize> {
+        Some(self.weights.config().hidden_size)
+    }
 }

@@ -47,8 +47,8 @@ pub struct DraftInput<'a> {
     /// The sequence so far: prompt, then every generated token. The last one is the token the next verify starts
     /// with (it is not yet in the target's state); drafts continue after it.
     pub tokens: &'a [u32],
-    /// Hidden states of the positions committed since the last proposal, when the drafter asked for them
-    /// ([`Drafter::wants_hidden`]) and the ranks could give them.
+    /// Hidden states of committed positions not yet [`Drafter::observe`]d, when the drafter asked for them
+    /// ([`Drafter::wants_hidden`]) and the ranks could give them (rows that end just before the last token).
     pub hidden: Option<&'a HiddenRows>,
     /// The most drafts to propose (≥ 1).
     pub max: usize,
@@ -74,7 +74,15 @@ pub trait Drafter: Send + Sync {
     /// Up to `input.max` tokens to follow `input.tokens`.
     fn propose(&mut self, input: &DraftInput<'_>) -> Result<Draft>;
 
-    /// Whether [`DraftInput::hidden`] is needed (the ranks then return hidden states of the verified rows).
+    /// Takes the target's hidden states of committed positions as they come (each prompt chunk's, each step's),
+    /// before any proposal needs them: row `i` of `hidden` is position `hidden.position + i`, and `tokens` (the
+    /// sequence so far) holds the token after every row. Only drafters that [`Drafter::wants_hidden`] are called.
+    fn observe(&mut self, _tokens: &[u32], _hidden: &HiddenRows) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether hidden states are needed ([`Drafter::observe`], [`DraftInput::hidden`]): the ranks then return the
+    /// final hidden states of every prompt row and of the committed rows.
     fn wants_hidden(&self) -> bool {
         false
     }
@@ -109,6 +117,12 @@ pub trait DrafterFactory: Send + Sync {
     /// Whether the drafters need the target's hidden states.
     fn wants_hidden(&self) -> bool {
         false
+    }
+
+    /// The width of the hidden rows the drafters take (the target's hidden size), when they take any: how the
+    /// coordinator reads the rows a step returns.
+    fn hidden_width(&self) -> Option<usize> {
+        None
     }
 }
 

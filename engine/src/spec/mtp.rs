@@ -1,21 +1,23 @@
 //! The MTP drafter: the checkpoint's own multi-token-prediction layer ([`crate::model::mtp`]) drafts greedily from
 //! the target's hidden states.
 //!
-//! Per proposal, with `DraftInput.hidden` holding rows of positions `p .. p + n` (the target's hidden states of the
-//! positions committed since the last proposal; the token after row `i` is `tokens[p + i + 1]`, and the last row's
-//! next token is the last token of `tokens`):
+//! The target's hidden rows reach the drafter as they are committed: [`Drafter::observe`] takes each prompt chunk's
+//! rows (every prompt position, as vLLM and SGLang run the MTP layer over the prompt) and each step's committed rows,
+//! with the token that followed each; a proposal may also bring the rows not yet observed. With rows of positions
+//! `p .. p + n` (row `i`'s next token is `tokens[p + i + 1]`):
 //!
 //! 1. the MTP layer's KV is truncated to position `p`, dropping the previous proposal's draft steps (and any entries
 //!    of positions the target rolled back);
 //! 2. the `n` rows go through the MTP layer in one forward, each with its next token, and their KV entries stay;
-//! 3. the last row's output gives draft 1 (greedy); draft `j > 1` runs the MTP layer on draft `j − 1` with the
-//!    previous step's output as its hidden input. These steps' KV entries are kept only until the next proposal.
+//! 3. at a proposal, the output of the row before the last token gives draft 1 (greedy); draft `j > 1` runs the MTP
+//!    layer on draft `j − 1` with the previous step's output as its hidden input. These steps' KV entries are kept
+//!    only until the next rows or proposal.
 //!
-//! The KV starts at the first position the coordinator hands over, not at 0: the prompt's earlier positions need not
-//! be in it (a drafter created mid-sequence attends over what it has seen). RoPE positions count from that start; the
-//! MTP layer attends only over its own KV and RoPE scores depend only on position differences, so this equals
-//! absolute positions. A proposal whose rows do not continue the KV (they start past its end, or before its start)
-//! restarts the KV at their position.
+//! The KV starts at the first position the drafter is handed: 0 when the ranks return every prompt row (the CPU
+//! rank), the last prompt row when they return only the sampled rows (the GPU rank so far), or a session turn's
+//! first new position. RoPE positions count from that start; the MTP layer attends only over its own KV and RoPE
+//! scores depend only on position differences, so this equals absolute positions. Rows that do not continue the KV
+//! (they start past its end, or before its start) restart it at their position.
 //!
 //! Greedy picks run the LM head one vocabulary tile at a time ([`tiled_argmax`]), so no vocabulary-sized logits
 //! vector is ever built.
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use rewind_kernels::cpu::gemm::matmul_nt;
 
-use super::{Draft, DraftInput, Drafter};
+use super::{Draft, DraftInput, Drafter, HiddenRows};
 use crate::error::{EngineError, Result};
 use crate::model::mixers::attention::KvCache;
 pub use crate::model::mtp::MtpWeights;
@@ -124,6 +126,41 @@ impl MtpDrafter {
         self.last.as_ref().map(|(_, row)| row.as_slice())
     }
 
+    /// Checks `rows` against the model's hidden size; the number of rows.
+    fn check_rows(&self, rows: &HiddenRows) -> Result<usize> {
+        let h = self.weights.config().hidden_size;
+        if rows.hidden != h || !rows.rows.len().is_multiple_of(h) {
+            return Err(EngineError::InvalidInput(format!(
+                "MTP drafter: hidden rows of width {} ({} values), but the model's hidden size is {h}",
+                rows.hidden,
+                rows.rows.len()
+            )));
+        }
+        Ok(rows.rows.len() / h)
+    }
+
+    /// Runs the `n` committed `rows` through the MTP layer, each with the token after it (`tokens[position + i +
+    /// 1]`, known), keeping their KV entries: the cache is first cut back to the rows' first position (dropping draft
+    /// steps and anything the target rolled back), or restarted there when it does not reach it.
+    fn commit_rows(&mut self, tokens: &[u32], rows: &HiddenRows, n: usize) -> Result<()> {
+        let (p, h) = (rows.position, rows.hidden);
+        self.truncate_to(p);
+        if n > 0 {
+            let hidden = self.weights.normalise_target(&rows.rows);
+            let out = self
+                .weights
+                .forward(&hidden, &tokens[p + 1..p + 1 + n], &mut self.cache)?;
+            self.committed += n;
+            self.last = Some((p + n - 1, out[(n - 1) * h..].to_vec()));
+        }
+        Ok(())
+    }
+
+    /// Absolute position of the KV's first entry (where the drafter started seeing the target's rows).
+    pub fn kv_start(&self) -> usize {
+        self.base
+    }
+
     /// Drops the draft steps' entries and every committed entry from position `position` on; restarts the KV at
     /// `position` when it does not reach that far back or has a gap before it.
     fn truncate_to(&mut self, position: usize) {
@@ -151,44 +188,52 @@ impl Drafter for MtpDrafter {
         true
     }
 
+    fn observe(&mut self, tokens: &[u32], rows: &HiddenRows) -> Result<()> {
+        let n = self.check_rows(rows)?;
+        // Every row's next token must be known: it is the row's token input.
+        if rows.position + n >= tokens.len() {
+            return Err(EngineError::InvalidInput(format!(
+                "MTP drafter: hidden rows of positions {}..{} need the token after each, but only {} tokens are known",
+                rows.position,
+                rows.position + n,
+                tokens.len()
+            )));
+        }
+        self.commit_rows(tokens, rows, n)
+    }
+
     fn propose(&mut self, input: &DraftInput<'_>) -> Result<Draft> {
-        let rows = input.hidden.ok_or_else(|| {
-            EngineError::InvalidInput(
-                "the MTP drafter needs the target's hidden states, and none came with this proposal (the ranks \
-                 could not return them)"
-                    .into(),
-            )
-        })?;
-        let cfg = self.weights.config();
-        let h = cfg.hidden_size;
-        if rows.hidden != h || !rows.rows.len().is_multiple_of(h) {
-            return Err(EngineError::InvalidInput(format!(
-                "MTP drafter: hidden rows of width {} ({} values), but the model's hidden size is {h}",
-                rows.hidden,
-                rows.rows.len()
-            )));
+        let len = input.tokens.len();
+        match input.hidden {
+            Some(rows) => {
+                let (p, n) = (rows.position, self.check_rows(rows)?);
+                // The last row must be the one whose next token is the last token: drafts continue after it.
+                if len == 0 || p + n != len - 1 {
+                    return Err(EngineError::InvalidInput(format!(
+                        "MTP drafter: hidden rows of positions {p}..{} do not end just before the last of the {len} \
+                         tokens",
+                        p + n
+                    )));
+                }
+                self.commit_rows(input.tokens, rows, n)?;
+            }
+            // Everything was observed already: drop the previous proposal's draft steps.
+            None => self.truncate_to(self.base + self.committed),
         }
-        let (p, n, len) = (rows.position, rows.rows.len() / h, input.tokens.len());
-        // The last row must be the one whose next token is the last token: drafts continue after it.
-        if len == 0 || p + n != len - 1 {
-            return Err(EngineError::InvalidInput(format!(
-                "MTP drafter: hidden rows of positions {p}..{} do not end just before the last of the {len} tokens",
-                p + n
-            )));
-        }
-        self.truncate_to(p);
-        if n > 0 {
-            let hidden = self.weights.normalise_target(&rows.rows);
-            let out = self.weights.forward(&hidden, &input.tokens[p + 1..], &mut self.cache)?;
-            self.committed += n;
-            self.last = Some((p + n - 1, out[(n - 1) * h..].to_vec()));
-        }
+        let h = self.weights.config().hidden_size;
         let mut x = match &self.last {
-            Some((q, row)) if q + 1 == p + n => row.clone(),
+            Some((q, row)) if q + 2 == len => row.clone(),
+            None if input.hidden.is_none() => {
+                return Err(EngineError::InvalidInput(
+                    "the MTP drafter needs the target's hidden states, and none came with this proposal or before \
+                     it (the ranks could not return them)"
+                        .into(),
+                ))
+            }
             _ => {
                 return Err(EngineError::InvalidInput(format!(
                     "MTP drafter: no hidden row of position {} (the one before the last token) came with this \
-                     proposal or an earlier one",
+                     proposal or was observed before it",
                     len.saturating_sub(2)
                 )))
             }

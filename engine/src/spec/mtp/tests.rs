@@ -61,6 +61,15 @@ fn propose(d: &mut MtpDrafter, toks: &[u32], position: usize, hidden: &[f32], ma
     })
 }
 
+/// Proposes after `toks` with no rows of its own (everything was observed).
+fn proposed(d: &mut MtpDrafter, toks: &[u32], max: usize) -> Result<Draft> {
+    d.propose(&DraftInput {
+        tokens: toks,
+        hidden: None,
+        max,
+    })
+}
+
 #[test]
 fn init_model_mtp_round_trips_through_the_loaders() {
     for family in [Family::Qwen35, Family::Qwen3Next, Family::Qwen35Moe] {
@@ -279,6 +288,49 @@ fn draft_steps_are_discarded_and_kv_continues() {
     assert_eq!(late.kv_len(), 3 + 1);
 }
 
+/// Rows observed chunk by chunk (a chunked prompt, then a step's committed rows) build the same KV as rows handed
+/// over all at once, and a proposal then needs no rows of its own.
+#[test]
+fn observed_rows_build_the_kv_from_the_prompt_start() {
+    let dir = checkpoint(Family::Qwen35, None, true);
+    let w = MtpWeights::load(dir.path()).expect("weights");
+    let (h, vocab) = (w.config().hidden_size, w.config().vocab_size);
+    let toks = tokens(14, vocab, 41);
+    let hidden = rows(13, h, 42);
+    let observe = |d: &mut MtpDrafter, known: usize, from: usize, to: usize| {
+        let rows = HiddenRows {
+            position: from,
+            hidden: h,
+            rows: hidden[from * h..to * h].to_vec(),
+        };
+        d.observe(&toks[..known], &rows)
+    };
+    let mut fresh = MtpDrafter::new(Arc::clone(&w));
+    let all = propose(&mut fresh, &toks[..11], 0, &hidden[..10 * h], 3).expect("at once");
+    let mut d = MtpDrafter::new(Arc::clone(&w));
+    // Three prompt chunks of a 10-token prompt (the last row's next token is the first generated one).
+    observe(&mut d, 10, 0, 4).expect("chunk 1");
+    observe(&mut d, 10, 4, 8).expect("chunk 2");
+    observe(&mut d, 11, 8, 10).expect("chunk 3");
+    assert_eq!(
+        (d.kv_start(), d.kv_len()),
+        (0, 10),
+        "every prompt position is in the KV"
+    );
+    let got = proposed(&mut d, &toks[..11], 3).expect("proposal after observing");
+    assert_eq!(got, all);
+    assert_close(d.last_output(), fresh.last_output(), "observed vs at once");
+    // A verify's committed rows, observed after its tokens are known, drop the draft steps first.
+    observe(&mut d, 14, 10, 13).expect("committed rows");
+    assert_eq!(d.kv_len(), 13);
+    let later = proposed(&mut d, &toks, 2).expect("later proposal");
+    let mut fresh = MtpDrafter::new(Arc::clone(&w));
+    assert_eq!(later, propose(&mut fresh, &toks, 0, &hidden, 2).expect("at once"));
+    // A row whose next token is not known yet is refused.
+    let e = observe(&mut d, 12, 10, 12).unwrap_err().to_string();
+    assert!(e.contains("need the token after each"), "{e}");
+}
+
 #[test]
 fn checkpoints_without_mtp_weights_are_refused_clearly() {
     let dir = checkpoint(Family::Qwen35, None, false);
@@ -314,14 +366,8 @@ fn bad_inputs_are_errors() {
     let mut d = MtpDrafter::load(dir.path()).expect("drafter");
     let (h, vocab) = (d.weights().config().hidden_size, d.weights().config().vocab_size);
     let toks = tokens(6, vocab, 31);
-    let e = d
-        .propose(&DraftInput {
-            tokens: &toks,
-            hidden: None,
-            max: 2,
-        })
-        .unwrap_err()
-        .to_string();
+    // Nothing observed and no rows.
+    let e = proposed(&mut d, &toks, 2).unwrap_err().to_string();
     assert!(e.contains("hidden states"), "{e}");
     // Rows that do not end just before the last token.
     let e = propose(&mut d, &toks, 0, &rows(3, h, 1), 2).unwrap_err().to_string();
