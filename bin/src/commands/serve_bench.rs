@@ -1,7 +1,9 @@
 //! `rewind bench --concurrency N --requests M`: serving through the engine (coordinator and rank actors). M requests,
 //! each a fixed pseudo-random prompt generating a fixed number of greedy tokens, are submitted with at most N in
 //! flight; reported are output tokens/s over the run, time to first token and inter-token latency (p50 / p99), and
-//! the process's peak memory.
+//! the process's peak memory. The JSON also holds every request's tokens (first pass) and the pools before the first
+//! request and after the last, so a run with `--inject-fault` can be checked against a fault-free one: same tokens,
+//! pools back to where they started (`bench/gpu/multi_gpu.sh`).
 //!
 //! With `--spec`, the same requests run alternately without and with speculation in one engine (`--repeats`
 //! passes each, medians reported), so the speed-up is measured side by side; the plain pass's tokens are the
@@ -40,6 +42,19 @@ fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// The scheduler's free slots and KV blocks, every rank's slots in use and the rank generation: taken before the
+/// first request and after the last, they show that a run (faults and recoveries included) leaves the pools empty.
+fn pool_json(h: &rewind_actors::EngineHealth) -> Value {
+    json!({
+        "free_slots": h.free_slots,
+        "free_kv_blocks": h.free_kv_blocks,
+        "running": h.running,
+        "waiting": h.waiting,
+        "generation": h.generation,
+        "slots_in_use": h.ranks.iter().map(|r| r.slots_in_use).collect::<Vec<_>>(),
+    })
 }
 
 /// What one request saw: its submit time, each token's arrival, and how it ended.
@@ -147,9 +162,10 @@ pub fn run(
         ..SamplingParams::greedy()
     };
     let rt = backend::runtime()?;
-    let (traces, wall, metrics, device, side) = rt.block_on(async {
+    let (traces, wall, metrics, device, side, pools) = rt.block_on(async {
         progress.line(&format!("serving: loading {} ...", dir.display()));
         let (engine, device) = backend::start_engine(&b, config).await?;
+        let before = engine.health().await?;
         let engine = Arc::new(engine);
         let gate = Arc::new(Semaphore::new(concurrency));
         progress.line(&format!(
@@ -200,10 +216,11 @@ pub fn run(
             side = Some((references, plain_walls, spec_walls, spec_traces, plain_traces));
         }
         let metrics = engine.metrics().snapshot();
+        let pools = json!({"before": pool_json(&before), "after": pool_json(&engine.health().await?)});
         if let Ok(engine) = Arc::try_unwrap(engine) {
             engine.shutdown().await;
         }
-        anyhow::Ok((traces, wall, metrics, device, side))
+        anyhow::Ok((traces, wall, metrics, device, side, pools))
     })?;
     let failed: Vec<&String> = traces.iter().filter_map(|t| t.error.as_ref()).collect();
     anyhow::ensure!(
@@ -295,6 +312,8 @@ pub fn run(
             "faults": metrics.faults,
             "recoveries": metrics.recoveries_log,
         },
+        "pools": pools,
+        "tokens": traces.iter().map(|t| &t.tokens).collect::<Vec<_>>(),
     }))
 }
 

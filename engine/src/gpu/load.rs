@@ -109,9 +109,9 @@ pub fn gpu_group(dir: &Path, opts: &GpuOptions) -> Result<(RankGroup, GpuReport)
 /// Starts generations of GPU ranks: each launch makes a fresh NCCL id (under tensor parallelism) and host
 /// rendezvous, and each rank opens its device, joins the group, loads its shard and sizes its pools on its own thread.
 ///
-/// Aborting a generation wakes ranks waiting in the host rendezvous; a rank stuck inside an NCCL collective is not
-/// reached (the communicator's handle lives on its thread), so recovering from a hang under GPU tensor parallelism
-/// needs `ncclCommAbort` (the multi-GPU work).
+/// Aborting a generation wakes ranks waiting in the host rendezvous and aborts every rank's NCCL communicator
+/// (`ncclCommAbort` through [`rewind_kernels::cuda::nccl::NcclAbort`]), so a rank waiting on the device for a peer
+/// that panicked, failed or hangs gets its collective back and its thread ends.
 pub struct GpuLauncher {
     dir: PathBuf,
     opts: GpuOptions,
@@ -207,6 +207,7 @@ impl Launcher for GpuLauncher {
             self.replay,
             self.opts.cuda_graphs,
         );
+        let generation = abort.clone();
         let load: RankLoader = Arc::new(move |rank| {
             let comm = meet
                 .lock()
@@ -228,8 +229,8 @@ impl Launcher for GpuLauncher {
                 graphs,
             };
             let (r, report) = match dtype {
-                GpuDtype::Bf16 => setup.build::<bf16>(&comm),
-                GpuDtype::F32 => setup.build::<f32>(&comm),
+                GpuDtype::Bf16 => setup.build::<bf16>(&comm, &generation),
+                GpuDtype::F32 => setup.build::<f32>(&comm, &generation),
             }?;
             if let Ok(mut all) = reports.lock() {
                 all[rank] = Some(report);
@@ -259,13 +260,20 @@ struct Setup<'a> {
 impl Setup<'_> {
     /// Opens the GPU, joins the NCCL group, loads the shard, agrees on the KV blocks with the other ranks through
     /// `meet`, and allocates.
-    fn build<A: Act>(&self, meet: &LocalComm) -> Result<(Box<dyn Rank>, RankReport)> {
+    ///
+    /// The NCCL communicator is aborted with the generation (`abort`): a rank that panics, fails or hangs aborts it,
+    /// so the other ranks' collectives waiting for it on the device return and their threads end.
+    fn build<A: Act>(&self, meet: &LocalComm, abort: &Abort) -> Result<(Box<dyn Rank>, RankReport)> {
         let dev = Arc::new(CudaDevice::open(self.ordinal)?);
         let name = dev.name().to_string();
         let comm: Option<Box<dyn DeviceComm>> = match &self.id {
-            Some(id) => Some(Box::new(rewind_kernels::cuda::nccl::NcclComm::init(
-                &dev, self.rank, self.tp, id,
-            )?)),
+            Some(id) => {
+                let comm = rewind_kernels::cuda::nccl::NcclComm::init(&dev, self.rank, self.tp, id)?;
+                if let Some(handle) = comm.abort_handle() {
+                    abort.on_abort(move |_| handle.abort());
+                }
+                Some(Box::new(comm))
+            }
             None => None,
         };
         let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank)?;
@@ -285,18 +293,14 @@ impl Setup<'_> {
             num_blocks: kv_blocks,
             rows: self.replay.rows(),
         };
-        // Steps with NCCL all-reduces inside have not been captured on a multi-GPU machine yet (NCCL supports
-        // capture; the check belongs to the multi-GPU runs): tensor-parallel ranks launch eagerly, and say so.
-        let graphs = self.graphs && !loaded.dev.sync_each_launch() && self.tp == 1;
+        // Tensor-parallel ranks capture too: the NCCL all-reduces are captured into the graph (the communicator's
+        // connections are made by the eager first sighting of each shape, and every rank captures in its own
+        // thread-local capture mode, so the other ranks' uploads never touch the capture).
+        let graphs = self.graphs && !loaded.dev.sync_each_launch();
         if self.graphs && !graphs {
             tracing::warn!(
-                tp = self.tp,
-                "CUDA graphs off for this rank: {}",
-                if self.tp > 1 {
-                    "steps of tensor-parallel ranks are launched eagerly until capture with NCCL is verified"
-                } else {
-                    "REWIND_CUDA_SYNC=1 synchronises after every launch, which a graph cannot capture"
-                }
+                "CUDA graphs off for this rank: REWIND_CUDA_SYNC=1 synchronises after every launch, which a graph \
+                 cannot capture"
             );
         }
         let rank = loaded.allocate(sizes, self.rows, self.replay, cap.attention_ws, graphs)?;

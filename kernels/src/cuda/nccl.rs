@@ -13,6 +13,10 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{self, Comm, Id, NcclType, ReduceOp};
 use half::bf16;
 
+mod raw;
+pub use raw::NcclAbort;
+use raw::RawComm;
+
 use super::device::{device_count, probe_driver, CudaDevice};
 use super::parity::Rng;
 use super::{driver_err, CudaError, Result};
@@ -74,7 +78,7 @@ impl NcclId {
 /// communicator from two threads at once.
 pub struct NcclComm {
     /// `None` when `world == 1`.
-    comm: Option<Comm>,
+    comm: Option<RawComm>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     rank: usize,
@@ -117,7 +121,7 @@ impl NcclComm {
             "binding GPU {} to rank {rank}'s thread",
             ctx.ordinal()
         )))?;
-        let comm = Comm::from_rank(dev.stream().clone(), rank, world, id.0)
+        let comm = RawComm::init(rank, world, &id.0)
             .map_err(nccl_err(&format!("ncclCommInitRank (rank {rank} of {world})")))?;
         Ok(Self {
             comm: Some(comm),
@@ -149,6 +153,12 @@ impl NcclComm {
         self.world
     }
 
+    /// A handle that aborts this communicator from another thread (`None` for a world of one, which has none);
+    /// see [`NcclAbort`].
+    pub fn abort_handle(&self) -> Option<NcclAbort> {
+        self.comm.as_ref().map(RawComm::abort_handle)
+    }
+
     /// The stream collectives are enqueued on (the device's).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
@@ -177,10 +187,17 @@ impl NcclComm {
                 .map_err(driver_err("all_gather_f32: copying a world-of-one gather"));
         };
         self.bind()?;
-        comm.all_gather(send, recv).map(drop).map_err(nccl_err(&format!(
-            "ncclAllGather (all_gather_f32, rank {} of {})",
-            self.rank, self.world
-        )))
+        let context = format!("ncclAllGather (all_gather_f32, rank {} of {})", self.rank, self.world);
+        let count = send.len();
+        let (src, _src_done) = send.device_ptr(&self.stream);
+        let (dst, _dst_done) = recv.device_ptr_mut(&self.stream);
+        let stream = self.stream.cu_stream();
+        // SAFETY: both pointers are live device buffers on this rank's stream with the checked lengths; the
+        // guards record their use on the stream when they drop, after the enqueue.
+        let status = comm.enqueue(|c| unsafe {
+            nccl::result::all_gather(src as _, dst as _, count, f32::as_nccl_type(), c, stream as _)
+        });
+        Self::finish(status, &context)
     }
 
     fn all_reduce_sum<T: NcclType>(&self, buf: &mut impl DevicePtrMut<T>, op: &str) -> Result<()> {
@@ -192,12 +209,38 @@ impl NcclComm {
             return Ok(());
         }
         self.bind()?;
-        comm.all_reduce_in_place(buf, &ReduceOp::Sum)
-            .map(drop)
-            .map_err(nccl_err(&format!(
-                "ncclAllReduce ({op}, rank {} of {})",
-                self.rank, self.world
-            )))
+        let context = format!("ncclAllReduce ({op}, rank {} of {})", self.rank, self.world);
+        let count = buf.len();
+        let (ptr, _done) = buf.device_ptr_mut(&self.stream);
+        let stream = self.stream.cu_stream();
+        // SAFETY: `ptr` is a live device buffer of `count` elements on this rank's stream (in place: send = recv);
+        // the guard records its use on the stream when it drops, after the enqueue.
+        let status = comm.enqueue(|c| unsafe {
+            nccl::result::all_reduce(
+                ptr as _,
+                ptr as _,
+                count,
+                T::as_nccl_type(),
+                nccl::sys::ncclRedOp_t::ncclSum,
+                c,
+                stream as _,
+            )
+        });
+        Self::finish(status, &context)
+    }
+
+    /// The outcome of an enqueue: NCCL's status, or a refusal when the communicator was aborted (a peer failed).
+    fn finish(
+        status: Option<std::result::Result<nccl::result::NcclStatus, nccl::result::NcclError>>,
+        context: &str,
+    ) -> Result<()> {
+        match status {
+            Some(r) => r.map(drop).map_err(nccl_err(context)),
+            None => Err(CudaError::Nccl {
+                context: context.to_string(),
+                status: "the communicator was aborted (a rank of the group failed)".into(),
+            }),
+        }
     }
 
     /// NCCL launches on the current device; the rank's thread may have touched another context in between.

@@ -11,17 +11,20 @@
 // Hopper (sm_90) and Blackwell (sm_100 / sm_103) alike.
 //
 // DECODE tiling (t · group ≤ 16 items): R = 16 rows in one m16 tile; the 4 warps take 16 keys each of every 64-key
-// tile, and their softmax states are merged at the end through shared memory. PREFILL tiling: R = 64 rows, warp w
-// owns rows 16w..16w+15 against every key of the tile (64 keys, 32 for head dim 256 to bound registers).
+// tile, and their softmax states are merged at the end through shared memory. PREFILL tiling: warp w owns rows
+// 16w..16w+15 against every key of the tile (64 keys, 32 for head dim 256 to bound registers); 8 warps (R = 128) up
+// to head dim 128, so each staged K/V tile serves twice the rows and twice the warps hide its latency, 4 (R = 64) at
+// head dim 256, whose Q tile and K/V stages would not leave room for a second block per SM otherwise.
 //
 // With splits == 1 a block writes its normalised rows to out; otherwise it writes (m, l) and the unnormalised O per
 // row and split to the workspace and attn_combine_bf16 merges them. A sequence with a bad slot or length gets NaN.
 
-#define FA_WARPS 4
-#define FA_THREADS (32 * FA_WARPS)
+#define FA_WARPS 4  // decode blocks; prefill blocks take FaShape::WARPS
 
 template <int D, bool DECODE> struct FaShape {
-    static constexpr int R = DECODE ? 16 : 64;                     // rows (items) per block
+    static constexpr int WARPS = (DECODE || D > 128) ? FA_WARPS : 8;
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int R = DECODE ? 16 : 16 * WARPS;             // rows (items) per block
     static constexpr int KT = DECODE ? 64 : (D > 128 ? 32 : 64);   // keys per staged tile
     static constexpr int NW = DECODE ? 16 : KT;                    // keys per warp per tile
     static constexpr int COPIES = DECODE ? FA_WARPS : 1;           // softmax states per row merged at the end
@@ -61,7 +64,7 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? lens[slot] : -1;
     if (len < t || len > blocks_per_slot * block_size) {
-        for (int idx = tid; idx < R * D; idx += FA_THREADS) {
+        for (int idx = tid; idx < R * D; idx += S::THREADS) {
             const int item = tile * R + idx / D, d = idx % D;
             if (item >= items) continue;
             const u64 orow = ((u64)b * t + item / group) * heads + kvh * group + item % group;
@@ -88,7 +91,7 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
     const int bs_shift = __ffs(block_size) - 1;
 
     // Q tile, zeros for padding rows.
-    for (int idx = tid; idx < R * CPR; idx += FA_THREADS) {
+    for (int idx = tid; idx < R * CPR; idx += S::THREADS) {
         const int r = idx / CPR, c = idx % CPR, item = tile * R + r;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (item < items) {
@@ -100,6 +103,15 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
     // Each thread holds rows g and g + 8 of its warp's m16 tile; a row sees keys below its causal limit and below
     // this split's end. Padding rows see none.
     const int rbase = DECODE ? 0 : warp * 16;
+    // Up to head dim 128 the warp's Q fragments stay in registers for the whole key loop (32 registers) instead of
+    // being re-read from shared memory for every key tile; at 256 they would cost 64 registers beside the 128 of O.
+    constexpr bool QREG = D <= 128;
+    u32 qf[QREG ? D / 16 : 1][4];
+    if constexpr (QREG) {
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], qs + swz<D>(rbase + (lane & 15), kk * 2 + (lane >> 4)));
+    }
     int lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -111,7 +123,7 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
         const int kb = k_begin + i * KT;
         bf16* kd = ks + stage * KT * D;
         bf16* vd = vs + stage * KT * D;
-        for (int idx = tid; idx < KT * CPR; idx += FA_THREADS) {
+        for (int idx = tid; idx < KT * CPR; idx += S::THREADS) {
             const int r = idx / CPR, c = idx % CPR, key = kb + r;
             const bool ok = key < k_end;
             u64 src = 0;
@@ -155,8 +167,12 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
         for (int j = 0; j < NW / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            u32 a[4];
-            ldsm_x4(a, qs + swz<D>(rbase + (lane & 15), kk * 2 + (lane >> 4)));
+            u32 qs_frag[4];
+            const u32* a = qf[QREG ? kk : 0];
+            if constexpr (!QREG) {
+                ldsm_x4(qs_frag, qs + swz<D>(rbase + (lane & 15), kk * 2 + (lane >> 4)));
+                a = qs_frag;
+            }
 #pragma unroll
             for (int j = 0; j < NW / 8; j += 2) {
                 u32 bk[4];
@@ -166,15 +182,28 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
             }
         }
         // Online softmax on the fragments: element e of n-tile j is row g + 8·(e / 2), key kb + 8j + 2·c4 + e % 2.
+        // Tiles wholly inside every row's causal range (all but the diagonal ones in a long prefill) skip the
+        // per-element key comparison: the softmax's scalar work, not the MMAs, bounds this loop.
         float mx[2] = {neg_inf_f32(), neg_inf_f32()};
+        if (__all_sync(0xffffffffu, kb + NW <= lim[0] && kb + NW <= lim[1])) {
 #pragma unroll
-        for (int j = 0; j < NW / 8; ++j) {
+            for (int j = 0; j < NW / 8; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = kb + j * 8 + 2 * c4 + (e & 1);
-                const float v = key < lim[e >> 1] ? s[j][e] * scale_log2 : neg_inf_f32();
-                s[j][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] *= scale_log2;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NW / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kb + j * 8 + 2 * c4 + (e & 1);
+                    const float v = key < lim[e >> 1] ? s[j][e] * scale_log2 : neg_inf_f32();
+                    s[j][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
             }
         }
         float corr[2], mu[2];
@@ -244,7 +273,7 @@ __device__ void flash_impl(const bf16* __restrict__ q, const bf16* __restrict__ 
         }
     }
     __syncthreads();
-    for (int idx = tid; idx < R * D; idx += FA_THREADS) {
+    for (int idx = tid; idx < R * D; idx += S::THREADS) {
         const int r = idx / D, d = idx % D, item = tile * R + r;
         if (item >= items) continue;
         float mm = neg_inf_f32();
@@ -295,7 +324,7 @@ extern "C" __global__ void attn_combine_bf16(const float* __restrict__ ws_o, con
 }
 
 #define FLASH(NAME, D, DECODE)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                                         \
+    extern "C" __global__ void __launch_bounds__((FaShape<D, DECODE>::THREADS))                                      \
         NAME(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int* block_table, const int* lens,         \
              const int* slots, int num_slots, int blocks_per_slot, int num_blocks, bf16* out, float* ws_o,          \
              float* ws_ml, int t, int heads, int kv_heads, int block_size, float scale_log2, int splits) {          \

@@ -250,6 +250,7 @@ pub fn paged_attention_plan<T: Elem>(
         kernel: format!("attn_paged_{}", T::NAME),
         splits: 1,
         blocks: (t * group).div_ceil(ATTN_WARPS) * kv_heads * batch,
+        threads: 32 * ATTN_WARPS as u32,
     })
 }
 

@@ -7,8 +7,6 @@ use super::{after_launch, with_shared_memory};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::{driver_err, Result};
 
-/// Threads per block (`FA_THREADS` in `attention_flash.cu`).
-const THREADS: u32 = 128;
 /// A split covers at least this many keys: below it the partials' write and merge cost more than the split saves.
 const MIN_SPLIT_KEYS: usize = 256;
 /// Upper bound on splits (the combine kernel reads every split of a row).
@@ -19,18 +17,21 @@ pub(super) fn supported(head_dim: usize) -> bool {
     matches!(head_dim, 64 | 128 | 256)
 }
 
-/// The tiling of `attention_flash.cu` (`FaShape`): rows per block, keys per staged tile, and the shared memory a
-/// block needs (the main loop's Q tile and two K/V stages, or the epilogue's f32 rows if larger).
+/// The tiling of `attention_flash.cu` (`FaShape`): threads and rows per block, keys per staged tile, and the shared
+/// memory a block needs (the main loop's Q tile and K/V stages, or the epilogue's f32 rows if larger).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tiling {
     decode: bool,
+    threads: u32,
     rows: usize,
     smem: usize,
 }
 
 impl Tiling {
     fn new(decode: bool, head_dim: usize) -> Self {
-        let rows = if decode { 16 } else { 64 };
+        // Decode: 4 warps over one m16 tile; prefill: a warp per 16 rows, 8 warps up to head dim 128, else 4.
+        let warps = if decode || head_dim > 128 { 4 } else { 8 };
+        let rows = if decode { 16 } else { 16 * warps };
         let keys = if decode || head_dim <= 128 { 64 } else { 32 };
         let copies = if decode { 4 } else { 1 };
         let stages = if decode && head_dim > 128 { 3 } else { 2 };
@@ -38,6 +39,7 @@ impl Tiling {
         let epilogue = copies * rows * (head_dim + 4 + 2) * 4;
         Self {
             decode,
+            threads: 32 * warps as u32,
             rows,
             smem: main_loop.max(epilogue),
         }
@@ -53,6 +55,8 @@ pub struct AttentionPlan {
     pub splits: usize,
     /// Blocks of the main kernel.
     pub blocks: usize,
+    /// Threads per block of the main kernel.
+    pub threads: u32,
 }
 
 /// Chooses the tiling and the splits: the decode tiling when all query rows of a KV head (`t · group`) fit one m16
@@ -78,7 +82,7 @@ pub(super) fn plan(
     );
     let func = with_shared_memory(dev, &name, tiling.smem)?;
     let per_sm = func
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS, tiling.smem, None)
+        .occupancy_max_active_blocks_per_multiprocessor(tiling.threads, tiling.smem, None)
         .map_err(driver_err(format!("reading the occupancy of {name}")))?
         .max(1) as usize;
     let row_tiles = (t * group).div_ceil(tiling.rows);
@@ -94,6 +98,7 @@ pub(super) fn plan(
         kernel: name,
         splits,
         blocks: base * splits,
+        threads: tiling.threads,
     };
     Ok((plan, tiling.smem))
 }
@@ -166,7 +171,7 @@ pub(super) fn launch(
     };
     let cfg = LaunchConfig {
         grid_dim: ((plan.blocks / (batch * kv_heads)) as u32, kv_heads as u32, batch as u32),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (plan.threads, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     launch!(
@@ -232,5 +237,14 @@ mod tests {
         assert_eq!(Tiling::new(true, 128).smem, (16 * 128 + 4 * 64 * 128) * 2);
         assert_eq!(Tiling::new(true, 256).smem, (16 * 256 + 6 * 64 * 256) * 2);
         assert_eq!(Tiling::new(false, 256).smem, (64 * 256 + 4 * 32 * 256) * 2);
+        assert_eq!(Tiling::new(false, 128).smem, (128 * 128 + 4 * 64 * 128) * 2);
+        assert_eq!(
+            (Tiling::new(false, 128).rows, Tiling::new(false, 128).threads),
+            (128, 256)
+        );
+        assert_eq!(
+            (Tiling::new(false, 256).rows, Tiling::new(false, 256).threads),
+            (64, 128)
+        );
     }
 }

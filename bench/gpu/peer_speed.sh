@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 15's closing evidence in one device call (PARTS picks a subset):
+#   attention  the prefill attention tilings side by side: kernels/examples/cuda_timing's attention rows from three
+#              builds carried in .gpu/attn/ (timing_A: 4 warps, Q re-read from shared memory; timing_C: 8 warps up to
+#              head dim 128, Q fragments in registers, unmasked interior tiles; timing_D: C's code with 4 warps), the
+#              torch SDPA peer (bench/peers/attention.py) and the attention parity cases of this build's self-test;
+#   e2e        `rewind bench` before / after on random real-shape models (EMODELS: n8b = Nemotron-H-8B, q4b =
+#              Qwen3.5-4B, nano12 = Nemotron-3-Nano-30B-A3B cut to 12 layers): prefill of 1024 and 8192 tokens and
+#              the batch-1 (nano12: also batch-64) decode step, the build before issue 15's kernels
+#              (.gpu/old/rewind.xz) and this one (.gpu/new/rewind.xz) back to back, same command.
+# Everything is written under $OUT/r and comes back as one archive (a device call returns at most 8 files).
+set -u
+export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+D=$OUT/r
+mkdir -p $D
+trap 'cp $D/run.log $D/device.txt $OUT/ 2>/dev/null; tar -C $OUT -czf $OUT/peer_speed.tgz r && rm -rf $D' EXIT
+L=$D/run.log
+t0=$(date +%s)
+stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
+date -u +%FT%TZ >> $D/device.txt
+has() { case " ${PARTS:-attention e2e} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+for v in new old; do
+  [ -f .gpu/$v/rewind.xz ] && xz -dc .gpu/$v/rewind.xz > /tmp/rewind-$v && chmod +x /tmp/rewind-$v
+done
+
+if has attention; then
+  for v in A C D; do
+    timeout 90 .gpu/attn/timing_$v attention > $D/attn-$v.log 2>&1
+    stamp "attention timing $v" $?
+  done
+  timeout 120 python3 bench/peers/attention.py --json $D/sdpa.json > $D/sdpa.log 2>&1
+  stamp sdpa $?
+  timeout 120 /tmp/rewind-new selftest --device cuda --only attention --no-model --json $D/selftest-attention.json \
+    > $D/selftest-attention.log 2>&1
+  stamp "selftest attention" $?
+fi
+
+if has e2e; then
+  for m in ${EMODELS:-n8b q4b nano12}; do
+    case $m in
+      n8b) init="--arch nemotron_h --preset nemotron-h-8b"; batch=1 ;;
+      nano12) init="--arch nemotron_h --preset nemotron-3-nano-30b-a3b --layers 12"; batch=1,64 ;;
+      q4b) init="--arch qwen3_5 --preset qwen3.5-4b"; batch=1 ;;
+    esac
+    [ -f /tmp/$m/config.json ] || /tmp/rewind-new init-model $init --out /tmp/$m > /dev/null 2>>$L
+    stamp "init $m" $?
+    for p in ${PROMPTS:-1024 8192}; do
+      for v in old new; do
+        timeout ${E2E_S:-120} /tmp/rewind-$v bench --device cuda --model /tmp/$m --batch $batch --prompt-len $p \
+          --decode-tokens 16 --repeats 3 --json $D/$m-p$p-$v.json > $D/$m-p$p-$v.md 2>>$L
+        stamp "$m prompt $p $v" $?
+      done
+    done
+  done
+fi

@@ -1,0 +1,126 @@
+//! The raw NCCL communicator behind [`super::NcclComm`], shared with [`NcclAbort`] handles so that another thread can
+//! end it with `ncclCommAbort`.
+//!
+//! Why not cudarc's `Comm`: it keeps the `ncclComm_t` private, and a rank whose peer died sits in a stream
+//! synchronisation behind an NCCL kernel that waits for that peer forever. Only `ncclCommAbort`, called from another
+//! thread, makes that kernel return (NCCL kernels poll the communicator's abort flag), so the engine's fault recovery
+//! must be able to reach the handle while its owner is blocked.
+//!
+//! After an abort the communicator is freed: every later collective on it is refused here (`aborted`) instead of
+//! touching freed memory, and the drop does not free it twice. A collective holds `busy` while it enqueues, so an
+//! abort does not free the communicator under a call that is about to return; a call blocked inside NCCL itself (a
+//! peer that never joined) is what the abort exists to end, so the abort waits for `busy` only briefly.
+
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use cudarc::nccl::{result, sys};
+
+/// How long an abort waits for a collective that is being enqueued before it aborts anyway.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
+
+struct Shared {
+    comm: sys::ncclComm_t,
+    aborted: AtomicBool,
+    busy: Mutex<()>,
+}
+
+// SAFETY: NCCL communicators may be used from any thread; `busy` serialises this crate's own calls on it, and
+// `ncclCommAbort` is documented to be callable from another thread while the owner is blocked.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn abort(&self) {
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let deadline = Instant::now() + ABORT_WAIT;
+        let _guard = loop {
+            match self.busy.try_lock() {
+                Ok(g) => break Some(g),
+                Err(TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(TryLockError::WouldBlock) => break None,
+            }
+        };
+        // SAFETY: `comm` came from ncclCommInitRank and `aborted` guarantees this runs once; an abort error leaves
+        // nothing further to do with the communicator.
+        let _ = unsafe { result::comm_abort(self.comm) };
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if !*self.aborted.get_mut() {
+            // SAFETY: as in `abort`; cudarc's own `Comm` ends communicators the same way.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
+    }
+}
+
+/// One rank's communicator handle (see the module docs).
+pub(super) struct RawComm(Arc<Shared>);
+
+impl RawComm {
+    /// `ncclCommInitRank`: blocks until all `world` ranks have joined `id`. The caller binds the rank's device first.
+    pub(super) fn init(rank: usize, world: usize, id: &cudarc::nccl::Id) -> Result<Self, result::NcclError> {
+        let mut comm = MaybeUninit::uninit();
+        let unique = sys::ncclUniqueId {
+            internal: *id.internal(),
+        };
+        // World and rank were checked against each other and fit an i32 (GPUs per process).
+        // SAFETY: `comm` is written by NCCL before it is read; the id is a valid unique id.
+        unsafe { result::comm_init_rank(comm.as_mut_ptr(), world as i32, unique, rank as i32)? };
+        Ok(Self(Arc::new(Shared {
+            // SAFETY: initialised by the successful call above.
+            comm: unsafe { comm.assume_init() },
+            aborted: AtomicBool::new(false),
+            busy: Mutex::new(()),
+        })))
+    }
+
+    /// Runs `call` on the communicator unless it was aborted (`None`).
+    pub(super) fn enqueue<R>(&self, call: impl FnOnce(sys::ncclComm_t) -> R) -> Option<R> {
+        let _busy = self.0.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if self.0.aborted.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(call(self.0.comm))
+    }
+
+    /// A handle that aborts this communicator from any thread.
+    pub(super) fn abort_handle(&self) -> NcclAbort {
+        NcclAbort(self.0.clone())
+    }
+}
+
+/// Aborts one rank's communicator from any thread (`ncclCommAbort`): a collective of that rank waiting on the device for
+/// a peer that will never come returns, and the rank's later collectives fail with an error instead of waiting. Used by
+/// the engine's fault recovery, through the generation's abort signal.
+#[derive(Clone)]
+pub struct NcclAbort(Arc<Shared>);
+
+impl NcclAbort {
+    /// Aborts the communicator (once; later calls do nothing).
+    pub fn abort(&self) {
+        self.0.abort();
+    }
+
+    /// Whether the communicator was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.0.aborted.load(Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Debug for NcclAbort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclAbort")
+            .field("aborted", &self.is_aborted())
+            .finish()
+    }
+}
