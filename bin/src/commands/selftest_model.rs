@@ -171,8 +171,8 @@ fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport,
                 (false, false) => "outside bound (report, not gating)",
             };
             println!(
-                "{:<20} tp {}  {:<4}  verify {:<8} T {} p {:.2}: {} positions, {:.2} accepted per verify, worst rel vs \
-                 recurrent {:.2e} (≤ {:.0e})  {}",
+                "{:<20} tp {}  {:<4}  verify {:<9} T {} p {:.2}: {} positions, {:.2} accepted per verify, worst rel vs \
+                 recurrent {:.2e}, vs CPU {:.2e} (≤ {:.0e})  {}",
                 case,
                 tp,
                 dtype,
@@ -182,14 +182,18 @@ fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport,
                 r.positions,
                 r.accepted as f64 / r.verifies.max(1) as f64,
                 r.worst_rel,
+                r.worst_rel_cpu,
                 r.tolerance,
                 verdict
             );
             let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
             v["case"] = json!(case);
             v["check"] = json!("verify");
-            if !r.worst_rel.is_finite() {
-                v["worst_rel"] = json!(r.worst_rel.to_string());
+            // JSON has no NaN or infinity: spell them.
+            for (key, val) in [("worst_rel", r.worst_rel), ("worst_rel_cpu", r.worst_rel_cpu)] {
+                if !val.is_finite() {
+                    v[key] = json!(val.to_string());
+                }
             }
             v["gating"] = json!(gating);
             (v, r.pass || !gating)
@@ -284,8 +288,9 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
         "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
          steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
          (threshold {KV_THRESHOLD}) forms, and speculative verify (T = {VERIFY_WINDOW}, drafts corrupted with p = \
-         {CORRUPT}) against the GPU's own recurrent rows; f32 rows gate at {TOLERANCE:.0e}; bf16 rows gate at \
-         {BF16_BOUND:.0e} on the trained default models and are reported against it on random weights"
+         {CORRUPT}; recurrent by the per-draft snapshot baseline, replay, kv-only) against the GPU's own recurrent \
+         rows and the CPU's; f32 rows gate at {TOLERANCE:.0e}; bf16 rows gate at {BF16_BOUND:.0e} on the trained \
+         default models and are reported against it on random weights"
     );
     let fail = |e: String| {
         println!("model-level: FAIL: {e}");
@@ -381,7 +386,8 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
                     max_verify: VERIFY_WINDOW,
                     ..opts.clone()
                 };
-                for form in [FormChoice::Replay, FormChoice::KvOnly] {
+                // Recurrent: the speculative baseline (a state snapshot per draft, committed by a copy).
+                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
                     let r = verify_forced(dir, prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
                         .map_err(|e| e.to_string());
                     let (v, ok) = verify_line(m, *tp, dtype, &r);

@@ -1,10 +1,12 @@
-//! The GPU's speculative path checked against its own plain decoding: the same prompts, teacher-forced with the CPU
-//! reference's greedy tokens, once decoded token by token in the recurrent form (the reference) and once verified in
-//! windows of `T` tokens in another form, with an oracle drafter whose drafts are the teacher's tokens, each corrupted
-//! with probability `p` (so acceptance is controlled on random weights). Each verify accepts the tokens up to the
-//! first corrupted draft and commits them in the next step; the verified rows of the accepted tokens must match the
-//! reference rows at the same positions, and everything after a rejection is rolled back (a wrong rollback shows in
-//! every later row).
+//! The GPU's speculative path checked against its own plain decoding and against the CPU decoder: the same prompts,
+//! teacher-forced with the CPU reference's greedy tokens, once decoded token by token in the recurrent form (the
+//! reference) and once verified in windows of `T` tokens in a given form — replay and kv-only (drafts in the rings,
+//! rolled back by a pointer move) or recurrent (the speculative baseline: one state snapshot per draft, committed by
+//! a copy) — with an oracle drafter whose drafts are the teacher's tokens, each corrupted with probability `p` (so
+//! acceptance is controlled on random weights). Each verify accepts the tokens up to the first corrupted draft and
+//! commits them in the next step; the verified rows of the accepted tokens must match the GPU's recurrent rows and
+//! the CPU decoder's rows at the same positions, and everything after a rejection is rolled back (a wrong rollback
+//! or commit shows in every later row).
 
 use std::path::Path;
 
@@ -36,6 +38,8 @@ pub struct VerifyReport {
     pub accepted: usize,
     /// Worst `max|Δ| / max|reference|` of a verified row against the recurrent row at its position.
     pub worst_rel: f64,
+    /// The same against the CPU decoder's row (the recurrent form, f32, on the weights the GPU stores).
+    pub worst_rel_cpu: f64,
     pub tolerance: f64,
     pub pass: bool,
 }
@@ -85,17 +89,15 @@ pub fn verify_forced(
     let window = opts.max_verify;
     let config = ModelConfig::from_dir(dir)?;
     let vocab = config.vocab_size;
-    let teacher: Vec<Vec<u32>> = {
+    // The CPU decoder's greedy tokens, and its rows at every position (prompt rows first).
+    let (teacher, cpu): (Vec<Vec<u32>>, Vec<Vec<Vec<f32>>>) = {
         let mut src = SafetensorsSource::open(dir)?;
         let mut rounded = super::check::GpuRounded {
             inner: &mut src,
             dtype: opts.dtype,
         };
         let cpu = ShardedModel::load(config, 1, 0, &mut rounded)?;
-        cpu_rows(cpu, prompts, steps, None)?
-            .into_iter()
-            .map(|(t, _)| t)
-            .collect()
+        cpu_rows(cpu, prompts, steps, None)?.into_iter().unzip()
     };
     // The reference: the recurrent form, one token a step.
     let reference: Vec<Vec<Vec<f32>>> = {
@@ -134,7 +136,8 @@ pub fn verify_forced(
     let mut rng = Rng::new(0x05ee_d0fd_2af7);
     let mut done = vec![0usize; prompts.len()];
     let mut commits: Vec<Commit> = Vec::new();
-    let (mut worst, mut positions, mut verifies, mut accepted_total) = (0.0f64, 0usize, 0usize, 0usize);
+    let (mut worst, mut worst_cpu) = (0.0f64, 0.0f64);
+    let (mut positions, mut verifies, mut accepted_total) = (0usize, 0usize, 0usize);
     while done.iter().any(|&d| d < steps) || !commits.is_empty() {
         let mut seqs = Vec::new();
         let mut accepts = Vec::new();
@@ -180,6 +183,13 @@ pub fn verify_forced(
             for j in 0..accept {
                 let got = &logits[(row + j) * vocab..(row + j + 1) * vocab];
                 worst = worse(worst, rel(got, &reference[k][i + j]));
+                let at_cpu = cpu[k].get(prompts[k].len() + i + j).ok_or_else(|| {
+                    EngineError::Gpu(format!(
+                        "the CPU reference has no row at position {}",
+                        prompts[k].len() + i + j
+                    ))
+                })?;
+                worst_cpu = worse(worst_cpu, rel(got, at_cpu));
                 positions += 1;
             }
             row += w;
@@ -201,7 +211,8 @@ pub fn verify_forced(
         verifies,
         accepted: accepted_total,
         worst_rel: worst,
+        worst_rel_cpu: worst_cpu,
         tolerance,
-        pass: worst <= tolerance && positions == steps * prompts.len(),
+        pass: worst <= tolerance && worst_cpu <= tolerance && positions == steps * prompts.len(),
     })
 }

@@ -52,6 +52,11 @@ pub(crate) enum SsmRun {
     /// sequence longer than `piece` runs in pieces of `piece` tokens, replay row `p` describing piece `p`. The conv
     /// rows are appended (decode, verify) or the history rewritten (`prompt`).
     Replay { max_m: usize, piece: usize, prompt: bool },
+    /// A verify batch whose rows are all recurrent: the speculative baseline (ReplaySSM Alg. 3 / 7) runs the
+    /// recurrence token by token from each slot's state, which it only reads, and writes the state after every token
+    /// to the slot's snapshots; the commit (`gpu/steps.rs`) then copies snapshot `accepted − 1` into the state. The
+    /// conv rows are appended, as for any verify.
+    Baseline,
 }
 
 impl Step {
@@ -66,7 +71,10 @@ impl Step {
     }
 
     pub(crate) fn conv_append(&self) -> bool {
-        matches!(self.ssm, SsmRun::Replay { prompt: false, .. } | SsmRun::Recurrent)
+        matches!(
+            self.ssm,
+            SsmRun::Replay { prompt: false, .. } | SsmRun::Recurrent | SsmRun::Baseline
+        )
     }
 }
 
@@ -106,15 +114,18 @@ fn all_reduce(comm: Option<&dyn DeviceComm>, buf: &mut CudaSlice<f32>, n: usize)
 }
 
 /// Runs the blocks over the step: on return `x` holds the residual stream before the final norm and `y` the last
-/// block's output (not yet added).
+/// block's output (not yet added). `snapshots` holds each layer's baseline snapshot pool (`None` where there is
+/// none: [`super::state::alloc_snapshots`]).
 pub(crate) fn blocks<A: Act>(
     cx: &mut Cx<A>,
     blocks: &[GpuBlock<A>],
     pools: &mut [LayerPool<A>],
+    snapshots: &mut [Option<CudaSlice<f32>>],
     step: Step,
 ) -> Result<()> {
     let (rows, hid) = (step.rows, cx.hidden);
-    for (i, (block, pool)) in blocks.iter().zip(pools.iter_mut()).enumerate() {
+    let layers = blocks.iter().zip(pools.iter_mut()).zip(snapshots.iter_mut());
+    for (i, ((block, pool), snaps)) in layers.enumerate() {
         {
             let s = &mut *cx.s;
             let mut x = s.x.slice_mut(..rows * hid);
@@ -160,6 +171,7 @@ pub(crate) fn blocks<A: Act>(
                     ring_a,
                     ring_f,
                     ring_b,
+                    snapshots: snaps.as_mut(),
                 },
                 step,
             )?,
@@ -181,6 +193,7 @@ pub(crate) fn blocks<A: Act>(
                     ring_a,
                     ring_f,
                     ring_b,
+                    snapshots: snaps.as_mut(),
                 },
                 step,
             )?,

@@ -10,9 +10,9 @@
 //! used dropped first. Prompt chunks are not captured (their shapes rarely repeat).
 //!
 //! `--no-cuda-graphs` runs every step eagerly (for debugging and for the before/after benchmark); so does
-//! `REWIND_CUDA_SYNC=1`, which synchronises after every launch and so cannot be captured; and so, for now, do
-//! tensor-parallel ranks (their steps hold NCCL all-reduces, whose capture has not been run on a multi-GPU machine).
-//! Each case is logged at load and shows in the rank's health (`GraphStats::enabled`).
+//! `REWIND_CUDA_SYNC=1`, which synchronises after every launch and so cannot be captured. Each case is logged at load
+//! and shows in the rank's health (`GraphStats::enabled`). Tensor-parallel ranks capture their NCCL all-reduces
+//! inside the graph (each rank's capture is thread-local, so the other ranks' uploads do not disturb it).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -37,8 +37,11 @@ pub(crate) struct GraphKey {
     rows: usize,
     seqs: usize,
     t: usize,
-    /// 0 for the recurrent kernels, else the (bucketed) ring fill of the replay kernels.
+    /// 0 for the recurrent and baseline kernels, else the (bucketed) ring fill of the replay kernels.
     max_m: usize,
+    /// The SSM layers run the speculative baseline (a verify of recurrent rows, writing snapshots) rather than the
+    /// recurrent step or the replay kernels.
+    baseline: bool,
     head_rows: usize,
     whole: bool,
 }
@@ -46,11 +49,12 @@ pub(crate) struct GraphKey {
 impl GraphKey {
     /// The key of a decode or verify step (`None` for a prompt chunk, which runs eagerly).
     pub(crate) fn of(step: &Step, head_rows: usize, whole: bool) -> Option<Self> {
-        let max_m = match step.ssm {
-            SsmRun::Recurrent => 0,
+        let (max_m, baseline) = match step.ssm {
+            SsmRun::Recurrent => (0, false),
+            SsmRun::Baseline => (0, true),
             SsmRun::Replay {
                 max_m, prompt: false, ..
-            } => max_m,
+            } => (max_m, false),
             SsmRun::Replay { prompt: true, .. } | SsmRun::Chunked { .. } => return None,
         };
         Some(GraphKey {
@@ -58,6 +62,7 @@ impl GraphKey {
             seqs: step.seqs,
             t: step.t,
             max_m,
+            baseline,
             head_rows,
             whole,
         })
@@ -248,5 +253,12 @@ mod tests {
         assert_ne!(a, GraphKey::of(&replay_step(8, 20), 8, false));
         assert_ne!(a, GraphKey::of(&replay_step(4, 20), 8, true));
         assert_ne!(a, GraphKey::of(&replay_step(4, 20), 1, false));
+        // A verify of recurrent rows (the baseline, writing snapshots) never replays a recurrent decode's graph.
+        let (mut recurrent, mut baseline) = (replay_step(4, 20), replay_step(4, 20));
+        recurrent.ssm = SsmRun::Recurrent;
+        baseline.ssm = SsmRun::Baseline;
+        let b = GraphKey::of(&baseline, 8, false);
+        assert!(b.is_some());
+        assert_ne!(b, GraphKey::of(&recurrent, 8, false));
     }
 }

@@ -12,7 +12,7 @@ use super::graphs::{bucket_ring, GraphKey, StepGraphs};
 use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
 use super::scratch::{widths, Scratch, StepRows, Widths};
-use super::state::{alloc_pools, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
+use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -38,6 +38,7 @@ impl<A: Act> LoadedRank<A> {
         let hidden = self.config.hidden_size;
         let w: Widths = widths(&self.blocks, hidden, rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
+        let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
         let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes, attention_ws)?;
         self.dev.synchronize()?;
         info!(
@@ -74,6 +75,7 @@ impl<A: Act> LoadedRank<A> {
             info,
             sizes,
             pools,
+            snapshots,
             scratch,
             counters,
             replay,
@@ -108,6 +110,9 @@ impl<A: Act> LoadedRank<A> {
 pub(crate) struct GpuRank<A: Act> {
     pub(super) inner: LoadedRank<A>,
     pub(super) pools: Vec<LayerPool<A>>,
+    /// Per layer: the recurrent form's baseline snapshots `[slots, T, state]` (SSM layers of a rank started with a
+    /// verify window), written by a recurrent verify and read by its commit.
+    pub(super) snapshots: Vec<Option<CudaSlice<f32>>>,
     pub(super) books: Books,
     pub(super) info: RankInfo,
     pub(super) sizes: PoolSizes,
@@ -303,7 +308,7 @@ impl<A: Act> GpuRank<A> {
             eps: r.config.norm_eps,
             offset: r.config.norm_offset,
         };
-        forward::blocks(&mut cx, &r.blocks, &mut self.pools, step)?;
+        forward::blocks(&mut cx, &r.blocks, &mut self.pools, &mut self.snapshots, step)?;
         if head_rows > 0 {
             self.head_device(rows, head_rows, whole)?;
         }

@@ -3,6 +3,7 @@
 
 use rewind_kernels::cuda::ops::{
     gdn_chunked_workspace, mamba2_chunked_workspace, paged_attention_workspace_len, PagedKv, MAX_CHUNK, REPLAY_META,
+    SPEC_COMMIT_META,
 };
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
@@ -66,6 +67,8 @@ pub(crate) struct Scratch<A: Act> {
     /// The block table and lengths, mirrored from the books.
     pub(crate) table: CudaSlice<i32>,
     pub(crate) lens: CudaSlice<i32>,
+    /// `[slots, 2]` commits of recurrent verifies (slot, accepted): what the baseline's commit kernel reads.
+    pub(crate) commits: CudaSlice<i32>,
 }
 
 /// How many token rows a step may hold: `rows` through the blocks (the larger of a prompt chunk and a verify of
@@ -206,6 +209,7 @@ impl<A: Act> Scratch<A> {
             + 4 * (6 + REPLAY_META) * rows
             + HeadScratch::bytes(rows, vocab_local)
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
+            + 4 * SPEC_COMMIT_META * sizes.max_seqs
     }
 
     pub(crate) fn new(
@@ -257,6 +261,7 @@ impl<A: Act> Scratch<A> {
             meta: dev.alloc_zeros(rows * REPLAY_META)?,
             table: dev.alloc_zeros(sizes.max_seqs * sizes.blocks_per_seq())?,
             lens: dev.alloc_zeros(sizes.max_seqs)?,
+            commits: dev.alloc_zeros(SPEC_COMMIT_META * sizes.max_seqs)?,
         })
     }
 }

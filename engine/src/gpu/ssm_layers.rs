@@ -4,7 +4,7 @@
 //! checkpoints.
 
 use rewind_kernels::cpu::norm::GateOrder;
-use rewind_kernels::cuda::ops::{self, ConvDims, ReplayShape, MAX_CHUNK, REPLAY_META};
+use rewind_kernels::cuda::ops::{self, ConvDims, ReplayShape, MAX_CHUNK, REPLAY_META, SPEC_COMMIT_META};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
 use super::forward::{lin, Cx, SsmRun, Step};
@@ -59,12 +59,19 @@ fn project_and_conv<A: Act>(
     .map_err(Into::into)
 }
 
-/// One SSM layer's checkpoint and input-ring pools.
+/// One SSM layer's checkpoint and input-ring pools, and its baseline snapshots when the rank keeps them.
 pub(crate) struct SsmPools<'a, A: Act> {
     pub(crate) ssm: &'a mut CudaSlice<f32>,
     pub(crate) ring_a: &'a mut CudaSlice<A>,
     pub(crate) ring_f: &'a mut CudaSlice<f32>,
     pub(crate) ring_b: &'a mut CudaSlice<A>,
+    pub(crate) snapshots: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// The layer's snapshot pool, for a baseline verify; the steps refuse a recurrent verify on a rank without them, so
+/// this error means a step slipped past that check.
+fn snapshot_pool(snapshots: Option<&mut CudaSlice<f32>>) -> Result<&mut CudaSlice<f32>> {
+    snapshots.ok_or_else(|| EngineError::Gpu("a recurrent verify on an SSM layer without snapshots".into()))
 }
 
 pub(crate) fn mamba2<A: Act>(
@@ -117,6 +124,7 @@ pub(crate) fn mamba2<A: Act>(
         ring_a,
         ring_f,
         ring_b,
+        snapshots,
     } = pools;
     match step.ssm {
         SsmRun::Chunked { slot } => ops::mamba2_chunked(
@@ -138,6 +146,21 @@ pub(crate) fn mamba2<A: Act>(
             dev,
             d,
             ssm,
+            &s.seq_slots.slice(..step.seqs),
+            &s.c.slice(..rows * di),
+            &s.f0.slice(..rows * d.heads),
+            &m.a,
+            &s.d.slice(..rows * bc),
+            &s.e.slice(..rows * bc),
+            &m.d_skip,
+            &mut s.g.slice_mut(..rows * di),
+        )?,
+        SsmRun::Baseline => ops::mamba2_spec_verify(
+            dev,
+            d,
+            step.t,
+            ssm,
+            snapshot_pool(snapshots)?,
             &s.seq_slots.slice(..step.seqs),
             &s.c.slice(..rows * di),
             &s.f0.slice(..rows * d.heads),
@@ -295,6 +318,7 @@ pub(crate) fn gdn<A: Act>(
         ring_a,
         ring_f,
         ring_b,
+        snapshots,
     } = pools;
     match step.ssm {
         SsmRun::Chunked { slot } => ops::gdn_chunked(
@@ -315,6 +339,20 @@ pub(crate) fn gdn<A: Act>(
             dev,
             d,
             ssm,
+            &s.seq_slots.slice(..step.seqs),
+            &s.d.slice(..rows * qk),
+            &s.e.slice(..rows * qk),
+            &s.c.slice(..rows * vd),
+            &s.f1.slice(..rows * nv),
+            &s.f0.slice(..rows * nv),
+            &mut s.g.slice_mut(..rows * vd),
+        )?,
+        SsmRun::Baseline => ops::gdn_spec_verify(
+            dev,
+            d,
+            step.t,
+            ssm,
+            snapshot_pool(snapshots)?,
             &s.seq_slots.slice(..step.seqs),
             &s.d.slice(..rows * qk),
             &s.e.slice(..rows * qk),
@@ -440,6 +478,28 @@ pub(crate) fn fold<A: Act>(
             )?,
             _ => return Err(EngineError::Gpu("an SSM pool beside a layer without one".into())),
         }
+    }
+    Ok(())
+}
+
+/// The baseline's commit in every SSM layer (`ops::spec_commit`): each slot of the `rows` commits uploaded to
+/// `s.commits` (slot, accepted) takes its snapshot `accepted − 1` as its state; `accepted = 0` keeps the state. The
+/// state pools hold `max_seqs` slots.
+pub(crate) fn commit_baseline<A: Act>(
+    dev: &CudaDevice,
+    pools: &mut [LayerPool<A>],
+    snapshots: &[Option<CudaSlice<f32>>],
+    s: &Scratch<A>,
+    rows: usize,
+    max_seqs: usize,
+) -> Result<()> {
+    let commits = s.commits.slice(..rows * SPEC_COMMIT_META);
+    for (pool, snaps) in pools.iter_mut().zip(snapshots) {
+        let (LayerPool::Ssm { ssm, .. }, Some(snaps)) = (pool, snaps) else {
+            continue;
+        };
+        let state_len = ssm.len() / max_seqs.max(1);
+        ops::spec_commit(dev, state_len, ssm, snaps, &commits)?;
     }
     Ok(())
 }

@@ -1,9 +1,11 @@
 //! A rank's sequence state on the device: per SSM layer a conv history ring (`K − 1 + T` rows, in the activation
 //! type), a checkpoint pool (f32) and an input ring (`x`/`u` and `B`/`k` in the activation type, `dt`/`g` in f32) with
-//! one slot per sequence; paged K/V pools for the attention layers. The host-side books (slots, lengths, KV block
-//! tables) are the coordinator's [`crate::rank::Books`], which every rank keeps identically; the per-slot ring and
-//! conv counters are the rank's [`crate::state::SlotCounters`]. The pools are sized by the memory model's
-//! [`LayerValues`], the same counts `plan-memory` reports (every form at once: its kv-only row past the threshold).
+//! one slot per sequence; paged K/V pools for the attention layers; and, on a rank started with a verify window, per
+//! SSM layer the recurrent form's speculative snapshots (`[slots, T, state]` f32, [`alloc_snapshots`]). The
+//! host-side books (slots, lengths, KV block tables) are the coordinator's [`crate::rank::Books`], which every rank
+//! keeps identically; the per-slot ring and conv counters are the rank's [`crate::state::SlotCounters`]. The pools
+//! are sized by the memory model's [`LayerValues`], the same counts `plan-memory` reports (every form at once: its
+//! kv-only row past the threshold, plus the snapshots).
 
 use rewind_kernels::cuda::ops::PagedKv;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
@@ -42,12 +44,15 @@ pub struct ReplaySettings {
 }
 
 impl ReplaySettings {
-    /// The rows every slot's rings hold: `max(L, threshold + T)` input entries (any slot may start kv-only) and `T`
-    /// conv rows beyond the history.
+    /// The rows every slot's rings hold: `max(L, threshold + T)` input entries (any slot may start kv-only), `T`
+    /// conv rows beyond the history, and — when the rank verifies drafts (`T > 1`: a verify of one token is a decode
+    /// step) — `T` state snapshots for the recurrent form's baseline verify. The snapshots cost `T` states per slot
+    /// and layer, so a rank started without speculation keeps none and refuses a recurrent verify.
     pub fn rows(&self) -> SlotRows {
         SlotRows {
             ring: self.buffer_len.max(self.threshold + self.max_verify),
             conv_extra: self.max_verify,
+            snapshots: if self.max_verify > 1 { self.max_verify } else { 0 },
         }
     }
 }
@@ -106,12 +111,35 @@ fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
     }
 }
 
-/// Bytes of state one sequence slot takes in `blocks` (conv + SSM state), and bytes per KV block over all attention
-/// layers: [`pool_bytes`] at the activation type's size, the sizes [`alloc_pools`] allocates.
+/// Bytes of state one sequence slot takes in `blocks` (conv, SSM state and its snapshots, input rings), and bytes per
+/// KV block over all attention layers: [`pool_bytes`] at the activation type's size, the sizes [`alloc_pools`] and
+/// [`alloc_snapshots`] allocate.
 pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>], rows: SlotRows) -> (usize, usize) {
     let e = std::mem::size_of::<A>() as u64;
     let (per_seq, per_block) = pool_bytes(blocks.iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e, rows);
     (per_seq as usize, per_block as usize)
+}
+
+/// Allocates every SSM layer's snapshot pool for the recurrent form's baseline verify (`gpu/steps.rs`):
+/// `[slots, snapshots, state]` f32, indexed by slot like the state pool, so that the commit, a later step, finds the
+/// snapshots of the verify it commits. `None` for the other layers, and for every layer of a rank that keeps no
+/// snapshots ([`SlotRows::snapshots`] = 0).
+pub(crate) fn alloc_snapshots<A: Act>(
+    dev: &CudaDevice,
+    blocks: &[GpuBlock<A>],
+    sizes: PoolSizes,
+) -> Result<Vec<Option<CudaSlice<f32>>>> {
+    blocks
+        .iter()
+        .map(|b| {
+            let state = layer_values(&b.mixer).state;
+            let len = sizes.max_seqs * sizes.rows.snapshots * state;
+            Ok(match &b.mixer {
+                GpuMixer::Mamba2(_) | GpuMixer::Gdn(_) if len > 0 => Some(dev.alloc_zeros(len)?),
+                _ => None,
+            })
+        })
+        .collect()
 }
 
 /// Allocates every layer's pools (SSM pools zeroed: a fresh slot starts from zero state anyway).

@@ -5,7 +5,8 @@
 //!
 //! After the device work the counters move exactly as the CPU decoder's (`decode/advance.rs`): a decode commits its
 //! entry (and a flush drops the folded ones), a verify's drafts wait for the commit, a kv-only prompt keeps its
-//! entries.
+//! entries. A verify of recurrent sequences runs the speculative baseline instead (ReplaySSM Alg. 3 / 7: one state
+//! snapshot per draft in the rank's snapshot pools), and its commit copies snapshot `accepted − 1` into the state.
 //!
 //! [`SlotCounters::decide`]: crate::state::SlotCounters::decide
 
@@ -17,7 +18,7 @@ use super::forward::{SsmRun, Step};
 use super::rank::{put, to_i32, GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{Books, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
+use crate::rank::{Books, Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
 use crate::state::{DecodeForm, StepDecision, StepPhase};
 
 /// A greedy pick for rows that did not ask to sample (temperature 0 is the argmax).
@@ -69,10 +70,13 @@ impl<A: Act> GpuRank<A> {
             ));
         }
         for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
-            if self.form_before(s) == DecodeForm::Recurrent {
+            let room = self.sizes.rows.snapshots;
+            if self.form_before(s) == DecodeForm::Recurrent && s.tokens.len() > room {
                 return Err(EngineError::NotSupported(format!(
-                    "speculative verification of slot {} in the recurrent form on the GPU rank (its per-draft state \
-                     snapshots are not kept on the GPU; use --decode replay, kv-only or auto)",
+                    "speculative verification of {} tokens of slot {} in the recurrent form on this GPU rank: the \
+                     baseline keeps one state snapshot per verified token and this rank keeps {room} (it keeps them \
+                     only when started with a verify window of drafts; or use --decode replay, kv-only or auto)",
+                    s.tokens.len(),
                     s.slot
                 )));
             }
@@ -111,9 +115,7 @@ impl<A: Act> GpuRank<A> {
         let before = held(&self.books);
         self.books.apply(plan)?;
         self.table_dirty |= held(&self.books) != before;
-        for c in &plan.commits {
-            self.commit(c.slot, c.accepted)?;
-        }
+        self.commit(&plan.commits)?;
         self.steps += 1;
         self.want_hidden = plan.hidden;
         let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
@@ -134,20 +136,27 @@ impl<A: Act> GpuRank<A> {
                 per_seq[i] = Some(keep_rows(&out, k, 1, plan.seqs[i].rows, v, hid));
             }
         }
-        let mut windows: Vec<usize> = plan
+        // Verifies in batches of equal window, recurrent sequences (the baseline kernels) apart from the others (the
+        // replay kernels).
+        let mut windows: Vec<(usize, bool)> = plan
             .seqs
             .iter()
             .filter(|s| s.kind == SeqKind::Verify)
-            .map(|s| s.tokens.len())
+            .map(|s| (s.tokens.len(), self.form_before(s) == DecodeForm::Recurrent))
             .collect();
         windows.sort_unstable();
         windows.dedup();
-        for t in windows {
+        for (t, baseline) in windows {
             let group: Vec<usize> = (0..plan.seqs.len())
-                .filter(|&i| plan.seqs[i].kind == SeqKind::Verify && plan.seqs[i].tokens.len() == t)
+                .filter(|&i| {
+                    let s = &plan.seqs[i];
+                    s.kind == SeqKind::Verify
+                        && s.tokens.len() == t
+                        && (self.form_before(s) == DecodeForm::Recurrent) == baseline
+                })
                 .collect();
             let batch: Vec<&SeqStep> = group.iter().map(|&i| &plan.seqs[i]).collect();
-            let out = self.verify(&batch, t, plan.full_logits)?;
+            let out = self.verify(&batch, t, baseline, plan.full_logits)?;
             for (k, &i) in group.iter().enumerate() {
                 per_seq[i] = Some(keep_rows(&out, k * t, t, plan.seqs[i].rows, v, hid));
             }
@@ -164,16 +173,35 @@ impl<A: Act> GpuRank<A> {
         })
     }
 
-    /// Keeps the first `accepted` drafts of the slot's verify: the ring length and the conv head move by
-    /// `accepted` (the books moved the KV length).
-    fn commit(&mut self, slot: usize, accepted: usize) -> Result<()> {
-        if self.counters.form_of(slot) == DecodeForm::Recurrent {
-            return Err(EngineError::NotSupported(format!(
-                "a commit of slot {slot} in the recurrent form on the GPU rank"
-            )));
+    /// Keeps the first `accepted` drafts of each slot's verify, as the CPU decoder's commit: the conv head moves by
+    /// `accepted` (the books moved the KV length); a replay or kv-only slot's ring length moves by `accepted` (a
+    /// pointer move); a recurrent slot's state becomes its baseline snapshot `accepted − 1`, one copy per SSM layer,
+    /// every such slot in one launch per layer (`accepted = 0` keeps the state and launches nothing).
+    fn commit(&mut self, commits: &[Commit]) -> Result<()> {
+        let mut baseline = Vec::new();
+        for c in commits {
+            if self.counters.form_of(c.slot) == DecodeForm::Recurrent {
+                if c.accepted > 0 {
+                    baseline.extend([c.slot as i32, c.accepted as i32]);
+                }
+            } else {
+                self.counters.ring_commit(c.slot, c.accepted)?;
+            }
+            self.counters.conv_advance(c.slot, c.accepted)?;
         }
-        self.counters.ring_commit(slot, accepted)?;
-        self.counters.conv_advance(slot, accepted)?;
+        if !baseline.is_empty() {
+            let _span = debug_span!("gpu_commit_baseline", seqs = baseline.len() / 2).entered();
+            let dev = self.inner.dev.clone();
+            put(&dev, &mut self.scratch.commits, &baseline, "baseline commits")?;
+            super::ssm_layers::commit_baseline(
+                &dev,
+                &mut self.pools,
+                &self.snapshots,
+                &self.scratch,
+                baseline.len() / 2,
+                self.sizes.max_seqs,
+            )?;
+        }
         Ok(())
     }
 
@@ -395,9 +423,11 @@ impl<A: Act> GpuRank<A> {
         Ok(out)
     }
 
-    /// One verify step over `seqs` (distinct slots, `t` drafts each): every row of every sequence reported; the
-    /// drafts wait in the rings for the commit.
-    fn verify(&mut self, seqs: &[&SeqStep], t: usize, want_logits: bool) -> Result<HeadOut> {
+    /// One verify step over `seqs` (distinct slots, `t` drafts each): every row of every sequence reported. Replay
+    /// and kv-only drafts wait in the rings for the commit; recurrent sequences (`baseline`, all of them) run the
+    /// speculative baseline, which leaves the state as it was and writes one snapshot per draft for the commit. The
+    /// conv rows are appended either way, as the CPU decoder does.
+    fn verify(&mut self, seqs: &[&SeqStep], t: usize, baseline: bool, want_logits: bool) -> Result<HeadOut> {
         let _span = debug_span!("gpu_verify", batch = seqs.len(), t).entered();
         let b = seqs.len();
         let decisions = self.decide_batch(seqs, StepPhase::Verify, t)?;
@@ -428,10 +458,14 @@ impl<A: Act> GpuRank<A> {
             &lens,
             &replay_rows,
         )?;
-        let ssm = SsmRun::Replay {
-            max_m,
-            piece: t,
-            prompt: false,
+        let ssm = if baseline {
+            SsmRun::Baseline
+        } else {
+            SsmRun::Replay {
+                max_m,
+                piece: t,
+                prompt: false,
+            }
         };
         let step = self.step_shape(b * t, b, t, false, ssm);
         let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();

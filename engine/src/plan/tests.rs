@@ -75,6 +75,7 @@ fn byte_terms_equal_the_allocators_sizes_for_every_preset_and_tp() {
                 let rows = SlotRows {
                     ring: 16usize.max(threshold + t),
                     conv_extra: t,
+                    snapshots: 0,
                 };
                 let layers = r
                     .ssm

@@ -16,6 +16,8 @@
 //!   of `threshold + T` entries it compresses (at least the `L` of the replay it continues in) — more than
 //!   `replay`. So kv-only saves memory only for contexts below the threshold. This is what the decoder's pools
 //!   allocate per slot: a checkpoint and `max(L, threshold + T)` ring rows, since any slot may start kv-only.
+//!   A GPU rank started with a verify window also keeps `T` state snapshots per slot ([`SlotRows::snapshots`]),
+//!   so that a sequence in the recurrent form can verify drafts by the baseline.
 //!
 //! Each form adds the attention KV of `N` tokens, paged: `⌈N / block⌉·block` tokens of `2·kv_heads·head_dim` bf16
 //! values per attention layer. The per-slot counters and block tables (a few bytes per slot) are not counted.
@@ -103,6 +105,10 @@ pub struct SlotRows {
     pub ring: usize,
     /// Conv rows beyond the `K − 1` of history: the verify window `T`.
     pub conv_extra: usize,
+    /// Full fp32 state snapshots per slot: the recurrent form's speculative baseline (ReplaySSM Alg. 3 / 7) writes
+    /// one per verified token, so a pool that serves recurrent verifies of up to `T` tokens holds `T`; 0 without
+    /// speculation. The conv history needs none: its ring already keeps `K − 1 + T` rows.
+    pub snapshots: usize,
 }
 
 impl LayerValues {
@@ -137,10 +143,10 @@ impl LayerValues {
         }
     }
 
-    /// Bytes of one slot's recurrent state, conv history ring and input ring (`rows`) with activations of
-    /// `act_bytes`.
+    /// Bytes of one slot's recurrent state (and its speculative snapshots), conv history ring and input ring
+    /// (`rows`) with activations of `act_bytes`.
     pub fn slot_bytes(&self, act_bytes: u64, rows: SlotRows) -> u64 {
-        self.state as u64 * STATE_BYTES
+        (1 + rows.snapshots as u64) * self.state as u64 * STATE_BYTES
             + (self.conv + rows.conv_extra * self.conv_row) as u64 * act_bytes
             + rows.ring as u64 * (self.ring_act as u64 * act_bytes + self.ring_f32 as u64 * STATE_BYTES)
     }
@@ -151,8 +157,9 @@ impl LayerValues {
     }
 }
 
-/// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state, conv
-/// history ring, input ring of `rows`) and bytes per KV block of `block` tokens, with activations of `act_bytes`.
+/// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state and its
+/// speculative snapshots, conv history ring, input ring of `rows`) and bytes per KV block of `block` tokens, with
+/// activations of `act_bytes`.
 pub fn pool_bytes(
     layers: impl IntoIterator<Item = LayerValues>,
     block: usize,

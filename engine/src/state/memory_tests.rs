@@ -172,6 +172,7 @@ fn gpu_pool_planning_agrees_with_the_plan() {
             let rows = SlotRows {
                 ring: o.buffer_len.max(threshold + t),
                 conv_extra: t,
+                snapshots: 0,
             };
             let past = PlanOptions {
                 context: threshold + 1,
@@ -181,6 +182,14 @@ fn gpu_pool_planning_agrees_with_the_plan() {
                 pool_bytes(layers.iter().copied(), block, act, rows).0,
                 ssm_bytes(&c, MemoryForm::KvOnly, t, &past),
                 "{} act {act}, every form",
+                c.summary()
+            );
+            // A rank started for speculation adds `T` fp32 state snapshots per slot (the recurrent baseline).
+            let states: u64 = layers.iter().map(|v| v.state as u64 * STATE_BYTES).sum();
+            assert_eq!(
+                pool_bytes(layers.iter().copied(), block, act, SlotRows { snapshots: t, ..rows }).0,
+                pool_bytes(layers.iter().copied(), block, act, rows).0 + t as u64 * states,
+                "{} act {act}, snapshots",
                 c.summary()
             );
             assert_eq!(per_block, kv_bytes(&c, block, block, act), "{} act {act}", c.summary());

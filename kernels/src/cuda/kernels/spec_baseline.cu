@@ -244,32 +244,33 @@ __device__ void sb_gdn_impl(const float* __restrict__ state_pool, float* __restr
     }
 }
 
-// VEC 4 with NC 2, or VEC 1 with NC 8: key dims up to 256 either way.
-#define SB_MAMBA2(T, S, VEC, NC, V)                                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * SB_WARPS) spec_mamba2_verify_##V##_##S(                    \
-        const float* state_pool, float* snaps, const int* slots, int num_slots, int snap_t, const T* x,            \
-        const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,           \
-        int head_dim, int n, int groups, int splits) {                                                             \
+// VEC 4 with NC 2, or VEC 1 with NC 8: key dims up to 256 either way. Entry points are named in full (nvrtc.rs
+// lists them).
+#define SB_MAMBA2(NAME, T, VEC, NC)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * SB_WARPS)                                                    \
+        NAME(const float* state_pool, float* snaps, const int* slots, int num_slots, int snap_t, const T* x,       \
+             const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,      \
+             int head_dim, int n, int groups, int splits) {                                                        \
         sb_mamba2_impl<T, VEC, NC>(state_pool, snaps, slots, num_slots, snap_t, x, dt, A, B, C, D, y, t, heads,    \
                                    head_dim, n, groups, splits);                                                   \
     }
-SB_MAMBA2(float, f32, 4, 2, v4)
-SB_MAMBA2(bf16, bf16, 4, 2, v4)
-SB_MAMBA2(float, f32, 1, 8, v1)
-SB_MAMBA2(bf16, bf16, 1, 8, v1)
+SB_MAMBA2(spec_mamba2_verify_v4_f32, float, 4, 2)
+SB_MAMBA2(spec_mamba2_verify_v4_bf16, bf16, 4, 2)
+SB_MAMBA2(spec_mamba2_verify_v1_f32, float, 1, 8)
+SB_MAMBA2(spec_mamba2_verify_v1_bf16, bf16, 1, 8)
 
-#define SB_GDN(T, S, VEC, NC, V)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * SB_WARPS) spec_gdn_verify_##V##_##S(                       \
-        const float* state_pool, float* snaps, const int* slots, int num_slots, int snap_t, const T* q,            \
-        const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads, int v_heads,        \
-        int dk, int dv, int splits) {                                                                              \
+#define SB_GDN(NAME, T, VEC, NC)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * SB_WARPS)                                                    \
+        NAME(const float* state_pool, float* snaps, const int* slots, int num_slots, int snap_t, const T* q,       \
+             const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads, int v_heads,   \
+             int dk, int dv, int splits) {                                                                         \
         sb_gdn_impl<T, VEC, NC>(state_pool, snaps, slots, num_slots, snap_t, q, k, v, g, beta, out, t, k_heads,    \
                                 v_heads, dk, dv, splits);                                                          \
     }
-SB_GDN(float, f32, 4, 2, v4)
-SB_GDN(bf16, bf16, 4, 2, v4)
-SB_GDN(float, f32, 1, 8, v1)
-SB_GDN(bf16, bf16, 1, 8, v1)
+SB_GDN(spec_gdn_verify_v4_f32, float, 4, 2)
+SB_GDN(spec_gdn_verify_v4_bf16, bf16, 4, 2)
+SB_GDN(spec_gdn_verify_v1_f32, float, 1, 8)
+SB_GDN(spec_gdn_verify_v1_bf16, bf16, 1, 8)
 
 // The baseline's commit: per row, commits[2·row] = slot, commits[2·row + 1] = accepted; the slot's state becomes its
 // snapshot accepted − 1 (a copy of one state, 16 bytes at a time when `vec`); accepted = 0 leaves it. A slot out of
