@@ -62,6 +62,23 @@ __device__ __forceinline__ void sb_store_row(float* __restrict__ row, int n, int
     }
 }
 
+// VEC values of a staged vector from column c, zeros past n: one 16-byte shared load when VEC = 4 (the vectors are
+// staged at 16-byte aligned offsets then, n being a multiple of 4), so the 32 lanes read without bank conflicts.
+template <int VEC>
+__device__ __forceinline__ void sb_get(const float* __restrict__ p, int c, int n, float (&o)[VEC]) {
+    if (VEC == 4) {
+        float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n) q = *reinterpret_cast<const float4*>(p + c);
+        o[0] = q.x;
+        o[1] = q.y;
+        o[2] = q.z;
+        o[3] = q.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = c + e < n ? p[c + e] : 0.0f;
+    }
+}
+
 // This block's share of a head's rows: [r0, r1).
 __device__ __forceinline__ void sb_rows(int rows, int splits, int part, int* r0, int* r1) {
     const int per = (rows + splits - 1) / splits;
@@ -129,16 +146,17 @@ __device__ void sb_mamba2_impl(const float* __restrict__ state_pool, float* __re
             const float dtx = dts[s] * xi, da = das[s];
             const float* bv = bs + s * n;
             const float* cv = cs + s * n;
+            // Columns past n hold zeros and stay zero (their B and C read as zeros), so they add nothing.
             float acc = 0.0f;
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
+                float bj[VEC], cj[VEC];
+                sb_get<VEC>(bv, (j * 32 + lane) * VEC, n, bj);
+                sb_get<VEC>(cv, (j * 32 + lane) * VEC, n, cj);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const int c = (j * 32 + lane) * VEC + e;
-                    if (c < n) {
-                        v[j][e] = da * v[j][e] + dtx * bv[c];
-                        acc += v[j][e] * cv[c];
-                    }
+                    v[j][e] = da * v[j][e] + dtx * bj[e];
+                    acc += v[j][e] * cj[e];
                 }
             }
             sb_store_row<VEC, NC>(snap0 + (u64)s * sl + (u64)i * n, n, lane, v);
@@ -209,16 +227,16 @@ __device__ void sb_gdn_impl(const float* __restrict__ state_pool, float* __restr
             const float decay = decays[s];
             const float* kv = ks + s * dk;
             const float* qv = qs + s * dk;
+            // Columns past dk hold zeros and stay zero (their q and k read as zeros), so they add nothing.
+            float kj[NC][VEC];
             float dot = 0.0f;
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
+                sb_get<VEC>(kv, (j * 32 + lane) * VEC, dk, kj[j]);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const int c = (j * 32 + lane) * VEC + e;
-                    if (c < dk) {
-                        w[j][e] *= decay;
-                        dot += w[j][e] * kv[c];
-                    }
+                    w[j][e] *= decay;
+                    dot += w[j][e] * kj[j][e];
                 }
             }
             dot = warp_sum(dot);
@@ -226,13 +244,12 @@ __device__ void sb_gdn_impl(const float* __restrict__ state_pool, float* __restr
             float o = 0.0f;
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
+                float qj[VEC];
+                sb_get<VEC>(qv, (j * 32 + lane) * VEC, dk, qj);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const int c = (j * 32 + lane) * VEC + e;
-                    if (c < dk) {
-                        w[j][e] += u * kv[c];
-                        o += w[j][e] * qv[c];
-                    }
+                    w[j][e] += u * kj[j][e];
+                    o += w[j][e] * qj[e];
                 }
             }
             sb_store_row<VEC, NC>(snap0 + (u64)s * sl + (u64)r * dk, dk, lane, w);
