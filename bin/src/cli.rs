@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use rewind_engine::decode::FormChoice;
 
+mod bench_kernels;
 mod model;
 mod plan;
 mod serving;
+pub use bench_kernels::{BenchCommand, BenchKernelsArgs, KernelFamily};
 pub use model::ModelArgs;
 pub use plan::{PlanArgs, ShapeArgs};
 pub use serving::{env_for_every_flag, ChatArgs, ListenArgs, RunArgs, ServeArgs};
@@ -39,7 +41,8 @@ pub enum Command {
     /// Write a complete HF-format checkpoint with seeded random weights.
     #[command(after_help = INIT_MODEL_EXAMPLES)]
     InitModel(InitModelArgs),
-    /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second.
+    /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second; `bench kernels`: the SSM decode
+    /// kernels alone.
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
     /// How many sequences fit a memory budget, for each decode form and speculative window.
@@ -123,7 +126,8 @@ const BENCH_EXAMPLES: &str = "\
 Examples:
   rewind bench --model ./my-model --prompt-len 1024 --decode-tokens 64
   rewind bench --model ./my-model --device cuda --batch 1,16,64 --json bench.json
-  rewind bench --model ./my-model --concurrency 8 --requests 64 --serving-only";
+  rewind bench --model ./my-model --concurrency 8 --requests 64 --serving-only
+  rewind bench kernels --device cuda --json kernels.json";
 
 /// A whole number of at least 0 (a negative one is a clear error rather than clap's \"unexpected argument\").
 fn non_negative<T>(s: &str) -> Result<T, String>
@@ -480,7 +484,11 @@ pub struct InitModelArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// `kernels`: time the SSM decode kernels alone instead of a model (the flags below then do not apply).
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt length for the prefill comparison.

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::backend::{self, Loaded, Needs};
 use super::bench_steps;
-use crate::cli::{BenchArgs, Device};
+use crate::cli::{BenchArgs, BenchCommand, Device};
 
 /// Seed of the benchmark prompt (CPU and GPU benches use the same prompt).
 pub(super) const PROMPT_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -44,7 +44,7 @@ pub(super) fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// The commit this binary was built from (recorded at build time; `-dirty` marks uncommitted changes).
-fn git_commit() -> Option<String> {
+pub(super) fn git_commit() -> Option<String> {
     Some(env!("REWIND_GIT_COMMIT").to_string())
 }
 
@@ -164,7 +164,11 @@ fn check_context(args: &BenchArgs, limit: usize) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(mut args: BenchArgs) -> Result<()> {
+    // `rewind bench kernels`: no model (clap refused the model flags beside it).
+    if let Some(BenchCommand::Kernels(k)) = args.command.take() {
+        return super::bench_kernels::run(k);
+    }
     // The flags are checked before any model is built or loaded.
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");

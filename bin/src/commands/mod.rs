@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+mod bench_kernels;
 mod bench_steps;
 mod chat;
 pub mod client;

@@ -23,7 +23,7 @@ fn parse_device(device: &str) -> Result<usize> {
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (UTC), without a date crate.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn iso_utc(secs: u64) -> String {
+pub(super) fn iso_utc(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (H. Hinnant), for days since 1970-01-01.
     let z = days as i64 + 719_468;
