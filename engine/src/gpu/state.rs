@@ -193,3 +193,21 @@ pub(crate) fn alloc_pools<A: Act>(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recurrent baseline's snapshots cost `T` states per slot: only a rank that verifies drafts keeps them.
+    #[test]
+    fn snapshots_only_with_a_window_of_drafts() {
+        let settings = |max_verify| ReplaySettings {
+            buffer_len: 16,
+            max_verify,
+            threshold: 12,
+        };
+        assert_eq!(settings(1).rows().snapshots, 0);
+        let rows = settings(5).rows();
+        assert_eq!((rows.snapshots, rows.conv_extra, rows.ring), (5, 5, 17));
+    }
+}
