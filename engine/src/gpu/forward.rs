@@ -5,7 +5,8 @@
 //!
 //! The SSM layers run either the chunked scan into one slot's checkpoint (a prompt chunk in the recurrent or replay
 //! form) or the replay kernels over every row at once, whatever its form: a recurrent row is a replay row with an
-//! empty ring that folds its own entry, a kv-only row reads no checkpoint.
+//! empty ring that folds its own entry, a kv-only row reads no checkpoint. Batches of recurrent rows alone take the
+//! recurrent step kernels (decode) or the speculative baseline (verify: per-draft state snapshots, see [`SsmRun`]).
 //!
 //! Per block: `h = rms_norm(x += y_prev)`, the mixer writes its (partial) output `y` in f32, and with tensor
 //! parallelism `y` is all-reduced. The residual stream stays f32; activations and weights are bf16 with f32
