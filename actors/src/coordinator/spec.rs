@@ -394,3 +394,7 @@ impl CoordinatorState {
             .any(|l| l.spec.as_ref().is_some_and(LiveSpec::wants_hidden))
     }
 }
+
+#[cfg(test)]
+#[path = "spec_tests.rs"]
+mod tests;
