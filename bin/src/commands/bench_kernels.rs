@@ -25,7 +25,7 @@ fn ordinal(device: &str) -> Result<usize> {
 }
 
 /// The sweep the flags ask for (the defaults are the issue's: every family, batch 1 … 512).
-pub(super) fn sweep(args: &BenchKernelsArgs) -> Result<Sweep> {
+fn sweep(args: &BenchKernelsArgs) -> Result<Sweep> {
     let mut s = Sweep {
         families: match args.family {
             KernelFamily::Mamba2 => vec![Family::Mamba2],
@@ -49,7 +49,8 @@ pub(super) fn sweep(args: &BenchKernelsArgs) -> Result<Sweep> {
 }
 
 /// One row as JSON: the schema `bench/peers/ssm_decode.py` writes too (`impl` tells them apart).
-pub(super) fn row_json(r: &Row) -> Value {
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn row_json(r: &Row) -> Value {
     json!({
         "impl": "rewind",
         "family": r.family.name(),
@@ -71,7 +72,8 @@ pub(super) fn row_json(r: &Row) -> Value {
 }
 
 /// The whole report as JSON, after the `header` fields (command, date, commit).
-pub(super) fn report_json(report: &Report, header: Value) -> Value {
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn report_json(report: &Report, header: Value) -> Value {
     let mut v = header;
     let s = &report.sweep;
     let more = json!({

@@ -161,10 +161,16 @@ impl Pools {
             }
         };
         let ring = slots * ring_rows;
-        // dt ≈ 0.05 (Mamba-2) and g ≈ −0.05, β ≈ 0.5 (GDN): ordinary decays and write strengths.
+        // dt ≈ 0.05 (Mamba-2) and g ≈ −0.05, β ≈ 0.5 (GDN): ordinary decays and write strengths. GDN keys and
+        // queries of about unit norm (±0.15 over 128 dims), so the delta rule stays contracting over the thousands
+        // of steps the sweep applies to its states.
         let (s_lo, s_hi) = match family {
             Family::Mamba2 => (0.01, 0.1),
             Family::Gdn => (-0.1, -0.01),
+        };
+        let key = match family {
+            Family::Mamba2 => 0.5,
+            Family::Gdn => 0.15,
         };
         Ok(Pools {
             family,
@@ -173,10 +179,10 @@ impl Pools {
             token_rows: rows,
             state: filled(dev, rng, slots * state_len, -0.5, 0.5)?,
             ring_a: filled(dev, rng, ring * ring_a, -0.5, 0.5)?,
-            ring_b: filled(dev, rng, ring * ring_b, -0.5, 0.5)?,
+            ring_b: filled(dev, rng, ring * ring_b, -key, key)?,
             ring_s: filled(dev, rng, ring * ring_s, s_lo, s_hi)?,
-            vec_a: filled(dev, rng, rows * vec_a, -0.5, 0.5)?,
-            vec_b: filled(dev, rng, rows * vec_b, -0.5, 0.5)?,
+            vec_a: filled(dev, rng, rows * vec_a, -key, key)?,
+            vec_b: filled(dev, rng, rows * vec_b, -key, key)?,
             vec_c: filled(dev, rng, rows * vec_c, -0.5, 0.5)?,
             sc_a: filled(dev, rng, rows * scalars, s_lo, s_hi)?,
             sc_b: filled(dev, rng, rows * scalars, 0.1, 0.9)?,
