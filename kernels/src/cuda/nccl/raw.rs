@@ -13,7 +13,7 @@
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::nccl::{result, sys};
@@ -95,25 +95,32 @@ impl RawComm {
 
     /// A handle that aborts this communicator from any thread.
     pub(super) fn abort_handle(&self) -> NcclAbort {
-        NcclAbort(self.0.clone())
+        NcclAbort(Arc::downgrade(&self.0))
     }
 }
 
 /// Aborts one rank's communicator from any thread (`ncclCommAbort`): a collective of that rank waiting on the device for
 /// a peer that will never come returns, and the rank's later collectives fail with an error instead of waiting. Used by
 /// the engine's fault recovery, through the generation's abort signal.
+///
+/// The handle does not keep the communicator alive: it is freed with its rank, on the rank's thread while the rank's
+/// CUDA context is current, as before this handle existed (a build whose abort hooks kept the communicators alive
+/// until the generation ended left a serving process at TP 2 unable to exit on 2 × H200), and an abort after that
+/// does nothing.
 #[derive(Clone)]
-pub struct NcclAbort(Arc<Shared>);
+pub struct NcclAbort(Weak<Shared>);
 
 impl NcclAbort {
-    /// Aborts the communicator (once; later calls do nothing).
+    /// Aborts the communicator (once; later calls, and calls after its rank is gone, do nothing).
     pub fn abort(&self) {
-        self.0.abort();
+        if let Some(shared) = self.0.upgrade() {
+            shared.abort();
+        }
     }
 
-    /// Whether the communicator was aborted.
+    /// Whether the communicator was aborted (a freed one counts as aborted: nothing can wait on it).
     pub fn is_aborted(&self) -> bool {
-        self.0.aborted.load(Ordering::SeqCst)
+        self.0.upgrade().is_none_or(|s| s.aborted.load(Ordering::SeqCst))
     }
 }
 
