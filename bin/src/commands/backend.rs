@@ -103,6 +103,8 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
                 opts.buffer_len = d.buffer_len;
             }
             opts.max_verify = needs.verify.max(1);
+            // Only the recurrent form verifies drafts through per-draft state snapshots (T states per slot).
+            opts.recurrent_verify = decode.and_then(|d| d.form) == Some(FormChoice::Recurrent);
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),

@@ -362,6 +362,7 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
                     max_verify: BUFFER_LEN / 2,
                     kv_only_threshold: Some(KV_THRESHOLD),
                     cuda_graphs: true,
+                    recurrent_verify: false,
                 };
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
                 // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly.
@@ -384,6 +385,7 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
                 let vopts = GpuOptions {
                     buffer_len: 2 * VERIFY_WINDOW,
                     max_verify: VERIFY_WINDOW,
+                    recurrent_verify: true,
                     ..opts.clone()
                 };
                 // Recurrent: the speculative baseline (a state snapshot per draft, committed by a copy).

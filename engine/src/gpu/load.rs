@@ -137,6 +137,7 @@ impl GpuLauncher {
             threshold: opts
                 .kv_only_threshold
                 .unwrap_or_else(|| crate::state::memory::kv_only_threshold(&config)),
+            recurrent_verify: opts.recurrent_verify,
         };
         Ok(GpuLauncher {
             dir: dir.to_path_buf(),

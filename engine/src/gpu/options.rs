@@ -27,6 +27,10 @@ pub struct GpuOptions {
     pub kv_only_threshold: Option<usize>,
     /// Capture decode and verify steps as CUDA graphs and replay them (`--no-cuda-graphs` turns it off).
     pub cuda_graphs: bool,
+    /// Keep the recurrent form's per-draft state snapshots (`max_verify` states per slot and SSM layer, taken from
+    /// the KV blocks' memory): only a rank whose sequences verify drafts in the recurrent form needs them
+    /// (`--decode recurrent` with speculation); replay, kv-only and auto roll back by pointer moves.
+    pub recurrent_verify: bool,
 }
 
 /// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
@@ -76,6 +80,7 @@ impl Default for GpuOptions {
             max_verify: 1,
             kv_only_threshold: None,
             cuda_graphs: true,
+            recurrent_verify: false,
         }
     }
 }

@@ -41,18 +41,25 @@ pub struct ReplaySettings {
     pub max_verify: usize,
     /// The kv-only threshold.
     pub threshold: usize,
+    /// Whether sequences may verify drafts in the recurrent form ([`super::GpuOptions::recurrent_verify`]).
+    pub recurrent_verify: bool,
 }
 
 impl ReplaySettings {
     /// The rows every slot's rings hold: `max(L, threshold + T)` input entries (any slot may start kv-only), `T`
     /// conv rows beyond the history, and — when the rank verifies drafts (`T > 1`: a verify of one token is a decode
-    /// step) — `T` state snapshots for the recurrent form's baseline verify. The snapshots cost `T` states per slot
-    /// and layer, so a rank started without speculation keeps none and refuses a recurrent verify.
+    /// step) in the recurrent form — `T` state snapshots for its baseline verify. The snapshots cost `T` states per
+    /// slot and layer, so a rank started without speculation or for other forms keeps none and refuses a recurrent
+    /// verify.
     pub fn rows(&self) -> SlotRows {
         SlotRows {
             ring: self.buffer_len.max(self.threshold + self.max_verify),
             conv_extra: self.max_verify,
-            snapshots: if self.max_verify > 1 { self.max_verify } else { 0 },
+            snapshots: if self.recurrent_verify && self.max_verify > 1 {
+                self.max_verify
+            } else {
+                0
+            },
         }
     }
 }
@@ -198,16 +205,19 @@ pub(crate) fn alloc_pools<A: Act>(
 mod tests {
     use super::*;
 
-    /// The recurrent baseline's snapshots cost `T` states per slot: only a rank that verifies drafts keeps them.
+    /// The recurrent baseline's snapshots cost `T` states per slot: only a rank that verifies drafts in the recurrent
+    /// form keeps them.
     #[test]
-    fn snapshots_only_with_a_window_of_drafts() {
-        let settings = |max_verify| ReplaySettings {
+    fn snapshots_only_with_a_window_of_drafts_in_the_recurrent_form() {
+        let settings = |max_verify, recurrent_verify| ReplaySettings {
             buffer_len: 16,
             max_verify,
             threshold: 12,
+            recurrent_verify,
         };
-        assert_eq!(settings(1).rows().snapshots, 0);
-        let rows = settings(5).rows();
+        assert_eq!(settings(1, true).rows().snapshots, 0);
+        assert_eq!(settings(5, false).rows().snapshots, 0);
+        let rows = settings(5, true).rows();
         assert_eq!((rows.snapshots, rows.conv_extra, rows.ring), (5, 5, 17));
     }
 }

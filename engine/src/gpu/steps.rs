@@ -75,7 +75,8 @@ impl<A: Act> GpuRank<A> {
                 return Err(EngineError::NotSupported(format!(
                     "speculative verification of {} tokens of slot {} in the recurrent form on this GPU rank: the \
                      baseline keeps one state snapshot per verified token and this rank keeps {room} (it keeps them \
-                     only when started with a verify window of drafts; or use --decode replay, kv-only or auto)",
+                     only when started for the recurrent form with a verify window of drafts; or use --decode \
+                     replay, kv-only or auto)",
                     s.tokens.len(),
                     s.slot
                 )));
