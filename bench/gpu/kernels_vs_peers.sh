@@ -6,12 +6,13 @@
 #   bench/peers/ssm_decode.py   mamba_ssm's selective_state_update and fla's fused_recurrent_gated_delta_rule on the
 #                          same shapes, batches and dtypes (rows in the same JSON schema, joined on family, kernel,
 #                          batch, window).
-# Carried: .gpu/rewind.xz (built on the host: cargo build --release -p rewind-bin --no-default-features --features cuda
-# && mkdir -p .gpu && xz -T2 -c target/release/rewind > .gpu/rewind.xz) and .whl/ (python3 bench/peers/ssm_decode.py
-# fetch). KERNELS_ARGS adds flags to the rewind side (e.g. "--family gdn --batch 64,256").
+# Carried: .gpu/kernels/rewind.xz (built on the host: cargo build --release -p rewind-bin --no-default-features
+# --features cuda && mkdir -p .gpu/kernels && xz -T2 -c target/release/rewind > .gpu/kernels/rewind.xz; REWIND_XZ names
+# another) and .whl/ (python3 bench/peers/ssm_decode.py fetch). KERNELS_ARGS adds flags to the rewind side (e.g.
+# "--family gdn --batch 64,256").
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-xz -dc .gpu/rewind.xz > /tmp/rewind && chmod +x /tmp/rewind
+xz -dc ${REWIND_XZ:-.gpu/kernels/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
 L=$OUT/run.log
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $OUT/device.txt
