@@ -17,7 +17,7 @@
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 xz -dc .gpu/mgpu/rewind.xz > /tmp/rewind && chmod +x /tmp/rewind
-xz -dc .gpu/mgpu/rewind-launch.xz > /tmp/rewind-launch && chmod +x /tmp/rewind-launch
+[ -f .gpu/mgpu/rewind-launch.xz ] && xz -dc .gpu/mgpu/rewind-launch.xz > /tmp/rewind-launch && chmod +x /tmp/rewind-launch
 R=/tmp/rewind
 # At most 8 files come back from a device call: everything goes under $D and travels as one archive, made on exit.
 D=$OUT/r
@@ -41,10 +41,10 @@ if has faults; then
   [ -f /tmp/faultm/config.json ] || $R init-model --arch nemotron_h --preset small --out /tmp/faultm --seed 5 > /dev/null 2>>$L
   F="bench --model /tmp/faultm --device cuda --tp 2 --dtype f32 --concurrency 32 --requests 32 --serving-only \
      --prompt-len 32 --decode-tokens 32 --step-timeout 5"
-  timeout 60 $R $F --json $D/fault-none.json > $D/fault-none.md 2>>$L
+  timeout 150 $R $F --json $D/fault-none.json > $D/fault-none.md 2>>$L
   stamp "fault none" $?
   for kind in panic hang error nan; do
-    timeout 60 $R $F --inject-fault 1:$kind@20 --json $D/fault-$kind.json > $D/fault-$kind.md 2>>$L
+    timeout 150 $R $F --inject-fault 1:$kind@20 --json $D/fault-$kind.json > $D/fault-$kind.md 2>>$L
     stamp "fault $kind" $?
   done
   python3 - > $D/faults.txt 2>&1 <<'EOF'
@@ -101,11 +101,11 @@ fi
 if has speed; then
   [ -f /tmp/nano/config.json ] || $R init-model --arch nemotron_h --preset nemotron-3-nano-30b-a3b \
     --layers ${NANO_LAYERS:-6} --out /tmp/nano --seed 3 > /dev/null 2>>$L
-  [ -f /tmp/qnext/config.json ] || $R init-model --arch qwen3_next --preset qwen3-next-80b-a3b \
+  [ -f /tmp/qnext/config.json ] || [ "${SPEED_MODELS:-qnext}" = nano ] || $R init-model --arch qwen3_next --preset qwen3-next-80b-a3b \
     --layers ${QNEXT_LAYERS:-4} --out /tmp/qnext --seed 3 > /dev/null 2>>$L
-  for m in nano qnext; do
+  for m in ${SPEED_MODELS:-nano qnext}; do
     for tp in 1 2; do
-      for form in recurrent replay; do
+      for form in ${SPEED_FORMS:-recurrent replay}; do
         timeout ${SPEED_S:-60} $R bench --model /tmp/$m --device cuda --tp $tp --decode $form --batch ${SPEED_BATCH:-1,64} \
           --prompt-len 512 --decode-tokens 8 --repeats 2 --json $D/speed-$m-tp$tp-$form.json \
           > $D/speed-$m-tp$tp-$form.md 2>>$L

@@ -5,8 +5,9 @@
 #              head dim 128, Q fragments in registers, unmasked interior tiles; timing_D: C's code with 4 warps), the
 #              torch SDPA peer (bench/peers/attention.py) and the attention parity cases of this build's self-test;
 #   e2e        `rewind bench` before / after on random real-shape models (EMODELS: n8b = Nemotron-H-8B, q4b =
-#              Qwen3.5-4B, nano12 = Nemotron-3-Nano-30B-A3B cut to 12 layers): prefill of 1024 and 8192 tokens and
-#              the batch-1 (nano12: also batch-64) decode step, the build before issue 15's kernels
+#              Qwen3.5-4B, nano12 = Nemotron-3-Nano-30B-A3B cut to 12 layers): prefill of 1024 and 8176 tokens
+#              (8192 with the 16 decoded: the 8B preset's whole context) and the batch-1 (nano12: also batch-64) decode
+#              step, the build before issue 15's kernels
 #              (.gpu/old/rewind.xz) and this one (.gpu/new/rewind.xz) back to back, same command.
 # Everything is written under $OUT/r and comes back as one archive (a device call returns at most 8 files).
 set -u
@@ -20,18 +21,21 @@ stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
 date -u +%FT%TZ >> $D/device.txt
 has() { case " ${PARTS:-attention e2e} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The binaries travel xz-compressed (what a call carries is limited): NEW_BIN / OLD_BIN name them.
 for v in new old; do
-  [ -f .gpu/$v/rewind.xz ] && xz -dc .gpu/$v/rewind.xz > /tmp/rewind-$v && chmod +x /tmp/rewind-$v
+  b=$( [ $v = new ] && echo ${NEW_BIN:-.gpu/new/rewind.xz} || echo ${OLD_BIN:-.gpu/old/rewind.xz} )
+  [ -f $b ] && xz -dc $b > /tmp/rewind-$v && chmod +x /tmp/rewind-$v
 done
+for f in .gpu/attn/timing_*.xz; do [ -f $f ] && xz -dc $f > ${f%.xz} && chmod +x ${f%.xz}; done
 
 if has attention; then
-  for v in A C D; do
+  for v in ${ATTN_VARIANTS:-A C D}; do
     timeout 90 .gpu/attn/timing_$v attention > $D/attn-$v.log 2>&1
     stamp "attention timing $v" $?
   done
   timeout 120 python3 bench/peers/attention.py --json $D/sdpa.json > $D/sdpa.log 2>&1
   stamp sdpa $?
-  timeout 120 /tmp/rewind-new selftest --device cuda --only attention --no-model --json $D/selftest-attention.json \
+  [ "${ATTN_SELFTEST:-1}" = 1 ] && timeout 120 /tmp/rewind-new selftest --device cuda --only attention --no-model --json $D/selftest-attention.json \
     > $D/selftest-attention.log 2>&1
   stamp "selftest attention" $?
 fi
@@ -45,7 +49,7 @@ if has e2e; then
     esac
     [ -f /tmp/$m/config.json ] || /tmp/rewind-new init-model $init --out /tmp/$m > /dev/null 2>>$L
     stamp "init $m" $?
-    for p in ${PROMPTS:-1024 8192}; do
+    for p in ${PROMPTS:-1024 8176}; do
       for v in old new; do
         timeout ${E2E_S:-120} /tmp/rewind-$v bench --device cuda --model /tmp/$m --batch $batch --prompt-len $p \
           --decode-tokens 16 --repeats 3 --json $D/$m-p$p-$v.json > $D/$m-p$p-$v.md 2>>$L
