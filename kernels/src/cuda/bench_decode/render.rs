@@ -48,6 +48,7 @@ pub fn markdown(report: &Report, header: &[(&str, String)]) -> String {
     let _ = writeln!(s, "- verify rows: {REPLAY_COMMIT}\n");
     for &f in &report.sweep.families {
         family_table(&mut s, report, f);
+        spec_table(&mut s, report, f);
     }
     targets(&mut s, report);
     s
@@ -56,21 +57,63 @@ pub fn markdown(report: &Report, header: &[(&str, String)]) -> String {
 fn family_table(s: &mut String, report: &Report, f: Family) {
     let batches = &report.sweep.batches;
     let _ = writeln!(s, "## {}\n", f.shape());
-    let _ = write!(s, "| kernel |");
-    for b in batches {
-        let _ = write!(s, " batch {b} |");
-    }
-    let _ = write!(s, "\n|---|");
-    for _ in batches {
-        let _ = write!(s, "---|");
-    }
-    s.push('\n');
+    header_row(s, "kernel", batches);
     for k in report.sweep.kernels() {
         let _ = write!(s, "| {} |", k.label());
         for &b in batches {
             let _ = write!(s, " {} |", cell(report.find(f, k, b)));
         }
         s.push('\n');
+    }
+    s.push('\n');
+}
+
+/// A speculative step's SSM work, replay against the serial baseline: the baseline's verify plus its commit of `a`
+/// drafts over replay's verify (whose commit moves no data), for none and for all of the window accepted.
+fn spec_table(s: &mut String, report: &Report, f: Family) {
+    let sweep = &report.sweep;
+    if sweep.windows.is_empty() {
+        return;
+    }
+    let batches = &sweep.batches;
+    let _ = writeln!(
+        s,
+        "Baseline (verify + commit) over replay verify (L={}), {}:\n",
+        sweep.verify_ring,
+        f.name()
+    );
+    header_row(s, "window, accepted", batches);
+    for &t in &sweep.windows {
+        for a in [0, t] {
+            let _ = write!(s, "| T={t}, {a} accepted |");
+            for &b in batches {
+                let ratio = spec_ratio(report, f, t, a, b);
+                let _ = write!(s, " {} |", ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}×")));
+            }
+            s.push('\n');
+        }
+    }
+    s.push('\n');
+}
+
+/// The baseline's verify of `t` drafts plus its commit of `a` over replay's verify of `t`, at `batch`.
+fn spec_ratio(report: &Report, f: Family, t: usize, a: usize, batch: usize) -> Option<f64> {
+    let l = report.sweep.verify_ring;
+    let replay = report.find(f, Kernel::Verify { l, t }, batch)?.ms;
+    let verify = report.find(f, Kernel::BaselineVerify { t }, batch)?.ms;
+    let commit = report.find(f, Kernel::BaselineCommit { accepted: a }, batch)?.ms;
+    Some((verify + commit) / replay)
+}
+
+/// A table's head: `first`, then one column per batch size.
+fn header_row(s: &mut String, first: &str, batches: &[usize]) {
+    let _ = write!(s, "| {first} |");
+    for b in batches {
+        let _ = write!(s, " batch {b} |");
+    }
+    let _ = write!(s, "\n|---|");
+    for _ in batches {
+        let _ = write!(s, "---|");
     }
     s.push('\n');
 }

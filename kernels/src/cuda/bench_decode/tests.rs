@@ -296,6 +296,9 @@ fn markdown_has_a_table_per_family_and_the_targets() {
     assert!(md.contains("| verify T=4 (L=16) |"));
     assert!(md.contains("| baseline verify T=4 (snapshots) |"));
     assert!(md.contains("| baseline commit, 4 accepted |"));
+    // Baseline verify + commit (0.6 + 0.6) over replay verify (0.6), at every batch.
+    assert!(md.contains("Baseline (verify + commit) over replay verify (L=16), mamba2:"));
+    assert!(md.contains("| T=4, 0 accepted | 2.00× | 2.00× |\n| T=4, 4 accepted | 2.00× | 2.00× |"));
     assert!(!md.contains("Gated DeltaNet"), "only the measured family");
     // Replay at 0.4 of copy misses the roofline; 2× over the recurrent step plainly, (15·0.5 + 1.2)/16 with flushes.
     assert!(md.contains("| mamba2 | replay L=16 ≥ 0.95 of its byte roofline | 256 | 0.40 | **no** |"));
