@@ -153,7 +153,19 @@ impl LiveSpec {
         self.drafter(params, seed)?.observe(tokens, &ready)
     }
 
-    /// Proposes up to `max` drafts after `tokens`, making the drafter first if needed.
+    /// Announces a proposal of up to `max` drafts after `tokens` ([`Drafter::prepare`]), making the drafter first if
+    /// needed and handing it the hidden rows it has not seen.
+    fn prepare(&mut self, tokens: &[u32], max: usize, params: &SamplingParams, seed: u64) -> Result<()> {
+        self.feed(tokens, params, seed)?;
+        let hidden = self.hidden.clone();
+        self.drafter(params, seed)?.prepare(&DraftInput {
+            tokens,
+            hidden: hidden.as_ref(),
+            max,
+        })
+    }
+
+    /// Proposes up to `max` drafts after `tokens` (announced with [`LiveSpec::prepare`]).
     fn propose(&mut self, tokens: &[u32], max: usize, params: &SamplingParams, seed: u64) -> Result<Draft> {
         self.feed(tokens, params, seed)?;
         let hidden = self.hidden.take();
@@ -248,6 +260,8 @@ impl CoordinatorState {
         let ready = self.sched.draft_ready();
         let batch = self.sched.counts().1;
         let mut failed = Vec::new();
+        // Every proposal is announced first, so that drafters sharing a model draft for the whole batch at once.
+        let mut asked = Vec::with_capacity(ready.len());
         for id in ready {
             let Some(l) = self.live.get_mut(&id) else { continue };
             let Some(s) = l.spec.as_mut() else { continue };
@@ -258,6 +272,14 @@ impl CoordinatorState {
             if max == 0 {
                 continue;
             }
+            match s.prepare(&l.history, max, &l.params, l.seed) {
+                Ok(()) => asked.push((id, max)),
+                Err(e) => failed.push((id, format!("the {} drafter failed: {e}", s.factory.kind().name()))),
+            }
+        }
+        for (id, max) in asked {
+            let Some(l) = self.live.get_mut(&id) else { continue };
+            let Some(s) = l.spec.as_mut() else { continue };
             match s.propose(&l.history, max, &l.params, l.seed) {
                 Ok(mut d) => {
                     d.tokens.truncate(max);

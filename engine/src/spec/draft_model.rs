@@ -13,7 +13,13 @@
 //! 2. catches up: the stream's uncommitted tokens but the last go through a verify committed whole (or a prefill
 //!    when they are more than a verify takes) unless they fit in the drafting verifies below;
 //! 3. drafts: step `j` commits 0 of the previous step's verify, verifies `[rest…, d_1 … d_{j−1}]` (the uncommitted
-//!    tail of the stream, then the drafts so far) and picks `d_j` from the last row's logits.
+//!    tail of the stream, then the drafts so far) and picks `d_j` from the last row's logits (the head runs over
+//!    that row alone).
+//!
+//! Batched drafting: the coordinator announces every sequence's proposal first ([`Drafter::prepare`], queued on the
+//! thread), then asks for each. The first ask runs all the queued proposals together: each slot syncs and catches
+//! up on its own, then draft step `j` of every slot still drafting is one batched verify, so a step of `B`
+//! sequences reads the draft model's weights once per draft rather than `B` times.
 //!
 //! Why re-verify a growing window instead of decoding one token per draft: a replay verify reads the slot's
 //! checkpoint plus its input ring whatever the window's length, so each draft costs about one decode step's weight
@@ -415,6 +421,13 @@ impl Drafter for DraftModelDrafter {
         let tokens = input.tokens.to_vec();
         let (slot, max) = (self.slot, input.max);
         self.model.call(move |w| w.propose(slot, &tokens, max))?
+    }
+
+    fn prepare(&mut self, input: &DraftInput<'_>) -> Result<()> {
+        // Queued, not awaited: the thread runs jobs in order, so the proposals that follow find it queued.
+        let tokens = input.tokens.to_vec();
+        let (slot, max) = (self.slot, input.max);
+        self.model.post(move |w| w.queue(slot, tokens, max))
     }
 }
 

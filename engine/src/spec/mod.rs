@@ -74,6 +74,13 @@ pub trait Drafter: Send + Sync {
     /// Up to `input.max` tokens to follow `input.tokens`.
     fn propose(&mut self, input: &DraftInput<'_>) -> Result<Draft>;
 
+    /// Announces that [`Drafter::propose`] with the same input follows once every sequence of the step was
+    /// announced: drafters that share a model (a draft model's slots) run all the announced proposals as one batch
+    /// when the first is asked for. A proposal asked with another input is run on its own.
+    fn prepare(&mut self, _input: &DraftInput<'_>) -> Result<()> {
+        Ok(())
+    }
+
     /// Takes the target's hidden states of committed positions as they come (each prompt chunk's, each step's),
     /// before any proposal needs them: row `i` of `hidden` is position `hidden.position + i`, and `tokens` (the
     /// sequence so far) holds the token after every row. Only drafters that [`Drafter::wants_hidden`] are called.

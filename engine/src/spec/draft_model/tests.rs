@@ -226,6 +226,99 @@ fn sampled_drafts_come_with_their_distributions() {
     assert_eq!(propose(&mut a, &stream, 4), propose(&mut b, &stream, 4));
 }
 
+/// Proposals announced together ([`Drafter::prepare`]) run as one batch and give what each session proposes on its
+/// own: greedy and sampled sessions of different streams (a fresh prefill, a catch-up, a one-token stream), round
+/// after round; a proposal asked with another input than announced runs on its own.
+#[test]
+fn batched_proposals_equal_proposals_one_by_one() {
+    let dir = tiny(Family::NemotronH, 13);
+    let path = dir.path();
+    let vocab = vocab_of(path);
+    let sampled = DraftSampling {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 5,
+    };
+    let samplings = [
+        DraftSampling::greedy(),
+        sampled.clone(),
+        DraftSampling::greedy(),
+        sampled,
+    ];
+    let mut streams: Vec<Vec<u32>> = vec![vec![5, 17, 42, 9, 100, 3], vec![11, 22, 33, 44], vec![7], vec![1, 2, 3]];
+    let open = |m: &Arc<DraftModel>| -> Vec<DraftModelDrafter> {
+        samplings
+            .iter()
+            .map(|s| m.session(s.clone()).expect("session"))
+            .collect()
+    };
+    let (batched_model, single_model) = (
+        DraftModel::load(path, vocab, 4, 256, 4, None).expect("load"),
+        DraftModel::load(path, vocab, 4, 256, 4, None).expect("load"),
+    );
+    let (mut batched, mut single) = (open(&batched_model), open(&single_model));
+    for round in 0..4 {
+        let maxes = [4, 3, 4, 1 + round % 4];
+        let input = |i: usize| DraftInput {
+            tokens: &streams[i],
+            hidden: None,
+            max: maxes[i],
+        };
+        for (i, s) in batched.iter_mut().enumerate() {
+            s.prepare(&input(i)).expect("prepare");
+        }
+        let got: Vec<Draft> = batched
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| s.propose(&input(i)).expect("batched"))
+            .collect();
+        let want: Vec<Draft> = single
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| s.propose(&input(i)).expect("single"))
+            .collect();
+        assert_same(&got, &want, &format!("round {round}"));
+        // Streams grow as a coordinator's do: the first draft accepted, then a token of the target's; a long jump
+        // for one of them (a prefill catch-up).
+        for (i, (stream, d)) in streams.iter_mut().zip(&got).enumerate() {
+            stream.extend(d.tokens.first());
+            stream.push(((round * 31 + i * 7 + 1) % vocab) as u32);
+            if i == 1 && round == 1 {
+                stream.extend((0..12u32).map(|t| (t * 13 + 2) % vocab as u32));
+            }
+        }
+    }
+    // Announced with one input, asked with another: the announced batch is dropped for that session.
+    let stream: Vec<u32> = vec![9, 9, 9];
+    batched[0]
+        .prepare(&DraftInput {
+            tokens: &stream,
+            hidden: None,
+            max: 2,
+        })
+        .expect("prepare");
+    let asked = propose(&mut batched[0], &stream, 3);
+    assert_same(
+        &[asked],
+        &[propose(&mut single[0], &stream, 3)],
+        "asked with another input",
+    );
+}
+
+/// Asserts equal drafts, and their distributions equal to float rounding (a batched head sums in another order).
+fn assert_same(got: &[Draft], want: &[Draft], what: &str) {
+    let tokens = |d: &[Draft]| d.iter().map(|d| d.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(got), tokens(want), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.probs.is_some(), w.probs.is_some(), "{what}");
+        let (g, w) = (g.probs.iter().flatten().flatten(), w.probs.iter().flatten().flatten());
+        let worst = g.zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{what}: q differs by {worst}");
+    }
+}
+
 #[test]
 fn pick_is_greedy_or_draws_from_the_filtered_distribution() {
     let mut draws = 0;

@@ -5,7 +5,7 @@ use rewind_kernels::cpu::sample::kept_weights;
 use tracing::warn;
 
 use super::DraftSampling;
-use crate::decode::{Decoder, FormChoice};
+use crate::decode::{Decoder, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
 use crate::rank::Rows;
 use crate::sample::{argmax, Sampler};
@@ -24,16 +24,55 @@ struct Book {
     draws: u64,
 }
 
+/// A proposal asked of a slot: up to `max` drafts after `tokens`.
+#[derive(Debug, PartialEq)]
+pub(super) struct Queued {
+    slot: usize,
+    tokens: Vec<u32>,
+    max: usize,
+}
+
+/// One slot's proposal in progress.
+struct Run {
+    /// Its index among the proposals run together.
+    job: usize,
+    book: Book,
+    /// The drafts it takes.
+    k: usize,
+    /// The logits after the stream, when the catch-up computed them.
+    first: Option<Vec<f32>>,
+    drafts: Vec<u32>,
+    /// The drafts' distributions, one after another (sampled drafts only).
+    probs: Vec<Vec<f32>>,
+}
+
+impl Run {
+    /// Takes the draft after a row of logits.
+    fn pick(&mut self, row: &[f32]) {
+        let (token, q) = pick(row, &self.book.sampling, &mut self.book.draws);
+        self.drafts.push(token);
+        self.probs.extend(q);
+    }
+}
+
 /// The decoder and its sessions' books; owned by the draft model's thread.
 pub(super) struct Worker {
     decoder: Decoder,
     books: Vec<Option<Book>>,
+    /// Proposals queued to run together, and the results of those run but not yet asked for.
+    queued: Vec<Queued>,
+    ready: Vec<(Queued, Result<Draft>)>,
 }
 
 impl Worker {
     pub(super) fn new(decoder: Decoder) -> Self {
         let books = (0..decoder.config().slots).map(|_| None).collect();
-        Worker { decoder, books }
+        Worker {
+            decoder,
+            books,
+            queued: Vec::new(),
+            ready: Vec::new(),
+        }
     }
 
     /// Takes a free slot for a new session.
@@ -56,6 +95,7 @@ impl Worker {
 
     /// Ends a session and frees its slot. Runs from a `Drop`, so failures are logged, not returned.
     pub(super) fn close(&mut self, slot: usize) {
+        self.forget(slot);
         if let Some(book) = self.books.get_mut(slot) {
             *book = None;
         }
@@ -64,55 +104,191 @@ impl Worker {
         }
     }
 
-    /// Up to `max` drafts to follow `tokens` from the session in `slot`. On an error the slot is restarted empty, so
-    /// that the book never disagrees with the decoder (the next proposal then prefills the stream again).
+    /// Up to `max` drafts to follow `tokens` from the session in `slot`: the proposal [`Worker::queue`]d for it, run
+    /// with every other queued one when it is still waiting, or a proposal of its own.
     pub(super) fn propose(&mut self, slot: usize, tokens: &[u32], max: usize) -> Result<Draft> {
-        let mut book = self
-            .books
-            .get_mut(slot)
-            .and_then(Option::take)
-            .ok_or_else(|| EngineError::InvalidInput(format!("draft-model slot {slot} has no session")))?;
-        let out = self.propose_with(slot, &mut book, tokens, max);
-        if out.is_err() {
-            self.restart(slot, &mut book);
+        if self.queued.iter().any(|q| q.slot == slot) {
+            let jobs = std::mem::take(&mut self.queued);
+            let results = self.propose_all(&jobs);
+            for (q, r) in jobs.into_iter().zip(results) {
+                self.ready.push((q, r));
+            }
         }
-        self.books[slot] = Some(book);
-        out
+        if let Some(i) = self.ready.iter().position(|(q, _)| q.slot == slot) {
+            let (q, r) = self.ready.swap_remove(i);
+            if q.tokens == tokens && q.max == max {
+                return r;
+            }
+        }
+        let job = Queued {
+            slot,
+            tokens: tokens.to_vec(),
+            max,
+        };
+        self.propose_all(std::slice::from_ref(&job))
+            .pop()
+            .unwrap_or_else(|| Ok(Draft::default()))
     }
 
-    fn propose_with(&mut self, slot: usize, book: &mut Book, tokens: &[u32], max: usize) -> Result<Draft> {
-        let n = tokens.len();
-        if n == 0 || max == 0 {
-            return Ok(Draft::default());
+    /// Queues a proposal, to be run with the others queued before the first of them is asked for
+    /// ([`Worker::propose`]): one batched verify per draft step for all their slots.
+    pub(super) fn queue(&mut self, slot: usize, tokens: Vec<u32>, max: usize) {
+        self.forget(slot);
+        self.queued.push(Queued { slot, tokens, max });
+    }
+
+    /// Drops whatever was queued or computed for `slot` and not asked for.
+    fn forget(&mut self, slot: usize) {
+        self.queued.retain(|q| q.slot != slot);
+        self.ready.retain(|(q, _)| q.slot != slot);
+    }
+
+    /// Runs the proposals `jobs` (distinct slots) together: each slot is synced and caught up on its own, then draft
+    /// step `j` of every slot still drafting is one batched verify, whose last row per slot alone goes through the
+    /// head. A slot whose proposal fails is restarted empty, so that its book never disagrees with the decoder (the
+    /// next proposal then prefills the stream again); a failed batched step fails every slot in it.
+    fn propose_all(&mut self, jobs: &[Queued]) -> Vec<Result<Draft>> {
+        let mut runs: Vec<Run> = Vec::with_capacity(jobs.len());
+        let mut out: Vec<Option<Result<Draft>>> = Vec::with_capacity(jobs.len());
+        for (i, q) in jobs.iter().enumerate() {
+            let Some(mut book) = self.books.get_mut(q.slot).and_then(Option::take) else {
+                out.push(Some(Err(EngineError::InvalidInput(format!(
+                    "draft-model slot {} has no session",
+                    q.slot
+                )))));
+                continue;
+            };
+            match self.start_run(q, &mut book) {
+                Ok(Some((k, first))) => runs.push(Run {
+                    job: i,
+                    book,
+                    k,
+                    first,
+                    drafts: Vec::with_capacity(k),
+                    probs: Vec::new(),
+                }),
+                Ok(None) => {
+                    self.books[q.slot] = Some(book);
+                    out.push(Some(Ok(Draft::default())));
+                    continue;
+                }
+                Err(e) => {
+                    self.restart(q.slot, &mut book);
+                    self.books[q.slot] = Some(book);
+                    out.push(Some(Err(e)));
+                    continue;
+                }
+            }
+            out.push(None);
+        }
+        if let Err(e) = self.draft_steps(jobs, &mut runs) {
+            // The first run gets the error itself, the others its text (errors are not `Clone`).
+            let text = e.to_string();
+            let mut e = Some(e);
+            for r in &mut runs {
+                self.restart(jobs[r.job].slot, &mut r.book);
+                out[r.job] = Some(Err(e.take().unwrap_or_else(|| {
+                    EngineError::InvalidInput(format!("a draft step batched with this proposal failed: {text}"))
+                })));
+            }
+        }
+        for r in runs {
+            let slot = jobs[r.job].slot;
+            out[r.job].get_or_insert_with(|| {
+                Ok(Draft {
+                    probs: (r.book.sampling.temperature > 0.0).then_some(r.probs),
+                    tokens: r.drafts,
+                })
+            });
+            self.books[slot] = Some(r.book);
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(Draft::default())))
+            .collect()
+    }
+
+    /// Syncs and catches up `q`'s slot; the drafts it can take (`None`: none) and the logits after the stream when
+    /// the catch-up computed them.
+    fn start_run(&mut self, q: &Queued, book: &mut Book) -> Result<Option<(usize, Option<Vec<f32>>)>> {
+        let (slot, tokens, n) = (q.slot, &q.tokens[..], q.tokens.len());
+        if n == 0 || q.max == 0 {
+            return Ok(None);
         }
         self.sync(slot, book, tokens)?;
         let (t, context) = (self.decoder.config().max_verify, self.decoder.config().max_context);
         // The last draft step verifies up to position n + k − 2, so k ≤ context + 1 − n: fewer drafts near the limit,
         // none past it. Its window holds the stream's uncommitted tokens (at least the last one) and k − 1 drafts,
         // so k ≤ T; the catch-up makes room for the rest.
-        let k = max.min(t).min((context + 1).saturating_sub(n));
+        let k = q.max.min(t).min((context + 1).saturating_sub(n));
         if k == 0 {
-            return Ok(Draft::default());
+            return Ok(None);
         }
-        let mut first = self.catch_up(slot, book, tokens, k)?;
-        // `window` is what the next draft step verifies: the uncommitted tail of the stream, then the drafts so far.
-        let mut window = tokens[book.committed.len()..].to_vec();
-        let mut drafts = Vec::with_capacity(k);
-        let mut probs = Vec::with_capacity(k);
-        for _ in 0..k {
-            let row = match first.take() {
-                Some(row) => row,
-                None => self.verify_last(slot, book, &window)?,
-            };
-            let (token, q) = pick(&row, &book.sampling, &mut book.draws);
-            drafts.push(token);
-            probs.extend(q);
-            window.push(token);
+        let first = self.catch_up(slot, book, tokens, k)?;
+        Ok(Some((k, first)))
+    }
+
+    /// Draft steps of every run until each has its `k` drafts. `window` is what a run's next step verifies: the
+    /// uncommitted tail of its stream, then its drafts so far (kept as the stream's length; the drafts follow).
+    fn draft_steps(&mut self, jobs: &[Queued], runs: &mut [Run]) -> Result<()> {
+        loop {
+            // A row the catch-up computed comes first.
+            for r in runs.iter_mut() {
+                if let Some(row) = r.first.take() {
+                    r.pick(&row);
+                }
+            }
+            let stepping: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].drafts.len() < runs[i].k).collect();
+            if stepping.is_empty() {
+                return Ok(());
+            }
+            let windows: Vec<Vec<u32>> = stepping
+                .iter()
+                .map(|&i| {
+                    let r = &runs[i];
+                    let stream = &jobs[r.job].tokens;
+                    [&stream[r.book.committed.len()..], &r.drafts[..]].concat()
+                })
+                .collect();
+            for &i in &stepping {
+                let r = &mut runs[i];
+                if !r.book.pending.is_empty() {
+                    self.decoder.commit(jobs[r.job].slot, 0)?;
+                    r.book.pending.clear();
+                }
+            }
+            let items: Vec<Item> = stepping
+                .iter()
+                .zip(&windows)
+                .map(|(&i, w)| Item {
+                    slot: jobs[runs[i].job].slot,
+                    phase: Phase::Verify,
+                    tokens: w,
+                })
+                .collect();
+            let x = self.decoder.advance(&items)?;
+            for (&i, w) in stepping.iter().zip(&windows) {
+                runs[i].book.pending.extend_from_slice(w);
+            }
+            // Only each window's last row is read: the prediction after its last token.
+            let hidden = self.decoder.model().config().hidden_size;
+            let mut last = Vec::with_capacity(stepping.len() * hidden);
+            let mut end = 0;
+            for w in &windows {
+                end += w.len();
+                last.extend_from_slice(&x[(end - 1) * hidden..end * hidden]);
+            }
+            let logits = self.decoder.model().head(&last);
+            let vocab = logits.len() / stepping.len();
+            for ((&i, w), row) in stepping.iter().zip(&windows).zip(logits.chunks_exact(vocab)) {
+                let r = &mut runs[i];
+                if row.iter().any(|v| !v.is_finite()) {
+                    return Err(EngineError::NonFinite {
+                        position: r.book.committed.len() + w.len() - 1,
+                    });
+                }
+                r.pick(row);
+            }
         }
-        Ok(Draft {
-            probs: (book.sampling.temperature > 0.0).then_some(probs),
-            tokens: drafts,
-        })
     }
 
     /// Brings the slot in line with the stream: commits the part of the pending verify that the stream kept (the
@@ -165,19 +341,6 @@ impl Worker {
         }
         book.committed.extend_from_slice(gap);
         Ok(None)
-    }
-
-    /// Ends the pending verify with nothing accepted, verifies `window` and returns its last row of logits (the
-    /// prediction after the window's last token).
-    fn verify_last(&mut self, slot: usize, book: &mut Book, window: &[u32]) -> Result<Vec<f32>> {
-        if !book.pending.is_empty() {
-            self.decoder.commit(slot, 0)?;
-            book.pending.clear();
-        }
-        let mut logits = self.decoder.verify(slot, window)?;
-        book.pending.extend_from_slice(window);
-        let vocab = logits.len() / window.len();
-        Ok(logits.split_off(logits.len() - vocab))
     }
 
     /// Releases and retakes the slot, empty; the draw counter goes on, so later drafts do not reuse draws.
