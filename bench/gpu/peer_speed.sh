@@ -7,7 +7,7 @@
 #   e2e        `rewind bench` before / after on random real-shape models (EMODELS: n8b = Nemotron-H-8B, q4b =
 #              Qwen3.5-4B, nano12 = Nemotron-3-Nano-30B-A3B cut to 12 layers): prefill of 1024 and 8176 tokens
 #              (8192 with the 16 decoded: the 8B preset's whole context) and the batch-1 (nano12: also batch-64) decode
-#              step, the build before issue 15's kernels
+#              step, and (this build only) decode at batch 64 with an 8K context; the build before issue 15's kernels
 #              (.gpu/old/rewind.xz) and this one (.gpu/new/rewind.xz) back to back, same command.
 # Everything is written under $OUT/r and comes back as one archive (a device call returns at most 8 files).
 set -u
@@ -56,5 +56,12 @@ if has e2e; then
         stamp "$m prompt $p $v" $?
       done
     done
+    # Decode at batch 64 with an 8K context (each sequence prefilled with 8160 tokens first). `--step-prompt` is
+    # newer than the old build, so this row is this build's only.
+    if [ $m != nano12 ]; then
+      timeout ${E2E_S:-120} /tmp/rewind-new bench --device cuda --model /tmp/$m --batch 64 --step-prompt 8160 \
+        --prompt-len 1024 --decode-tokens 16 --repeats 3 --json $D/$m-b64-ctx8k-new.json > $D/$m-b64-ctx8k-new.md 2>>$L
+      stamp "$m batch 64 at 8K context new" $?
+    fi
   done
 fi

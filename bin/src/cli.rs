@@ -500,6 +500,10 @@ pub struct BenchArgs {
     /// Repeats of each measurement (the median is reported).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub repeats: usize,
+    /// Prompt tokens each sequence of the batched decode and verify measures holds before its timed steps (prefilled
+    /// once per measure), e.g. 8192 to time decoding at an 8K context.
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
+    pub step_prompt: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,

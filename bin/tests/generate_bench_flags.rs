@@ -163,6 +163,32 @@ fn bench_refuses_work_past_the_context_limit() {
         &rewind(&["bench", "--model", m, "--concurrency", "0"]),
         &["--concurrency must be at least 1"],
     );
+    // The batched measures' prompt: at least one token, and it plus the decoded tokens must fit the context.
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--step-prompt", "0"]),
+        &["--step-prompt must be at least 1"],
+    );
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--step-prompt", "4090", "--decode-tokens", "8"]),
+        &["--step-prompt of 4090", "max_position_embeddings"],
+    );
+    let o = rewind(&[
+        "bench",
+        "--model",
+        m,
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "2",
+        "--repeats",
+        "1",
+        "--batch",
+        "2",
+        "--step-prompt",
+        "300",
+    ]);
+    assert_ok(&o, "bench with a long step prompt");
+    assert!(stdout(&o).contains("decode, batch 2"), "{}", stdout(&o));
 }
 
 #[test]

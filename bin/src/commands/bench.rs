@@ -90,16 +90,23 @@ fn prefill(loaded: &mut Loaded, prompt: &[u32], token_by_token: bool) -> Result<
     Ok((secs, out.logits.unwrap_or_default()))
 }
 
-/// Greedy decode tokens per second of a batch of `b` sequences (each its own 16-token prompt), `steps` timed steps
-/// after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
+/// Greedy decode tokens per second of a batch of `b` sequences (each its own `prompt`-token prompt), `steps` timed
+/// steps after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
 fn decode_rate(
     group: &mut RankGroup,
     form: rewind_engine::decode::FormChoice,
     b: usize,
+    prompt: usize,
     steps: usize,
     seed: u64,
 ) -> Result<f64> {
-    Ok(b as f64 / bench_steps::step_secs(group, form, b, 0, 0, steps, seed)?)
+    let shape = bench_steps::StepShape {
+        batch: b,
+        prompt,
+        window: 0,
+        accepted: 0,
+    };
+    Ok(b as f64 / bench_steps::step_secs(group, form, shape, steps, seed)?)
 }
 
 /// Plain progress on stderr: `[elapsed] what ... ` before a measurement and its result after it, so a long run shows
@@ -139,7 +146,8 @@ impl Progress {
 }
 
 /// Checks that the bench fits the model's context: the prompt plus the decoded tokens (the serving mode's requests;
-/// the batched-step bench reports one prompt's prefill and decodes after a 16-token prompt and 3 warm-up steps).
+/// the batched-step bench reports one prompt's prefill and decodes after a `--step-prompt` prompt and 3 warm-up
+/// steps).
 fn check_context(args: &BenchArgs, limit: usize) -> Result<()> {
     anyhow::ensure!(
         args.prompt_len <= limit,
@@ -156,10 +164,11 @@ fn check_context(args: &BenchArgs, limit: usize) -> Result<()> {
         total.map_or_else(|| "too many".to_string(), |t| t.to_string())
     );
     anyhow::ensure!(
-        args.decode_tokens.saturating_add(16 + 3) <= limit,
-        "--decode-tokens {} (after a 16-token prompt and 3 warm-up steps) exceeds the model's context limit of \
-         {limit} tokens (max_position_embeddings)",
-        args.decode_tokens
+        args.decode_tokens.saturating_add(args.step_prompt).saturating_add(3) <= limit,
+        "--decode-tokens {} after a --step-prompt of {} tokens and 3 warm-up steps exceeds the model's context limit \
+         of {limit} tokens (max_position_embeddings)",
+        args.decode_tokens,
+        args.step_prompt
     );
     Ok(())
 }
@@ -173,6 +182,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
+    anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
     let device = args.run.device.check()?;
     let cpu = device == Device::Cpu;
     let batches = args
@@ -205,7 +215,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let window = args.verify_window.unwrap_or(0);
     anyhow::ensure!(args.verify_window != Some(0), "--verify-window must be at least 1");
     let verify_steps = (args.decode_tokens / (window + 1)).max(4);
-    let verify_context = bench_steps::STEP_PROMPT + (3 + verify_steps) * (window + 1);
+    let verify_context = args.step_prompt + (3 + verify_steps) * (window + 1);
     anyhow::ensure!(
         window == 0 || verify_context <= config.max_position_embeddings,
         "--verify-window {window}: {verify_steps} verify steps reach {verify_context} tokens, beyond the model's \
@@ -223,7 +233,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     };
     let needs = Needs {
         slots: biggest,
-        context: args.prompt_len.max(16 + 3 + args.decode_tokens).max(verify_context),
+        context: args
+            .prompt_len
+            .max(args.step_prompt + 3 + args.decode_tokens)
+            .max(verify_context),
         verify: window + 1,
     };
     let mut dargs = args.run.device.clone();
@@ -284,7 +297,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                         rep + 1,
                         args.repeats
                     ),
-                    || decode_rate(&mut loaded.group, loaded.form, b, args.decode_tokens, 7919 * rep as u64),
+                    || {
+                        let (p, n) = (args.step_prompt, args.decode_tokens);
+                        decode_rate(&mut loaded.group, loaded.form, b, p, n, 7919 * rep as u64)
+                    },
                     |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                 )
             })
@@ -298,7 +314,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             "decode_tok_per_s_median": m,
             "step_ms_median": step_ms,
         });
-        let context = bench_steps::mean_context(args.decode_tokens, 1);
+        let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
         bench_steps::roofline(&mut row, &loaded, &args, copy_gbs, b, context, 0, 0, step_ms)?;
         rows.push(row);
         if window > 0 {
@@ -312,12 +328,16 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                                 args.repeats
                             ),
                             || {
+                                let shape = bench_steps::StepShape {
+                                    batch: b,
+                                    prompt: args.step_prompt,
+                                    window,
+                                    accepted: k,
+                                };
                                 bench_steps::step_secs(
                                     &mut loaded.group,
                                     loaded.form,
-                                    b,
-                                    window,
-                                    k,
+                                    shape,
                                     verify_steps,
                                     7919 * rep as u64,
                                 )
@@ -337,7 +357,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                     "vs_decode_step": ms / step_ms,
                     "speedup_over_decode": (k + 1) as f64 * step_ms / ms,
                 });
-                let context = bench_steps::mean_context(verify_steps * (k + 1), k + 1);
+                let context = bench_steps::mean_context(args.step_prompt, verify_steps * (k + 1), k + 1);
                 bench_steps::roofline(&mut v, &loaded, &args, copy_gbs, b, context, window, k, ms)?;
                 verify_rows.push(v);
             }

@@ -21,23 +21,21 @@ use super::bench::tokens;
 use crate::cli::BenchArgs;
 use crate::output::outln;
 
-/// Prompt tokens of each sequence of the batched-step measures.
-pub(super) const STEP_PROMPT: usize = 16;
-
 /// Warm-up steps before the timed ones.
 const WARMUP: usize = 3;
 
 /// The mean context of a batched measure's steps: the prompt, the warm-up and half the timed tokens.
-pub(super) fn mean_context(timed_tokens: usize, per_step: usize) -> usize {
-    STEP_PROMPT + WARMUP * per_step + timed_tokens / 2
+pub(super) fn mean_context(prompt: usize, timed_tokens: usize, per_step: usize) -> usize {
+    prompt + WARMUP * per_step + timed_tokens / 2
 }
 
-/// Opens `b` sequences in `form` and prefills each with [`STEP_PROMPT`] tokens; returns `(slot, next position, next
+/// Opens `b` sequences in `form` and prefills each with `prompt` tokens; returns `(slot, next position, next
 /// token)` per sequence.
 pub(super) fn open_batch(
     group: &mut RankGroup,
     form: FormChoice,
     b: usize,
+    prompt: usize,
     seed: u64,
 ) -> Result<Vec<(usize, usize, u32)>> {
     let vocab = group.vocab_size();
@@ -50,7 +48,7 @@ pub(super) fn open_batch(
                 slot,
                 kind: SeqKind::Prefill,
                 position: 0,
-                tokens: tokens(STEP_PROMPT, vocab, 1000 + i as u64 + seed),
+                tokens: tokens(prompt, vocab, 1000 + i as u64 + seed),
                 form,
                 rows: Rows::Last,
                 sample: None,
@@ -59,27 +57,42 @@ pub(super) fn open_batch(
             full_logits: false,
             hidden: false,
         })?;
-        seqs.push((slot, STEP_PROMPT, out.rows[0].argmax));
+        seqs.push((slot, prompt, out.rows[0].argmax));
     }
     Ok(seqs)
 }
 
-/// One measure: seconds per step of `steps` steps over `b` sequences after [`WARMUP`] untimed ones. With `window`
-/// 0 each step decodes one token per sequence (greedy: the next token is the row's argmax); otherwise each sequence
-/// verifies its next token and `window` drafts and keeps exactly `accepted` of the drafts (so `accepted + 1` tokens
-/// per step). The drafts are arbitrary ids: what is timed is the verify and its commit / rollback, not a drafter.
+/// The shape of a batched-step measure: `batch` sequences of `prompt` tokens each, decoding (`window` 0) or verifying
+/// `window` drafts and keeping `accepted` of them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StepShape {
+    pub batch: usize,
+    pub prompt: usize,
+    pub window: usize,
+    pub accepted: usize,
+}
+
+/// One measure: seconds per step of `steps` steps over the shape's sequences after [`WARMUP`] untimed ones. With
+/// `window` 0 each step decodes one token per sequence (greedy: the next token is the row's argmax); otherwise each
+/// sequence verifies its next token and `window` drafts and keeps exactly `accepted` of the drafts (so
+/// `accepted + 1` tokens per step). The drafts are arbitrary ids: what is timed is the verify and its commit /
+/// rollback, not a drafter.
 pub(super) fn step_secs(
     group: &mut RankGroup,
     form: FormChoice,
-    b: usize,
-    window: usize,
-    accepted: usize,
+    shape: StepShape,
     steps: usize,
     seed: u64,
 ) -> Result<f64> {
+    let StepShape {
+        batch: b,
+        prompt,
+        window,
+        accepted,
+    } = shape;
     anyhow::ensure!(accepted <= window, "accepted {accepted} > window {window}");
     let vocab = group.vocab_size();
-    let mut seqs = open_batch(group, form, b, seed)?;
+    let mut seqs = open_batch(group, form, b, prompt, seed)?;
     let mut commits: Vec<Commit> = Vec::new();
     let mut draft_seed = seed ^ 0x5eed;
     let mut step = |group: &mut RankGroup, seqs: &mut Vec<(usize, usize, u32)>, commits: &mut Vec<Commit>| {
