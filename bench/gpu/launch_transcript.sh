@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# rewind-launch on one GPU with a random Nemotron-H-8B: a gRPC session (two turns and a fork) through `rewind client`,
-# an HTTP chat stream through curl, then SIGTERM. Writes the transcript to $OUT/launch-transcript.txt.
+# rewind-launch with a random model: a gRPC session (two turns and a fork) through `rewind client`, an HTTP chat stream
+# through curl, then SIGTERM. Defaults: one GPU, a random Nemotron-H-8B. Environment: REWIND / REWIND_LAUNCH (the
+# binaries), M (model directory), INIT (init-model arguments, used when M holds no model), LAUNCH_ARGS (extra
+# rewind-launch flags, e.g. `--tp 2`), T (the transcript, default $OUT/launch-transcript.txt), LOG (rewind-launch's
+# output, default $OUT/launch.log). bench/gpu/multi_gpu.sh runs it at TP 2.
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:$LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0
 R=${REWIND:-.gpu/rewind}
 L=${REWIND_LAUNCH:-.gpu/rewind-launch}
-M=/tmp/nemotron-h-8b
-T=$OUT/launch-transcript.txt
+M=${M:-/tmp/nemotron-h-8b}
+T=${T:-$OUT/launch-transcript.txt}
+LOG=${LOG:-$OUT/launch.log}
 say() { echo "$ $*" >> $T; "$@" >> $T 2>&1; echo "[exit $?]" >> $T; }
 : > $T
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $T
-$R init-model --arch nemotron_h --preset nemotron-h-8b --out $M --seed 3 > /dev/null 2> $OUT/init.log || { echo "init-model failed" >> $T; exit 1; }
-echo "$ rewind-launch --model $M --grpc-port 50051 --http-port 8000 &" >> $T
-$L --model $M --grpc-port 50051 --http-port 8000 > $OUT/launch.log 2>&1 &
+[ -f $M/config.json ] || $R init-model ${INIT:---arch nemotron_h --preset nemotron-h-8b} --out $M --seed 3 > /dev/null \
+  2> $LOG.init || { echo "init-model failed" >> $T; exit 1; }
+echo "$ rewind-launch --model $M ${LAUNCH_ARGS:+$LAUNCH_ARGS }--grpc-port 50051 --http-port 8000 &" >> $T
+$L --model $M ${LAUNCH_ARGS:+$LAUNCH_ARGS }--grpc-port 50051 --http-port 8000 > $LOG 2>&1 &
 PID=$!
 for i in $(seq 1 240); do $R client health > /dev/null 2>&1 && break; sleep 1; done
 export REWIND_ADDR=http://127.0.0.1:50051
@@ -35,4 +40,4 @@ echo "$ curl -s http://127.0.0.1:8000/metrics | grep -E '^rewind_(sessions|resto
 curl -s http://127.0.0.1:8000/metrics | grep -E '^rewind_(sessions|restored_tokens|prefill_tokens|generated_tokens) ' >> $T
 echo "$ kill -TERM rewind-launch" >> $T
 kill -TERM $PID; wait $PID; echo "[rewind-launch exit $?]" >> $T
-echo "--- rewind-launch stdout/stderr ---" >> $T; cat $OUT/launch.log >> $T
+echo "--- rewind-launch stdout/stderr ---" >> $T; cat $LOG >> $T

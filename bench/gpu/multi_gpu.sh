@@ -66,36 +66,9 @@ EOF
 fi
 
 if has launch; then
-  M=/tmp/nano
-  [ -f $M/config.json ] || $R init-model --arch nemotron_h --preset nemotron-3-nano-30b-a3b --layers ${NANO_LAYERS:-6} \
-    --out $M --seed 3 > /dev/null 2>>$L
-  T=$D/launch-transcript.txt
-  say() { echo "$ $*" >> $T; "$@" >> $T 2>&1; echo "[exit $?]" >> $T; }
-  : > $T
-  echo "$ rewind-launch --model $M --tp 2 --grpc-port 50051 --http-port 8000 &" >> $T
-  /tmp/rewind-launch --model $M --tp 2 --grpc-port 50051 --http-port 8000 > $D/launch.log 2>&1 &
-  PID=$!
-  for i in $(seq 1 90); do $R client health > /dev/null 2>&1 && break; sleep 1; done
-  export REWIND_ADDR=http://127.0.0.1:50051
-  say $R client health
-  S=$($R client session create --max-tokens 16 --temperature 0 2>> $T)
-  echo "$ rewind client session create --max-tokens 16 --temperature 0" >> $T; echo "$S" >> $T
-  S=$(echo "$S" | grep -o 'sess-[0-9a-f]*' | head -1)
-  say $R client generate "The first turn of a conversation about state space models." --session $S
-  say $R client generate " And the second turn continues without re-prefilling the first." --session $S
-  FK=$($R client session fork $S 2>> $T); echo "$ rewind client session fork $S" >> $T; echo "$FK" >> $T
-  FK=$(echo "$FK" | grep -o 'sess-[0-9a-f]*' | grep -v "^$S$" | head -1)
-  say $R client generate " The fork goes its own way." --session $FK
-  say $R client generate " While the original goes on." --session $S
-  say $R client stats
-  NAME=$(curl -s http://127.0.0.1:8000/v1/models | python3 -c "import sys,json; print(json.load(sys.stdin)['data'][0]['id'])")
-  BODY="{\"model\":\"$NAME\",\"messages\":[{\"role\":\"user\",\"content\":\"Say hello.\"}],\"stream\":true,\"max_tokens\":12,\"seed\":1}"
-  echo "$ curl -N http://127.0.0.1:8000/v1/chat/completions -d '$BODY'" >> $T
-  curl -sN http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d "$BODY" >> $T 2>&1
-  echo "$ kill -TERM rewind-launch" >> $T
-  kill -TERM $PID; wait $PID; echo "[rewind-launch exit $?]" >> $T
-  echo "--- rewind-launch stdout/stderr ---" >> $T; cat $D/launch.log >> $T
-  stamp launch 0
+  REWIND=$R REWIND_LAUNCH=/tmp/rewind-launch M=/tmp/nano LAUNCH_ARGS="--tp 2" T=$D/launch-transcript.txt LOG=$D/launch.log \
+    INIT="--arch nemotron_h --preset nemotron-3-nano-30b-a3b --layers ${NANO_LAYERS:-6}" bash bench/gpu/launch_transcript.sh
+  stamp launch $?
 fi
 
 if has speed; then
