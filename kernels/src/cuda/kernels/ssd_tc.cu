@@ -233,16 +233,18 @@ __device__ void ssd_tc_out_impl(const bf16* __restrict__ x, const float* __restr
     }
 }
 
-#define SSD_TC(N)                                                                                                   \
+// The entry points are named in full at each instantiation, so the module's kernel list can be checked against the
+// source text (kernels/src/cuda/nvrtc.rs, module_names_cover_both_types).
+#define SSD_TC(STATE, OUT, N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(ST_THREADS)                                                        \
-        ssd_tc_state_n##N(const bf16* x, const float* dt, const float* A, const bf16* B, float* ws, float* decay,    \
-                          int seq, int heads, int groups) {                                                         \
+        STATE(const bf16* x, const float* dt, const float* A, const bf16* B, float* ws, float* decay, int seq,       \
+              int heads, int groups) {                                                                              \
         ssd_tc_state_impl<N>(x, dt, A, B, ws, decay, seq, heads, groups);                                           \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(ST_THREADS)                                                        \
-        ssd_tc_out_n##N(const bf16* x, const float* dt, const float* A, const bf16* B, const bf16* C,               \
-                        const float* D, const float* ws, bf16* y, int seq, int heads, int groups) {                 \
+        OUT(const bf16* x, const float* dt, const float* A, const bf16* B, const bf16* C, const float* D,            \
+            const float* ws, bf16* y, int seq, int heads, int groups) {                                             \
         ssd_tc_out_impl<N>(x, dt, A, B, C, D, ws, y, seq, heads, groups);                                           \
     }
-SSD_TC(64)
-SSD_TC(128)
+SSD_TC(ssd_tc_state_n64, ssd_tc_out_n64, 64)
+SSD_TC(ssd_tc_state_n128, ssd_tc_out_n128, 128)
