@@ -2,7 +2,8 @@
 # Speculative decoding on the CPU: for each drafter, the same greedy requests run plain and speculative side by side
 # in one engine (`rewind bench --spec ... --serving-only`, medians of --repeats passes). Every drafter runs on one
 # random `small` nemotron_h target with a random MTP layer (Nemotron-3 layout); MTP also on a random `small` qwen3_5
-# (Qwen layout); and the n-gram drafter on the embedded trained model (the default), whose text repeats itself.
+# (Qwen layout); and the n-gram drafter on the trained default model (models/default/nemotron_h), whose text repeats
+# itself.
 # Writes bench/results/spec-cpu-DATE.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ run oracle-0 "${T[@]}" --spec oracle:0
 run draft-2-layer "${T[@]}" --spec "draft:$TMP/draft"
 run mtp-nemotron-h-small "${T[@]}" --spec mtp
 run mtp-qwen3.5-small --model "$TMP/qwen-mtp" --spec mtp
-run ngram-trained-default --spec ngram
+run ngram-trained-default --model models/default/nemotron_h --spec ngram
 python3 - "$TMP" "$OUT" <<'PY'
 import json, sys, glob, os, subprocess
 tmp, out = sys.argv[1], sys.argv[2]
@@ -52,8 +53,8 @@ with open(out + ".md", "w") as m:
             "64-token prompts, 64 generated tokens, 4 requests per pass; plain and speculative passes alternate in "
             "one engine, medians of 3. Every speculative pass reproduced the plain tokens exactly (the bench fails "
             "otherwise). Target: a random `small` nemotron_h with a random MTP layer, except `mtp-qwen3.5-small` "
-            "(a random `small` qwen3_5 with an MTP layer) and `ngram-trained-default` (the embedded trained "
-            "nemotron_h). Random weights: the n-gram, draft-model and MTP acceptance reflects untrained models, the "
+            "(a random `small` qwen3_5 with an MTP layer) and `ngram-trained-default` (the trained default "
+            "model, models/default/nemotron_h). Random weights: the n-gram, draft-model and MTP acceptance reflects untrained models, the "
             "oracle's is set by P.\n\n")
     m.write("| run | drafter | T | accepted / step | acceptance | plain tok/s | spec tok/s | speed-up |\n|---|---|---|---|---|---|---|---|\n")
     m.write("\n".join(rows) + "\n")
