@@ -169,6 +169,10 @@ fn bench_refuses_work_past_the_context_limit() {
         &["--step-prompt must be at least 1"],
     );
     assert_fails(
+        &rewind(&["bench", "--model", m, "--spec", "ngram"]),
+        &["--spec ngram needs --concurrency"],
+    );
+    assert_fails(
         &rewind(&["bench", "--model", m, "--step-prompt", "4090", "--decode-tokens", "8"]),
         &["--step-prompt of 4090", "max_position_embeddings"],
     );

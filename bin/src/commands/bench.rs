@@ -183,6 +183,13 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
     anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
+    // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
+    anyhow::ensure!(
+        args.concurrency.is_some() || super::spec::config(&args.run.spec, &args.run.decode)?.is_none(),
+        "--spec {} needs --concurrency N: speculative decoding is measured through the serving engine, plain and \
+         speculative passes side by side (the batched-step measures time verify steps with --verify-window T)",
+        args.run.spec.spec
+    );
     let device = args.run.device.check()?;
     let cpu = device == Device::Cpu;
     let batches = args
