@@ -121,6 +121,13 @@ impl StepGraphs {
         self.enabled
     }
 
+    /// Destroys every captured graph (the counters stay). A rank does this before its NCCL communicator goes: NCCL
+    /// frees a communicator only once every graph that captured its collectives is destroyed, and waits for that.
+    pub(crate) fn clear(&mut self) {
+        self.graphs.clear();
+        self.seen.clear();
+    }
+
     pub(crate) fn stats(&self) -> GraphStats {
         self.stats
     }

@@ -44,11 +44,18 @@ use crate::error::Result;
 /// The device collective a rank's forward pass needs: an in-place sum across ranks on the rank's stream.
 pub(crate) trait DeviceComm: Send {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()>;
+    /// Whether the communicator was aborted (its generation failed): a step that ran meanwhile, replayed graphs
+    /// included, has sums it never received and must fail.
+    fn is_aborted(&self) -> bool;
 }
 
 impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()> {
         Ok(self.all_reduce_sum_f32(buf)?)
+    }
+
+    fn is_aborted(&self) -> bool {
+        rewind_kernels::cuda::nccl::NcclComm::is_aborted(self)
     }
 }
 

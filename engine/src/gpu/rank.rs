@@ -131,6 +131,15 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) graphs: StepGraphs,
 }
 
+impl<A: Act> Drop for GpuRank<A> {
+    /// The captured graphs go before the rest of the rank (fields drop in declaration order, `inner` with its NCCL
+    /// communicator first): NCCL's clean-up of a tensor-parallel group waits until every graph that captured the
+    /// group's collectives is destroyed, so a communicator ended while this rank's graphs lived would wait forever.
+    fn drop(&mut self) {
+        self.graphs.clear();
+    }
+}
+
 /// What the LM head hands back for a step's reported rows.
 pub(super) struct HeadOut {
     pub(super) rows: Vec<RowSummary>,

@@ -166,6 +166,13 @@ impl<A: Act> GpuRank<A> {
         for h in per_seq.into_iter().flatten() {
             all.extend(h);
         }
+        // A replayed graph's all-reduces return without their sums once the communicator is aborted (the eager path
+        // fails at its next collective instead): a step that overlapped an abort is not an answer.
+        if self.inner.comm.as_ref().is_some_and(|c| c.is_aborted()) {
+            return Err(EngineError::Communicator(
+                "the step overlapped an abort of this rank's NCCL communicator (a rank of the group failed)".into(),
+            ));
+        }
         Ok(StepOut {
             vocab: self.info.vocab.clone(),
             rows: all.rows,

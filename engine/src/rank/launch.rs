@@ -43,29 +43,32 @@ impl Abort {
     }
 
     /// Runs `hook` when the signal is set (at once when it already is).
+    ///
+    /// The check and the registration happen under the hooks' lock, which [`Abort::abort`] holds while it sets the
+    /// reason, so a hook registered while another thread aborts either sees the reason or is taken by that abort:
+    /// none is lost (a lost hook would leave a rank's communicator un-aborted, waiting forever).
     pub fn on_abort(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        let mut hooks = self.inner.hooks.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = self.reason() {
+            drop(hooks);
             hook(&why);
             return;
         }
-        self.inner
-            .hooks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Box::new(hook));
+        hooks.push(Box::new(hook));
     }
 
     /// Sets the signal with `reason` (ignored when already set) and runs the hooks.
     pub fn abort(&self, reason: &str) {
-        {
+        let hooks = {
+            let mut hooks = self.inner.hooks.lock().unwrap_or_else(|e| e.into_inner());
             let mut r = self.inner.reason.lock().unwrap_or_else(|e| e.into_inner());
             if r.is_some() {
                 return;
             }
             *r = Some(reason.to_string());
             self.inner.cv.notify_all();
-        }
-        let hooks = std::mem::take(&mut *self.inner.hooks.lock().unwrap_or_else(|e| e.into_inner()));
+            std::mem::take(&mut *hooks)
+        };
         for h in hooks {
             h(reason);
         }

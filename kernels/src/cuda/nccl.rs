@@ -153,6 +153,12 @@ impl NcclComm {
         self.world
     }
 
+    /// Whether this rank's communicator was aborted (a world of one never is). Collectives captured in a CUDA graph
+    /// return at once on the device after an abort, without their sums, so a step must check this after it ran.
+    pub fn is_aborted(&self) -> bool {
+        self.comm.as_ref().is_some_and(RawComm::is_aborted)
+    }
+
     /// A handle that aborts this communicator from another thread (`None` for a world of one, which has none);
     /// see [`NcclAbort`].
     pub fn abort_handle(&self) -> Option<NcclAbort> {

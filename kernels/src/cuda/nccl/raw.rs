@@ -10,6 +10,11 @@
 //! touching freed memory, and the drop does not free it twice. A collective holds `busy` while it enqueues, so an
 //! abort does not free the communicator under a call that is about to return; a call blocked inside NCCL itself (a
 //! peer that never joined) is what the abort exists to end, so the abort waits for `busy` only briefly.
+//!
+//! Limits of blocking communicators, which these are: a call blocked inside NCCL (the first collective's connection
+//! set-up with a peer that died) may have its communicator freed under it once that wait is over, and a rank stuck in
+//! `ncclCommInitRank` (a peer that failed before joining) has no handle yet and cannot be reached. Non-blocking
+//! communicators (`ncclConfig_t::blocking = 0`, polled with `ncclCommGetAsyncError`) would close both.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +98,11 @@ impl RawComm {
         Some(call(self.0.comm))
     }
 
+    /// Whether the communicator was aborted.
+    pub(super) fn is_aborted(&self) -> bool {
+        self.0.aborted.load(Ordering::SeqCst)
+    }
+
     /// A handle that aborts this communicator from any thread.
     pub(super) fn abort_handle(&self) -> NcclAbort {
         NcclAbort(Arc::downgrade(&self.0))
@@ -111,10 +121,24 @@ impl RawComm {
 pub struct NcclAbort(Weak<Shared>);
 
 impl NcclAbort {
-    /// Aborts the communicator (once; later calls, and calls after its rank is gone, do nothing).
+    /// Aborts the communicator (once; later calls, and calls after its rank is gone, do nothing), on a thread of its
+    /// own, and returns at once: once the last communicator of a group is aborted NCCL's clean-up waits until every
+    /// CUDA graph that captured the group's collectives is destroyed, and the caller may be a rank thread whose own
+    /// graphs go only when it has returned (a rank aborting its generation on its own failure).
     pub fn abort(&self) {
-        if let Some(shared) = self.0.upgrade() {
-            shared.abort();
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        if shared.aborted.load(Ordering::SeqCst) {
+            return;
+        }
+        let fallback = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nccl-abort".into())
+            .spawn(move || shared.abort());
+        if spawned.is_err() {
+            // No thread to be had: abort here (at worst this thread waits for NCCL's clean-up as described above).
+            fallback.abort();
         }
     }
 

@@ -267,9 +267,13 @@ pub fn spec_commit(
     let num_slots = pool_slots(OP, state_pool.len(), state_len)?;
     let snap_t = snapshots_per_slot(OP, snapshots.len(), num_slots, state_len, 0)?;
     fits_grid_y(OP, "rows", rows)?;
-    if rows == 0 || snap_t == 0 {
+    if rows == 0 {
         return Ok(());
     }
+    // A commit needs the snapshots its verify wrote: an empty pool here is a rank sized without them, not a no-op.
+    ensure(OP, snap_t > 0, || {
+        format!("{rows} commits but the snapshot pool holds no snapshots")
+    })?;
     let s = dev.stream();
     let (sp, _g0) = state_pool.device_ptr_mut(s);
     let (np, _g1) = snapshots.device_ptr(s);
