@@ -138,4 +138,23 @@ mod tests {
         });
         assert_eq!(late.load(Ordering::SeqCst), 1);
     }
+
+    /// A hook registered while another thread aborts runs exactly once, whichever wins (a lost hook would leave a
+    /// rank's communicator un-aborted). Many rounds, so the interleavings the scheduler offers are covered.
+    #[test]
+    fn a_hook_registered_during_an_abort_is_never_lost() {
+        for round in 0..2000 {
+            let a = Abort::new();
+            let ran = Arc::new(AtomicUsize::new(0));
+            let (b, r) = (a.clone(), ran.clone());
+            let register = std::thread::spawn(move || {
+                b.on_abort(move |_| {
+                    r.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            a.abort("race");
+            register.join().expect("register");
+            assert_eq!(ran.load(Ordering::SeqCst), 1, "round {round}");
+        }
+    }
 }
