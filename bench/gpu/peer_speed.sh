@@ -8,7 +8,9 @@
 #              Qwen3.5-4B, nano12 = Nemotron-3-Nano-30B-A3B cut to 12 layers): prefill of 1024 and 8176 tokens
 #              (8192 with the 16 decoded: the 8B preset's whole context) and the batch-1 (nano12: also batch-64) decode
 #              step, and (this build only) decode at batch 64 with an 8K context; the build before issue 15's kernels
-#              (.gpu/old/rewind.xz) and this one (.gpu/new/rewind.xz) back to back, same command.
+#              (.gpu/old/rewind.xz: commit d209f75 built with `cargo build --release -p rewind-bin
+#              --no-default-features --features cuda` in a worktree, xz-compressed) and this one (.gpu/new/rewind.xz)
+#              back to back, same command.
 # Everything is written under $OUT/r and comes back as one archive (a device call returns at most 8 files).
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
