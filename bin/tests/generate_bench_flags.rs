@@ -1,14 +1,15 @@
-//! `rewind generate` and `rewind bench` flags end to end: bench work that cannot fit the context is refused up front,
-//! long benches report progress on stderr, device flags are checked on every device (with a note when a GPU-only flag
-//! does nothing on the CPU), negative numbers are clear errors, the finish reason reads the same on stderr as in JSON,
-//! prompts come from stdin or a file, `--system` adds a system message, the random-weights notice (init-model checkpoints only), and
-//! the `--help` examples.
+//! `rewind generate` and `rewind bench` flags end to end: device flags are checked on every device (with a note when
+//! a GPU-only flag does nothing on the CPU), negative numbers are clear errors, the finish reason reads the same on
+//! stderr as in JSON, prompts come from stdin or a file, `--system` adds a system message, checkpoint loading reports
+//! progress, and the `--help` examples. `bench`'s own flags are in `bench_flags.rs`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+mod cli_flags;
 mod common;
+use cli_flags::{assert_fails, assert_ok, s, stdout, temp_dir, tiny_model};
 use common::{rewind, stderr};
 
 /// `rewind args` with `input` on stdin.
@@ -29,62 +30,6 @@ fn rewind_stdin(args: &[&str], input: &str) -> Output {
     child.wait_with_output().expect("wait rewind")
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-/// Asserts a clean failure: a non-zero exit, no panic, exactly one `error:` line, and every one of `needles` in it.
-fn assert_fails(o: &Output, needles: &[&str]) {
-    let err = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    assert!(!err.contains("panicked"), "panic instead of an error: {err}");
-    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "want one error line: {err}");
-    for n in needles {
-        assert!(errors[0].contains(n), "the error line lacks `{n}`: {err}");
-    }
-}
-
-fn assert_ok(o: &Output, what: &str) {
-    assert!(o.status.success(), "{what} failed: {}", stderr(o));
-}
-
-/// A fresh temporary directory for the test `tag` (tests run in parallel).
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rewind-gbf-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir
-}
-
-/// A tiny Nemotron-H checkpoint (max_position_embeddings 4096) in a directory of its own for the test `tag`.
-fn tiny_model(tag: &str) -> PathBuf {
-    let dir = temp_dir(tag).join("tiny");
-    let o = rewind(&[
-        "init-model",
-        "--arch",
-        "nemotron_h",
-        "--preset",
-        "tiny",
-        "--out",
-        dir.to_str().expect("utf8"),
-        "--seed",
-        "5",
-    ]);
-    assert_ok(&o, "init-model");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config")).expect("json");
-    assert_eq!(
-        config["max_position_embeddings"], 4096,
-        "the tests assume a 4096-token context"
-    );
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8")
-}
-
 /// `generate --json` on `model` with `extra` flags (greedy, 6 tokens unless overridden later in `extra`).
 fn generate_json(model: &Path, extra: &[&str], input: Option<&str>) -> (serde_json::Value, Output) {
     let mut args = vec!["generate", "--model", s(model), "--temperature", "0", "--json"];
@@ -99,149 +44,6 @@ fn generate_json(model: &Path, extra: &[&str], input: Option<&str>) -> (serde_js
     assert_ok(&o, &format!("generate {extra:?}"));
     let v = serde_json::from_str(stdout(&o).trim()).expect("one JSON object on stdout");
     (v, o)
-}
-
-#[test]
-fn bench_refuses_work_past_the_context_limit() {
-    let model = tiny_model("context");
-    let m = s(&model);
-    for extra in [&[][..], &["--concurrency", "1", "--requests", "1"][..]] {
-        let mut args = vec!["bench", "--model", m, "--prompt-len", "4090", "--decode-tokens", "64"];
-        args.extend_from_slice(extra);
-        assert_fails(
-            &rewind(&args),
-            &[
-                "--prompt-len 4090",
-                "--decode-tokens 64",
-                "4154",
-                "4096",
-                "max_position_embeddings",
-            ],
-        );
-    }
-    // The serving mode decodes right after each prompt: 4033 + 64 is one token too many, 4032 + 64 fits exactly.
-    let serving = |prompt: &str| {
-        rewind(&[
-            "bench",
-            "--model",
-            m,
-            "--prompt-len",
-            prompt,
-            "--decode-tokens",
-            "64",
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-            "--serving-only",
-            "--repeats",
-            "1",
-        ])
-    };
-    assert_fails(&serving("4033"), &["--prompt-len 4033", "max_position_embeddings"]);
-    let o = serving("4032");
-    assert_ok(&o, "bench of exactly the context limit");
-    assert!(stdout(&o).contains("4032 + 64 tokens each"), "{}", stdout(&o));
-    // Huge values are refused without overflowing.
-    assert_fails(
-        &rewind(&[
-            "bench",
-            "--model",
-            m,
-            "--prompt-len",
-            "100",
-            "--decode-tokens",
-            "18446744073709551615",
-        ]),
-        &["--decode-tokens", "max_position_embeddings"],
-    );
-    assert_fails(
-        &rewind(&["bench", "--model", m, "--decode-tokens", "0"]),
-        &["--decode-tokens must be at least 1"],
-    );
-    assert_fails(
-        &rewind(&["bench", "--model", m, "--concurrency", "0"]),
-        &["--concurrency must be at least 1"],
-    );
-    // The batched measures' prompt: at least one token, and it plus the decoded tokens must fit the context.
-    assert_fails(
-        &rewind(&["bench", "--model", m, "--step-prompt", "0"]),
-        &["--step-prompt must be at least 1"],
-    );
-    assert_fails(
-        &rewind(&["bench", "--model", m, "--spec", "ngram"]),
-        &["--spec ngram needs --concurrency"],
-    );
-    assert_fails(
-        &rewind(&["bench", "--model", m, "--step-prompt", "4090", "--decode-tokens", "8"]),
-        &["--step-prompt of 4090", "max_position_embeddings"],
-    );
-    let o = rewind(&[
-        "bench",
-        "--model",
-        m,
-        "--prompt-len",
-        "8",
-        "--decode-tokens",
-        "2",
-        "--repeats",
-        "1",
-        "--batch",
-        "2",
-        "--step-prompt",
-        "300",
-    ]);
-    assert_ok(&o, "bench with a long step prompt");
-    assert!(stdout(&o).contains("decode, batch 2"), "{}", stdout(&o));
-}
-
-#[test]
-fn bench_reports_progress_on_stderr() {
-    let model = tiny_model("progress");
-    let o = rewind(&[
-        "bench",
-        "--model",
-        s(&model),
-        "--prompt-len",
-        "40",
-        "--decode-tokens",
-        "4",
-        "--repeats",
-        "2",
-        "--concurrency",
-        "2",
-        "--requests",
-        "3",
-    ]);
-    assert_ok(&o, "bench");
-    let err = stderr(&o);
-    for line in [
-        "prefill 40 tokens, warm-up",
-        "prefill 40 tokens (chunked), repeat 1/2 ... ",
-        "prefill 40 tokens (chunked), repeat 2/2 ... ",
-        "prefill 40 tokens (token by token), repeat 2/2 ... ",
-        "decode batch 1, 4 tokens each, repeat 1/2 ... ",
-        "decode batch 1, 4 tokens each, repeat 2/2 ... ",
-        "serving: 3 requests of 40 + 4 tokens, 2 in flight",
-        "serving: 3/3 requests done",
-    ] {
-        let l = err.lines().find(|l| l.contains(line));
-        assert!(l.is_some(), "stderr lacks `{line}`: {err}");
-        assert!(
-            l.is_some_and(|l| l.starts_with('[')),
-            "no elapsed time on `{line}`: {err}"
-        );
-    }
-    // Each timed measurement's line ends with its time.
-    let timed = err.lines().find(|l| l.contains("(chunked), repeat 1/2")).expect("line");
-    assert!(timed.contains(" s (") && timed.ends_with("tok/s)"), "{timed}");
-    // stdout keeps only the results table.
-    let out = stdout(&o);
-    assert!(
-        !out.contains("repeat") && !out.contains("requests done"),
-        "progress on stdout: {out}"
-    );
-    assert!(out.contains("| decode, batch 1 |"), "{out}");
 }
 
 #[test]
@@ -498,38 +300,6 @@ fn prompts_from_stdin_or_a_file_and_a_system_message() {
         Some(&format!("{prompt}\n")),
     );
     assert_eq!(piped["tokens"], with_system["tokens"]);
-}
-
-#[test]
-fn bench_notes_random_weights_only_for_init_model_checkpoints() {
-    let cache = temp_dir("default-cache");
-    let o = Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(["bench", "--prompt-len", "4", "--decode-tokens", "1", "--repeats", "1"])
-        .env("REWIND_CACHE", &cache)
-        .output()
-        .expect("run rewind");
-    // The default model's cache (20 MB) is not left behind in the temporary directory.
-    let _ = std::fs::remove_dir_all(&cache);
-    assert_ok(&o, "bench of the default model");
-    assert!(!stderr(&o).contains("RANDOM weights"), "{}", stderr(&o));
-    let model = tiny_model("default");
-    let o = rewind(&[
-        "bench",
-        "--model",
-        s(&model),
-        "--prompt-len",
-        "4",
-        "--decode-tokens",
-        "1",
-        "--repeats",
-        "1",
-    ]);
-    assert_ok(&o, "bench of an init-model checkpoint");
-    assert!(
-        stderr(&o).contains("note: this model has RANDOM weights (made by `rewind init-model`)"),
-        "{}",
-        stderr(&o)
-    );
 }
 
 #[test]
