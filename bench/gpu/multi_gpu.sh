@@ -2,7 +2,7 @@
 # Issue 18's runs on a machine with 2 GPUs, in one device call, each part under its own timeout so one slow part
 # cannot starve the rest (PARTS picks a subset; the order is the order of importance):
 #   selftest  `rewind selftest --device cuda --fixtures tests/fixtures` (ops, the NCCL all-reduce, every fixture at
-#             model level at TP 1 and TP 2 in f32 and bf16: greedy decoding teacher-forced with the CPU's greedy
+#             model level at TP 1, 2 and (with 4 GPUs) 4 in f32 and bf16: greedy decoding teacher-forced with the CPU's greedy
 #             tokens in every decode form, the GPU's argmax checked at every position, and speculative verify with
 #             corrupted drafts; the *_odd fixtures have n_groups not divisible by 2);
 #   faults    32 concurrent requests at TP 2 (`rewind bench --concurrency 32`), fault-free and with each fault kind
@@ -10,8 +10,9 @@
 #             the recovery log (compared by the python at the end: `faults.txt`);
 #   launch    rewind-launch --tp 2 with a random nemotron-3-nano-30b-a3b (cut to NANO_LAYERS layers): a gRPC
 #             session (two turns and a fork), an OpenAI chat stream, SIGTERM (`launch-transcript.txt`);
-#   speed     `rewind bench --device cuda --tp 1` vs `--tp 2` on nemotron-3-nano-30b-a3b and qwen3-next-80b-a3b cut
-#             with --layers: decode step at batch 1 / 64 (SPEED_BATCH) in the recurrent and replay forms, prefill rate.
+#   speed     `rewind bench --device cuda --tp 1` vs `--tp 2` (and `--tp 4` with 4 GPUs) on nemotron-3-nano-30b-a3b and
+#             qwen3-next-80b-a3b cut with --layers: decode step at batch 1 / 64 / 256 (SPEED_BATCH) in the recurrent,
+#             replay and kv-only forms (SPEED_FORMS), prefill rate.
 # The rewind binaries travel xz-compressed in .gpu/mgpu/ (built with
 # `cargo build --release -p rewind-bin --no-default-features --features cuda`).
 set -u
@@ -29,10 +30,13 @@ stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
 nvidia-smi topo -m >> $D/device.txt 2>&1
 date -u +%FT%TZ >> $D/device.txt
+# TP sizes for the speed part: 1, 2 and, on a machine with 4 GPUs, 4.
+NGPU=$(nvidia-smi -L | wc -l)
+TPS="1 2"; [ "$NGPU" -ge 4 ] && TPS="1 2 4"
 has() { case " ${PARTS:-selftest faults launch speed} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 if has selftest; then
-  timeout ${SELFTEST_S:-170} $R selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
+  timeout ${SELFTEST_S:-330} $R selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
     --json $D/selftest.json > $D/selftest.log 2>&1
   stamp selftest $?
 fi
@@ -41,10 +45,10 @@ if has faults; then
   [ -f /tmp/faultm/config.json ] || $R init-model --arch nemotron_h --preset small --out /tmp/faultm --seed 5 > /dev/null 2>>$L
   F="bench --model /tmp/faultm --device cuda --tp 2 --dtype f32 --concurrency 32 --requests 32 --serving-only \
      --prompt-len 32 --decode-tokens 32 --step-timeout 5"
-  timeout 150 $R $F --json $D/fault-none.json > $D/fault-none.md 2>>$L
+  timeout ${FAULT_S:-90} $R $F --json $D/fault-none.json > $D/fault-none.md 2>>$L
   stamp "fault none" $?
   for kind in panic hang error nan; do
-    timeout 150 $R $F --inject-fault 1:$kind@20 --json $D/fault-$kind.json > $D/fault-$kind.md 2>>$L
+    timeout ${FAULT_S:-90} $R $F --inject-fault 1:$kind@20 --json $D/fault-$kind.json > $D/fault-$kind.md 2>>$L
     stamp "fault $kind" $?
   done
   python3 - > $D/faults.txt 2>&1 <<'EOF'
@@ -77,9 +81,9 @@ if has speed; then
   [ -f /tmp/qnext/config.json ] || [ "${SPEED_MODELS:-qnext}" = nano ] || $R init-model --arch qwen3_next --preset qwen3-next-80b-a3b \
     --layers ${QNEXT_LAYERS:-4} --out /tmp/qnext --seed 3 > /dev/null 2>>$L
   for m in ${SPEED_MODELS:-nano qnext}; do
-    for tp in 1 2; do
-      for form in ${SPEED_FORMS:-recurrent replay}; do
-        timeout ${SPEED_S:-60} $R bench --model /tmp/$m --device cuda --tp $tp --decode $form --batch ${SPEED_BATCH:-1,64} \
+    for tp in ${SPEED_TPS:-$TPS}; do
+      for form in ${SPEED_FORMS:-recurrent replay kv-only}; do
+        timeout ${SPEED_S:-60} $R bench --model /tmp/$m --device cuda --tp $tp --decode $form --batch ${SPEED_BATCH:-1,64,256} \
           --prompt-len 512 --decode-tokens 8 --repeats 2 --json $D/speed-$m-tp$tp-$form.json \
           > $D/speed-$m-tp$tp-$form.md 2>>$L
         stamp "speed $m tp$tp $form" $?

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use rewind_engine::decode::FormChoice;
 
+mod bench_e2e;
 mod bench_kernels;
 mod model;
 mod plan;
 mod serving;
+pub use bench_e2e::{BenchE2eArgs, BenchPlotArgs};
 pub use bench_kernels::{BenchCommand, BenchKernelsArgs, KernelFamily};
 pub use model::ModelArgs;
 pub use plan::{PlanArgs, ShapeArgs};

@@ -52,6 +52,9 @@ impl std::fmt::Display for Fault {
     }
 }
 
+/// How long stopping a generation waits for its ranks' communicator aborts to finish ([`Launch::settle`]).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// The rank actors of one generation.
 pub struct Generation {
     pub ranks: Vec<ActorRef<RankActorMsg>>,
@@ -180,6 +183,16 @@ impl Generation {
             let _ = r
                 .stop_and_wait(Some(why.to_string()), Some(Duration::from_secs(60)))
                 .await;
+        }
+        let settle = self.launch.settle;
+        let t0 = std::time::Instant::now();
+        match tokio::task::spawn_blocking(move || settle(SETTLE_TIMEOUT)).await {
+            Ok(0) => tracing::info!(
+                seconds = t0.elapsed().as_secs_f64(),
+                "the stopped generation's aborts have settled"
+            ),
+            Ok(left) => tracing::warn!(left, "aborts of the stopped generation still running; left behind"),
+            Err(e) => tracing::warn!(%e, "waiting for the stopped generation's aborts failed"),
         }
     }
 }

@@ -17,6 +17,15 @@ pub enum BenchCommand {
     /// against the byte model and the copy bandwidth measured in the same run.
     #[command(after_help = BENCH_KERNELS_EXAMPLES)]
     Kernels(BenchKernelsArgs),
+    /// End to end on the GPU: random-weight models of real shapes (Nemotron-H-8B, Qwen3.5-4B, Nemotron-3-Nano cut to
+    /// fit), the batched decode step per form and batch against its byte roofline (recurrent, replay, and
+    /// speculative verify at every kept count), serving through the coordinator, and the concurrency a fixed memory
+    /// budget admits with per-draft snapshots vs replay, measured by admitting sequences.
+    #[command(after_help = super::bench_e2e::BENCH_E2E_EXAMPLES)]
+    E2e(super::BenchE2eArgs),
+    /// PNG plots and a markdown index from benchmark JSON (`bench e2e`, `bench kernels`, the peers' script).
+    #[command(after_help = super::bench_e2e::BENCH_PLOT_EXAMPLES)]
+    Plot(super::BenchPlotArgs),
 }
 
 /// Examples shown after `rewind bench kernels --help`.

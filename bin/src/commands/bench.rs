@@ -90,6 +90,15 @@ fn prefill(loaded: &mut Loaded, prompt: &[u32], token_by_token: bool) -> Result<
     Ok((secs, out.logits.unwrap_or_default()))
 }
 
+/// The progress label of run `rep` of a measure: 0 is the untimed warm-up, then the timed repeats 1 ..= `repeats`.
+fn run_label(rep: usize, repeats: usize) -> String {
+    if rep == 0 {
+        "warm-up (untimed)".into()
+    } else {
+        format!("repeat {rep}/{repeats}")
+    }
+}
+
 /// Greedy decode tokens per second of a batch of `b` sequences (each its own `prompt`-token prompt), `steps` timed
 /// steps after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
 fn decode_rate(
@@ -175,8 +184,11 @@ fn check_context(args: &BenchArgs, limit: usize) -> Result<()> {
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
     // `rewind bench kernels`: no model (clap refused the model flags beside it).
-    if let Some(BenchCommand::Kernels(k)) = args.command.take() {
-        return super::bench_kernels::run(k);
+    match args.command.take() {
+        Some(BenchCommand::Kernels(k)) => return super::bench_kernels::run(k),
+        Some(BenchCommand::E2e(e)) => return super::bench_e2e::run(e),
+        Some(BenchCommand::Plot(p)) => return super::bench_plot::run(p),
+        None => {}
     }
     // The flags are checked before any model is built or loaded.
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
@@ -295,14 +307,15 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut verify_rows = Vec::new();
     for &b in &batches {
-        let rates = (0..args.repeats)
+        // Run 0 is an untimed warm-up: it meets every step shape the timed runs meet (the replay ring's fills), so
+        // the CUDA graphs are captured there and not inside a timed run.
+        let mut rates = (0..=args.repeats)
             .map(|rep| {
                 progress.timed(
                     &format!(
-                        "decode batch {b}, {} tokens each, repeat {}/{}",
+                        "decode batch {b}, {} tokens each, {}",
                         args.decode_tokens,
-                        rep + 1,
-                        args.repeats
+                        run_label(rep, args.repeats)
                     ),
                     || {
                         let (p, n) = (args.step_prompt, args.decode_tokens);
@@ -312,6 +325,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 )
             })
             .collect::<Result<Vec<f64>>>()?;
+        rates.remove(0);
         let m = median(rates.clone());
         let step_ms = 1e3 * b as f64 / m;
         eprintln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
@@ -326,13 +340,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         rows.push(row);
         if window > 0 {
             for k in 0..=window {
-                let secs = (0..args.repeats)
+                let mut secs = (0..=args.repeats)
                     .map(|rep| {
                         progress.timed(
                             &format!(
-                                "verify batch {b}, T = {window}, {k} kept, repeat {}/{}",
-                                rep + 1,
-                                args.repeats
+                                "verify batch {b}, T = {window}, {k} kept, {}",
+                                run_label(rep, args.repeats)
                             ),
                             || {
                                 let shape = bench_steps::StepShape {
@@ -353,6 +366,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                         )
                     })
                     .collect::<Result<Vec<f64>>>()?;
+                secs.remove(0);
                 let ms = 1e3 * median(secs.clone());
                 let mut v = json!({
                     "batch": b,

@@ -2,7 +2,9 @@
 
 mod backend;
 mod bench;
+mod bench_e2e;
 mod bench_kernels;
+mod bench_plot;
 mod bench_steps;
 mod chat;
 pub mod client;

@@ -238,7 +238,11 @@ impl Launcher for GpuLauncher {
             }
             Ok(r)
         });
-        Ok(Launch { load, abort })
+        Ok(Launch {
+            load,
+            abort,
+            settle: rewind_kernels::cuda::nccl::settle_aborts,
+        })
     }
 }
 

@@ -77,7 +77,11 @@ impl Launcher for CpuLauncher {
             let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
             Ok(Box::new(decoder) as Box<dyn Rank>)
         });
-        Ok(Launch { load, abort })
+        Ok(Launch {
+            load,
+            abort,
+            settle: super::launch::settled,
+        })
     }
 }
 

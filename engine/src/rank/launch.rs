@@ -96,6 +96,15 @@ impl Abort {
 pub struct Launch {
     pub load: RankLoader,
     pub abort: Abort,
+    /// Waits up to the given time for teardown an abort left running beside the stopped ranks (the GPU ranks' NCCL
+    /// aborts run on threads of their own); returns how many are still running. Called once the generation's rank
+    /// threads have ended, so that neither the next generation nor the process's exit overlaps it.
+    pub settle: fn(Duration) -> usize,
+}
+
+/// [`Launch::settle`] for ranks whose aborts finish inside the abort call (nothing left to wait for).
+pub fn settled(_: Duration) -> usize {
+    0
 }
 
 /// Starts generations of one model's ranks (the first at start-up, another after every fault).

@@ -14,8 +14,8 @@ use cudarc::nccl::{self, Comm, Id, NcclType, ReduceOp};
 use half::bf16;
 
 mod raw;
-pub use raw::NcclAbort;
 use raw::RawComm;
+pub use raw::{settle_aborts, NcclAbort};
 
 use super::device::{device_count, probe_driver, CudaDevice};
 use super::parity::Rng;

@@ -19,6 +19,7 @@
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::nccl::{result, sys};
@@ -66,6 +67,36 @@ impl Drop for Shared {
             let _ = unsafe { result::comm_abort(self.comm) };
         }
     }
+}
+
+/// The threads running `ncclCommAbort` ([`NcclAbort::abort`]) that nobody has waited for yet.
+static ABORTING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits up to `timeout` for every abort started by [`NcclAbort::abort`] to finish; returns how many are still
+/// running (left to finish on their own).
+///
+/// Why: an abort runs on a thread of its own and outlives the rank that asked for it, so without this a generation
+/// could be replaced, or the process could exit, while NCCL is still tearing the old communicator down — and a process
+/// that exits under a running `ncclCommAbort` unloads NCCL beneath it. The engine calls this when a generation of
+/// ranks has stopped (their CUDA graphs destroyed, which is what an abort waits for).
+pub fn settle_aborts(timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut left = std::mem::take(&mut *ABORTING.lock().unwrap_or_else(|p| p.into_inner()));
+    while !left.is_empty() {
+        let (done, running): (Vec<_>, Vec<_>) = left.into_iter().partition(|t| t.is_finished());
+        for t in done {
+            // A panic inside NCCL's abort has nothing left to clean up; the communicator is marked aborted already.
+            let _ = t.join();
+        }
+        left = running;
+        if left.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let still = left.len();
+    ABORTING.lock().unwrap_or_else(|p| p.into_inner()).extend(left);
+    still
 }
 
 /// One rank's communicator handle (see the module docs).
@@ -133,12 +164,13 @@ impl NcclAbort {
             return;
         }
         let fallback = shared.clone();
-        let spawned = std::thread::Builder::new()
+        match std::thread::Builder::new()
             .name("nccl-abort".into())
-            .spawn(move || shared.abort());
-        if spawned.is_err() {
+            .spawn(move || shared.abort())
+        {
+            Ok(t) => ABORTING.lock().unwrap_or_else(|p| p.into_inner()).push(t),
             // No thread to be had: abort here (at worst this thread waits for NCCL's clean-up as described above).
-            fallback.abort();
+            Err(_) => fallback.abort(),
         }
     }
 
