@@ -22,7 +22,8 @@ Examples:
 
 #[derive(Args, Debug)]
 pub struct BenchE2eArgs {
-    /// Device: `cuda` (GPU 0) or `cuda:N`. The sweep times GPU steps with CUDA graphs, so `cpu` is refused.
+    /// Device: `cuda` (GPU 0) or `cuda:N`; `cpu` runs the same sweep on the CPU backend (a smoke test: no byte
+    /// roofline, and --no-concurrency is required).
     #[arg(long, default_value = "cuda")]
     pub device: String,
     /// Model presets to build with random weights (comma-separated): nemotron-h-8b, qwen3.5-4b,
@@ -81,7 +82,7 @@ pub struct BenchE2eArgs {
     #[arg(long, default_value_t = 1024, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub admit_context: usize,
     /// Measured concurrency: the memory budget for state, KV and everything else beyond the weights, in GiB.
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 8.0, allow_negative_numbers = true)]
     pub admit_budget_gib: f64,
     /// Skip the measured-concurrency comparison (per-draft snapshots vs replay).
     #[arg(long)]

@@ -22,7 +22,7 @@ pub enum BenchCommand {
     /// speculative verify at every kept count), serving through the coordinator, and the concurrency a fixed memory
     /// budget admits with per-draft snapshots vs replay, measured by admitting sequences.
     #[command(after_help = super::bench_e2e::BENCH_E2E_EXAMPLES)]
-    E2e(super::BenchE2eArgs),
+    E2e(Box<super::BenchE2eArgs>),
     /// PNG plots and a markdown index from benchmark JSON (`bench e2e`, `bench kernels`, the peers' script).
     #[command(after_help = super::bench_e2e::BENCH_PLOT_EXAMPLES)]
     Plot(super::BenchPlotArgs),

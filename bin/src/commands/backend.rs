@@ -37,6 +37,12 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// What a GPU load placed where (after the ranks have started); `None` on the CPU.
+    #[cfg(feature = "cuda")]
+    pub fn gpu_report(&self) -> Result<Option<rewind_engine::gpu::GpuReport>> {
+        Ok(self.gpu.as_ref().map(|(g, _)| g.report()).transpose()?)
+    }
+
     /// The device, in words, after the ranks have started (a GPU's load report is printed too).
     pub fn started(&self, t0: std::time::Instant) -> Result<String> {
         #[cfg(feature = "cuda")]

@@ -186,7 +186,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     // `rewind bench kernels`: no model (clap refused the model flags beside it).
     match args.command.take() {
         Some(BenchCommand::Kernels(k)) => return super::bench_kernels::run(k),
-        Some(BenchCommand::E2e(e)) => return super::bench_e2e::run(e),
+        Some(BenchCommand::E2e(e)) => return super::bench_e2e::run(*e),
         Some(BenchCommand::Plot(p)) => return super::bench_plot::run(p),
         None => {}
     }

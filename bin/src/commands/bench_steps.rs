@@ -42,24 +42,29 @@ pub(super) fn open_batch(
     let mut seqs = Vec::with_capacity(b);
     for i in 0..b {
         let slot = group.open(form)?;
-        let out = group.step(StepPlan {
-            commits: Vec::new(),
-            seqs: vec![SeqStep {
-                slot,
-                kind: SeqKind::Prefill,
-                position: 0,
-                tokens: tokens(prompt, vocab, 1000 + i as u64 + seed),
-                form,
-                rows: Rows::Last,
-                sample: None,
-                spec: None,
-            }],
-            full_logits: false,
-            hidden: false,
-        })?;
+        let out = group.step(prefill_plan(slot, form, tokens(prompt, vocab, 1000 + i as u64 + seed)))?;
         seqs.push((slot, prompt, out.rows[0].argmax));
     }
     Ok(seqs)
+}
+
+/// The plan that prefills a fresh sequence in `slot` with `prompt` in one step (the last row reported).
+pub(super) fn prefill_plan(slot: usize, form: FormChoice, prompt: Vec<u32>) -> StepPlan {
+    StepPlan {
+        commits: Vec::new(),
+        seqs: vec![SeqStep {
+            slot,
+            kind: SeqKind::Prefill,
+            position: 0,
+            tokens: prompt,
+            form,
+            rows: Rows::Last,
+            sample: None,
+            spec: None,
+        }],
+        full_logits: false,
+        hidden: false,
+    }
 }
 
 /// The shape of a batched-step measure: `batch` sequences of `prompt` tokens each, decoding (`window` 0) or verifying
