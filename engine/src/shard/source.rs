@@ -51,15 +51,17 @@ impl TensorSource for ShardSource<'_> {
             Some(d) => d,
             None => self.inner.take(&local.source, &local.source_shape)?,
         };
-        let out = local.apply(&data);
         let left = self.uses.get_mut(&local.source).map(|u| {
             *u -= 1;
             *u
         });
         if left.unwrap_or(0) > 0 {
+            let out = local.apply(&data);
             self.cache.insert(local.source.clone(), data);
+            Ok(out)
+        } else {
+            Ok(local.apply_owned(data))
         }
-        Ok(out)
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -187,3 +187,41 @@ fn nemotron_h_8b_norm_groups_span_ranks_exactly_when_tp_does_not_divide_them() {
         assert_eq!(spans, !8usize.is_multiple_of(tp), "tp {tp}");
     }
 }
+
+/// Handing a whole tensor back without a copy changes nothing: for the small presets at TP 1..=3, `apply_owned` gives
+/// what `apply` gives on distinct data, and `is_whole` holds exactly when the cut is the identity (at TP 1 all but the
+/// tensors whose heads are regrouped, such as GDN's fused q/k/v).
+#[test]
+fn apply_owned_matches_apply_and_tp1_is_whole() {
+    for p in PRESETS
+        .iter()
+        .filter(|p| matches!(p.name, "tiny" | "tiny-latent" | "small"))
+    {
+        let json = preset_config(p.family, p.name, None, 4096, 1, 2).expect("preset");
+        let config = ModelConfig::from_json(&json).expect("config");
+        let mut whole_at_tp1 = 0;
+        for tp in 1..=3 {
+            for r in 0..tp {
+                let Ok(plan) = RankPlan::new(&config, tp, r, &|_| false) else {
+                    continue;
+                };
+                for t in plan.tensors() {
+                    let n: usize = t.source_shape.iter().product();
+                    let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+                    let cut = t.apply(&data);
+                    assert_eq!(
+                        t.is_whole(),
+                        cut == data,
+                        "{} {} tp {tp} rank {r}: {:?}",
+                        p.name,
+                        t.name,
+                        t.cut
+                    );
+                    assert_eq!(t.apply_owned(data), cut, "{} {} tp {tp} rank {r}", p.name, t.name);
+                    whole_at_tp1 += usize::from(tp == 1 && t.is_whole());
+                }
+            }
+        }
+        assert!(whole_at_tp1 > 0, "{}: nothing whole at TP 1", p.name);
+    }
+}
