@@ -318,6 +318,21 @@ pub enum Device {
     Cuda(Vec<usize>),
 }
 
+impl Device {
+    /// A `--device` value (`cpu`, `cuda` or `cuda:N`) with `tp` ranks: a GPU device names GPUs N .. N + tp − 1.
+    pub fn parse(device: &str, tp: usize) -> anyhow::Result<Device> {
+        let first = match device {
+            "cpu" => return Ok(Device::Cpu),
+            "cuda" => 0,
+            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => n,
+                _ => anyhow::bail!("unknown device `{d}`: expected `cpu`, `cuda` or `cuda:N`"),
+            },
+        };
+        Ok(Device::Cuda((first..first + tp).collect()))
+    }
+}
+
 impl DeviceArgs {
     /// Parses `--device` and `--tp`, and checks every GPU flag's value whatever the device (so a bad value is an
     /// error on the CPU too, where it would otherwise be ignored).
@@ -341,15 +356,7 @@ impl DeviceArgs {
         if !matches!(self.dtype.as_str(), "bf16" | "f32") {
             anyhow::bail!("unknown GPU dtype `{}` for --dtype: expected bf16 or f32", self.dtype);
         }
-        let first = match self.device.as_str() {
-            "cpu" => return Ok(Device::Cpu),
-            "cuda" => 0,
-            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => n,
-                _ => anyhow::bail!("unknown device `{d}`: expected `cpu`, `cuda` or `cuda:N`"),
-            },
-        };
-        Ok(Device::Cuda((first..first + self.tp).collect()))
+        Device::parse(&self.device, self.tp)
     }
 
     /// The GPU-only flags given a value other than their default: with `--device cpu` they do nothing.

@@ -20,7 +20,7 @@ use rewind_engine::model::ModelConfig;
 use rewind_engine::presets::{parse_arch, PRESETS};
 use serde_json::{json, Value};
 
-use crate::cli::{BenchE2eArgs, Cli, Command};
+use crate::cli::{BenchE2eArgs, Cli, Command, Device};
 use crate::output::outln;
 
 /// The forms the sweep knows, in the order they run.
@@ -42,11 +42,7 @@ struct Sweep {
 }
 
 fn check(args: &BenchE2eArgs) -> Result<Sweep> {
-    let gpu = match args.device.as_str() {
-        "cpu" => false,
-        d if d == "cuda" || d.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok()) => true,
-        other => bail!("--device `{other}`: expected cpu, cuda or cuda:N"),
-    };
+    let gpu = Device::parse(&args.device, 1).with_context(|| format!("--device `{}`", args.device))? != Device::Cpu;
     anyhow::ensure!(!args.batch.is_empty(), "--batch needs at least one batch size");
     anyhow::ensure!(args.batch.iter().all(|&b| b > 0), "--batch sizes must be positive");
     anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
@@ -291,7 +287,7 @@ fn sweep_model(
     let serving = if args.no_serving {
         Value::Null
     } else {
-        let flags: Vec<String> = [
+        let mut flags: Vec<String> = [
             "--concurrency",
             &args.concurrency.to_string(),
             "--requests",
@@ -301,16 +297,13 @@ fn sweep_model(
             &args.serving_prompt.to_string(),
             "--decode-tokens",
             &args.serving_tokens.to_string(),
-            "--max-seqs",
-            &args.concurrency.to_string(),
         ]
         .map(String::from)
         .to_vec();
-        let flags: Vec<String> = if sweep.gpu {
-            flags
-        } else {
-            flags[..flags.len() - 2].to_vec()
-        };
+        // Slots for every request in flight; a GPU-only flag (the CPU sizes its pools from the requests).
+        if sweep.gpu {
+            flags.extend(["--max-seqs".into(), args.concurrency.to_string()]);
+        }
         rows::serving(&bench(args, &m.dir, &flags, sweep.gpu)?["serving"])?
     };
     model["serving"] = serving;
