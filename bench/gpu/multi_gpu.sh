@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's runs on a machine with 2 GPUs, in one device call, each part under its own timeout so one slow part
 # cannot starve the rest (PARTS picks a subset; the order is the order of importance):
-#   selftest  `rewind selftest --device cuda --fixtures tests/fixtures` (ops, the NCCL all-reduce, every fixture at
+#   selftest  `rewind selftest --device cuda --fixtures tests/fixtures $SELFTEST_ARGS` (ops, the NCCL all-reduce, every fixture at
 #             model level at TP 1, 2 and (with 4 GPUs) 4 in f32 and bf16: greedy decoding teacher-forced with the CPU's greedy
 #             tokens in every decode form, the GPU's argmax checked at every position, and speculative verify with
 #             corrupted drafts; the *_odd fixtures have n_groups not divisible by 2);
@@ -37,7 +37,7 @@ has() { case " ${PARTS:-selftest faults launch speed} " in *" $1 "*) return 0 ;;
 
 if has selftest; then
   timeout ${SELFTEST_S:-330} $R selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
-    --json $D/selftest.json > $D/selftest.log 2>&1
+    ${SELFTEST_ARGS:-} --json $D/selftest.json > $D/selftest.log 2>&1
   stamp selftest $?
 fi
 

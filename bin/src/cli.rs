@@ -593,4 +593,8 @@ pub struct SelftestArgs {
     /// Skip the model-level check.
     #[arg(long)]
     pub no_model: bool,
+    /// Tensor-parallel sizes of the model-level check, e.g. `4` or `1,2` (default: 1, then 2 and 4 where that many
+    /// GPUs are visible). A size above the visible GPU count is an error.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub model_tp: Option<Vec<usize>>,
 }

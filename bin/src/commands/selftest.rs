@@ -269,6 +269,7 @@ mod cuda {
                 seed,
                 ordinal,
                 device_count().unwrap_or(1),
+                args.model_tp.as_deref(),
             )
         };
 

@@ -222,6 +222,27 @@ fn graphs_note(g: Option<rewind_engine::rank::GraphStats>) -> String {
     }
 }
 
+/// The TP sizes of the model-level check with the GPUs each uses: `model_tp` when given (each size at least 1 and at
+/// most `gpus`), else 1 on GPU `ordinal` and 2 and 4 where that many GPUs are visible.
+fn tp_sizes(model_tp: Option<&[usize]>, gpus: usize, ordinal: usize) -> Result<Vec<(usize, Vec<usize>)>, String> {
+    let sizes = match model_tp {
+        Some(list) => {
+            if list.is_empty() {
+                return Err("--model-tp names no TP size".into());
+            }
+            if let Some(bad) = list.iter().find(|&&tp| tp == 0 || tp > gpus) {
+                return Err(format!("--model-tp {bad}: between 1 and the {gpus} visible GPU(s)"));
+            }
+            list.to_vec()
+        }
+        None => [1usize, 2, 4].into_iter().filter(|&tp| tp == 1 || gpus >= tp).collect(),
+    };
+    Ok(sizes
+        .into_iter()
+        .map(|tp| (tp, if tp == 1 { vec![ordinal] } else { (0..tp).collect() }))
+        .collect())
+}
+
 /// Why the shard plan refuses `tp` ranks for the model in `dir`, if it does (checked for every rank).
 fn tp_refusal(dir: &Path, tp: usize) -> Option<String> {
     if tp == 1 {
@@ -297,9 +318,16 @@ fn line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<TeacherForcedReport,
     }
 }
 
-/// Runs the check with GPU `ordinal` (and GPUs 0, 1 for tp 2 when `gpus` ≥ 2) on the fixture models under `root`,
-/// or without one on models generated from `seed`.
-pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: usize, gpus: usize) -> (Value, bool) {
+/// Runs the check with GPU `ordinal` (and GPUs 0 … tp − 1 for tp 2 and 4 when that many are visible, or the sizes
+/// `model_tp` names) on the fixture models under `root`, or without one on models generated from `seed`.
+pub fn section(
+    root: Option<&Path>,
+    trained: Option<&Path>,
+    seed: u64,
+    ordinal: usize,
+    gpus: usize,
+    model_tp: Option<&[usize]>,
+) -> (Value, bool) {
     println!(
         "\nmodel-level: teacher-forced GPU logits vs the CPU f32 reference of the weights the GPU stores ({STEPS} decode \
          steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
@@ -348,12 +376,10 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
         Ok(t) => models.extend(t),
         Err(e) => return fail(format!("the trained default models: {e}")),
     }
-    let mut tps = vec![(1usize, vec![ordinal])];
-    for tp in [2usize, 4] {
-        if gpus >= tp {
-            tps.push((tp, (0..tp).collect()));
-        }
-    }
+    let tps = match tp_sizes(model_tp, gpus, ordinal) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
     let mut all_ok = true;
     let mut rows = Vec::new();
     for m in &models {
@@ -434,4 +460,28 @@ pub fn section(root: Option<&Path>, trained: Option<&Path>, seed: u64, ordinal: 
         }),
         all_ok,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tp_sizes;
+
+    #[test]
+    fn default_sizes_follow_the_visible_gpus() {
+        let sizes = |gpus| tp_sizes(None, gpus, 0).map(|v| v.into_iter().map(|(tp, _)| tp).collect::<Vec<_>>());
+        assert_eq!(sizes(1), Ok(vec![1]));
+        assert_eq!(sizes(2), Ok(vec![1, 2]));
+        assert_eq!(sizes(3), Ok(vec![1, 2]));
+        assert_eq!(sizes(8), Ok(vec![1, 2, 4]));
+        assert_eq!(tp_sizes(None, 2, 1).unwrap()[0], (1, vec![1]));
+    }
+
+    #[test]
+    fn named_sizes_are_checked_against_the_gpus() {
+        assert_eq!(tp_sizes(Some(&[4]), 4, 0), Ok(vec![(4, vec![0, 1, 2, 3])]));
+        assert_eq!(tp_sizes(Some(&[1, 2]), 2, 1), Ok(vec![(1, vec![1]), (2, vec![0, 1])]));
+        assert!(tp_sizes(Some(&[4]), 2, 0).unwrap_err().contains("--model-tp 4"));
+        assert!(tp_sizes(Some(&[0]), 2, 0).is_err());
+        assert!(tp_sizes(Some(&[]), 2, 0).is_err());
+    }
 }
