@@ -91,13 +91,27 @@ pub const MODULES: &[KernelModule] = &[
         "replay_mamba2",
         typed: true,
         prelude: "replay_common.cuh",
-        ["mamba2_replay_nc1", "mamba2_replay_nc2", "mamba2_replay_nc4", "mamba2_replay_nc8"]
+        [
+            "mamba2_replay_nc1_sb1",
+            "mamba2_replay_nc2_sb1",
+            "mamba2_replay_nc4_sb1",
+            "mamba2_replay_nc8_sb1"
+        ]
     ),
     module!(
         "replay_gdn",
         typed: true,
         prelude: "replay_common.cuh",
-        ["gdn_replay_nc1", "gdn_replay_nc2", "gdn_replay_nc4", "gdn_replay_nc8"]
+        [
+            "gdn_replay_nc1_sb1",
+            "gdn_replay_nc2_sb1",
+            "gdn_replay_nc4_sb1",
+            "gdn_replay_nc8_sb1",
+            "gdn_replay_nc1_sb4",
+            "gdn_replay_nc2_sb4",
+            "gdn_replay_nc4_sb4",
+            "gdn_replay_nc8_sb4"
+        ]
     ),
     module!(
         "spec_baseline",

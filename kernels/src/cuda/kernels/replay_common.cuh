@@ -32,6 +32,9 @@
 #define RP_META 8
 #define RP_TMAX 16
 #define RP_RPW 1                  // 4-row sweeps per chunk
+// The kernels are also templated on SB, the tokens of a step handled together: one accumulator each, so a verify's
+// t products are independent chains rather than t passes over the same data (t > SB runs in blocks of SB). A decode
+// uses SB = 1: unused accumulators would still take registers, which the 85 of __launch_bounds__(256, 3) cannot spare.
 #define RP_CHUNK (4 * RP_RPW)     // rows per chunk
 
 __device__ __forceinline__ int rp_phys(int start, int j, int cap) { return (start + j) % cap; }
@@ -164,6 +167,37 @@ __device__ __forceinline__ void rp_ring_rows(int* pj, int slot, int ring_rows, i
 
 __device__ __forceinline__ float rp_bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float rp_bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Four values of a stored row from column c as f32 (the caller checks 4·sizeof(T)-byte alignment).
+__device__ __forceinline__ void rp_row4(const float* __restrict__ r, int c, float* f) {
+    const float4 q = *reinterpret_cast<const float4*>(r + c);
+    f[0] = q.x;
+    f[1] = q.y;
+    f[2] = q.z;
+    f[3] = q.w;
+}
+__device__ __forceinline__ void rp_row4(const bf16* __restrict__ r, int c, float* f) {
+    const uint2 w = *reinterpret_cast<const uint2*>(r + c);
+    f[0] = rp_bf16_lo(w.x);
+    f[1] = rp_bf16_hi(w.x);
+    f[2] = rp_bf16_lo(w.y);
+    f[3] = rp_bf16_hi(w.y);
+}
+
+// Four values of a stored row from column c as f32 (zeros past n): one load when `vec` says n is a multiple of 4 and
+// the row 4·sizeof(T)-byte aligned.
+template <typename T>
+__device__ __forceinline__ void rp_cols4(const T* __restrict__ r, int c, int n, bool vec, float* f) {
+    if (vec) {
+        rp_row4(r, c, f);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            f[e] = c + e < n ? to_f32(r[c + e]) : 0.0f;
+        }
+    }
+}
+
 
 __device__ __forceinline__ void rp_dot2(const bf16* __restrict__ row, const float* v1, const float* v2, int n,
                                         float& a1, float& a2) {

@@ -25,8 +25,13 @@ const MAX_KEY_DIM: usize = 256;
 const MAX_WARPS: usize = 8;
 const CHUNK: usize = 4;
 
-/// Shared memory the blocks of one launch may take together before fewer warps share a block.
-const BLOCK_SHARED: usize = 96 * 1024;
+/// Shared memory of one SM (Hopper and Blackwell: 228 KiB), of which each resident block also takes 1 KiB.
+const SM_SHARED: usize = 228 * 1024;
+const BLOCK_RESERVED: usize = 1024;
+
+/// Warps one SM can hold of a replay kernel: `__launch_bounds__(256, 3)` lets the compiler use up to 85 registers
+/// a thread, and 64 Ki registers hold 24 warps of those.
+const SM_WARPS: usize = 24;
 
 /// The most dynamic shared memory a block may use (Hopper and Blackwell: 227 KiB).
 const MAX_SHARED: usize = 227 * 1024;
@@ -34,6 +39,19 @@ const MAX_SHARED: usize = 227 * 1024;
 /// The kernel variant for a state key dim: columns are split in groups of 32 (`NC` in the replay kernels).
 fn column_groups(key_dim: usize) -> usize {
     key_dim.div_ceil(32).next_power_of_two()
+}
+
+/// The GDN kernel variant for `t` tokens a row: how many it handles together (`SB` in `replay_gdn.cu`). Blocks of 4
+/// made a verify of T = 4 1.4–1.6× and T = 6 1.8× faster on an H100, but T = 2 0.74× at batch 256 (half the
+/// accumulators idle yet holding registers), and a decode needs none: steps of up to 2 tokens take 1
+/// (`bench/results/gpu-replay-kernels-2026-11-26.md`). The Mamba-2 kernel always takes 1: blocks of 4 made its
+/// verify 0.74–0.86× as fast.
+fn gdn_token_block(t: usize) -> usize {
+    if t <= 2 {
+        1
+    } else {
+        4
+    }
 }
 
 /// One row of a replay (or conv) launch: where the sequence's state and entries live and what the step does with its
@@ -108,7 +126,7 @@ fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
                 + 2
                 + max_m
                 + 3 * t * CHUNK
-                + 3 * t * d.v_dim
+                + 2 * t * d.v_dim
         }
     };
     // Each warp's slice starts 16-byte aligned: the vectors at its head are read 16 bytes at a time.
@@ -142,8 +160,9 @@ impl ReplayGeometry {
     }
 }
 
-/// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries: up to 8 warps per block,
-/// fewer when long kv-only rings make a warp's scratch large; an error when one warp's scratch cannot fit.
+/// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries: the warps per block (1 … 8)
+/// that let an SM hold the most warps, given each warp's scratch (a verify's scratch is several times a decode's, and
+/// these kernels are latency-bound, so resident warps are their speed); an error when one warp's scratch cannot fit.
 pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize) -> Result<ReplayGeometry> {
     let scratch = warp_scratch(kind, t, max_m);
     let bytes = scratch * 4;
@@ -152,7 +171,11 @@ pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize) -> Result<Repla
             "{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {MAX_SHARED})"
         )
     })?;
-    let warps = (BLOCK_SHARED / bytes.max(1)).clamp(1, MAX_WARPS);
+    let resident = |w: usize| w * (SM_WARPS / w).min(SM_SHARED / (w * bytes + BLOCK_RESERVED));
+    let warps = (1..=MAX_WARPS)
+        .filter(|&w| w * bytes <= MAX_SHARED)
+        .max_by_key(|&w| (resident(w), w))
+        .unwrap_or(1);
     Ok(ReplayGeometry { warps, scratch })
 }
 
@@ -254,7 +277,7 @@ pub fn mamba2_replay<T: Elem>(
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, heads, head_dim);
     let splits_i = splits as i32;
-    let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
+    let name = format!("mamba2_replay_nc{}_sb1_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
         num_slots as i32,
@@ -348,7 +371,12 @@ pub fn gdn_replay<T: Elem>(
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, v_heads, v_dim);
     let splits_i = splits as i32;
-    let name = format!("gdn_replay_nc{}_{}", column_groups(k_dim), T::NAME);
+    let name = format!(
+        "gdn_replay_nc{}_sb{}_{}",
+        column_groups(k_dim),
+        gdn_token_block(t),
+        T::NAME
+    );
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, hk_i, hv_i, dk_i, dv_i, m_i) = (
         num_slots as i32,
@@ -381,4 +409,67 @@ pub fn gdn_replay<T: Elem>(
         dev, name, cfg, sp, rup, rkp, rgp, mp, slots_i, rows_i, qp, kp, vp, gp, bp, op, t_i, hk_i, hv_i, dk_i, dv_i,
         m_i, scratch_i, splits_i
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GDN: ReplayKind = ReplayKind::Gdn(GdnDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+    });
+    const MAMBA2: ReplayKind = ReplayKind::Mamba2(Mamba2Dims {
+        heads: 128,
+        head_dim: 64,
+        state_dim: 128,
+        groups: 8,
+    });
+
+    fn resident(geo: ReplayGeometry) -> usize {
+        let per_block = geo.shared_bytes() + BLOCK_RESERVED;
+        geo.warps * (SM_WARPS / geo.warps).min(SM_SHARED / per_block)
+    }
+
+    #[test]
+    fn geometry_keeps_the_most_warps_resident() {
+        for kind in [GDN, MAMBA2] {
+            for t in [0, 1, 2, 4, 6, 16] {
+                let geo = replay_geometry(kind, t, 16 + t).unwrap();
+                assert!((1..=MAX_WARPS).contains(&geo.warps));
+                assert!(geo.shared_bytes() <= MAX_SHARED);
+                // No other warp count keeps more warps on an SM.
+                for w in 1..=MAX_WARPS {
+                    let other = ReplayGeometry { warps: w, ..geo };
+                    assert!(
+                        resident(other) <= resident(geo),
+                        "{kind:?} t {t}: {w} warps beat {}",
+                        geo.warps
+                    );
+                }
+            }
+        }
+        // A decode's small scratch fills the register limit with full blocks, and so does a GDN verify of 4 tokens
+        // (9.3 KiB of scratch a warp: three blocks of 8 fit 228 KiB).
+        let decode = replay_geometry(GDN, 1, 17).unwrap();
+        assert_eq!((decode.warps, resident(decode)), (8, 24));
+        let verify = replay_geometry(GDN, 4, 20).unwrap();
+        assert_eq!((verify.warps, resident(verify)), (8, 24));
+        // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit an SM, in one block.
+        let piece = replay_geometry(GDN, 16, 32).unwrap();
+        assert_eq!((piece.warps, resident(piece)), (5, 5));
+    }
+
+    #[test]
+    fn a_scratch_larger_than_a_block_is_refused() {
+        let huge = ReplayKind::Gdn(GdnDims {
+            k_heads: 1,
+            v_heads: 1,
+            k_dim: 4096,
+            v_dim: 4096,
+        });
+        assert!(replay_geometry(huge, 16, 1 << 14).is_err());
+    }
 }

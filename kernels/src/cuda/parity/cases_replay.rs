@@ -51,7 +51,8 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         groups: 2,
     };
     for (dims, what) in [(m8b, "Nemotron-H-8B"), (m_odd, "odd")] {
-        for t in [1usize, 4, 0] {
+        // t = 10: a kv-only prompt piece (the GDN kernel takes it in three blocks of at most 4 tokens).
+        for t in [1usize, 4, 10, 0] {
             let shape = format!(
                 "t {t}, {} heads × {}, state {}, {} groups, mixed forms, {what}",
                 dims.heads, dims.head_dim, dims.state_dim, dims.groups
@@ -72,7 +73,7 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         v_dim: 24,
     };
     for (dims, what) in [(g4b, "Qwen3.5-4B"), (g_odd, "odd")] {
-        for t in [1usize, 4, 0] {
+        for t in [1usize, 4, 10, 0] {
             let shape = format!(
                 "t {t}, {}/{} heads × {}/{}, mixed forms, {what}",
                 dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim
