@@ -10,8 +10,8 @@
 #             440 s on an H100 (making the checkpoint 60 s, each load of it about 30 s), so a call of its own;
 #   e2e-more  the same sweep on qwen3.5-4b and nemotron-3-nano-30b-a3b cut to 12 layers (E2E_MODELS2), without the
 #             concurrency measure; the sweep writes its JSON after every stage, so a cut run keeps what it measured;
-#   long      issue 15's long-context rows on the 8B model: prefill of 8176 tokens, decode at batch 64 with an 8K
-#             context (--step-prompt 8160).
+#   long      issue 15's long-context rows on nemotron-h-8b and qwen3.5-4b (LONG_MODELS): prefill of 8176 tokens,
+#             decode at batch 64 with an 8K context (--step-prompt 8160); files named after the preset.
 # Carried: .gpu/x1/rewind.xz (cargo build --release -p rewind-bin --no-default-features --features cuda; stripped,
 # xz-compressed) and .whl/ (python3 bench/peers/ssm_decode.py fetch). Everything comes back as $OUT/x1.tgz.
 set -u
@@ -56,12 +56,15 @@ if has e2e-more; then
 fi
 
 if has long; then
-  [ -f $W/nemotron-h-8b/config.json ] || $R init-model --arch nemotron_h --preset nemotron-h-8b --seed 7 \
-    --out $W/nemotron-h-8b > /dev/null 2>>$L
-  timeout ${LONG_S:-150} $R bench --device cuda --model $W/nemotron-h-8b --batch 1 --prompt-len 8176 \
-    --decode-tokens 16 --repeats 3 --json $D/n8b-p8176.json > $D/n8b-p8176.md 2>>$L
-  stamp "n8b prefill 8176" $?
-  timeout ${LONG_S:-150} $R bench --device cuda --model $W/nemotron-h-8b --batch 64 --step-prompt 8160 \
-    --prompt-len 1024 --decode-tokens 16 --repeats 3 --json $D/n8b-b64-ctx8k.json > $D/n8b-b64-ctx8k.md 2>>$L
-  stamp "n8b batch 64 at 8K context" $?
+  # LONG_MODELS: presets (init-model arch:preset) whose long-context rows run, 8B first.
+  for am in ${LONG_MODELS:-nemotron_h:nemotron-h-8b qwen3_5:qwen3.5-4b}; do
+    arch=${am%%:*} preset=${am#*:}
+    [ -f $W/$preset/config.json ] || $R init-model --arch $arch --preset $preset --seed 7 --out $W/$preset > /dev/null 2>>$L
+    timeout ${LONG_S:-150} $R bench --device cuda --model $W/$preset --batch 1 --prompt-len 8176 \
+      --decode-tokens 16 --repeats 3 --json $D/$preset-p8176.json > $D/$preset-p8176.md 2>>$L
+    stamp "$preset prefill 8176" $?
+    timeout ${LONG_S:-150} $R bench --device cuda --model $W/$preset --batch 64 --step-prompt 8160 \
+      --prompt-len 1024 --decode-tokens 16 --repeats 3 --json $D/$preset-b64-ctx8k.json > $D/$preset-b64-ctx8k.md 2>>$L
+    stamp "$preset batch 64 at 8K context" $?
+  done
 fi
