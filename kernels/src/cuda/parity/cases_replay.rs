@@ -78,20 +78,28 @@ pub(super) fn register(cases: &mut Vec<Case>) {
                 "t {t}, {}/{} heads × {}/{}, mixed forms, {what}",
                 dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim
             );
-            both!(cases, "gdn_replay", shape, gdn_replay(dims, t));
+            both!(cases, "gdn_replay", shape, gdn_replay(dims, t, 2));
         }
     }
+    // 66 rows of a verify: 2112 (row, head) items, so on 132 SMs two warps share a head, 64 value rows each (two
+    // 32-row passes of the row loops).
+    both!(
+        cases,
+        "gdn_replay",
+        "t 4, 16/32 heads × 128/128, 66 rows (64 value rows a warp), Qwen3.5-4B",
+        gdn_replay(g4b, 4, 22)
+    );
 }
 
-/// The rows of a launch: one per kind (twice over), each in a random distinct slot with a random ring start and a
-/// history that fits its capacity with the step's tokens.
-fn plan_rows(rng: &mut Rng, t: usize, pool: usize) -> Vec<(ReplayRow, RowKind)> {
+/// The rows of a launch: one per kind (`copies` times over), each in a random distinct slot of `pool` (at least
+/// 4 · `copies`) with a random ring start and a history that fits its capacity with the step's tokens.
+fn plan_rows(rng: &mut Rng, t: usize, copies: usize, pool: usize) -> Vec<(ReplayRow, RowKind)> {
     let kinds: &[RowKind] = match t {
         0 => &KINDS_FOLD,
         1 => &KINDS_STEP,
         _ => &KINDS_VERIFY,
     };
-    let all: Vec<RowKind> = kinds.iter().chain(kinds).copied().collect();
+    let all: Vec<RowKind> = (0..copies).flat_map(|_| kinds.iter().copied()).collect();
     let slots = rng.distinct(all.len(), pool);
     all.into_iter()
         .zip(slots)
@@ -155,7 +163,7 @@ fn padded_f32(cx: &Ctx, v: &[f32]) -> Result<CudaSlice<f32>> {
 fn mamba2_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, t: usize) -> Result<Vec<Check>> {
     let (h, p, n, g) = (dims.heads, dims.head_dim, dims.state_dim, dims.groups);
     let pool = 12;
-    let rows = plan_rows(rng, t, pool);
+    let rows = plan_rows(rng, t, 2, pool);
     let batch = rows.len();
     let sl = h * p * n;
     let mut state = rng.uniform_vec(pool * sl, 1.0);
@@ -277,10 +285,12 @@ fn mamba2_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, t: usize) -
     Ok(checks)
 }
 
-fn gdn_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, t: usize) -> Result<Vec<Check>> {
+/// `copies` rows of each kind: 2 for the mixed-form cases; more to make the launch wide enough that each warp sweeps
+/// its head's value rows more than 32 at a time (the row loops' second pass).
+fn gdn_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: GdnDims, t: usize, copies: usize) -> Result<Vec<Check>> {
     let (hk, hv, dk, dv) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
-    let pool = 12;
-    let rows = plan_rows(rng, t, pool);
+    let pool = 4 * copies + 4;
+    let rows = plan_rows(rng, t, copies, pool);
     let batch = rows.len();
     let sl = dims.state_len();
     let mut state = rng.uniform_vec(pool * sl, 0.5);
