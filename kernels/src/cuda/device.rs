@@ -119,6 +119,26 @@ pub struct ModuleReport {
     pub seconds: f64,
 }
 
+/// A device's shared memory, as its driver reports it: what sizes the blocks of kernels that fill an SM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedLimits {
+    /// The most dynamic shared memory one block may opt in to (Hopper and B200 / B300: 227 KiB; A100: 163 KiB).
+    pub per_block: usize,
+    /// Shared memory of one SM (Hopper and B200 / B300: 228 KiB).
+    pub per_sm: usize,
+    /// What each resident block also takes of the SM's (1 KiB since sm_80).
+    pub reserved_per_block: usize,
+}
+
+impl SharedLimits {
+    /// Hopper's (H100, H200), for host-side planning and tests without a device.
+    pub const HOPPER: SharedLimits = SharedLimits {
+        per_block: 227 * 1024,
+        per_sm: 228 * 1024,
+        reserved_per_block: 1024,
+    };
+}
+
 /// One GPU: its context, the stream all work is ordered on, and the compiled kernels.
 ///
 /// All work goes through one non-blocking stream, so ordering between kernels, copies and frees is stream order;
@@ -130,6 +150,7 @@ pub struct CudaDevice {
     name: String,
     arch: (u32, u32),
     sm_count: usize,
+    shared: SharedLimits,
     functions: HashMap<String, CudaFunction>,
     modules: Vec<ModuleReport>,
     sync_each_launch: bool,
@@ -176,12 +197,33 @@ impl CudaDevice {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("reading the multiprocessor count"))?
             .max(1) as usize;
+        let attr = |a, what: &str| {
+            ctx.attribute(a)
+                .map_err(driver_err(format!("reading the {what}")))
+                .map(|v| v.max(0) as usize)
+        };
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let shared = SharedLimits {
+            per_block: attr(
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                "opt-in shared memory per block",
+            )?,
+            per_sm: attr(
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                "shared memory per multiprocessor",
+            )?,
+            reserved_per_block: attr(
+                A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+                "shared memory reserved per block",
+            )?,
+        };
         let mut dev = Self {
             ctx,
             stream,
             name,
             arch: (major as u32, minor as u32),
             sm_count,
+            shared,
             functions: HashMap::new(),
             modules: Vec::new(),
             sync_each_launch: std::env::var("REWIND_CUDA_SYNC").is_ok_and(|v| v == "1"),
@@ -240,6 +282,11 @@ impl CudaDevice {
     /// Streaming multiprocessors (sizes persistent grids).
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// Shared memory per block and per SM, as the driver reports them.
+    pub fn shared_limits(&self) -> SharedLimits {
+        self.shared
     }
 
     /// How each kernel module was built when the device opened.

@@ -33,7 +33,7 @@ pub use cudarc::driver::{
 pub use half::bf16;
 
 pub use blas::Blas;
-pub use device::{device_count, CudaDevice, Elem};
+pub use device::{device_count, CudaDevice, Elem, SharedLimits};
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]

@@ -32,10 +32,11 @@
 #define RP_META 8
 #define RP_TMAX 16
 #define RP_RPW 1                  // 4-row sweeps per chunk
+#define RP_CHUNK (4 * RP_RPW)     // rows per chunk
+
 // The kernels are also templated on SB, the tokens of a step handled together: one accumulator each, so a verify's
 // t products are independent chains rather than t passes over the same data (t > SB runs in blocks of SB). A decode
 // uses SB = 1: unused accumulators would still take registers, which the 85 of __launch_bounds__(256, 3) cannot spare.
-#define RP_CHUNK (4 * RP_RPW)     // rows per chunk
 
 __device__ __forceinline__ int rp_phys(int start, int j, int cap) { return (start + j) % cap; }
 

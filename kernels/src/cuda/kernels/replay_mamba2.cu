@@ -5,7 +5,7 @@
 //   seg(i, p) = Σ_{i<r≤p} dt_r·A, accumulated backward from the query so only non-positive numbers are exponentiated.
 // Pools: state [slots, heads, head_dim, state_dim] f32; ring_x [slots, R, heads, head_dim]; ring_dt [slots, R, heads]
 // f32; ring_b [slots, R, groups, state_dim]. Inputs x [batch, t, heads, head_dim], dt [batch, t, heads],
-// B, C [batch, t, groups, state_dim]; y as x. The warp's scratch: mamba2_replay_scratch in ops/replay.rs.
+// B, C [batch, t, groups, state_dim]; y as x. The warp's scratch: warp_scratch in ops/replay.rs.
 template <typename T, int NC, int SB>
 __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict__ ring_x, float* __restrict__ ring_dt,
                                    T* __restrict__ ring_b, const int* __restrict__ meta, int num_slots, int ring_rows,

@@ -8,7 +8,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use super::{after_launch, fits_grid_y, pool_slots};
 use crate::cpu::gdn::GdnDims;
 use crate::cpu::mamba2::Mamba2Dims;
-use crate::cuda::device::{CudaDevice, Elem};
+use crate::cuda::device::{CudaDevice, Elem, SharedLimits};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
 /// `i32`s per row of the metadata array the replay and conv kernels read.
@@ -25,16 +25,9 @@ const MAX_KEY_DIM: usize = 256;
 const MAX_WARPS: usize = 8;
 const CHUNK: usize = 4;
 
-/// Shared memory of one SM (Hopper and Blackwell: 228 KiB), of which each resident block also takes 1 KiB.
-const SM_SHARED: usize = 228 * 1024;
-const BLOCK_RESERVED: usize = 1024;
-
 /// Warps one SM can hold of a replay kernel: `__launch_bounds__(256, 3)` lets the compiler use up to 85 registers
 /// a thread, and 64 Ki registers hold 24 warps of those.
 const SM_WARPS: usize = 24;
-
-/// The most dynamic shared memory a block may use (Hopper and Blackwell: 227 KiB).
-const MAX_SHARED: usize = 227 * 1024;
 
 /// The kernel variant for a state key dim: columns are split in groups of 32 (`NC` in the replay kernels).
 fn column_groups(key_dim: usize) -> usize {
@@ -160,20 +153,20 @@ impl ReplayGeometry {
     }
 }
 
-/// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries: the warps per block (1 … 8)
-/// that let an SM hold the most warps, given each warp's scratch (a verify's scratch is several times a decode's, and
-/// these kernels are latency-bound, so resident warps are their speed); an error when one warp's scratch cannot fit.
-pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize) -> Result<ReplayGeometry> {
+/// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries on a device with `shared`: the
+/// warps per block (1 … 8) that let an SM hold the most warps, given each warp's scratch (a verify's scratch is
+/// several times a decode's, and these kernels are latency-bound, so resident warps are their speed); an error when
+/// one warp's scratch cannot fit a block.
+pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize, shared: SharedLimits) -> Result<ReplayGeometry> {
     let scratch = warp_scratch(kind, t, max_m);
     let bytes = scratch * 4;
-    ensure("replay", bytes <= MAX_SHARED, || {
-        format!(
-            "{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {MAX_SHARED})"
-        )
+    let max_block = shared.per_block;
+    ensure("replay", bytes <= max_block, || {
+        format!("{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {max_block})")
     })?;
-    let resident = |w: usize| w * (SM_WARPS / w).min(SM_SHARED / (w * bytes + BLOCK_RESERVED));
+    let resident = |w: usize| w * (SM_WARPS / w).min(shared.per_sm / (w * bytes + shared.reserved_per_block));
     let warps = (1..=MAX_WARPS)
-        .filter(|&w| w * bytes <= MAX_SHARED)
+        .filter(|&w| w * bytes <= max_block)
         .max_by_key(|&w| (resident(w), w))
         .unwrap_or(1);
     Ok(ReplayGeometry { warps, scratch })
@@ -272,7 +265,7 @@ pub fn mamba2_replay<T: Elem>(
     if batch == 0 {
         return Ok(());
     }
-    let geo = replay_geometry(ReplayKind::Mamba2(dims), t, max_m)?;
+    let geo = replay_geometry(ReplayKind::Mamba2(dims), t, max_m, dev.shared_limits())?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, heads, head_dim);
@@ -366,7 +359,7 @@ pub fn gdn_replay<T: Elem>(
     if batch == 0 {
         return Ok(());
     }
-    let geo = replay_geometry(ReplayKind::Gdn(dims), t, max_m)?;
+    let geo = replay_geometry(ReplayKind::Gdn(dims), t, max_m, dev.shared_limits())?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, v_heads, v_dim);
@@ -428,38 +421,53 @@ mod tests {
         groups: 8,
     });
 
-    fn resident(geo: ReplayGeometry) -> usize {
-        let per_block = geo.shared_bytes() + BLOCK_RESERVED;
-        geo.warps * (SM_WARPS / geo.warps).min(SM_SHARED / per_block)
+    const HOPPER: SharedLimits = SharedLimits::HOPPER;
+
+    fn resident(geo: ReplayGeometry, shared: SharedLimits) -> usize {
+        let per_block = geo.shared_bytes() + shared.reserved_per_block;
+        geo.warps * (SM_WARPS / geo.warps).min(shared.per_sm / per_block)
     }
 
     #[test]
     fn geometry_keeps_the_most_warps_resident() {
-        for kind in [GDN, MAMBA2] {
-            for t in [0, 1, 2, 4, 6, 16] {
-                let geo = replay_geometry(kind, t, 16 + t).unwrap();
-                assert!((1..=MAX_WARPS).contains(&geo.warps));
-                assert!(geo.shared_bytes() <= MAX_SHARED);
-                // No other warp count keeps more warps on an SM.
-                for w in 1..=MAX_WARPS {
-                    let other = ReplayGeometry { warps: w, ..geo };
-                    assert!(
-                        resident(other) <= resident(geo),
-                        "{kind:?} t {t}: {w} warps beat {}",
-                        geo.warps
-                    );
+        // A100's limits beside Hopper's: 163 KiB a block, 164 KiB an SM.
+        let a100 = SharedLimits {
+            per_block: 163 * 1024,
+            per_sm: 164 * 1024,
+            reserved_per_block: 1024,
+        };
+        for shared in [HOPPER, a100] {
+            for kind in [GDN, MAMBA2] {
+                for t in [0, 1, 2, 4, 6, 16] {
+                    let geo = replay_geometry(kind, t, 16 + t, shared).unwrap();
+                    assert!((1..=MAX_WARPS).contains(&geo.warps));
+                    assert!(geo.shared_bytes() <= shared.per_block);
+                    // No other warp count that fits a block keeps more warps on an SM.
+                    for w in 1..=MAX_WARPS {
+                        let other = ReplayGeometry { warps: w, ..geo };
+                        if other.shared_bytes() <= shared.per_block {
+                            assert!(
+                                resident(other, shared) <= resident(geo, shared),
+                                "{kind:?} t {t}: {w} warps beat {}",
+                                geo.warps
+                            );
+                        }
+                    }
                 }
             }
         }
         // A decode's small scratch fills the register limit with full blocks, and so does a GDN verify of 4 tokens
         // (9.3 KiB of scratch a warp: three blocks of 8 fit 228 KiB).
-        let decode = replay_geometry(GDN, 1, 17).unwrap();
-        assert_eq!((decode.warps, resident(decode)), (8, 24));
-        let verify = replay_geometry(GDN, 4, 20).unwrap();
-        assert_eq!((verify.warps, resident(verify)), (8, 24));
-        // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit an SM, in one block.
-        let piece = replay_geometry(GDN, 16, 32).unwrap();
-        assert_eq!((piece.warps, resident(piece)), (5, 5));
+        let decode = replay_geometry(GDN, 1, 17, HOPPER).unwrap();
+        assert_eq!((decode.warps, resident(decode, HOPPER)), (8, 24));
+        let verify = replay_geometry(GDN, 4, 20, HOPPER).unwrap();
+        assert_eq!((verify.warps, resident(verify, HOPPER)), (8, 24));
+        // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit a Hopper SM, in one block;
+        // an A100 block holds four.
+        let piece = replay_geometry(GDN, 16, 32, HOPPER).unwrap();
+        assert_eq!((piece.warps, resident(piece, HOPPER)), (5, 5));
+        let piece = replay_geometry(GDN, 16, 32, a100).unwrap();
+        assert_eq!((piece.warps, resident(piece, a100)), (4, 4));
     }
 
     #[test]
@@ -470,6 +478,6 @@ mod tests {
             k_dim: 4096,
             v_dim: 4096,
         });
-        assert!(replay_geometry(huge, 16, 1 << 14).is_err());
+        assert!(replay_geometry(huge, 16, 1 << 14, HOPPER).is_err());
     }
 }
