@@ -72,8 +72,21 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         k_dim: 40,
         v_dim: 24,
     };
-    for (dims, what) in [(g4b, "Qwen3.5-4B"), (g_odd, "odd")] {
-        for t in [1usize, 4, 10, 0] {
+    // Dims that are not multiples of 4: the kernel's one-column loads and its last, partly clamped 4-row chunk.
+    let g_ragged = GdnDims {
+        k_heads: 2,
+        v_heads: 6,
+        k_dim: 38,
+        v_dim: 22,
+    };
+    let cases_gdn = [
+        (g4b, "Qwen3.5-4B", &[1usize, 4, 10, 0][..]),
+        (g_odd, "odd", &[1, 4, 10, 0][..]),
+        // t = 3: one partial block of the kernel's 4 tokens.
+        (g_ragged, "ragged", &[1, 3, 10, 0][..]),
+    ];
+    for (dims, what, ts) in cases_gdn {
+        for &t in ts {
             let shape = format!(
                 "t {t}, {}/{} heads × {}/{}, mixed forms, {what}",
                 dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim
