@@ -161,6 +161,10 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
     let (runner, first) = Live::start(&chat, &long);
     // Bodies of their own: (body, param, message).
     let over_context = json!({"prompt": vec![5u32; 1024]}).to_string();
+    // A text longer than any 1024-token prompt is refused before it is tokenized.
+    let most = f.model.tokenizer.max_text_bytes(f.engine.info().max_context);
+    let over_bytes = json!({"prompt": "x".repeat(most + 1)}).to_string();
+    let many_stops = json!({"prompt": "x", "stop": vec!["s"; 65]}).to_string();
     let vocab = f.engine.info().vocab;
     let bad_id = json!({"prompt": [1, vocab]}).to_string();
     let raw: Vec<(String, Option<&str>, &str)> = vec![
@@ -168,6 +172,8 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         ("[1, 2]".into(), None, "must be a JSON object"),
         (r#"{"prompt": "x", "temperature": NaN}"#.into(), None, "not valid JSON"),
         (over_context, Some("prompt"), "maximum context length is 1024"),
+        (over_bytes, Some("prompt"), "more than 1024 tokens can hold"),
+        (many_stops, Some("stop"), "stop: at most 64 strings, got 65"),
         (bad_id, Some("prompt"), "prompt[1]: token id"),
         (r#"{"prompt": ["a", "b"]}"#.into(), Some("prompt"), "batch of 2 prompts"),
         (r#"{"prompt": 3}"#.into(), Some("prompt"), "prompt must be a string"),

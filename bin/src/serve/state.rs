@@ -42,6 +42,20 @@ impl ServeState {
         }
     }
 
+    /// Refuses a text (the request's `what`) longer than any prompt the context can hold, before it is tokenized:
+    /// an error in the words of an over-long prompt, else `Ok`.
+    pub fn check_text_len(&self, what: &str, bytes: usize) -> Result<(), String> {
+        let context = self.engine.info().max_context;
+        let most = self.model.tokenizer.max_text_bytes(context);
+        if bytes > most {
+            return Err(format!(
+                "This model's maximum context length is {context} tokens, and the {what} has {bytes} bytes, more \
+                 than {context} tokens can hold (at most {most} bytes)."
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the servers refuse new requests (shutting down).
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)

@@ -57,6 +57,33 @@ fn invalid(name: &str, requirement: &str, value: impl std::fmt::Display) -> Engi
     EngineError::InvalidInput(format!("{name} must be {requirement}, got {value}"))
 }
 
+/// The most stop strings one request may give. Every generated token is checked against each of them on the engine's
+/// step path, so an unbounded list would slow every other sequence of the batch (OpenAI allows 4; vLLM does not
+/// limit them).
+pub const MAX_STOP_STRINGS: usize = 64;
+
+/// The longest stop string, in bytes: longer ones would be scanned on every token for nothing a model generates in one
+/// request.
+pub const MAX_STOP_BYTES: usize = 4096;
+
+/// Checks a request's stop strings, named `name` in the message: none empty, at most [`MAX_STOP_STRINGS`] of them,
+/// each at most [`MAX_STOP_BYTES`] long. Every API checks them here, under its own field name.
+pub fn check_stop_strings(stops: &[String], name: &str) -> std::result::Result<(), String> {
+    if let Some(i) = stops.iter().position(String::is_empty) {
+        return Err(format!("{name}[{i}] must not be empty"));
+    }
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(format!(
+            "{name}: at most {MAX_STOP_STRINGS} strings, got {}",
+            stops.len()
+        ));
+    }
+    if let Some((i, s)) = stops.iter().enumerate().find(|(_, s)| s.len() > MAX_STOP_BYTES) {
+        return Err(format!("{name}[{i}]: at most {MAX_STOP_BYTES} bytes, got {}", s.len()));
+    }
+    Ok(())
+}
+
 impl SamplingParams {
     /// Greedy decoding with otherwise default parameters.
     pub fn greedy() -> Self {
@@ -85,11 +112,7 @@ impl SamplingParams {
         if self.max_tokens == Some(0) {
             return Err(invalid("max_tokens", "at least 1", 0));
         }
-        if let Some(i) = self.stop_strings.iter().position(String::is_empty) {
-            return Err(EngineError::InvalidInput(format!(
-                "stop_strings[{i}] must not be empty"
-            )));
-        }
+        check_stop_strings(&self.stop_strings, "stop_strings").map_err(EngineError::InvalidInput)?;
         Ok(())
     }
 

@@ -290,3 +290,19 @@ fn uniform_draws_are_reproducible_and_in_range() {
     let mean = xs.iter().map(|&u| f64::from(u)).sum::<f64>() / xs.len() as f64;
     assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
 }
+
+#[test]
+fn stop_strings_are_bounded_in_number_and_length() {
+    use super::{MAX_STOP_BYTES, MAX_STOP_STRINGS};
+    let many = params(|p| p.stop_strings = vec!["x".into(); MAX_STOP_STRINGS]);
+    assert!(many.validate(10).is_ok());
+    let too_many = params(|p| p.stop_strings = vec!["x".into(); MAX_STOP_STRINGS + 1]);
+    let e = too_many.validate(10).unwrap_err().to_string();
+    assert!(e.contains("at most 64 strings, got 65"), "{e}");
+    let long = params(|p| p.stop_strings = vec!["a".into(), "q".repeat(MAX_STOP_BYTES + 1)]);
+    let e = long.validate(10).unwrap_err().to_string();
+    assert!(e.contains("stop_strings[1]") && e.contains("4097"), "{e}");
+    assert!(params(|p| p.stop_strings = vec!["q".repeat(MAX_STOP_BYTES)])
+        .validate(10)
+        .is_ok());
+}

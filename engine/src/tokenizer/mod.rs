@@ -25,6 +25,8 @@ const DEFAULT_TEMPLATE_NAME: &str = "default";
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     vocab_size: usize,
+    /// The longest vocabulary entry, in UTF-8 bytes of its string (see [`Tokenizer::max_text_bytes`]).
+    max_token_bytes: usize,
     special: SpecialTokens,
     add_bos_token: Option<bool>,
     chat_template: Option<Arc<ChatTemplate>>,
@@ -193,6 +195,7 @@ impl Tokenizer {
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
+        let max_token_bytes = inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
         let lookup = |name: &str, tok: Option<String>| {
             tok.map(|t| {
                 let id = inner.token_to_id(&t);
@@ -219,11 +222,21 @@ impl Tokenizer {
         Ok(Self {
             inner: Arc::new(inner),
             vocab_size,
+            max_token_bytes,
             special,
             add_bos_token: config.add_bos_token,
             chat_template,
             named_templates: config.named_templates,
         })
+    }
+
+    /// The most bytes of text that `tokens` tokens can encode: a longer text needs more tokens, so it can be refused
+    /// without tokenizing it (a request of many megabytes would otherwise hold gigabytes while it is encoded only to
+    /// be found too long). Each token covers at most as many input bytes as its vocabulary string has UTF-8 bytes
+    /// (byte-level BPE writes one character per byte, SentencePiece's `▁` stands for a 1-byte space in 3), times 4
+    /// for normalizers that shrink text (NFKC folds at most a few bytes into one character).
+    pub fn max_text_bytes(&self, tokens: usize) -> usize {
+        tokens.saturating_mul(self.max_token_bytes).saturating_mul(4)
     }
 
     /// Encodes `text`. With `add_special_tokens` the tokenizer's post-processor runs (e.g. adds BOS), and when the

@@ -84,6 +84,9 @@ pub fn input_ids<I: Into<Input>>(state: &ServeState, input: Option<I>, add_speci
         Some(Input::Text(bytes)) => {
             let text = utf8("text", &bytes)?;
             state
+                .check_text_len("text", text.len())
+                .map_err(|m| invalid("text", m))?;
+            state
                 .model
                 .tokenizer
                 .encode(&text, add_special)

@@ -112,6 +112,9 @@ fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: b
     let rendered = tokenizer
         .render(&messages, generation_prompt)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    state
+        .check_text_len("conversation", rendered.len())
+        .map_err(|m| ApiError::invalid("messages", m).with_code("context_length_exceeded"))?;
     tokenizer
         .encode(&rendered, false)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))

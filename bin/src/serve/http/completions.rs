@@ -73,6 +73,9 @@ fn tokenize(state: &ServeState, prompt: Prompt, echo: bool) -> Result<(Vec<u32>,
     let failed = |e: rewind_engine::EngineError| ApiError::invalid("prompt", format!("prompt: {e}"));
     match prompt {
         Prompt::Text(s) => {
+            state
+                .check_text_len("prompt", s.len())
+                .map_err(|m| ApiError::invalid("prompt", m).with_code("context_length_exceeded"))?;
             let ids = tokenizer.encode(&s, true).map_err(failed)?;
             Ok((ids, echo.then_some(s)))
         }

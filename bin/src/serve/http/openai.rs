@@ -125,9 +125,7 @@ impl Fields {
                 .collect::<Result<_, _>>()?,
             Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
         };
-        if list.iter().any(String::is_empty) {
-            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-        }
+        rewind_engine::sample::check_stop_strings(&list, "stop").map_err(|m| ApiError::invalid("stop", m))?;
         Ok(list)
     }
 
