@@ -7,12 +7,14 @@ use rewind_engine::decode::FormChoice;
 
 mod bench_e2e;
 mod bench_kernels;
+mod duration;
 mod model;
 mod plan;
 mod selftest;
 mod serving;
 pub use bench_e2e::{BenchE2eArgs, BenchPlotArgs};
 pub use bench_kernels::{BenchCommand, BenchKernelsArgs, KernelFamily};
+pub use duration::{seconds, MAX_SECONDS};
 pub use model::ModelArgs;
 pub use plan::{PlanArgs, ShapeArgs};
 pub use selftest::SelftestArgs;

@@ -373,3 +373,28 @@ fn loading_and_writing_a_checkpoint_report_progress() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Values that used to panic or spawn threads without end (fuzzing): a TP size no model can split is refused before
+/// any rank starts, and a timeout too long to add to a clock is refused by name.
+#[test]
+fn huge_tp_and_timeouts_are_clear_errors() {
+    let model = tiny_model("huge-values");
+    for tp in ["18446744073709551615", "1000000"] {
+        let o = rewind(&["generate", "--model", s(&model), "--max-tokens", "2", "--tp", tp, "hi"]);
+        assert_fails(&o, &[&format!("--tp {tp} cannot split this model"), "exceeds"]);
+    }
+    let o = rewind(&[
+        "generate",
+        "--model",
+        s(&model),
+        "--max-tokens",
+        "2",
+        "--step-timeout",
+        "1e300",
+        "hi",
+    ]);
+    assert_fails(
+        &o,
+        &["--step-timeout must be at most 31536000 seconds (a year), got 1e300"],
+    );
+}

@@ -199,3 +199,13 @@ fn impossible_layouts_and_contexts_are_clear_errors() {
     let e = fails(&with(&["--gpu", "h100", "--acceptance", "1.5"]));
     assert!(e.contains("--acceptance"), "{e}");
 }
+
+/// A batch too large for the byte model's arithmetic is refused by name instead of overflowing (fuzzing).
+#[test]
+fn a_huge_batch_is_refused() {
+    let e = fails(&with(&["--gpu", "h100", "--batch", "18446744073709551615"]));
+    assert!(
+        e.contains("--batch: `18446744073709551615` is neither a batch size from 1 to 16777216"),
+        "{e}"
+    );
+}

@@ -197,3 +197,15 @@ fn a_port_in_use_is_reported_before_the_model_loads() {
     // Nothing was loaded: the engine's summary line never came.
     assert!(!err.contains("rewind: serving"), "{err}");
 }
+
+/// An empty API key is refused rather than quietly serving without one (fuzzing finding).
+#[test]
+fn an_empty_api_key_is_refused() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(["serve", "--grpc-port", "0", "--http-port", "0", "--api-key", ""])
+        .output()
+        .expect("run rewind serve");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("--api-key is empty"), "{err}");
+}

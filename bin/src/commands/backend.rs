@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rewind_actors::{EngineConfig, EngineHandle};
@@ -69,6 +68,8 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
     // The flags are checked before anything is read.
     let which = device.device()?;
     let config = ModelConfig::from_dir(dir)?;
+    // Before any rank (a thread on the CPU, a GPU) starts: a size the model cannot split is refused with the reason.
+    crate::launch::tp::check(&config, device.tp)?;
     let context = needs.context.clamp(1, config.max_position_embeddings);
     match which {
         Device::Cpu => {
@@ -144,14 +145,10 @@ pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs:
 /// The engine's settings from the flags (checked before anything loads).
 pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig> {
     anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens must be at least 1");
-    anyhow::ensure!(
-        args.step_timeout.is_finite() && args.step_timeout > 0.0,
-        "--step-timeout must be a positive number of seconds, got {}",
-        args.step_timeout
-    );
+    let step_deadline = crate::cli::seconds(args.step_timeout, "--step-timeout", false)?;
     let mut c = EngineConfig::new(form);
     c.max_batch_tokens = args.max_batch_tokens;
-    c.step_deadline = Duration::from_secs_f64(args.step_timeout);
+    c.step_deadline = step_deadline;
     c.max_retries = args.max_retries;
     c.faults = args
         .inject_fault

@@ -24,6 +24,9 @@ fn profile(args: &PlanArgs) -> Result<GpuProfile> {
     }
 }
 
+/// The largest fixed batch `rewind plan` projects (far past what any GPU holds; the byte model's products stay in range).
+const MAX_PLAN_BATCH: usize = 1 << 24;
+
 fn batches(args: &PlanArgs) -> Result<Vec<Batch>> {
     args.batch
         .iter()
@@ -32,9 +35,11 @@ fn batches(args: &PlanArgs) -> Result<Vec<Batch>> {
             n => n
                 .parse::<usize>()
                 .ok()
-                .filter(|&n| n >= 1)
+                .filter(|&n| (1..=MAX_PLAN_BATCH).contains(&n))
                 .map(Batch::Fixed)
-                .with_context(|| format!("--batch: `{n}` is neither a positive batch size nor `max`")),
+                .with_context(|| {
+                    format!("--batch: `{n}` is neither a batch size from 1 to {MAX_PLAN_BATCH} nor `max`")
+                }),
         })
         .collect()
 }

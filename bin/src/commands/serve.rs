@@ -97,10 +97,15 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         }
         None => model.default_name(),
     };
+    // An empty key would quietly serve without one: refused, since whoever set it meant to require a key.
+    anyhow::ensure!(
+        args.listen.api_key.as_deref().is_none_or(|k| !k.trim().is_empty()),
+        "--api-key is empty: give a key, or leave it out to serve without one"
+    );
     Ok(Prepared {
         model,
         name,
-        api_key: args.listen.api_key.clone().filter(|k| !k.is_empty()),
+        api_key: args.listen.api_key.clone(),
         backend,
         engine_config,
         options,

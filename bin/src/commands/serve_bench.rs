@@ -135,6 +135,8 @@ pub fn run(
 ) -> Result<Value> {
     anyhow::ensure!(concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(requests > 0, "--requests must be at least 1");
+    // No more can be in flight than there are requests: slots past that would only take memory.
+    let concurrency = concurrency.min(requests);
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let needs = Needs {
         slots: concurrency,

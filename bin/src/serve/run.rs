@@ -37,13 +37,7 @@ pub struct ServeOptions {
 impl ServeOptions {
     /// The options of the serving flags, checked.
     pub fn from_args(a: &ListenArgs) -> Result<Self> {
-        let seconds = |v: f64, flag: &str| -> Result<Duration> {
-            anyhow::ensure!(
-                v.is_finite() && v >= 0.0,
-                "{flag} must be a non-negative number of seconds, got {v}"
-            );
-            Ok(Duration::from_secs_f64(v))
-        };
+        let seconds = |v: f64, flag: &str| crate::cli::seconds(v, flag, true);
         anyhow::ensure!(!a.host.trim().is_empty(), "--host must not be empty");
         let idle = seconds(a.session_idle_timeout, "--session-idle-timeout")?;
         Ok(ServeOptions {
