@@ -222,3 +222,32 @@ fn a_split_the_model_cannot_take_is_a_clear_error() {
     );
     let _ = std::fs::remove_dir_all(&model);
 }
+
+/// A token id out of the vocabulary is named by its position in `--tokens` (the steps see one token at a time, and
+/// used to report index 0 of "slot 0"; fuzzing finding).
+#[test]
+fn an_out_of_vocabulary_token_is_named_by_its_position() {
+    let model = tiny_model("nemotron_h", "oov");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args([
+            "logits",
+            "--model",
+            model.to_str().expect("utf8"),
+            "--tokens",
+            "5,999999",
+            "--prefill",
+            "1",
+        ])
+        .args([
+            "--out",
+            std::env::temp_dir().join("rewind-oov.json").to_str().expect("utf8"),
+        ])
+        .output()
+        .expect("run rewind logits");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("--tokens: token id 999999 at position 1 is out of range"),
+        "{err}"
+    );
+}

@@ -177,6 +177,10 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     let dir = super::generate::model_dir(&args.model)?;
     let mut loaded = backend::open(&dir, &args.device, Some(&args.decode), needs)?;
     let vocab = loaded.config.vocab_size;
+    // Checked as a whole here: the steps see one token (or one window) at a time and would name its index in that.
+    if let Some((i, t)) = args.tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        bail!("--tokens: token id {t} at position {i} is out of range (vocab size {vocab})");
+    }
     let form = loaded.form;
     let run = forced(&mut loaded.group, form, &args.tokens, args.prefill, verify, vocab)?;
     let json = match args.reference_form {
