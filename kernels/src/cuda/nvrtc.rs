@@ -92,10 +92,10 @@ pub const MODULES: &[KernelModule] = &[
         typed: true,
         prelude: "replay_common.cuh",
         [
-            "mamba2_replay_nc1_sb1",
-            "mamba2_replay_nc2_sb1",
-            "mamba2_replay_nc4_sb1",
-            "mamba2_replay_nc8_sb1"
+            "mamba2_replay_nc1",
+            "mamba2_replay_nc2",
+            "mamba2_replay_nc4",
+            "mamba2_replay_nc8"
         ]
     ),
     module!(

@@ -34,7 +34,7 @@
 #define RP_RPW 1                  // 4-row sweeps per chunk
 #define RP_CHUNK (4 * RP_RPW)     // rows per chunk
 
-// The kernels are also templated on SB, the tokens of a step handled together: one accumulator each, so a verify's
+// The GDN kernel is also templated on SB, the tokens of a step handled together: one accumulator each, so a verify's
 // t products are independent chains rather than t passes over the same data (t > SB runs in blocks of SB). A decode
 // uses SB = 1: unused accumulators would still take registers, which the 85 of __launch_bounds__(256, 3) cannot spare.
 
@@ -122,26 +122,6 @@ __device__ __forceinline__ void rp_move(float (&dst)[RP_RPW][NC][4], const float
     }
 }
 
-// Dot products of one stored row (n values, read by one lane) with one or two shared f32 vectors; 16-byte loads
-// when the row is aligned.
-__device__ __forceinline__ void rp_dot2(const float* __restrict__ row, const float* v1, const float* v2, int n,
-                                        float& a1, float& a2) {
-    a1 = 0.0f;
-    a2 = 0.0f;
-    if ((n & 3) == 0 && ((u64)row & 15) == 0) {
-        for (int c = 0; c < n; c += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(row + c);
-            a1 += q.x * v1[c] + q.y * v1[c + 1] + q.z * v1[c + 2] + q.w * v1[c + 3];
-            a2 += q.x * v2[c] + q.y * v2[c + 1] + q.z * v2[c + 2] + q.w * v2[c + 3];
-        }
-    } else {
-        for (int c = 0; c < n; ++c) {
-            a1 += row[c] * v1[c];
-            a2 += row[c] * v2[c];
-        }
-    }
-}
-
 // Four values of a shared f32 vector from column c (zeros past n): one 16-byte load when n is a multiple of 4 (the
 // vectors sit at 16-byte aligned offsets of the warp's scratch).
 __device__ __forceinline__ void rp_smem4(const float* v, int c, int n, float* o) {
@@ -199,29 +179,6 @@ __device__ __forceinline__ void rp_cols4(const T* __restrict__ r, int c, int n, 
     }
 }
 
-
-__device__ __forceinline__ void rp_dot2(const bf16* __restrict__ row, const float* v1, const float* v2, int n,
-                                        float& a1, float& a2) {
-    a1 = 0.0f;
-    a2 = 0.0f;
-    if ((n & 7) == 0 && ((u64)row & 15) == 0) {
-        for (int c = 0; c < n; c += 8) {
-            const uint4 q = *reinterpret_cast<const uint4*>(row + c);
-            const float f[8] = {rp_bf16_lo(q.x), rp_bf16_hi(q.x), rp_bf16_lo(q.y), rp_bf16_hi(q.y),
-                                rp_bf16_lo(q.z), rp_bf16_hi(q.z), rp_bf16_lo(q.w), rp_bf16_hi(q.w)};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                a1 += f[e] * v1[c + e];
-                a2 += f[e] * v2[c + e];
-            }
-        }
-    } else {
-        for (int c = 0; c < n; ++c) {
-            a1 += to_f32(row[c]) * v1[c];
-            a2 += to_f32(row[c]) * v2[c];
-        }
-    }
-}
 
 // Dot product of one stored row (read by one lane) with a shared f32 vector.
 __device__ __forceinline__ float rp_dot1(const float* __restrict__ row, const float* v, int n) {

@@ -6,7 +6,7 @@
 // Pools: state [slots, heads, head_dim, state_dim] f32; ring_x [slots, R, heads, head_dim]; ring_dt [slots, R, heads]
 // f32; ring_b [slots, R, groups, state_dim]. Inputs x [batch, t, heads, head_dim], dt [batch, t, heads],
 // B, C [batch, t, groups, state_dim]; y as x. The warp's scratch: warp_scratch in ops/replay.rs.
-template <typename T, int NC, int SB>
+template <typename T, int NC>
 __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict__ ring_x, float* __restrict__ ring_dt,
                                    T* __restrict__ ring_b, const int* __restrict__ meta, int num_slots, int ring_rows,
                                    const T* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
@@ -94,33 +94,14 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
     __syncwarp();
     const float dskip = D[hd];
-    // The ring's (and the step's earlier tokens') share of every y_s plus D·x_s, one lane per row, each x_j read once
-    // for SB tokens.
-    for (int i = ch0 * RP_CHUNK + lane; i < min(p, ch1 * RP_CHUNK); i += 32) {
-        for (int s0 = 0; s0 < t; s0 += SB) {
-            float acc[SB];
-#pragma unroll
-            for (int q = 0; q < SB; ++q) {
-                acc[q] = 0.0f;
+    for (int s = 0; s < t; ++s) {
+        for (int i = ch0 * RP_CHUNK + lane; i < min(p, ch1 * RP_CHUNK); i += 32) {
+            float acc = 0.0f;
+            for (int j = 0; j <= h + s; ++j) {
+                const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i] : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
+                acc += w[s * max_m + j] * to_f32(xj);
             }
-            const int last = min(t, s0 + SB) - 1;
-            for (int j = 0; j <= h + last; ++j) {
-                const float xj = to_f32(j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i]
-                                              : x[(((u64)b * t + (j - h)) * heads + hd) * p + i]);
-#pragma unroll
-                for (int q = 0; q < SB; ++q) {
-                    if (s0 + q < t && j <= h + s0 + q) {
-                        acc[q] += w[(s0 + q) * max_m + j] * xj;
-                    }
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < SB; ++q) {
-                if (s0 + q < t) {
-                    const int s = s0 + q;
-                    rv[s * p + i] = acc[q] + dskip * to_f32(x[(((u64)b * t + s) * heads + hd) * p + i]);
-                }
-            }
+            rv[s * p + i] = acc + dskip * to_f32(x[(((u64)b * t + s) * heads + hd) * p + i]);
         }
     }
     __syncwarp();
@@ -128,39 +109,23 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
         if (ch + 1 < ch1) {
             rp_load_chunk<NC>(S, p, ch + 1, n, read, vec, nx);
         }
-        // C_s·S rows for SB tokens at a time, one accumulator each.
+        for (int s = 0; s < t; ++s) {
 #pragma unroll
-        for (int r = 0; r < RP_RPW; ++r) {
-            const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
-            for (int s0 = 0; s0 < t; s0 += SB) {
-                float part[SB];
-#pragma unroll
-                for (int q = 0; q < SB; ++q) {
-                    part[q] = 0.0f;
-                }
+            for (int r = 0; r < RP_RPW; ++r) {
+                const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
+                float part = 0.0f;
 #pragma unroll
                 for (int k = 0; k < NC; ++k) {
+                    float cv[4];
+                    rp_smem4(Cs + s * n, 4 * (l8 + 8 * k), n, cv);
 #pragma unroll
-                    for (int q = 0; q < SB; ++q) {
-                        if (s0 + q < t) {
-                            float cv[4];
-                            rp_smem4(Cs + (s0 + q) * n, 4 * (l8 + 8 * k), n, cv);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                part[q] += st[r][k][e] * cv[e];
-                            }
-                        }
+                    for (int e = 0; e < 4; ++e) {
+                        part += st[r][k][e] * cv[e];
                     }
                 }
-#pragma unroll
-                for (int q = 0; q < SB; ++q) {
-                    if (s0 + q < t) {  // the same for every lane: the shuffles see the whole warp
-                        const int s = s0 + q;
-                        const float out = rp_sum8(part[q]) * decay[s];
-                        if (l8 == 0 && i < p) {
-                            y[(((u64)b * t + s) * heads + hd) * p + i] = from_f32<T>(out + rv[s * p + i]);
-                        }
-                    }
+                part = rp_sum8(part) * decay[s];
+                if (l8 == 0 && i < p) {
+                    y[(((u64)b * t + s) * heads + hd) * p + i] = from_f32<T>(part + rv[s * p + i]);
                 }
             }
         }
@@ -225,18 +190,17 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
 }
 
-// Entry points: storage type T (suffix S), NC column groups of 32 per state row (state dims up to 32·NC), SB = 1
-// (blocks of 4 tokens made a verify slower here, unlike GDN's; ops/replay.rs):
-// mamba2_replay_nc1_sb1, mamba2_replay_nc2_sb1, mamba2_replay_nc4_sb1, mamba2_replay_nc8_sb1; each _f32 and _bf16.
-#define MAMBA2_REPLAY_NC(T, S, NC, SB)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_sb##SB##_##S(                          \
+// Entry points: storage type T (suffix S) and NC column groups of 32 per state row (key dims up to 32·NC):
+// mamba2_replay_nc1, mamba2_replay_nc2, mamba2_replay_nc4, mamba2_replay_nc8, each _f32 and _bf16.
+#define MAMBA2_REPLAY_NC(T, S, NC)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_##S(                                   \
         float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
         const T* x, const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,   \
         int head_dim, int state_dim, int groups, int max_m, int scratch, int splits) {                                 \
-        mamba2_replay_impl<T, NC, SB>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, \
-                                      D, y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits);            \
+        mamba2_replay_impl<T, NC>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D,  \
+                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits);                   \
     }
 #define MAMBA2_REPLAY(T, S) \
-    MAMBA2_REPLAY_NC(T, S, 1, 1) MAMBA2_REPLAY_NC(T, S, 2, 1) MAMBA2_REPLAY_NC(T, S, 4, 1) MAMBA2_REPLAY_NC(T, S, 8, 1)
+    MAMBA2_REPLAY_NC(T, S, 1) MAMBA2_REPLAY_NC(T, S, 2) MAMBA2_REPLAY_NC(T, S, 4) MAMBA2_REPLAY_NC(T, S, 8)
 MAMBA2_REPLAY(float, f32)
 MAMBA2_REPLAY(bf16, bf16)

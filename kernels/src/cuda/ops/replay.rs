@@ -37,8 +37,8 @@ fn column_groups(key_dim: usize) -> usize {
 /// The GDN kernel variant for `t` tokens a row: how many it handles together (`SB` in `replay_gdn.cu`). Blocks of 4
 /// made a verify of T = 4 1.4–1.6× and T = 6 1.8× faster on an H100, but T = 2 0.74× at batch 256 (half the
 /// accumulators idle yet holding registers), and a decode needs none: steps of up to 2 tokens take 1
-/// (`bench/results/gpu-replay-kernels-2026-11-26.md`). The Mamba-2 kernel always takes 1: blocks of 4 made its
-/// verify 0.74–0.86× as fast.
+/// (`bench/results/gpu-replay-kernels-2026-11-26.md`). The Mamba-2 kernel takes its tokens one at a time: blocks of
+/// 4 made its verify 0.74–0.86× as fast.
 fn gdn_token_block(t: usize) -> usize {
     if t <= 2 {
         1
@@ -270,7 +270,7 @@ pub fn mamba2_replay<T: Elem>(
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, heads, head_dim);
     let splits_i = splits as i32;
-    let name = format!("mamba2_replay_nc{}_sb1_{}", column_groups(state_dim), T::NAME);
+    let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
         num_slots as i32,
