@@ -125,7 +125,7 @@ pub fn run(launch: Launch) -> Result<()> {
         Device::Cpu => (launch.args.serve.run.device.tp, Vec::new()),
         Device::Cuda(ordinals) => choose_gpus(&launch, ordinals.first().copied().unwrap_or(0))?,
     };
-    tp::check(&config, tp)?;
+    // `prepare` checks that the model splits over `tp` ranks (commands/backend.rs) before anything starts.
     let mut args = launch.args.serve;
     args.run.device.tp = tp;
     if let Some(g) = gpus.first() {
