@@ -10,8 +10,8 @@
 // the exp2 domain on the accumulator fragments. Only mma.sync / ldmatrix / cp.async: these run on sm_80 and later,
 // Hopper (sm_90) and Blackwell (sm_100 / sm_103) alike.
 //
-// DECODE tiling (t · group ≤ 16 items): R = 16 rows in one m16 tile; the 4 warps take 16 keys each of every 64-key
-// tile, and their softmax states are merged at the end through shared memory. PREFILL tiling: warp w owns rows
+// DECODE tiling (t · group ≤ 16 items): R = 16 rows in one m16 tile; the warps (4, or 2 at head dim 256) take 16
+// keys each of every tile, and their softmax states are merged at the end through shared memory. PREFILL tiling: warp w owns rows
 // 16w..16w+15 against every key of the tile (64 keys, 32 for head dim 256 to bound registers); 8 warps (R = 128) up
 // to head dim 128, so each staged K/V tile serves twice the rows and twice the warps hide its latency, 4 (R = 64) at
 // head dim 256, whose Q tile and K/V stages would not leave room for a second block per SM otherwise.
@@ -19,18 +19,17 @@
 // With splits == 1 a block writes its normalised rows to out; otherwise it writes (m, l) and the unnormalised O per
 // row and split to the workspace and attn_combine_bf16 merges them. A sequence with a bad slot or length gets NaN.
 
-#define FA_WARPS 4  // decode blocks; prefill blocks take FaShape::WARPS
-
 template <int D, bool DECODE> struct FaShape {
-    static constexpr int WARPS = (DECODE || D > 128) ? FA_WARPS : 8;
+    // Decode blocks: 4 warps, or 2 at head dim 256, whose K/V tiles are twice as large: a 4-warp block there staged
+    // 200 KB and ran alone on its SM (4 warps an SM, issue-bound on dependent latencies by Nsight Compute); 2-warp
+    // blocks with two 32-key stages take 72 KB, so three share an SM (6 warps). Prefill: a warp per 16 rows.
+    static constexpr int WARPS = DECODE ? (D > 128 ? 2 : 4) : (D > 128 ? 4 : 8);
     static constexpr int THREADS = 32 * WARPS;
-    static constexpr int R = DECODE ? 16 : 16 * WARPS;             // rows (items) per block
-    static constexpr int KT = DECODE ? 64 : (D > 128 ? 32 : 64);   // keys per staged tile
-    static constexpr int NW = DECODE ? 16 : KT;                    // keys per warp per tile
-    static constexpr int COPIES = DECODE ? FA_WARPS : 1;           // softmax states per row merged at the end
-    // K/V stages in flight. Decode at head dim 256 fits one block per SM, so it keeps two tiles (128 KB) loading
-    // while it computes on a third; the others run several blocks per SM with two stages each.
-    static constexpr int STAGES = (DECODE && D > 128) ? 3 : 2;
+    static constexpr int R = DECODE ? 16 : 16 * WARPS;                 // rows (items) per block
+    static constexpr int KT = DECODE ? 16 * WARPS : (D > 128 ? 32 : 64);  // keys per staged tile
+    static constexpr int NW = DECODE ? 16 : KT;                        // keys per warp per tile
+    static constexpr int COPIES = DECODE ? WARPS : 1;                  // softmax states per row merged at the end
+    static constexpr int STAGES = 2;                                   // K/V stages in flight
     static constexpr int DS = D + 4;                               // f32 row stride of the epilogue buffer
     static constexpr int LOOP_BYTES = (R * D + 2 * STAGES * KT * D) * 2;
     static constexpr int EPI_BYTES = COPIES * R * (DS + 2) * 4;

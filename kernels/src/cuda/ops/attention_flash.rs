@@ -29,12 +29,21 @@ struct Tiling {
 
 impl Tiling {
     fn new(decode: bool, head_dim: usize) -> Self {
-        // Decode: 4 warps over one m16 tile; prefill: a warp per 16 rows, 8 warps up to head dim 128, else 4.
-        let warps = if decode || head_dim > 128 { 4 } else { 8 };
+        // Decode: 4 warps over one m16 tile (2 at head dim 256, so that three blocks share an SM); prefill: a warp per
+        // 16 rows, 8 warps up to head dim 128, else 4.
+        let warps = match (decode, head_dim > 128) {
+            (true, true) => 2,
+            (true, false) | (false, true) => 4,
+            (false, false) => 8,
+        };
         let rows = if decode { 16 } else { 16 * warps };
-        let keys = if decode || head_dim <= 128 { 64 } else { 32 };
-        let copies = if decode { 4 } else { 1 };
-        let stages = if decode && head_dim > 128 { 3 } else { 2 };
+        let keys = match (decode, head_dim > 128) {
+            (true, _) => 16 * warps,
+            (false, true) => 32,
+            (false, false) => 64,
+        };
+        let copies = if decode { warps } else { 1 };
+        let stages = 2;
         let main_loop = (rows * head_dim + 2 * stages * keys * head_dim) * 2;
         let epilogue = copies * rows * (head_dim + 4 + 2) * 4;
         Self {
@@ -61,8 +70,10 @@ pub struct AttentionPlan {
 
 /// Chooses the tiling and the splits: the decode tiling when all query rows of a KV head (`t · group`) fit one m16
 /// tile, else the prefill tiling; then at least enough splits that the grid covers the GPU's resident-block slots
-/// (`occupancy · SMs`) — twice for decode, whose blocks are short streams of K/V, once for prefill — but no split
-/// shorter than [`MIN_SPLIT_KEYS`] of the slot capacity (the host does not know the lengths; the kernel cuts each
+/// (`occupancy · SMs`) — twice for the 4-warp decode blocks, whose blocks are short streams of K/V, once for prefill
+/// and for head dim 256's 2-warp decode blocks (three share an SM already; doubling their grid cut 4096-key rows
+/// into 256-key splits whose merge cost more than the fuller last wave saved: `bench/results/gpu-ncu-2026-11-26.md`)
+/// — but no split shorter than [`MIN_SPLIT_KEYS`] of the slot capacity (the host does not know the lengths; the kernel cuts each
 /// sequence's own causal range into `splits` pieces). See [`choose_splits`] for the last step.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan(
@@ -87,7 +98,7 @@ pub(super) fn plan(
         .max(1) as usize;
     let row_tiles = (t * group).div_ceil(tiling.rows);
     let base = batch * kv_heads * row_tiles;
-    let slots = per_sm * dev.sm_count() * if tiling.decode { 2 } else { 1 };
+    let slots = per_sm * dev.sm_count() * if tiling.decode && tiling.threads > 64 { 2 } else { 1 };
     let splits = choose_splits(
         base,
         per_sm * dev.sm_count(),
@@ -235,7 +246,8 @@ mod tests {
             }
         }
         assert_eq!(Tiling::new(true, 128).smem, (16 * 128 + 4 * 64 * 128) * 2);
-        assert_eq!(Tiling::new(true, 256).smem, (16 * 256 + 6 * 64 * 256) * 2);
+        assert_eq!(Tiling::new(true, 256).smem, (16 * 256 + 4 * 32 * 256) * 2);
+        assert_eq!(Tiling::new(true, 256).threads, 64);
         assert_eq!(Tiling::new(false, 256).smem, (64 * 256 + 4 * 32 * 256) * 2);
         assert_eq!(Tiling::new(false, 128).smem, (128 * 128 + 4 * 64 * 128) * 2);
         assert_eq!(
