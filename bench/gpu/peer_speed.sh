@@ -11,6 +11,10 @@
 #              (.gpu/old/rewind.xz: commit d209f75 built with `cargo build --release -p rewind-bin
 #              --no-default-features --features cuda` in a worktree, xz-compressed) and this one (.gpu/new/rewind.xz)
 #              back to back, same command.
+#   rows       the six kernel rows of issue 15's table with their peers in one call: `cuda_timing attention`,
+#              `scans` and `moe` of one build (TIMING_XZ, default .gpu/attn/cuda_timing.xz: `cargo build --release -p
+#              rewind-kernels --example cuda_timing`, stripped, xz-compressed), then bench/peers/attention.py (torch
+#              SDPA) and bench/peers/prefill.py (mamba_ssm, fla, torch._grouped_mm; carry .whl/).
 # Everything is written under $OUT/r and comes back as one archive (a device call returns at most 8 files).
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
@@ -66,4 +70,16 @@ if has e2e; then
       stamp "$m batch 64 at 8K context new" $?
     fi
   done
+fi
+
+if has rows; then
+  xz -dc ${TIMING_XZ:-.gpu/attn/cuda_timing.xz} > /tmp/cuda_timing && chmod +x /tmp/cuda_timing
+  for sec in attention scans moe; do
+    timeout 120 /tmp/cuda_timing $sec > $D/rows-$sec.log 2>&1
+    stamp "cuda_timing $sec" $?
+  done
+  timeout 150 python3 bench/peers/attention.py --json $D/rows-sdpa.json > $D/rows-sdpa.log 2>&1
+  stamp "peer sdpa" $?
+  timeout 200 python3 bench/peers/prefill.py --json $D/rows-prefill-peers.json > $D/rows-prefill-peers.log 2>&1
+  stamp "peers mamba_ssm fla grouped_mm" $?
 fi
