@@ -430,3 +430,28 @@ async fn a_full_queue_and_the_session_limit_are_resource_exhausted() {
     );
     assert_status(c.fork(&s.id).await, Code::ResourceExhausted, &["limit"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_max_tokens_is_capped_to_the_room_the_context_leaves() {
+    let server = Server::start(2, None).await;
+    let mut c = server.client().await;
+    let unset = Some(pb::Sampling {
+        temperature: Some(0.0),
+        ignore_eos: Some(true),
+        ..Default::default()
+    });
+    // A prompt 3 tokens short of the context: the server's default (256) does not fit, so it generates what does
+    // instead of refusing a limit the client never asked for.
+    let (out, _) = c
+        .complete_all(&[5; CONTEXT - 3], unset.clone())
+        .await
+        .expect("complete");
+    assert_eq!(out.len(), 3);
+    // A session that never chose max_tokens keeps it unset; each turn's cap counts the session's tokens too.
+    let s = c.create(unset).await;
+    assert_eq!(s.defaults.as_ref().and_then(|d| d.max_tokens), None);
+    let (first, _) = c.turn(&s.id, &[5; CONTEXT - 10], None).await.expect("turn 1");
+    assert_eq!(first.len(), 10);
+    // A max_tokens the client chose is still refused when it does not fit, naming it.
+    refused(&mut c, complete_ids(&[5; CONTEXT - 3], greedy(4)), &["max_tokens"]).await;
+}

@@ -161,8 +161,9 @@ async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Spa
     if r.logprobs {
         return Err(no_logprobs());
     }
-    let params = params::merge(state, &state.sampling_defaults(), r.sampling.as_ref())?;
+    let mut params = params::merge(state, &params::base(state), r.sampling.as_ref())?;
     let prompt = params::input_ids(state, r.input, true)?;
+    params::default_max_tokens(state, &mut params, prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);
     let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;

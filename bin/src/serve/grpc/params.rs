@@ -71,6 +71,24 @@ pub fn merge(
     Ok(p)
 }
 
+/// What a request's (or a new session's) settings are merged over: the model's defaults, with `max_tokens` left unset
+/// so that [`default_max_tokens`] can tell the server's default from a value the client chose.
+pub fn base(state: &ServeState) -> SamplingParams {
+    let mut p = state.sampling_defaults();
+    p.max_tokens = None;
+    p
+}
+
+/// Sets the server's default `max_tokens` where neither the request nor its session chose one, capped to what the
+/// context leaves after `used` tokens: a long prompt gets what fits, as over HTTP, instead of a refusal for a limit
+/// the client never asked for. Nothing fits: left unset, and the engine's refusal names the prompt.
+pub fn default_max_tokens(state: &ServeState, p: &mut SamplingParams, used: usize) {
+    if p.max_tokens.is_none() {
+        let room = state.engine.info().max_context.saturating_sub(used);
+        p.max_tokens = (room > 0).then(|| state.default_max_tokens.min(room));
+    }
+}
+
 /// `bytes` as UTF-8 text, or INVALID_ARGUMENT naming `field` and where the bad byte is.
 pub fn utf8(field: &str, bytes: &[u8]) -> Result<String, Status> {
     String::from_utf8(bytes.to_vec()).map_err(|e| invalid(field, format!("is not valid UTF-8 ({})", e.utf8_error())))

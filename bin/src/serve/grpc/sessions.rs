@@ -4,7 +4,7 @@
 use rewind_actors::{GenerateRequest, SessionInfo, SessionOptions};
 use tonic::Status;
 
-use super::params::{input_ids, merge, resolved};
+use super::params::{base, default_max_tokens, input_ids, merge, resolved};
 use super::status::{actors, draining, invalid};
 use super::stream::{respond, ChunkStream};
 use super::{no_logprobs, pb};
@@ -37,7 +37,9 @@ pub async fn create(state: &ServeState, r: &pb::CreateSessionRequest) -> Result<
     if state.draining() {
         return Err(draining());
     }
-    let defaults = merge(state, &state.sampling_defaults(), r.defaults.as_ref())?;
+    // A session's max_tokens stays unset unless chosen: each turn then gets the server's default, capped to the room
+    // its context leaves.
+    let defaults = merge(state, &base(state), r.defaults.as_ref())?;
     let options = SessionOptions {
         defaults,
         speculate: r.speculate.unwrap_or(true),
@@ -88,8 +90,9 @@ pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing:
     // The session's defaults, and whether the turn starts its sequence (only then does text get BOS); a session that
     // is gone is NOT_FOUND here already.
     let s = state.engine.session(&r.session_id).await.map_err(|e| actors(&e))?;
-    let params = merge(state, &s.defaults, r.sampling.as_ref())?;
+    let mut params = merge(state, &s.defaults, r.sampling.as_ref())?;
     let prompt = input_ids(state, r.input, s.tokens == 0)?;
+    default_max_tokens(state, &mut params, s.tokens + prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.session = Some(r.session_id);
     request.speculate = s.speculate;

@@ -239,13 +239,36 @@ const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
     }),
     ("guided_json", "guided_json", is_empty),
     ("guided_regex", "guided_regex", is_empty),
+    ("guided_choice", "guided_choice", is_empty),
+    ("guided_grammar", "guided_grammar", is_empty),
+    ("structured_outputs", "structured_outputs", is_empty),
+];
+
+/// Chat-only fields of vLLM's API that change the prompt or the answer; the chat template is the model's own
+/// (`tokenizer_config.json`), so a request's template is refused rather than ignored.
+const UNSUPPORTED_CHAT: &[(&str, &str, Accepts)] = &[
+    (
+        "chat_template",
+        "chat_template (the model's own template is used)",
+        is_empty,
+    ),
+    ("chat_template_kwargs", "chat_template_kwargs", is_empty),
+    ("echo", "echo on chat completions", is_false),
+    ("continue_final_message", "continue_final_message", is_false),
+    ("add_generation_prompt", "add_generation_prompt other than true", |v| {
+        v == &Value::Bool(true)
+    }),
 ];
 
 /// Refuses, with a 400 naming the field, every field whose value asks for something this server does not do; their
 /// defaults (`n: 1`, `logprobs: null`, `presence_penalty: 0`, ...) are accepted, since clients send them unasked.
 fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     // `null` is absent and always fine (Fields::get).
-    for (name, what, accepts) in UNSUPPORTED {
+    let chat: &[(&str, &str, Accepts)] = match endpoint {
+        Endpoint::Chat => UNSUPPORTED_CHAT,
+        Endpoint::Completions => &[],
+    };
+    for (name, what, accepts) in UNSUPPORTED.iter().chain(chat) {
         if let Some(v) = f.get(name) {
             if !accepts(v) {
                 return Err(ApiError::unsupported(name, what));
@@ -468,11 +491,21 @@ mod tests {
             (r#"{"frequency_penalty": 0.5}"#, "frequency_penalty"),
             (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
+            (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),
+            (r#"{"guided_grammar": "root ::= x"}"#, "guided_grammar"),
+            (r#"{"structured_outputs": {"choice": ["a"]}}"#, "structured_outputs"),
+            (r#"{"chat_template": "{{ messages }}"}"#, "chat_template"),
+            (r#"{"echo": true}"#, "echo"),
+            (r#"{"add_generation_prompt": false}"#, "add_generation_prompt"),
         ] {
             let e = refuse_unsupported(&fields(body), Endpoint::Chat).expect_err(body);
             assert_eq!(e.param.as_deref(), Some(param));
             assert!(e.message.contains("not supported"));
         }
+        // The chat-only fields keep their defaults' meaning, and completions' echo is done, not refused.
+        let defaults = fields(r#"{"echo": false, "add_generation_prompt": true, "chat_template": null}"#);
+        assert!(refuse_unsupported(&defaults, Endpoint::Chat).is_ok());
+        assert!(refuse_unsupported(&fields(r#"{"echo": true}"#), Endpoint::Completions).is_ok());
         // Completions' logprobs is a count: any number asks for them.
         let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
         assert_eq!(e.message, "logprobs is not supported");
