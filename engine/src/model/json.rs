@@ -38,6 +38,37 @@ pub fn parse_relaxed(text: &str) -> serde_json::Result<Value> {
     serde_json::from_str(&out)
 }
 
+/// The largest integer a config field may hold. Every size, count and length of a real model is far below it
+/// (vocabularies of 2^18, contexts of 2^23 tokens); past it, a corrupt or hostile `config.json` would make the loader
+/// loop over billions of experts or heads, or overflow the products of two dimensions, before any tensor shape is
+/// compared with the checkpoint.
+pub const MAX_CONFIG_INT: u64 = 1 << 24;
+
+/// The largest count of heads, experts, groups or layers: the loader expects tensors per expert and head, so a count
+/// of millions would have it build millions of names before the checkpoint could contradict them. Real models stay
+/// below 1 000 (512 experts, 128 heads).
+pub const MAX_CONFIG_COUNT: u64 = 1 << 14;
+
+/// The fields [`MAX_CONFIG_COUNT`] bounds.
+const COUNT_FIELDS: &[&str] = &[
+    "num_hidden_layers",
+    "mamba_num_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "n_routed_experts",
+    "num_local_experts",
+    "num_experts",
+    "num_experts_per_tok",
+    "n_shared_experts",
+    "n_groups",
+    "n_group",
+    "topk_group",
+    "mtp_num_hidden_layers",
+    "num_nextn_predict_layers",
+];
+
 /// A JSON object read as a model config; `scope` prefixes field names in errors (e.g. `text_config.`).
 #[derive(Clone, Copy)]
 pub struct Fields<'a> {
@@ -87,10 +118,33 @@ impl<'a> Fields<'a> {
     pub fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
         match self.raw(field) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
-                EngineError::config(self.name(field), format!("expected a non-negative integer, found {v}"))
-            }),
+            Some(v) => match v.as_u64() {
+                Some(x) if x <= Self::limit(field) => Ok(Some(x as usize)),
+                Some(x) => Err(self.too_large(field, x)),
+                None => Err(EngineError::config(
+                    self.name(field),
+                    format!("expected a non-negative integer, found {v}"),
+                )),
+            },
         }
+    }
+
+    fn limit(field: &str) -> u64 {
+        if COUNT_FIELDS.contains(&field) {
+            MAX_CONFIG_COUNT
+        } else {
+            MAX_CONFIG_INT
+        }
+    }
+
+    fn too_large(&self, field: &str, x: u64) -> EngineError {
+        EngineError::config(
+            self.name(field),
+            format!(
+                "{x} is larger than any model this engine loads (at most {})",
+                Self::limit(field)
+            ),
+        )
     }
 
     /// A required positive integer.
@@ -193,10 +247,13 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| {
-                    v.as_u64().map(|x| x as usize).ok_or_else(|| {
-                        EngineError::config(self.name(field), format!("expected a list of integers, found item {v}"))
-                    })
+                .map(|v| match v.as_u64() {
+                    Some(x) if x <= MAX_CONFIG_INT => Ok(x as usize),
+                    Some(x) => Err(self.too_large(field, x)),
+                    None => Err(EngineError::config(
+                        self.name(field),
+                        format!("expected a list of integers, found item {v}"),
+                    )),
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),

@@ -158,7 +158,7 @@ impl ModelConfig {
                 ))
             }
         };
-        match kind {
+        let cfg = match kind {
             ("nemotron_h", _) => parse_nemotron_h(top),
             (mt @ ("qwen3_5" | "qwen3_5_moe"), family) => {
                 let text = top
@@ -180,7 +180,9 @@ impl ModelConfig {
                 Ok(cfg)
             }
             (mt, family) => parse_qwen(top, family, mt),
-        }
+        }?;
+        check_special_ids(&cfg)?;
+        Ok(cfg)
     }
 
     /// Total number of residual blocks.
@@ -208,6 +210,26 @@ impl ModelConfig {
             self.vocab_size
         )
     }
+}
+
+/// End-of-sequence and beginning-of-sequence ids must be tokens of the vocabulary: an id past it would never be
+/// sampled (so generation would run to max_tokens) or would be fed to the embedding out of range.
+fn check_special_ids(cfg: &ModelConfig) -> Result<()> {
+    let vocab = cfg.vocab_size;
+    let named = cfg
+        .eos_token_ids
+        .iter()
+        .map(|&id| ("eos_token_id", id))
+        .chain(cfg.bos_token_id.map(|id| ("bos_token_id", id)));
+    for (field, id) in named {
+        if id as usize >= vocab {
+            return Err(EngineError::config(
+                field,
+                format!("token id {id} is outside the vocabulary of {vocab} (vocab_size)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_divides(f: &Fields, field: &str, divisor: usize, divisor_name: &str, value: usize) -> Result<()> {

@@ -52,6 +52,15 @@ pub(super) fn parse_nemotron_h(f: Fields) -> Result<ModelConfig> {
     if types.is_empty() {
         return Err(f.error("layers_block_type", "no layers"));
     }
+    // Transformers checks the same; a mismatch means the config was cut or edited by hand and half updated.
+    if let Some(n) = f.opt_usize("num_hidden_layers")? {
+        if n != types.len() {
+            return Err(f.error(
+                "num_hidden_layers",
+                format!("is {n} but the layer pattern lists {} layers", types.len()),
+            ));
+        }
+    }
     let needs = |c: char| types.contains(&c);
     let mamba = if needs('M') {
         if let Some(act) = f.opt_str("mamba_hidden_act")? {
@@ -314,5 +323,46 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("hidden_size"));
+    }
+
+    #[test]
+    fn hostile_values_are_refused_before_loading() {
+        let refused = |field: &str, value: Value, words: &[&str]| {
+            let mut v = nemotron();
+            v[field] = value;
+            let e = ModelConfig::from_json(&v).expect_err(field).to_string();
+            for w in words {
+                assert!(e.contains(w), "{field}: {e}");
+            }
+        };
+        // Counts past any real model (they made the loader loop over 10^11 experts or heads).
+        refused(
+            "n_routed_experts",
+            json!(100_000_000_000u64),
+            &["n_routed_experts", "larger than any model"],
+        );
+        refused(
+            "mamba_num_heads",
+            json!(10_000_000_000u64),
+            &["mamba_num_heads", "larger"],
+        );
+        refused(
+            "n_routed_experts",
+            json!(16_000_000),
+            &["n_routed_experts", "at most 16384"],
+        );
+        refused("hidden_size", json!(1u64 << 40), &["hidden_size"]);
+        // Special tokens outside the vocabulary, and a layer count the pattern contradicts.
+        refused(
+            "eos_token_id",
+            json!([2, 100]),
+            &["eos_token_id", "100", "vocabulary of 100"],
+        );
+        refused("bos_token_id", json!(250), &["bos_token_id", "250"]);
+        refused("num_hidden_layers", json!(17), &["num_hidden_layers", "17", "4 layers"]);
+        let mut v = nemotron();
+        v["num_hidden_layers"] = json!(4);
+        v["eos_token_id"] = json!(99);
+        ModelConfig::from_json(&v).expect("a consistent config");
     }
 }
