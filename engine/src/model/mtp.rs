@@ -128,6 +128,8 @@ fn nemotron_layout(config_json: &Value) -> Result<MtpLayout> {
     if let Some(obj) = cut.as_object_mut() {
         obj.remove("layers_block_type");
         obj.remove("layer_types");
+        // The MTP step's own depth (the main stack's count would contradict its pattern).
+        obj.insert("num_hidden_layers".into(), json!(pattern.chars().count()));
         obj.insert("hybrid_override_pattern".into(), json!(pattern));
     }
     let config = ModelConfig::from_json(&cut)?;
