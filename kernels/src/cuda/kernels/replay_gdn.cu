@@ -352,12 +352,16 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     }
 }
 
+// Blocks of 256 threads an SM the register budget is sized for (ops/replay.rs, sm_warps): 3 (85 registers a thread)
+// for one token at a time; 2 (128) for the 4-token variant, whose accumulators are short of registers at 85.
+#define GDN_MIN_BLOCKS(SB) ((SB) == 1 ? 3 : 2)
+
 // Entry points: storage type T (suffix S), NC column groups of 32 per state row (key dims up to 32·NC) and SB tokens
 // handled together (1 for up to 2 tokens, 4 for longer steps; ops/replay.rs):
 // gdn_replay_nc1_sb1, gdn_replay_nc2_sb1, gdn_replay_nc4_sb1, gdn_replay_nc8_sb1,
 // gdn_replay_nc1_sb4, gdn_replay_nc2_sb4, gdn_replay_nc4_sb4, gdn_replay_nc8_sb4; each _f32 and _bf16.
 #define GDN_REPLAY_NC(T, S, NC, SB)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, 3) gdn_replay_nc##NC##_sb##SB##_##S(                             \
+    extern "C" __global__ void __launch_bounds__(256, GDN_MIN_BLOCKS(SB)) gdn_replay_nc##NC##_sb##SB##_##S(            \
         float* state_pool, T* ring_u, T* ring_k, float* ring_g, const int* meta, int num_slots, int ring_rows,         \
         const T* q, const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads,             \
         int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits) {                                       \

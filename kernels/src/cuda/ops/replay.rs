@@ -29,6 +29,18 @@ const CHUNK: usize = 4;
 /// a thread, and 64 Ki registers hold 24 warps of those.
 const SM_WARPS: usize = 24;
 
+/// Warps one SM can hold of the kernel variant that runs `t` tokens of `kind` (register budget only). GDN's 4-token
+/// variant is built for 2 blocks of 256 threads an SM (`GDN_MIN_BLOCKS` in `replay_gdn.cu`: 128 registers a thread,
+/// 16 warps), which made its verify steps of T = 4 / 6 1.04–1.33× faster on an H100 despite a third fewer warps: its
+/// 4-token accumulators are short of registers at 85. The same for Mamba-2's verify steps made them 0.81–0.89× as
+/// fast (one-token loops, which fit 85), so every other variant keeps 3 blocks (`bench/results/gpu-ncu-2026-11-26.md`).
+fn sm_warps(kind: ReplayKind, t: usize) -> usize {
+    match kind {
+        ReplayKind::Gdn(_) if gdn_token_block(t) > 1 => 16,
+        ReplayKind::Gdn(_) | ReplayKind::Mamba2(_) => SM_WARPS,
+    }
+}
+
 /// The kernel variant for a state key dim: columns are split in groups of 32 (`NC` in the replay kernels).
 fn column_groups(key_dim: usize) -> usize {
     key_dim.div_ceil(32).next_power_of_two()
@@ -164,7 +176,8 @@ pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize, shared: SharedL
     ensure("replay", bytes <= max_block, || {
         format!("{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {max_block})")
     })?;
-    let resident = |w: usize| w * (SM_WARPS / w).min(shared.per_sm / (w * bytes + shared.reserved_per_block));
+    let sm = sm_warps(kind, t);
+    let resident = |w: usize| w * (sm / w).min(shared.per_sm / (w * bytes + shared.reserved_per_block));
     let warps = (1..=MAX_WARPS)
         .filter(|&w| w * bytes <= max_block)
         .max_by_key(|&w| (resident(w), w))
@@ -423,9 +436,10 @@ mod tests {
 
     const HOPPER: SharedLimits = SharedLimits::HOPPER;
 
-    fn resident(geo: ReplayGeometry, shared: SharedLimits) -> usize {
+    /// Warps an SM holds of `geo` for `t` tokens of `kind`: the register budget's blocks or shared memory's.
+    fn resident(kind: ReplayKind, t: usize, geo: ReplayGeometry, shared: SharedLimits) -> usize {
         let per_block = geo.shared_bytes() + shared.reserved_per_block;
-        geo.warps * (SM_WARPS / geo.warps).min(shared.per_sm / per_block)
+        geo.warps * (sm_warps(kind, t) / geo.warps).min(shared.per_sm / per_block)
     }
 
     #[test]
@@ -447,7 +461,7 @@ mod tests {
                         let other = ReplayGeometry { warps: w, ..geo };
                         if other.shared_bytes() <= shared.per_block {
                             assert!(
-                                resident(other, shared) <= resident(geo, shared),
+                                resident(kind, t, other, shared) <= resident(kind, t, geo, shared),
                                 "{kind:?} t {t}: {w} warps beat {}",
                                 geo.warps
                             );
@@ -457,17 +471,17 @@ mod tests {
             }
         }
         // A decode's small scratch fills the register limit with full blocks, and so does a GDN verify of 4 tokens
-        // (9.3 KiB of scratch a warp: three blocks of 8 fit 228 KiB).
+        // (9.3 KiB of scratch a warp), whose variant's budget of 128 registers holds two blocks of 8.
         let decode = replay_geometry(GDN, 1, 17, HOPPER).unwrap();
-        assert_eq!((decode.warps, resident(decode, HOPPER)), (8, 24));
+        assert_eq!((decode.warps, resident(GDN, 1, decode, HOPPER)), (8, 24));
         let verify = replay_geometry(GDN, 4, 20, HOPPER).unwrap();
-        assert_eq!((verify.warps, resident(verify, HOPPER)), (8, 24));
+        assert_eq!((verify.warps, resident(GDN, 4, verify, HOPPER)), (8, 16));
         // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit a Hopper SM, in one block;
         // an A100 block holds four.
         let piece = replay_geometry(GDN, 16, 32, HOPPER).unwrap();
-        assert_eq!((piece.warps, resident(piece, HOPPER)), (5, 5));
+        assert_eq!((piece.warps, resident(GDN, 16, piece, HOPPER)), (5, 5));
         let piece = replay_geometry(GDN, 16, 32, a100).unwrap();
-        assert_eq!((piece.warps, resident(piece, a100)), (4, 4));
+        assert_eq!((piece.warps, resident(GDN, 16, piece, a100)), (4, 4));
     }
 
     #[test]
