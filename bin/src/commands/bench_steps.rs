@@ -199,10 +199,22 @@ fn acceptance_for(window: usize, kept: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// What the byte model says one step must move.
+/// What the byte model says one step must move, and the FLOPs it computes.
 pub(super) struct StepBytes {
     pub form: PlanForm,
     pub bytes: f64,
+    pub flops: f64,
+}
+
+/// The time `flops` take at the dense bf16 peak of the built-in profile (`rewind plan --gpu`) whose name the device's
+/// contains, and that profile's name: a floor below the byte roofline's reach at large batches, where the dense GEMMs
+/// turn compute-bound (at batch 512 the 8B model's step does 8.3 TFLOP). None for a device without a profile.
+pub(super) fn compute_floor(flops: f64, device: &str) -> Option<(&'static str, f64)> {
+    let name = device.to_lowercase();
+    rewind_engine::plan::profiles::BUILTIN_GPUS
+        .into_iter()
+        .find(|g| name.contains(g))
+        .and_then(|g| GpuProfile::builtin(g).ok().map(|p| (g, flops / p.flops_per_s() * 1e3)))
 }
 
 /// The bytes of one decode (`window` 0) or verify step (`window` drafts, `accepted` of them kept) of `batch`
@@ -247,6 +259,7 @@ pub(super) fn step_bytes(
     Ok(StepBytes {
         form: pf,
         bytes: row.total_bytes,
+        flops: row.flops,
     })
 }
 
@@ -283,6 +296,11 @@ pub(super) fn roofline(
     row["byte_model_bytes"] = json!(b.bytes);
     row["roofline_ms"] = json!(ms);
     row["roofline_fraction"] = json!(ms / step_ms);
+    row["byte_model_flops"] = json!(b.flops);
+    if let Some((profile, floor)) = compute_floor(b.flops, &loaded.device) {
+        row["compute_floor_ms"] = json!(floor);
+        row["compute_floor_profile"] = json!(profile);
+    }
     Ok(())
 }
 
@@ -290,9 +308,17 @@ pub(super) fn roofline(
 pub(super) fn print_steps(rows: &[serde_json::Value], verify: &[serde_json::Value]) -> Result<()> {
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let frac = |v: &serde_json::Value| {
+        let floor = v.get("compute_floor_ms").map_or(String::new(), |_| {
+            format!(
+                "; {:.1} TFLOP, {:.2} ms at the {} profile's dense bf16 peak",
+                f(v, "byte_model_flops") / 1e12,
+                f(v, "compute_floor_ms"),
+                v["compute_floor_profile"].as_str().unwrap_or("?")
+            )
+        });
         v.get("roofline_fraction").map_or(String::new(), |_| {
             format!(
-                ", {:.2} of its byte roofline ({:.2} GB in {:.2} ms)",
+                ", {:.2} of its byte roofline ({:.2} GB in {:.2} ms{floor})",
                 f(v, "roofline_fraction"),
                 f(v, "byte_model_bytes") / 1e9,
                 f(v, "roofline_ms")
@@ -325,6 +351,15 @@ pub(super) fn print_steps(rows: &[serde_json::Value], verify: &[serde_json::Valu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_compute_floor_uses_the_matching_profile() {
+        let (name, ms) = compute_floor(989e12, "NVIDIA H100 80GB HBM3").expect("an H100 profile");
+        assert_eq!(name, "h100");
+        assert!((ms - 1000.0).abs() < 1e-6, "{ms}");
+        assert_eq!(compute_floor(1e12, "NVIDIA H200").map(|(n, _)| n), Some("h200"));
+        assert_eq!(compute_floor(1e12, "NVIDIA A100-SXM4-80GB"), None);
+    }
 
     #[test]
     fn acceptance_inverts_the_kept_tokens() {
