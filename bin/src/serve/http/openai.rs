@@ -56,14 +56,19 @@ impl Fields {
         self.0.get(name).filter(|v| !v.is_null())
     }
 
-    /// A number field.
+    /// A number field. A value past f32's range is refused as given (as f32 it would read as infinity, and the
+    /// range checks would then name a value the client never sent).
     pub fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => n
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| ApiError::invalid(name, format!("{name} must be a finite number"))),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(x) if x.abs() <= f64::from(f32::MAX) => Ok(Some(x as f32)),
+                Some(_) => Err(ApiError::invalid(
+                    name,
+                    format!("{name} is out of range, got {n} (at most {:e} in magnitude)", f32::MAX),
+                )),
+                None => Err(ApiError::invalid(name, format!("{name} must be a finite number"))),
+            },
             Some(v) => Err(wrong_type(name, "a number", v)),
         }
     }
@@ -77,7 +82,12 @@ impl Fields {
                 .map(i128::from)
                 .or_else(|| n.as_u64().map(i128::from))
                 .map(Some)
-                .ok_or_else(|| ApiError::invalid(name, format!("{name} must be an integer, got {n}"))),
+                .ok_or_else(|| {
+                    // JSON reads an integer past 64 bits as a float: say it is too large, not that it is no integer.
+                    let whole = n.as_f64().is_some_and(|x| x.fract() == 0.0 && x.abs() >= 9.2e18);
+                    let why = if whole { "is out of range" } else { "must be an integer" };
+                    ApiError::invalid(name, format!("{name} {why}, got {n}"))
+                }),
             Some(v) => Err(wrong_type(name, "an integer", v)),
         }
     }
@@ -445,6 +455,21 @@ mod tests {
             .expect_err("float")
             .message
             .contains("seed must be an integer"));
+        // Past 64 bits or past f32: too large, named as sent (not "no integer", not "inf").
+        let big = fields(r#"{"max_tokens": 1e20, "temperature": 1e40, "n": 100000000000000000000000}"#);
+        let e = big.int("max_tokens").expect_err("1e20");
+        assert!(
+            e.message.contains("max_tokens is out of range, got 1e"),
+            "{}",
+            e.message
+        );
+        let e = big.f32("temperature").expect_err("1e40");
+        assert!(
+            e.message.contains("temperature is out of range, got 1e"),
+            "{}",
+            e.message
+        );
+        assert!(big.int("n").expect_err("1e23").message.contains("out of range"));
         assert_eq!(f.str("model").expect_err("number").param.as_deref(), Some("model"));
     }
 
