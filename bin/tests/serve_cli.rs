@@ -82,7 +82,15 @@ fn serve_answers_both_apis_and_stops_on_sigterm() {
     // Ports and key from the environment, as a container would set them; --served-model-name from a flag.
     let server = process::Server::start(
         Path::new(env!("CARGO_BIN_EXE_rewind")),
-        &["serve", "--model", m, "--served-model-name", "tiny-test"],
+        &[
+            "serve",
+            "--model",
+            m,
+            "--served-model-name",
+            "tiny-test",
+            "--default-max-tokens",
+            "3",
+        ],
         &[
             ("REWIND_GRPC_PORT", "0"),
             ("REWIND_HTTP_PORT", "0"),
@@ -100,6 +108,16 @@ fn serve_answers_both_apis_and_stops_on_sigterm() {
     );
     assert_eq!(status, 200, "{models}");
     assert!(models.contains(r#""id":"tiny-test""#), "{models}");
+    // A request without max_tokens generates --default-max-tokens.
+    let (status, done) = process::http(
+        server.http,
+        "POST",
+        "/v1/completions",
+        &["Authorization: Bearer sesame", "Content-Type: application/json"],
+        Some(r#"{"prompt": [5, 6, 7], "ignore_eos": true}"#),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert!(done.contains(r#""completion_tokens":3"#), "{done}");
     let denied = process::grpc_health(server.grpc, None).expect_err("health without the key");
     assert_eq!(denied.code(), tonic::Code::Unauthenticated);
     assert_eq!(
@@ -196,6 +214,26 @@ fn a_port_in_use_is_reported_before_the_model_loads() {
     );
     // Nothing was loaded: the engine's summary line never came.
     assert!(!err.contains("rewind: serving"), "{err}");
+}
+
+/// A default max_tokens of 0 would make every request that sets none generate nothing: refused by the flag.
+#[test]
+fn a_zero_default_max_tokens_is_refused() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args([
+            "serve",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--default-max-tokens",
+            "0",
+        ])
+        .output()
+        .expect("run rewind serve");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("--default-max-tokens"), "{err}");
 }
 
 /// An empty API key is refused rather than quietly serving without one (fuzzing finding).

@@ -29,6 +29,10 @@ pub struct ListenArgs {
     /// Seconds SIGINT / SIGTERM waits for in-flight requests before the servers stop anyway.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, allow_negative_numbers = true)]
     pub drain_timeout: f64,
+    /// Tokens a request that sets no `max_tokens` may generate, on both APIs; capped to the room its context leaves
+    /// after the prompt (and a gRPC session's earlier turns).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    pub default_max_tokens: u64,
 }
 
 /// How a model runs: decode form, speculation, device and engine (shared by `generate`, `serve`, `chat` and

@@ -262,6 +262,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             served_model_name: None,
             session_idle_timeout: 0.0,
             drain_timeout: 5.0,
+            default_max_tokens: 256,
         },
         run: args.run.clone(),
     }

@@ -30,6 +30,8 @@ pub struct Prepared {
     /// The id both APIs serve the model under.
     pub name: String,
     pub api_key: Option<String>,
+    /// `max_tokens` of a request that sets none (`--default-max-tokens`), before the room cap.
+    pub default_max_tokens: usize,
     pub backend: Backend,
     pub engine_config: EngineConfig,
     pub options: ServeOptions,
@@ -106,6 +108,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         model,
         name,
         api_key: args.listen.api_key.clone(),
+        default_max_tokens: args.listen.default_max_tokens as usize,
         backend,
         engine_config,
         options,
@@ -118,7 +121,8 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
 /// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
 pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
-    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key);
+    let mut state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key);
+    state.default_max_tokens = p.default_max_tokens.min(state.max_tokens_limit);
     Ok((Arc::new(state), p.options, device))
 }
 
