@@ -31,7 +31,8 @@ pub struct ListenArgs {
     pub drain_timeout: f64,
     /// Tokens a request that sets no `max_tokens` may generate, on both APIs; capped to the room its context leaves
     /// after the prompt (and a gRPC session's earlier turns).
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    #[arg(long, value_name = "N", default_value_t = crate::serve::state::DEFAULT_MAX_TOKENS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub default_max_tokens: u64,
 }
 

@@ -262,7 +262,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             served_model_name: None,
             session_idle_timeout: 0.0,
             drain_timeout: 5.0,
-            default_max_tokens: 256,
+            default_max_tokens: crate::serve::state::DEFAULT_MAX_TOKENS as u64,
         },
         run: args.run.clone(),
     }

@@ -121,8 +121,8 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
 /// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
 pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
-    let mut state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key);
-    state.default_max_tokens = p.default_max_tokens.min(state.max_tokens_limit);
+    let state =
+        ServeState::new(Arc::new(engine), p.model, p.name, p.api_key).with_default_max_tokens(p.default_max_tokens);
     Ok((Arc::new(state), p.options, device))
 }
 

@@ -26,6 +26,9 @@ pub struct ServeState {
     pub started: Instant,
 }
 
+/// `max_tokens` of a request that sets none, unless `--default-max-tokens` says otherwise.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 impl ServeState {
     /// The state for `engine` serving `model` under `model_name`.
     pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_key: Option<String>) -> Self {
@@ -35,11 +38,17 @@ impl ServeState {
             model,
             model_name,
             api_key,
-            default_max_tokens: 256.min(context),
+            default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
             draining: AtomicBool::new(false),
             started: Instant::now(),
         }
+    }
+
+    /// The same state with `n` as the default `max_tokens` (at most the context).
+    pub fn with_default_max_tokens(mut self, n: usize) -> Self {
+        self.default_max_tokens = n.min(self.max_tokens_limit);
+        self
     }
 
     /// Refuses a text (the request's `what`) longer than any prompt the context can hold, before it is tokenized:

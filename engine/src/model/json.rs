@@ -118,15 +118,23 @@ impl<'a> Fields<'a> {
     pub fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
         match self.raw(field) {
             None => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(x) if x <= Self::limit(field) => Ok(Some(x as usize)),
-                Some(x) => Err(self.too_large(field, x)),
-                None => Err(EngineError::config(
-                    self.name(field),
-                    format!("expected a non-negative integer, found {v}"),
-                )),
+            Some(v) => match self.bounded(field, v) {
+                Some(r) => r.map(Some),
+                None => Err(self.error(field, format!("expected a non-negative integer, found {v}"))),
             },
         }
+    }
+
+    /// `v` as a non-negative integer within the field's limit: None when it is no such integer, an error past the
+    /// limit.
+    fn bounded(&self, field: &str, v: &Value) -> Option<Result<usize>> {
+        v.as_u64().map(|x| {
+            if x <= Self::limit(field) {
+                Ok(x as usize)
+            } else {
+                Err(self.too_large(field, x))
+            }
+        })
     }
 
     fn limit(field: &str) -> u64 {
@@ -247,13 +255,10 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| match v.as_u64() {
-                    Some(x) if x <= MAX_CONFIG_INT => Ok(x as usize),
-                    Some(x) => Err(self.too_large(field, x)),
-                    None => Err(EngineError::config(
-                        self.name(field),
-                        format!("expected a list of integers, found item {v}"),
-                    )),
+                .map(|v| {
+                    self.bounded(field, v).unwrap_or_else(|| {
+                        Err(self.error(field, format!("expected a list of integers, found item {v}")))
+                    })
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),

@@ -163,6 +163,12 @@ impl ReplayGeometry {
     pub fn shared_bytes(&self) -> usize {
         self.warps * self.scratch * 4
     }
+
+    /// Warps an SM holds of this layout for `t` tokens of `kind`: the register budget's blocks or shared memory's.
+    fn resident(&self, kind: ReplayKind, t: usize, shared: SharedLimits) -> usize {
+        let per_block = self.shared_bytes() + shared.reserved_per_block;
+        self.warps * (sm_warps(kind, t) / self.warps).min(shared.per_sm / per_block)
+    }
 }
 
 /// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries on a device with `shared`: the
@@ -176,8 +182,7 @@ pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize, shared: SharedL
     ensure("replay", bytes <= max_block, || {
         format!("{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {max_block})")
     })?;
-    let sm = sm_warps(kind, t);
-    let resident = |w: usize| w * (sm / w).min(shared.per_sm / (w * bytes + shared.reserved_per_block));
+    let resident = |w: usize| ReplayGeometry { warps: w, scratch }.resident(kind, t, shared);
     let warps = (1..=MAX_WARPS)
         .filter(|&w| w * bytes <= max_block)
         .max_by_key(|&w| (resident(w), w))
@@ -436,10 +441,8 @@ mod tests {
 
     const HOPPER: SharedLimits = SharedLimits::HOPPER;
 
-    /// Warps an SM holds of `geo` for `t` tokens of `kind`: the register budget's blocks or shared memory's.
     fn resident(kind: ReplayKind, t: usize, geo: ReplayGeometry, shared: SharedLimits) -> usize {
-        let per_block = geo.shared_bytes() + shared.reserved_per_block;
-        geo.warps * (sm_warps(kind, t) / geo.warps).min(shared.per_sm / per_block)
+        geo.resident(kind, t, shared)
     }
 
     #[test]
