@@ -259,6 +259,12 @@ pub struct EngineArgs {
     /// nan, e.g. `0:panic@5` (repeatable). The engine recovers; outputs must not change.
     #[arg(long = "inject-fault", value_name = "RANK:KIND@STEP")]
     pub inject_fault: Vec<String>,
+    /// Decode steps one engine step may chain on the ranks with no host round trip between them (1 to 16; 1: none;
+    /// like vLLM's --num-scheduler-steps). A step chains only while every running sequence decodes (no prompt chunk,
+    /// verify or waiting request it could admit), never for session turns, repetition penalties or speculating
+    /// requests; a stop is noticed at the end of the chain and the tokens after it are dropped. TP 1 only.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
+    pub decode_steps: usize,
 }
 
 /// How SSM layers decode (shared by `generate` and `logits`).

@@ -13,6 +13,9 @@ use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::FinishReason;
 use rewind_tests::{argmax, fixtures, group, name, runtime, tokens, Rng};
 
+mod outcomes;
+use outcomes::{collect, serve_all, Outcome};
+
 async fn engine(dir: &Path, tp: usize, slots: usize, context: usize, config: EngineConfig) -> EngineHandle {
     let launcher = CpuLauncher::new(
         dir,
@@ -33,31 +36,6 @@ fn greedy(max_tokens: usize) -> SamplingParams {
         ignore_eos: true,
         ..SamplingParams::greedy()
     }
-}
-
-/// What one request produced: its tokens and how it ended (or its error).
-#[derive(Debug, PartialEq)]
-enum Outcome {
-    Done(Vec<u32>, FinishReason),
-    Failed(String),
-}
-
-async fn collect(mut s: rewind_actors::EventStream) -> Outcome {
-    let mut tokens = Vec::new();
-    while let Some(e) = s.next().await {
-        match e {
-            Event::Token { token, index, .. } => {
-                assert_eq!(index, tokens.len(), "tokens arrive in order, none repeated or dropped");
-                tokens.push(token);
-            }
-            Event::Finished { reason, usage, .. } => {
-                assert_eq!(usage.completion_tokens, tokens.len());
-                return Outcome::Done(tokens, reason);
-            }
-            Event::Failed { error, .. } => return Outcome::Failed(error),
-        }
-    }
-    panic!("the stream ended without a final event")
 }
 
 /// The greedy continuation of `prompt` by the engine's own sequence loop (one rank group, recurrent form).
@@ -120,16 +98,6 @@ fn requests(vocab: usize) -> Vec<GenerateRequest> {
             GenerateRequest::new(prompt, greedy(6 + i % 7))
         })
         .collect()
-}
-
-async fn serve_all(e: &EngineHandle, reqs: &[GenerateRequest]) -> Vec<Outcome> {
-    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
-    let tasks: Vec<_> = streams.into_iter().map(|s| tokio::spawn(collect(s))).collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task"));
-    }
-    out
 }
 
 #[test]

@@ -55,6 +55,7 @@ fn step(
             }],
             full_logits: true,
             hidden: false,
+            chained: 0,
         })
         .expect("step");
     let logits = out.logits.expect("logits");

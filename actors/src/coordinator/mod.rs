@@ -63,6 +63,9 @@ pub struct EngineConfig {
     /// Sessions held at once, and how long one may sit idle before it is evicted (`None`: never).
     pub max_sessions: usize,
     pub session_idle_timeout: Option<Duration>,
+    /// The most decode steps one engine step may chain on the ranks with no host round trip between them (1: none;
+    /// `--decode-steps`, like vLLM's `--num-scheduler-steps`). See `rewind_engine::sched` for when a step chains.
+    pub decode_steps: usize,
 }
 
 /// Speculative decoding as the engine runs it: the settings and the drafters' factory.
@@ -88,6 +91,7 @@ impl EngineConfig {
             max_waiting: 4096,
             max_sessions: 4096,
             session_idle_timeout: Some(Duration::from_secs(1800)),
+            decode_steps: 1,
         }
     }
 }
@@ -200,7 +204,7 @@ pub struct CoordinatorState {
 }
 
 /// The scheduler's limits from the ranks' capacity.
-fn sched_config(books: &Books, info: &EngineInfo, max_batch_tokens: usize) -> SchedConfig {
+fn sched_config(books: &Books, info: &EngineInfo, c: &EngineConfig) -> SchedConfig {
     let (kv_blocks, kv_block_size) = if info.kv_blocks > 0 {
         (info.kv_blocks, info.kv_block_size)
     } else {
@@ -211,8 +215,9 @@ fn sched_config(books: &Books, info: &EngineInfo, max_batch_tokens: usize) -> Sc
         slots: info.slots,
         kv_blocks,
         kv_block_size,
-        max_batch_tokens,
+        max_batch_tokens: c.max_batch_tokens,
         max_context: books.max_context(),
+        decode_steps: c.decode_steps,
     }
 }
 
@@ -233,6 +238,11 @@ impl Actor for Coordinator {
         if c.max_batch_tokens == 0 {
             return Err(Box::new(EngineError::InvalidInput(
                 "--max-batch-tokens must be at least 1".into(),
+            )));
+        }
+        if c.decode_steps == 0 {
+            return Err(Box::new(EngineError::InvalidInput(
+                "--decode-steps must be at least 1 (1 runs one decode step per engine step)".into(),
             )));
         }
         if c.step_deadline.is_zero() {
@@ -264,7 +274,24 @@ impl Actor for Coordinator {
             kv_blocks: g.infos.iter().map(|i| i.kv_blocks).min().unwrap_or(0),
             kv_block_size: g.infos.first().map_or(0, |i| i.kv_block_size),
         };
-        let capacity = sched_config(&books, &info, c.max_batch_tokens);
+        if c.decode_steps > 1 && c.decode_steps - 1 > books.max_chained() {
+            let why = if info.tp > 1 {
+                format!(
+                    "--decode-steps {} over {} tensor-parallel ranks: each rank holds a slice of the vocabulary, so a \
+                     step's token is known only once the coordinator merges their answers (use --decode-steps 1)",
+                    c.decode_steps, info.tp
+                )
+            } else {
+                format!(
+                    "--decode-steps {}: the ranks chain at most {} decode steps",
+                    c.decode_steps,
+                    books.max_chained() + 1
+                )
+            };
+            g.stop(&why).await;
+            return Err(Box::new(EngineError::NotSupported(why)));
+        }
+        let capacity = sched_config(&books, &info, c);
         let sched = Scheduler::new(capacity)?;
         info!(
             tp = info.tp,

@@ -88,7 +88,7 @@ impl CoordinatorState {
         let me = self.myself.clone();
         let g = Generation::start(&self.launcher, &self.faults, me, self.config.load_deadline).await?;
         let books = Books::new(&g.infos, self.info.vocab)?;
-        let same = sched_config(&books, &self.info, self.config.max_batch_tokens) == self.capacity
+        let same = sched_config(&books, &self.info, &self.config) == self.capacity
             && g.infos.iter().map(|i| i.kv_blocks).min().unwrap_or(0) == self.info.kv_blocks;
         if !same {
             g.stop("a different capacity").await;

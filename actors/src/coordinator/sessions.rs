@@ -231,6 +231,7 @@ impl CoordinatorState {
                 seqs: Vec::new(),
                 full_logits: false,
                 hidden: false,
+                chained: 0,
             };
             self.index += 1;
             self.run(self.index, &plan).await?;

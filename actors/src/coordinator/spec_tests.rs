@@ -37,6 +37,7 @@ fn plan() -> StepPlan {
         ],
         full_logits: false,
         hidden: true,
+        chained: 0,
     }
 }
 

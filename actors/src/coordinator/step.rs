@@ -116,6 +116,10 @@ impl CoordinatorState {
                 self.info.max_context
             )));
         }
+        // Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at
+        // its last token, and a chain may run past a stop), a repetition penalty (its history needs each token on the
+        // host) or a speculating request (its steps are verifies).
+        let chain = session.is_none() && params.repetition_penalty == 1.0 && !(speculate && self.config.spec.is_some());
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,
@@ -129,6 +133,7 @@ impl CoordinatorState {
                 max_tokens: output.limit(),
                 priority,
                 restored,
+                chain,
             })
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let (prompt_len, limit) = (prompt.len(), output.limit());
@@ -214,8 +219,9 @@ impl CoordinatorState {
         Metrics::set(&m.free_kv_blocks, blocks as u64);
     }
 
-    /// The sampling row of `id`'s next token; `None` for greedy decoding without a penalty (the argmax).
-    fn sample_row(&self, id: u64) -> Option<SampleRow> {
+    /// The sampling row of `id`'s next token (and of the `chained` tokens after it, [`StepPlan::chained`]); `None`
+    /// for greedy decoding without a penalty (the argmax).
+    fn sample_row(&self, id: u64, chained: usize) -> Option<SampleRow> {
         let l = self.live.get(&id)?;
         let p = &l.params;
         if p.temperature == 0.0 && p.repetition_penalty == 1.0 {
@@ -233,10 +239,13 @@ impl CoordinatorState {
                 Vec::new()
             },
             uniform: Sampler::draw_at(l.seed, l.output.generated() as u64),
+            chained_uniforms: (1..=chained)
+                .map(|k| Sampler::draw_at(l.seed, (l.output.generated() + k) as u64))
+                .collect(),
         })
     }
 
-    fn seq_step(&self, p: &Planned) -> SeqStep {
+    fn seq_step(&self, p: &Planned, chained: usize) -> SeqStep {
         let (kind, position, tokens) = match &p.work {
             StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
             StepWork::Decode { position, token, .. } => (SeqKind::Decode, *position, vec![*token]),
@@ -261,7 +270,7 @@ impl CoordinatorState {
             tokens,
             form: self.config.form,
             rows: if samples { Rows::Last } else { Rows::None },
-            sample: if samples { self.sample_row(p.id) } else { None },
+            sample: if samples { self.sample_row(p.id, chained) } else { None },
             spec: None,
         }
     }
@@ -336,13 +345,15 @@ impl CoordinatorState {
                 .iter()
                 .map(|&(slot, accepted)| Commit { slot, accepted })
                 .collect(),
-            seqs: planned.work.iter().map(|p| self.seq_step(p)).collect(),
+            seqs: planned.work.iter().map(|p| self.seq_step(p, planned.chained)).collect(),
             full_logits,
-            hidden: self.wants_hidden(),
+            // A chain holds no speculating sequence, the only readers of hidden rows.
+            hidden: self.wants_hidden() && planned.chained == 0,
+            chained: planned.chained,
         };
         self.index += 1;
         let index = self.index;
-        let (seqs, tokens) = (plan.seqs.len(), plan.token_count());
+        let (seqs, tokens) = (plan.seqs.len(), plan.token_count() + plan.seqs.len() * plan.chained);
         let span = info_span!("engine_step", step = index, seqs, tokens);
         let t0 = Instant::now();
         let result = self.run(index, &plan).instrument(span).await;
@@ -357,6 +368,7 @@ impl CoordinatorState {
         };
         let m = &self.metrics;
         Metrics::inc(&m.steps);
+        Metrics::add(&m.chained_steps, plan.chained as u64);
         Metrics::set(&m.batch_seqs, seqs as u64);
         Metrics::set(&m.batch_tokens, tokens as u64);
         let prefill: usize = planned
@@ -390,8 +402,31 @@ impl CoordinatorState {
                 StepWork::Verify { .. } => {}
             }
         }
+        if plan.chained > 0 {
+            // Step-major rows: step `k` of sequence `i` is row `k · n + i`. Tokens after a stop are dropped (the
+            // sequence's slot is released; nothing it left in the state is kept).
+            let n = planned.work.len();
+            for (i, p) in planned.work.iter().enumerate() {
+                for k in 0..=plan.chained {
+                    let r = k * n + i;
+                    let token = result.sampled[r].unwrap_or(result.rows[r].argmax);
+                    if let Some(slot) = self.deliver(p.id, token, stats, None) {
+                        finished.push(slot);
+                        break;
+                    }
+                    if !self.live.contains_key(&p.id) {
+                        break;
+                    }
+                }
+            }
+        }
         let mut row = 0;
-        for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
+        for (i, p) in planned
+            .work
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.samples() && plan.chained == 0)
+        {
             let (tokens, rows) = match &p.work {
                 StepWork::Verify { position, tokens } => {
                     let n = tokens.len();

@@ -145,11 +145,18 @@ pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs:
 /// The engine's settings from the flags (checked before anything loads).
 pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig> {
     anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens must be at least 1");
+    anyhow::ensure!(
+        (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&args.decode_steps),
+        "--decode-steps must be 1 to {}, got {}",
+        rewind_engine::rank::MAX_CHAINED + 1,
+        args.decode_steps
+    );
     let step_deadline = crate::cli::seconds(args.step_timeout, "--step-timeout", false)?;
     let mut c = EngineConfig::new(form);
     c.max_batch_tokens = args.max_batch_tokens;
     c.step_deadline = step_deadline;
     c.max_retries = args.max_retries;
+    c.decode_steps = args.decode_steps;
     c.faults = args
         .inject_fault
         .iter()

@@ -64,6 +64,7 @@ fn one(loaded: &Loaded, slot: usize, kind: SeqKind, position: usize, tokens: Vec
         }],
         full_logits: logits,
         hidden: false,
+        chained: 0,
     }
 }
 
@@ -100,13 +101,15 @@ fn run_label(rep: usize, repeats: usize) -> String {
 }
 
 /// Greedy decode tokens per second of a batch of `b` sequences (each its own `prompt`-token prompt), `steps` timed
-/// steps after 3 warm-up ones; the argmax comes back as each row's summary (on the device for a GPU).
+/// steps after 3 warm-up plans, in plans of `chain` chained steps; the argmax comes back as each row's summary (on
+/// the device for a GPU, where a chain feeds it to the next step without a round trip).
 fn decode_rate(
     group: &mut RankGroup,
     form: rewind_engine::decode::FormChoice,
     b: usize,
     prompt: usize,
     steps: usize,
+    chain: usize,
     seed: u64,
 ) -> Result<f64> {
     let shape = bench_steps::StepShape {
@@ -114,6 +117,7 @@ fn decode_rate(
         prompt,
         window: 0,
         accepted: 0,
+        chain,
     };
     Ok(b as f64 / bench_steps::step_secs(group, form, shape, steps, seed)?)
 }
@@ -232,6 +236,13 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     }
     let biggest = batches.iter().copied().max().unwrap_or(1);
     let window = args.verify_window.unwrap_or(0);
+    // `--decode-steps N`: the decode rows are measured again in chains of N steps.
+    let chain = args.run.engine.decode_steps;
+    anyhow::ensure!(
+        (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&chain),
+        "--decode-steps must be 1 to {}, got {chain}",
+        rewind_engine::rank::MAX_CHAINED + 1
+    );
     anyhow::ensure!(args.verify_window != Some(0), "--verify-window must be at least 1");
     let verify_steps = (args.decode_tokens / (window + 1)).max(4);
     let verify_context = args.step_prompt + (3 + verify_steps) * (window + 1);
@@ -254,7 +265,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         slots: biggest,
         context: args
             .prompt_len
-            .max(args.step_prompt + 3 + args.decode_tokens)
+            .max(args.step_prompt + 3 * chain + args.decode_tokens.div_ceil(chain) * chain)
             .max(verify_context),
         verify: window + 1,
     };
@@ -319,7 +330,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                     ),
                     || {
                         let (p, n) = (args.step_prompt, args.decode_tokens);
-                        decode_rate(&mut loaded.group, loaded.form, b, p, n, 7919 * rep as u64)
+                        decode_rate(&mut loaded.group, loaded.form, b, p, n, 1, 7919 * rep as u64)
                     },
                     |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                 )
@@ -337,6 +348,36 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         });
         let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
         bench_steps::roofline(&mut row, &loaded, &args, copy_gbs, b, context, 0, 0, step_ms)?;
+        if chain > 1 {
+            // The same decode in chains of `--decode-steps` steps, side by side with the single steps above.
+            let mut rates = (0..=args.repeats)
+                .map(|rep| {
+                    progress.timed(
+                        &format!(
+                            "decode batch {b}, chains of {chain} steps, {}",
+                            run_label(rep, args.repeats)
+                        ),
+                        || {
+                            let (p, n) = (args.step_prompt, args.decode_tokens);
+                            decode_rate(&mut loaded.group, loaded.form, b, p, n, chain, 7919 * rep as u64)
+                        },
+                        |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
+                    )
+                })
+                .collect::<Result<Vec<f64>>>()?;
+            rates.remove(0);
+            let cm = median(rates.clone());
+            let chained_ms = 1e3 * b as f64 / cm;
+            eprintln!(
+                "decode batch {b}, chains of {chain}: {cm:.1} tok/s median ({chained_ms:.3} ms per step, {:.3}× the \
+                 single steps' time)",
+                chained_ms / step_ms
+            );
+            row["chain_steps"] = json!(chain);
+            row["chained_tok_per_s"] = json!(rates);
+            row["chained_step_ms_median"] = json!(chained_ms);
+            row["chained_vs_single_step"] = json!(chained_ms / step_ms);
+        }
         rows.push(row);
         if window > 0 {
             for k in 0..=window {
@@ -353,6 +394,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                                     prompt: args.step_prompt,
                                     window,
                                     accepted: k,
+                                    chain: 1,
                                 };
                                 bench_steps::step_secs(
                                     &mut loaded.group,

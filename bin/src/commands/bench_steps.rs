@@ -64,6 +64,7 @@ pub(super) fn prefill_plan(slot: usize, form: FormChoice, prompt: Vec<u32>) -> S
         }],
         full_logits: false,
         hidden: false,
+        chained: 0,
     }
 }
 
@@ -75,10 +76,13 @@ pub(super) struct StepShape {
     pub prompt: usize,
     pub window: usize,
     pub accepted: usize,
+    /// Decode steps per plan (1: one; more: `StepPlan::chained`, decoding only).
+    pub chain: usize,
 }
 
 /// One measure: seconds per step of `steps` steps over the shape's sequences after [`WARMUP`] untimed ones. With
-/// `window` 0 each step decodes one token per sequence (greedy: the next token is the row's argmax); otherwise each
+/// `window` 0 each step decodes one token per sequence (greedy: the next token is the row's argmax), in plans of
+/// `chain` chained steps (the seconds are per decode step, not per plan); otherwise each
 /// sequence verifies its next token and `window` drafts and keeps exactly `accepted` of the drafts (so
 /// `accepted + 1` tokens per step). The drafts are arbitrary ids: what is timed is the verify and its commit /
 /// rollback, not a drafter.
@@ -94,8 +98,14 @@ pub(super) fn step_secs(
         prompt,
         window,
         accepted,
+        chain,
     } = shape;
     anyhow::ensure!(accepted <= window, "accepted {accepted} > window {window}");
+    anyhow::ensure!(
+        chain >= 1 && (chain == 1 || window == 0),
+        "a chain of {chain} steps (only decodes chain)"
+    );
+    let steps = steps.div_ceil(chain);
     let vocab = group.vocab_size();
     let mut seqs = open_batch(group, form, b, prompt, seed)?;
     let mut commits: Vec<Commit> = Vec::new();
@@ -128,18 +138,21 @@ pub(super) fn step_secs(
                 .collect(),
             full_logits: false,
             hidden: false,
+            chained: chain - 1,
         };
         let out = group.step(plan)?;
+        let last_step = (chain - 1) * seqs.len();
         for (k, s) in seqs.iter_mut().enumerate() {
-            // The row after the last kept draft gives the next token (the correction, or the bonus).
-            let next = out.rows[k * (window + 1) + accepted].argmax;
+            // The row after the last kept draft gives the next token (the correction, or the bonus); a chain's
+            // rows are step-major, its last step's last.
+            let next = out.rows[last_step + k * (window + 1) + accepted].argmax;
             if window > 0 {
                 commits.push(Commit {
                     slot: s.0,
                     accepted: accepted + 1,
                 });
             }
-            (s.1, s.2) = (s.1 + accepted + 1, next);
+            (s.1, s.2) = (s.1 + accepted + chain, next);
         }
         anyhow::Ok(())
     };
@@ -152,7 +165,7 @@ pub(super) fn step_secs(
         step(group, &mut seqs, &mut commits)?;
     }
     group.synchronize()?;
-    let secs = t0.elapsed().as_secs_f64() / steps as f64;
+    let secs = t0.elapsed().as_secs_f64() / (steps * chain) as f64;
     for (slot, _, _) in seqs {
         group.release(slot)?;
     }

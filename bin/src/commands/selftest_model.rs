@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use rewind_engine::decode::FormChoice;
-use rewind_engine::gpu::{teacher_forced, verify_forced, GpuDtype, GpuOptions, TeacherForcedReport, VerifyReport};
+use rewind_engine::gpu::{
+    chain_forced, teacher_forced, verify_forced, ChainReport, GpuDtype, GpuOptions, TeacherForcedReport, VerifyReport,
+};
 use rewind_engine::init::{init_model, InitOptions};
 use rewind_engine::model::config::ModelConfig;
 use rewind_engine::model::Family;
@@ -33,6 +35,11 @@ const STEPS: usize = 12;
 const VERIFY_STEPS: usize = 24;
 const VERIFY_WINDOW: usize = 4;
 const CORRUPT: f64 = 0.25;
+/// Chained decode steps: chains of `CHAINED + 1` steps, `CHAINS` of them after each prompt, greedy then sampled; the
+/// chained rows must be the single steps' rows (the same kernels on the same inputs: equal to rounding).
+const CHAINED: usize = 7;
+const CHAINS: usize = 3;
+const CHAIN_TOLERANCE: f64 = 1e-5;
 /// A small ring and kv-only threshold, so the few steps of a fixture flush, compress and wrap the rings.
 const BUFFER_LEN: usize = 4;
 const KV_THRESHOLD: usize = 12;
@@ -204,6 +211,43 @@ fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport,
             println!("{case:<20} tp {tp}  {dtype:<4}  verify FAIL: {e}");
             (
                 json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "check": "verify", "pass": false, "error": e }),
+                false,
+            )
+        }
+    }
+}
+
+fn chain_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<ChainReport, String>) -> (Value, bool) {
+    let case = case.name.as_str();
+    match r {
+        Ok(r) => {
+            println!(
+                "{:<20} tp {}  {:<4}  chain  {:<9} {} × {} steps: {} rows, {} tokens differ, worst rel vs single steps \
+                 {:.2e} (≤ {:.0e})  {}",
+                case,
+                tp,
+                dtype,
+                r.form,
+                r.chains,
+                r.chain_steps,
+                r.rows,
+                r.token_mismatches,
+                r.worst_rel,
+                r.tolerance,
+                if r.pass { "pass" } else { "FAIL" }
+            );
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["case"] = json!(case);
+            v["check"] = json!("chain");
+            if !r.worst_rel.is_finite() {
+                v["worst_rel"] = json!(r.worst_rel.to_string());
+            }
+            (v, r.pass)
+        }
+        Err(e) => {
+            println!("{case:<20} tp {tp}  {dtype:<4}  chain FAIL: {e}");
+            (
+                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "check": "chain", "pass": false, "error": e }),
                 false,
             )
         }
@@ -446,6 +490,16 @@ pub fn section(
                     let (v, ok) = verify_line(m, *tp, dtype, &r);
                     all_ok &= ok;
                     rows.push(v);
+                }
+                // Chained decode steps need the whole vocabulary on one rank: TP 1 only (refused above it).
+                if *tp == 1 {
+                    for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+                        let r = chain_forced(dir, prompts, &opts, form, CHAINED, CHAINS, CHAIN_TOLERANCE)
+                            .map_err(|e| e.to_string());
+                        let (v, ok) = chain_line(m, *tp, dtype, &r);
+                        all_ok &= ok;
+                        rows.push(v);
+                    }
                 }
             }
         }

@@ -256,6 +256,7 @@ pub fn teacher_forced(
             }],
             full_logits: true,
             hidden: false,
+            chained: 0,
         })?;
         let all = out.logits.unwrap_or_default();
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
@@ -286,6 +287,7 @@ pub fn teacher_forced(
                 .collect(),
             full_logits: true,
             hidden: true,
+            chained: 0,
         };
         let out = gpu.step(plan)?;
         let logits = out.logits.unwrap_or_default();

@@ -44,11 +44,13 @@ pub struct VerifyReport {
     pub pass: bool,
 }
 
-fn prefill(gpu: &mut RankGroup, prompts: &[Vec<u32>], form: FormChoice) -> Result<Vec<usize>> {
+/// Opens a slot per prompt and prefills it in `form`; returns the slots and each prompt's greedy next token.
+pub(super) fn prefill(gpu: &mut RankGroup, prompts: &[Vec<u32>], form: FormChoice) -> Result<(Vec<usize>, Vec<u32>)> {
     let mut slots = Vec::with_capacity(prompts.len());
+    let mut next = Vec::with_capacity(prompts.len());
     for p in prompts {
         let slot = gpu.open(form)?;
-        gpu.step(StepPlan {
+        let out = gpu.step(StepPlan {
             commits: Vec::new(),
             seqs: vec![SeqStep {
                 slot,
@@ -56,16 +58,18 @@ fn prefill(gpu: &mut RankGroup, prompts: &[Vec<u32>], form: FormChoice) -> Resul
                 position: 0,
                 tokens: p.clone(),
                 form,
-                rows: Rows::None,
+                rows: Rows::Last,
                 sample: None,
                 spec: None,
             }],
             full_logits: false,
             hidden: false,
+            chained: 0,
         })?;
         slots.push(slot);
+        next.push(out.rows.first().map_or(0, |r| r.argmax));
     }
-    Ok(slots)
+    Ok((slots, next))
 }
 
 /// Runs the check for the checkpoint in `dir`: `steps` teacher tokens after each prompt (all decoded together), the
@@ -102,7 +106,7 @@ pub fn verify_forced(
     // The reference: the recurrent form, one token a step.
     let reference: Vec<Vec<Vec<f32>>> = {
         let (mut gpu, _) = gpu_group(dir, opts)?;
-        let slots = prefill(&mut gpu, prompts, FormChoice::Recurrent)?;
+        let (slots, _) = prefill(&mut gpu, prompts, FormChoice::Recurrent)?;
         let mut rows = vec![Vec::with_capacity(steps); prompts.len()];
         for i in 0..steps {
             let plan = StepPlan {
@@ -123,6 +127,7 @@ pub fn verify_forced(
                     .collect(),
                 full_logits: true,
                 hidden: false,
+                chained: 0,
             };
             let logits = gpu.step(plan)?.logits.unwrap_or_default();
             for (k, row) in logits.chunks_exact(vocab).enumerate() {
@@ -132,7 +137,7 @@ pub fn verify_forced(
         rows
     };
     let (mut gpu, _) = gpu_group(dir, opts)?;
-    let slots = prefill(&mut gpu, prompts, form)?;
+    let (slots, _) = prefill(&mut gpu, prompts, form)?;
     let mut rng = Rng::new(0x05ee_d0fd_2af7);
     let mut done = vec![0usize; prompts.len()];
     let mut commits: Vec<Commit> = Vec::new();
@@ -176,6 +181,7 @@ pub fn verify_forced(
             seqs,
             full_logits: true,
             hidden: false,
+            chained: 0,
         })?;
         let logits = out.logits.unwrap_or_default();
         let mut row = 0;

@@ -47,7 +47,7 @@ pub(crate) struct HeadScratch {
     /// `[rows, max_parts, 8]` partial summaries.
     parts: CudaSlice<u32>,
     /// `[rows, 8]` summaries.
-    out: CudaSlice<u32>,
+    pub(super) out: CudaSlice<u32>,
     max_parts: usize,
 }
 

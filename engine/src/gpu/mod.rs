@@ -13,7 +13,9 @@
 //!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights; `graphs`: the
 //!   CUDA graphs decode and verify steps replay.
 
+mod chain;
 pub mod check;
+mod check_chain;
 mod check_verify;
 mod ffn;
 mod forward;
@@ -32,6 +34,7 @@ mod steps;
 mod weights;
 
 pub use check::{teacher_forced, TeacherForcedReport};
+pub use check_chain::{chain_forced, ChainReport};
 pub use check_verify::{verify_forced, VerifyReport};
 pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};

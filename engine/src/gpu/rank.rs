@@ -65,6 +65,7 @@ impl<A: Act> LoadedRank<A> {
             snapshots: true,
             hidden_states: true,
             spec_summaries: true,
+            max_chained: crate::rank::MAX_CHAINED,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
         let counters = SlotCounters::new(sizes.max_seqs, replay.buffer_len, conv_window, replay.max_verify)
@@ -207,13 +208,13 @@ impl<A: Act> GpuRank<A> {
         Ok(())
     }
 
-    /// Every slot's length as the kernels read it, with `over` = `(slot, length)` replacing one (a prompt chunk
-    /// sees its own end, not the whole prompt's).
-    pub(super) fn lens(&self, over: Option<(usize, usize)>) -> Vec<i32> {
+    /// Every slot's length as the kernels read it, with each `(slot, length)` of `over` replacing the books' (a prompt
+    /// chunk sees its own end, not the whole prompt's; a chained step its own position).
+    pub(super) fn lens(&self, over: &[(usize, usize)]) -> Vec<i32> {
         (0..self.sizes.max_seqs)
-            .map(|s| match over {
-                Some((slot, len)) if slot == s => len as i32,
-                _ => self
+            .map(|s| match over.iter().find(|(slot, _)| *slot == s) {
+                Some(&(_, len)) => len as i32,
+                None => self
                     .books
                     .len(s)
                     .map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32),
@@ -222,9 +223,10 @@ impl<A: Act> GpuRank<A> {
     }
 
     /// Uploads the step's per-row metadata, its replay rows, the lengths and (when they changed) the block tables.
+    /// `tokens` is `None` when the device already holds the step's tokens (a chained step: `gpu/chain.rs`).
     pub(super) fn upload_step(
         &mut self,
-        tokens: &[i32],
+        tokens: Option<&[i32]>,
         row_slots: &[i32],
         row_pos: &[i32],
         seq_slots: &[i32],
@@ -233,7 +235,9 @@ impl<A: Act> GpuRank<A> {
     ) -> Result<()> {
         let (dev, s) = (&*self.inner.dev, &mut self.scratch);
         put(dev, &mut s.meta, &ReplayRow::encode_all(replay_rows), "replay rows")?;
-        put(dev, &mut s.tokens, tokens, "tokens")?;
+        if let Some(tokens) = tokens {
+            put(dev, &mut s.tokens, tokens, "tokens")?;
+        }
         put(dev, &mut s.row_slots, row_slots, "row slots")?;
         put(dev, &mut s.row_pos, row_pos, "positions")?;
         put(dev, &mut s.seq_slots, seq_slots, "sequence slots")?;
@@ -258,12 +262,29 @@ impl<A: Act> GpuRank<A> {
     /// device work replays as a CUDA graph (`gpu/graphs.rs`).
     pub(super) fn run(
         &mut self,
-        mut step: Step,
+        step: Step,
         head_rows: usize,
         want_logits: bool,
         samples: Option<&[SampleRow]>,
         spec: &[Option<SpecRequest>],
     ) -> Result<HeadOut> {
+        let whole = want_logits || samples.is_some();
+        self.launch(step, head_rows, whole, spec)?;
+        if head_rows == 0 {
+            return Ok(HeadOut::empty(want_logits, self.want_hidden));
+        }
+        self.read_head(step.rows, head_rows, want_logits, samples, spec)
+    }
+
+    /// Queues a step's device work ([`GpuRank::run`] without the read-back): the head's summaries (and whole logit
+    /// rows when `whole`) are left in the scratch.
+    pub(super) fn launch(
+        &mut self,
+        mut step: Step,
+        head_rows: usize,
+        whole: bool,
+        spec: &[Option<SpecRequest>],
+    ) -> Result<()> {
         if step.rows > self.scratch.rows || head_rows > step.rows {
             return Err(EngineError::InvalidInput(format!(
                 "a step of {} token rows ({head_rows} reported): this rank's buffers hold {} (the larger of the prompt \
@@ -271,7 +292,6 @@ impl<A: Act> GpuRank<A> {
                 step.rows, self.scratch.rows
             )));
         }
-        let whole = want_logits || samples.is_some();
         if head_rows > 0 {
             self.prepare_head(head_rows, whole, spec)?;
         }
@@ -283,11 +303,7 @@ impl<A: Act> GpuRank<A> {
         let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
         let ran = graphs.run(key, &stream, || self.forward(step, head_rows, whole));
         self.graphs = graphs;
-        ran?;
-        if head_rows == 0 {
-            return Ok(HeadOut::empty(want_logits, self.want_hidden));
-        }
-        self.read_head(step.rows, head_rows, want_logits, samples, spec)
+        ran
     }
 
     /// A step's device work: embedding, blocks and (when `head_rows > 0`) the head's device part. Queues device work

@@ -7,6 +7,7 @@ use rewind_kernels::cuda::ops::{
 };
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
+use super::chain::ChainScratch;
 use super::head::{logits_len, HeadScratch};
 use super::layers::{GpuBlock, GpuMixer};
 use super::state::{PoolSizes, BLOCK_SIZE};
@@ -69,6 +70,8 @@ pub(crate) struct Scratch<A: Act> {
     pub(crate) lens: CudaSlice<i32>,
     /// `[slots, 2]` commits of recurrent verifies (slot, accepted): what the baseline's commit kernel reads.
     pub(crate) commits: CudaSlice<i32>,
+    /// Chained decode steps' log and draws (`gpu/chain.rs`).
+    pub(crate) chain: ChainScratch,
 }
 
 /// How many token rows a step may hold: `rows` through the blocks (the larger of a prompt chunk and a verify of
@@ -210,6 +213,7 @@ impl<A: Act> Scratch<A> {
             + HeadScratch::bytes(rows, vocab_local)
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
             + 4 * SPEC_COMMIT_META * sizes.max_seqs
+            + ChainScratch::bytes(sizes.max_seqs)
     }
 
     pub(crate) fn new(
@@ -262,6 +266,7 @@ impl<A: Act> Scratch<A> {
             table: dev.alloc_zeros(sizes.max_seqs * sizes.blocks_per_seq())?,
             lens: dev.alloc_zeros(sizes.max_seqs)?,
             commits: dev.alloc_zeros(SPEC_COMMIT_META * sizes.max_seqs)?,
+            chain: ChainScratch::new(dev, sizes.max_seqs)?,
         })
     }
 }

@@ -21,8 +21,15 @@ use crate::error::{EngineError, Result};
 use crate::rank::{Books, Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
 use crate::state::{DecodeForm, StepDecision, StepPhase};
 
+/// A decode step staged on the host ([`GpuRank::stage_decode`]): what its counter moves need afterwards.
+pub(super) struct Staged {
+    decisions: Vec<StepDecision>,
+    replay_rows: Vec<ReplayRow>,
+    pub(super) step: Step,
+}
+
 /// A greedy pick for rows that did not ask to sample (temperature 0 is the argmax).
-fn greedy() -> SampleRow {
+pub(super) fn greedy() -> SampleRow {
     SampleRow {
         temperature: 0.0,
         top_k: 0,
@@ -31,6 +38,7 @@ fn greedy() -> SampleRow {
         repetition_penalty: 1.0,
         history: Vec::new(),
         uniform: 0.0,
+        chained_uniforms: Vec::new(),
     }
 }
 
@@ -120,6 +128,15 @@ impl<A: Act> GpuRank<A> {
         self.steps += 1;
         self.want_hidden = plan.hidden;
         let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
+        if plan.chained > 0 {
+            let out = self.run_chain(plan)?;
+            return Ok(StepOut {
+                vocab: self.info.vocab.clone(),
+                rows: out.rows,
+                logits: None,
+                hidden: None,
+            });
+        }
         let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
         for (i, s) in plan.seqs.iter().enumerate() {
             if s.kind == SeqKind::Prefill {
@@ -336,9 +353,9 @@ impl<A: Act> GpuRank<A> {
             } else {
                 (vec![self.replay_row(slot, d.form, 0)], SsmRun::Chunked { slot })
             };
-            let lens = self.lens(Some((slot, pos + t)));
+            let lens = self.lens(&[(slot, pos + t)]);
             self.upload_step(
-                &to_i32(part.iter().map(|&x| x as usize)),
+                Some(&to_i32(part.iter().map(|&x| x as usize))),
                 &vec![slot as i32; t],
                 &to_i32(pos..pos + t),
                 &[slot as i32],
@@ -370,6 +387,27 @@ impl<A: Act> GpuRank<A> {
     fn decode(&mut self, seqs: &[&SeqStep], want_logits: bool) -> Result<HeadOut> {
         let _span = debug_span!("gpu_decode", batch = seqs.len()).entered();
         let b = seqs.len();
+        let tokens = to_i32(seqs.iter().map(|s| s.tokens[0] as usize));
+        let staged = self.stage_decode(seqs, 0, Some(&tokens))?;
+        let samples: Option<Vec<SampleRow>> = seqs
+            .iter()
+            .any(|s| s.sample.is_some())
+            .then(|| seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect());
+        let mut out = self.run(staged.step, b, want_logits, samples.as_deref(), &[])?;
+        for (row, s) in out.rows.iter_mut().zip(seqs) {
+            if s.sample.is_none() || s.rows == Rows::None {
+                row.sampled = None;
+            }
+        }
+        self.after_decode(seqs, &staged)?;
+        Ok(out)
+    }
+
+    /// The host part of a decode step before its device work, for the step `k` tokens past each sequence's planned
+    /// position (0 unless chained: `gpu/chain.rs`): each sequence's form and flush decided (its folds queued), its
+    /// replay row, the uploads. `tokens`: `None` when the device already holds them.
+    pub(super) fn stage_decode(&mut self, seqs: &[&SeqStep], k: usize, tokens: Option<&[i32]>) -> Result<Staged> {
+        let b = seqs.len();
         let decisions = self.decide_batch(seqs, StepPhase::Decode, 1)?;
         let mut replay_rows = Vec::with_capacity(b);
         for (s, d) in seqs.iter().zip(&decisions) {
@@ -385,11 +423,14 @@ impl<A: Act> GpuRank<A> {
         }
         let max_m = replay_rows.iter().map(|r| r.ring_len + 1).max().unwrap_or(1);
         let slots = to_i32(seqs.iter().map(|s| s.slot));
-        let lens = self.lens(None);
+        // Each sequence's attention sees the length at its own step (for a chained plan the books already count
+        // every chained token).
+        let over: Vec<(usize, usize)> = seqs.iter().map(|s| (s.slot, s.position + k + 1)).collect();
+        let lens = self.lens(&over);
         self.upload_step(
-            &to_i32(seqs.iter().map(|s| s.tokens[0] as usize)),
+            tokens,
             &slots,
-            &to_i32(seqs.iter().map(|s| s.position)),
+            &to_i32(seqs.iter().map(|s| s.position + k)),
             &slots,
             &lens,
             &replay_rows,
@@ -404,17 +445,16 @@ impl<A: Act> GpuRank<A> {
             }
         };
         let step = self.step_shape(b, b, 1, false, ssm);
-        let samples: Option<Vec<SampleRow>> = seqs
-            .iter()
-            .any(|s| s.sample.is_some())
-            .then(|| seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect());
-        let mut out = self.run(step, b, want_logits, samples.as_deref(), &[])?;
-        for (row, s) in out.rows.iter_mut().zip(seqs) {
-            if s.sample.is_none() || s.rows == Rows::None {
-                row.sampled = None;
-            }
-        }
-        for ((s, d), r) in seqs.iter().zip(&decisions).zip(&replay_rows) {
+        Ok(Staged {
+            decisions,
+            replay_rows,
+            step,
+        })
+    }
+
+    /// Moves the counters after a decode step's device work was queued, as the CPU decoder's `decode/advance.rs`.
+    pub(super) fn after_decode(&mut self, seqs: &[&SeqStep], staged: &Staged) -> Result<()> {
+        for ((s, d), r) in seqs.iter().zip(&staged.decisions).zip(&staged.replay_rows) {
             match d.form {
                 DecodeForm::Recurrent => {}
                 DecodeForm::KvOnly => self.counters.ring_commit(s.slot, 1)?,
@@ -428,7 +468,7 @@ impl<A: Act> GpuRank<A> {
             }
             self.counters.conv_advance(s.slot, 1)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// One verify step over `seqs` (distinct slots, `t` drafts each): every row of every sequence reported. Replay
@@ -457,9 +497,9 @@ impl<A: Act> GpuRank<A> {
             .iter()
             .flat_map(|s| (s.position..s.position + t).map(|p| p as i32))
             .collect();
-        let lens = self.lens(None);
+        let lens = self.lens(&[]);
         self.upload_step(
-            &tokens,
+            Some(&tokens),
             &row_slots,
             &row_pos,
             &to_i32(seqs.iter().map(|s| s.slot)),

@@ -34,6 +34,9 @@ pub struct Books {
     forms: Vec<FormChoice>,
     spec_summaries: bool,
     hidden_states: bool,
+    max_chained: usize,
+    /// Ranks in the group (tensor parallelism when more than one).
+    ranks: usize,
     slots: SlotAllocator,
     seqs: Vec<SlotBook>,
     /// `None` when the model has no attention layer.
@@ -75,6 +78,8 @@ impl Books {
                 .collect(),
             spec_summaries: infos.iter().all(|i| i.spec_summaries),
             hidden_states: infos.iter().all(|i| i.hidden_states),
+            max_chained: min(|i| i.max_chained),
+            ranks: infos.len(),
             slots: SlotAllocator::new(slots),
             seqs: vec![
                 SlotBook {
@@ -87,6 +92,16 @@ impl Books {
             ],
             kv,
         })
+    }
+
+    /// The most further decode steps one plan may chain ([`StepPlan::chained`]): 0 under tensor parallelism, where a
+    /// step's token is known only once the coordinator merges the ranks' answers.
+    pub fn max_chained(&self) -> usize {
+        if self.ranks > 1 {
+            0
+        } else {
+            self.max_chained
+        }
     }
 
     /// The longest context a sequence may reach.
@@ -248,6 +263,22 @@ impl Books {
                 "returning hidden states (the MTP drafter needs them) on this backend".into(),
             ));
         }
+        if plan.chained > 0 {
+            if self.ranks > 1 {
+                return Err(EngineError::NotSupported(format!(
+                    "chained decode steps over {} tensor-parallel ranks: each holds a slice of the vocabulary, so a \
+                     step's token is known only once the coordinator merges their answers (use --decode-steps 1)",
+                    self.ranks
+                )));
+            }
+            if plan.chained > self.max_chained {
+                return Err(EngineError::NotSupported(format!(
+                    "a plan chaining {} decode steps: this backend chains at most {}",
+                    plan.chained, self.max_chained
+                )));
+            }
+            plan.check_chain()?;
+        }
         let mut new_blocks = 0;
         for (i, s) in plan.seqs.iter().enumerate() {
             if let Some(spec) = &s.spec {
@@ -327,12 +358,13 @@ impl Books {
                     s.slot, self.vocab
                 )));
             }
-            if len + t > self.max_context {
+            let span = plan.span(s);
+            if len + span > self.max_context {
                 return Err(invalid(format!(
                     "slot {} would reach {} tokens, beyond the context limit of {} (the pools' length, at most the \
                      model's max_position_embeddings; raise --max-model-len where the model allows)",
                     s.slot,
-                    len + t,
+                    len + span,
                     self.max_context
                 )));
             }
@@ -343,7 +375,7 @@ impl Books {
                 sample.validate(self.vocab)?;
             }
             if let Some(kv) = &self.kv {
-                new_blocks += kv.blocks_for(len + t).saturating_sub(kv.held(s.slot));
+                new_blocks += kv.blocks_for(len + span).saturating_sub(kv.held(s.slot));
             }
         }
         if let Some(kv) = &self.kv {
@@ -373,10 +405,9 @@ impl Books {
         for s in &plan.seqs {
             let b = &mut self.seqs[s.slot];
             b.started = true;
-            let t = s.tokens.len();
             match s.kind {
-                SeqKind::Verify => b.pending = t,
-                SeqKind::Prefill | SeqKind::Decode => b.len += t,
+                SeqKind::Verify => b.pending = s.tokens.len(),
+                SeqKind::Prefill | SeqKind::Decode => b.len += plan.span(s),
             }
             if let Some(kv) = &mut self.kv {
                 kv.fit(s.slot, b.len + b.pending)?;

@@ -175,6 +175,7 @@ impl Rank for Decoder {
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
             spec_summaries: true,
+            max_chained: crate::rank::MAX_CHAINED,
             hidden_states: true,
         }
     }
@@ -182,6 +183,9 @@ impl Rank for Decoder {
     fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
         let _span =
             tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len()).entered();
+        if plan.chained > 0 {
+            return self.step_chained(plan);
+        }
         self.check_plan(plan)?;
         for c in &plan.commits {
             self.commit(c.slot, c.accepted)?;
@@ -316,6 +320,42 @@ impl Rank for Decoder {
             steps: self.steps(),
             graphs: None,
         })
+    }
+}
+
+impl Decoder {
+    /// A plan with chained decode steps ([`StepPlan::chained`]): its steps one after another, each fed the tokens
+    /// the one before picked. The CPU reads every pick anyway, so this is the loop the GPU rank runs on the device
+    /// (`gpu/chain.rs`) and the twin it is checked against.
+    fn step_chained(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        plan.check_chain()?;
+        if self.model().plan().tp > 1 {
+            return Err(EngineError::NotSupported(
+                "chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary and cannot pick \
+                 the next token"
+                    .into(),
+            ));
+        }
+        let mut step = StepPlan {
+            chained: 0,
+            ..plan.clone()
+        };
+        let mut out = self.step(&step)?;
+        step.commits.clear();
+        let n = step.seqs.len();
+        for k in 1..=plan.chained {
+            let last = &out.rows[out.rows.len() - n..];
+            for ((s, row), planned) in step.seqs.iter_mut().zip(last).zip(&plan.seqs) {
+                s.tokens = vec![row.sampled.unwrap_or(row.argmax)];
+                s.position += 1;
+                if let (Some(sample), Some(p)) = (&mut s.sample, &planned.sample) {
+                    sample.uniform = p.chained_uniforms[k - 1];
+                }
+            }
+            let next = self.step(&step)?;
+            out.rows.extend(next.rows);
+        }
+        Ok(out)
     }
 }
 

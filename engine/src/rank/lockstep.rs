@@ -87,6 +87,11 @@ pub fn finish(
 
 /// The position of reported row `row` of `plan` (for error messages).
 fn row_position(plan: &StepPlan, mut row: usize) -> usize {
+    if plan.chained > 0 && !plan.seqs.is_empty() {
+        // Step-major: step `row / seqs`, one decode row per sequence.
+        let (k, i) = (row / plan.seqs.len(), row % plan.seqs.len());
+        return plan.seqs[i].position + k;
+    }
     for s in &plan.seqs {
         let n = s.row_count();
         if row < n {

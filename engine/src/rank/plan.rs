@@ -48,15 +48,20 @@ pub struct SampleRow {
     pub history: Vec<u32>,
     /// Uniform in `[0, 1)`.
     pub uniform: f32,
+    /// The draws of the plan's chained steps ([`StepPlan::chained`]), one per further step in order, each in
+    /// `[0, 1)`; empty for a plan that chains nothing.
+    pub chained_uniforms: Vec<f32>,
 }
 
 impl SampleRow {
     /// Checks the draw and the history against a vocabulary of `vocab` ids.
     pub fn validate(&self, vocab: usize) -> crate::Result<()> {
-        if !(0.0..1.0).contains(&self.uniform) {
+        if let Some(u) = std::iter::once(&self.uniform)
+            .chain(&self.chained_uniforms)
+            .find(|u| !(0.0..1.0).contains(*u))
+        {
             return Err(crate::EngineError::InvalidInput(format!(
-                "uniform {} is outside [0, 1)",
-                self.uniform
+                "uniform {u} is outside [0, 1)"
             )));
         }
         if let Some(&t) = self.history.iter().find(|&&t| t as usize >= vocab) {
@@ -175,12 +180,66 @@ pub struct StepPlan {
     /// reported rows instead (the GPU rank, so far) still serves the MTP drafter, whose KV then starts at the last
     /// prompt row rather than at the prompt's start.
     pub hidden: bool,
+    /// Further decode steps every rank runs after this one with no host round trip between them (0: none; like
+    /// vLLM's multi-step scheduling). Step `k` feeds each sequence the token step `k − 1` picked for it (its sampled
+    /// token, else the argmax) at the next position; on a GPU the pick stays on the device. The ranks answer
+    /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
+    /// what a chained plan may hold.
+    pub chained: usize,
 }
 
 impl StepPlan {
-    /// How many rows the step reports, over all sequences.
+    /// How many rows the step reports, over all sequences and chained steps.
     pub fn row_count(&self) -> usize {
-        self.seqs.iter().map(SeqStep::row_count).sum()
+        self.seqs.iter().map(SeqStep::row_count).sum::<usize>() * (1 + self.chained)
+    }
+
+    /// Tokens each sequence's steps add to its context: its tokens, plus one per chained step.
+    pub fn span(&self, seq: &SeqStep) -> usize {
+        seq.tokens.len() + self.chained
+    }
+
+    /// Checks what a plan with chained steps may hold (nothing to check when it chains none): decodes only, each
+    /// reporting its last row, with no speculative summaries, whole logits or hidden states, and every sampling row
+    /// free of the repetition penalty (whose history would need the chained tokens on the host) and carrying one
+    /// draw per chained step.
+    pub fn check_chain(&self) -> crate::Result<()> {
+        if self.chained == 0 {
+            return Ok(());
+        }
+        let bad = |m: String| {
+            Err(crate::EngineError::InvalidInput(format!(
+                "a plan chaining {} decode steps: {m}",
+                self.chained
+            )))
+        };
+        if self.full_logits || self.hidden {
+            return bad("whole logits and hidden states are returned for single steps only".into());
+        }
+        for s in &self.seqs {
+            if s.kind != SeqKind::Decode || s.rows != Rows::Last || s.spec.is_some() {
+                return bad(format!(
+                    "slot {} is not a decode reporting its last row (only decodes chain)",
+                    s.slot
+                ));
+            }
+            if let Some(sample) = &s.sample {
+                if sample.repetition_penalty != 1.0 {
+                    return bad(format!(
+                        "slot {} asks for a repetition penalty, whose history needs every chained token on the host",
+                        s.slot
+                    ));
+                }
+                if sample.chained_uniforms.len() != self.chained {
+                    return bad(format!(
+                        "slot {} carries {} draws for its chained steps",
+                        s.slot,
+                        sample.chained_uniforms.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many final hidden rows the step returns when it asks for them ([`StepPlan::hidden`]).
@@ -297,6 +356,10 @@ pub struct GraphStats {
     pub evicted: u64,
 }
 
+/// The most further decode steps a plan may chain ([`StepPlan::chained`]) on a rank that chains: 16 steps in all,
+/// as vLLM's multi-step scheduling tops out; past a few steps the saving per step is small and a stop is noticed late.
+pub const MAX_CHAINED: usize = 15;
+
 /// A rank's fixed capacity, reported once after loading; the coordinator's books are built from it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankInfo {
@@ -326,4 +389,6 @@ pub struct RankInfo {
     pub spec_summaries: bool,
     /// Whether the rank returns final hidden states ([`StepPlan::hidden`]).
     pub hidden_states: bool,
+    /// The most further decode steps one plan may chain on this rank ([`StepPlan::chained`]; 0: none).
+    pub max_chained: usize,
 }

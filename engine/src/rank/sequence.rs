@@ -57,6 +57,7 @@ impl<'g> GroupSequence<'g> {
             }],
             full_logits: logits,
             hidden: false,
+            chained: 0,
         };
         let out = self.group.step(plan)?;
         self.position += tokens.len();
@@ -80,6 +81,7 @@ impl<'g> GroupSequence<'g> {
             seqs: Vec::new(),
             full_logits: false,
             hidden: false,
+            chained: 0,
         };
         self.group.step(plan)?;
         self.position -= verified - kept;

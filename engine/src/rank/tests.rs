@@ -51,6 +51,7 @@ fn plan(seqs: Vec<SeqStep>) -> StepPlan {
         seqs,
         full_logits: true,
         hidden: false,
+        chained: 0,
     }
 }
 
@@ -341,6 +342,7 @@ fn a_mixed_batch_equals_each_sequence_alone() {
             seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
             full_logits: false,
             hidden: false,
+            chained: 0,
         })
         .expect("commit and decode");
         assert_eq!(g.books().len(v).expect("len"), pos + 3);
@@ -386,4 +388,70 @@ fn a_rank_failing_a_valid_step_stops_the_group() {
             .expect_err("refused");
         assert!(matches!(again, crate::EngineError::GroupFailed(_)), "{again}");
     }
+}
+
+#[test]
+fn chained_plans_are_checked_and_count_every_step() {
+    let dir = tiny(Family::Qwen35);
+    let f = FormChoice::Replay;
+    let prefill = |g: &mut RankGroup| {
+        let a = g.open(f).expect("open");
+        let out = g
+            .step(plan(vec![seq(a, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)]))
+            .expect("prefill");
+        (a, out.rows[0].argmax)
+    };
+    let chain = |a: usize, pos: usize, token: u32, chained: usize| StepPlan {
+        full_logits: false,
+        chained,
+        ..plan(vec![seq(a, SeqKind::Decode, pos, &[token], f, Rows::Last)])
+    };
+    // Tensor parallelism: refused before any rank computes.
+    let mut g = cpu(dir.path(), 2, 1);
+    let (a, t) = prefill(&mut g);
+    let before = steps(&g);
+    let e = g.step(chain(a, PROMPT.len(), t, 3)).expect_err("tp 2");
+    assert!(e.to_string().contains("tensor-parallel"), "{e}");
+    assert_eq!(steps(&g), before);
+    // One rank: a chain of 4 steps equals 4 single steps, and the books count its 4 tokens.
+    let mut g = cpu(dir.path(), 1, 3);
+    let (a, t) = prefill(&mut g);
+    let (b, _) = prefill(&mut g);
+    let chained = g.step(chain(a, PROMPT.len(), t, 3)).expect("chain");
+    assert_eq!(chained.rows.len(), 4);
+    let mut next = t;
+    for (k, want) in chained.rows.iter().enumerate() {
+        let one = g.step(chain(b, PROMPT.len() + k, next, 0)).expect("single");
+        assert_eq!(one.rows[0].argmax, want.argmax, "step {k}");
+        next = one.rows[0].argmax;
+    }
+    g.step(chain(a, PROMPT.len() + 4, next, 0))
+        .expect("the chain left the slot at its 4th token's position");
+    // What a chain may not hold: a prefill, whole logits, a sampled row without its draws, beyond the limit.
+    let c = g.open(f).expect("open");
+    let mixed = StepPlan {
+        chained: 1,
+        ..plan(vec![seq(c, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)])
+    };
+    assert!(g.step(mixed).is_err());
+    assert!(g
+        .step(StepPlan {
+            full_logits: true,
+            ..chain(a, PROMPT.len() + 5, next, 2)
+        })
+        .is_err());
+    let mut sampled = chain(a, PROMPT.len() + 5, next, 2);
+    sampled.seqs[0].sample = Some(SampleRow {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        uniform: 0.5,
+        chained_uniforms: vec![0.5],
+    });
+    let e = g.step(sampled).expect_err("one draw for two chained steps");
+    assert!(e.to_string().contains("draws"), "{e}");
+    assert!(g.step(chain(a, PROMPT.len() + 5, next, MAX_CHAINED + 1)).is_err());
 }

@@ -6,6 +6,14 @@
 //! fault, [`Scheduler::requeue_all`]) is rebuilt exactly as it was first computed: its prompt in the same chunks,
 //! then each token it had generated fed again as one decode step, so a greedy request's output cannot change. [`OutputStream`] turns one
 //! request's sampled tokens into text and decides when it ends.
+//!
+//! Chained decode steps ([`SchedConfig::decode_steps`], like vLLM's multi-step scheduling): when a step is nothing but
+//! sampled decodes of every running sequence, all allowed to chain ([`Request::chain`]), the ranks may run several
+//! decode steps back to back, each feeding its sampled token to the next on the device ([`Step::chained`]), so a
+//! steady batch pays one host round trip per chain instead of one per token. The chain is as long as every sequence's
+//! remaining tokens, the context and the free KV blocks allow (reserved up front, never by preempting anyone), and it
+//! never forms beside commits, preemptions, prompt chunks, verifies, drafts or replayed tokens, nor while a waiting
+//! request could take a free slot (chaining would delay its first token by the chained steps).
 
 mod output;
 mod scheduler;

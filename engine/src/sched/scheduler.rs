@@ -16,6 +16,10 @@ pub struct SchedConfig {
     pub max_batch_tokens: usize,
     /// The longest context a sequence may reach.
     pub max_context: usize,
+    /// The most decode steps one planned step may run back to back on the ranks (at least 1; 1 never chains): a
+    /// steady decode batch then costs one host round trip per `decode_steps` tokens instead of one per token (see
+    /// [`Step::chained`]).
+    pub decode_steps: usize,
 }
 
 /// A request as the scheduler sees it.
@@ -30,6 +34,10 @@ pub struct Request {
     /// Leading tokens of `prompt` already in a saved state (a session's earlier turns): the ranks restore that state
     /// when the sequence starts, and only the rest of the prompt is prefilled. 0 for a fresh sequence.
     pub restored: usize,
+    /// Whether its decode steps may be chained ([`Step::chained`]): the ranks then sample several tokens before the
+    /// coordinator sees the first, so the coordinator clears it where a token must be seen before the next runs
+    /// (a session turn, a repetition penalty, ...).
+    pub chain: bool,
 }
 
 /// Why a request cannot be taken.
@@ -53,6 +61,8 @@ pub enum SchedError {
     NotVerifying { id: u64 },
     #[error("the scheduler needs a slot, a token budget and a KV block size (slots {slots}, budget {budget})")]
     Config { slots: usize, budget: usize },
+    #[error("decode_steps must be at least 1 (1 runs one decode step per planned step)")]
+    NoDecodeSteps,
 }
 
 /// One running sequence. Its token stream is `history` (what must be prefilled: the prompt, or after a preemption the
@@ -78,6 +88,8 @@ struct Running {
     blocks: usize,
     /// Whether the slot must be reset (the first step after admission).
     fresh: bool,
+    /// See [`Request::chain`].
+    chain: bool,
     /// The prompt chunks' lengths so far, and those of an earlier admission still to repeat: a re-prefill takes
     /// the same chunks, then feeds the generated tokens one decode step each, so that it computes exactly what the
     /// first run did (a chunked scan rounds differently from token-by-token steps) and greedy outputs cannot change.
@@ -169,10 +181,16 @@ pub struct Step {
     /// Sequences preempted to make room, with the slots they freed (the ranks release them); each waits to be
     /// re-prefilled with its history.
     pub preempted: Vec<(u64, usize)>,
+    /// Further decode steps the ranks run after this step's one, without a host round trip (0: none). When it is
+    /// `c > 0`, every sequence of `work` is a sampled [`StepWork::Decode`] and runs `1 + c` tokens: the planned
+    /// token at `position`, then each step's sampled token as the next step's input, at `position + 1 ..=
+    /// position + c`. The coordinator then calls [`Scheduler::sampled`] with each sequence's `1 + c` tokens in
+    /// order, stopping after the call that finishes it (the ranks' tokens after that are dropped with the slot).
+    pub chained: usize,
 }
 
 impl Step {
-    /// Tokens the step runs.
+    /// Tokens the step runs (with [`Step::chained`], in each of its `1 + chained` decode steps).
     pub fn tokens(&self) -> usize {
         self.work
             .iter()
@@ -204,6 +222,9 @@ impl Scheduler {
                 slots: config.slots,
                 budget: config.max_batch_tokens,
             });
+        }
+        if config.decode_steps == 0 {
+            return Err(SchedError::NoDecodeSteps);
         }
         Ok(Scheduler {
             config,
@@ -319,6 +340,8 @@ impl Scheduler {
     /// When nothing can run although sequences are running (every one is mid-prompt and the blocks are spent), the
     /// latest one is preempted and the plan retried: the first sequence always fits alone ([`Scheduler::submit`]
     /// refuses a request whose whole context exceeds the pool), so every step makes progress.
+    ///
+    /// The final plan may then chain its decode steps ([`Step::chained`], see `chain`).
     pub fn schedule(&mut self) -> Step {
         // Commits are taken once, whatever planning attempt runs; a sequence preempted meanwhile drops its own.
         let commits: Vec<(u64, usize, usize)> = self
@@ -326,6 +349,8 @@ impl Scheduler {
             .iter_mut()
             .filter_map(|r| r.pending_commit.take().map(|n| (r.id, r.slot, n)))
             .collect();
+        // Planning drops drafts it cannot verify; a drafter that proposed wants to see each token, so none chains.
+        let drafted = self.running.iter().any(|r| !r.drafts.is_empty());
         let mut preempted = Vec::new();
         loop {
             let mut step = self.plan_once(&preempted);
@@ -337,6 +362,9 @@ impl Scheduler {
                     .filter(|(id, slot, _)| self.running.iter().any(|r| r.id == *id && r.slot == *slot))
                     .map(|&(_, slot, n)| (slot, n))
                     .collect();
+                if !drafted {
+                    self.chain(&mut step);
+                }
                 return step;
             }
             let last = self.running.len() - 1;
@@ -459,6 +487,7 @@ impl Scheduler {
                 max_tokens: w.request.max_tokens,
                 blocks: 0,
                 fresh: true,
+                chain: w.request.chain,
                 chunks: Vec::new(),
                 replay: w.chunks.into(),
                 drafts: Vec::new(),
@@ -510,6 +539,66 @@ impl Scheduler {
         n
     }
 
+    /// Chains the final plan's decode steps (sets [`Step::chained`]) as far as every sequence allows, when the step is
+    /// nothing but sampled decodes: no commits, preemptions, prompt chunks, verifies or replayed tokens, and every
+    /// running sequence is in it, past its first step and allowed to chain ([`Request::chain`]). Chaining holds the
+    /// whole batch for the chained steps, so it waits while anything else wants a step: a running sequence left out
+    /// of this one (no budget or blocks for it), or a waiting request while a slot is free (it could start next
+    /// step; chaining would delay its first token by the chained steps).
+    ///
+    /// Each sequence may chain up to the tokens it may still generate after this step's one, the context, and the
+    /// KV blocks: the largest count whose extra blocks, summed over the batch, the free pool holds (never preempting
+    /// anyone). The blocks are reserved and the in-state counts advanced now, so the sampled tokens that follow
+    /// ([`Scheduler::sampled`]) leave each unfinished sequence ready for its next decode.
+    fn chain(&mut self, step: &mut Step) {
+        if self.config.decode_steps < 2
+            || !step.commits.is_empty()
+            || !step.preempted.is_empty()
+            || step.work.is_empty()
+            || step.work.len() != self.running.len()
+            || (!self.waiting.is_empty() && !self.free_slots.is_empty())
+        {
+            return;
+        }
+        let mut c = self.config.decode_steps - 1;
+        for p in &step.work {
+            let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
+                return;
+            };
+            if p.fresh || !r.chain || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
+                return;
+            }
+            // `in_state` already counts this step's token.
+            c = c
+                .min(r.max_tokens.saturating_sub(r.generated.len() + 1))
+                .min(self.config.max_context.saturating_sub(r.in_state));
+        }
+        while c > 0 && self.chain_blocks(c) > self.free_blocks {
+            c -= 1;
+        }
+        if c == 0 {
+            return;
+        }
+        for i in 0..self.running.len() {
+            let extra = self
+                .blocks_for(self.running[i].in_state + c)
+                .saturating_sub(self.running[i].blocks);
+            self.free_blocks -= extra;
+            let r = &mut self.running[i];
+            r.blocks += extra;
+            r.in_state += c;
+        }
+        step.chained = c;
+    }
+
+    /// The KV blocks the running sequences need beyond those they hold to take `c` more tokens each.
+    fn chain_blocks(&self, c: usize) -> usize {
+        self.running
+            .iter()
+            .map(|r| self.blocks_for(r.in_state + c).saturating_sub(r.blocks))
+            .sum()
+    }
+
     /// Frees running sequence `i`'s slot and blocks and queues it again with what it generated.
     fn preempt(&mut self, i: usize, step: &mut Step) {
         let r = self.running.remove(i);
@@ -526,6 +615,7 @@ impl Scheduler {
                     max_tokens: r.max_tokens,
                     priority: r.priority,
                     restored: r.restored,
+                    chain: r.chain,
                 },
                 arrival: r.arrival,
                 generated: r.generated,
@@ -561,7 +651,8 @@ impl Scheduler {
 
     /// Records the token sampled for request `id` in the step just run; `stop` when the coordinator's stop rules
     /// (EOS, stop ids, stop strings) end it. Returns the slot to release when the request finished (here, or by
-    /// reaching `max_tokens`).
+    /// reaching `max_tokens`). After a chained step ([`Step::chained`]) it is called for each of the sequence's
+    /// tokens in order, until one finishes it.
     pub fn sampled(&mut self, id: u64, token: u32, stop: bool) -> Result<Option<usize>, SchedError> {
         let i = self
             .running

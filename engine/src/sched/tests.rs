@@ -1,8 +1,8 @@
 //! Property tests of the scheduler over random arrivals, cancellations, stops, faults and configurations, against a
 //! model of what the ranks hold: no slot or KV block is leaked or used twice, every step stays within its token budget
-//! and feeds each slot the next tokens of its sequence (prompt, then every sampled token), a fault frees everything and
-//! each requeued sequence is re-prefilled afresh with its prompt and generated tokens, and every admitted request
-//! finishes.
+//! and feeds each slot the next tokens of its sequence (prompt, then every sampled token, chained steps feeding their
+//! own), the KV blocks held cover every token in the ranks' state, a fault frees everything and each requeued sequence
+//! is re-prefilled afresh with its prompt and generated tokens, and every admitted request finishes.
 
 use std::collections::{HashMap, HashSet};
 
@@ -18,9 +18,11 @@ enum Op {
         priority: i32,
         /// Leading prompt tokens restored from a saved state (a session's turn), reduced below the prompt's length.
         restored: usize,
+        chain: bool,
     },
     Cancel(usize),
     Step {
+        /// Bit `(5k + j) % 64` stops the `k`th planned sequence at its `j`th sampled token (of a chained step).
         stops: u64,
     },
     /// A rank fault: every running sequence goes back to the queue and the ranks restart empty.
@@ -29,21 +31,25 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (1usize..40, 1usize..16, -1i32..2, prop_oneof![2 => Just(0usize), 1 => 0usize..40])
-            .prop_map(|(prompt, max_tokens, priority, restored)| Op::Submit { prompt, max_tokens, priority, restored: restored % prompt }),
+        4 => (1usize..40, 1usize..16, -1i32..2, prop_oneof![2 => Just(0usize), 1 => 0usize..40], any::<bool>())
+            .prop_map(|(prompt, max_tokens, priority, restored, chain)| Op::Submit { prompt, max_tokens, priority, restored: restored % prompt, chain }),
         1 => (0usize..64).prop_map(Op::Cancel),
-        6 => any::<u64>().prop_map(|stops| Op::Step { stops }),
+        // Each bit set with probability 1/16: a sampled token stops now and then, within a chained step too.
+        6 => any::<[u64; 4]>().prop_map(|[a, b, c, d]| Op::Step { stops: a & b & c & d }),
         1 => Just(Op::Fault),
     ]
 }
 
 fn config() -> impl Strategy<Value = SchedConfig> {
-    (1usize..6, 1usize..9, 8usize..64, 1usize..48).prop_map(|(slots, block, blocks, budget)| SchedConfig {
-        slots,
-        kv_blocks: blocks,
-        kv_block_size: block,
-        max_batch_tokens: budget,
-        max_context: 64,
+    (1usize..6, 1usize..9, 8usize..64, 1usize..48, 1usize..5).prop_map(|(slots, block, blocks, budget, steps)| {
+        SchedConfig {
+            slots,
+            kv_blocks: blocks,
+            kv_block_size: block,
+            max_batch_tokens: budget,
+            max_context: 64,
+            decode_steps: steps,
+        }
     })
 }
 
@@ -54,14 +60,34 @@ struct Ranks {
 }
 
 impl Ranks {
-    /// Runs `step` against every request's token stream (its prompt, then every token sampled for it); a request in
-    /// `restarted` (requeued by a fault) must come back afresh with a prefill from position 0.
-    fn run(&mut self, step: &Step, budget: usize, streams: &HashMap<u64, Vec<u32>>, restarted: &mut HashSet<u64>) {
+    /// Runs `step`'s first decode step against every request's token stream (its prompt, then every token sampled
+    /// for it); a request in `restarted` (requeued by a fault) must come back afresh with a prefill from position 0.
+    /// A chained step's further tokens follow through [`Ranks::feed`].
+    fn run(&mut self, step: &Step, c: &SchedConfig, streams: &HashMap<u64, Vec<u32>>, restarted: &mut HashSet<u64>) {
         assert!(
-            step.tokens() <= budget,
-            "the step runs {} tokens, budget {budget}",
-            step.tokens()
+            step.tokens() <= c.max_batch_tokens,
+            "the step runs {} tokens, budget {}",
+            step.tokens(),
+            c.max_batch_tokens
         );
+        if step.chained > 0 {
+            assert!(
+                step.chained < c.decode_steps,
+                "{} chained steps of {}",
+                step.chained,
+                c.decode_steps
+            );
+            assert!(
+                step.commits.is_empty() && step.preempted.is_empty(),
+                "a chained step commits or preempts: {step:?}"
+            );
+            assert!(
+                step.work
+                    .iter()
+                    .all(|p| !p.fresh && matches!(p.work, StepWork::Decode { sample: true, .. })),
+                "a chained step runs more than sampled decodes: {step:?}"
+            );
+        }
         for (id, slot) in &step.preempted {
             let held = self.slots.remove(slot);
             assert!(
@@ -123,6 +149,18 @@ impl Ranks {
             }
         }
     }
+
+    /// A chained step's next decode: the ranks feed `token`, just sampled for `id`, at the slot's next position.
+    fn feed(&mut self, slot: usize, id: u64, token: u32, stream: &[u32], max_context: usize) {
+        let (held_id, held) = self.slots.get_mut(&slot).expect("a chained slot holds a sequence");
+        assert_eq!(*held_id, id, "slot {slot} holds another request");
+        held.push(token);
+        assert_eq!(
+            held, stream,
+            "the chained decode of {id} does not feed its last sampled token"
+        );
+        assert!(held.len() <= max_context, "{id} chains past the context");
+    }
 }
 
 fn check_books(s: &Scheduler, c: &SchedConfig, ranks: &Ranks) {
@@ -137,6 +175,16 @@ fn check_books(s: &Scheduler, c: &SchedConfig, ranks: &Ranks) {
     let mut held: Vec<usize> = ranks.slots.keys().copied().collect();
     held.sort_unstable();
     assert_eq!(held, running, "the ranks' slots differ from the running sequences'");
+    let need: usize = ranks
+        .slots
+        .values()
+        .map(|(_, h)| h.len().div_ceil(c.kv_block_size))
+        .sum();
+    assert!(
+        need <= s.held_blocks(),
+        "the ranks hold tokens for {need} KV blocks, the scheduler reserved {}",
+        s.held_blocks()
+    );
 }
 
 /// One random run: the scheduler, the ranks' model, and every request's record.
@@ -148,6 +196,7 @@ struct Sim {
     streams: HashMap<u64, Vec<u32>>,
     prompt_len: HashMap<u64, usize>,
     max_tokens: HashMap<u64, usize>,
+    chain: HashMap<u64, bool>,
     accepted: Vec<u64>,
     cancelled: HashSet<u64>,
     /// Requeued by a fault and not planned since.
@@ -165,6 +214,7 @@ impl Sim {
             streams: HashMap::new(),
             prompt_len: HashMap::new(),
             max_tokens: HashMap::new(),
+            chain: HashMap::new(),
             accepted: Vec::new(),
             cancelled: HashSet::new(),
             restarted: HashSet::new(),
@@ -173,7 +223,7 @@ impl Sim {
         }
     }
 
-    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32, restored: usize) {
+    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32, restored: usize, chain: bool) {
         let id = self.next_id;
         self.next_id += 1;
         // Tokens distinct across requests and positions, so a chunk fed from the wrong place shows.
@@ -184,11 +234,13 @@ impl Sim {
             max_tokens,
             priority,
             restored,
+            chain,
         };
         if self.s.submit(r).is_ok() {
             self.accepted.push(id);
             self.prompt_len.insert(id, prompt.len());
             self.max_tokens.insert(id, max_tokens);
+            self.chain.insert(id, chain);
             self.streams.insert(id, prompt);
         }
     }
@@ -208,16 +260,42 @@ impl Sim {
 
     fn step(&mut self, stops: u64) {
         let step = self.s.schedule();
-        self.ranks
-            .run(&step, self.c.max_batch_tokens, &self.streams, &mut self.restarted);
+        self.ranks.run(&step, &self.c, &self.streams, &mut self.restarted);
+        if step.chained > 0 {
+            let (waiting, _) = self.s.counts();
+            let (free_slots, _) = self.s.free();
+            assert!(
+                waiting == 0 || free_slots == 0,
+                "chained while {waiting} wait and {free_slots} slots are free"
+            );
+        }
         for (k, p) in step.work.iter().enumerate() {
-            if p.samples() {
-                let stop = stops >> (k % 64) & 1 == 1 && stops.count_ones() > 60;
+            if !p.samples() {
+                continue;
+            }
+            if step.chained > 0 {
+                let generated = self.streams[&p.id].len() - self.prompt_len[&p.id];
+                assert!(self.chain[&p.id], "{} chained although it may not", p.id);
+                assert!(
+                    generated + 1 + step.chained <= self.max_tokens[&p.id],
+                    "{} chains past its max_tokens",
+                    p.id
+                );
+            }
+            // Each of a chained step's tokens is sampled in order and fed to the next; a stop or the limit ends the
+            // sequence there, and the ranks' later tokens go with its slot.
+            for j in 0..=step.chained {
+                let stop = stops >> ((5 * k + j) % 64) & 1 == 1;
                 let token = self.next_token;
                 self.next_token += 1;
-                self.streams.get_mut(&p.id).expect("stream").push(token);
+                let stream = self.streams.get_mut(&p.id).expect("stream");
+                stream.push(token);
                 if let Some(slot) = self.s.sampled(p.id, token, stop).expect("sampled") {
                     self.ranks.slots.remove(&slot);
+                    break;
+                }
+                if j < step.chained {
+                    self.ranks.feed(p.slot, p.id, token, stream, self.c.max_context);
                 }
             }
         }
@@ -263,7 +341,8 @@ proptest! {
                     max_tokens,
                     priority,
                     restored,
-                } => sim.submit(prompt, max_tokens, priority, restored),
+                    chain,
+                } => sim.submit(prompt, max_tokens, priority, restored, chain),
                 Op::Cancel(k) => sim.cancel(k),
                 Op::Step { stops } => sim.step(stops),
                 Op::Fault => sim.fault(),
@@ -301,6 +380,7 @@ fn requests_that_can_never_run_are_refused() {
         kv_block_size: 4,
         max_batch_tokens: 8,
         max_context: 32,
+        decode_steps: 1,
     };
     let mut s = Scheduler::new(c).expect("scheduler");
     let req = |id, n, m| Request {
@@ -309,6 +389,7 @@ fn requests_that_can_never_run_are_refused() {
         max_tokens: m,
         priority: 0,
         restored: 0,
+        chain: false,
     };
     assert_eq!(s.submit(req(1, 0, 1)), Err(SchedError::EmptyPrompt { id: 1 }));
     assert_eq!(s.submit(req(2, 4, 0)), Err(SchedError::NoTokens { id: 2 }));
@@ -330,6 +411,7 @@ fn decodes_come_first_then_chunks_fill_the_budget_and_priority_wins() {
         kv_block_size: 4,
         max_batch_tokens: 6,
         max_context: 64,
+        decode_steps: 1,
     };
     let mut s = Scheduler::new(c).expect("scheduler");
     let req = |id, n, p| Request {
@@ -338,6 +420,7 @@ fn decodes_come_first_then_chunks_fill_the_budget_and_priority_wins() {
         max_tokens: 4,
         priority: p,
         restored: 0,
+        chain: false,
     };
     s.submit(req(1, 4, 0)).expect("submit");
     let step = s.schedule();
@@ -367,6 +450,7 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
         kv_block_size: 4,
         max_batch_tokens: 16,
         max_context: 32,
+        decode_steps: 1,
     };
     let mut s = Scheduler::new(c).expect("scheduler");
     s.submit(Request {
@@ -375,6 +459,7 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
         max_tokens: 4,
         priority: 0,
         restored: 0,
+        chain: false,
     })
     .expect("submit");
     assert_eq!(s.schedule().tokens(), 3);
@@ -421,6 +506,7 @@ fn drain_removes_every_request_and_frees_every_slot_and_block() {
         kv_block_size: 4,
         max_batch_tokens: 8,
         max_context: 32,
+        decode_steps: 1,
     };
     let mut s = Scheduler::new(c).expect("scheduler");
     let req = |id, m, p| Request {
@@ -429,6 +515,7 @@ fn drain_removes_every_request_and_frees_every_slot_and_block() {
         max_tokens: m,
         priority: p,
         restored: 0,
+        chain: false,
     };
     assert!(s.drain().is_empty());
     for (id, m, p) in [(9, 4, 0), (3, 4, 0), (5, 4, 1), (7, 1, 2), (1, 4, -1)] {
@@ -452,4 +539,228 @@ fn drain_removes_every_request_and_frees_every_slot_and_block() {
     // The ids are free again.
     s.submit(req(5, 4, 0)).expect("resubmit");
     assert_eq!(s.schedule().tokens(), 4);
+}
+
+/// A scheduler of `slots` slots and `kv_blocks` blocks of 4 tokens (budget 16, context 64) chaining up to
+/// `decode_steps`.
+fn chaining(slots: usize, kv_blocks: usize, decode_steps: usize) -> Scheduler {
+    Scheduler::new(SchedConfig {
+        slots,
+        kv_blocks,
+        kv_block_size: 4,
+        max_batch_tokens: 16,
+        max_context: 64,
+        decode_steps,
+    })
+    .expect("scheduler")
+}
+
+fn chain_req(id: u64, prompt: usize, max_tokens: usize, chain: bool) -> Request {
+    Request {
+        id,
+        prompt: vec![7; prompt],
+        max_tokens,
+        priority: 0,
+        restored: 0,
+        chain,
+    }
+}
+
+/// Runs one step, sampling `token + j` for each sequence's `j`th token (all of a chained step's until one finishes
+/// it); returns the step.
+fn run_step(s: &mut Scheduler, token: u32) -> Step {
+    let step = s.schedule();
+    for p in step.work.iter().filter(|p| p.samples()) {
+        for j in 0..=step.chained {
+            if s.sampled(p.id, token + j as u32, false).expect("sampled").is_some() {
+                break;
+            }
+        }
+    }
+    step
+}
+
+fn decode(position: usize, token: u32) -> StepWork {
+    StepWork::Decode {
+        position,
+        token,
+        sample: true,
+    }
+}
+
+#[test]
+fn a_steady_decode_batch_chains_its_decode_steps() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 12, true)).expect("submit");
+    // The prompts run alone; then both decode, 1 + 3 tokens each.
+    assert_eq!(run_step(&mut s, 10).chained, 0);
+    let step = run_step(&mut s, 20);
+    assert_eq!(step.chained, 3);
+    assert_eq!(
+        step.work.iter().map(|p| p.work.clone()).collect::<Vec<_>>(),
+        vec![decode(4, 10), decode(4, 10)]
+    );
+    // Each slot holds its 4 prompt tokens and 4 decodes (2 blocks); the next step feeds the last of the 4 sampled.
+    assert_eq!(s.held_blocks(), 4);
+    let step = run_step(&mut s, 30);
+    assert_eq!(step.chained, 3);
+    assert_eq!(step.work[0].work, decode(8, 23));
+    // 9 tokens generated of 12: 1 + 2 more.
+    let step = run_step(&mut s, 40);
+    assert_eq!((step.chained, step.work[0].work.clone()), (2, decode(12, 33)));
+    assert_eq!(s.counts(), (0, 0));
+    assert_eq!(s.free(), (2, 32));
+}
+
+#[test]
+fn chaining_stops_at_max_tokens_and_the_context() {
+    // Prompt and max_tokens fill the context exactly (submit's limit): the chain ends at max_tokens, which also
+    // keeps the slot within the context.
+    let mut s = Scheduler::new(SchedConfig {
+        slots: 1,
+        kv_blocks: 8,
+        kv_block_size: 4,
+        max_batch_tokens: 16,
+        max_context: 8,
+        decode_steps: 8,
+    })
+    .expect("scheduler");
+    s.submit(chain_req(1, 5, 3, true)).expect("submit");
+    run_step(&mut s, 10);
+    let step = s.schedule();
+    // One token generated, 2 to go: this step's and one chained, at positions 5 and 6 (< 8).
+    assert_eq!((step.chained, step.work[0].work.clone()), (1, decode(5, 10)));
+    assert_eq!(s.sampled(1, 11, false), Ok(None));
+    assert_eq!(s.sampled(1, 12, false), Ok(Some(0)));
+    assert_eq!(s.free(), (1, 8));
+}
+
+#[test]
+fn chaining_takes_only_the_free_blocks_and_preempts_no_one() {
+    // Blocks of 2: after the prompts (2 blocks each) and the decode at 4 (a third each), one block is free; 2 more
+    // tokens each would need 2.
+    let mut s = Scheduler::new(SchedConfig {
+        slots: 2,
+        kv_blocks: 7,
+        kv_block_size: 2,
+        max_batch_tokens: 16,
+        max_context: 64,
+        decode_steps: 4,
+    })
+    .expect("scheduler");
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    s.submit(chain_req(2, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.chained, step.preempted.len()), (1, 0));
+    assert_eq!(s.free(), (0, 1));
+    // The decodes at 6 need a fourth block each: request 1 takes the free one and request 2 is preempted for its
+    // decode, as without chaining.
+    let step = run_step(&mut s, 30);
+    assert_eq!((step.chained, step.preempted.clone()), (0, vec![(2, 1)]));
+}
+
+#[test]
+fn no_chaining_beside_other_work_or_for_a_request_that_may_not_chain() {
+    // A prefill in the step: request 2 arrives while 1 decodes.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(2, 4, 8, true)).expect("submit");
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), step.chained), (2, 0));
+    // Both decode now.
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+
+    // One of the batch may not chain.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    s.submit(chain_req(2, 4, 8, false)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 0);
+    s.cancel(2);
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+
+    // decode_steps = 1 never chains.
+    let mut s = chaining(1, 32, 1);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 0);
+    assert_eq!(
+        Scheduler::new(SchedConfig {
+            decode_steps: 0,
+            slots: 1,
+            kv_blocks: 1,
+            kv_block_size: 1,
+            max_batch_tokens: 1,
+            max_context: 1,
+        })
+        .err(),
+        Some(SchedError::NoDecodeSteps)
+    );
+}
+
+#[test]
+fn no_chaining_while_a_request_waits_for_a_free_slot() {
+    // A budget of 2: two decodes spend it and request 3 cannot start, though a slot is free.
+    let mut s = Scheduler::new(SchedConfig {
+        slots: 3,
+        kv_blocks: 32,
+        kv_block_size: 4,
+        max_batch_tokens: 2,
+        max_context: 64,
+        decode_steps: 4,
+    })
+    .expect("scheduler");
+    s.submit(chain_req(1, 1, 8, true)).expect("submit");
+    s.submit(chain_req(2, 1, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(3, 4, 8, true)).expect("submit");
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), s.counts(), s.free().0), (2, (1, 2), 1));
+    assert_eq!(step.chained, 0);
+    // With nothing waiting the same batch chains.
+    s.cancel(3);
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+}
+
+#[test]
+fn a_requeued_sequence_keeps_its_chain_flag_and_replays_unchained() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 3);
+    s.requeue_all();
+    // The re-prefill, then each generated token fed again one unsampled decode at a time, as first computed.
+    assert_eq!(run_step(&mut s, 30).chained, 0);
+    for (position, token) in [(4, 10), (5, 20), (6, 21), (7, 22)] {
+        let step = run_step(&mut s, 30);
+        assert_eq!(
+            (step.work[0].work.clone(), step.chained),
+            (
+                StepWork::Decode {
+                    position,
+                    token,
+                    sample: false
+                },
+                0
+            )
+        );
+    }
+    let step = run_step(&mut s, 40);
+    assert_eq!((step.work[0].work.clone(), step.chained), (decode(8, 23), 3));
+
+    // A request that may not chain still may not after a fault, though the batch could.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 12, false)).expect("submit");
+    run_step(&mut s, 10);
+    s.requeue_all();
+    run_step(&mut s, 20);
+    let step = run_step(&mut s, 30);
+    assert!(step.work.iter().all(|p| p.work == decode(4, 10)));
+    assert_eq!(step.chained, 0);
+    s.cancel(2);
+    assert_eq!(run_step(&mut s, 40).chained, 3);
 }

@@ -83,6 +83,28 @@ pub fn sample_row(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, mi
     kept.last().expect("the top token always survives filtering").0
 }
 
+/// One link of a chain of decode steps (the device kernel `chain_pick`'s twin): per row of `summaries` (`words`
+/// u32 each, word 0 the argmax) the next step's input token — `sampled[r]` when `from_sampled`, else the argmax — with
+/// an id outside `0 .. vocab` (a NaN row's −1) replaced by 0; and per row the logged id (`sampled[r]`, or −1 when the
+/// step did not sample).
+pub fn chain_pick(
+    summaries: &[u32],
+    words: usize,
+    sampled: &[i32],
+    from_sampled: bool,
+    vocab: usize,
+) -> (Vec<i32>, Vec<i32>) {
+    summaries
+        .chunks_exact(words.max(1))
+        .enumerate()
+        .map(|(r, s)| {
+            let id = if from_sampled { sampled[r] as i64 } else { s[0] as i64 };
+            let token = if (0..vocab as i64).contains(&id) { id as i32 } else { 0 };
+            (token, if from_sampled { sampled[r] } else { -1 })
+        })
+        .unzip()
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -167,5 +189,16 @@ mod tests {
         assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
         assert_eq!(argmax(&[-0.0, 0.0]), 0);
         assert_eq!(argmax(&[f32::NEG_INFINITY, -1e30]), 1);
+    }
+
+    #[test]
+    fn chain_pick_feeds_the_pick_and_guards_the_embedding() {
+        // Two rows of 3 words: argmax 5 and 99 (past a vocabulary of 10).
+        let summaries = [5, 1, 2, 99, 3, 4];
+        assert_eq!(
+            chain_pick(&summaries, 3, &[7, -1], false, 10),
+            (vec![5, 0], vec![-1, -1])
+        );
+        assert_eq!(chain_pick(&summaries, 3, &[7, -1], true, 10), (vec![7, 0], vec![7, -1]));
     }
 }

@@ -173,7 +173,7 @@ pub const MODULES: &[KernelModule] = &[
             "gated_norm_apply",
         ]
     ),
-    module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "sample_rows"]),
+    module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "sample_rows", "chain_pick"]),
     module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge"]),
     module!("gemv", typed: true, ["gemv"]),
 ];

@@ -360,3 +360,20 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const flo
                                     uniforms[blockIdx.x]);
     if (threadIdx.x == 0) out[blockIdx.x] = id;
 }
+
+// One link of a chain of decode steps run without a host round trip (engine/src/gpu/chain.rs), per row: the next
+// step's input token (the sampled id when the step sampled, else the head summary's argmax word), and a copy of the
+// row's summary (`words` u32 each) and sampled id into the chain's log at this step's offset. An id outside
+// 0 .. vocab (a NaN row's −1) feeds token 0: the NaN in the logged summary fails the chain on the host, and the
+// embedding never reads out of bounds. CPU twin: `chain_pick` in kernels/src/cpu/sample.rs.
+extern "C" __global__ void chain_pick(const unsigned* summaries, int words, const int* sampled, int from_sampled,
+                                      int rows, int vocab, int* tokens, unsigned* log_words, int* log_ids) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const unsigned* s = summaries + (size_t)r * words;
+    unsigned* l = log_words + (size_t)r * words;
+    for (int w = 0; w < words; ++w) l[w] = s[w];
+    const int id = from_sampled ? sampled[r] : (int)s[0];
+    log_ids[r] = from_sampled ? sampled[r] : -1;
+    tokens[r] = (id < 0 || id >= vocab) ? 0 : id;
+}

@@ -111,3 +111,56 @@ pub fn sample_rows(
     let (op, _go) = out.device_ptr_mut(dev.stream());
     launch!(dev, "sample_rows", per_row_cfg(rows), lp, vocab_i, pp, up, op)
 }
+
+/// One link of a chain of decode steps (CPU twin [`crate::cpu::sample::chain_pick`]): per row of `summaries`
+/// (`[rows, words]`, word 0 the argmax) writes the next step's input token into `tokens` — `sampled[r]` when
+/// `from_sampled`, else the argmax; an id outside `0 .. vocab` becomes 0 — and copies the row's summary into
+/// `log_words` and its sampled id (−1 when `from_sampled` is false) into `log_ids`. Device work only, so a chain of
+/// steps runs with no host round trip.
+#[allow(clippy::too_many_arguments)]
+pub fn chain_pick(
+    dev: &CudaDevice,
+    summaries: &impl DevicePtr<u32>,
+    words: usize,
+    sampled: &impl DevicePtr<i32>,
+    from_sampled: bool,
+    vocab: usize,
+    tokens: &mut impl DevicePtrMut<i32>,
+    log_words: &mut impl DevicePtrMut<u32>,
+    log_ids: &mut impl DevicePtrMut<i32>,
+) -> Result<()> {
+    const OP: &str = "chain_pick";
+    let rows = tokens.len();
+    ensure(OP, words > 0 && words <= 64, || format!("{words} summary words"))?;
+    check_len(OP, "summaries", summaries.len(), rows * words)?;
+    check_len(OP, "sampled", sampled.len(), rows)?;
+    check_len(OP, "log_words", log_words.len(), rows * words)?;
+    check_len(OP, "log_ids", log_ids.len(), rows)?;
+    ensure(OP, (1..=i32::MAX as usize).contains(&vocab), || {
+        format!("vocabulary {vocab}")
+    })?;
+    fits_u32(OP, "rows", rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (words_i, from_i, rows_i, vocab_i) = (words as i32, from_sampled as i32, rows as i32, vocab as i32);
+    let (sp, _gs) = summaries.device_ptr(dev.stream());
+    let (ip, _gi) = sampled.device_ptr(dev.stream());
+    let (tp, _gt) = tokens.device_ptr_mut(dev.stream());
+    let (lw, _gw) = log_words.device_ptr_mut(dev.stream());
+    let (li, _gl) = log_ids.device_ptr_mut(dev.stream());
+    launch!(
+        dev,
+        "chain_pick",
+        grid_1d(rows),
+        sp,
+        words_i,
+        ip,
+        from_i,
+        rows_i,
+        vocab_i,
+        tp,
+        lw,
+        li
+    )
+}

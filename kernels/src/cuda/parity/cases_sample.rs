@@ -39,6 +39,15 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             sample_rows(cx, rng, rows, vocab)
         }));
     }
+    for (rows, from_sampled) in [(1, false), (64, true), (300, false), (513, true)] {
+        let shape = format!(
+            "{rows} rows, {}",
+            if from_sampled { "sampled ids" } else { "argmax words" }
+        );
+        cases.push(Case::new("chain_pick", "-", shape, move |cx, rng| {
+            chain_pick(cx, rng, rows, from_sampled)
+        }));
+    }
     // dtype "-": the check is a statistical score, not an f32 rounding error (keeps the selftest's worst f32 honest).
     cases.push(Case::new(
         "sample_rows",
@@ -224,4 +233,38 @@ fn sample_frequencies(cx: &Ctx, rng: &mut Rng) -> Result<Vec<Check>> {
         rel_err: worst,
         threshold: 1.0,
     }])
+}
+
+/// Random summaries and sampled ids, with a NaN row's −1 and an id past the vocabulary planted, against the twin.
+fn chain_pick(cx: &Ctx, rng: &mut Rng, rows: usize, from_sampled: bool) -> Result<Vec<Check>> {
+    let (vocab, words) = (131072usize, ops::SUMMARY_WORDS);
+    let mut summaries: Vec<u32> = (0..rows * words).map(|_| rng.next_u64() as u32).collect();
+    let mut sampled: Vec<i32> = (0..rows).map(|_| rng.below(0, vocab) as i32).collect();
+    for r in 0..rows {
+        summaries[r * words] = rng.below(0, vocab) as u32;
+    }
+    let bad = rng.below(0, rows);
+    sampled[bad] = -1;
+    summaries[bad * words] = vocab as u32 + 5;
+    let (ds, di) = (cx.dev.upload(&summaries)?, cx.dev.upload(&sampled)?);
+    let mut tokens = cx.dev.upload(&vec![-9i32; rows])?;
+    let mut log_words = cx.dev.upload(&vec![0u32; rows * words])?;
+    let mut log_ids = cx.dev.upload(&vec![-9i32; rows])?;
+    ops::chain_pick(
+        cx.dev,
+        &ds,
+        words,
+        &di,
+        from_sampled,
+        vocab,
+        &mut tokens,
+        &mut log_words,
+        &mut log_ids,
+    )?;
+    let (want_tokens, want_ids) = cpu::sample::chain_pick(&summaries, words, &sampled, from_sampled, vocab);
+    Ok(vec![
+        verdict("tokens", cx.dev.download(&tokens)? == want_tokens),
+        verdict("log_words", cx.dev.download(&log_words)? == summaries),
+        verdict("log_ids", cx.dev.download(&log_ids)? == want_ids),
+    ])
 }

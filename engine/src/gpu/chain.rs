@@ -1,0 +1,159 @@
+//! Chained decode steps on the GPU ([`StepPlan::chained`], like vLLM's multi-step scheduling): a plan of decodes
+//! runs `1 + c` steps back to back with no host round trip between them.
+//!
+//! A decode always commits exactly one token, so everything a step needs but its tokens is known on the host in
+//! advance: the counters move by the single step's rules (`gpu/steps.rs`, `stage_decode` / `after_decode`), and
+//! the positions, lengths, replay rows and folds follow. The tokens are the picks of the step before: after each step
+//! the `chain_pick` kernel writes them (the sampled id, else the head summary's argmax) straight into the next step's
+//! token buffer, and logs the step's summaries and sampled ids on the device. The host queues every step, then reads
+//! the log once.
+//!
+//! The CPU rank's loop of single steps (`rank/cpu.rs`, `step_chained`) is the twin; `rewind selftest` checks a chain
+//! against single steps on the GPU (`gpu/check_chain.rs`).
+//!
+//! [`StepPlan::chained`]: crate::rank::StepPlan::chained
+
+use rewind_kernels::cuda::ops::{self, SUMMARY_WORDS};
+use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+use tracing::debug_span;
+
+use super::rank::{to_i32, GpuRank, HeadOut};
+use super::steps::greedy;
+use super::Act;
+use crate::error::{EngineError, Result};
+use crate::rank::{RowSummary, SampleRow, SeqStep, StepPlan, MAX_CHAINED};
+
+/// The chain's device buffers: the per-step log of summaries and sampled ids, and the sampling parameters and draws
+/// of every step, uploaded once.
+pub(crate) struct ChainScratch {
+    /// `[steps, seqs, SUMMARY_WORDS]`.
+    words: CudaSlice<u32>,
+    /// `[steps, seqs]` sampled ids (−1 where the step did not sample).
+    ids: CudaSlice<i32>,
+    /// `[seqs, 4]` (temperature, top-k, top-p, min-p), as `ops::sample_rows` reads them.
+    params: CudaSlice<f32>,
+    /// `[steps, seqs]` draws.
+    uniforms: CudaSlice<f32>,
+}
+
+impl ChainScratch {
+    /// Bytes [`ChainScratch::new`] allocates for `max_seqs` sequences.
+    pub(crate) fn bytes(max_seqs: usize) -> usize {
+        4 * (MAX_CHAINED + 1) * max_seqs * (SUMMARY_WORDS + 2) + 4 * 4 * max_seqs
+    }
+
+    pub(crate) fn new(dev: &CudaDevice, max_seqs: usize) -> Result<Self> {
+        let steps = MAX_CHAINED + 1;
+        Ok(ChainScratch {
+            words: dev.alloc_zeros(steps * max_seqs * SUMMARY_WORDS)?,
+            ids: dev.alloc_zeros(steps * max_seqs)?,
+            params: dev.alloc_zeros(4 * max_seqs)?,
+            uniforms: dev.alloc_zeros(steps * max_seqs)?,
+        })
+    }
+}
+
+impl<A: Act> GpuRank<A> {
+    /// Runs a plan's decodes and its chained steps (the books have checked and recorded the plan); returns every
+    /// step's rows, step-major.
+    pub(super) fn run_chain(&mut self, plan: &StepPlan) -> Result<HeadOut> {
+        let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
+        let (b, steps) = (seqs.len(), plan.chained + 1);
+        let _span = debug_span!("gpu_chain", batch = b, steps).entered();
+        if self.info.tp > 1 {
+            return Err(EngineError::NotSupported(
+                "chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary and cannot pick \
+                 the next token"
+                    .into(),
+            ));
+        }
+        if steps > MAX_CHAINED + 1 || b > self.sizes.max_seqs || b == 0 {
+            return Err(EngineError::InvalidInput(format!(
+                "a chain of {steps} steps over {b} sequences: this rank chains 1 to {} sequences for at most {} steps",
+                self.sizes.max_seqs,
+                MAX_CHAINED + 1
+            )));
+        }
+        plan.check_chain()?;
+        let dev = self.inner.dev.clone();
+        let v = self.info.vocab.len();
+        let sampling = seqs.iter().any(|s| s.sample.is_some());
+        if sampling {
+            let rows: Vec<SampleRow> = seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect();
+            let params: Vec<f32> = rows
+                .iter()
+                .flat_map(|r| [r.temperature, r.top_k as f32, r.top_p, r.min_p])
+                .collect();
+            // Step-major draws; a greedy row's are unused (temperature 0 is the argmax).
+            let uniforms: Vec<f32> = (0..steps)
+                .flat_map(|k| {
+                    rows.iter().map(move |r| {
+                        if k == 0 {
+                            r.uniform
+                        } else {
+                            r.chained_uniforms.get(k - 1).copied().unwrap_or(0.0)
+                        }
+                    })
+                })
+                .collect();
+            let c = &mut self.scratch.chain;
+            dev.stream()
+                .memcpy_htod(&params, &mut c.params.slice_mut(..params.len()))
+                .map_err(|e| EngineError::Gpu(format!("uploading a chain's sampling parameters: {e}")))?;
+            dev.stream()
+                .memcpy_htod(&uniforms, &mut c.uniforms.slice_mut(..uniforms.len()))
+                .map_err(|e| EngineError::Gpu(format!("uploading a chain's draws: {e}")))?;
+        }
+        let tokens = to_i32(seqs.iter().map(|s| s.tokens[0] as usize));
+        let words = SUMMARY_WORDS;
+        for k in 0..steps {
+            let staged = self.stage_decode(&seqs, k, (k == 0).then_some(&tokens[..]))?;
+            self.launch(staged.step, b, sampling, &[])?;
+            let s = &mut self.scratch;
+            if sampling {
+                ops::sample_rows(
+                    &dev,
+                    &s.logits.slice(..b * v),
+                    b,
+                    v,
+                    &s.chain.params.slice(..4 * b),
+                    &s.chain.uniforms.slice(k * b..(k + 1) * b),
+                    &mut s.argmax.slice_mut(..b),
+                )?;
+            }
+            ops::chain_pick(
+                &dev,
+                &s.head.out.slice(..b * words),
+                words,
+                &s.argmax.slice(..b),
+                sampling,
+                v,
+                &mut s.tokens.slice_mut(..b),
+                &mut s.chain.words.slice_mut(k * b * words..(k + 1) * b * words),
+                &mut s.chain.ids.slice_mut(k * b..(k + 1) * b),
+            )?;
+            self.after_decode(&seqs, &staged)?;
+            if k > 0 {
+                self.steps += 1;
+            }
+        }
+        // The one read-back of the chain: it waits for every step.
+        let c = &self.scratch.chain;
+        let logged = dev.download(&c.words.slice(..steps * b * words))?;
+        let ids = dev.download(&c.ids.slice(..steps * b))?;
+        let mut rows: Vec<RowSummary> = ops::decode_summaries(&logged, &vec![false; steps * b])
+            .into_iter()
+            .map(RowSummary::from)
+            .collect();
+        for (i, row) in rows.iter_mut().enumerate() {
+            if seqs[i % b].sample.is_some() {
+                row.sampled = Some(ids[i] as u32);
+            }
+        }
+        Ok(HeadOut {
+            rows,
+            logits: None,
+            hidden: None,
+        })
+    }
+}

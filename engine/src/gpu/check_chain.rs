@@ -1,0 +1,171 @@
+//! Chained decode steps ([`StepPlan::chained`], `gpu/chain.rs`) checked on the GPU against the same steps run one
+//! plan at a time: the same prompts, decoded greedily and then with filtered sampling (the same draws), once step by
+//! step (each step's token read back and fed by the host) and once in chains whose tokens never leave the device.
+//! Every step's pick must be the same token and its summary (max logit, log-sum-exp) the same row; a wrong position,
+//! length, replay row, flush or fed token shows in every later row. With the self-test's small ring and kv-only
+//! threshold the chains cross flushes and the kv-only compress.
+
+use serde::Serialize;
+
+use super::check_verify::prefill;
+use super::{gpu_group, GpuOptions};
+use crate::decode::FormChoice;
+use crate::error::{EngineError, Result};
+use crate::rank::{RankGroup, Rows, SampleRow, SeqKind, SeqStep, StepPlan, StepResult};
+use rewind_kernels::cuda::parity::{worse, Rng};
+use std::path::Path;
+
+/// The outcome of a chain check.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChainReport {
+    pub form: String,
+    pub dtype: String,
+    pub sequences: usize,
+    /// Steps in each chain (`1 + chained`), and chains run per mode (greedy, then sampled).
+    pub chain_steps: usize,
+    pub chains: usize,
+    /// Rows compared over both modes.
+    pub rows: usize,
+    /// Steps whose chained pick differs from the single step's (must be 0).
+    pub token_mismatches: usize,
+    /// Worst relative difference of a row's max logit or log-sum-exp, chained against single steps.
+    pub worst_rel: f64,
+    pub tolerance: f64,
+    pub pass: bool,
+}
+
+/// One decode row as both paths report it: the pick fed to the next step, the max logit and the log-sum-exp.
+type Row = (u32, f32, f32);
+
+/// The sampling rows of one mode: `None` for greedy; else filtered sampling with draw `u`.
+fn sample_row(sampled: bool, u: f32, chained: Vec<f32>) -> Option<SampleRow> {
+    sampled.then_some(SampleRow {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        uniform: u,
+        chained_uniforms: chained,
+    })
+}
+
+/// The rows of a step result (or a chain's, step-major) as [`Row`]s.
+fn rows_of(out: &StepResult) -> Result<Vec<Row>> {
+    out.rows
+        .iter()
+        .zip(&out.sampled)
+        .map(|(r, s)| {
+            let (max, lse) = (r.max_logit, r.log_sum_exp);
+            match (max, lse) {
+                (Some(m), Some(l)) => Ok((s.unwrap_or(r.argmax), m, l)),
+                _ => Err(EngineError::Gpu(
+                    "a decode row came back without its max logit or log-sum-exp".into(),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Decodes `steps` steps after each prompt: `chain = 1` one plan per step, else plans chaining `chain` steps.
+/// `draws[k][i]` is sequence `i`'s draw at step `k`. Returns per step the rows of every sequence.
+fn decode(
+    gpu: &mut RankGroup,
+    prompts: &[Vec<u32>],
+    form: FormChoice,
+    sampled: bool,
+    draws: &[Vec<f32>],
+    chain: usize,
+) -> Result<Vec<Vec<Row>>> {
+    let (slots, first) = prefill(gpu, prompts, form)?;
+    let mut tokens = first;
+    let mut out: Vec<Vec<Row>> = Vec::with_capacity(draws.len());
+    for start in (0..draws.len()).step_by(chain) {
+        let plan = StepPlan {
+            commits: Vec::new(),
+            seqs: slots
+                .iter()
+                .enumerate()
+                .map(|(i, &slot)| SeqStep {
+                    slot,
+                    kind: SeqKind::Decode,
+                    position: prompts[i].len() + start,
+                    tokens: vec![tokens[i]],
+                    form,
+                    rows: Rows::Last,
+                    sample: sample_row(
+                        sampled,
+                        draws[start][i],
+                        (1..chain).map(|k| draws[start + k][i]).collect(),
+                    ),
+                    spec: None,
+                })
+                .collect(),
+            full_logits: false,
+            hidden: false,
+            chained: chain - 1,
+        };
+        let rows = rows_of(&gpu.step(plan)?)?;
+        for step in rows.chunks_exact(slots.len()) {
+            out.push(step.to_vec());
+        }
+        tokens = out.last().map(|r| r.iter().map(|x| x.0).collect()).unwrap_or_default();
+    }
+    for slot in slots {
+        gpu.release(slot)?;
+    }
+    Ok(out)
+}
+
+/// Runs the check for the checkpoint in `dir` in `form`: `chains` chains of `1 + chained` steps after each prompt,
+/// greedily and then sampled, each against single steps.
+pub fn chain_forced(
+    dir: &Path,
+    prompts: &[Vec<u32>],
+    opts: &GpuOptions,
+    form: FormChoice,
+    chained: usize,
+    chains: usize,
+    tolerance: f64,
+) -> Result<ChainReport> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) || chained == 0 || chains == 0 {
+        return Err(EngineError::InvalidInput(
+            "the chain check needs non-empty prompts and at least one chain of two steps".into(),
+        ));
+    }
+    let (mut gpu, _) = gpu_group(dir, opts)?;
+    let steps = chains * (chained + 1);
+    let mut rng = Rng::new(0x0c4a_1eed);
+    let (mut rows, mut mismatches, mut worst) = (0, 0, 0.0f64);
+    for sampled in [false, true] {
+        let draws: Vec<Vec<f32>> = (0..steps)
+            .map(|_| (0..prompts.len()).map(|_| rng.unit().min(0.999_999)).collect())
+            .collect();
+        let single = decode(&mut gpu, prompts, form, sampled, &draws, 1)?;
+        let chain = decode(&mut gpu, prompts, form, sampled, &draws, chained + 1)?;
+        for (a, b) in single.iter().flatten().zip(chain.iter().flatten()) {
+            rows += 1;
+            mismatches += usize::from(a.0 != b.0);
+            for (x, y) in [(a.1, b.1), (a.2, b.2)] {
+                let e = f64::from((x - y).abs()) / f64::from(x.abs()).max(1.0);
+                worst = worse(worst, if y.is_finite() { e } else { f64::INFINITY });
+            }
+        }
+        if single.len() != chain.len() {
+            mismatches += 1;
+        }
+    }
+    Ok(ChainReport {
+        form: form.name().to_string(),
+        dtype: opts.dtype.to_string(),
+        sequences: prompts.len(),
+        chain_steps: chained + 1,
+        chains,
+        rows,
+        token_mismatches: mismatches,
+        worst_rel: worst,
+        tolerance,
+        pass: mismatches == 0 && worst <= tolerance && rows == 2 * steps * prompts.len(),
+    })
+}
