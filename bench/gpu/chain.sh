@@ -50,7 +50,7 @@ if has bench; then
     stamp "init $preset $layers" $?
     for form in ${BENCH_FORMS:-replay recurrent}; do
       timeout ${BENCH_S:-150} $R bench --model $m --device cuda --decode $form --buffer-len 16 --batch ${BENCH_BATCH:-1,64,256} \
-        --max-seqs 256 --prompt-len 512 --step-prompt 512 --decode-tokens ${DECODE_TOKENS:-64} --repeats 3 --decode-steps 8 \
+        --max-seqs 256 --prompt-len ${PROMPT:-512} --step-prompt ${PROMPT:-512} --decode-tokens ${DECODE_TOKENS:-64} --repeats 3 --decode-steps 8 \
         --json $D/bench-$preset-$layers-$form.json > $D/bench-$preset-$layers-$form.md 2>$D/bench-$preset-$layers-$form.log
       stamp "bench $preset $layers $form" $?
     done
