@@ -7,7 +7,9 @@
 #             greedy and sampled, chained against single steps) beside every earlier check;
 #   bench     `rewind bench --decode-steps 8`: every decode row measured in single steps and in chains of 8 in the
 #             same run, on BENCH_MODELS (init-model arch:preset:layers; 0 layers = the preset's own depth) in the
-#             replay and recurrent forms.
+#             replay and recurrent forms;
+#   serving   `rewind bench --concurrency N --serving-only` through the coordinator and rank actors with
+#             --decode-steps 1 and 8 (SERVE_MODELS, as BENCH_MODELS; concurrency 1 and 64).
 # Carried: .gpu/chain/rewind.xz (cargo build --release -p rewind-bin --no-default-features --features cuda; stripped,
 # xz-compressed). Everything comes back as $OUT/chain.tgz.
 set -u
@@ -23,7 +25,7 @@ stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
 date -u +%FT%TZ >> $D/device.txt
 git rev-parse HEAD >> $D/device.txt 2>/dev/null
-has() { case " ${PARTS:-smoke selftest bench} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+has() { case " ${PARTS:-smoke selftest bench serving} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 if has smoke; then
   timeout 120 $R selftest --device cuda --only chain_pick --no-model --json $D/smoke-ops.json > $D/smoke-ops.log 2>&1
@@ -53,6 +55,26 @@ if has bench; then
         --max-seqs 256 --prompt-len ${PROMPT:-512} --step-prompt ${PROMPT:-512} --decode-tokens ${DECODE_TOKENS:-64} --repeats 3 --decode-steps 8 \
         --json $D/bench-$preset-$layers-$form.json > $D/bench-$preset-$layers-$form.md 2>$D/bench-$preset-$layers-$form.log
       stamp "bench $preset $layers $form" $?
+    done
+  done
+fi
+
+if has serving; then
+  for spec in ${SERVE_MODELS:-nemotron_h:nemotron-3-nano-30b-a3b:6 nemotron_h:nemotron-h-8b:0}; do
+    IFS=: read -r arch preset layers <<< "$spec"
+    m=/tmp/m-$preset-$layers
+    extra=""
+    [ "$layers" != 0 ] && extra="--layers $layers"
+    [ -f $m/config.json ] || $R init-model --arch $arch --preset $preset $extra --out $m --seed 3 > /dev/null 2>>$L
+    for c in ${SERVE_CONC:-1 64}; do
+      n=$(( c == 1 ? 8 : 2 * c ))
+      for steps in 1 8; do
+        timeout ${SERVE_S:-90} $R bench --model $m --device cuda --decode replay --buffer-len 16 --max-seqs $c \
+          --concurrency $c --requests $n --serving-only --prompt-len ${PROMPT:-512} --decode-tokens ${SERVE_TOKENS:-128} \
+          --decode-steps $steps --json $D/serve-$preset-$layers-c$c-s$steps.json \
+          > $D/serve-$preset-$layers-c$c-s$steps.md 2>$D/serve-$preset-$layers-c$c-s$steps.log
+        stamp "serve $preset $layers c$c steps $steps" $?
+      done
     done
   done
 fi
