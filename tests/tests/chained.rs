@@ -1,7 +1,8 @@
 //! Chained decode steps (`--decode-steps`, `StepPlan::chained`) through the actor runtime on CPU ranks: on every
 //! fixture and decode form, 24 concurrent requests — greedy and seeded sampling, with stop tokens that end some of
-//! them inside a chain — give exactly the outputs of one decode step per engine step, and steps did chain. Tensor
-//! parallelism and out-of-range settings are refused at start-up with a clear error.
+//! them inside a chain — give exactly the outputs of one decode step per engine step, and steps did chain; at TP 2
+//! greedy requests chain (the ranks merge their vocabulary slices' picks) with the same outputs. Out-of-range
+//! settings are refused at start-up with a clear error.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -30,15 +31,15 @@ fn config(form: FormChoice, decode_steps: usize) -> EngineConfig {
     c
 }
 
-/// 24 requests over the fixture's vocabulary: every third greedy, the others sampled with their own seed; request
-/// `i` stops at the ids `stops[i]` (empty: none).
-fn requests(vocab: usize, stops: &[Vec<u32>]) -> Vec<GenerateRequest> {
+/// 24 requests over the fixture's vocabulary: every third greedy (every one when `greedy`), the others sampled with
+/// their own seed; request `i` stops at the ids `stops[i]` (empty: none).
+fn requests(vocab: usize, stops: &[Vec<u32>], greedy: bool) -> Vec<GenerateRequest> {
     let mut rng = Rng(11);
     (0..24)
         .map(|i| {
             let len = 2 + rng.below(20);
             let prompt = (0..len).map(|_| rng.below(vocab) as u32).collect();
-            let mut p = if i % 3 == 0 {
+            let mut p = if greedy || i % 3 == 0 {
                 SamplingParams::greedy()
             } else {
                 SamplingParams {
@@ -71,40 +72,44 @@ fn stops_within(outs: &[Outcome]) -> Vec<Vec<u32>> {
 #[test]
 fn chained_steps_give_the_outputs_of_single_steps() {
     let rt = runtime();
+    let all = [
+        FormChoice::Recurrent,
+        FormChoice::Replay,
+        FormChoice::KvOnly,
+        FormChoice::Auto,
+    ];
     for dir in fixtures() {
-        for form in [
-            FormChoice::Recurrent,
-            FormChoice::Replay,
-            FormChoice::KvOnly,
-            FormChoice::Auto,
-        ] {
-            let run = |steps: usize, stops: &[Vec<u32>]| {
-                rt.block_on(async {
-                    let e = EngineHandle::start(launcher(&dir, 1), config(form, steps))
-                        .await
-                        .unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
-                    let out = serve_all(&e, &requests(e.info().vocab, stops)).await;
-                    let m = e.metrics().snapshot();
-                    let h = e.health().await.expect("health");
-                    assert!(h.ranks.iter().all(|r| r.slots_in_use == 0), "{h:?}");
-                    e.shutdown().await;
-                    (out, m.chained_steps)
-                })
-            };
-            let stops = stops_within(&run(1, &[]).0);
-            let (single, none) = run(1, &stops);
-            assert_eq!(none, 0, "one step per engine step chains nothing");
-            assert!(single.iter().all(|o| matches!(o, Outcome::Done(..))), "{single:?}");
-            assert!(
-                single
-                    .iter()
-                    .any(|o| matches!(o, Outcome::Done(_, FinishReason::StopToken))),
-                "{}: some request must stop on a stop id",
-                name(&dir)
-            );
-            let (chained, count) = run(4, &stops);
-            assert_eq!(chained, single, "{} {form}: chained outputs differ", name(&dir));
-            assert!(count > 0, "{} {form}: no step chained", name(&dir));
+        // TP 2 chains greedy requests only, so its requests are all greedy.
+        for (tp, forms, greedy) in [(1, &all[..], false), (2, &all[3..], true)] {
+            for &form in forms {
+                let run = |steps: usize, stops: &[Vec<u32>]| {
+                    rt.block_on(async {
+                        let e = EngineHandle::start(launcher(&dir, tp), config(form, steps))
+                            .await
+                            .unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
+                        let out = serve_all(&e, &requests(e.info().vocab, stops, greedy)).await;
+                        let m = e.metrics().snapshot();
+                        let h = e.health().await.expect("health");
+                        assert!(h.ranks.iter().all(|r| r.slots_in_use == 0), "{h:?}");
+                        e.shutdown().await;
+                        (out, m.chained_steps)
+                    })
+                };
+                let what = format!("{} tp {tp} {form}", name(&dir));
+                let stops = stops_within(&run(1, &[]).0);
+                let (single, none) = run(1, &stops);
+                assert_eq!(none, 0, "one step per engine step chains nothing");
+                assert!(single.iter().all(|o| matches!(o, Outcome::Done(..))), "{single:?}");
+                assert!(
+                    single
+                        .iter()
+                        .any(|o| matches!(o, Outcome::Done(_, FinishReason::StopToken))),
+                    "{what}: some request must stop on a stop id"
+                );
+                let (chained, count) = run(4, &stops);
+                assert_eq!(chained, single, "{what}: chained outputs differ");
+                assert!(count > 0, "{what}: no step chained");
+            }
         }
     }
 }
@@ -117,7 +122,7 @@ fn bad_decode_steps_are_refused_at_start() {
         for (tp, steps, want) in [
             (1, 0, "--decode-steps must be at least 1"),
             (1, 17, "the ranks chain at most 16 decode steps"),
-            (2, 4, "tensor-parallel"),
+            (2, 17, "the ranks chain at most 16 decode steps"),
         ] {
             let err = match EngineHandle::start(launcher(&dir, tp), config(FormChoice::Auto, steps)).await {
                 Ok(e) => {

@@ -275,19 +275,11 @@ impl Actor for Coordinator {
             kv_block_size: g.infos.first().map_or(0, |i| i.kv_block_size),
         };
         if c.decode_steps > 1 && c.decode_steps - 1 > books.max_chained() {
-            let why = if info.tp > 1 {
-                format!(
-                    "--decode-steps {} over {} tensor-parallel ranks: each rank holds a slice of the vocabulary, so a \
-                     step's token is known only once the coordinator merges their answers (use --decode-steps 1)",
-                    c.decode_steps, info.tp
-                )
-            } else {
-                format!(
-                    "--decode-steps {}: the ranks chain at most {} decode steps",
-                    c.decode_steps,
-                    books.max_chained() + 1
-                )
-            };
+            let why = format!(
+                "--decode-steps {}: the ranks chain at most {} decode steps",
+                c.decode_steps,
+                books.max_chained() + 1
+            );
             g.stop(&why).await;
             return Err(Box::new(EngineError::NotSupported(why)));
         }

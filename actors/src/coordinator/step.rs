@@ -118,8 +118,13 @@ impl CoordinatorState {
         }
         // Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at
         // its last token, and a chain may run past a stop), a repetition penalty (its history needs each token on the
-        // host) or a speculating request (its steps are verifies).
-        let chain = session.is_none() && params.repetition_penalty == 1.0 && !(speculate && self.config.spec.is_some());
+        // host) or a speculating request (its steps are verifies); under tensor parallelism greedy requests only (a
+        // sampled row needs the whole logit row, which only the coordinator joins).
+        let greedy = params.temperature == 0.0;
+        let chain = session.is_none()
+            && params.repetition_penalty == 1.0
+            && !(speculate && self.config.spec.is_some())
+            && (self.info.tp == 1 || greedy);
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,

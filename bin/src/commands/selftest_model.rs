@@ -491,15 +491,13 @@ pub fn section(
                     all_ok &= ok;
                     rows.push(v);
                 }
-                // Chained decode steps need the whole vocabulary on one rank: TP 1 only (refused above it).
-                if *tp == 1 {
-                    for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
-                        let r = chain_forced(dir, prompts, &opts, form, CHAINED, CHAINS, CHAIN_TOLERANCE)
-                            .map_err(|e| e.to_string());
-                        let (v, ok) = chain_line(m, *tp, dtype, &r);
-                        all_ok &= ok;
-                        rows.push(v);
-                    }
+                // Chained decode steps: greedy and sampled at TP 1, greedy above (the ranks merge their picks).
+                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+                    let r = chain_forced(dir, prompts, &opts, form, CHAINED, CHAINS, CHAIN_TOLERANCE)
+                        .map_err(|e| e.to_string());
+                    let (v, ok) = chain_line(m, *tp, dtype, &r);
+                    all_ok &= ok;
+                    rows.push(v);
                 }
             }
         }

@@ -270,6 +270,11 @@ impl Decoder {
         self.kv_threshold
     }
 
+    /// This rank's communicator (the CPU rank merges a chained step's picks through it, `rank/cpu.rs`).
+    pub(crate) fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+
     /// The state pools (counters, rings, checkpoints), read-only.
     pub fn pools(&self) -> &StatePools {
         &self.pools

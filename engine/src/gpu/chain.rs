@@ -34,21 +34,24 @@ pub(crate) struct ChainScratch {
     params: CudaSlice<f32>,
     /// `[steps, seqs]` draws.
     uniforms: CudaSlice<f32>,
+    /// `[ranks, seqs, SUMMARY_WORDS]`: every rank's summaries of a step, gathered (tensor parallelism).
+    gathered: CudaSlice<u32>,
 }
 
 impl ChainScratch {
-    /// Bytes [`ChainScratch::new`] allocates for `max_seqs` sequences.
-    pub(crate) fn bytes(max_seqs: usize) -> usize {
-        4 * (MAX_CHAINED + 1) * max_seqs * (SUMMARY_WORDS + 2) + 4 * 4 * max_seqs
+    /// Bytes [`ChainScratch::new`] allocates for `max_seqs` sequences on a rank of `tp`.
+    pub(crate) fn bytes(max_seqs: usize, tp: usize) -> usize {
+        4 * (MAX_CHAINED + 1) * max_seqs * (SUMMARY_WORDS + 2) + 4 * 4 * max_seqs + 4 * tp * max_seqs * SUMMARY_WORDS
     }
 
-    pub(crate) fn new(dev: &CudaDevice, max_seqs: usize) -> Result<Self> {
+    pub(crate) fn new(dev: &CudaDevice, max_seqs: usize, tp: usize) -> Result<Self> {
         let steps = MAX_CHAINED + 1;
         Ok(ChainScratch {
             words: dev.alloc_zeros(steps * max_seqs * SUMMARY_WORDS)?,
             ids: dev.alloc_zeros(steps * max_seqs)?,
             params: dev.alloc_zeros(4 * max_seqs)?,
             uniforms: dev.alloc_zeros(steps * max_seqs)?,
+            gathered: dev.alloc_zeros(tp.max(1) * max_seqs * SUMMARY_WORDS)?,
         })
     }
 }
@@ -60,10 +63,12 @@ impl<A: Act> GpuRank<A> {
         let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
         let (b, steps) = (seqs.len(), plan.chained + 1);
         let _span = debug_span!("gpu_chain", batch = b, steps).entered();
-        if self.info.tp > 1 {
+        let sampling = seqs.iter().any(|s| s.sample.is_some());
+        let world = self.info.tp;
+        if world > 1 && sampling {
             return Err(EngineError::NotSupported(
-                "chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary and cannot pick \
-                 the next token"
+                "sampled rows in chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary, \
+                 and sampling needs the whole row (greedy rows chain: their argmax is merged on the device)"
                     .into(),
             ));
         }
@@ -76,8 +81,8 @@ impl<A: Act> GpuRank<A> {
         }
         plan.check_chain()?;
         let dev = self.inner.dev.clone();
-        let v = self.info.vocab.len();
-        let sampling = seqs.iter().any(|s| s.sample.is_some());
+        // The rank's slice for sampling (the whole vocabulary at TP 1); the model's for the pick's bound.
+        let (v, vocab) = (self.info.vocab.len(), self.inner.config.vocab_size);
         if sampling {
             let rows: Vec<SampleRow> = seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect();
             let params: Vec<f32> = rows
@@ -121,13 +126,27 @@ impl<A: Act> GpuRank<A> {
                     &mut s.argmax.slice_mut(..b),
                 )?;
             }
+            // Under tensor parallelism every rank's summaries meet on every rank, which merge them alike.
+            if let (Some(c), true) = (&self.inner.comm, world > 1) {
+                c.all_gather_u32(
+                    &s.head.out.slice(..b * words),
+                    &mut s.chain.gathered.slice_mut(..world * b * words),
+                )?;
+            }
+            let gathered = if world > 1 {
+                s.chain.gathered.slice(..world * b * words)
+            } else {
+                s.head.out.slice(..b * words)
+            };
             ops::chain_pick(
                 &dev,
                 &s.head.out.slice(..b * words),
+                &gathered,
+                world,
                 words,
                 &s.argmax.slice(..b),
                 sampling,
-                v,
+                vocab,
                 &mut s.tokens.slice_mut(..b),
                 &mut s.chain.words.slice_mut(k * b * words..(k + 1) * b * words),
                 &mut s.chain.ids.slice_mut(k * b..(k + 1) * b),

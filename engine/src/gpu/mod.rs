@@ -40,13 +40,16 @@ pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};
 pub use state::{PoolSizes, BLOCK_SIZE};
 
-use rewind_kernels::cuda::CudaViewMut;
+use rewind_kernels::cuda::{CudaView, CudaViewMut};
 
 use crate::error::Result;
 
-/// The device collective a rank's forward pass needs: an in-place sum across ranks on the rank's stream.
+/// The device collectives a rank needs: an in-place sum across ranks on the rank's stream (the forward pass), and a
+/// gather of 32-bit words (a chain's head summaries, `gpu/chain.rs`).
 pub(crate) trait DeviceComm: Send {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()>;
+    /// Every rank's `send` in rank order into `recv` (`recv.len()` = ranks × `send.len()`).
+    fn all_gather_u32(&self, send: &CudaView<'_, u32>, recv: &mut CudaViewMut<'_, u32>) -> Result<()>;
     /// Whether the communicator was aborted (its generation failed): a step that ran meanwhile, replayed graphs
     /// included, has sums it never received and must fail.
     fn is_aborted(&self) -> bool;
@@ -55,6 +58,10 @@ pub(crate) trait DeviceComm: Send {
 impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()> {
         Ok(self.all_reduce_sum_f32(buf)?)
+    }
+
+    fn all_gather_u32(&self, send: &CudaView<'_, u32>, recv: &mut CudaViewMut<'_, u32>) -> Result<()> {
+        Ok(rewind_kernels::cuda::nccl::NcclComm::all_gather_u32(self, send, recv)?)
     }
 
     fn is_aborted(&self) -> bool {

@@ -39,7 +39,16 @@ impl<A: Act> LoadedRank<A> {
         let w: Widths = widths(&self.blocks, hidden, rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
         let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
-        let scratch = Scratch::new(&self.dev, &w, rows, hidden, self.vocab.len(), sizes, attention_ws)?;
+        let scratch = Scratch::new(
+            &self.dev,
+            &w,
+            rows,
+            hidden,
+            self.vocab.len(),
+            sizes,
+            attention_ws,
+            self.tp,
+        )?;
         self.dev.synchronize()?;
         info!(
             gpu = self.dev.ordinal(),

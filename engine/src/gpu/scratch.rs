@@ -196,7 +196,15 @@ pub(crate) fn attention_workspace<A: Act>(
 
 impl<A: Act> Scratch<A> {
     /// Bytes [`Scratch::new`] allocates (besides the attention workspace, [`attention_workspace`] floats).
-    pub(crate) fn bytes(w: &Widths, step: StepRows, hidden: usize, vocab_local: usize, sizes: PoolSizes) -> usize {
+    /// `tp`: the ranks of the group (the chain gathers their summaries).
+    pub(crate) fn bytes(
+        w: &Widths,
+        step: StepRows,
+        hidden: usize,
+        vocab_local: usize,
+        sizes: PoolSizes,
+        tp: usize,
+    ) -> usize {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
         let e = std::mem::size_of::<A>();
@@ -213,9 +221,10 @@ impl<A: Act> Scratch<A> {
             + HeadScratch::bytes(rows, vocab_local)
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
             + 4 * SPEC_COMMIT_META * sizes.max_seqs
-            + ChainScratch::bytes(sizes.max_seqs)
+            + ChainScratch::bytes(sizes.max_seqs, tp)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         dev: &CudaDevice,
         w: &Widths,
@@ -224,6 +233,7 @@ impl<A: Act> Scratch<A> {
         vocab_local: usize,
         sizes: PoolSizes,
         attention_ws: usize,
+        tp: usize,
     ) -> Result<Self> {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
@@ -266,7 +276,7 @@ impl<A: Act> Scratch<A> {
             table: dev.alloc_zeros(sizes.max_seqs * sizes.blocks_per_seq())?,
             lens: dev.alloc_zeros(sizes.max_seqs)?,
             commits: dev.alloc_zeros(SPEC_COMMIT_META * sizes.max_seqs)?,
-            chain: ChainScratch::new(dev, sizes.max_seqs)?,
+            chain: ChainScratch::new(dev, sizes.max_seqs, tp)?,
         })
     }
 }

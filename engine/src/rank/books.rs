@@ -94,14 +94,15 @@ impl Books {
         })
     }
 
-    /// The most further decode steps one plan may chain ([`StepPlan::chained`]): 0 under tensor parallelism, where a
-    /// step's token is known only once the coordinator merges the ranks' answers.
+    /// The most further decode steps one plan may chain ([`StepPlan::chained`]); under tensor parallelism only
+    /// greedy rows chain.
     pub fn max_chained(&self) -> usize {
-        if self.ranks > 1 {
-            0
-        } else {
-            self.max_chained
-        }
+        self.max_chained
+    }
+
+    /// Ranks in the group (more than one: tensor parallelism).
+    pub fn ranks(&self) -> usize {
+        self.ranks
     }
 
     /// The longest context a sequence may reach.
@@ -264,10 +265,11 @@ impl Books {
             ));
         }
         if plan.chained > 0 {
-            if self.ranks > 1 {
+            if self.ranks > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
                 return Err(EngineError::NotSupported(format!(
-                    "chained decode steps over {} tensor-parallel ranks: each holds a slice of the vocabulary, so a \
-                     step's token is known only once the coordinator merges their answers (use --decode-steps 1)",
+                    "sampled rows in chained decode steps over {} tensor-parallel ranks: each holds a slice of the \
+                     vocabulary and the coordinator samples the joined rows, so a sampled token is known only on the \
+                     host (greedy rows chain: their argmax is merged on the ranks)",
                     self.ranks
                 )));
             }

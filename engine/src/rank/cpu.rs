@@ -329,10 +329,11 @@ impl Decoder {
     /// (`gpu/chain.rs`) and the twin it is checked against.
     fn step_chained(&mut self, plan: &StepPlan) -> Result<StepOut> {
         plan.check_chain()?;
-        if self.model().plan().tp > 1 {
+        let tp = self.model().plan().tp;
+        if tp > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
             return Err(EngineError::NotSupported(
-                "chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary and cannot pick \
-                 the next token"
+                "sampled rows in chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary, \
+                 and sampling needs the whole row"
                     .into(),
             ));
         }
@@ -344,9 +345,9 @@ impl Decoder {
         step.commits.clear();
         let n = step.seqs.len();
         for k in 1..=plan.chained {
-            let last = &out.rows[out.rows.len() - n..];
-            for ((s, row), planned) in step.seqs.iter_mut().zip(last).zip(&plan.seqs) {
-                s.tokens = vec![row.sampled.unwrap_or(row.argmax)];
+            let picks = self.picks(&out.rows[out.rows.len() - n..])?;
+            for ((s, token), planned) in step.seqs.iter_mut().zip(picks).zip(&plan.seqs) {
+                s.tokens = vec![token];
                 s.position += 1;
                 if let (Some(sample), Some(p)) = (&mut s.sample, &planned.sample) {
                     sample.uniform = p.chained_uniforms[k - 1];
@@ -356,6 +357,37 @@ impl Decoder {
             out.rows.extend(next.rows);
         }
         Ok(out)
+    }
+
+    /// The tokens a chained step feeds on: each row's sampled token, else its argmax over the whole vocabulary (under
+    /// tensor parallelism the ranks gather their slices' best and merge them as the coordinator does).
+    fn picks(&self, rows: &[RowSummary]) -> Result<Vec<u32>> {
+        let comm = self.comm();
+        if comm.size() == 1 {
+            return Ok(rows.iter().map(|r| r.sampled.unwrap_or(r.argmax)).collect());
+        }
+        // Per row (max logit, argmax bits): the gather copies the words, so the ids come through exactly.
+        let send: Vec<f32> = rows
+            .iter()
+            .flat_map(|r| [r.max_logit.unwrap_or(f32::NAN), f32::from_bits(r.argmax)])
+            .collect();
+        let mut all = vec![0.0f32; send.len() * comm.size()];
+        comm.all_gather(&send, &mut all)?;
+        (0..rows.len())
+            .map(|i| {
+                let parts: Vec<RowSummary> = all
+                    .chunks_exact(send.len())
+                    .map(|rank| RowSummary {
+                        argmax: rank[2 * i + 1].to_bits(),
+                        max_logit: Some(rank[2 * i]),
+                        log_sum_exp: None,
+                        sampled: None,
+                        spec: None,
+                    })
+                    .collect();
+                Ok(super::vocab::merge_rows(&parts)?.argmax)
+            })
+            .collect()
     }
 }
 

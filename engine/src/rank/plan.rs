@@ -182,7 +182,9 @@ pub struct StepPlan {
     pub hidden: bool,
     /// Further decode steps every rank runs after this one with no host round trip between them (0: none; like
     /// vLLM's multi-step scheduling). Step `k` feeds each sequence the token step `k − 1` picked for it (its sampled
-    /// token, else the argmax) at the next position; on a GPU the pick stays on the device. The ranks answer
+    /// token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices' summaries among
+    /// themselves) at the next position; on a GPU the pick stays on the device. Under tensor parallelism only greedy
+    /// rows chain (a sampled row needs the whole logit row, which only the coordinator joins). The ranks answer
     /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
     /// what a chained plan may hold.
     pub chained: usize,

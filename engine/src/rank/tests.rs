@@ -406,11 +406,31 @@ fn chained_plans_are_checked_and_count_every_step() {
         chained,
         ..plan(vec![seq(a, SeqKind::Decode, pos, &[token], f, Rows::Last)])
     };
-    // Tensor parallelism: refused before any rank computes.
-    let mut g = cpu(dir.path(), 2, 1);
+    // Tensor parallelism: a greedy chain merges the ranks' slices at every step, as the coordinator does for single
+    // steps; a sampled row is refused before any rank computes.
+    let mut g = cpu(dir.path(), 2, 2);
     let (a, t) = prefill(&mut g);
+    let (b, _) = prefill(&mut g);
+    let chained = g.step(chain(a, PROMPT.len(), t, 3)).expect("tp 2 greedy chain");
+    let mut next = t;
+    for (k, want) in chained.rows.iter().enumerate() {
+        let one = g.step(chain(b, PROMPT.len() + k, next, 0)).expect("single");
+        assert_eq!(one.rows[0].argmax, want.argmax, "tp 2 step {k}");
+        next = one.rows[0].argmax;
+    }
+    let mut sampled = chain(a, PROMPT.len() + 4, next, 1);
+    sampled.seqs[0].sample = Some(SampleRow {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        uniform: 0.5,
+        chained_uniforms: vec![0.5],
+    });
     let before = steps(&g);
-    let e = g.step(chain(a, PROMPT.len(), t, 3)).expect_err("tp 2");
+    let e = g.step(sampled).expect_err("tp 2 sampled chain");
     assert!(e.to_string().contains("tensor-parallel"), "{e}");
     assert_eq!(steps(&g), before);
     // One rank: a chain of 4 steps equals 4 single steps, and the books count its 4 tokens.

@@ -83,22 +83,44 @@ pub fn sample_row(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, mi
     kept.last().expect("the top token always survives filtering").0
 }
 
-/// One link of a chain of decode steps (the device kernel `chain_pick`'s twin): per row of `summaries` (`words`
-/// u32 each, word 0 the argmax) the next step's input token — `sampled[r]` when `from_sampled`, else the argmax — with
-/// an id outside `0 .. vocab` (a NaN row's −1) replaced by 0; and per row the logged id (`sampled[r]`, or −1 when the
-/// step did not sample).
+/// One link of a chain of decode steps (the device kernel `chain_pick`'s twin). Per row of this rank's `local`
+/// summaries (`words` u32 each: word 0 the argmax, word 1 the max logit's bits), the next step's input token and the
+/// logged sampled id (−1 when the step did not sample). The token is `sampled[r]` when `from_sampled`; else the
+/// argmax over the ranks' summaries `gathered` (`[world, rows, words]`, rank order): the largest max logit, the
+/// first rank on ties (its slice holds the lower ids), as `merge_rows` in the engine. An id outside `0 .. vocab` (a
+/// NaN anywhere, a sampled −1) feeds 0.
+#[allow(clippy::too_many_arguments)]
 pub fn chain_pick(
-    summaries: &[u32],
+    local: &[u32],
+    gathered: &[u32],
+    world: usize,
     words: usize,
     sampled: &[i32],
     from_sampled: bool,
     vocab: usize,
 ) -> (Vec<i32>, Vec<i32>) {
-    summaries
-        .chunks_exact(words.max(1))
-        .enumerate()
-        .map(|(r, s)| {
-            let id = if from_sampled { sampled[r] as i64 } else { s[0] as i64 };
+    let rows = local.len() / words.max(1);
+    (0..rows)
+        .map(|r| {
+            let id = if from_sampled {
+                i64::from(sampled[r])
+            } else {
+                let mut best: Option<(f32, u32)> = None;
+                let mut nan = false;
+                for k in 0..world {
+                    let g = &gathered[(k * rows + r) * words..(k * rows + r + 1) * words];
+                    let v = f32::from_bits(g[1]);
+                    if v.is_nan() {
+                        nan = true;
+                    } else if best.is_none_or(|(b, _)| v > b) {
+                        best = Some((v, g[0]));
+                    }
+                }
+                match best {
+                    Some((_, id)) if !nan => i64::from(id),
+                    _ => -1,
+                }
+            };
             let token = if (0..vocab as i64).contains(&id) { id as i32 } else { 0 };
             (token, if from_sampled { sampled[r] } else { -1 })
         })
@@ -193,12 +215,22 @@ mod tests {
 
     #[test]
     fn chain_pick_feeds_the_pick_and_guards_the_embedding() {
-        // Two rows of 3 words: argmax 5 and 99 (past a vocabulary of 10).
-        let summaries = [5, 1, 2, 99, 3, 4];
+        // Two rows of 3 words (argmax, max bits, pad): argmax 5 and 99 (past a vocabulary of 10).
+        let one = [5, 2f32.to_bits(), 0, 99, 1f32.to_bits(), 0];
         assert_eq!(
-            chain_pick(&summaries, 3, &[7, -1], false, 10),
+            chain_pick(&one, &one, 1, 3, &[7, -1], false, 10),
             (vec![5, 0], vec![-1, -1])
         );
-        assert_eq!(chain_pick(&summaries, 3, &[7, -1], true, 10), (vec![7, 0], vec![7, -1]));
+        assert_eq!(
+            chain_pick(&one, &one, 1, 3, &[7, -1], true, 10),
+            (vec![7, 0], vec![7, -1])
+        );
+        // Two ranks: the larger max wins, the first rank on a tie; a NaN anywhere feeds 0.
+        let other = [8, 2f32.to_bits(), 0, 6, 3f32.to_bits(), 0];
+        let both: Vec<u32> = one.iter().chain(&other).copied().collect();
+        assert_eq!(chain_pick(&one, &both, 2, 3, &[0, 0], false, 10).0, vec![5, 6]);
+        let poisoned = [8, f32::NAN.to_bits(), 0, 6, 3f32.to_bits(), 0];
+        let both: Vec<u32> = one.iter().chain(&poisoned).copied().collect();
+        assert_eq!(chain_pick(&one, &both, 2, 3, &[0, 0], false, 10).0, vec![0, 6]);
     }
 }

@@ -182,7 +182,21 @@ impl NcclComm {
 
     /// Concatenates every rank's `send` in rank order into `recv` (`recv.len() == world · send.len()`, rank-major).
     pub fn all_gather_f32(&self, send: &impl DevicePtr<f32>, recv: &mut impl DevicePtrMut<f32>) -> Result<()> {
-        super::check_len("all_gather_f32", "recv", recv.len(), self.world * send.len())?;
+        self.all_gather(send, recv, "all_gather_f32")
+    }
+
+    /// [`NcclComm::all_gather_f32`] of 32-bit words (bit patterns, e.g. the LM head's summaries).
+    pub fn all_gather_u32(&self, send: &impl DevicePtr<u32>, recv: &mut impl DevicePtrMut<u32>) -> Result<()> {
+        self.all_gather(send, recv, "all_gather_u32")
+    }
+
+    fn all_gather<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        op: &'static str,
+    ) -> Result<()> {
+        super::check_len(op, "recv", recv.len(), self.world * send.len())?;
         if send.is_empty() {
             return Ok(());
         }
@@ -190,10 +204,10 @@ impl NcclComm {
             return self
                 .stream
                 .memcpy_dtod(send, recv)
-                .map_err(driver_err("all_gather_f32: copying a world-of-one gather"));
+                .map_err(driver_err(format!("{op}: copying a world-of-one gather")));
         };
         self.bind()?;
-        let context = format!("ncclAllGather (all_gather_f32, rank {} of {})", self.rank, self.world);
+        let context = format!("ncclAllGather ({op}, rank {} of {})", self.rank, self.world);
         let count = send.len();
         let (src, _src_done) = send.device_ptr(&self.stream);
         let (dst, _dst_done) = recv.device_ptr_mut(&self.stream);
@@ -201,7 +215,7 @@ impl NcclComm {
         // SAFETY: both pointers are live device buffers on this rank's stream with the checked lengths; the
         // guards record their use on the stream when they drop, after the enqueue.
         let status = comm.enqueue(|c| unsafe {
-            nccl::result::all_gather(src as _, dst as _, count, f32::as_nccl_type(), c, stream as _)
+            nccl::result::all_gather(src as _, dst as _, count, T::as_nccl_type(), c, stream as _)
         });
         Self::finish(status, &context)
     }

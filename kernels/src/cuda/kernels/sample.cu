@@ -362,18 +362,39 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const flo
 }
 
 // One link of a chain of decode steps run without a host round trip (engine/src/gpu/chain.rs), per row: the next
-// step's input token (the sampled id when the step sampled, else the head summary's argmax word), and a copy of the
-// row's summary (`words` u32 each) and sampled id into the chain's log at this step's offset. An id outside
-// 0 .. vocab (a NaN row's −1) feeds token 0: the NaN in the logged summary fails the chain on the host, and the
-// embedding never reads out of bounds. CPU twin: `chain_pick` in kernels/src/cpu/sample.rs.
-extern "C" __global__ void chain_pick(const unsigned* summaries, int words, const int* sampled, int from_sampled,
-                                      int rows, int vocab, int* tokens, unsigned* log_words, int* log_ids) {
+// step's input token, and a copy of this rank's summary of the row (`words` u32 each) and its sampled id into the
+// chain's log at this step's offset. The token is the sampled id when the step sampled; else the argmax over the
+// ranks' summaries `gathered` (`[world, rows, words]`, rank order; with one rank this rank's own): the largest max
+// logit (word 1) wins and the first rank on ties, whose slice holds the lower ids (engine/src/rank/vocab.rs,
+// merge_rows). An id outside 0 .. vocab (a NaN anywhere, a sampled −1) feeds token 0: the NaN in the logged summary
+// fails the chain on the host, and the embedding never reads out of bounds. CPU twin: `chain_pick` in
+// kernels/src/cpu/sample.rs.
+extern "C" __global__ void chain_pick(const unsigned* local, const unsigned* gathered, int world, int words,
+                                      const int* sampled, int from_sampled, int rows, int vocab, int* tokens,
+                                      unsigned* log_words, int* log_ids) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
-    const unsigned* s = summaries + (size_t)r * words;
+    const unsigned* s = local + (size_t)r * words;
     unsigned* l = log_words + (size_t)r * words;
     for (int w = 0; w < words; ++w) l[w] = s[w];
-    const int id = from_sampled ? sampled[r] : (int)s[0];
+    int id = -1;
+    if (from_sampled) {
+        id = sampled[r];
+    } else {
+        float best = 0.0f;
+        int nan = 0;
+        for (int k = 0; k < world; ++k) {
+            const unsigned* g = gathered + ((size_t)k * rows + r) * words;
+            const float v = __uint_as_float(g[1]);
+            if (v != v) {
+                nan = 1;
+            } else if (id < 0 || v > best) {
+                best = v;
+                id = (int)g[0];
+            }
+        }
+        if (nan) id = -1;
+    }
     log_ids[r] = from_sampled ? sampled[r] : -1;
     tokens[r] = (id < 0 || id >= vocab) ? 0 : id;
 }

@@ -112,15 +112,18 @@ pub fn sample_rows(
     launch!(dev, "sample_rows", per_row_cfg(rows), lp, vocab_i, pp, up, op)
 }
 
-/// One link of a chain of decode steps (CPU twin [`crate::cpu::sample::chain_pick`]): per row of `summaries`
-/// (`[rows, words]`, word 0 the argmax) writes the next step's input token into `tokens` — `sampled[r]` when
-/// `from_sampled`, else the argmax; an id outside `0 .. vocab` becomes 0 — and copies the row's summary into
+/// One link of a chain of decode steps (CPU twin [`crate::cpu::sample::chain_pick`]): per row of this rank's
+/// `local` summaries (`[rows, words]`) writes the next step's input token into `tokens` — `sampled[r]` when
+/// `from_sampled`, else the argmax over the ranks' summaries `gathered` (`[world, rows, words]`, rank order; pass
+/// `local` with `world` 1); an id outside `0 .. vocab` becomes 0 — and copies the row's local summary into
 /// `log_words` and its sampled id (−1 when `from_sampled` is false) into `log_ids`. Device work only, so a chain of
 /// steps runs with no host round trip.
 #[allow(clippy::too_many_arguments)]
 pub fn chain_pick(
     dev: &CudaDevice,
-    summaries: &impl DevicePtr<u32>,
+    local: &impl DevicePtr<u32>,
+    gathered: &impl DevicePtr<u32>,
+    world: usize,
     words: usize,
     sampled: &impl DevicePtr<i32>,
     from_sampled: bool,
@@ -131,8 +134,10 @@ pub fn chain_pick(
 ) -> Result<()> {
     const OP: &str = "chain_pick";
     let rows = tokens.len();
-    ensure(OP, words > 0 && words <= 64, || format!("{words} summary words"))?;
-    check_len(OP, "summaries", summaries.len(), rows * words)?;
+    ensure(OP, (2..=64).contains(&words), || format!("{words} summary words"))?;
+    ensure(OP, (1..=64).contains(&world), || format!("{world} ranks"))?;
+    check_len(OP, "local", local.len(), rows * words)?;
+    check_len(OP, "gathered", gathered.len(), world * rows * words)?;
     check_len(OP, "sampled", sampled.len(), rows)?;
     check_len(OP, "log_words", log_words.len(), rows * words)?;
     check_len(OP, "log_ids", log_ids.len(), rows)?;
@@ -143,17 +148,26 @@ pub fn chain_pick(
     if rows == 0 {
         return Ok(());
     }
-    let (words_i, from_i, rows_i, vocab_i) = (words as i32, from_sampled as i32, rows as i32, vocab as i32);
-    let (sp, _gs) = summaries.device_ptr(dev.stream());
+    let (world_i, words_i, from_i, rows_i, vocab_i) = (
+        world as i32,
+        words as i32,
+        from_sampled as i32,
+        rows as i32,
+        vocab as i32,
+    );
+    let (lp, _gl) = local.device_ptr(dev.stream());
+    let (gp, _gg) = gathered.device_ptr(dev.stream());
     let (ip, _gi) = sampled.device_ptr(dev.stream());
     let (tp, _gt) = tokens.device_ptr_mut(dev.stream());
     let (lw, _gw) = log_words.device_ptr_mut(dev.stream());
-    let (li, _gl) = log_ids.device_ptr_mut(dev.stream());
+    let (li, _gd) = log_ids.device_ptr_mut(dev.stream());
     launch!(
         dev,
         "chain_pick",
         grid_1d(rows),
-        sp,
+        lp,
+        gp,
+        world_i,
         words_i,
         ip,
         from_i,

@@ -39,13 +39,18 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             sample_rows(cx, rng, rows, vocab)
         }));
     }
-    for (rows, from_sampled) in [(1, false), (64, true), (300, false), (513, true)] {
-        let shape = format!(
-            "{rows} rows, {}",
-            if from_sampled { "sampled ids" } else { "argmax words" }
-        );
+    for (rows, from_sampled, world) in [
+        (1, false, 1),
+        (64, true, 1),
+        (300, false, 1),
+        (513, true, 1),
+        (64, false, 2),
+        (257, false, 4),
+    ] {
+        let what = if from_sampled { "sampled ids" } else { "argmax words" };
+        let shape = format!("{rows} rows, {what}, {world} rank(s)");
         cases.push(Case::new("chain_pick", "-", shape, move |cx, rng| {
-            chain_pick(cx, rng, rows, from_sampled)
+            chain_pick(cx, rng, rows, from_sampled, world)
         }));
     }
     // dtype "-": the check is a statistical score, not an f32 rounding error (keeps the selftest's worst f32 honest).
@@ -235,24 +240,36 @@ fn sample_frequencies(cx: &Ctx, rng: &mut Rng) -> Result<Vec<Check>> {
     }])
 }
 
-/// Random summaries and sampled ids, with a NaN row's −1 and an id past the vocabulary planted, against the twin.
-fn chain_pick(cx: &Ctx, rng: &mut Rng, rows: usize, from_sampled: bool) -> Result<Vec<Check>> {
+/// Random summaries of `world` ranks (max logits on a coarse grid, so ranks tie), sampled ids, a NaN row's −1, an id
+/// past the vocabulary and a NaN max planted, against the twin.
+fn chain_pick(cx: &Ctx, rng: &mut Rng, rows: usize, from_sampled: bool, world: usize) -> Result<Vec<Check>> {
     let (vocab, words) = (131072usize, ops::SUMMARY_WORDS);
-    let mut summaries: Vec<u32> = (0..rows * words).map(|_| rng.next_u64() as u32).collect();
-    let mut sampled: Vec<i32> = (0..rows).map(|_| rng.below(0, vocab) as i32).collect();
-    for r in 0..rows {
-        summaries[r * words] = rng.below(0, vocab) as u32;
+    let mut gathered: Vec<u32> = (0..world * rows * words).map(|_| rng.next_u64() as u32).collect();
+    for k in 0..world * rows {
+        gathered[k * words] = rng.below(0, vocab) as u32;
+        gathered[k * words + 1] = (rng.below(0, 8) as f32 - 4.0).to_bits();
     }
+    let mut sampled: Vec<i32> = (0..rows).map(|_| rng.below(0, vocab) as i32).collect();
     let bad = rng.below(0, rows);
     sampled[bad] = -1;
-    summaries[bad * words] = vocab as u32 + 5;
-    let (ds, di) = (cx.dev.upload(&summaries)?, cx.dev.upload(&sampled)?);
+    gathered[bad * words] = vocab as u32 + 5;
+    gathered[bad * words + 1] = 100f32.to_bits();
+    let poisoned = ((world - 1) * rows + rng.below(0, rows)) * words;
+    gathered[poisoned + 1] = f32::NAN.to_bits();
+    let local = gathered[..rows * words].to_vec();
+    let (dl, dg, di) = (
+        cx.dev.upload(&local)?,
+        cx.dev.upload(&gathered)?,
+        cx.dev.upload(&sampled)?,
+    );
     let mut tokens = cx.dev.upload(&vec![-9i32; rows])?;
     let mut log_words = cx.dev.upload(&vec![0u32; rows * words])?;
     let mut log_ids = cx.dev.upload(&vec![-9i32; rows])?;
     ops::chain_pick(
         cx.dev,
-        &ds,
+        &dl,
+        &dg,
+        world,
         words,
         &di,
         from_sampled,
@@ -261,10 +278,11 @@ fn chain_pick(cx: &Ctx, rng: &mut Rng, rows: usize, from_sampled: bool) -> Resul
         &mut log_words,
         &mut log_ids,
     )?;
-    let (want_tokens, want_ids) = cpu::sample::chain_pick(&summaries, words, &sampled, from_sampled, vocab);
+    let (want_tokens, want_ids) =
+        cpu::sample::chain_pick(&local, &gathered, world, words, &sampled, from_sampled, vocab);
     Ok(vec![
         verdict("tokens", cx.dev.download(&tokens)? == want_tokens),
-        verdict("log_words", cx.dev.download(&log_words)? == summaries),
+        verdict("log_words", cx.dev.download(&log_words)? == local),
         verdict("log_ids", cx.dev.download(&log_ids)? == want_ids),
     ])
 }
