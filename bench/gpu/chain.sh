@@ -8,6 +8,8 @@
 #   bench     `rewind bench --decode-steps 8`: every decode row measured in single steps and in chains of 8 in the
 #             same run, on BENCH_MODELS (init-model arch:preset:layers; 0 layers = the preset's own depth) in the
 #             replay and recurrent forms;
+#   tp        (2 GPUs) `rewind selftest --only chain_pick --model-tp 1,2` (the merge of the ranks' picks, every
+#             model-level row at TP 1 and 2), then `rewind bench --tp 1` and `--tp 2 --decode-steps 8` on TP_MODEL;
 #   serving   `rewind bench --concurrency N --serving-only` through the coordinator and rank actors with
 #             --decode-steps 1 and 8 (SERVE_MODELS, as BENCH_MODELS; concurrency 1 and 64).
 # Carried: .gpu/chain/rewind.xz (cargo build --release -p rewind-bin --no-default-features --features cuda; stripped,
@@ -76,5 +78,21 @@ if has serving; then
         stamp "serve $preset $layers c$c steps $steps" $?
       done
     done
+  done
+fi
+
+if has tp; then
+  timeout ${TP_SELFTEST_S:-360} $R selftest --device cuda --only chain_pick --fixtures tests/fixtures \
+    --trained-models models/default --model-tp 1,2 --json $D/tp-selftest.json > $D/tp-selftest.log 2>&1
+  stamp "tp selftest" $?
+  IFS=: read -r arch preset layers <<< "${TP_MODEL:-nemotron_h:nemotron-3-nano-30b-a3b:6}"
+  m=/tmp/m-$preset-$layers
+  [ -f $m/config.json ] || $R init-model --arch $arch --preset $preset --layers $layers --out $m --seed 3 > /dev/null 2>>$L
+  for tp in 1 2; do
+    timeout ${TP_BENCH_S:-90} $R bench --model $m --device cuda --tp $tp --decode replay --buffer-len 16 --batch 1,64 \
+      --max-seqs 64 --prompt-len ${PROMPT:-512} --step-prompt ${PROMPT:-512} --decode-tokens 64 --repeats 3 \
+      --decode-steps 8 --json $D/tp-bench-$preset-$layers-tp$tp.json > $D/tp-bench-$preset-$layers-tp$tp.md \
+      2>$D/tp-bench-$preset-$layers-tp$tp.log
+    stamp "tp bench $preset $layers tp$tp" $?
   done
 fi
