@@ -1,6 +1,7 @@
 //! One step's bookkeeping around the block loop: the whole batch checked before anything changes, each sequence's
 //! form and flush decided as data (kv-only compression, the one-window-early flush), the KV grown, the blocks run
-//! ([`super::step`]), then the slot counters moved by each sequence's phase.
+//! ([`super::step`]), then the slot counters moved by each sequence's phase ([`crate::state::SlotCounters::after_step`],
+//! the rules the GPU rank applies too).
 
 use super::step::{Phase, Seq};
 use super::{Decoder, Item};
@@ -79,32 +80,18 @@ impl Decoder {
         let x = self.run(&seqs)?;
         for (s, h) in seqs.iter().zip(before) {
             let t = s.tokens.len();
-            match (s.phase, s.form) {
-                (Phase::Prefill, DecodeForm::KvOnly) => self.pools.ring_commit(s.slot, t)?,
-                (Phase::Prefill, _) => {}
-                (Phase::Decode, DecodeForm::Recurrent) => self.pools.conv_advance(s.slot, 1)?,
-                (Phase::Decode, DecodeForm::KvOnly) => {
-                    self.pools.ring_commit(s.slot, 1)?;
-                    self.pools.conv_advance(s.slot, 1)?;
-                }
-                (Phase::Decode, DecodeForm::Replay) => {
-                    self.pools.ring_commit(s.slot, 1)?;
-                    if s.flush {
-                        // The step folded every committed entry, its own included.
-                        self.pools.ring_flush(s.slot, h + 1)?;
-                    }
-                    self.pools.conv_advance(s.slot, 1)?;
-                }
-                (Phase::Verify, _) => {
-                    if s.flush {
-                        // The verify folded the committed history into the checkpoint; the drafts stay pending.
-                        self.pools.ring_flush(s.slot, h)?;
-                    }
-                    self.pending[s.slot] = t;
-                    continue;
-                }
+            let phase = match s.phase {
+                Phase::Prefill => StepPhase::Prefill { position: s.pos },
+                Phase::Decode => StepPhase::Decode,
+                Phase::Verify => StepPhase::Verify,
+            };
+            self.pools.after_step(s.slot, phase, s.form, s.flush, h, t)?;
+            if s.phase == Phase::Verify {
+                // The drafts wait for the commit.
+                self.pending[s.slot] = t;
+            } else {
+                self.position[s.slot] += t;
             }
-            self.position[s.slot] += t;
         }
         Ok(x)
     }

@@ -432,11 +432,10 @@ impl Decoder {
         let t = self.pending[slot];
         let _span = debug_span!("commit", slot, accepted, drafts = t).entered();
         self.traffic = Traffic::default();
-        match self.pools.counters().form_of(slot) {
-            DecodeForm::Recurrent => self.commit_baseline(slot, accepted)?,
-            DecodeForm::Replay | DecodeForm::KvOnly => self.pools.ring_commit(slot, accepted)?,
+        if self.pools.counters().form_of(slot) == DecodeForm::Recurrent {
+            self.commit_baseline(slot, accepted)?;
         }
-        self.pools.conv_advance(slot, accepted)?;
+        self.pools.commit(slot, accepted)?;
         let pos = self.position[slot] + accepted;
         self.pools.kv_truncate(slot, pos)?;
         self.position[slot] = pos;

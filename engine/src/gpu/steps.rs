@@ -3,9 +3,9 @@
 //! the prompt chunks one sequence at a time, every decode as one batch and the verifies in batches of equal window.
 //! Forms and flushes are data in the replay rows, so one launch per layer serves a batch that mixes them.
 //!
-//! After the device work the counters move exactly as the CPU decoder's (`decode/advance.rs`): a decode commits its
-//! entry (and a flush drops the folded ones), a verify's drafts wait for the commit, a kv-only prompt keeps its
-//! entries. A verify of recurrent sequences runs the speculative baseline instead (ReplaySSM Alg. 3 / 7: one state
+//! After the device work the counters move by the rules the CPU decoder applies too (`SlotCounters::after_step` and
+//! `commit`): a decode commits its entry (and a flush drops the folded ones), a verify's drafts wait for the commit, a
+//! kv-only prompt keeps its entries. A verify of recurrent sequences runs the speculative baseline instead (ReplaySSM Alg. 3 / 7: one state
 //! snapshot per draft in the rank's snapshot pools), and its commit copies snapshot `accepted − 1` into the state.
 //!
 //! [`SlotCounters::decide`]: crate::state::SlotCounters::decide
@@ -205,14 +205,10 @@ impl<A: Act> GpuRank<A> {
     fn commit(&mut self, commits: &[Commit]) -> Result<()> {
         let mut baseline = Vec::new();
         for c in commits {
-            if self.counters.form_of(c.slot) == DecodeForm::Recurrent {
-                if c.accepted > 0 {
-                    baseline.extend([c.slot as i32, c.accepted as i32]);
-                }
-            } else {
-                self.counters.ring_commit(c.slot, c.accepted)?;
+            if self.counters.form_of(c.slot) == DecodeForm::Recurrent && c.accepted > 0 {
+                baseline.extend([c.slot as i32, c.accepted as i32]);
             }
-            self.counters.conv_advance(c.slot, c.accepted)?;
+            self.counters.commit(c.slot, c.accepted)?;
         }
         if !baseline.is_empty() {
             let _span = debug_span!("gpu_commit_baseline", seqs = baseline.len() / 2).entered();
@@ -375,9 +371,9 @@ impl<A: Act> GpuRank<A> {
                 None
             };
             let h = self.run(step, head_rows, want_logits, sample, &[])?;
-            if d.form == DecodeForm::KvOnly {
-                self.counters.ring_commit(slot, t)?;
-            }
+            let ring = self.counters.ring(slot).len;
+            self.counters
+                .after_step(slot, StepPhase::Prefill { position: pos }, d.form, false, ring, t)?;
             out.extend(h);
         }
         Ok(out)
@@ -455,18 +451,8 @@ impl<A: Act> GpuRank<A> {
     /// Moves the counters after a decode step's device work was queued, as the CPU decoder's `decode/advance.rs`.
     pub(super) fn after_decode(&mut self, seqs: &[&SeqStep], staged: &Staged) -> Result<()> {
         for ((s, d), r) in seqs.iter().zip(&staged.decisions).zip(&staged.replay_rows) {
-            match d.form {
-                DecodeForm::Recurrent => {}
-                DecodeForm::KvOnly => self.counters.ring_commit(s.slot, 1)?,
-                DecodeForm::Replay => {
-                    self.counters.ring_commit(s.slot, 1)?;
-                    if d.flush {
-                        // The step folded every committed entry, its own included.
-                        self.counters.ring_flush(s.slot, r.ring_len + 1)?;
-                    }
-                }
-            }
-            self.counters.conv_advance(s.slot, 1)?;
+            self.counters
+                .after_step(s.slot, StepPhase::Decode, d.form, d.flush, r.ring_len, 1)?;
         }
         Ok(())
     }
@@ -519,10 +505,8 @@ impl<A: Act> GpuRank<A> {
         let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();
         let out = self.run(step, b * t, want_logits, None, &spec)?;
         for ((s, d), r) in seqs.iter().zip(&decisions).zip(&replay_rows) {
-            if d.flush {
-                // The verify folded the committed history; the drafts are now entries 0 .. t, pending.
-                self.counters.ring_flush(s.slot, r.ring_len)?;
-            }
+            self.counters
+                .after_step(s.slot, StepPhase::Verify, d.form, d.flush, r.ring_len, t)?;
         }
         Ok(out)
     }

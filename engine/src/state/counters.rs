@@ -334,6 +334,55 @@ impl SlotCounters {
     }
 }
 
+impl SlotCounters {
+    /// Moves `slot`'s counters after a step of `t` tokens ran in `form` with flush flag `flush`, its ring holding `h`
+    /// committed entries before the step: the rules every engine applies after its device work (the CPU decoder's
+    /// `decode/advance.rs`, a GPU rank's `gpu/steps.rs`), written once.
+    ///
+    /// - A prompt chunk of a kv-only sequence keeps its `t` entries; other forms' chunks went into the checkpoint.
+    /// - A decode commits its entry in replay and kv-only (a replay flush folded every committed entry, its own
+    ///   included: `h + 1` leave the ring), and moves every form's conv history by one.
+    /// - A verify's flush folded the committed history (`h` entries); its drafts wait for [`SlotCounters::commit`].
+    pub fn after_step(
+        &mut self,
+        slot: usize,
+        phase: StepPhase,
+        form: DecodeForm,
+        flush: bool,
+        h: usize,
+        t: usize,
+    ) -> Result<(), PoolError> {
+        match (phase, form) {
+            (StepPhase::Prefill { .. }, DecodeForm::KvOnly) => self.ring_commit(slot, t),
+            (StepPhase::Prefill { .. }, _) => Ok(()),
+            (StepPhase::Decode, DecodeForm::Recurrent) => self.conv_advance(slot, 1),
+            (StepPhase::Decode, DecodeForm::KvOnly) => {
+                self.ring_commit(slot, 1)?;
+                self.conv_advance(slot, 1)
+            }
+            (StepPhase::Decode, DecodeForm::Replay) => {
+                self.ring_commit(slot, 1)?;
+                if flush {
+                    self.ring_flush(slot, h + 1)?;
+                }
+                self.conv_advance(slot, 1)
+            }
+            (StepPhase::Verify, _) if flush => self.ring_flush(slot, h),
+            (StepPhase::Verify, _) => Ok(()),
+        }
+    }
+
+    /// Accepts the first `accepted` drafts of `slot`'s verify: a replay or kv-only ring keeps them (a pointer move; a
+    /// rollback is the absence of this move) and the conv history moves by `accepted`. A recurrent slot's state is
+    /// the caller's to replace (its baseline snapshot `accepted − 1`).
+    pub fn commit(&mut self, slot: usize, accepted: usize) -> Result<(), PoolError> {
+        if self.form_of(slot) != DecodeForm::Recurrent {
+            self.ring_commit(slot, accepted)?;
+        }
+        self.conv_advance(slot, accepted)
+    }
+}
+
 /// ReplaySSM's flush rule, one window early: flush before a step that appends up to `window` entries when
 /// `h + 2·window > L`, which leaves at least `window` free entries on every later step.
 pub fn needs_flush(h: usize, window: usize, capacity: usize) -> bool {
@@ -482,6 +531,54 @@ mod tests {
         c.reset(1, DecodeForm::Recurrent);
         let d = c.decide(1, StepPhase::Decode, 1, threshold, window);
         assert_eq!((d.form, d.fold_first, d.flush), (DecodeForm::Recurrent, false, false));
+    }
+
+    #[test]
+    fn after_step_and_commit_move_the_counters_by_the_shared_rules() {
+        // L = 8, conv K − 1 = 3, T = 2.
+        let mut c = SlotCounters::new(3, 8, 3, 2);
+        c.reset(0, DecodeForm::KvOnly);
+        c.after_step(0, StepPhase::Prefill { position: 0 }, DecodeForm::KvOnly, false, 0, 4)
+            .expect("kv-only prompt");
+        assert_eq!(
+            (c.ring(0).len, c.conv(0).start),
+            (4, 0),
+            "a kv-only prompt keeps its entries"
+        );
+        c.reset(1, DecodeForm::Replay);
+        c.after_step(1, StepPhase::Prefill { position: 0 }, DecodeForm::Replay, false, 0, 4)
+            .expect("replay prompt");
+        assert_eq!(c.ring(1).len, 0, "a replay prompt goes into the checkpoint");
+        c.ring_commit(1, 5).expect("entries");
+        c.after_step(1, StepPhase::Decode, DecodeForm::Replay, false, 5, 1)
+            .expect("decode");
+        assert_eq!((c.ring(1).start, c.ring(1).len, c.conv(1).start), (0, 6, 1));
+        c.after_step(1, StepPhase::Decode, DecodeForm::Replay, true, 6, 1)
+            .expect("flushing decode");
+        assert_eq!(
+            (c.ring(1).start, c.ring(1).len, c.conv(1).start),
+            (7, 0, 2),
+            "h + 1 folded"
+        );
+        c.ring_commit(1, 3).expect("entries");
+        c.after_step(1, StepPhase::Verify, DecodeForm::Replay, true, 3, 2)
+            .expect("flushing verify");
+        assert_eq!(
+            (c.ring(1).len, c.conv(1).start),
+            (0, 2),
+            "the committed history folded, the drafts pending"
+        );
+        c.commit(1, 2).expect("commit");
+        assert_eq!((c.ring(1).len, c.conv(1).start), (2, 4));
+        c.reset(2, DecodeForm::Recurrent);
+        c.after_step(2, StepPhase::Decode, DecodeForm::Recurrent, false, 0, 1)
+            .expect("recurrent decode");
+        c.commit(2, 2).expect("recurrent commit");
+        assert_eq!((c.ring(2).len, c.conv(2).start), (0, 3), "a recurrent ring stays empty");
+        assert!(c
+            .after_step(0, StepPhase::Decode, DecodeForm::KvOnly, false, 4, 1)
+            .is_ok());
+        assert!(c.commit(0, 9).is_err(), "beyond the ring");
     }
 
     #[test]

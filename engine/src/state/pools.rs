@@ -1,6 +1,6 @@
 //! [`StatePools`]: every per-sequence tensor of a model for a fixed number of slots, sized up front.
 
-use super::counters::{DecodeForm, SlotCounters};
+use super::counters::{DecodeForm, SlotCounters, StepPhase};
 use super::kv::{KvBlocks, KvLayerPool, KvSlotMut, NO_BLOCK};
 use super::slots::SlotAllocator;
 use super::ssm::{GdnSlotMut, Mamba2SlotMut, SsmDims, SsmLayerPool, SsmSlotMut};
@@ -356,6 +356,26 @@ impl StatePools {
     pub fn conv_advance(&mut self, slot: usize, n: usize) -> Result<(), PoolError> {
         self.slots.check_allocated(slot)?;
         self.counters.conv_advance(slot, n)
+    }
+
+    /// Moves a slot's counters after a step ran (see [`SlotCounters::after_step`]).
+    pub fn after_step(
+        &mut self,
+        slot: usize,
+        phase: StepPhase,
+        form: DecodeForm,
+        flush: bool,
+        h: usize,
+        t: usize,
+    ) -> Result<(), PoolError> {
+        self.slots.check_allocated(slot)?;
+        self.counters.after_step(slot, phase, form, flush, h, t)
+    }
+
+    /// Accepts `accepted` drafts of a slot's verify in its counters (see [`SlotCounters::commit`]).
+    pub fn commit(&mut self, slot: usize, accepted: usize) -> Result<(), PoolError> {
+        self.slots.check_allocated(slot)?;
+        self.counters.commit(slot, accepted)
     }
 
     /// Sets a slot's flush flag.
