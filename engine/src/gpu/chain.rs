@@ -17,6 +17,7 @@ use rewind_kernels::cuda::ops::{self, SUMMARY_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::debug_span;
 
+use super::head::sample_params;
 use super::rank::{to_i32, GpuRank, HeadOut};
 use super::steps::greedy;
 use super::Act;
@@ -44,6 +45,7 @@ impl ChainScratch {
         4 * (MAX_CHAINED + 1) * max_seqs * (SUMMARY_WORDS + 2) + 4 * 4 * max_seqs + 4 * tp * max_seqs * SUMMARY_WORDS
     }
 
+    /// The buffers for `max_seqs` sequences on a rank of `tp`, allocated once with the rank's scratch.
     pub(crate) fn new(dev: &CudaDevice, max_seqs: usize, tp: usize) -> Result<Self> {
         let steps = MAX_CHAINED + 1;
         Ok(ChainScratch {
@@ -63,41 +65,29 @@ impl<A: Act> GpuRank<A> {
         let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
         let (b, steps) = (seqs.len(), plan.chained + 1);
         let _span = debug_span!("gpu_chain", batch = b, steps).entered();
+        // The books checked the plan (`StepPlan::check_chain`), and `run_plan` refused sampling on a TP rank.
         let sampling = seqs.iter().any(|s| s.sample.is_some());
         let world = self.info.tp;
-        if world > 1 && sampling {
-            return Err(EngineError::NotSupported(
-                "sampled rows in chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary, \
-                 and sampling needs the whole row (greedy rows chain: their argmax is merged on the device)"
-                    .into(),
-            ));
-        }
-        if steps > MAX_CHAINED + 1 || b > self.sizes.max_seqs || b == 0 {
-            return Err(EngineError::InvalidInput(format!(
-                "a chain of {steps} steps over {b} sequences: this rank chains 1 to {} sequences for at most {} steps",
-                self.sizes.max_seqs,
-                MAX_CHAINED + 1
+        if world > 1 && self.inner.comm.is_none() {
+            return Err(EngineError::Communicator(format!(
+                "a chained step on rank {} of {world} without a communicator to merge the ranks' picks",
+                self.info.rank
             )));
         }
-        plan.check_chain()?;
         let dev = self.inner.dev.clone();
         // The rank's slice for sampling (the whole vocabulary at TP 1); the model's for the pick's bound.
         let (v, vocab) = (self.info.vocab.len(), self.inner.config.vocab_size);
         if sampling {
             let rows: Vec<SampleRow> = seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect();
-            let params: Vec<f32> = rows
-                .iter()
-                .flat_map(|r| [r.temperature, r.top_k as f32, r.top_p, r.min_p])
-                .collect();
-            // Step-major draws; a greedy row's are unused (temperature 0 is the argmax).
+            let params = sample_params(&rows);
+            // Step-major draws: a sampling row carries one per step (`check_chain`); a greedy row's are unused
+            // (temperature 0 is the argmax), so it draws 0.
             let uniforms: Vec<f32> = (0..steps)
                 .flat_map(|k| {
-                    rows.iter().map(move |r| {
-                        if k == 0 {
-                            r.uniform
-                        } else {
-                            r.chained_uniforms.get(k - 1).copied().unwrap_or(0.0)
-                        }
+                    seqs.iter().map(move |s| match &s.sample {
+                        Some(r) if k == 0 => r.uniform,
+                        Some(r) => r.chained_uniforms[k - 1],
+                        None => 0.0,
                     })
                 })
                 .collect();
@@ -165,8 +155,14 @@ impl<A: Act> GpuRank<A> {
             .map(RowSummary::from)
             .collect();
         for (i, row) in rows.iter_mut().enumerate() {
-            if seqs[i % b].sample.is_some() {
-                row.sampled = Some(ids[i] as u32);
+            let s = seqs[i % b];
+            if s.sample.is_some() {
+                // The sampler gives −1 for a row holding a non-finite logit (not always its max, which the summary
+                // would show): the step has no answer for it.
+                let id = u32::try_from(ids[i]).map_err(|_| EngineError::NonFinite {
+                    position: s.position + i / b,
+                })?;
+                row.sampled = Some(id);
             }
         }
         Ok(HeadOut {

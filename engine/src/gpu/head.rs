@@ -211,6 +211,13 @@ impl<A: Act> GpuRank<A> {
     }
 }
 
+/// `[rows, 4]` (temperature, top-k, top-p, min-p), as `ops::sample_rows` reads them.
+pub(super) fn sample_params(rows: &[SampleRow]) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|r| [r.temperature, r.top_k as f32, r.top_p, r.min_p])
+        .collect()
+}
+
 /// The repetition penalty and the draw for `rows` on the device; the ids land in `ids`.
 pub(super) fn sample_on_device(
     dev: &CudaDevice,
@@ -239,10 +246,7 @@ pub(super) fn sample_on_device(
         let (rows_of, tokens, penalty) = (dev.upload(&rows_of)?, dev.upload(&tokens)?, dev.upload(&penalty)?);
         ops::repetition_penalty(dev, logits, vocab, &rows_of, &tokens, &penalty)?;
     }
-    let params: Vec<f32> = rows
-        .iter()
-        .flat_map(|r| [r.temperature, r.top_k as f32, r.top_p, r.min_p])
-        .collect();
+    let params = sample_params(rows);
     let uniforms: Vec<f32> = rows.iter().map(|r| r.uniform).collect();
     let (params, uniforms) = (dev.upload(&params)?, dev.upload(&uniforms)?);
     let mut out = ids.slice_mut(..b);

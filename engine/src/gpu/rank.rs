@@ -220,15 +220,19 @@ impl<A: Act> GpuRank<A> {
     /// Every slot's length as the kernels read it, with each `(slot, length)` of `over` replacing the books' (a prompt
     /// chunk sees its own end, not the whole prompt's; a chained step its own position).
     pub(super) fn lens(&self, over: &[(usize, usize)]) -> Vec<i32> {
-        (0..self.sizes.max_seqs)
-            .map(|s| match over.iter().find(|(slot, _)| *slot == s) {
-                Some(&(_, len)) => len as i32,
-                None => self
-                    .books
+        let mut lens: Vec<i32> = (0..self.sizes.max_seqs)
+            .map(|s| {
+                self.books
                     .len(s)
-                    .map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32),
+                    .map_or(0, |l| (l + self.books.pending(s).unwrap_or(0)) as i32)
             })
-            .collect()
+            .collect();
+        for &(slot, len) in over {
+            if let Some(l) = lens.get_mut(slot) {
+                *l = len as i32;
+            }
+        }
+        lens
     }
 
     /// Uploads the step's per-row metadata, its replay rows, the lengths and (when they changed) the block tables.

@@ -130,6 +130,7 @@ impl<A: Act> GpuRank<A> {
         let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
         if plan.chained > 0 {
             let out = self.run_chain(plan)?;
+            self.check_not_aborted()?;
             return Ok(StepOut {
                 vocab: self.info.vocab.clone(),
                 rows: out.rows,
@@ -183,19 +184,24 @@ impl<A: Act> GpuRank<A> {
         for h in per_seq.into_iter().flatten() {
             all.extend(h);
         }
-        // A replayed graph's all-reduces return without their sums once the communicator is aborted (the eager path
-        // fails at its next collective instead): a step that overlapped an abort is not an answer.
-        if self.inner.comm.as_ref().is_some_and(|c| c.is_aborted()) {
-            return Err(EngineError::Communicator(
-                "the step overlapped an abort of this rank's NCCL communicator (a rank of the group failed)".into(),
-            ));
-        }
+        self.check_not_aborted()?;
         Ok(StepOut {
             vocab: self.info.vocab.clone(),
             rows: all.rows,
             logits: all.logits,
             hidden: all.hidden,
         })
+    }
+
+    /// A replayed graph's all-reduces return without their sums once the communicator is aborted (the eager path
+    /// fails at its next collective instead): a step that overlapped an abort is not an answer.
+    fn check_not_aborted(&self) -> Result<()> {
+        if self.inner.comm.as_ref().is_some_and(|c| c.is_aborted()) {
+            return Err(EngineError::Communicator(
+                "the step overlapped an abort of this rank's NCCL communicator (a rank of the group failed)".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Keeps the first `accepted` drafts of each slot's verify, as the CPU decoder's commit: the conv head moves by

@@ -328,15 +328,8 @@ impl Decoder {
     /// the one before picked. The CPU reads every pick anyway, so this is the loop the GPU rank runs on the device
     /// (`gpu/chain.rs`) and the twin it is checked against.
     fn step_chained(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        // A sampled row under tensor parallelism is refused by the first step's checks, before anything runs.
         plan.check_chain()?;
-        let tp = self.model().plan().tp;
-        if tp > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
-            return Err(EngineError::NotSupported(
-                "sampled rows in chained decode steps on a tensor-parallel rank: it holds a slice of the vocabulary, \
-                 and sampling needs the whole row"
-                    .into(),
-            ));
-        }
         let mut step = StepPlan {
             chained: 0,
             ..plan.clone()

@@ -215,6 +215,12 @@ impl StepPlan {
                 self.chained
             )))
         };
+        if self.chained > MAX_CHAINED {
+            return bad(format!("at most {MAX_CHAINED} further steps chain"));
+        }
+        if self.seqs.is_empty() {
+            return bad("it holds no sequence".into());
+        }
         if self.full_logits || self.hidden {
             return bad("whole logits and hidden states are returned for single steps only".into());
         }
