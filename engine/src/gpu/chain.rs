@@ -17,7 +17,7 @@ use rewind_kernels::cuda::ops::{self, SUMMARY_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::debug_span;
 
-use super::head::sample_params;
+use super::head::{mark_sampled, sample_params};
 use super::rank::{to_i32, GpuRank, HeadOut};
 use super::steps::greedy;
 use super::Act;
@@ -155,14 +155,8 @@ impl<A: Act> GpuRank<A> {
             .map(RowSummary::from)
             .collect();
         for (i, row) in rows.iter_mut().enumerate() {
-            let s = seqs[i % b];
-            if s.sample.is_some() {
-                // The sampler gives −1 for a row holding a non-finite logit (not always its max, which the summary
-                // would show): the step has no answer for it.
-                let id = u32::try_from(ids[i]).map_err(|_| EngineError::NonFinite {
-                    position: s.position + i / b,
-                })?;
-                row.sampled = Some(id);
+            if seqs[i % b].sample.is_some() {
+                mark_sampled(row, ids[i]);
             }
         }
         Ok(HeadOut {

@@ -200,7 +200,7 @@ impl<A: Act> GpuRank<A> {
             )?;
             let picked = dev.download(&s.argmax.slice(..samples.len()))?;
             for (row, id) in summaries[start..].iter_mut().zip(picked) {
-                row.sampled = Some(id as u32);
+                mark_sampled(row, id);
             }
         }
         Ok(HeadOut {
@@ -208,6 +208,16 @@ impl<A: Act> GpuRank<A> {
             logits,
             hidden,
         })
+    }
+}
+
+/// Records the sampler's pick `id` in `row`. The sampler gives −1 for a row holding a non-finite logit, which need
+/// not be its max (what the summary shows): the row is then marked poisoned, so the step fails with the row's position
+/// (`rank::finish`) instead of answering an id that does not exist.
+pub(super) fn mark_sampled(row: &mut RowSummary, id: i32) {
+    match u32::try_from(id) {
+        Ok(id) => row.sampled = Some(id),
+        Err(_) => row.max_logit = Some(f32::NAN),
     }
 }
 
@@ -257,6 +267,23 @@ pub(super) fn sample_on_device(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sampled_minus_one_poisons_the_row() {
+        let mut row = RowSummary {
+            argmax: 3,
+            max_logit: Some(1.5),
+            log_sum_exp: Some(2.0),
+            sampled: None,
+            spec: None,
+        };
+        mark_sampled(&mut row, 7);
+        assert_eq!((row.sampled, row.max_logit), (Some(7), Some(1.5)));
+        let mut bad = RowSummary { sampled: None, ..row };
+        mark_sampled(&mut bad, -1);
+        assert_eq!(bad.sampled, None);
+        assert!(bad.max_logit.is_some_and(f32::is_nan), "the step fails on this row");
+    }
 
     #[test]
     fn chunks_are_bounded_whole_parts_and_cover_small_vocabularies() {
