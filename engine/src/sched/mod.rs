@@ -13,7 +13,8 @@
 //! steady batch pays one host round trip per chain instead of one per token. The chain is as long as every sequence's
 //! remaining tokens, the context and the free KV blocks allow (reserved up front, never by preempting anyone), and it
 //! never forms beside commits, preemptions, prompt chunks, verifies, drafts or replayed tokens, nor while a waiting
-//! request could take a free slot (chaining would delay its first token by the chained steps).
+//! request could start (a free slot and its first chunk's KV blocks: chaining would delay its first token by the
+//! chained steps).
 
 mod output;
 mod scheduler;

@@ -455,14 +455,7 @@ impl Scheduler {
             if step.preempted.iter().chain(earlier).any(|(id, _)| *id == w.request.id) {
                 break;
             }
-            // Admit only when the first chunk's blocks are free: a request never starts without room to progress.
-            let first = match w.chunks.first() {
-                // A re-prefill repeats its first chunk whole, so it waits for a step with that much budget.
-                Some(&c) if c > budget => break,
-                Some(&c) => c,
-                None => (w.request.prompt.len() - w.request.restored).min(budget),
-            };
-            if self.blocks_for(w.request.restored + first) > self.free_blocks {
+            if self.first_chunk(w, budget).is_none() {
                 break;
             }
             let Some(w) = self.waiting.remove(&key) else {
@@ -543,8 +536,9 @@ impl Scheduler {
     /// nothing but sampled decodes: no commits, preemptions, prompt chunks, verifies or replayed tokens, and every
     /// running sequence is in it, past its first step and allowed to chain ([`Request::chain`]). Chaining holds the
     /// whole batch for the chained steps, so it waits while anything else wants a step: a running sequence left out
-    /// of this one (no budget or blocks for it), or a waiting request while a slot is free (it could start next
-    /// step; chaining would delay its first token by the chained steps).
+    /// of this one (no budget or blocks for it), or a waiting request that could start next step (a free slot and
+    /// its first chunk's blocks: chaining would delay its first token by the chained steps). A request waiting for
+    /// blocks does not stop a chain: it starts only once a sequence finishes, which a chain delays by fewer steps.
     ///
     /// Each sequence may chain up to the tokens it may still generate after this step's one, the context, and the
     /// KV blocks: the largest count whose extra blocks, summed over the batch, the free pool holds (never preempting
@@ -556,7 +550,7 @@ impl Scheduler {
             || !step.preempted.is_empty()
             || step.work.is_empty()
             || step.work.len() != self.running.len()
-            || (!self.waiting.is_empty() && !self.free_slots.is_empty())
+            || self.could_admit()
         {
             return;
         }
@@ -589,6 +583,30 @@ impl Scheduler {
             r.in_state += c;
         }
         step.chained = c;
+    }
+
+    /// The first prompt chunk waiting request `w` would start with in a step of `budget` tokens, or `None` when it
+    /// cannot start in such a step: a request starts only when its first chunk's blocks are free (it never starts
+    /// without room to progress), and a re-prefill repeats its first chunk whole, so it waits for a step with that
+    /// much budget.
+    fn first_chunk(&self, w: &Waiting, budget: usize) -> Option<usize> {
+        let first = match w.chunks.first() {
+            Some(&c) if c > budget => return None,
+            Some(&c) => c,
+            None => (w.request.prompt.len() - w.request.restored).min(budget),
+        };
+        (self.blocks_for(w.request.restored + first) <= self.free_blocks).then_some(first)
+    }
+
+    /// Whether the first waiting request could start in the next step (a free slot, and its first chunk's blocks
+    /// free after this step's): chaining would hold it back for the whole chain.
+    pub(super) fn could_admit(&self) -> bool {
+        !self.free_slots.is_empty()
+            && self
+                .waiting
+                .values()
+                .next()
+                .is_some_and(|w| self.first_chunk(w, self.config.max_batch_tokens).is_some())
     }
 
     /// The KV blocks the running sequences need beyond those they hold to take `c` more tokens each.

@@ -262,11 +262,11 @@ impl Sim {
         let step = self.s.schedule();
         self.ranks.run(&step, &self.c, &self.streams, &mut self.restarted);
         if step.chained > 0 {
-            let (waiting, _) = self.s.counts();
-            let (free_slots, _) = self.s.free();
             assert!(
-                waiting == 0 || free_slots == 0,
-                "chained while {waiting} wait and {free_slots} slots are free"
+                !self.s.could_admit(),
+                "chained while a waiting request could start: {:?} waiting / running, {:?} free slots / blocks",
+                self.s.counts(),
+                self.s.free()
             );
         }
         for (k, p) in step.work.iter().enumerate() {
@@ -723,6 +723,29 @@ fn no_chaining_while_a_request_waits_for_a_free_slot() {
     // With nothing waiting the same batch chains.
     s.cancel(3);
     assert_eq!(run_step(&mut s, 30).chained, 3);
+}
+
+#[test]
+fn a_request_waiting_for_blocks_does_not_stop_a_chain() {
+    // 8 blocks of 4 tokens: two 8-token prompts take 2 blocks each (their decodes a third); request 3's 20-token
+    // prompt needs 5 blocks, so it waits for blocks although a slot is free.
+    let mut s = Scheduler::new(SchedConfig {
+        slots: 3,
+        kv_blocks: 8,
+        kv_block_size: 4,
+        max_batch_tokens: 64,
+        max_context: 32,
+        decode_steps: 4,
+    })
+    .expect("scheduler");
+    s.submit(chain_req(1, 8, 12, true)).expect("submit");
+    s.submit(chain_req(2, 8, 12, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(3, 20, 4, true)).expect("submit");
+    assert!(!s.could_admit(), "{:?} free", s.free());
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), s.counts().0), (2, 1));
+    assert!(step.chained > 0, "a request that cannot start does not hold the batch");
 }
 
 #[test]
