@@ -407,31 +407,10 @@ impl CoordinatorState {
                 StepWork::Verify { .. } => {}
             }
         }
-        if plan.chained > 0 {
-            // Step-major rows: step `k` of sequence `i` is row `k · n + i`. Tokens after a stop are dropped (the
-            // sequence's slot is released; nothing it left in the state is kept).
-            let n = planned.work.len();
-            for (i, p) in planned.work.iter().enumerate() {
-                for k in 0..=plan.chained {
-                    let r = k * n + i;
-                    let token = result.sampled[r].unwrap_or(result.rows[r].argmax);
-                    if let Some(slot) = self.deliver(p.id, token, stats, None) {
-                        finished.push(slot);
-                        break;
-                    }
-                    if !self.live.contains_key(&p.id) {
-                        break;
-                    }
-                }
-            }
-        }
+        // A chained plan answers step-major: its step `k` repeats the rows of step 0, `per_step` further on.
+        let per_step = plan.row_count() / (1 + plan.chained);
         let mut row = 0;
-        for (i, p) in planned
-            .work
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.samples() && plan.chained == 0)
-        {
+        for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
             let (tokens, rows) = match &p.work {
                 StepWork::Verify { position, tokens } => {
                     let n = tokens.len();
@@ -446,7 +425,13 @@ impl CoordinatorState {
                     }
                 }
                 StepWork::Prefill { .. } | StepWork::Decode { .. } => {
-                    (vec![result.sampled[row].unwrap_or(result.rows[row].argmax)], 1)
+                    // Tokens after a stop inside a chain are dropped below (the slot is released; nothing it left
+                    // in the state is kept).
+                    let tokens = (0..=plan.chained)
+                        .map(|k| k * per_step + row)
+                        .map(|r| result.sampled[r].unwrap_or(result.rows[r].argmax))
+                        .collect();
+                    (tokens, 1)
                 }
             };
             row += rows;

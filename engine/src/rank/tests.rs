@@ -390,6 +390,20 @@ fn a_rank_failing_a_valid_step_stops_the_group() {
     }
 }
 
+/// A sampling row (T 0.7) carrying one draw for a chained step.
+fn sampled_with_one_draw() -> SampleRow {
+    SampleRow {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        uniform: 0.5,
+        chained_uniforms: vec![0.5],
+    }
+}
+
 #[test]
 fn chained_plans_are_checked_and_count_every_step() {
     let dir = tiny(Family::Qwen35);
@@ -419,16 +433,7 @@ fn chained_plans_are_checked_and_count_every_step() {
         next = one.rows[0].argmax;
     }
     let mut sampled = chain(a, PROMPT.len() + 4, next, 1);
-    sampled.seqs[0].sample = Some(SampleRow {
-        temperature: 0.7,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        history: Vec::new(),
-        uniform: 0.5,
-        chained_uniforms: vec![0.5],
-    });
+    sampled.seqs[0].sample = Some(sampled_with_one_draw());
     let before = steps(&g);
     let e = g.step(sampled).expect_err("tp 2 sampled chain");
     assert!(e.to_string().contains("tensor-parallel"), "{e}");
@@ -461,16 +466,7 @@ fn chained_plans_are_checked_and_count_every_step() {
         })
         .is_err());
     let mut sampled = chain(a, PROMPT.len() + 5, next, 2);
-    sampled.seqs[0].sample = Some(SampleRow {
-        temperature: 0.7,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        history: Vec::new(),
-        uniform: 0.5,
-        chained_uniforms: vec![0.5],
-    });
+    sampled.seqs[0].sample = Some(sampled_with_one_draw());
     let e = g.step(sampled).expect_err("one draw for two chained steps");
     assert!(e.to_string().contains("draws"), "{e}");
     assert!(g.step(chain(a, PROMPT.len() + 5, next, MAX_CHAINED + 1)).is_err());

@@ -21,6 +21,8 @@ mod scheduler;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_chain;
 
 pub use output::{FinishReason, OutputStream, Pushed};
 pub use scheduler::{Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};

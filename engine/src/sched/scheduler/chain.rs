@@ -1,0 +1,78 @@
+//! Chained decode steps ([`super::SchedConfig::decode_steps`]): when the final plan of a step may run several
+//! decode steps back to back on the ranks, and the KV blocks that reserves.
+
+use super::{Scheduler, Step, StepWork};
+
+impl Scheduler {
+    /// Chains the final plan's decode steps (sets [`Step::chained`]) as far as every sequence allows, when the step is
+    /// nothing but sampled decodes: no commits, preemptions, prompt chunks, verifies or replayed tokens, and every
+    /// running sequence is in it, past its first step and allowed to chain ([`Request::chain`]). Chaining holds the
+    /// whole batch for the chained steps, so it waits while anything else wants a step: a running sequence left out
+    /// of this one (no budget or blocks for it), or a waiting request that could start next step (a free slot and
+    /// its first chunk's blocks: chaining would delay its first token by the chained steps). A request waiting for
+    /// blocks does not stop a chain: it starts only once a sequence finishes, which a chain delays by fewer steps.
+    ///
+    /// Each sequence may chain up to the tokens it may still generate after this step's one, the context, and the
+    /// KV blocks: the largest count whose extra blocks, summed over the batch, the free pool holds (never preempting
+    /// anyone). The blocks are reserved and the in-state counts advanced now, so the sampled tokens that follow
+    /// ([`Scheduler::sampled`]) leave each unfinished sequence ready for its next decode.
+    pub(in crate::sched) fn chain(&mut self, step: &mut Step) {
+        if self.config.decode_steps < 2
+            || !step.commits.is_empty()
+            || !step.preempted.is_empty()
+            || step.work.is_empty()
+            || step.work.len() != self.running.len()
+            || self.could_admit()
+        {
+            return;
+        }
+        let mut c = self.config.decode_steps - 1;
+        for p in &step.work {
+            let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
+                return;
+            };
+            if p.fresh || !r.chain || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
+                return;
+            }
+            // `in_state` already counts this step's token.
+            c = c
+                .min(r.max_tokens.saturating_sub(r.generated.len() + 1))
+                .min(self.config.max_context.saturating_sub(r.in_state));
+        }
+        while c > 0 && self.chain_blocks(c) > self.free_blocks {
+            c -= 1;
+        }
+        if c == 0 {
+            return;
+        }
+        for i in 0..self.running.len() {
+            let extra = self
+                .blocks_for(self.running[i].in_state + c)
+                .saturating_sub(self.running[i].blocks);
+            self.free_blocks -= extra;
+            let r = &mut self.running[i];
+            r.blocks += extra;
+            r.in_state += c;
+        }
+        step.chained = c;
+    }
+
+    /// Whether the first waiting request could start in the next step (a free slot, and its first chunk's blocks
+    /// free after this step's): chaining would hold it back for the whole chain.
+    pub(in crate::sched) fn could_admit(&self) -> bool {
+        !self.free_slots.is_empty()
+            && self
+                .waiting
+                .values()
+                .next()
+                .is_some_and(|w| self.first_chunk(w, self.config.max_batch_tokens).is_some())
+    }
+
+    /// The KV blocks the running sequences need beyond those they hold to take `c` more tokens each.
+    fn chain_blocks(&self, c: usize) -> usize {
+        self.running
+            .iter()
+            .map(|r| self.blocks_for(r.in_state + c).saturating_sub(r.blocks))
+            .sum()
+    }
+}

@@ -1,0 +1,251 @@
+//! Unit tests of chained decode steps (`scheduler/chain.rs`): a steady decode batch chains, within max_tokens, the
+//! context and the free blocks, and never beside other work or a request that could start. The property tests in
+//! `tests.rs` cover chains in random runs.
+
+use super::*;
+
+/// The chain tests' limits: 2 slots, 32 blocks of 4 tokens, a budget of 16, a context of 64, chains of up to 4 steps.
+const BASE: SchedConfig = SchedConfig {
+    slots: 2,
+    kv_blocks: 32,
+    kv_block_size: 4,
+    max_batch_tokens: 16,
+    max_context: 64,
+    decode_steps: 4,
+};
+
+fn sched(c: SchedConfig) -> Scheduler {
+    Scheduler::new(c).expect("scheduler")
+}
+
+/// A scheduler of `slots` slots and `kv_blocks` blocks of 4 tokens (budget 16, context 64) chaining up to
+/// `decode_steps`.
+fn chaining(slots: usize, kv_blocks: usize, decode_steps: usize) -> Scheduler {
+    sched(SchedConfig {
+        slots,
+        kv_blocks,
+        decode_steps,
+        ..BASE
+    })
+}
+
+fn chain_req(id: u64, prompt: usize, max_tokens: usize, chain: bool) -> Request {
+    Request {
+        id,
+        prompt: vec![7; prompt],
+        max_tokens,
+        priority: 0,
+        restored: 0,
+        chain,
+    }
+}
+
+/// Runs one step, sampling `token + j` for each sequence's `j`th token (all of a chained step's until one finishes
+/// it); returns the step.
+fn run_step(s: &mut Scheduler, token: u32) -> Step {
+    let step = s.schedule();
+    for p in step.work.iter().filter(|p| p.samples()) {
+        for j in 0..=step.chained {
+            if s.sampled(p.id, token + j as u32, false).expect("sampled").is_some() {
+                break;
+            }
+        }
+    }
+    step
+}
+
+fn decode(position: usize, token: u32) -> StepWork {
+    StepWork::Decode {
+        position,
+        token,
+        sample: true,
+    }
+}
+
+#[test]
+fn a_steady_decode_batch_chains_its_decode_steps() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 12, true)).expect("submit");
+    // The prompts run alone; then both decode, 1 + 3 tokens each.
+    assert_eq!(run_step(&mut s, 10).chained, 0);
+    let step = run_step(&mut s, 20);
+    assert_eq!(step.chained, 3);
+    assert_eq!(
+        step.work.iter().map(|p| p.work.clone()).collect::<Vec<_>>(),
+        vec![decode(4, 10), decode(4, 10)]
+    );
+    // Each slot holds its 4 prompt tokens and 4 decodes (2 blocks); the next step feeds the last of the 4 sampled.
+    assert_eq!(s.held_blocks(), 4);
+    let step = run_step(&mut s, 30);
+    assert_eq!(step.chained, 3);
+    assert_eq!(step.work[0].work, decode(8, 23));
+    // 9 tokens generated of 12: 1 + 2 more.
+    let step = run_step(&mut s, 40);
+    assert_eq!((step.chained, step.work[0].work.clone()), (2, decode(12, 33)));
+    assert_eq!(s.counts(), (0, 0));
+    assert_eq!(s.free(), (2, 32));
+}
+
+#[test]
+fn chaining_stops_at_max_tokens_and_the_context() {
+    // Prompt and max_tokens fill the context exactly (submit's limit): the chain ends at max_tokens, which also
+    // keeps the slot within the context.
+    let mut s = sched(SchedConfig {
+        slots: 1,
+        kv_blocks: 8,
+        max_context: 8,
+        decode_steps: 8,
+        ..BASE
+    });
+    s.submit(chain_req(1, 5, 3, true)).expect("submit");
+    run_step(&mut s, 10);
+    let step = s.schedule();
+    // One token generated, 2 to go: this step's and one chained, at positions 5 and 6 (< 8).
+    assert_eq!((step.chained, step.work[0].work.clone()), (1, decode(5, 10)));
+    assert_eq!(s.sampled(1, 11, false), Ok(None));
+    assert_eq!(s.sampled(1, 12, false), Ok(Some(0)));
+    assert_eq!(s.free(), (1, 8));
+}
+
+#[test]
+fn chaining_takes_only_the_free_blocks_and_preempts_no_one() {
+    // Blocks of 2: after the prompts (2 blocks each) and the decode at 4 (a third each), one block is free; 2 more
+    // tokens each would need 2.
+    let mut s = sched(SchedConfig {
+        kv_blocks: 7,
+        kv_block_size: 2,
+        ..BASE
+    });
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    s.submit(chain_req(2, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.chained, step.preempted.len()), (1, 0));
+    assert_eq!(s.free(), (0, 1));
+    // The decodes at 6 need a fourth block each: request 1 takes the free one and request 2 is preempted for its
+    // decode, as without chaining.
+    let step = run_step(&mut s, 30);
+    assert_eq!((step.chained, step.preempted.clone()), (0, vec![(2, 1)]));
+}
+
+#[test]
+fn no_chaining_beside_other_work_or_for_a_request_that_may_not_chain() {
+    // A prefill in the step: request 2 arrives while 1 decodes.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(2, 4, 8, true)).expect("submit");
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), step.chained), (2, 0));
+    // Both decode now.
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+
+    // One of the batch may not chain.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    s.submit(chain_req(2, 4, 8, false)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 0);
+    s.cancel(2);
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+
+    // decode_steps = 1 never chains.
+    let mut s = chaining(1, 32, 1);
+    s.submit(chain_req(1, 4, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 0);
+    assert_eq!(
+        Scheduler::new(SchedConfig {
+            decode_steps: 0,
+            slots: 1,
+            kv_blocks: 1,
+            kv_block_size: 1,
+            max_batch_tokens: 1,
+            max_context: 1,
+        })
+        .err(),
+        Some(SchedError::NoDecodeSteps)
+    );
+}
+
+#[test]
+fn no_chaining_while_a_request_waits_for_a_free_slot() {
+    // A budget of 2: two decodes spend it and request 3 cannot start, though a slot is free.
+    let mut s = sched(SchedConfig {
+        slots: 3,
+        max_batch_tokens: 2,
+        ..BASE
+    });
+    s.submit(chain_req(1, 1, 8, true)).expect("submit");
+    s.submit(chain_req(2, 1, 8, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(3, 4, 8, true)).expect("submit");
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), s.counts(), s.free().0), (2, (1, 2), 1));
+    assert_eq!(step.chained, 0);
+    // With nothing waiting the same batch chains.
+    s.cancel(3);
+    assert_eq!(run_step(&mut s, 30).chained, 3);
+}
+
+#[test]
+fn a_request_waiting_for_blocks_does_not_stop_a_chain() {
+    // 8 blocks of 4 tokens: two 8-token prompts take 2 blocks each (their decodes a third); request 3's 20-token
+    // prompt needs 5 blocks, so it waits for blocks although a slot is free.
+    let mut s = sched(SchedConfig {
+        slots: 3,
+        kv_blocks: 8,
+        max_batch_tokens: 64,
+        max_context: 32,
+        ..BASE
+    });
+    s.submit(chain_req(1, 8, 12, true)).expect("submit");
+    s.submit(chain_req(2, 8, 12, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(3, 20, 4, true)).expect("submit");
+    assert!(!s.could_admit(), "{:?} free", s.free());
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.work.len(), s.counts().0), (2, 1));
+    assert!(step.chained > 0, "a request that cannot start does not hold the batch");
+}
+
+#[test]
+fn a_requeued_sequence_keeps_its_chain_flag_and_replays_unchained() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    run_step(&mut s, 10);
+    assert_eq!(run_step(&mut s, 20).chained, 3);
+    s.requeue_all();
+    // The re-prefill, then each generated token fed again one unsampled decode at a time, as first computed.
+    assert_eq!(run_step(&mut s, 30).chained, 0);
+    for (position, token) in [(4, 10), (5, 20), (6, 21), (7, 22)] {
+        let step = run_step(&mut s, 30);
+        assert_eq!(
+            (step.work[0].work.clone(), step.chained),
+            (
+                StepWork::Decode {
+                    position,
+                    token,
+                    sample: false
+                },
+                0
+            )
+        );
+    }
+    let step = run_step(&mut s, 40);
+    assert_eq!((step.work[0].work.clone(), step.chained), (decode(8, 23), 3));
+
+    // A request that may not chain still may not after a fault, though the batch could.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 12, false)).expect("submit");
+    run_step(&mut s, 10);
+    s.requeue_all();
+    run_step(&mut s, 20);
+    let step = run_step(&mut s, 30);
+    assert!(step.work.iter().all(|p| p.work == decode(4, 10)));
+    assert_eq!(step.chained, 0);
+    s.cancel(2);
+    assert_eq!(run_step(&mut s, 40).chained, 3);
+}
