@@ -261,7 +261,21 @@ impl Sim {
     fn step(&mut self, stops: u64) {
         let step = self.s.schedule();
         self.ranks.run(&step, &self.c, &self.streams, &mut self.restarted);
+        // Nothing is admitted beside a chain, so the requests waiting now waited when it was planned.
+        let waiting = self.s.counts().0;
         if step.chained > 0 {
+            // Some sequence may take every token of the chain.
+            let longest = step
+                .work
+                .iter()
+                .map(|p| self.max_tokens[&p.id] - (self.streams[&p.id].len() - self.prompt_len[&p.id]))
+                .max()
+                .unwrap_or(0);
+            assert!(
+                step.chained < longest,
+                "a chain of {} past every sequence's end",
+                step.chained
+            );
             assert!(
                 !self.s.could_admit(),
                 "chained while a waiting request could start: {:?} waiting / running, {:?} free slots / blocks",
@@ -276,9 +290,10 @@ impl Sim {
             if step.chained > 0 {
                 let generated = self.streams[&p.id].len() - self.prompt_len[&p.id];
                 assert!(self.chain[&p.id], "{} chained although it may not", p.id);
+                // A chain runs past a sequence's last token only when no request waits for its slot.
                 assert!(
-                    generated + 1 + step.chained <= self.max_tokens[&p.id],
-                    "{} chains past its max_tokens",
+                    waiting == 0 || generated + 1 + step.chained <= self.max_tokens[&p.id],
+                    "{} chains past its max_tokens while a request waits",
                     p.id
                 );
             }

@@ -1,5 +1,5 @@
-//! Unit tests of chained decode steps (`scheduler/chain.rs`): a steady decode batch chains, within max_tokens, the
-//! context and the free blocks, and never beside other work or a request that could start. The property tests in
+//! Unit tests of chained decode steps (`scheduler/chain.rs`): a steady decode batch chains, within the context and
+//! the free blocks (and max_tokens while a request waits), and never beside other work or a request that could start. The property tests in
 //! `tests.rs` cover chains in random runs.
 
 use super::*;
@@ -106,6 +106,37 @@ fn chaining_stops_at_max_tokens_and_the_context() {
     assert_eq!(s.sampled(1, 11, false), Ok(None));
     assert_eq!(s.sampled(1, 12, false), Ok(Some(0)));
     assert_eq!(s.free(), (1, 8));
+}
+
+#[test]
+fn a_sequence_at_its_last_tokens_ends_inside_a_chain_unless_a_request_waits() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 3, true)).expect("submit");
+    run_step(&mut s, 10);
+    // Request 2 may take this step's token and one more; nothing waits, so the batch chains as far as request 1
+    // allows, and request 2 finishes inside the chain (its later tokens dropped).
+    let step = s.schedule();
+    assert_eq!(step.chained, 3);
+    assert_eq!(s.sampled(2, 20, false), Ok(None));
+    assert_eq!(s.sampled(2, 21, false), Ok(Some(1)));
+    for j in 0..4 {
+        assert_eq!(s.sampled(1, 20 + j, false), Ok(None));
+    }
+    assert_eq!(s.counts(), (0, 1));
+    // Its slot and blocks are free again: request 1 holds its 4 prompt tokens and the chain's 4 (2 blocks).
+    assert_eq!(s.free(), (1, 30));
+    // With a request waiting for the slot, the chain ends at the first sequence's last token instead.
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 12, true)).expect("submit");
+    s.submit(chain_req(2, 4, 3, true)).expect("submit");
+    run_step(&mut s, 10);
+    s.submit(chain_req(3, 4, 4, true)).expect("submit");
+    let step = run_step(&mut s, 20);
+    assert_eq!((step.chained, s.counts()), (1, (1, 1)));
+    // Request 3 starts in the next step, alone with request 1 (no chain beside its prompt).
+    let step = run_step(&mut s, 30);
+    assert_eq!((step.work.len(), step.chained), (2, 0));
 }
 
 #[test]

@@ -12,10 +12,13 @@ impl Scheduler {
     /// its first chunk's blocks: chaining would delay its first token by the chained steps). A request waiting for
     /// blocks does not stop a chain: it starts only once a sequence finishes, which a chain delays by fewer steps.
     ///
-    /// Each sequence may chain up to the tokens it may still generate after this step's one, the context, and the
-    /// KV blocks: the largest count whose extra blocks, summed over the batch, the free pool holds (never preempting
-    /// anyone). The blocks are reserved and the in-state counts advanced now, so the sampled tokens that follow
-    /// ([`Scheduler::sampled`]) leave each unfinished sequence ready for its next decode.
+    /// The chain is as long as every sequence's context and the KV blocks allow: the largest count whose extra
+    /// blocks, summed over the batch, the free pool holds (never preempting anyone). It may run past a sequence's
+    /// last token (max_tokens) when no request waits: that sequence finishes inside the chain and its later tokens
+    /// are dropped (as vLLM's multi-step scheduling does), instead of the whole batch stepping singly for it. With a
+    /// request waiting, the chain ends at the first sequence's last token, so its slot frees on time. The blocks are
+    /// reserved and the in-state counts advanced now, so the sampled tokens that follow ([`Scheduler::sampled`])
+    /// leave each unfinished sequence ready for its next decode.
     pub(in crate::sched) fn chain(&mut self, step: &mut Step) {
         if self.config.decode_steps < 2
             || !step.commits.is_empty()
@@ -27,6 +30,8 @@ impl Scheduler {
             return;
         }
         let mut c = self.config.decode_steps - 1;
+        // The tokens each sequence may still generate after this step's one: fewest and most.
+        let (mut fewest, mut most) = (usize::MAX, 0);
         for p in &step.work {
             let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
                 return;
@@ -35,10 +40,12 @@ impl Scheduler {
                 return;
             }
             // `in_state` already counts this step's token.
-            c = c
-                .min(r.max_tokens.saturating_sub(r.generated.len() + 1))
-                .min(self.config.max_context.saturating_sub(r.in_state));
+            c = c.min(self.config.max_context.saturating_sub(r.in_state));
+            let left = r.max_tokens.saturating_sub(r.generated.len() + 1);
+            fewest = fewest.min(left);
+            most = most.max(left);
         }
+        c = c.min(if self.waiting.is_empty() { most } else { fewest });
         while c > 0 && self.chain_blocks(c) > self.free_blocks {
             c -= 1;
         }
