@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The replay kernels before / after a change, side by side on one GPU in one call: the replay parity cases of the new
-# build, `rewind bench kernels` of both builds alternated (A B A B, so drift shows), then the whole self-test of the new
+# build(s), `rewind bench kernels` of both builds alternated (A B A B, so drift shows), then the whole self-test of the new
 # build, and with E2E=1 both builds end to end on a random qwen3.5-4b. Builds: BEFORE (default .gpu/x1/rewind.xz) and AFTER (default .gpu/kern/rewind.xz), each
 # `cargo build --release -p rewind-bin --no-default-features --features cuda`, stripped, xz-compressed; or BINS, one
 # xz-compressed tar holding `before` and `after` (two near-identical binaries compress to little more than one, which
-# keeps a call's carry under its limit).
+# keeps a call's carry under its limit). With VARIANTS (e.g. "before fold pipe"), the tar holds one binary per name
+# and every one is timed in each round; the last is the "after" build whose parity and self-test run.
 # Everything comes back as $OUT/ab.tgz (plus run.log).
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+VARIANTS=${VARIANTS:-before after}
+LAST=${VARIANTS##* }
 if [ -n "${BINS:-}" ]; then
-  xz -dc $BINS | tar -C /tmp -xf - before after
+  xz -dc $BINS | tar -C /tmp -xf - $VARIANTS
 else
   xz -dc ${BEFORE:-.gpu/x1/rewind.xz} > /tmp/before && xz -dc ${AFTER:-.gpu/kern/rewind.xz} > /tmp/after
 fi
-chmod +x /tmp/before /tmp/after
+for v in $VARIANTS; do chmod +x /tmp/$v; done
 D=$OUT/ab
 mkdir -p $D
 trap 'cp $D/run.log $OUT/ 2>/dev/null; tar -C $OUT -czf $OUT/ab.tgz ab && rm -rf $D' EXIT
@@ -22,30 +25,38 @@ t0=$(date +%s)
 stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
 date -u +%FT%TZ >> $D/device.txt
-timeout ${PARITY_S:-120} /tmp/after selftest --device cuda --no-model --no-nccl --only replay \
-  --json $D/parity.json > $D/parity.log 2>&1
-stamp "parity (replay cases)" $?
+for v in ${VARIANTS#* }; do  # every build but the first: its replay parity cases
+  timeout ${PARITY_S:-120} /tmp/$v selftest --device cuda --no-model --no-nccl --only replay \
+    --json $D/parity-$v.json > $D/parity-$v.log 2>&1
+  stamp "parity (replay cases) $v" $?
+done
 for round in 1 2; do
-  for v in before after; do
+  for v in $VARIANTS; do
     timeout ${KERNELS_S:-90} /tmp/$v bench kernels --device cuda --family ${FAMILY:-all} --batch ${BATCH:-1,64,256} \
       --json $D/kernels-$v-$round.json --markdown $D/kernels-$v-$round.md > $D/kernels-$v-$round.log 2>&1
     stamp "kernels $v round $round" $?
   done
 done
 if [ "${SELFTEST:-1}" = 1 ]; then
-  timeout ${SELFTEST_S:-240} /tmp/after selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
+  timeout ${SELFTEST_S:-240} /tmp/$LAST selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
     --json $D/selftest.json > $D/selftest.log 2>&1
   stamp selftest $?
 fi
-# End to end (E2E=1): both builds on one random qwen3.5-4b (GDN layers), the replay form with verify T = 4 at every
-# kept count, alternated.
+# End to end (E2E=1): the builds of E2E_VARIANTS (default: all) on one random model, E2E_MODEL q4b (qwen3.5-4b, GDN
+# layers; the default) or n8b (nemotron-h-8b, Mamba-2 layers), the replay form with verify T = 4 at every kept count.
 if [ "${E2E:-0}" = 1 ]; then
-  /tmp/after init-model --arch qwen3_5 --preset qwen3.5-4b --seed 7 --out /tmp/q4b > /dev/null 2>>$L
-  stamp "init qwen3.5-4b" $?
-  for v in before after; do
-    timeout ${E2E_S:-120} /tmp/$v bench --device cuda --model /tmp/q4b --decode replay --batch ${E2E_BATCH:-64,256} \
+  M=${E2E_MODEL:-q4b}
+  case $M in
+    q4b) ARCH="--arch qwen3_5 --preset qwen3.5-4b" ;;
+    n8b) ARCH="--arch nemotron_h --preset nemotron-h-8b" ;;
+    *) echo "E2E_MODEL must be q4b or n8b" >> $L; exit 2 ;;
+  esac
+  /tmp/$LAST init-model $ARCH --seed 7 --out /tmp/$M > /dev/null 2>>$L
+  stamp "init $M" $?
+  for v in ${E2E_VARIANTS:-$VARIANTS}; do
+    timeout ${E2E_S:-120} /tmp/$v bench --device cuda --model /tmp/$M --decode replay --batch ${E2E_BATCH:-64,256} \
       --prompt-len 1024 --step-prompt 16 --decode-tokens 16 --repeats 3 --verify-window 4 \
-      --json $D/q4b-$v.json > $D/q4b-$v.md 2>>$L
-    stamp "e2e qwen3.5-4b $v" $?
+      --json $D/$M-$v.json > $D/$M-$v.md 2>>$L
+    stamp "e2e $M $v" $?
   done
 fi

@@ -84,11 +84,17 @@ __device__ __forceinline__ void rp_store4(float* row, int c, int n, bool vec, co
     }
 }
 
-// Chunk ch of a head's checkpoint into registers (zeros when the row reads no state): lane l holds row
-// ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3.
+// A head's checkpoint streams through shared memory chunk by chunk, ST − 1 chunks in flight per warp while it
+// computes on one (cp.async: no registers held by loads in flight). Lane l copies, and later reads back, only its
+// own pieces: row ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3 (as a float4 at slot (r·NC + k)·32 + l of
+// the stage), so waiting on its own copies is all the ordering a lane needs. Rows that read no state, rows past the
+// head and columns past n stage zeros.
+// Floats of one stage (the host's twin: stage_floats in ops/replay.rs).
+#define RP_STAGE_FLOATS(NC) (RP_RPW * (NC) * 128)
+
 template <int NC>
-__device__ __forceinline__ void rp_load_chunk(const float* S, int rows, int ch, int n, bool read, bool vec,
-                                              float (&st)[RP_RPW][NC][4]) {
+__device__ __forceinline__ void rp_stage_chunk(float* buf, const float* S, int rows, int ch, int n, bool read,
+                                               bool vec) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < RP_RPW; ++r) {
@@ -96,28 +102,98 @@ __device__ __forceinline__ void rp_load_chunk(const float* S, int rows, int ch, 
 #pragma unroll
         for (int k = 0; k < NC; ++k) {
             const int c = 4 * ((lane & 7) + 8 * k);
-            if (read && i < rows) {
-                rp_load4(S + (u64)i * n, c, n, vec, st[r][k]);
+            float* dst = buf + ((r * NC + k) * 32 + lane) * 4;
+            if (read && vec && i < rows && c < n) {
+                cp_async16(dst, S + (u64)i * n + c, 16);
             } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    st[r][k][e] = 0.0f;
+                float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (read && i < rows) {
+                    rp_load4(S + (u64)i * n, c, n, vec, o);
                 }
+                *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
             }
         }
     }
 }
 
+// The lane's pieces of a staged chunk into registers.
 template <int NC>
-__device__ __forceinline__ void rp_move(float (&dst)[RP_RPW][NC][4], const float (&src)[RP_RPW][NC][4]) {
+__device__ __forceinline__ void rp_take_chunk(const float* buf, float (&st)[RP_RPW][NC][4]) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < RP_RPW; ++r) {
 #pragma unroll
         for (int k = 0; k < NC; ++k) {
+            const float4 v = *reinterpret_cast<const float4*>(buf + ((r * NC + k) * 32 + lane) * 4);
+            st[r][k][0] = v.x;
+            st[r][k][1] = v.y;
+            st[r][k][2] = v.z;
+            st[r][k][3] = v.w;
+        }
+    }
+}
+
+// The first ST − 1 chunks of [ch0, ch1) into stages 0 … ST − 2 (one commit group each, empty past ch1).
+template <int NC, int ST>
+__device__ __forceinline__ void rp_pipe_start(float* stage, const float* S, int rows, int ch0, int ch1, int n,
+                                              bool read, bool vec) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                dst[r][k][e] = src[r][k][e];
+    for (int s = 0; s < ST - 1; ++s) {
+        if (ch0 + s < ch1) {
+            rp_stage_chunk<NC>(stage + s * RP_STAGE_FLOATS(NC), S, rows, ch0 + s, n, read, vec);
+        }
+        cp_async_commit();
+    }
+}
+
+// Chunk ch (the it-th of the warp's range) into st, and chunk ch + ST − 1 into the stage chunk ch − 1 used.
+template <int NC, int ST>
+__device__ __forceinline__ void rp_pipe_next(float* stage, const float* S, int rows, int ch, int it, int ch1, int n,
+                                             bool read, bool vec, float (&st)[RP_RPW][NC][4]) {
+    cp_async_wait<ST - 2>();
+    rp_take_chunk<NC>(stage + (it % ST) * RP_STAGE_FLOATS(NC), st);
+    const int ahead = ch + ST - 1;
+    if (ahead < ch1) {
+        rp_stage_chunk<NC>(stage + ((it + ST - 1) % ST) * RP_STAGE_FLOATS(NC), S, rows, ahead, n, read, vec);
+    }
+    cp_async_commit();
+}
+
+// The fold of one state row held in registers (the lane's columns, as rp_take_chunk laid them out): row ← keep·row +
+// Σ_{j<fold} weight(j) · (entry j's columns, from cols(j, c, v)), then stored to s_row. One pass over the entries:
+// each weight is read once per row and each entry's columns once, and every element sums keep·row then the entries
+// in order.
+template <int NC, typename W, typename C>
+__device__ __forceinline__ void rp_fold_row(float (&row)[NC][4], float keep, int fold, int n, float* s_row, bool vec,
+                                            W weight, C cols) {
+    const int l8 = threadIdx.x & 7;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            row[k][e] *= keep;
+        }
+    }
+    for (int j = 0; j < fold; ++j) {
+        const float w = weight(j);
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            const int c = 4 * (l8 + 8 * k);
+            if (c < n) {
+                float v[4];
+                cols(j, c, v);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    row[k][e] += w * v[e];
+                }
             }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+        const int c = 4 * (l8 + 8 * k);
+        if (c < n) {
+            rp_store4(s_row, c, n, vec, row[k]);
         }
     }
 }

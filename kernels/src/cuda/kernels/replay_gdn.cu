@@ -110,10 +110,14 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     const int m = h + t;
     float* S = state_pool + ((u64)slot * v_heads + hd) * dv * dk;
     const bool vec = (dk & 3) == 0 && ((u64)S & 15) == 0;
-    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
-    rp_load_chunk<NC>(S, dv, ch0, dk, read, vec, st);
+    // The checkpoint pipeline, [ST, RP_STAGE_FLOATS(NC)]: three stages for decodes, two for the 4-token variant,
+    // whose larger scratch would otherwise cost resident warps (stages in ops/replay.rs).
+    constexpr int ST = SB == 1 ? 3 : 2;
+    float* stage = smem + (u64)warp * scratch;
+    rp_pipe_start<NC, ST>(stage, S, dv, ch0, ch1, dk, read, vec);
+    float st[RP_RPW][NC][4];
 
-    float* Qs = smem + (u64)warp * scratch;  // [t, dk]
+    float* Qs = stage + ST * RP_STAGE_FLOATS(NC);  // [t, dk]
     float* Kt = Qs + t * dk;                  // [t, dk]: the step's keys
     float* gs = Kt + t * dk;                  // [max_m]
     float* kk = gs + max_m;                   // [max_m, t]: K_j·k_s
@@ -225,9 +229,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     // Ring key rows start 4·sizeof(T)-byte aligned when dk is a multiple of 4 and the pool is.
     const bool kvec = (dk & 3) == 0 && ((u64)ring_k & (4 * sizeof(T) - 1)) == 0;
     for (int ch = ch0; ch < ch1; ++ch) {
-        if (ch + 1 < ch1) {
-            rp_load_chunk<NC>(S, dv, ch + 1, dk, read, vec, nx);
-        }
+        rp_pipe_next<NC, ST>(stage, S, dv, ch, ch - ch0, ch1, dk, read, vec, st);
         // S_h k_s and S_h q_s: the checkpoint's products from registers plus the ring's, 8 lanes per row, SB
         // tokens at a time. With a fold they go to the chunk's SK / SQ (solved below, before the fold needs U);
         // without one, in place of the ring's shares (solved after the last chunk).
@@ -280,7 +282,6 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         }
         __syncwarp();
         if (fold == 0) {
-            rp_move<NC>(st, nx);
             continue;
         }
         // The triangular solve and the outputs, one lane per row of the chunk.
@@ -290,45 +291,27 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                           v_heads, hd, dv, row, bt, Es, Am, Ew, kq);
         }
         __syncwarp();
-        if (fold > 0) {
+        // The fold, S_F = D_F·S0 + Σ_j c_j u_j k_jᵀ, in the chunk's registers (st is not read again).
 #pragma unroll
-            for (int r = 0; r < RP_RPW; ++r) {
-                const int li = r * 4 + (lane >> 3);
-                const int i = ch * RP_CHUNK + li;
-                if (i < dv) {
-#pragma unroll
-                    for (int kx = 0; kx < NC; ++kx) {
-                        const int c = 4 * (l8 + 8 * kx);
-                        if (c < dk) {
-                            float val[4];
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                val[e] = kp * st[r][kx][e];
-                            }
-                            for (int j = 0; j < fold; ++j) {
-                                const u64 jr = j < h ? (u64)pj[j] : 0;
-                                const float uj =
-                                    coef[j] * (j < h ? to_f32(ring_u[(jr * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
-                                // k_j's four columns in one load (zeros past dk).
-                                float kj[4];
-                                if (j < h) {
-                                    rp_cols4(ring_k + (jr * k_heads + kh) * dk, c, dk, kvec, kj);
-                                } else {
-                                    rp_smem4(Kt + (j - h) * dk, c, dk, kj);
-                                }
-#pragma unroll
-                                for (int e = 0; e < 4; ++e) {
-                                    val[e] += uj * kj[e];
-                                }
-                            }
-                            rp_store4(S + (u64)i * dk, c, dk, vec, val);
+        for (int r = 0; r < RP_RPW; ++r) {
+            const int li = r * 4 + (lane >> 3);
+            const int i = ch * RP_CHUNK + li;
+            if (i < dv) {
+                rp_fold_row<NC>(
+                    st[r], kp, fold, dk, S + (u64)i * dk, vec,
+                    [&](int j) {
+                        return coef[j] * (j < h ? to_f32(ring_u[((u64)pj[j] * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
+                    },
+                    [&](int j, int c, float* kj) {  // k_j's four columns in one load (zeros past dk)
+                        if (j < h) {
+                            rp_cols4(ring_k + ((u64)pj[j] * k_heads + kh) * dk, c, dk, kvec, kj);
+                        } else {
+                            rp_smem4(Kt + (j - h) * dk, c, dk, kj);
                         }
-                    }
-                }
+                    });
             }
         }
         __syncwarp();  // SK, SQ and Us are the next chunk's
-        rp_move<NC>(st, nx);
     }
     if (fold == 0) {
         // The triangular solve and the outputs, one lane per value row; U_s replaces S_h k_s in RK once read.

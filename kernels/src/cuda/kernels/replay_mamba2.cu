@@ -38,10 +38,12 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     const int m = h + t;
     float* S = state_pool + ((u64)slot * heads + hd) * p * n;
     const bool vec = (n & 3) == 0 && ((u64)S & 15) == 0;
-    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
-    rp_load_chunk<NC>(S, p, ch0, n, read, vec, st);
+    constexpr int ST = 3;  // the checkpoint pipeline's stages (stages in ops/replay.rs)
+    float* stage = smem + (u64)warp * scratch;  // [ST, RP_STAGE_FLOATS(NC)]
+    rp_pipe_start<NC, ST>(stage, S, p, ch0, ch1, n, read, vec);
+    float st[RP_RPW][NC][4];
 
-    float* Cs = smem + (u64)warp * scratch;   // [t, n], 16-byte aligned
+    float* Cs = stage + ST * RP_STAGE_FLOATS(NC);  // [t, n], 16-byte aligned
     float* dts = Cs + t * n;                  // [max_m]
     int* pj = reinterpret_cast<int*>(dts + max_m);  // [max_m]: pool rows of the committed entries
     float* w = dts + 2 * max_m;               // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
@@ -106,9 +108,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
     __syncwarp();
     for (int ch = ch0; ch < ch1; ++ch) {
-        if (ch + 1 < ch1) {
-            rp_load_chunk<NC>(S, p, ch + 1, n, read, vec, nx);
-        }
+        rp_pipe_next<NC, ST>(stage, S, p, ch, ch - ch0, ch1, n, read, vec, st);
         for (int s = 0; s < t; ++s) {
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
@@ -133,40 +133,25 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
             const float kp = keep[0];
             // B rows (ring and input) start 4·sizeof(T)-byte aligned when n is a multiple of 4 and both bases are.
             const bool bvec = (n & 3) == 0 && (((u64)ring_b | (u64)B) & (4 * sizeof(T) - 1)) == 0;
+            // In the chunk's registers (st is not read again).
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
                 const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
                 if (i < p) {
-#pragma unroll
-                    for (int k = 0; k < NC; ++k) {
-                        const int c = 4 * (l8 + 8 * k);
-                        if (c < n) {
-                            float v[4];
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                v[e] = kp * st[r][k][e];
-                            }
-                            for (int j = 0; j < fold; ++j) {
-                                const bool ring = j < h;
-                                const u64 jr = ring ? (u64)pj[j] : 0;
-                                const u64 jt = (u64)b * t + (j - h);
-                                const float xj =
-                                    coef[j] * to_f32(ring ? ring_x[(jr * heads + hd) * p + i] : x[(jt * heads + hd) * p + i]);
-                                const T* bj = ring ? ring_b + (jr * groups + g) * n : B + (jt * groups + g) * n;
-                                float bv[4];  // b_j's four columns in one load (zeros past n)
-                                rp_cols4(bj, c, n, bvec, bv);
-#pragma unroll
-                                for (int e = 0; e < 4; ++e) {
-                                    v[e] += xj * bv[e];
-                                }
-                            }
-                            rp_store4(S + (u64)i * n, c, n, vec, v);
-                        }
-                    }
+                    rp_fold_row<NC>(
+                        st[r], kp, fold, n, S + (u64)i * n, vec,
+                        [&](int j) {
+                            const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i]
+                                               : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
+                            return coef[j] * to_f32(xj);
+                        },
+                        [&](int j, int c, float* bv) {  // b_j's four columns in one load (zeros past n)
+                            const T* bj = j < h ? ring_b + ((u64)pj[j] * groups + g) * n : B + (((u64)b * t + (j - h)) * groups + g) * n;
+                            rp_cols4(bj, c, n, bvec, bv);
+                        });
                 }
             }
         }
-        rp_move<NC>(st, nx);
     }
     // The step's own entries (by the head's first warp), after every read of the ring above (other warps read only
     // entries j < h).

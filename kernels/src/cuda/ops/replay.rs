@@ -113,16 +113,33 @@ pub struct ReplayShape {
     pub max_m: usize,
 }
 
-/// Scratch floats of one warp: the kernels' layout in `replay_mamba2.cu` / `replay_gdn.cu`.
+/// Chunks of the checkpoint a warp stages in shared memory at once (`ST` in the replay kernels): two in flight while
+/// it computes on a third, but one for GDN's multi-token variant, whose scratch is large enough that a third stage
+/// would cost resident warps.
+fn stages(kind: ReplayKind, t: usize) -> usize {
+    match kind {
+        ReplayKind::Gdn(_) if gdn_token_block(t) > 1 => 2,
+        ReplayKind::Gdn(_) | ReplayKind::Mamba2(_) => 3,
+    }
+}
+
+/// Floats of one staged chunk (`RP_STAGE_FLOATS` in `replay_common.cuh`): `CHUNK` rows of `32 · NC` columns.
+fn stage_floats(key_dim: usize) -> usize {
+    CHUNK * 32 * column_groups(key_dim)
+}
+
+/// Scratch floats of one warp: the kernels' layout in `replay_mamba2.cu` / `replay_gdn.cu`, the checkpoint's stages
+/// first.
 fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
     let floats = match kind {
         ReplayKind::Mamba2(d) => {
             let (n, p) = (d.state_dim, d.head_dim);
-            t * n + 2 * max_m + t * max_m + max_m + t + 1 + t * p
+            stages(kind, t) * stage_floats(n) + t * n + 2 * max_m + t * max_m + max_m + t + 1 + t * p
         }
         ReplayKind::Gdn(d) => {
             let dk = d.k_dim;
-            2 * t * dk
+            stages(kind, t) * stage_floats(dk)
+                + 2 * t * dk
                 + max_m
                 + 2 * max_m * t
                 + 2 * max_m
@@ -473,18 +490,19 @@ mod tests {
                 }
             }
         }
-        // A decode's small scratch fills the register limit with full blocks, and so does a GDN verify of 4 tokens
-        // (9.3 KiB of scratch a warp), whose variant's budget of 128 registers holds two blocks of 8.
+        // A decode's small scratch (8.5 KiB a warp with its three checkpoint stages) fills the register limit with
+        // full blocks, and so does a GDN verify of 4 tokens (13.3 KiB a warp, two stages), whose variant's budget of
+        // 128 registers holds two blocks of 8.
         let decode = replay_geometry(GDN, 1, 17, HOPPER).unwrap();
         assert_eq!((decode.warps, resident(GDN, 1, decode, HOPPER)), (8, 24));
         let verify = replay_geometry(GDN, 4, 20, HOPPER).unwrap();
         assert_eq!((verify.warps, resident(GDN, 4, verify, HOPPER)), (8, 16));
-        // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit a Hopper SM, in one block;
-        // an A100 block holds four.
+        // A 16-token kv-only piece over a 32-entry ring needs 43 KiB a warp: five fit a Hopper SM, in one block;
+        // an A100 block holds three.
         let piece = replay_geometry(GDN, 16, 32, HOPPER).unwrap();
         assert_eq!((piece.warps, resident(GDN, 16, piece, HOPPER)), (5, 5));
         let piece = replay_geometry(GDN, 16, 32, a100).unwrap();
-        assert_eq!((piece.warps, resident(GDN, 16, piece, a100)), (4, 4));
+        assert_eq!((piece.warps, resident(GDN, 16, piece, a100)), (3, 3));
     }
 
     #[test]
