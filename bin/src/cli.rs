@@ -7,6 +7,7 @@ use rewind_engine::decode::FormChoice;
 
 mod bench_e2e;
 mod bench_kernels;
+mod compile_kernels;
 mod duration;
 mod model;
 mod plan;
@@ -14,6 +15,7 @@ mod selftest;
 mod serving;
 pub use bench_e2e::{BenchE2eArgs, BenchPlotArgs};
 pub use bench_kernels::{BenchCommand, BenchKernelsArgs, KernelFamily};
+pub use compile_kernels::CompileKernelsArgs;
 pub use duration::{seconds, MAX_SECONDS};
 pub use model::ModelArgs;
 pub use plan::{PlanArgs, ShapeArgs};
@@ -60,6 +62,10 @@ pub enum Command {
     /// Check every CUDA op against its CPU twin on fresh random inputs, and NCCL across the visible GPUs.
     #[command(after_help = SELFTEST_EXAMPLES)]
     Selftest(SelftestArgs),
+    /// Compile every CUDA kernel with NVRTC for Hopper and Blackwell (no GPU needed): errors, missing entry points,
+    /// and each entry point's registers and spills.
+    #[command(after_help = COMPILE_KERNELS_EXAMPLES)]
+    CompileKernels(CompileKernelsArgs),
     /// Serve a model: gRPC sessions and the OpenAI-compatible HTTP API in one process (SIGINT / SIGTERM drain it).
     #[command(after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
@@ -69,6 +75,13 @@ pub enum Command {
     /// Talk to a running server over gRPC: generate, sessions, tokenize, health, stats.
     Client(crate::commands::client::ClientArgs),
 }
+
+/// Examples shown after `rewind compile-kernels --help`.
+const COMPILE_KERNELS_EXAMPLES: &str = "\
+Examples:
+  rewind compile-kernels                                  # every module for sm_90, sm_100 and sm_103
+  rewind compile-kernels --arch sm_90 --only replay --json kernels.json
+NVRTC (libnvrtc.so.13) must be loadable, e.g. from the nvidia-cuda-nvrtc wheel: .ci/run shows how.";
 
 /// Examples shown after `rewind serve --help`.
 const SERVE_EXAMPLES: &str = "\

@@ -8,6 +8,7 @@ mod bench_plot;
 mod bench_steps;
 mod chat;
 pub mod client;
+mod compile_kernels;
 mod generate;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -44,6 +45,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::PlanMemory(a) => plan_memory::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::CompileKernels(a) => compile_kernels::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Client(a) => client::run(a),

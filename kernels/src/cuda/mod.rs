@@ -10,6 +10,7 @@
 //! - [`blas`]: bf16 × bf16 → fp32-accumulated GEMMs in the `x · Wᵀ` shape, through cuBLAS and cuBLASLt.
 //! - [`ops`]: launch wrappers for the kernels under `cuda/kernels/`.
 //! - [`parity`]: every op against its CPU twin on fresh random inputs (the `rewind selftest` cases).
+//! - [`ptxas`]: per-entry register, stack and spill use from NVRTC's verbose log (`rewind compile-kernels`).
 //! - [`timing`] and [`bench_decode`]: CUDA-event timing, and the SSM decode-kernel sweep of `rewind bench kernels`.
 //!
 //! Storage follows the design: bf16 weights and activations (or f32, which the parity tests also use to check the
@@ -22,6 +23,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod ops;
 pub mod parity;
+pub mod ptxas;
 pub mod timing;
 
 pub use cudarc::driver::sys::{
