@@ -11,7 +11,8 @@
 //! sampled decodes of every running sequence, all allowed to chain ([`Request::chain`]), the ranks may run several
 //! decode steps back to back, each feeding its sampled token to the next on the device ([`Step::chained`]), so a
 //! steady batch pays one host round trip per chain instead of one per token. The chain is as long as every sequence's
-//! remaining tokens, the context and the free KV blocks allow (reserved up front, never by preempting anyone), and it
+//! context and the free KV blocks allow (reserved up front, never by preempting anyone); it runs past a sequence's
+//! last token (which is then dropped) only while no request waits, else it ends at the first sequence's last; and it
 //! never forms beside commits, preemptions, prompt chunks, verifies, drafts or replayed tokens, nor while a waiting
 //! request could start (a free slot and its first chunk's KV blocks: chaining would delay its first token by the
 //! chained steps).

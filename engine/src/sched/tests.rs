@@ -41,16 +41,17 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn config() -> impl Strategy<Value = SchedConfig> {
-    (1usize..6, 1usize..9, 8usize..64, 1usize..48, 1usize..5).prop_map(|(slots, block, blocks, budget, steps)| {
-        SchedConfig {
+    // Contexts as short as 16 make the context, not max_tokens, end some chains.
+    (1usize..6, 1usize..9, 8usize..64, 1usize..48, 1usize..5, 16usize..65).prop_map(
+        |(slots, block, blocks, budget, steps, context)| SchedConfig {
             slots,
             kv_blocks: blocks,
             kv_block_size: block,
             max_batch_tokens: budget,
-            max_context: 64,
+            max_context: context,
             decode_steps: steps,
-        }
-    })
+        },
+    )
 }
 
 /// What the ranks would hold: per slot, the request in it and the tokens its state holds.
@@ -288,6 +289,15 @@ impl Sim {
                 continue;
             }
             if step.chained > 0 {
+                // Every chained decode, kept or dropped after the sequence's end, stays inside the context.
+                if let StepWork::Decode { position, .. } = p.work {
+                    assert!(
+                        position + 1 + step.chained <= self.c.max_context,
+                        "{} chains to position {} past the context",
+                        p.id,
+                        position + step.chained
+                    );
+                }
                 let generated = self.streams[&p.id].len() - self.prompt_len[&p.id];
                 assert!(self.chain[&p.id], "{} chained although it may not", p.id);
                 // A chain runs past a sequence's last token only when no request waits for its slot.

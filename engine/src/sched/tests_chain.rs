@@ -1,5 +1,6 @@
 //! Unit tests of chained decode steps (`scheduler/chain.rs`): a steady decode batch chains, within the context and
-//! the free blocks (and max_tokens while a request waits), and never beside other work or a request that could start. The property tests in
+//! the free blocks (and max_tokens while a request waits), and never beside other work or a request that could
+//! start. The property tests in
 //! `tests.rs` cover chains in random runs.
 
 use super::*;
@@ -137,6 +138,25 @@ fn a_sequence_at_its_last_tokens_ends_inside_a_chain_unless_a_request_waits() {
     // Request 3 starts in the next step, alone with request 1 (no chain beside its prompt).
     let step = run_step(&mut s, 30);
     assert_eq!((step.work.len(), step.chained), (2, 0));
+}
+
+#[test]
+fn a_chain_past_a_sequences_last_token_stays_inside_its_context() {
+    // A (5 + 3 tokens) fills the context of 8; B (1 + 7) has room to spare. Past A's last token the chain may run
+    // only as far as A's context: its decode at 5 and two chained steps, at 6 and 7.
+    let mut s = sched(SchedConfig { max_context: 8, ..BASE });
+    s.submit(chain_req(1, 5, 3, true)).expect("submit");
+    s.submit(chain_req(2, 1, 7, true)).expect("submit");
+    run_step(&mut s, 10);
+    let step = s.schedule();
+    assert_eq!(step.chained, 2);
+    assert_eq!(step.work[0].work, decode(5, 10));
+    assert_eq!(s.sampled(1, 20, false), Ok(None));
+    assert_eq!(s.sampled(1, 21, false), Ok(Some(0)));
+    for j in 0..3 {
+        assert_eq!(s.sampled(2, 30 + j, false), Ok(None));
+    }
+    assert_eq!(s.counts(), (0, 1));
 }
 
 #[test]

@@ -22,8 +22,8 @@
 // shaped like the recurrent step kernels, whose warps stream state rows with no block-wide barrier. One warp owns one
 // (row, head) item: a short prologue (decay weights, the §5.4 key–query products and the ring's share of each output,
 // in the warp's own slice of shared memory) runs while the first rows of the checkpoint are in flight, then the warp
-// streams the head's state RP_CHUNK rows at a time, loading the next chunk (16-byte loads) before it reduces the
-// current one. 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
+// streams the head's state RP_CHUNK rows at a time through shared memory (cp.async, `stages` − 1 chunks in flight
+// while it reduces the current one; see rp_pipe_start below). 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
 // registers, so the checkpoint is read once and written at most once. Decay sums are accumulated backward from the
 // query in the CPU twin's order. When rows × heads are few (small batches) each head's rows are split between
 // `splits` warps, each running the (short) prologue for itself. Grid (ceil(heads · splits / warps per block), batch);
@@ -84,11 +84,13 @@ __device__ __forceinline__ void rp_store4(float* row, int c, int n, bool vec, co
     }
 }
 
-// A head's checkpoint streams through shared memory chunk by chunk, ST − 1 chunks in flight per warp while it
-// computes on one (cp.async: no registers held by loads in flight). Lane l copies, and later reads back, only its
-// own pieces: row ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3 (as a float4 at slot (r·NC + k)·32 + l of
-// the stage), so waiting on its own copies is all the ordering a lane needs. Rows that read no state, rows past the
-// head and columns past n stage zeros.
+// A head's checkpoint streams through shared memory chunk by chunk, `stages` − 1 chunks in flight per warp while it
+// computes on one (cp.async: no registers held by loads in flight). `stages` is 2 or 3, chosen per launch by the
+// host (pipeline_stages in ops/replay.rs: three unless the third costs resident warps). Lane l copies, and later
+// reads back, only its own pieces: row ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3 (as a float4 at slot
+// (r·NC + k)·32 + l of the stage), so waiting on its own copies is all the ordering a lane needs. Rows that read no
+// state, rows past the head and columns past n stage zeros (the one-column path loads synchronously).
+
 // Floats of one stage (the host's twin: stage_floats in ops/replay.rs).
 #define RP_STAGE_FLOATS(NC) (RP_RPW * (NC) * 128)
 
@@ -133,12 +135,11 @@ __device__ __forceinline__ void rp_take_chunk(const float* buf, float (&st)[RP_R
     }
 }
 
-// The first ST − 1 chunks of [ch0, ch1) into stages 0 … ST − 2 (one commit group each, empty past ch1).
-template <int NC, int ST>
-__device__ __forceinline__ void rp_pipe_start(float* stage, const float* S, int rows, int ch0, int ch1, int n,
-                                              bool read, bool vec) {
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s) {
+// The first stages − 1 chunks of [ch0, ch1) into stages 0 … stages − 2 (one commit group each, empty past ch1).
+template <int NC>
+__device__ __forceinline__ void rp_pipe_start(float* stage, int stages, const float* S, int rows, int ch0, int ch1,
+                                              int n, bool read, bool vec) {
+    for (int s = 0; s < stages - 1; ++s) {
         if (ch0 + s < ch1) {
             rp_stage_chunk<NC>(stage + s * RP_STAGE_FLOATS(NC), S, rows, ch0 + s, n, read, vec);
         }
@@ -146,15 +147,20 @@ __device__ __forceinline__ void rp_pipe_start(float* stage, const float* S, int 
     }
 }
 
-// Chunk ch (the it-th of the warp's range) into st, and chunk ch + ST − 1 into the stage chunk ch − 1 used.
-template <int NC, int ST>
-__device__ __forceinline__ void rp_pipe_next(float* stage, const float* S, int rows, int ch, int it, int ch1, int n,
-                                             bool read, bool vec, float (&st)[RP_RPW][NC][4]) {
-    cp_async_wait<ST - 2>();
-    rp_take_chunk<NC>(stage + (it % ST) * RP_STAGE_FLOATS(NC), st);
-    const int ahead = ch + ST - 1;
+// Chunk ch (the it-th of the warp's range) into st, and chunk ch + stages − 1 into the stage chunk ch − 1 used. Chunk
+// it is commit group it, so all but the newest stages − 2 groups must be complete.
+template <int NC>
+__device__ __forceinline__ void rp_pipe_next(float* stage, int stages, const float* S, int rows, int ch, int it, int ch1,
+                                             int n, bool read, bool vec, float (&st)[RP_RPW][NC][4]) {
+    if (stages == 3) {
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    rp_take_chunk<NC>(stage + (it % stages) * RP_STAGE_FLOATS(NC), st);
+    const int ahead = ch + stages - 1;
     if (ahead < ch1) {
-        rp_stage_chunk<NC>(stage + ((it + ST - 1) % ST) * RP_STAGE_FLOATS(NC), S, rows, ahead, n, read, vec);
+        rp_stage_chunk<NC>(stage + ((it + stages - 1) % stages) * RP_STAGE_FLOATS(NC), S, rows, ahead, n, read, vec);
     }
     cp_async_commit();
 }

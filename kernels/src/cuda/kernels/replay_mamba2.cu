@@ -12,7 +12,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                                    const T* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
                                    const T* __restrict__ B, const T* __restrict__ C, const float* __restrict__ D,
                                    T* __restrict__ y, int t, int heads, int head_dim, int state_dim, int groups,
-                                   int max_m, int scratch, int splits) {
+                                   int max_m, int scratch, int splits, int stages) {
     extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = (blockIdx.x * warps + warp) / splits, part = (blockIdx.x * warps + warp) % splits;
@@ -38,12 +38,11 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     const int m = h + t;
     float* S = state_pool + ((u64)slot * heads + hd) * p * n;
     const bool vec = (n & 3) == 0 && ((u64)S & 15) == 0;
-    constexpr int ST = 3;  // the checkpoint pipeline's stages (stages in ops/replay.rs)
-    float* stage = smem + (u64)warp * scratch;  // [ST, RP_STAGE_FLOATS(NC)]
-    rp_pipe_start<NC, ST>(stage, S, p, ch0, ch1, n, read, vec);
+    float* stage = smem + (u64)warp * scratch;  // [stages, RP_STAGE_FLOATS(NC)]: the checkpoint pipeline
+    rp_pipe_start<NC>(stage, stages, S, p, ch0, ch1, n, read, vec);
     float st[RP_RPW][NC][4];
 
-    float* Cs = stage + ST * RP_STAGE_FLOATS(NC);  // [t, n], 16-byte aligned
+    float* Cs = stage + stages * RP_STAGE_FLOATS(NC);  // [t, n], 16-byte aligned
     float* dts = Cs + t * n;                  // [max_m]
     int* pj = reinterpret_cast<int*>(dts + max_m);  // [max_m]: pool rows of the committed entries
     float* w = dts + 2 * max_m;               // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
@@ -108,7 +107,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
     __syncwarp();
     for (int ch = ch0; ch < ch1; ++ch) {
-        rp_pipe_next<NC, ST>(stage, S, p, ch, ch - ch0, ch1, n, read, vec, st);
+        rp_pipe_next<NC>(stage, stages, S, p, ch, ch - ch0, ch1, n, read, vec, st);
         for (int s = 0; s < t; ++s) {
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
@@ -181,9 +180,9 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_##S(                                   \
         float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
         const T* x, const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,   \
-        int head_dim, int state_dim, int groups, int max_m, int scratch, int splits) {                                 \
+        int head_dim, int state_dim, int groups, int max_m, int scratch, int splits, int stages) {                     \
         mamba2_replay_impl<T, NC>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D,  \
-                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits);                   \
+                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits, stages);           \
     }
 #define MAMBA2_REPLAY(T, S) \
     MAMBA2_REPLAY_NC(T, S, 1) MAMBA2_REPLAY_NC(T, S, 2) MAMBA2_REPLAY_NC(T, S, 4) MAMBA2_REPLAY_NC(T, S, 8)

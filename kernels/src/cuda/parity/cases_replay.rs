@@ -57,7 +57,7 @@ pub(super) fn register(cases: &mut Vec<Case>) {
                 "t {t}, {} heads × {}, state {}, {} groups, mixed forms, {what}",
                 dims.heads, dims.head_dim, dims.state_dim, dims.groups
             );
-            both!(cases, "mamba2_replay", shape, mamba2_replay(dims, t));
+            both!(cases, "mamba2_replay", shape, mamba2_replay(dims, t, 2));
         }
     }
     let g4b = GdnDims {
@@ -94,6 +94,39 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             both!(cases, "gdn_replay", shape, gdn_replay(dims, t, 2));
         }
     }
+    // Enough (row, head) items that each warp streams several chunks of its head, so the checkpoint pipeline refills
+    // and reuses its stages (small launches split a head's rows so finely that a warp takes one or two chunks). On
+    // 132 SMs: a decode and a 2-token verify over 20 / 21 rows, 5 chunks a warp (three stages); 704 rows of ragged
+    // dims, one warp a head, 18 chunks each through the one-column path.
+    for (t, copies) in [(1usize, 5usize), (2, 7)] {
+        let rows = copies * if t == 1 { KINDS_STEP.len() } else { KINDS_VERIFY.len() };
+        let shape = format!("t {t}, 16/32 heads × 128/128, {rows} rows (5 chunks a warp), Qwen3.5-4B");
+        both!(cases, "gdn_replay", shape, gdn_replay(g4b, t, copies));
+    }
+    let g_long = GdnDims {
+        k_heads: 2,
+        v_heads: 6,
+        k_dim: 38,
+        v_dim: 70,
+    };
+    both!(
+        cases,
+        "gdn_replay",
+        "t 1, 2/6 heads × 38/70, 704 rows (18 chunks a warp), ragged",
+        gdn_replay(g_long, 1, 176)
+    );
+    let m_long = Mamba2Dims {
+        heads: 6,
+        head_dim: 70,
+        state_dim: 22,
+        groups: 2,
+    };
+    both!(
+        cases,
+        "mamba2_replay",
+        "t 1, 6 heads × 70, state 22, 2 groups, 704 rows (18 chunks a warp), ragged",
+        mamba2_replay(m_long, 1, 176)
+    );
     // 66 rows of a verify: 2112 (row, head) items, so on 132 SMs two warps share a head, 64 value rows each (two
     // 32-row passes of the row loops).
     both!(
@@ -173,10 +206,10 @@ fn padded_f32(cx: &Ctx, v: &[f32]) -> Result<CudaSlice<f32>> {
     cx.dev.upload(if v.is_empty() { &[0.0] } else { v })
 }
 
-fn mamba2_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, t: usize) -> Result<Vec<Check>> {
+fn mamba2_replay<T: Elem>(cx: &Ctx, rng: &mut Rng, dims: Mamba2Dims, t: usize, copies: usize) -> Result<Vec<Check>> {
     let (h, p, n, g) = (dims.heads, dims.head_dim, dims.state_dim, dims.groups);
-    let pool = 12;
-    let rows = plan_rows(rng, t, 2, pool);
+    let pool = 4 * copies + 4;
+    let rows = plan_rows(rng, t, copies, pool);
     let batch = rows.len();
     let sl = h * p * n;
     let mut state = rng.uniform_vec(pool * sl, 1.0);
