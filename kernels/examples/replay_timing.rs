@@ -44,9 +44,8 @@ fn main() -> Result<()> {
             .map_err(err)?;
         eprintln!(
             "{name} (t {t}): {regs} registers, {local} B local (spills), {blocks} blocks of {threads} threads per SM \
-             with {} B shared each ({} pipeline stages)",
-            geo.shared_bytes(),
-            geo.stages
+             with {} B shared each",
+            geo.shared_bytes()
         );
     }
     for name in ["mamba2_step_bf16", "gdn_step_bf16"] {

@@ -67,20 +67,3 @@ __device__ float block_sum(float v) {
 
 // Each kernel file writes its body once as a template (`name_impl<T>`) and declares the `_f32` and `_bf16` entry
 // points with a one-line macro `#define X(T, S) extern "C" __global__ void name_##S(...) { name_impl<T>(...); }`.
-
-// Asynchronous copies (cp.async, sm_80 and later: Hopper and Blackwell alike), used by the tensor-core modules and the
-// replay kernels' checkpoint pipeline.
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-// 16 bytes global → shared, asynchronously; src_bytes 0 writes zeros (padding past a range must be zeros, not stale
-// data: its weight in the product is 0, but 0 · NaN would poison the accumulator).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-// The "memory" clobbers keep the compiler from moving ordinary shared-memory loads and stores across a commit or a
-// wait (a kernel may read its own copies right after the wait, with no barrier in between).
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}

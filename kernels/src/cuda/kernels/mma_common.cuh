@@ -1,10 +1,20 @@
 // Tensor-core building blocks shared by the modules that use them (attention_flash, moe_tc, ssd_tc): placed after
-// common.cuh and before the module's own source. Only mma.sync / ldmatrix (cp.async is in common.cuh): these run on sm_80 and later,
+// common.cuh and before the module's own source. Only mma.sync / ldmatrix / cp.async: these run on sm_80 and later,
 // Hopper (sm_90) and Blackwell (sm_100 / sm_103) alike.
 //
 // Fragment layout of mma.sync m16n8k16 (bf16 in, f32 accumulate), used throughout: lane = 4·g + c4; accumulator e of
 // an m16n8 tile is row g + 8·(e / 2), column 2·c4 + e % 2. Operand tiles live in shared memory as rows of 16-byte
 // chunks (8 bf16), swizzled by swz<> below.
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16 bytes global → shared, asynchronously; src_bytes 0 writes zeros (padding past a range must be zeros, not stale
+// data: its weight in the product is 0, but 0 · NaN would poison the accumulator).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -22,8 +22,8 @@
 // shaped like the recurrent step kernels, whose warps stream state rows with no block-wide barrier. One warp owns one
 // (row, head) item: a short prologue (decay weights, the §5.4 key–query products and the ring's share of each output,
 // in the warp's own slice of shared memory) runs while the first rows of the checkpoint are in flight, then the warp
-// streams the head's state RP_CHUNK rows at a time through shared memory (cp.async, `stages` − 1 chunks in flight
-// while it reduces the current one; see rp_pipe_start below). 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
+// streams the head's state RP_CHUNK rows at a time, loading the next chunk (16-byte loads) before it reduces the
+// current one. 8 lanes share a row (a 3-step shuffle reduction); the fold writes the new checkpoint from the same
 // registers, so the checkpoint is read once and written at most once. Decay sums are accumulated backward from the
 // query in the CPU twin's order. When rows × heads are few (small batches) each head's rows are split between
 // `splits` warps, each running the (short) prologue for itself. Grid (ceil(heads · splits / warps per block), batch);
@@ -84,19 +84,11 @@ __device__ __forceinline__ void rp_store4(float* row, int c, int n, bool vec, co
     }
 }
 
-// A head's checkpoint streams through shared memory chunk by chunk, `stages` − 1 chunks in flight per warp while it
-// computes on one (cp.async: no registers held by loads in flight). `stages` is 2 or 3, chosen per launch by the
-// host (pipeline_stages in ops/replay.rs: three unless the third costs resident warps). Lane l copies, and later
-// reads back, only its own pieces: row ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3 (as a float4 at slot
-// (r·NC + k)·32 + l of the stage), so waiting on its own copies is all the ordering a lane needs. Rows that read no
-// state, rows past the head and columns past n stage zeros (the one-column path loads synchronously).
-
-// Floats of one stage (the host's twin: stage_floats in ops/replay.rs).
-#define RP_STAGE_FLOATS(NC) (RP_RPW * (NC) * 128)
-
+// Chunk ch of a head's checkpoint into registers (zeros when the row reads no state): lane l holds row
+// ch·RP_CHUNK + 4r + l / 8, columns 4·(l % 8 + 8k) .. + 3.
 template <int NC>
-__device__ __forceinline__ void rp_stage_chunk(float* buf, const float* S, int rows, int ch, int n, bool read,
-                                               bool vec) {
+__device__ __forceinline__ void rp_load_chunk(const float* S, int rows, int ch, int n, bool read, bool vec,
+                                              float (&st)[RP_RPW][NC][4]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < RP_RPW; ++r) {
@@ -104,68 +96,33 @@ __device__ __forceinline__ void rp_stage_chunk(float* buf, const float* S, int r
 #pragma unroll
         for (int k = 0; k < NC; ++k) {
             const int c = 4 * ((lane & 7) + 8 * k);
-            float* dst = buf + ((r * NC + k) * 32 + lane) * 4;
-            if (read && vec && i < rows && c < n) {
-                cp_async16(dst, S + (u64)i * n + c, 16);
+            if (read && i < rows) {
+                rp_load4(S + (u64)i * n, c, n, vec, st[r][k]);
             } else {
-                float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (read && i < rows) {
-                    rp_load4(S + (u64)i * n, c, n, vec, o);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    st[r][k][e] = 0.0f;
                 }
-                *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
             }
         }
     }
 }
 
-// The lane's pieces of a staged chunk into registers.
 template <int NC>
-__device__ __forceinline__ void rp_take_chunk(const float* buf, float (&st)[RP_RPW][NC][4]) {
-    const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void rp_move(float (&dst)[RP_RPW][NC][4], const float (&src)[RP_RPW][NC][4]) {
 #pragma unroll
     for (int r = 0; r < RP_RPW; ++r) {
 #pragma unroll
         for (int k = 0; k < NC; ++k) {
-            const float4 v = *reinterpret_cast<const float4*>(buf + ((r * NC + k) * 32 + lane) * 4);
-            st[r][k][0] = v.x;
-            st[r][k][1] = v.y;
-            st[r][k][2] = v.z;
-            st[r][k][3] = v.w;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dst[r][k][e] = src[r][k][e];
+            }
         }
     }
 }
 
-// The first stages − 1 chunks of [ch0, ch1) into stages 0 … stages − 2 (one commit group each, empty past ch1).
-template <int NC>
-__device__ __forceinline__ void rp_pipe_start(float* stage, int stages, const float* S, int rows, int ch0, int ch1,
-                                              int n, bool read, bool vec) {
-    for (int s = 0; s < stages - 1; ++s) {
-        if (ch0 + s < ch1) {
-            rp_stage_chunk<NC>(stage + s * RP_STAGE_FLOATS(NC), S, rows, ch0 + s, n, read, vec);
-        }
-        cp_async_commit();
-    }
-}
-
-// Chunk ch (the it-th of the warp's range) into st, and chunk ch + stages − 1 into the stage chunk ch − 1 used. Chunk
-// it is commit group it, so all but the newest stages − 2 groups must be complete.
-template <int NC>
-__device__ __forceinline__ void rp_pipe_next(float* stage, int stages, const float* S, int rows, int ch, int it, int ch1,
-                                             int n, bool read, bool vec, float (&st)[RP_RPW][NC][4]) {
-    if (stages == 3) {
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
-    rp_take_chunk<NC>(stage + (it % stages) * RP_STAGE_FLOATS(NC), st);
-    const int ahead = ch + stages - 1;
-    if (ahead < ch1) {
-        rp_stage_chunk<NC>(stage + ((it + stages - 1) % stages) * RP_STAGE_FLOATS(NC), S, rows, ahead, n, read, vec);
-    }
-    cp_async_commit();
-}
-
-// The fold of one state row held in registers (the lane's columns, as rp_take_chunk laid them out): row ← keep·row +
+// The fold of one state row held in registers (the lane's columns, as rp_load_chunk laid them out): row ← keep·row +
 // Σ_{j<fold} weight(j) · (entry j's columns, from cols(j, c, v)), then stored to s_row. One pass over the entries:
 // each weight is read once per row and each entry's columns once, and every element sums keep·row then the entries
 // in order.

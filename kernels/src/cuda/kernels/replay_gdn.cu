@@ -84,8 +84,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                                 float* __restrict__ ring_g, const int* __restrict__ meta, int num_slots, int ring_rows,
                                 const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const float* __restrict__ g, const float* __restrict__ beta, T* __restrict__ out,
-                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits,
-                                int stages) {
+                                int t, int k_heads, int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits) {
     extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = (blockIdx.x * warps + warp) / splits, part = (blockIdx.x * warps + warp) % splits;
@@ -111,11 +110,10 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     const int m = h + t;
     float* S = state_pool + ((u64)slot * v_heads + hd) * dv * dk;
     const bool vec = (dk & 3) == 0 && ((u64)S & 15) == 0;
-    float* stage = smem + (u64)warp * scratch;  // [stages, RP_STAGE_FLOATS(NC)]: the checkpoint pipeline
-    rp_pipe_start<NC>(stage, stages, S, dv, ch0, ch1, dk, read, vec);
-    float st[RP_RPW][NC][4];
+    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
+    rp_load_chunk<NC>(S, dv, ch0, dk, read, vec, st);
 
-    float* Qs = stage + stages * RP_STAGE_FLOATS(NC);  // [t, dk]
+    float* Qs = smem + (u64)warp * scratch;  // [t, dk]
     float* Kt = Qs + t * dk;                  // [t, dk]: the step's keys
     float* gs = Kt + t * dk;                  // [max_m]
     float* kk = gs + max_m;                   // [max_m, t]: K_j·k_s
@@ -227,7 +225,9 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     // Ring key rows start 4·sizeof(T)-byte aligned when dk is a multiple of 4 and the pool is.
     const bool kvec = (dk & 3) == 0 && ((u64)ring_k & (4 * sizeof(T) - 1)) == 0;
     for (int ch = ch0; ch < ch1; ++ch) {
-        rp_pipe_next<NC>(stage, stages, S, dv, ch, ch - ch0, ch1, dk, read, vec, st);
+        if (ch + 1 < ch1) {
+            rp_load_chunk<NC>(S, dv, ch + 1, dk, read, vec, nx);
+        }
         // S_h k_s and S_h q_s: the checkpoint's products from registers plus the ring's, 8 lanes per row, SB
         // tokens at a time. With a fold they go to the chunk's SK / SQ (solved below, before the fold needs U);
         // without one, in place of the ring's shares (solved after the last chunk).
@@ -280,6 +280,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
         }
         __syncwarp();
         if (fold == 0) {
+            rp_move<NC>(st, nx);
             continue;
         }
         // The triangular solve and the outputs, one lane per row of the chunk.
@@ -310,6 +311,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
             }
         }
         __syncwarp();  // SK, SQ and Us are the next chunk's
+        rp_move<NC>(st, nx);
     }
     if (fold == 0) {
         // The triangular solve and the outputs, one lane per value row; U_s replaces S_h k_s in RK once read.
@@ -345,9 +347,9 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256, GDN_MIN_BLOCKS(SB)) gdn_replay_nc##NC##_sb##SB##_##S(            \
         float* state_pool, T* ring_u, T* ring_k, float* ring_g, const int* meta, int num_slots, int ring_rows,         \
         const T* q, const T* k, const T* v, const float* g, const float* beta, T* out, int t, int k_heads,             \
-        int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits, int stages) {                           \
+        int v_heads, int k_dim, int v_dim, int max_m, int scratch, int splits) {                                       \
         gdn_replay_impl<T, NC, SB>(state_pool, ring_u, ring_k, ring_g, meta, num_slots, ring_rows, q, k, v, g, beta,   \
-                                   out, t, k_heads, v_heads, k_dim, v_dim, max_m, scratch, splits, stages);            \
+                                   out, t, k_heads, v_heads, k_dim, v_dim, max_m, scratch, splits);                    \
     }
 #define GDN_REPLAY_SB(T, S, SB) \
     GDN_REPLAY_NC(T, S, 1, SB) GDN_REPLAY_NC(T, S, 2, SB) GDN_REPLAY_NC(T, S, 4, SB) GDN_REPLAY_NC(T, S, 8, SB)

@@ -12,7 +12,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                                    const T* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
                                    const T* __restrict__ B, const T* __restrict__ C, const float* __restrict__ D,
                                    T* __restrict__ y, int t, int heads, int head_dim, int state_dim, int groups,
-                                   int max_m, int scratch, int splits, int stages) {
+                                   int max_m, int scratch, int splits) {
     extern __shared__ __align__(16) float smem[];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = (blockIdx.x * warps + warp) / splits, part = (blockIdx.x * warps + warp) % splits;
@@ -38,11 +38,10 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     const int m = h + t;
     float* S = state_pool + ((u64)slot * heads + hd) * p * n;
     const bool vec = (n & 3) == 0 && ((u64)S & 15) == 0;
-    float* stage = smem + (u64)warp * scratch;  // [stages, RP_STAGE_FLOATS(NC)]: the checkpoint pipeline
-    rp_pipe_start<NC>(stage, stages, S, p, ch0, ch1, n, read, vec);
-    float st[RP_RPW][NC][4];
+    float st[RP_RPW][NC][4], nx[RP_RPW][NC][4];
+    rp_load_chunk<NC>(S, p, ch0, n, read, vec, st);
 
-    float* Cs = stage + stages * RP_STAGE_FLOATS(NC);  // [t, n], 16-byte aligned
+    float* Cs = smem + (u64)warp * scratch;   // [t, n], 16-byte aligned
     float* dts = Cs + t * n;                  // [max_m]
     int* pj = reinterpret_cast<int*>(dts + max_m);  // [max_m]: pool rows of the committed entries
     float* w = dts + 2 * max_m;               // [t, max_m]: dt_j·exp(seg(j, h+s))·(B_j·C_s)
@@ -107,7 +106,9 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
     __syncwarp();
     for (int ch = ch0; ch < ch1; ++ch) {
-        rp_pipe_next<NC>(stage, stages, S, p, ch, ch - ch0, ch1, n, read, vec, st);
+        if (ch + 1 < ch1) {
+            rp_load_chunk<NC>(S, p, ch + 1, n, read, vec, nx);
+        }
         for (int s = 0; s < t; ++s) {
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
@@ -132,7 +133,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
             const float kp = keep[0];
             // B rows (ring and input) start 4·sizeof(T)-byte aligned when n is a multiple of 4 and both bases are.
             const bool bvec = (n & 3) == 0 && (((u64)ring_b | (u64)B) & (4 * sizeof(T) - 1)) == 0;
-            // In the chunk's registers (st is not read again).
+            // In the chunk's registers (st is not read again before rp_move replaces it).
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
                 const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
@@ -151,6 +152,7 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
                 }
             }
         }
+        rp_move<NC>(st, nx);
     }
     // The step's own entries (by the head's first warp), after every read of the ring above (other warps read only
     // entries j < h).
@@ -180,9 +182,9 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     extern "C" __global__ void __launch_bounds__(256, 3) mamba2_replay_nc##NC##_##S(                                   \
         float* state_pool, T* ring_x, float* ring_dt, T* ring_b, const int* meta, int num_slots, int ring_rows,        \
         const T* x, const float* dt, const float* A, const T* B, const T* C, const float* D, T* y, int t, int heads,   \
-        int head_dim, int state_dim, int groups, int max_m, int scratch, int splits, int stages) {                     \
+        int head_dim, int state_dim, int groups, int max_m, int scratch, int splits) {                                 \
         mamba2_replay_impl<T, NC>(state_pool, ring_x, ring_dt, ring_b, meta, num_slots, ring_rows, x, dt, A, B, C, D,  \
-                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits, stages);           \
+                                  y, t, heads, head_dim, state_dim, groups, max_m, scratch, splits);                   \
     }
 #define MAMBA2_REPLAY(T, S) \
     MAMBA2_REPLAY_NC(T, S, 1) MAMBA2_REPLAY_NC(T, S, 2) MAMBA2_REPLAY_NC(T, S, 4) MAMBA2_REPLAY_NC(T, S, 8)

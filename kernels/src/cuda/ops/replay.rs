@@ -113,51 +113,16 @@ pub struct ReplayShape {
     pub max_m: usize,
 }
 
-/// The checkpoint pipeline's stage counts (`stages` in the replay kernels), in the order a launch prefers them: 3 keeps
-/// two chunks of the checkpoint in flight while a warp computes on a third, 2 keeps one. [`replay_geometry`] takes 3
-/// unless its larger scratch costs resident warps (verify steps and kv-only pieces, whose scratch is large).
-const STAGE_CHOICES: [usize; 2] = [3, 2];
-
-/// The stage count forced by `REWIND_REPLAY_STAGES` (2 or 3) for side-by-side timing (`rewind bench kernels` under
-/// each); `None` when it is unset, an error naming the value when it is anything else.
-fn forced_stages() -> Result<Option<usize>> {
-    static FORCED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    FORCED
-        .get_or_init(|| std::env::var("REWIND_REPLAY_STAGES").ok())
-        .as_deref()
-        .map(parse_stages)
-        .transpose()
-}
-
-/// A stage count as `REWIND_REPLAY_STAGES` spells it.
-fn parse_stages(v: &str) -> Result<usize> {
-    v.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|s| STAGE_CHOICES.contains(s))
-        .ok_or_else(|| crate::cuda::CudaError::Shape {
-            op: "replay",
-            message: format!("REWIND_REPLAY_STAGES must be 2 or 3, not `{v}`"),
-        })
-}
-
-/// Floats of one staged chunk (`RP_STAGE_FLOATS` in `replay_common.cuh`): `CHUNK` rows of `32 · NC` columns.
-fn stage_floats(key_dim: usize) -> usize {
-    CHUNK * 32 * column_groups(key_dim)
-}
-
-/// Scratch floats of one warp: the kernels' layout in `replay_mamba2.cu` / `replay_gdn.cu`, the checkpoint's `stages`
-/// first.
-fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize, stages: usize) -> usize {
+/// Scratch floats of one warp: the kernels' layout in `replay_mamba2.cu` / `replay_gdn.cu`.
+fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
     let floats = match kind {
         ReplayKind::Mamba2(d) => {
             let (n, p) = (d.state_dim, d.head_dim);
-            stages * stage_floats(n) + t * n + 2 * max_m + t * max_m + max_m + t + 1 + t * p
+            t * n + 2 * max_m + t * max_m + max_m + t + 1 + t * p
         }
         ReplayKind::Gdn(d) => {
             let dk = d.k_dim;
-            stages * stage_floats(dk)
-                + 2 * t * dk
+            2 * t * dk
                 + max_m
                 + 2 * max_m * t
                 + 2 * max_m
@@ -173,15 +138,13 @@ fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize, stages: usize) -> usiz
     floats.next_multiple_of(4)
 }
 
-/// How a replay launch is laid out: warps per block, each warp's scratch, and its checkpoint pipeline's stages.
+/// How a replay launch is laid out: warps per block, and each warp's scratch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplayGeometry {
     /// Warps per block, one (row, head) item each.
     pub warps: usize,
     /// Scratch floats per warp.
     pub scratch: usize,
-    /// Chunks of the checkpoint a warp stages at once (2 or 3).
-    pub stages: usize,
 }
 
 /// Warps a launch aims to keep busy (per SM): below this, each head's rows are split between several warps.
@@ -209,45 +172,22 @@ impl ReplayGeometry {
 }
 
 /// The layout of a launch of `t` tokens per row and rings of at most `max_m` entries on a device with `shared`: the
-/// warps per block (1 … 8) and pipeline stages that let an SM hold the most warps, given each warp's scratch (a
-/// verify's scratch is several times a decode's, and these kernels are latency-bound, so resident warps are their
-/// speed), three stages rather than two when both hold as many; an error when one warp's scratch cannot fit a block.
+/// warps per block (1 … 8) that let an SM hold the most warps, given each warp's scratch (a verify's scratch is
+/// several times a decode's, and these kernels are latency-bound, so resident warps are their speed); an error when
+/// one warp's scratch cannot fit a block.
 pub fn replay_geometry(kind: ReplayKind, t: usize, max_m: usize, shared: SharedLimits) -> Result<ReplayGeometry> {
-    let forced = forced_stages()?.map(|s| [s]);
-    let choices: &[usize] = forced.as_ref().map_or(&STAGE_CHOICES[..], |f| &f[..]);
+    let scratch = warp_scratch(kind, t, max_m);
+    let bytes = scratch * 4;
     let max_block = shared.per_block;
-    let mut best: Option<(usize, ReplayGeometry)> = None;
-    for &stages in choices {
-        let scratch = warp_scratch(kind, t, max_m, stages);
-        let bytes = scratch * 4;
-        let resident = |w: usize| {
-            ReplayGeometry {
-                warps: w,
-                scratch,
-                stages,
-            }
-            .resident(kind, t, shared)
-        };
-        let Some(warps) = (1..=MAX_WARPS)
-            .filter(|&w| w * bytes <= max_block)
-            .max_by_key(|&w| (resident(w), w))
-        else {
-            continue;
-        };
-        if best.is_none_or(|(r, _)| resident(warps) > r) {
-            best = Some((resident(warps), ReplayGeometry { warps, scratch, stages }));
-        }
-    }
-    best.map(|(_, geo)| geo).ok_or_else(|| {
-        let stages = choices.iter().min().copied().unwrap_or(2);
-        let bytes = warp_scratch(kind, t, max_m, stages) * 4;
-        crate::cuda::CudaError::Shape {
-            op: "replay",
-            message: format!(
-                "{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {max_block})"
-            ),
-        }
-    })
+    ensure("replay", bytes <= max_block, || {
+        format!("{t} tokens over rings of {max_m} entries need {bytes} bytes of shared memory per warp (> {max_block})")
+    })?;
+    let resident = |w: usize| ReplayGeometry { warps: w, scratch }.resident(kind, t, shared);
+    let warps = (1..=MAX_WARPS)
+        .filter(|&w| w * bytes <= max_block)
+        .max_by_key(|&w| (resident(w), w))
+        .unwrap_or(1);
+    Ok(ReplayGeometry { warps, scratch })
 }
 
 /// Which family a replay launch serves.
@@ -348,7 +288,6 @@ pub fn mamba2_replay<T: Elem>(
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, heads, head_dim);
     let splits_i = splits as i32;
-    let stages_i = geo.stages as i32;
     let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
     let (slots_i, rows_i, t_i, h_i, p_i, n_i, g_i, m_i) = (
@@ -381,7 +320,7 @@ pub fn mamba2_replay<T: Elem>(
     };
     launch!(
         dev, name, cfg, sp, rxp, rdp, rbp, mp, slots_i, rows_i, xp, dtp, ap, bp, cp, dp, yp, t_i, h_i, p_i, n_i, g_i,
-        m_i, scratch_i, splits_i, stages_i
+        m_i, scratch_i, splits_i
     )
 }
 
@@ -443,7 +382,6 @@ pub fn gdn_replay<T: Elem>(
     let scratch_i = geo.scratch as i32;
     let splits = row_splits(dev, batch, v_heads, v_dim);
     let splits_i = splits as i32;
-    let stages_i = geo.stages as i32;
     let name = format!(
         "gdn_replay_nc{}_sb{}_{}",
         column_groups(k_dim),
@@ -480,7 +418,7 @@ pub fn gdn_replay<T: Elem>(
     };
     launch!(
         dev, name, cfg, sp, rup, rkp, rgp, mp, slots_i, rows_i, qp, kp, vp, gp, bp, op, t_i, hk_i, hv_i, dk_i, dv_i,
-        m_i, scratch_i, splits_i, stages_i
+        m_i, scratch_i, splits_i
     )
 }
 
@@ -521,61 +459,32 @@ mod tests {
                     let geo = replay_geometry(kind, t, 16 + t, shared).unwrap();
                     assert!((1..=MAX_WARPS).contains(&geo.warps));
                     assert!(geo.shared_bytes() <= shared.per_block);
-                    assert_eq!(geo.scratch, warp_scratch(kind, t, 16 + t, geo.stages));
-                    // No other warp count or stage count that fits a block keeps more warps on an SM, and three
-                    // stages are taken whenever they keep as many as two.
-                    for stages in STAGE_CHOICES {
-                        for w in 1..=MAX_WARPS {
-                            let other = ReplayGeometry {
-                                warps: w,
-                                scratch: warp_scratch(kind, t, 16 + t, stages),
-                                stages,
-                            };
-                            if other.shared_bytes() <= shared.per_block {
-                                let (theirs, ours) = (resident(kind, t, other, shared), resident(kind, t, geo, shared));
-                                assert!(theirs <= ours, "{kind:?} t {t}: {other:?} beats {geo:?}");
-                                assert!(
-                                    stages <= geo.stages || theirs < ours,
-                                    "{kind:?} t {t}: {other:?} ties {geo:?}"
-                                );
-                            }
+                    // No other warp count that fits a block keeps more warps on an SM.
+                    for w in 1..=MAX_WARPS {
+                        let other = ReplayGeometry { warps: w, ..geo };
+                        if other.shared_bytes() <= shared.per_block {
+                            assert!(
+                                resident(kind, t, other, shared) <= resident(kind, t, geo, shared),
+                                "{kind:?} t {t}: {w} warps beat {}",
+                                geo.warps
+                            );
                         }
                     }
                 }
             }
         }
-        // A decode's small scratch (8.5 KiB a warp with three checkpoint stages) fills the register limit with full
-        // blocks; a GDN verify of 4 tokens takes two stages (13.3 KiB a warp), so that its variant's budget of 128
-        // registers still holds two blocks of 8 (three stages would hold 14 warps).
+        // A decode's small scratch fills the register limit with full blocks, and so does a GDN verify of 4 tokens
+        // (9.3 KiB of scratch a warp), whose variant's budget of 128 registers holds two blocks of 8.
         let decode = replay_geometry(GDN, 1, 17, HOPPER).unwrap();
-        assert_eq!(
-            (decode.warps, decode.stages, resident(GDN, 1, decode, HOPPER)),
-            (8, 3, 24)
-        );
+        assert_eq!((decode.warps, resident(GDN, 1, decode, HOPPER)), (8, 24));
         let verify = replay_geometry(GDN, 4, 20, HOPPER).unwrap();
-        assert_eq!(
-            (verify.warps, verify.stages, resident(GDN, 4, verify, HOPPER)),
-            (8, 2, 16)
-        );
-        // A 16-token kv-only piece over a 32-entry ring needs 45 KiB a warp with three stages: five still fit a
-        // Hopper SM, in one block; an A100 block holds three.
+        assert_eq!((verify.warps, resident(GDN, 4, verify, HOPPER)), (8, 16));
+        // A 16-token kv-only piece over a 32-entry ring needs 39 KiB a warp: five fit a Hopper SM, in one block;
+        // an A100 block holds four.
         let piece = replay_geometry(GDN, 16, 32, HOPPER).unwrap();
-        assert_eq!((piece.warps, piece.stages, resident(GDN, 16, piece, HOPPER)), (5, 3, 5));
+        assert_eq!((piece.warps, resident(GDN, 16, piece, HOPPER)), (5, 5));
         let piece = replay_geometry(GDN, 16, 32, a100).unwrap();
-        assert_eq!((piece.warps, resident(GDN, 16, piece, a100)), (3, 3));
-    }
-
-    #[test]
-    fn a_forced_stage_count_is_2_or_3() {
-        assert_eq!(parse_stages("2").unwrap(), 2);
-        assert_eq!(parse_stages(" 3 ").unwrap(), 3);
-        for bad in ["1", "4", "", "three"] {
-            let e = parse_stages(bad).unwrap_err().to_string();
-            assert!(
-                e.contains("REWIND_REPLAY_STAGES") && e.contains(&format!("`{bad}`")),
-                "{e}"
-            );
-        }
+        assert_eq!((piece.warps, resident(GDN, 16, piece, a100)), (4, 4));
     }
 
     #[test]
