@@ -7,7 +7,8 @@
 # BINS, one xz-compressed tar holding one binary per name (near-identical binaries compress to little more than one,
 # which keeps a call's carry under its limit), or, for `before` and `after` without BINS, from BEFORE (default
 # .gpu/x1/rewind.xz) and AFTER (default .gpu/kern/rewind.xz). Each is `cargo build --release -p rewind-bin
-# --no-default-features --features cuda`, stripped. Everything comes back as $OUT/ab.tgz (plus run.log).
+# --no-default-features --features cuda`, stripped: `bash bench/gpu/build_ab.sh before=REV after=REV` makes BINS.
+# Everything comes back as $OUT/ab.tgz (plus run.log).
 set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 VARIANTS=${VARIANTS:-before after}
