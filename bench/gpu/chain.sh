@@ -11,7 +11,8 @@
 #   tp        (2 GPUs) `rewind selftest --only chain_pick --model-tp 1,2` (the merge of the ranks' picks, every
 #             model-level row at TP 1 and 2), then `rewind bench --tp 1` and `--tp 2 --decode-steps 8` on TP_MODEL;
 #   serving   `rewind bench --concurrency N --serving-only` through the coordinator and rank actors with
-#             --decode-steps 1 and 8 (SERVE_MODELS, as BENCH_MODELS; concurrency 1 and 64).
+#             --decode-steps 1 and 8 (SERVE_MODELS, as BENCH_MODELS; concurrency 1 and 64; SERVE_RATIO=R gives the
+#             requests lengths within ± R, so they end at different steps).
 # Carried: .gpu/chain/rewind.xz (cargo build --release -p rewind-bin --no-default-features --features cuda; stripped,
 # xz-compressed). Everything comes back as $OUT/chain.tgz.
 set -u
@@ -73,6 +74,7 @@ if has serving; then
       for steps in 1 8; do
         timeout ${SERVE_S:-90} $R bench --model $m --device cuda --decode replay --buffer-len 16 --max-seqs $c \
           --concurrency $c --requests $n --serving-only --prompt-len ${PROMPT:-512} --decode-tokens ${SERVE_TOKENS:-128} \
+          ${SERVE_RATIO:+--random-range-ratio $SERVE_RATIO} \
           --decode-steps $steps --json $D/serve-$preset-$layers-c$c-s$steps.json \
           > $D/serve-$preset-$layers-c$c-s$steps.md 2>$D/serve-$preset-$layers-c$c-s$steps.log
         stamp "serve $preset $layers c$c steps $steps" $?

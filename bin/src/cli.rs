@@ -554,6 +554,17 @@ pub struct BenchArgs {
     /// Serving mode only: skip the batched-step numbers.
     #[arg(long, requires = "concurrency")]
     pub serving_only: bool,
+    /// Serving mode: draw each request's prompt and output lengths uniformly from ±R around --prompt-len and
+    /// --decode-tokens (R in [0, 1), as vLLM's benchmark `--random-range-ratio`), the same for every run, so requests
+    /// end at different steps as real traffic does.
+    #[arg(
+        long,
+        value_name = "R",
+        default_value_t = 0.0,
+        requires = "concurrency",
+        allow_negative_numbers = true
+    )]
+    pub random_range_ratio: f64,
     /// Also time speculative verify steps of T drafts at each batch size, keeping exactly 0, 1, …, T drafts per step
     /// (commit and rollback included), beside the plain decode step.
     #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = non_negative::<usize>)]

@@ -9,6 +9,22 @@ mod common;
 use cli_flags::{assert_fails, assert_ok, s, stdout, temp_dir, tiny_model};
 use common::{rewind, stderr};
 
+/// `rewind bench --serving-only` of model `m` with `prompt` + `decode` tokens a request and the `extra` flags.
+fn serving_bench(m: &str, prompt: &str, decode: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "bench",
+        "--model",
+        m,
+        "--prompt-len",
+        prompt,
+        "--decode-tokens",
+        decode,
+        "--serving-only",
+    ];
+    args.extend_from_slice(extra);
+    rewind(&args)
+}
+
 #[test]
 fn bench_refuses_work_past_the_context_limit() {
     let model = tiny_model("context");
@@ -29,22 +45,12 @@ fn bench_refuses_work_past_the_context_limit() {
     }
     // The serving mode decodes right after each prompt: 4033 + 64 is one token too many, 4032 + 64 fits exactly.
     let serving = |prompt: &str| {
-        rewind(&[
-            "bench",
-            "--model",
+        serving_bench(
             m,
-            "--prompt-len",
             prompt,
-            "--decode-tokens",
             "64",
-            "--concurrency",
-            "1",
-            "--requests",
-            "1",
-            "--serving-only",
-            "--repeats",
-            "1",
-        ])
+            &["--concurrency", "1", "--requests", "1", "--repeats", "1"],
+        )
     };
     assert_fails(&serving("4033"), &["--prompt-len 4033", "max_position_embeddings"]);
     let o = serving("4032");
@@ -181,5 +187,55 @@ fn bench_notes_random_weights_only_for_init_model_checkpoints() {
         stderr(&o).contains("note: this model has RANDOM weights (made by `rewind init-model`)"),
         "{}",
         stderr(&o)
+    );
+}
+
+#[test]
+fn serving_lengths_vary_with_the_random_range_ratio() {
+    let model = tiny_model("range");
+    let m = s(&model);
+    let json = temp_dir("range-json").join("bench.json");
+    let json = json.to_str().expect("utf-8 path");
+    // Serving only, 12 requests 3 in flight, with the given prompt / output lengths and ratio.
+    let serving = |prompt: &str, decode: &str, ratio: &str| {
+        let extra = [
+            "--concurrency",
+            "3",
+            "--requests",
+            "12",
+            "--random-range-ratio",
+            ratio,
+            "--json",
+            json,
+        ];
+        serving_bench(m, prompt, decode, &extra)
+    };
+    let o = serving("16", "8", "0.5");
+    assert_ok(&o, "serving with mixed lengths");
+    assert!(stdout(&o).contains("16 + 8 tokens each (± 0.5 each)"), "{}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).expect("json")).expect("parse");
+    let serving_report = &report["serving"];
+    assert_eq!(serving_report["random_range_ratio"], 0.5);
+    // Every request generated its own drawn length, within 8 ± 4, and not all the same.
+    let lens: Vec<usize> = serving_report["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_array().expect("a request's tokens").len())
+        .collect();
+    assert_eq!(lens.len(), 12);
+    assert!(lens.iter().all(|l| (4..=12).contains(l)), "{lens:?}");
+    assert!(lens.iter().any(|&l| l != lens[0]), "{lens:?}");
+    assert_eq!(serving_report["output_tokens"], lens.iter().sum::<usize>());
+    for bad in ["1", "-0.1", "NaN"] {
+        assert_fails(
+            &serving("16", "8", bad),
+            &["--random-range-ratio must be at least 0 and below 1"],
+        );
+    }
+    // The longest request must fit the context: 4032 + 64 fits exactly, but not once lengths may grow by half.
+    assert_fails(
+        &serving("4032", "64", "0.5"),
+        &["--random-range-ratio 0.5", "6048 + 96", "max_position_embeddings"],
     );
 }

@@ -221,10 +221,24 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         }
         (None, _) => None,
     };
+    let ratio = args.random_range_ratio;
+    anyhow::ensure!(
+        ratio.is_finite() && (0.0..1.0).contains(&ratio),
+        "--random-range-ratio must be at least 0 and below 1, got {ratio}"
+    );
     let dir = super::generate::model_dir(&args.model)?;
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     // Checked before anything is allocated for the prompt.
     check_context(&args, config.max_position_embeddings)?;
+    if serving.is_some() && ratio > 0.0 {
+        let (p, d) = super::serve_bench::longest(args.prompt_len, args.decode_tokens, ratio);
+        let limit = config.max_position_embeddings;
+        anyhow::ensure!(
+            p.saturating_add(d) <= limit,
+            "with --random-range-ratio {ratio} the longest request is {p} + {d} tokens, more than the model's context \
+             limit of {limit} tokens (max_position_embeddings); lower --prompt-len, --decode-tokens or the ratio"
+        );
+    }
     let progress = Progress::new();
     if args.serving_only {
         let (n, m) = serving.context("--serving-only needs --concurrency")?;

@@ -125,6 +125,34 @@ async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<S
     trace
 }
 
+/// The range `[x·(1 − r), x·(1 + r)]` (at least 1) request lengths are drawn from, as vLLM's random dataset does.
+fn length_range(x: usize, ratio: f64) -> (usize, usize) {
+    let lo = ((x as f64 * (1.0 - ratio)).floor() as usize).max(1);
+    let hi = ((x as f64 * (1.0 + ratio)).floor() as usize).max(lo);
+    (lo, hi)
+}
+
+/// The longest prompt and output a request may get with `--random-range-ratio ratio`.
+pub(super) fn longest(prompt: usize, decode: usize, ratio: f64) -> (usize, usize) {
+    (length_range(prompt, ratio).1, length_range(decode, ratio).1)
+}
+
+/// Request `i`'s prompt and output lengths: uniform in `prompt` / `decode` ± `ratio`, keyed by `i` alone (two
+/// independent streams), so every run and every pass of a run sends the same requests. A ratio of 0 gives exactly
+/// `(prompt, decode)`.
+pub(super) fn request_lengths(prompt: usize, decode: usize, ratio: f64, i: usize) -> (usize, usize) {
+    let draw = |x: usize, stream: u64| {
+        let (lo, hi) = length_range(x, ratio);
+        let r = rewind_kernels::cpu::lm_head::mix64(stream ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        lo + (r % (hi - lo + 1) as u64) as usize
+    };
+    // A prompt keeps at least 2 tokens, as --prompt-len does.
+    (
+        draw(prompt, 0x7072_6f6d_7074).max(2.min(prompt)),
+        draw(decode, 0x6f75_7470_7574),
+    )
+}
+
 /// Runs the serving benchmark; returns its JSON (and prints its table rows).
 pub fn run(
     args: &BenchArgs,
@@ -137,10 +165,16 @@ pub fn run(
     anyhow::ensure!(requests > 0, "--requests must be at least 1");
     // No more can be in flight than there are requests: slots past that would only take memory.
     let concurrency = concurrency.min(requests);
+    let ratio = args.random_range_ratio;
+    let lengths: Vec<(usize, usize)> = (0..requests)
+        .map(|i| request_lengths(args.prompt_len, args.decode_tokens, ratio, i))
+        .collect();
+    let (longest_prompt, longest_output) = longest(args.prompt_len, args.decode_tokens, ratio);
+    let context = longest_prompt + longest_output;
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let needs = Needs {
         slots: concurrency,
-        context: args.prompt_len + args.decode_tokens,
+        context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let mut dargs = args.run.device.clone();
@@ -150,18 +184,17 @@ pub fn run(
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     if let Some(s) = &spec {
-        config.spec = Some(super::spec::engine_spec(
-            s,
-            dir,
-            vocab,
-            concurrency,
-            args.prompt_len + args.decode_tokens,
-        )?);
+        config.spec = Some(super::spec::engine_spec(s, dir, vocab, concurrency, context)?);
     }
     let params = SamplingParams {
         max_tokens: Some(args.decode_tokens),
         ignore_eos: true,
         ..SamplingParams::greedy()
+    };
+    let spread = if ratio > 0.0 {
+        format!(" (± {ratio} each)")
+    } else {
+        String::new()
     };
     let rt = backend::runtime()?;
     let (traces, wall, metrics, device, side, pools) = rt.block_on(async {
@@ -171,11 +204,11 @@ pub fn run(
         let engine = Arc::new(engine);
         let gate = Arc::new(Semaphore::new(concurrency));
         progress.line(&format!(
-            "serving: {requests} requests of {} + {} tokens, {concurrency} in flight ...",
+            "serving: {requests} requests of {} + {} tokens{spread}, {concurrency} in flight ...",
             args.prompt_len, args.decode_tokens
         ));
         let pass = |speculate: bool, references: Option<Vec<Vec<u32>>>| {
-            let (engine, gate, params) = (engine.clone(), gate.clone(), params.clone());
+            let (engine, gate, params, lengths) = (engine.clone(), gate.clone(), params.clone(), &lengths);
             async move {
                 let done = Arc::new(Done {
                     count: AtomicUsize::new(0),
@@ -185,8 +218,13 @@ pub fn run(
                 let t0 = Instant::now();
                 let tasks: Vec<_> = (0..requests)
                     .map(|i| {
-                        let prompt = tokens(args.prompt_len, vocab, 0x5eed + i as u64);
-                        let mut req = GenerateRequest::new(prompt, params.clone());
+                        let (prompt_len, output_len) = lengths[i];
+                        let prompt = tokens(prompt_len, vocab, 0x5eed + i as u64);
+                        let params = SamplingParams {
+                            max_tokens: Some(output_len),
+                            ..params.clone()
+                        };
+                        let mut req = GenerateRequest::new(prompt, params);
                         req.speculate = speculate;
                         req.reference = references.as_ref().map(|r| r[i].clone());
                         tokio::spawn(one(engine.clone(), req, gate.clone(), done.clone()))
@@ -260,7 +298,7 @@ pub fn run(
         metrics.preemptions,
         metrics.faults
     );
-    outln!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens)?;
+    outln!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each{spread} | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens)?;
     outln!(
         "| serving: time to first token p50 / p99 | {:.1} / {:.1} ms |",
         ttft50 * 1e3,
@@ -299,6 +337,8 @@ pub fn run(
         "concurrency": concurrency,
         "prompt_tokens": args.prompt_len,
         "output_tokens_per_request": args.decode_tokens,
+        "random_range_ratio": ratio,
+        "prompt_tokens_total": lengths.iter().map(|l| l.0).sum::<usize>(),
         "max_batch_tokens": args.run.engine.max_batch_tokens,
         "wall_s": wall,
         "output_tokens": generated,
@@ -380,4 +420,32 @@ fn side_by_side(
         "speedup": speedup,
         "requests_matching_reference": {"speculative": same, "plain": plain_same, "of": references.len()},
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lengths_spread_within_the_ratio_and_repeat() {
+        // A ratio of 0: every request is --prompt-len + --decode-tokens.
+        assert!((0..50).all(|i| request_lengths(100, 64, 0.0, i) == (100, 64)));
+        let drawn: Vec<(usize, usize)> = (0..400).map(|i| request_lengths(100, 64, 0.5, i)).collect();
+        assert!(drawn
+            .iter()
+            .all(|&(p, d)| (50..=150).contains(&p) && (32..=96).contains(&d)));
+        // Both ends of each range occur, the two lengths vary independently, and the draw is a function of i.
+        for (lo, hi, pick) in [(50, 150, 0), (32, 96, 1)] {
+            let v: Vec<usize> = drawn.iter().map(|&l| if pick == 0 { l.0 } else { l.1 }).collect();
+            assert!(v.contains(&lo) && v.contains(&hi), "{lo}..={hi} not covered");
+        }
+        assert!(drawn.iter().any(|&(p, d)| (p >= 100) != (d >= 64)));
+        assert_eq!(drawn[7], request_lengths(100, 64, 0.5, 7));
+        assert_eq!(longest(100, 64, 0.5), (150, 96));
+        // Short lengths stay usable: a prompt of at least 2, an output of at least 1.
+        assert!((0..100).all(|i| {
+            let (p, d) = request_lengths(2, 1, 0.9, i);
+            (2..=3).contains(&p) && d >= 1
+        }));
+    }
 }
