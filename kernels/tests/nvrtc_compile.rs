@@ -1,12 +1,14 @@
 //! Every kernel module compiles with NVRTC for the real architectures listed in `REWIND_NVRTC_CHECK` (e.g.
 //! `sm_90,sm_100,sm_103`: Hopper and Blackwell) and has every entry point it declares, so a kernel that would fail to
-//! build, or to load, on a device fails here first, without a GPU. `.ci/run` fetches NVRTC 13.0 (the device
-//! machines' CUDA), puts it on the library path and sets the variable; without the variable there is no NVRTC to
-//! compile with, and the test says so and checks nothing. `rewind compile-kernels` is the same check with a report.
+//! build, or to load, on a device fails here first, without a GPU. The test command (README, `.ci/run`) fetches NVRTC
+//! 13.0, the device machines' CUDA (`scripts/nvrtc.sh`), puts it on the library path and sets the variable; without
+//! the variable there is no NVRTC to compile with, and the test says so and checks nothing. `rewind compile-kernels`
+//! is the same check with a report.
 
 #![cfg(feature = "cuda")]
 
-use rewind_kernels::cuda::nvrtc::{check_modules, KernelModule, MODULES};
+use rewind_kernels::cuda::kernel_check::check_modules;
+use rewind_kernels::cuda::nvrtc::{KernelModule, MODULES};
 
 #[test]
 fn every_kernel_module_compiles_for_the_listed_architectures() {

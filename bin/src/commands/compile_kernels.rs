@@ -2,7 +2,7 @@
 //! requested real architecture, without a driver or a GPU, the way a device compiles them when it opens. It fails
 //! (non-zero exit) when a module does not compile for a target or lacks an entry point it declares (and, with
 //! `--deny-spills`, when an entry point spills), and prints per module and target the entry points, the most
-//! registers a thread and any spills. CI runs it for Hopper and Blackwell (`.ci/run`).
+//! registers a thread and any spills. CI runs the same check for Hopper and Blackwell (`kernels/tests/nvrtc_compile.rs`).
 
 use anyhow::{bail, Result};
 
@@ -34,7 +34,8 @@ pub fn run(args: CompileKernelsArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use anyhow::{bail, Context, Result};
-    use rewind_kernels::cuda::nvrtc::{self, KernelModule, ModuleCheck};
+    use rewind_kernels::cuda::kernel_check::{check_modules, ModuleCheck};
+    use rewind_kernels::cuda::nvrtc::{self, KernelModule};
     use serde_json::json;
 
     use super::arch_number;
@@ -75,7 +76,7 @@ mod cuda {
             args.arch.join(", ")
         );
         let targets: Vec<&str> = args.arch.iter().map(String::as_str).collect();
-        let outcomes: Vec<Outcome> = nvrtc::check_modules(&modules, &targets)
+        let outcomes: Vec<Outcome> = check_modules(&modules, &targets)
             .into_iter()
             .map(|(module, target, result)| Outcome {
                 module,

@@ -10,7 +10,8 @@
 //! - [`blas`]: bf16 × bf16 → fp32-accumulated GEMMs in the `x · Wᵀ` shape, through cuBLAS and cuBLASLt.
 //! - [`ops`]: launch wrappers for the kernels under `cuda/kernels/`.
 //! - [`parity`]: every op against its CPU twin on fresh random inputs (the `rewind selftest` cases).
-//! - [`ptxas`]: per-entry register, stack and spill use from NVRTC's verbose log (`rewind compile-kernels`).
+//! - [`kernel_check`] and [`ptxas`]: every module compiled without a device, with each entry point's registers,
+//!   stack and spills (CI and `rewind compile-kernels`).
 //! - [`timing`] and [`bench_decode`]: CUDA-event timing, and the SSM decode-kernel sweep of `rewind bench kernels`.
 //!
 //! Storage follows the design: bf16 weights and activations (or f32, which the parity tests also use to check the
@@ -19,6 +20,7 @@
 pub mod bench_decode;
 pub mod blas;
 pub mod device;
+pub mod kernel_check;
 pub mod nccl;
 pub mod nvrtc;
 pub mod ops;

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 
 use super::device::probe_nvrtc;
-use super::ptxas::{self, EntryUse};
 use super::{CudaError, Result};
 
 /// Text prepended to every module: bf16 conversions, activations, reductions.
@@ -398,84 +397,8 @@ pub fn compile(name: &str, source: &str, target: &str) -> Result<Image> {
     compile_with(name, source, target, &[]).map(|(image, _)| image)
 }
 
-/// One kernel module compiled for a real architecture without a device ([`check_module`]).
-#[derive(Clone, Debug)]
-pub struct ModuleCheck {
-    /// The module (source file) name.
-    pub module: &'static str,
-    /// The target, `sm_XY`.
-    pub target: String,
-    /// Every entry point ptxas compiled, with its resource use.
-    pub entries: Vec<EntryUse>,
-    /// Entry points the module declares (and the device would look up) that the image lacks.
-    pub missing: Vec<String>,
-    /// NVRTC's wall time.
-    pub seconds: f64,
-}
-
-/// Compiles `module` for the real architecture `target` (`sm_XY`, `sm_XYa`) with ptxas reporting each entry point's
-/// registers and spills, and checks that every entry point the module declares is in the image. Needs only NVRTC:
-/// no driver, no GPU. A source the compiler rejects is [`CudaError::Compile`].
-pub fn check_module(module: &KernelModule, target: &str) -> Result<ModuleCheck> {
-    if !target.starts_with("sm_") {
-        return Err(CudaError::Nvrtc {
-            context: format!("checking {} for {target}", module.name),
-            status: "the target must be a real architecture (sm_XY): ptxas reports only for those".into(),
-        });
-    }
-    let started = std::time::Instant::now();
-    let (_, log) = compile_with(module.name, &module.full_source(), target, &["--ptxas-options=-v"])?;
-    let entries = ptxas::parse(&log);
-    let missing = module
-        .function_names()
-        .into_iter()
-        .filter(|f| !entries.iter().any(|e| &e.name == f))
-        .collect();
-    Ok(ModuleCheck {
-        module: module.name,
-        target: target.to_string(),
-        entries,
-        missing,
-        seconds: started.elapsed().as_secs_f64(),
-    })
-}
-
-/// [`check_module`] of every module for every target, on as many threads as the machine has (NVRTC programs are
-/// independent), in order: targets outer, modules inner. Each pair's result is its own, so one module's compile error
-/// does not hide another's.
-pub fn check_modules(modules: &[&KernelModule], targets: &[&str]) -> Vec<(&'static str, String, Result<ModuleCheck>)> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    let jobs: Vec<(&KernelModule, &str)> = targets
-        .iter()
-        .flat_map(|&t| modules.iter().map(move |&m| (m, t)))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let done = Mutex::new(Vec::with_capacity(jobs.len()));
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(jobs.len());
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(module, target)) = jobs.get(i) else {
-                    break;
-                };
-                let result = check_module(module, target);
-                done.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((i, (module.name, target.to_string(), result)));
-            });
-        }
-    });
-    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
-}
-
 /// [`compile`] with `extra` options after the usual ones; also returns NVRTC's log (ptxas's report among it).
-fn compile_with(name: &str, source: &str, target: &str, extra: &[&str]) -> Result<(Image, String)> {
+pub(crate) fn compile_with(name: &str, source: &str, target: &str, extra: &[&str]) -> Result<(Image, String)> {
     probe_nvrtc()?;
     let src = CString::new(source).map_err(|_| CudaError::Nvrtc {
         context: format!("{name}: source contains a NUL byte"),
