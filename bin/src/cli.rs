@@ -81,7 +81,7 @@ const COMPILE_KERNELS_EXAMPLES: &str = "\
 Examples:
   rewind compile-kernels                                  # every module for sm_90, sm_100 and sm_103
   rewind compile-kernels --arch sm_90 --only replay --json kernels.json
-NVRTC (libnvrtc.so.13) must be loadable, e.g. from the nvidia-cuda-nvrtc wheel: .ci/run shows how.";
+NVRTC (libnvrtc.so.13) must be loadable: scripts/nvrtc.sh puts it under target/nvrtc/lib (add that to LD_LIBRARY_PATH).";
 
 /// Examples shown after `rewind serve --help`.
 const SERVE_EXAMPLES: &str = "\
