@@ -122,45 +122,6 @@ __device__ __forceinline__ void rp_move(float (&dst)[RP_RPW][NC][4], const float
     }
 }
 
-// The fold of one state row held in registers (the lane's columns, as rp_load_chunk laid them out): row ← keep·row +
-// Σ_{j<fold} weight(j) · (entry j's columns, from cols(j, c, v)), then stored to s_row. One pass over the entries:
-// each weight is read once per row and each entry's columns once, and every element sums keep·row then the entries
-// in order.
-template <int NC, typename W, typename C>
-__device__ __forceinline__ void rp_fold_row(float (&row)[NC][4], float keep, int fold, int n, float* s_row, bool vec,
-                                            W weight, C cols) {
-    const int l8 = threadIdx.x & 7;
-#pragma unroll
-    for (int k = 0; k < NC; ++k) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            row[k][e] *= keep;
-        }
-    }
-    for (int j = 0; j < fold; ++j) {
-        const float w = weight(j);
-#pragma unroll
-        for (int k = 0; k < NC; ++k) {
-            const int c = 4 * (l8 + 8 * k);
-            if (c < n) {
-                float v[4];
-                cols(j, c, v);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    row[k][e] += w * v[e];
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < NC; ++k) {
-        const int c = 4 * (l8 + 8 * k);
-        if (c < n) {
-            rp_store4(s_row, c, n, vec, row[k]);
-        }
-    }
-}
-
 // Four values of a shared f32 vector from column c (zeros past n): one 16-byte load when n is a multiple of 4 (the
 // vectors sit at 16-byte aligned offsets of the warp's scratch).
 __device__ __forceinline__ void rp_smem4(const float* v, int c, int n, float* o) {
@@ -218,6 +179,121 @@ __device__ __forceinline__ void rp_cols4(const T* __restrict__ r, int c, int n, 
     }
 }
 
+
+// The fold of one state row held in registers (the lane's columns, as rp_load_chunk laid them out): row ← keep·row +
+// Σ_{j<fold} weight(j) · (entry j's columns), then stored to s_row. The ring's entries j < hr read their columns from
+// the pool row pj[j] (`ring` points at pool row 0 of the head's key / B group, `stride` elements a pool row); the
+// step's own entries hr ≤ j < fold from cols(j, c, v). Every element sums keep·row then the entries in order. `own`
+// is whether the lane's row exists. When every lane owns all NC column groups the ring's loop has no bounds tests and
+// one address computation per entry.
+//
+// The folds are latency-bound (bench/results/gpu-ncu-2026-11-26.md), so the per-entry weight loads are taken out of
+// the chain, in one of two ways (STAGED), chosen per family by measurement (bench/results/gpu-replay-fold-2026-11-27.md:
+// each family's plain replay steps lose 5–45 % to the other way, through the registers it takes in that kernel):
+// - STAGED (GDN): weight(j) reads the chunk's weights from shared memory, written by rp_fold_weights beforehand with
+//   one lane per (entry, row);
+// - shuffled (Mamba-2): weight(j) is a global load; the 8 lanes of a row load 8 entries' weights at once, one each, and
+//   each entry's weight is a shuffle from its lane. Every lane of the warp must call it then (own or not).
+template <int NC, bool STAGED, typename T, typename W, typename C>
+__device__ __forceinline__ void rp_fold_row(float (&row)[NC][4], bool own, float keep, int hr, int fold, int n,
+                                            float* s_row, bool vec, const T* __restrict__ ring, u64 stride,
+                                            const int* pj, bool rvec, W weight, C cols) {
+    const int lane = threadIdx.x & 31, l8 = lane & 7;
+    if (STAGED && !own) {
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            row[k][e] *= keep;
+        }
+    }
+    const bool full = rvec && n == 32 * NC;  // no bounds tests on the ring's columns
+    const T* base = ring + 4 * l8;
+    // A ring entry's columns (all NC groups, from pool row r) added with weight w.
+    auto add_ring = [&](const T* r, float w) {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            float v[4];
+            rp_row4(r, 32 * k, v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                row[k][e] += w * v[e];
+            }
+        }
+    };
+    // Any entry's columns, with bounds tests, added with weight w.
+    auto add_any = [&](int j, float w) {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            const int c = 4 * (l8 + 8 * k);
+            if (c < n) {
+                float v[4];
+                if (j < hr) {
+                    rp_cols4(ring + (u64)pj[j] * stride, c, n, rvec, v);
+                } else {
+                    cols(j, c, v);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    row[k][e] += w * v[e];
+                }
+            }
+        }
+    };
+    if constexpr (STAGED) {
+        int j = 0;
+        if (full) {
+#pragma unroll 1
+            for (; j < hr; ++j) {
+                add_ring(base + (u64)pj[j] * stride, weight(j));
+            }
+        }
+        for (; j < fold; ++j) {
+            add_any(j, weight(j));
+        }
+    } else {
+        for (int jb = 0; jb < fold; jb += 8) {
+            const float wl = own && jb + l8 < fold ? weight(jb + l8) : 0.0f;
+            const int je = min(8, fold - jb);
+#pragma unroll 1
+            for (int u = 0; u < je; ++u) {
+                const float w = __shfl_sync(0xffffffffu, wl, (lane & ~7) | u);
+                const int j = jb + u;
+                if (!own) {
+                    continue;
+                }
+                if (full && j < hr) {
+                    add_ring(base + (u64)pj[j] * stride, w);
+                } else {
+                    add_any(j, w);
+                }
+            }
+        }
+        if (!own) {
+            return;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+        const int c = 4 * (l8 + 8 * k);
+        if (c < n) {
+            rp_store4(s_row, c, n, vec, row[k]);
+        }
+    }
+}
+
+// The fold weights of a chunk's rows for entries j0 ≤ j < j1: wts[j·RP_CHUNK + li] = weight(j, row, li) with row =
+// ch·RP_CHUNK + li (zero past `rows`), one lane per (entry, row), so the per-entry loads are spread over the warp and
+// in flight at once instead of one chain per row inside the fold. The caller syncs the warp before rp_fold_row.
+template <typename W>
+__device__ __forceinline__ void rp_fold_weights(float* wts, int j0, int j1, int ch, int rows, W weight) {
+    for (int it = j0 * RP_CHUNK + (threadIdx.x & 31); it < j1 * RP_CHUNK; it += 32) {
+        const int j = it / RP_CHUNK, li = it % RP_CHUNK, i = ch * RP_CHUNK + li;
+        wts[it] = i < rows ? weight(j, i, li) : 0.0f;
+    }
+}
 
 // Dot product of one stored row (read by one lane) with a shared f32 vector.
 __device__ __forceinline__ float rp_dot1(const float* __restrict__ row, const float* v, int n) {

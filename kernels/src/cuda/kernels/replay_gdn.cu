@@ -131,6 +131,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
     float* Us = SQ + t * RP_CHUNK;            // [t, RP_CHUNK]
     float* RK = Us + t * RP_CHUNK;            // [t, dv]: the ring's share of S_h k_s, Σ_{j<h} w_j u_j (k_j·k_s)
     float* RQ = RK + t * dv;                  // [t, dv]: the ring's share of S_h q_s
+    float* wf = RQ + t * dv;                  // [max_m, RP_CHUNK]: the chunk's fold weights
     const u64 ring_row = (u64)slot * ring_rows;
     rp_ring_rows(pj, slot, ring_rows, start, h, cap);
     for (int idx = lane; idx < t * dk; idx += 32) {
@@ -290,27 +291,23 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                           v_heads, hd, dv, row, bt, Es, Am, Ew, kq);
         }
         __syncwarp();
+        // The fold's weights c_j u_j[i] (the step's own entries' from the solve), one lane per (entry, row).
+        rp_fold_weights(wf, 0, fold, ch, dv, [&](int j, int i, int li) {
+            return coef[j] * (j < h ? to_f32(ring_u[((u64)pj[j] * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
+        });
+        __syncwarp();
+        const int hr = min(fold, h);
         // The fold, S_F = D_F·S0 + Σ_j c_j u_j k_jᵀ, in the chunk's registers (st is not read again).
 #pragma unroll
         for (int r = 0; r < RP_RPW; ++r) {
             const int li = r * 4 + (lane >> 3);
             const int i = ch * RP_CHUNK + li;
-            if (i < dv) {
-                rp_fold_row<NC>(
-                    st[r], kp, fold, dk, S + (u64)i * dk, vec,
-                    [&](int j) {
-                        return coef[j] * (j < h ? to_f32(ring_u[((u64)pj[j] * v_heads + hd) * dv + i]) : Us[(j - h) * RP_CHUNK + li]);
-                    },
-                    [&](int j, int c, float* kj) {  // k_j's four columns in one load (zeros past dk)
-                        if (j < h) {
-                            rp_cols4(ring_k + ((u64)pj[j] * k_heads + kh) * dk, c, dk, kvec, kj);
-                        } else {
-                            rp_smem4(Kt + (j - h) * dk, c, dk, kj);
-                        }
-                    });
-            }
+            rp_fold_row<NC, true>(
+                st[r], i < dv, kp, hr, fold, dk, S + (u64)i * dk, vec, ring_k + (u64)kh * dk, (u64)k_heads * dk, pj,
+                kvec, [&](int j) { return wf[j * RP_CHUNK + li]; },
+                [&](int j, int c, float* kj) { rp_smem4(Kt + (j - h) * dk, c, dk, kj); });  // the step's own k_j
         }
-        __syncwarp();  // SK, SQ and Us are the next chunk's
+        __syncwarp();  // SK, SQ, Us and wf are the next chunk's
         rp_move<NC>(st, nx);
     }
     if (fold == 0) {

@@ -137,19 +137,17 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
 #pragma unroll
             for (int r = 0; r < RP_RPW; ++r) {
                 const int i = ch * RP_CHUNK + r * 4 + (lane >> 3);
-                if (i < p) {
-                    rp_fold_row<NC>(
-                        st[r], kp, fold, n, S + (u64)i * n, vec,
-                        [&](int j) {
-                            const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i]
-                                               : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
-                            return coef[j] * to_f32(xj);
-                        },
-                        [&](int j, int c, float* bv) {  // b_j's four columns in one load (zeros past n)
-                            const T* bj = j < h ? ring_b + ((u64)pj[j] * groups + g) * n : B + (((u64)b * t + (j - h)) * groups + g) * n;
-                            rp_cols4(bj, c, n, bvec, bv);
-                        });
-                }
+                rp_fold_row<NC, false>(
+                    st[r], i < p, kp, min(fold, h), fold, n, S + (u64)i * n, vec, ring_b + (u64)g * n,
+                    (u64)groups * n, pj, bvec,
+                    [&](int j) {  // dt_j·decay·x_j[i]
+                        const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i]
+                                           : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
+                        return coef[j] * to_f32(xj);
+                    },
+                    [&](int j, int c, float* bv) {  // the step's own b_j: four columns in one load (zeros past n)
+                        rp_cols4(B + (((u64)b * t + (j - h)) * groups + g) * n, c, n, bvec, bv);
+                    });
             }
         }
         rp_move<NC>(st, nx);

@@ -132,6 +132,7 @@ fn warp_scratch(kind: ReplayKind, t: usize, max_m: usize) -> usize {
                 + max_m
                 + 3 * t * CHUNK
                 + 2 * t * d.v_dim
+                + max_m * CHUNK
         }
     };
     // Each warp's slice starts 16-byte aligned: the vectors at its head are read 16 bytes at a time.
