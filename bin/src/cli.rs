@@ -326,6 +326,11 @@ pub struct DeviceArgs {
     /// debugging, and to measure what the graphs save).
     #[arg(long, help_heading = "GPU")]
     pub no_cuda_graphs: bool,
+    /// Time every stage of every GPU step (embedding, each layer by kind, the LM head) with CUDA events: `rewind
+    /// bench` prints where a step's time goes, and the ranks' health reports it. A profiling aid that needs
+    /// --no-cuda-graphs and waits for each step's events.
+    #[arg(long, help_heading = "GPU")]
+    pub stage_profile: bool,
 }
 
 /// Defaults of the GPU-only flags (a value other than these with `--device cpu` earns a note).
@@ -403,6 +408,9 @@ impl DeviceArgs {
         }
         if self.no_cuda_graphs {
             set.push("--no-cuda-graphs");
+        }
+        if self.stage_profile {
+            set.push("--stage-profile");
         }
         set
     }

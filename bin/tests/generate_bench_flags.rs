@@ -119,6 +119,7 @@ fn device_flags_are_checked_on_every_device() {
             "--dtype",
             "f32",
             "--no-cuda-graphs",
+            "--stage-profile",
         ]);
         let o = rewind(&args);
         assert_ok(&o, "GPU-only flags on the CPU");
@@ -134,6 +135,7 @@ fn device_flags_are_checked_on_every_device() {
                 "note: --max-seqs does not apply to --device cpu",
                 "note: --dtype does not apply to --device cpu",
                 "note: --no-cuda-graphs does not apply to --device cpu",
+                "note: --stage-profile does not apply to --device cpu",
                 // The model is an init-model checkpoint.
                 "note: this model has RANDOM weights (made by `rewind init-model`): its output is noise",
             ],
@@ -157,6 +159,7 @@ fn device_flags_are_checked_on_every_device() {
             "--prefill-chunk",
             "--dtype",
             "--no-cuda-graphs",
+            "--stage-profile",
         ] {
             assert!(
                 help.find(flag).is_some_and(|i| i > heading),

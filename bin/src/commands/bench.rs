@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::output::outln;
 use anyhow::{Context, Result};
-use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StepPlan};
+use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use serde_json::json;
 
 use super::backend::{self, Loaded, Needs};
@@ -111,7 +111,7 @@ fn decode_rate(
     steps: usize,
     chain: usize,
     seed: u64,
-) -> Result<f64> {
+) -> Result<(f64, Option<StageTimes>)> {
     let shape = bench_steps::StepShape {
         batch: b,
         prompt,
@@ -119,7 +119,31 @@ fn decode_rate(
         accepted: 0,
         chain,
     };
-    Ok(b as f64 / bench_steps::step_secs(group, form, shape, steps, seed)?)
+    let (secs, stages) = bench_steps::step_secs(group, form, shape, steps, seed)?;
+    Ok((b as f64 / secs, stages))
+}
+
+/// The stage profiles of a measure's timed runs summed (`None` when the ranks do not profile stages).
+fn sum_stages<'a>(runs: impl Iterator<Item = Option<&'a StageTimes>>) -> Option<StageTimes> {
+    let mut total: Option<StageTimes> = None;
+    for s in runs.flatten() {
+        let t = total.get_or_insert_with(StageTimes::default);
+        for (k, v) in &s.stages {
+            let e = t.stages.entry(k.clone()).or_default();
+            e.ns += v.ns;
+            e.count += v.count;
+        }
+    }
+    total
+}
+
+/// Adds a measure's stage profile to its JSON row and prints it.
+fn report_stages(row: &mut serde_json::Value, what: &str, stages: Option<StageTimes>, step_ms: f64) {
+    if let Some(s) = stages {
+        let p = bench_steps::stage_json(&s, step_ms);
+        eprintln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
+        row["stage_profile"] = p;
+    }
 }
 
 /// Plain progress on stderr: `[elapsed] what ... ` before a measurement and its result after it, so a long run shows
@@ -334,7 +358,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     for &b in &batches {
         // Run 0 is an untimed warm-up: it meets every step shape the timed runs meet (the replay ring's fills), so
         // the CUDA graphs are captured there and not inside a timed run.
-        let mut rates = (0..=args.repeats)
+        let mut runs = (0..=args.repeats)
             .map(|rep| {
                 progress.timed(
                     &format!(
@@ -346,11 +370,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                         let (p, n) = (args.step_prompt, args.decode_tokens);
                         decode_rate(&mut loaded.group, loaded.form, b, p, n, 1, 7919 * rep as u64)
                     },
-                    |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
+                    |(rate, _), secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                 )
             })
-            .collect::<Result<Vec<f64>>>()?;
-        rates.remove(0);
+            .collect::<Result<Vec<_>>>()?;
+        runs.remove(0);
+        let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let m = median(rates.clone());
         let step_ms = 1e3 * b as f64 / m;
         eprintln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
@@ -360,6 +385,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             "decode_tok_per_s_median": m,
             "step_ms_median": step_ms,
         });
+        report_stages(
+            &mut row,
+            &format!("decode batch {b}"),
+            sum_stages(runs.iter().map(|r| r.1.as_ref())),
+            step_ms,
+        );
         let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
         bench_steps::roofline(&mut row, &loaded, &args, copy_gbs, b, context, 0, 0, step_ms)?;
         if chain > 1 {
@@ -374,6 +405,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                         || {
                             let (p, n) = (args.step_prompt, args.decode_tokens);
                             decode_rate(&mut loaded.group, loaded.form, b, p, n, chain, 7919 * rep as u64)
+                                .map(|(rate, _)| rate)
                         },
                         |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                     )
@@ -395,7 +427,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         rows.push(row);
         if window > 0 {
             for k in 0..=window {
-                let mut secs = (0..=args.repeats)
+                let mut runs = (0..=args.repeats)
                     .map(|rep| {
                         progress.timed(
                             &format!(
@@ -418,11 +450,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                                     7919 * rep as u64,
                                 )
                             },
-                            |s, _| format!("{:.2} ms per step", 1e3 * s),
+                            |(s, _), _| format!("{:.2} ms per step", 1e3 * s),
                         )
                     })
-                    .collect::<Result<Vec<f64>>>()?;
-                secs.remove(0);
+                    .collect::<Result<Vec<_>>>()?;
+                runs.remove(0);
+                let secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
                 let ms = 1e3 * median(secs.clone());
                 let mut v = json!({
                     "batch": b,
@@ -434,6 +467,12 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                     "vs_decode_step": ms / step_ms,
                     "speedup_over_decode": (k + 1) as f64 * step_ms / ms,
                 });
+                report_stages(
+                    &mut v,
+                    &format!("verify batch {b}, T = {window}, {k} kept"),
+                    sum_stages(runs.iter().map(|r| r.1.as_ref())),
+                    ms,
+                );
                 let context = bench_steps::mean_context(args.step_prompt, verify_steps * (k + 1), k + 1);
                 bench_steps::roofline(&mut v, &loaded, &args, copy_gbs, b, context, window, k, ms)?;
                 verify_rows.push(v);

@@ -11,10 +11,10 @@ use rewind_engine::model::ModelConfig;
 use rewind_engine::plan::projection::{tokens_per_verify, Batch};
 use rewind_engine::plan::PlanForm;
 use rewind_engine::plan::{project, GpuProfile, PlanInput};
-use rewind_engine::rank::{Commit, RankGroup, Rows, SeqKind, SeqStep, StepPlan};
+use rewind_engine::rank::{Commit, RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use rewind_engine::state::memory::kv_only_threshold;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::backend::Loaded;
 use super::bench::tokens;
@@ -92,7 +92,7 @@ pub(super) fn step_secs(
     shape: StepShape,
     steps: usize,
     seed: u64,
-) -> Result<f64> {
+) -> Result<(f64, Option<StageTimes>)> {
     let StepShape {
         batch: b,
         prompt,
@@ -160,16 +160,71 @@ pub(super) fn step_secs(
         step(group, &mut seqs, &mut commits)?;
     }
     group.synchronize()?;
+    let before = stage_report(group)?;
     let t0 = Instant::now();
     for _ in 0..steps {
         step(group, &mut seqs, &mut commits)?;
     }
     group.synchronize()?;
     let secs = t0.elapsed().as_secs_f64() / (steps * chain) as f64;
+    let stages = match (stage_report(group)?, before) {
+        (Some(after), Some(before)) => Some(after.since(&before)),
+        _ => None,
+    };
     for (slot, _, _) in seqs {
         group.release(slot)?;
     }
-    Ok(secs)
+    Ok((secs, stages))
+}
+
+/// The first rank's device time by stage so far, when the ranks profile stages (`--stage-profile`). With tensor
+/// parallelism every rank runs the same stages in lockstep, so the first one speaks for the step.
+fn stage_report(group: &RankGroup) -> Result<Option<StageTimes>> {
+    Ok(group.health()?.into_iter().next().and_then(|h| h.stages))
+}
+
+/// A stage profile as JSON per step: `steps` (forward passes profiled, counted by their embedding stage), and each
+/// stage's milliseconds and runs per step; `other_ms` is the measured step time not inside any stage (host work,
+/// uploads, the read-back and gaps between launches).
+pub(super) fn stage_json(stages: &StageTimes, step_ms: f64) -> Value {
+    let steps = stages.stages.get("embed").map_or(0, |t| t.count).max(1) as f64;
+    let mut ms = serde_json::Map::new();
+    let mut runs = serde_json::Map::new();
+    for (k, t) in &stages.stages {
+        ms.insert(k.clone(), json!(t.ns as f64 / 1e6 / steps));
+        runs.insert(k.clone(), json!(t.count as f64 / steps));
+    }
+    let inside = stages.total_ms() / steps;
+    json!({
+        "steps": steps,
+        "ms_per_step": ms,
+        "runs_per_step": runs,
+        "device_ms_per_step": inside,
+        "other_ms": step_ms - inside,
+    })
+}
+
+/// One line of a stage profile: `stage ms (runs×)` per stage, largest first, then the rest of the step.
+pub(super) fn stage_line(profile: &Value) -> String {
+    let mut parts: Vec<(String, f64, f64)> = profile["ms_per_step"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let runs = profile["runs_per_step"][k].as_f64().unwrap_or(0.0);
+            (k.clone(), v.as_f64().unwrap_or(0.0), runs)
+        })
+        .collect();
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut line: Vec<String> = parts
+        .iter()
+        .map(|(k, ms, runs)| format!("{k} {ms:.3} ms ({runs:.0}×)"))
+        .collect();
+    line.push(format!(
+        "outside the stages {:.3} ms",
+        profile["other_ms"].as_f64().unwrap_or(0.0)
+    ));
+    line.join(", ")
 }
 
 /// The copy bandwidth (GB/s, read + write) of the first GPU of `devices`, measured now.
@@ -364,6 +419,29 @@ pub(super) fn print_steps(rows: &[serde_json::Value], verify: &[serde_json::Valu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stage_profile_is_per_step_and_keeps_the_rest_of_the_step() {
+        let mut t = StageTimes::default();
+        for _ in 0..4 {
+            t.add("embed", 0.1);
+            t.add("gdn", 1.0);
+            t.add("gdn", 1.0);
+            t.add("head", 0.5);
+        }
+        let p = stage_json(&t, 3.0);
+        assert_eq!(p["steps"], 4.0);
+        assert!((p["ms_per_step"]["gdn"].as_f64().unwrap() - 2.0).abs() < 1e-9, "{p}");
+        assert_eq!(p["runs_per_step"]["gdn"], 2.0);
+        assert!((p["device_ms_per_step"].as_f64().unwrap() - 2.6).abs() < 1e-9, "{p}");
+        assert!((p["other_ms"].as_f64().unwrap() - 0.4).abs() < 1e-9, "{p}");
+        let line = stage_line(&p);
+        assert!(
+            line.starts_with("gdn 2.000 ms (2×), head 0.500 ms (1×), embed 0.100 ms (1×)"),
+            "{line}"
+        );
+        assert!(line.ends_with("outside the stages 0.400 ms"), "{line}");
+    }
 
     #[test]
     fn the_compute_floor_uses_the_matching_profile() {

@@ -17,6 +17,7 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
         prefill_chunk: d.prefill_chunk,
         dtype: d.dtype.parse()?,
         cuda_graphs: !d.no_cuda_graphs,
+        stage_profile: d.stage_profile,
         ..GpuOptions::default()
     })
 }

@@ -457,12 +457,15 @@ pub fn section(
                     max_verify: BUFFER_LEN / 2,
                     kv_only_threshold: Some(KV_THRESHOLD),
                     cuda_graphs: true,
+                    stage_profile: false,
                     recurrent_verify: false,
                 };
                 let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
-                // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly.
+                // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,
+                // with the stage profile's events between the launches (they must change nothing).
                 let eager = GpuOptions {
                     cuda_graphs: false,
+                    stage_profile: true,
                     ..opts.clone()
                 };
                 let runs = [

@@ -13,6 +13,7 @@
 //! accumulation; SSM states are f32.
 
 use rewind_kernels::cuda::ops;
+use rewind_kernels::cuda::timing::StageMarks;
 use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice, DevicePtr, DevicePtrMut, Elem};
 
 use super::ffn;
@@ -89,6 +90,8 @@ pub(crate) struct Cx<'a, A: Act> {
     pub(crate) max_seqs: usize,
     pub(crate) eps: f32,
     pub(crate) offset: f32,
+    /// The stage profile's events (`GpuOptions::stage_profile`): one mark after each block, named by its mixer.
+    pub(crate) marks: Option<&'a mut StageMarks>,
 }
 
 /// `out = x · Wᵀ (+ b)`.
@@ -207,8 +210,22 @@ pub(crate) fn blocks<A: Act>(
             _ => return Err(EngineError::Gpu("a layer and its state pool disagree".into())),
         }
         all_reduce(cx.comm, &mut cx.s.y, rows * hid)?;
+        if let Some(m) = cx.marks.as_deref_mut() {
+            m.mark(cx.dev, mixer_stage(&block.mixer))?;
+        }
     }
     Ok(())
+}
+
+/// A block's stage in the stage profile: its mixer's kind (the block's norm and all-reduce count with it).
+fn mixer_stage<A: Act>(mixer: &GpuMixer<A>) -> &'static str {
+    match mixer {
+        GpuMixer::Mamba2(_) => "mamba2",
+        GpuMixer::Gdn(_) => "gdn",
+        GpuMixer::Attention(_) => "attention",
+        GpuMixer::Mlp(_) => "mlp",
+        GpuMixer::Moe(_) => "moe",
+    }
 }
 
 fn attention<A: Act>(

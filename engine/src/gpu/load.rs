@@ -67,6 +67,13 @@ fn check_options(config: &ModelConfig, opts: &GpuOptions) -> Result<()> {
             opts.buffer_len
         )));
     }
+    if opts.stage_profile && opts.cuda_graphs {
+        return Err(EngineError::InvalidInput(
+            "the stage profile times each stage between eager launches, and a captured CUDA graph replays a whole \
+             step as one launch: add --no-cuda-graphs"
+                .into(),
+        ));
+    }
     if let Some(n) = opts.max_model_len {
         if n == 0 || n > config.max_position_embeddings {
             return Err(EngineError::InvalidInput(format!(
@@ -200,13 +207,14 @@ impl Launcher for GpuLauncher {
         }
         let reports = self.reports.clone();
         let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
-        let (fraction, max_seqs, max_len, rows, replay, graphs) = (
+        let (fraction, max_seqs, max_len, rows, replay, graphs, stage_profile) = (
             self.opts.gpu_memory_fraction,
             self.opts.max_seqs,
             self.max_len,
             self.rows,
             self.replay,
             self.opts.cuda_graphs,
+            self.opts.stage_profile,
         );
         let generation = abort.clone();
         let load: RankLoader = Arc::new(move |rank| {
@@ -228,6 +236,7 @@ impl Launcher for GpuLauncher {
                 rows,
                 replay,
                 graphs,
+                stage_profile,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm, &generation),
@@ -260,6 +269,8 @@ struct Setup<'a> {
     replay: ReplaySettings,
     /// Capture decode and verify steps as CUDA graphs.
     graphs: bool,
+    /// Time every stage of every step (`GpuOptions::stage_profile`).
+    stage_profile: bool,
 }
 
 impl Setup<'_> {
@@ -308,7 +319,14 @@ impl Setup<'_> {
                  cannot capture"
             );
         }
-        let rank = loaded.allocate(sizes, self.rows, self.replay, cap.attention_ws, graphs)?;
+        let rank = loaded.allocate(
+            sizes,
+            self.rows,
+            self.replay,
+            cap.attention_ws,
+            graphs,
+            self.stage_profile,
+        )?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }
 }
@@ -316,6 +334,20 @@ impl Setup<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stage_profile_needs_eager_launches() {
+        use crate::model::{Family, ModelConfig};
+        use crate::presets::{preset_config, tokenizer_vocab};
+        let json = preset_config(Family::NemotronH, "tiny", None, tokenizer_vocab("tiny"), 1, 2).expect("preset");
+        let config = ModelConfig::from_json(&json).expect("parse");
+        let opts = GpuOptions {
+            stage_profile: true,
+            ..GpuOptions::default()
+        };
+        let e = check_options(&config, &opts).expect_err("graphs and the stage profile together");
+        assert!(e.to_string().contains("--no-cuda-graphs"), "{e}");
+    }
 
     #[test]
     fn u64_survives_the_f32_rendezvous() {

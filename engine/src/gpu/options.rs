@@ -27,6 +27,10 @@ pub struct GpuOptions {
     pub kv_only_threshold: Option<usize>,
     /// Capture decode and verify steps as CUDA graphs and replay them (`--no-cuda-graphs` turns it off).
     pub cuda_graphs: bool,
+    /// Time every stage of every step on the device (embedding, each layer, the head) with CUDA events, reported in
+    /// the rank's health ([`crate::rank::StageTimes`]; `rewind bench --stage-profile`). A profiling aid: it waits for
+    /// each step's events, and needs `cuda_graphs` off (a captured graph replays as one launch).
+    pub stage_profile: bool,
     /// Keep the recurrent form's per-draft state snapshots (`max_verify` states per slot and SSM layer, taken from
     /// the KV blocks' memory): only a rank whose sequences verify drafts in the recurrent form needs them
     /// (`--decode recurrent` with speculation); replay, kv-only and auto roll back by pointer moves.
@@ -80,6 +84,7 @@ impl Default for GpuOptions {
             max_verify: 1,
             kv_only_threshold: None,
             cuda_graphs: true,
+            stage_profile: false,
             recurrent_verify: false,
         }
     }

@@ -16,11 +16,14 @@ use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySet
 use super::Act;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
-use crate::rank::{Books, Rank, RankHealth, RankInfo, RowSummary, SampleRow, SlotSnapshot, StepOut, StepPlan};
+use crate::rank::{
+    Books, Rank, RankHealth, RankInfo, RowSummary, SampleRow, SlotSnapshot, StageTimes, StepOut, StepPlan,
+};
 use crate::state::kv::NO_BLOCK;
 use crate::state::SlotCounters;
 use rewind_kernels::cpu::lm_head::SpecRequest;
 use rewind_kernels::cuda::ops::ReplayRow;
+use rewind_kernels::cuda::timing::StageMarks;
 
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
@@ -33,6 +36,7 @@ impl<A: Act> LoadedRank<A> {
         replay: ReplaySettings,
         attention_ws: usize,
         graphs: bool,
+        stage_profile: bool,
     ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
@@ -95,6 +99,8 @@ impl<A: Act> LoadedRank<A> {
             steps: 0,
             want_hidden: false,
             graphs: StepGraphs::new(graphs),
+            marks: stage_profile.then(StageMarks::default),
+            stage_times: StageTimes::default(),
         })
     }
 
@@ -139,6 +145,9 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) want_hidden: bool,
     /// Captured decode and verify steps.
     pub(super) graphs: StepGraphs,
+    /// With the stage profile on: the events of the step being run, and every stage's device time so far.
+    pub(super) marks: Option<StageMarks>,
+    pub(super) stage_times: StageTimes,
 }
 
 impl<A: Act> Drop for GpuRank<A> {
@@ -316,7 +325,13 @@ impl<A: Act> GpuRank<A> {
         let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
         let ran = graphs.run(key, &stream, || self.forward(step, head_rows, whole));
         self.graphs = graphs;
-        ran
+        ran?;
+        if let Some(marks) = self.marks.as_mut() {
+            for (stage, ms) in marks.finish()? {
+                self.stage_times.add(stage, ms);
+            }
+        }
+        Ok(())
     }
 
     /// A step's device work: embedding, blocks and (when `head_rows > 0`) the head's device part. Queues device work
@@ -325,6 +340,9 @@ impl<A: Act> GpuRank<A> {
         let r = &mut self.inner;
         let (dev, hid, rows) = (&*r.dev, r.config.hidden_size, step.rows);
         let s = &mut self.scratch;
+        if let Some(m) = self.marks.as_mut() {
+            m.begin(dev)?;
+        }
         ops::embed_rows_f32(
             dev,
             &r.embed,
@@ -336,6 +354,9 @@ impl<A: Act> GpuRank<A> {
         if let Some(c) = &r.comm {
             c.all_reduce_f32(&mut s.x.slice_mut(..rows * hid))?;
         }
+        if let Some(m) = self.marks.as_mut() {
+            m.mark(dev, "embed")?;
+        }
         let mut cx = Cx {
             dev,
             blas: &r.blas,
@@ -345,10 +366,14 @@ impl<A: Act> GpuRank<A> {
             max_seqs: self.sizes.max_seqs,
             eps: r.config.norm_eps,
             offset: r.config.norm_offset,
+            marks: self.marks.as_mut(),
         };
         forward::blocks(&mut cx, &r.blocks, &mut self.pools, &mut self.snapshots, step)?;
         if head_rows > 0 {
             self.head_device(rows, head_rows, whole)?;
+            if let Some(m) = self.marks.as_mut() {
+                m.mark(&self.inner.dev, "head")?;
+            }
         }
         Ok(())
     }
@@ -388,6 +413,7 @@ impl<A: Act> Rank for GpuRank<A> {
             slots_in_use: self.books.slots_in_use(),
             steps: self.steps,
             graphs: Some(self.graphs.stats()),
+            stages: self.marks.is_some().then(|| self.stage_times.clone()),
         })
     }
 

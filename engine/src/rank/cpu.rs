@@ -319,6 +319,7 @@ impl Rank for Decoder {
             slots_in_use: self.pools().slots().used_count(),
             steps: self.steps(),
             graphs: None,
+            stages: None,
         })
     }
 }

@@ -38,7 +38,7 @@ pub use launch::{Abort, Launch, Launcher, RankLoader};
 pub use lockstep::{finish, prepare, Prepared, StepResult};
 pub use plan::{
     Commit, GraphStats, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SpecSample,
-    SsmSnapshot, StepOut, StepPlan, MAX_CHAINED,
+    SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, MAX_CHAINED,
 };
 pub use sequence::GroupSequence;
 pub use thread::{RankMsg, RankThread, Reply};

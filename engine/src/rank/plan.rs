@@ -347,6 +347,57 @@ pub struct RankHealth {
     pub steps: u64,
     /// A GPU rank's CUDA-graph counters (`None` on the CPU).
     pub graphs: Option<GraphStats>,
+    /// A GPU rank's device time by stage since it was loaded, when it profiles stages (`GpuOptions::stage_profile`;
+    /// `None` otherwise and on the CPU).
+    pub stages: Option<StageTimes>,
+}
+
+/// Device time of a rank's steps by stage (`embed`, a layer's mixer kind such as `gdn`, `mamba2`, `attention`,
+/// `mlp` or `moe`, and `head`), summed since the rank was loaded: the difference of two reports
+/// ([`StageTimes::since`]) is what the steps between them spent where.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StageTimes {
+    pub stages: std::collections::BTreeMap<String, StageTime>,
+}
+
+/// One stage's total device time (nanoseconds) and how many times it ran (a layer kind runs once per such layer
+/// and step).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StageTime {
+    pub ns: u64,
+    pub count: u64,
+}
+
+impl StageTimes {
+    /// Adds one run of `stage` that took `ms` milliseconds.
+    pub fn add(&mut self, stage: &str, ms: f64) {
+        let t = self.stages.entry(stage.to_string()).or_default();
+        t.ns += (ms.max(0.0) * 1e6).round() as u64;
+        t.count += 1;
+    }
+
+    /// What was spent after `earlier` (a report of the same rank taken before this one); stages that did not run
+    /// in between are left out.
+    pub fn since(&self, earlier: &StageTimes) -> StageTimes {
+        let stages = self
+            .stages
+            .iter()
+            .filter_map(|(k, t)| {
+                let e = earlier.stages.get(k).copied().unwrap_or_default();
+                let d = StageTime {
+                    ns: t.ns.saturating_sub(e.ns),
+                    count: t.count.saturating_sub(e.count),
+                };
+                (d.count > 0).then(|| (k.clone(), d))
+            })
+            .collect();
+        StageTimes { stages }
+    }
+
+    /// Total device time in milliseconds.
+    pub fn total_ms(&self) -> f64 {
+        self.stages.values().map(|t| t.ns as f64 / 1e6).sum()
+    }
 }
 
 /// How a GPU rank's decode and verify steps ran: replays of captured CUDA graphs or eager launches
@@ -399,4 +450,42 @@ pub struct RankInfo {
     pub hidden_states: bool,
     /// The most further decode steps one plan may chain on this rank ([`StepPlan::chained`]; 0: none).
     pub max_chained: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_times_difference_is_what_ran_in_between() {
+        let mut t = StageTimes::default();
+        t.add("embed", 0.5);
+        t.add("gdn", 1.25);
+        let before = t.clone();
+        t.add("embed", 0.5);
+        t.add("gdn", 1.0);
+        t.add("gdn", 2.0);
+        t.add("head", 0.75);
+        let d = t.since(&before);
+        assert_eq!(d.stages.len(), 3, "{d:?}");
+        assert_eq!(d.stages["embed"], StageTime { ns: 500_000, count: 1 });
+        assert_eq!(
+            d.stages["gdn"],
+            StageTime {
+                ns: 3_000_000,
+                count: 2
+            }
+        );
+        assert_eq!(d.stages["head"], StageTime { ns: 750_000, count: 1 });
+        assert!((d.total_ms() - 4.25).abs() < 1e-9);
+        // Nothing ran: nothing is reported.
+        assert!(t.since(&t).stages.is_empty());
+    }
+
+    #[test]
+    fn negative_event_times_count_as_zero() {
+        let mut t = StageTimes::default();
+        t.add("mlp", -0.001);
+        assert_eq!(t.stages["mlp"], StageTime { ns: 0, count: 1 });
+    }
 }

@@ -55,3 +55,60 @@ pub fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     })?;
     Ok(2.0 * (n * 4) as f64 / ms / 1e6)
 }
+
+/// Events recorded on a device's stream between the stages of a step (a profiling aid: `rewind bench
+/// --stage-profile`), resolved to durations once the step's work is done. Each stage's time is the interval from the
+/// previous mark (or [`StageMarks::begin`]) to its own; creating and recording events costs a few microseconds of host
+/// time each, and a stage that overlaps the next on the device (it does not: the stream is in order) would blur.
+#[derive(Default)]
+pub struct StageMarks {
+    start: Option<cudarc::driver::CudaEvent>,
+    marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
+}
+
+impl StageMarks {
+    /// Starts a step's marks (dropping any unresolved ones).
+    pub fn begin(&mut self, dev: &CudaDevice) -> Result<()> {
+        self.marks.clear();
+        self.start = Some(record(dev)?);
+        Ok(())
+    }
+
+    /// Ends the stage named `label` at the work queued so far.
+    pub fn mark(&mut self, dev: &CudaDevice, label: &'static str) -> Result<()> {
+        if self.start.is_none() {
+            return Err(CudaError::Shape {
+                op: "stage_marks",
+                message: format!("stage `{label}` marked before the step began"),
+            });
+        }
+        self.marks.push((label, record(dev)?));
+        Ok(())
+    }
+
+    /// Waits for the last mark and returns each stage's milliseconds in order; empty when nothing was marked.
+    pub fn finish(&mut self) -> Result<Vec<(&'static str, f64)>> {
+        let err = |source| CudaError::Driver {
+            context: "timing a stage".into(),
+            source,
+        };
+        let Some(mut prev) = self.start.take() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(self.marks.len());
+        for (label, ev) in self.marks.drain(..) {
+            out.push((label, prev.elapsed_ms(&ev).map_err(err)? as f64));
+            prev = ev;
+        }
+        Ok(out)
+    }
+}
+
+fn record(dev: &CudaDevice) -> Result<cudarc::driver::CudaEvent> {
+    dev.stream()
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|source| CudaError::Driver {
+            context: "recording a stage event".into(),
+            source,
+        })
+}

@@ -62,6 +62,7 @@ mod gpu {
                 prefill_chunk: 512,
                 dtype: self.args.dtype.clone(),
                 no_cuda_graphs: false,
+                stage_profile: false,
             }
         }
 
