@@ -326,9 +326,9 @@ pub struct DeviceArgs {
     /// debugging, and to measure what the graphs save).
     #[arg(long, help_heading = "GPU")]
     pub no_cuda_graphs: bool,
-    /// Time every stage of every GPU step (embedding, each layer by kind, the LM head) with CUDA events: `rewind
-    /// bench` prints where a step's time goes, and the ranks' health reports it. A profiling aid that needs
-    /// --no-cuda-graphs and waits for each step's events.
+    /// Time every stage of every GPU step with CUDA events (embedding; each layer by kind, SSM and attention layers
+    /// in their parts: projections, conv, scan, output; the LM head): `rewind bench` prints where a step's time goes,
+    /// and the ranks' health reports it. A profiling aid that needs --no-cuda-graphs and waits for each step's events.
     #[arg(long, help_heading = "GPU")]
     pub stage_profile: bool,
 }

@@ -217,15 +217,27 @@ pub(crate) fn blocks<A: Act>(
     Ok(())
 }
 
-/// A block's stage in the stage profile: its mixer's kind (the block's norm and all-reduce count with it).
+/// The stage a block's end closes in the stage profile: its mixer's kind (the block's norm and all-reduce count with
+/// it). SSM and attention blocks mark their own stages before: an SSM block (`ssm_layers.rs`) `in_proj` with the
+/// block's norm, `conv` with the gathers, gates and norms of its inputs, `ssm` the scan or replay kernel; an attention
+/// block `qkv` (norm, projections, q/k norms, rope, KV write) and `core` (paged attention and its gate). Their end
+/// closes `out`: the (gated) norm, the output projection and the all-reduce.
 fn mixer_stage<A: Act>(mixer: &GpuMixer<A>) -> &'static str {
     match mixer {
-        GpuMixer::Mamba2(_) => "mamba2",
-        GpuMixer::Gdn(_) => "gdn",
-        GpuMixer::Attention(_) => "attention",
+        GpuMixer::Mamba2(_) => "mamba2 out",
+        GpuMixer::Gdn(_) => "gdn out",
+        GpuMixer::Attention(_) => "attention out",
         GpuMixer::Mlp(_) => "mlp",
         GpuMixer::Moe(_) => "moe",
     }
+}
+
+/// Ends the stage named `label` when the stage profile runs (`GpuOptions::stage_profile`).
+pub(crate) fn stage(marks: &mut Option<&mut StageMarks>, dev: &CudaDevice, label: &'static str) -> Result<()> {
+    if let Some(m) = marks.as_deref_mut() {
+        m.mark(dev, label)?;
+    }
+    Ok(())
 }
 
 fn attention<A: Act>(
@@ -294,6 +306,7 @@ fn attention<A: Act>(
         k_pool,
         v_pool,
     )?;
+    stage(&mut cx.marks, dev, "attention qkv")?;
     ops::paged_attention(
         dev,
         layout,
@@ -312,6 +325,7 @@ fn attention<A: Act>(
     if a.gate_idx.is_some() {
         ops::sigmoid_mul(dev, &mut s.d.slice_mut(..qn), &s.e.slice(..qn))?;
     }
+    stage(&mut cx.marks, dev, "attention core")?;
     lin(
         cx.blas,
         dev,

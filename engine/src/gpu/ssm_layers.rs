@@ -7,7 +7,7 @@ use rewind_kernels::cpu::norm::GateOrder;
 use rewind_kernels::cuda::ops::{self, ConvDims, ReplayShape, MAX_CHUNK, REPLAY_META, SPEC_COMMIT_META};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
-use super::forward::{lin, Cx, SsmRun, Step};
+use super::forward::{lin, stage, Cx, SsmRun, Step};
 use super::layers::{GatedNorm, GpuBlock, GpuGdn, GpuMamba2, GpuMixer};
 use super::scratch::Scratch;
 use super::state::LayerPool;
@@ -28,12 +28,14 @@ fn project_and_conv<A: Act>(
     kernel: usize,
     conv: &mut CudaSlice<A>,
     step: Step,
+    proj_stage: &'static str,
 ) -> Result<()> {
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
     let (cd, wp) = (conv_idx.len(), in_proj.out_dim);
     let mut proj = s.proj.slice_mut(..rows * wp);
     lin(cx.blas, dev, &s.h.slice(..rows * hid), in_proj, &mut proj, rows)?;
+    stage(&mut cx.marks, dev, proj_stage)?;
     ops::gather_cols(dev, &proj, rows, wp, conv_idx, &mut s.a.slice_mut(..rows * cd))?;
     let dims = ConvDims {
         batch: step.seqs,
@@ -90,6 +92,7 @@ pub(crate) fn mamba2<A: Act>(
         m.spec.conv_kernel,
         conv,
         step,
+        "mamba2 in_proj",
     )?;
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
@@ -118,6 +121,7 @@ pub(crate) fn mamba2<A: Act>(
         hi,
         &mut s.f0.slice_mut(..rows * d.heads),
     )?;
+    stage(&mut cx.marks, dev, "mamba2 conv")?;
     let state_len = d.heads * d.head_dim * d.state_dim;
     let SsmPools {
         ssm,
@@ -201,6 +205,7 @@ pub(crate) fn mamba2<A: Act>(
             }
         }
     }
+    stage(&mut cx.marks, dev, "mamba2 ssm")?;
     ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
     let (y, z) = (s.g.slice(..rows * di), s.a.slice(..rows * di));
     let mut normed = s.b.slice_mut(..rows * di);
@@ -269,6 +274,7 @@ pub(crate) fn gdn<A: Act>(
         m.spec.conv_kernel,
         conv,
         step,
+        "gdn in_proj",
     )?;
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
@@ -313,6 +319,7 @@ pub(crate) fn gdn<A: Act>(
         &mut s.f0.slice_mut(..rows * nv),
         &mut s.f1.slice_mut(..rows * nv),
     )?;
+    stage(&mut cx.marks, dev, "gdn conv")?;
     let SsmPools {
         ssm,
         ring_a,
@@ -391,6 +398,7 @@ pub(crate) fn gdn<A: Act>(
             }
         }
     }
+    stage(&mut cx.marks, dev, "gdn ssm")?;
     ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
     ops::gated_rms_norm(
         dev,

@@ -352,9 +352,10 @@ pub struct RankHealth {
     pub stages: Option<StageTimes>,
 }
 
-/// Device time of a rank's steps by stage (`embed`, a layer's mixer kind such as `gdn`, `mamba2`, `attention`,
-/// `mlp` or `moe`, and `head`), summed since the rank was loaded: the difference of two reports
-/// ([`StageTimes::since`]) is what the steps between them spent where.
+/// Device time of a rank's steps by stage, summed since the rank was loaded: `embed`; per block `mlp` or `moe`, or an
+/// SSM block's `<kind> in_proj`, `<kind> conv`, `<kind> ssm` and `<kind> out` (kind `mamba2` or `gdn`), or an
+/// attention block's `attention qkv`, `attention core` and `attention out` (`engine/src/gpu/forward.rs`); and `head`.
+/// The difference of two reports ([`StageTimes::since`]) is what the steps between them spent where.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StageTimes {
     pub stages: std::collections::BTreeMap<String, StageTime>,
