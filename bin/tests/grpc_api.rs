@@ -211,10 +211,10 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_frees_its_slot() {
-    let server = Server::start(1, None).await;
+    let server = Server::start_in(1, LONG_CONTEXT, None, |_| {}).await;
     let mut c = server.client().await;
     let mut stream = c
-        .complete(complete_ids(&[5, 6, 7], greedy(200)))
+        .complete(complete_ids(&[5, 6, 7], greedy(LONG_REQUEST)))
         .await
         .expect("complete")
         .into_inner();
@@ -231,7 +231,10 @@ async fn a_dropped_stream_frees_its_slot() {
         (0, 0, 0),
         "{stats:?}"
     );
-    assert!(stats.generated_tokens < 200, "the request stopped generating");
+    assert!(
+        (stats.generated_tokens as i64) < LONG_REQUEST,
+        "the request stopped generating"
+    );
     // The one slot serves the next request.
     let (tokens, _) = c.complete_all(&[9, 9], greedy(3)).await.expect("next");
     assert_eq!(tokens.len(), 3);
@@ -392,14 +395,17 @@ async fn the_client_binary_drives_a_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_and_the_session_limit_are_resource_exhausted() {
-    let server = Server::start_with(1, None, |c| {
+    let server = Server::start_in(1, LONG_CONTEXT, None, |c| {
         c.max_waiting = 1;
         c.max_sessions = 1;
     })
     .await;
     let mut c = server.client().await;
     // One request runs in the only slot, one waits; a third finds the queue full.
-    let running = c.complete(complete_ids(&[5, 6], greedy(200))).await.expect("running");
+    let running = c
+        .complete(complete_ids(&[5, 6], greedy(LONG_REQUEST)))
+        .await
+        .expect("running");
     let mut running = running.into_inner();
     running.message().await.expect("chunk").expect("a chunk");
     let mut c2 = c.clone();

@@ -20,6 +20,14 @@ use tonic::{Code, Status};
 /// The pools' length: every test's sequences fit.
 pub const CONTEXT: usize = 256;
 
+/// The pools' length of a server whose first request must still run when the test acts on it (a dropped stream, a
+/// full queue): the tiny model makes 200 tokens in well under a second, so such a request asks for
+/// [`LONG_REQUEST`] tokens (as the HTTP tests' disconnect does).
+pub const LONG_CONTEXT: usize = 4096;
+
+/// Tokens of a request that must outlast the test's next moves (see [`LONG_CONTEXT`]).
+pub const LONG_REQUEST: i64 = 4000;
+
 /// A tiny random Nemotron-H checkpoint, written once per test process.
 pub fn model_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -54,13 +62,23 @@ impl Server {
 
     /// A server whose engine settings `tune` changes.
     pub async fn start_with(slots: usize, api_key: Option<&str>, tune: impl FnOnce(&mut EngineConfig)) -> Server {
+        Self::start_in(slots, CONTEXT, api_key, tune).await
+    }
+
+    /// A server with pools of `context` tokens whose engine settings `tune` changes.
+    pub async fn start_in(
+        slots: usize,
+        context: usize,
+        api_key: Option<&str>,
+        tune: impl FnOnce(&mut EngineConfig),
+    ) -> Server {
         let dir = model_dir();
         let model = ServedModel::load(dir).expect("model");
         let launcher = CpuLauncher::new(
             dir,
             CpuOptions {
                 tp: 1,
-                decoder: DecoderConfig::new(slots, CONTEXT),
+                decoder: DecoderConfig::new(slots, context),
             },
         )
         .expect("launcher");
