@@ -127,12 +127,7 @@ fn decode_rate(
 fn sum_stages<'a>(runs: impl Iterator<Item = Option<&'a StageTimes>>) -> Option<StageTimes> {
     let mut total: Option<StageTimes> = None;
     for s in runs.flatten() {
-        let t = total.get_or_insert_with(StageTimes::default);
-        for (k, v) in &s.stages {
-            let e = t.stages.entry(k.clone()).or_default();
-            e.ns += v.ns;
-            e.count += v.count;
-        }
+        total.get_or_insert_with(StageTimes::default).merge(s);
     }
     total
 }

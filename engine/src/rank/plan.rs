@@ -377,6 +377,15 @@ impl StageTimes {
         t.count += 1;
     }
 
+    /// Adds every stage of `other` (another stretch of the same rank's steps).
+    pub fn merge(&mut self, other: &StageTimes) {
+        for (k, t) in &other.stages {
+            let e = self.stages.entry(k.clone()).or_default();
+            e.ns += t.ns;
+            e.count += t.count;
+        }
+    }
+
     /// What was spent after `earlier` (a report of the same rank taken before this one); stages that did not run
     /// in between are left out.
     pub fn since(&self, earlier: &StageTimes) -> StageTimes {
@@ -481,6 +490,10 @@ mod tests {
         assert!((d.total_ms() - 4.25).abs() < 1e-9);
         // Nothing ran: nothing is reported.
         assert!(t.since(&t).stages.is_empty());
+        // Two stretches merged are their sum.
+        let mut both = before.clone();
+        both.merge(&d);
+        assert_eq!(both, t);
     }
 
     #[test]
