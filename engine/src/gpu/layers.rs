@@ -6,7 +6,7 @@ use rewind_kernels::cpu::gdn::GdnDims;
 use rewind_kernels::cpu::mamba2::Mamba2Dims;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 
-use super::weights::{act_of, f32_of, group_idx, idx_of, range_idx, stored, DeviceLinear};
+use super::weights::{act_of, f32_of, group_idx, idx_of, range_idx, stored, Cols, DeviceLinear};
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::model::mixers::attention::{AttentionMixer, Proj};
@@ -43,12 +43,12 @@ pub(crate) struct GpuMamba2<A: Act> {
     pub(crate) norm_w: CudaSlice<A>,
     pub(crate) out_proj: DeviceLinear<A>,
     pub(crate) norm: GatedNorm,
-    /// Column maps: `z` and `xBC` out of the projection; `x`, `B`, `C` (expanded) out of the conv output.
-    pub(crate) z_idx: CudaSlice<i32>,
-    pub(crate) xbc_idx: CudaSlice<i32>,
-    pub(crate) x_idx: CudaSlice<i32>,
-    pub(crate) b_idx: CudaSlice<i32>,
-    pub(crate) c_idx: CudaSlice<i32>,
+    /// Column selections: `z` and `xBC` out of the projection; `x`, `B`, `C` (expanded) out of the conv output.
+    pub(crate) z_cols: Cols,
+    pub(crate) xbc_cols: Cols,
+    pub(crate) x_cols: Cols,
+    pub(crate) b_cols: Cols,
+    pub(crate) c_cols: Cols,
     pub(crate) conv_dim: usize,
 }
 
@@ -62,11 +62,13 @@ pub(crate) struct GpuGdn<A: Act> {
     /// The per-head norm weight tiled over the rank's value heads (`[value_dim]`).
     pub(crate) norm_w: CudaSlice<A>,
     pub(crate) out_proj: DeviceLinear<A>,
-    pub(crate) mixed_idx: CudaSlice<i32>,
-    pub(crate) q_idx: CudaSlice<i32>,
-    pub(crate) k_idx: CudaSlice<i32>,
-    pub(crate) v_idx: CudaSlice<i32>,
-    pub(crate) z_idx: CudaSlice<i32>,
+    /// Column selections: the conv's channels and `z` out of the projection; `q`, `k` (expanded) and `v` out of the
+    /// conv output.
+    pub(crate) mixed_cols: Cols,
+    pub(crate) q_cols: Cols,
+    pub(crate) k_cols: Cols,
+    pub(crate) v_cols: Cols,
+    pub(crate) z_cols: Cols,
     pub(crate) conv_dim: usize,
     pub(crate) proj_dim: usize,
     /// Columns of `b` and `a` in the projection.
@@ -196,11 +198,11 @@ fn mamba2<A: Act>(dev: &CudaDevice, m: &Mamba2Mixer, shard: &ShardKind) -> Resul
         norm_w: act_of(dev, &m.norm_w)?,
         out_proj: DeviceLinear::new(dev, &m.out_proj, m.out_proj_bias.as_deref(), s.hidden, di)?,
         norm,
-        z_idx: idx_of(dev, &range_idx(0, di))?,
-        xbc_idx: idx_of(dev, &range_idx(di, conv_dim))?,
-        x_idx: idx_of(dev, &range_idx(0, di))?,
-        b_idx: idx_of(dev, &group_idx(di, n, &split.virtual_groups))?,
-        c_idx: idx_of(dev, &group_idx(di + held * n, n, &split.virtual_groups))?,
+        z_cols: Cols::new(dev, &range_idx(0, di))?,
+        xbc_cols: Cols::new(dev, &range_idx(di, conv_dim))?,
+        x_cols: Cols::new(dev, &range_idx(0, di))?,
+        b_cols: Cols::new(dev, &group_idx(di, n, &split.virtual_groups))?,
+        c_cols: Cols::new(dev, &group_idx(di + held * n, n, &split.virtual_groups))?,
         conv_dim,
         spec: s,
     })
@@ -231,11 +233,11 @@ fn gdn<A: Act>(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuG
         neg_a: f32_of(dev, &m.neg_a)?,
         norm_w: act_of(dev, &tiled)?,
         out_proj: DeviceLinear::new(dev, &m.out_proj, None, s.hidden, value_dim)?,
-        mixed_idx: idx_of(dev, &range_idx(0, conv_dim))?,
-        q_idx: idx_of(dev, &group_idx(0, dk, &split.virtual_groups))?,
-        k_idx: idx_of(dev, &group_idx(key_dim, dk, &split.virtual_groups))?,
-        v_idx: idx_of(dev, &range_idx(2 * key_dim, value_dim))?,
-        z_idx: idx_of(dev, &range_idx(conv_dim, value_dim))?,
+        mixed_cols: Cols::new(dev, &range_idx(0, conv_dim))?,
+        q_cols: Cols::new(dev, &group_idx(0, dk, &split.virtual_groups))?,
+        k_cols: Cols::new(dev, &group_idx(key_dim, dk, &split.virtual_groups))?,
+        v_cols: Cols::new(dev, &range_idx(2 * key_dim, value_dim))?,
+        z_cols: Cols::new(dev, &range_idx(conv_dim, value_dim))?,
         conv_dim,
         proj_dim,
         b_col: conv_dim + value_dim,

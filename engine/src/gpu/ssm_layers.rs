@@ -11,18 +11,18 @@ use super::forward::{lin, stage, Cx, SsmRun, Step};
 use super::layers::{GatedNorm, GpuBlock, GpuGdn, GpuMamba2, GpuMixer};
 use super::scratch::Scratch;
 use super::state::LayerPool;
-use super::weights::DeviceLinear;
+use super::weights::{Cols, DeviceLinear};
 use super::Act;
 use crate::error::{EngineError, Result};
 
-/// The SSM mixers' shared front: `proj = h · in_projᵀ` into `s.proj`, the conv channels (`conv_idx`) gathered out of
-/// it and run through the causal conv with SiLU over the step's slots (advancing their conv state), leaving
-/// `[rows, conv channels]` in `s.b`.
+/// The SSM mixers' shared front: `proj = h · in_projᵀ` into `s.proj`, the conv channels (`conv_cols`; read in place
+/// when they are a range, else gathered into `s.a` first) run through the causal conv with SiLU over the step's slots
+/// (advancing their conv state), leaving `[rows, conv channels]` in `s.b`.
 #[allow(clippy::too_many_arguments)]
 fn project_and_conv<A: Act>(
     cx: &mut Cx<A>,
     in_proj: &DeviceLinear<A>,
-    conv_idx: &CudaSlice<i32>,
+    conv_cols: &Cols,
     conv_w: &CudaSlice<A>,
     conv_b: Option<&CudaSlice<A>>,
     kernel: usize,
@@ -32,15 +32,16 @@ fn project_and_conv<A: Act>(
 ) -> Result<()> {
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
-    let (cd, wp) = (conv_idx.len(), in_proj.out_dim);
+    let (cd, wp) = (conv_cols.len(), in_proj.out_dim);
     let mut proj = s.proj.slice_mut(..rows * wp);
     lin(cx.blas, dev, &s.h.slice(..rows * hid), in_proj, &mut proj, rows)?;
     stage(&mut cx.marks, dev, proj_stage)?;
-    ops::gather_cols(dev, &proj, rows, wp, conv_idx, &mut s.a.slice_mut(..rows * cd))?;
+    let (x, x_stride) = conv_cols.strided(dev, &s.proj, rows, wp, &mut s.a)?;
     let dims = ConvDims {
         batch: step.seqs,
         seq: step.t,
         channels: cd,
+        x_stride,
         k: kernel,
         slots: cx.max_seqs,
         capacity: step.conv_rows,
@@ -50,7 +51,7 @@ fn project_and_conv<A: Act>(
     ops::causal_conv1d(
         dev,
         dims,
-        &s.a.slice(..rows * cd),
+        &x,
         conv_w,
         conv_b,
         conv,
@@ -86,7 +87,7 @@ pub(crate) fn mamba2<A: Act>(
     project_and_conv(
         cx,
         &m.in_proj,
-        &m.xbc_idx,
+        &m.xbc_cols,
         &m.conv_w,
         m.conv_b.as_ref(),
         m.spec.conv_kernel,
@@ -102,9 +103,12 @@ pub(crate) fn mamba2<A: Act>(
     let bc = d.groups * d.state_dim;
     let proj = s.proj.slice(..rows * wp);
     let conv_out = s.b.slice(..rows * cd);
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.x_idx, &mut s.c.slice_mut(..rows * di))?;
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.b_idx, &mut s.d.slice_mut(..rows * bc))?;
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.c_idx, &mut s.e.slice_mut(..rows * bc))?;
+    m.x_cols
+        .gather(dev, &conv_out, rows, cd, &mut s.c.slice_mut(..rows * di))?;
+    m.b_cols
+        .gather(dev, &conv_out, rows, cd, &mut s.d.slice_mut(..rows * bc))?;
+    m.c_cols
+        .gather(dev, &conv_out, rows, cd, &mut s.e.slice_mut(..rows * bc))?;
     let (lo, hi) = if step.clamp {
         m.spec.time_step_limit
     } else {
@@ -206,26 +210,31 @@ pub(crate) fn mamba2<A: Act>(
         }
     }
     stage(&mut cx.marks, dev, "mamba2 ssm")?;
-    ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * di))?;
-    let (y, z) = (s.g.slice(..rows * di), s.a.slice(..rows * di));
+    let y = s.g.slice(..rows * di);
     let mut normed = s.b.slice_mut(..rows * di);
     match m.norm {
-        GatedNorm::Local { group } => ops::gated_rms_norm(
-            dev,
-            &y,
-            &z,
-            &m.norm_w,
-            group,
-            m.spec.norm_eps,
-            GateOrder::BeforeNorm,
-            &mut normed,
-        )?,
+        GatedNorm::Local { group } => {
+            let (z, z_stride) = m.z_cols.strided(dev, &s.proj, rows, wp, &mut s.a)?;
+            ops::gated_rms_norm(
+                dev,
+                &y,
+                &z,
+                z_stride,
+                &m.norm_w,
+                group,
+                m.spec.norm_eps,
+                GateOrder::BeforeNorm,
+                &mut normed,
+            )?
+        }
         GatedNorm::Split {
             first_channel,
             group,
             groups,
             all_reduce: reduce,
         } => {
+            m.z_cols.gather(dev, &proj, rows, wp, &mut s.a.slice_mut(..rows * di))?;
+            let z = s.a.slice(..rows * di);
             let mut sums = s.f1.slice_mut(..rows * groups);
             ops::gated_sq_sums(dev, &y, &z, rows, first_channel, group, groups, &mut sums)?;
             if reduce {
@@ -268,7 +277,7 @@ pub(crate) fn gdn<A: Act>(
     project_and_conv(
         cx,
         &m.in_proj,
-        &m.mixed_idx,
+        &m.mixed_cols,
         &m.conv_w,
         None,
         m.spec.conv_kernel,
@@ -283,29 +292,16 @@ pub(crate) fn gdn<A: Act>(
     let (qk, vd) = (d.k_heads * d.k_dim, d.v_heads * d.v_dim);
     let proj = s.proj.slice(..rows * wp);
     let conv_out = s.b.slice(..rows * cd);
-    // q, k: expanded to the virtual key heads, L2-normalised (q also scaled); v as is.
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.q_idx, &mut s.c.slice_mut(..rows * qk))?;
-    ops::l2_norm(
-        dev,
-        &s.c.slice(..rows * qk),
-        d.k_dim,
-        1e-6,
-        &mut s.d.slice_mut(..rows * qk),
-    )?;
-    ops::scale(
-        dev,
-        &mut s.d.slice_mut(..rows * qk),
-        (1.0 / (d.k_dim as f64).sqrt()) as f32,
-    )?;
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.k_idx, &mut s.c.slice_mut(..rows * qk))?;
-    ops::l2_norm(
-        dev,
-        &s.c.slice(..rows * qk),
-        d.k_dim,
-        1e-6,
-        &mut s.e.slice_mut(..rows * qk),
-    )?;
-    ops::gather_cols(dev, &conv_out, rows, cd, &m.v_idx, &mut s.c.slice_mut(..rows * vd))?;
+    // q, k: expanded to the virtual key heads, L2-normalised (q also scaled), read in place out of the conv output
+    // when they are ranges; v as is.
+    let q_scale = (1.0 / (d.k_dim as f64).sqrt()) as f32;
+    for (cols, scale, out) in [(&m.q_cols, q_scale, &mut s.d), (&m.k_cols, 1.0, &mut s.e)] {
+        let (src, stride) = cols.strided(dev, &s.b, rows, cd, &mut s.c)?;
+        let mut out = out.slice_mut(..rows * qk);
+        ops::l2_norm(dev, &src, rows, d.k_heads, d.k_dim, stride, 1e-6, scale, &mut out)?;
+    }
+    m.v_cols
+        .gather(dev, &conv_out, rows, cd, &mut s.c.slice_mut(..rows * vd))?;
     let nv = d.v_heads;
     ops::gdn_gates(
         dev,
@@ -399,11 +395,12 @@ pub(crate) fn gdn<A: Act>(
         }
     }
     stage(&mut cx.marks, dev, "gdn ssm")?;
-    ops::gather_cols(dev, &proj, rows, wp, &m.z_idx, &mut s.a.slice_mut(..rows * vd))?;
+    let (z, z_stride) = m.z_cols.strided(dev, &s.proj, rows, wp, &mut s.a)?;
     ops::gated_rms_norm(
         dev,
         &s.g.slice(..rows * vd),
-        &s.a.slice(..rows * vd),
+        &z,
+        z_stride,
         &m.norm_w,
         d.v_dim,
         m.spec.norm_eps,

@@ -1,8 +1,9 @@
-//! Device copies of a rank's weights: bf16 matrices and norm weights, f32 per-head parameters, and the column maps
-//! (`gather_cols` indices) each layer uses to split its projections.
+//! Device copies of a rank's weights: bf16 matrices and norm weights, f32 per-head parameters, and the column
+//! selections ([`Cols`]) each layer uses to split its projections.
 
 use rayon::prelude::*;
-use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+use rewind_kernels::cuda::ops;
+use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, DevicePtr, DevicePtrMut, Elem};
 
 use crate::error::Result;
 
@@ -62,6 +63,80 @@ pub(crate) fn group_idx(start: usize, width: usize, virtual_groups: &[usize]) ->
         .collect()
 }
 
+/// Columns a layer takes out of a wider row (a projection's, the conv output's). Without tensor parallelism every
+/// split is a contiguous range, which the kernels that take a row stride read in place and the others copy in
+/// 16-byte vectors; a rank's expanded groups may repeat columns, and go through an index map.
+pub(crate) enum Cols {
+    Range { start: usize, len: usize },
+    Map(CudaSlice<i32>),
+}
+
+impl Cols {
+    /// The selection of `idx`: a range when the columns are consecutive, else an index map.
+    pub(crate) fn new(dev: &CudaDevice, idx: &[usize]) -> Result<Cols> {
+        match contiguous(idx) {
+            Some(start) => Ok(Cols::Range { start, len: idx.len() }),
+            None => Ok(Cols::Map(idx_of(dev, idx)?)),
+        }
+    }
+
+    /// How many columns the selection takes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Cols::Range { len, .. } => *len,
+            Cols::Map(idx) => idx.len(),
+        }
+    }
+
+    /// The selected columns of `rows` rows of `src` (`width` wide) for a kernel that takes a row stride: in place in
+    /// `src` (rows `width` apart) when the selection is a range, else gathered into `scratch` (rows `len` apart).
+    /// Returns the view and its row stride.
+    pub(crate) fn strided<'a, T: Elem>(
+        &self,
+        dev: &CudaDevice,
+        src: &'a CudaSlice<T>,
+        rows: usize,
+        width: usize,
+        scratch: &'a mut CudaSlice<T>,
+    ) -> Result<(CudaView<'a, T>, usize)> {
+        let n = self.len();
+        if let Cols::Range { start, .. } = self {
+            return Ok((src.slice(*start..rows * width), width));
+        }
+        self.gather(
+            dev,
+            &src.slice(..rows * width),
+            rows,
+            width,
+            &mut scratch.slice_mut(..rows * n),
+        )?;
+        let scratch: &'a CudaSlice<T> = scratch;
+        Ok((scratch.slice(..rows * n), n))
+    }
+
+    /// `out[r, j] = src[r, column j]` for `rows` rows of `width`.
+    pub(crate) fn gather<T: Elem>(
+        &self,
+        dev: &CudaDevice,
+        src: &impl DevicePtr<T>,
+        rows: usize,
+        width: usize,
+        out: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        match self {
+            Cols::Range { start, len } => ops::copy_cols(dev, src, rows, width, *start, *len, out)?,
+            Cols::Map(idx) => ops::gather_cols(dev, src, rows, width, idx, out)?,
+        }
+        Ok(())
+    }
+}
+
+/// The first of `idx` when its columns are consecutive (an empty list is the empty range at 0).
+fn contiguous(idx: &[usize]) -> Option<usize> {
+    let start = idx.first().copied().unwrap_or(0);
+    idx.iter().enumerate().all(|(j, &c)| c == start + j).then_some(start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +145,15 @@ mod tests {
     fn column_maps() {
         assert_eq!(range_idx(3, 2), vec![3, 4]);
         assert_eq!(group_idx(10, 2, &[0, 0, 1]), vec![10, 11, 10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn ranges_are_told_from_maps() {
+        assert_eq!(contiguous(&range_idx(7, 5)), Some(7));
+        assert_eq!(contiguous(&group_idx(10, 2, &[0, 1, 2])), Some(10));
+        // A rank's expanded groups repeat columns; a permutation is not a range either.
+        assert_eq!(contiguous(&group_idx(10, 2, &[0, 0, 1])), None);
+        assert_eq!(contiguous(&[3, 5, 4]), None);
+        assert_eq!(contiguous(&[]), Some(0));
     }
 }

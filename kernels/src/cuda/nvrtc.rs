@@ -82,7 +82,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("cast", typed: false, ["cast_f32_bf16", "cast_bf16_f32"]),
     module!("act", typed: true, ["act", "swiglu"]),
     module!("norm", typed: true, ["rms_norm", "gated_rms_norm", "l2_norm"]),
-    module!("conv", typed: true, ["conv1d"]),
+    module!("conv", typed: true, ["conv1d", "conv1d_vec"]),
     module!("rope", typed: true, ["rope"]),
     module!("embedding", typed: true, ["embedding"]),
     module!("mamba2", typed: true, ["mamba2_step"]),
@@ -160,6 +160,8 @@ pub const MODULES: &[KernelModule] = &[
         typed: true,
         [
             "gather_cols",
+            "copy_cols",
+            "copy_cols_vec",
             "add_rms_norm",
             "dt_softplus",
             "gdn_gates",

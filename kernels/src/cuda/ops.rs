@@ -63,6 +63,14 @@ fn per_row(rows: usize, groups: usize, width: usize) -> LaunchConfig {
     }
 }
 
+/// [`per_row`] with at most 256 threads a block, each looping over several elements: for wide groups whose rows
+/// are many, shorter block reductions and more blocks an SM pay more than one element a thread.
+fn per_row_capped(rows: usize, groups: usize, width: usize) -> LaunchConfig {
+    let mut cfg = per_row(rows, groups, width);
+    cfg.block_dim.0 = cfg.block_dim.0.min(256);
+    cfg
+}
+
 /// The kernel `name`, allowed `bytes` of dynamic shared memory (past the 48 KiB a launch gets without asking).
 fn with_shared_memory<'a>(dev: &'a CudaDevice, name: &str, bytes: usize) -> Result<&'a cudarc::driver::CudaFunction> {
     let func = dev.function(name)?;
@@ -202,12 +210,14 @@ pub fn rms_norm<T: Elem>(
 }
 
 /// Gated RMSNorm over rows of width `weight.len()`, normalising each run of `group` channels separately
-/// (see [`crate::cpu::norm::gated_rms_norm`]).
+/// (see [`crate::cpu::norm::gated_rms_norm`]). `z`'s rows are `z_stride` apart (at least the width), so the gate can
+/// be read in place out of a wider row.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_rms_norm<T: Elem>(
     dev: &CudaDevice,
     x: &impl DevicePtr<T>,
     z: &impl DevicePtr<T>,
+    z_stride: usize,
     weight: &impl DevicePtr<T>,
     group: usize,
     eps: f32,
@@ -222,66 +232,91 @@ pub fn gated_rms_norm<T: Elem>(
     ensure(OP, x.len().is_multiple_of(dim), || {
         format!("input of {} is not a whole number of rows of {dim}", x.len())
     })?;
-    check_len(OP, "z", z.len(), x.len())?;
     check_len(OP, "out", out.len(), x.len())?;
     let rows = x.len() / dim;
+    check_strided(OP, "z", z.len(), rows, z_stride, dim)?;
     fits_u32(OP, "rows", rows)?;
+    fits_u32(OP, "rows · z_stride", rows * z_stride)?;
     fits_grid_y(OP, "groups", dim / group)?;
     if rows == 0 {
         return Ok(());
     }
-    let (dim_i, group_i) = (dim as i32, group as i32);
+    let (dim_i, stride_i, group_i) = (dim as i32, z_stride as i32, group as i32);
     let before = i32::from(order == GateOrder::BeforeNorm);
     let (xp, _gx) = x.device_ptr(dev.stream());
     let (zp, _gz) = z.device_ptr(dev.stream());
     let (wp, _gw) = weight.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    let cfg = per_row(rows, dim / group, group);
     launch!(
         dev,
         format!("gated_rms_norm_{}", T::NAME),
-        cfg,
+        per_row_capped(rows, dim / group, group),
         xp,
         zp,
         wp,
         op,
         dim_i,
+        stride_i,
         group_i,
         eps,
         before
     )
 }
 
-/// `out = x / sqrt(Σx² + eps)` per row of `dim` (out may be a copy of x; see [`crate::cpu::norm::l2_norm_rows`]).
+/// `out = x / sqrt(Σx² + eps) · scale` per head of `dim` (see [`crate::cpu::norm::l2_norm_rows`]; the scale is the
+/// query's): `rows` input rows of `heads` heads each, the rows `x_stride` apart (at least `heads · dim`, so the heads
+/// can be read in place out of a wider row); `out` is `[rows, heads, dim]` and may be `x` when `x_stride` is
+/// `heads · dim`.
+#[allow(clippy::too_many_arguments)]
 pub fn l2_norm<T: Elem>(
     dev: &CudaDevice,
     x: &impl DevicePtr<T>,
+    rows: usize,
+    heads: usize,
     dim: usize,
+    x_stride: usize,
     eps: f32,
+    scale: f32,
     out: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     const OP: &str = "l2_norm";
-    ensure(OP, dim > 0 && x.len().is_multiple_of(dim), || {
-        format!("input of {} is not a whole number of rows of {dim}", x.len())
+    ensure(OP, dim > 0 && heads > 0, || {
+        format!("{heads} heads of {dim} is an empty row")
     })?;
-    check_len(OP, "out", out.len(), x.len())?;
-    let rows = x.len() / dim;
-    fits_u32(OP, "rows", rows)?;
+    check_strided(OP, "x", x.len(), rows, x_stride, heads * dim)?;
+    check_len(OP, "out", out.len(), rows * heads * dim)?;
+    fits_u32(OP, "rows · heads", rows * heads)?;
+    fits_u32(OP, "rows · x_stride", rows * x_stride)?;
     if rows == 0 {
         return Ok(());
     }
-    let dim_i = dim as i32;
+    let (dim_i, heads_i, stride_i) = (dim as i32, heads as i32, x_stride as i32);
     let (xp, _gx) = x.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
     launch!(
         dev,
         format!("l2_norm_{}", T::NAME),
-        per_row(rows, 1, dim),
+        per_row(rows * heads, 1, dim),
         xp,
         op,
         dim_i,
-        eps
+        heads_i,
+        stride_i,
+        eps,
+        scale
     )
+}
+
+/// Checks a strided operand: `rows` rows `stride` apart (at least `width`), of which the last needs only its `width`
+/// elements (a column range of a wider buffer may end before the buffer does).
+fn check_strided(op: &'static str, what: &str, len: usize, rows: usize, stride: usize, width: usize) -> Result<()> {
+    ensure(op, stride >= width, || {
+        format!("{what}: rows {stride} apart cannot hold {width} elements each")
+    })?;
+    let need = if rows == 0 { 0 } else { (rows - 1) * stride + width };
+    ensure(op, len >= need, || {
+        format!("{what} has {len} elements, {rows} rows {stride} apart need {need}")
+    })
 }
 
 /// NeoX rotary embedding in place on the first `rotary_dim` channels of each head (see
@@ -557,8 +592,8 @@ pub use attention::{
 pub use conv::{causal_conv1d, ConvDims};
 pub use gemv::{gemv, gemv_supported, GEMV_FASTER_ROWS, GEMV_MAX_ROWS};
 pub use glue::{
-    add_bias, add_rms_norm, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols, gdn_gates,
-    moe_finish, scale, sigmoid_mul, swiglu_split,
+    add_bias, add_rms_norm, copy_cols, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols,
+    gdn_gates, moe_finish, scale, sigmoid_mul, swiglu_split,
 };
 pub use lm_head::{
     decode_summaries, encode_spec, head_summaries, head_summary_merge, head_summary_parts, parts_for, PART_WIDTH,

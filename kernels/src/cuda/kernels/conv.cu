@@ -1,7 +1,8 @@
 // Depthwise causal conv1d with a carried history in a ring (kernels/src/cpu/conv.rs::causal_conv1d; the ring rules
 // are engine/src/decode/ssm.rs's), batched over state slots.
 //
-// x, out: [batch, seq, channels]; w: [channels, k]; bias: [channels] or null; state_pool: [slots, cap, channels] with
+// x: rows (batch · seq of them) of x_stride elements, the row's channels first (a column range of the projection, so
+// the conv reads it in place); out: [batch, seq, channels]; w: [channels, k]; bias: [channels] or null; state_pool: [slots, cap, channels] with
 // cap ≥ k − 1 rows per slot. Row b reads slot meta[b * 8] (see replay_common.cuh) whose k − 1 history rows, oldest first, are
 // at physical rows (head + j) % cap, head = meta[b * 8 + 6]. With `append` (decode, verify) the row's own inputs are
 // written after the history, at logical k − 1 .. k − 2 + seq (the host moves the head by the accepted count, so a
@@ -14,13 +15,14 @@
 template <typename T>
 __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             T* __restrict__ state_pool, const int* __restrict__ meta, int num_slots, int cap,
-                            T* __restrict__ out, int seq, int channels, int k, int apply_silu, int append) {
+                            T* __restrict__ out, int seq, int channels, int x_stride, int k, int apply_silu,
+                            int append) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int b = blockIdx.y;
     if (c >= channels) {
         return;
     }
-    const T* xb = x + (u64)b * seq * channels;
+    const T* xb = x + (u64)b * seq * x_stride;
     T* ob = out + (u64)b * seq * channels;
     const int slot = meta[(u64)b * 8];
     const int head = meta[(u64)b * 8 + 6];
@@ -40,7 +42,7 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
     }
     const float bv = bias ? to_f32(bias[c]) : 0.0f;
     for (int t = 0; t < seq; ++t) {
-        const T xraw = xb[(u64)t * channels + c];
+        const T xraw = xb[(u64)t * x_stride + c];
         const float xt = to_f32(xraw);
         float acc = bv;
 #pragma unroll
@@ -72,11 +74,123 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
     }
 }
 
-#define CONV(T, S)                                                                                                \
-    extern "C" __global__ void conv1d_##S(const T* x, const T* w, const T* bias, T* state_pool, const int* meta,   \
-                                          int num_slots, int cap, T* out, int seq, int channels, int k,            \
-                                          int apply_silu, int append) {                                            \
-        conv1d_impl<T>(x, w, bias, state_pool, meta, num_slots, cap, out, seq, channels, k, apply_silu, append);  \
+// The same conv, V channels a thread through 16-byte loads and stores, for kernel widths up to CONV_VEC_K (the real
+// models' 4). The host takes it when channels, x_stride and the pointers allow the vectors and the batch gives enough
+// threads; the scalar kernel above keeps a prompt chunk (one row of many tokens) spread over more threads.
+#define CONV_VEC_K 4
+template <typename T, int V>
+struct alignas(16) ConvPack {
+    T v[V];
+};
+
+template <typename T, int V>
+__device__ void conv1d_vec_impl(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                T* __restrict__ state_pool, const int* __restrict__ meta, int num_slots, int cap,
+                                T* __restrict__ out, int seq, int channels, int x_stride, int k, int apply_silu,
+                                int append) {
+    typedef ConvPack<T, V> P;
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+    const int b = blockIdx.y;
+    if (c >= channels) {
+        return;
     }
-CONV(float, f32)
-CONV(bf16, bf16)
+    const T* xb = x + (u64)b * seq * x_stride + c;
+    T* ob = out + (u64)b * seq * channels + c;
+    const int slot = meta[(u64)b * 8];
+    const int head = meta[(u64)b * 8 + 6];
+    if (slot < 0 || slot >= num_slots || head < 0 || head >= cap || (append && k - 1 + seq > cap)) {
+        P nan_pack;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            nan_pack.v[i] = from_f32<T>(nan_f32());
+        }
+        for (int t = 0; t < seq; ++t) {
+            *reinterpret_cast<P*>(ob + (u64)t * channels) = nan_pack;
+        }
+        return;
+    }
+    T* st = state_pool + (u64)slot * cap * channels + c;
+    float win[CONV_VEC_K - 1][V];  // win[j][i]: channel c + i's input at time t − (k − 1) + j
+    float wr[CONV_VEC_K][V];
+    float bv[V];
+#pragma unroll
+    for (int j = 0; j < CONV_VEC_K - 1; ++j) {
+        if (j < k - 1) {
+            const P p = *reinterpret_cast<const P*>(st + (u64)((head + j) % cap) * channels);
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                win[j][i] = to_f32(p.v[i]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                win[j][i] = 0.0f;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+#pragma unroll
+        for (int j = 0; j < CONV_VEC_K; ++j) {
+            wr[j][i] = (j < k) ? to_f32(w[(u64)(c + i) * k + j]) : 0.0f;
+        }
+        bv[i] = bias ? to_f32(bias[c + i]) : 0.0f;
+    }
+    for (int t = 0; t < seq; ++t) {
+        const P xp = *reinterpret_cast<const P*>(xb + (u64)t * x_stride);
+        P op;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            const float xt = to_f32(xp.v[i]);
+            float acc = bv[i];
+#pragma unroll
+            for (int j = 0; j < CONV_VEC_K; ++j) {
+                if (j < k) {
+                    acc += wr[j][i] * (j == k - 1 ? xt : win[j][i]);
+                }
+            }
+            op.v[i] = from_f32<T>(apply_silu ? silu_f(acc) : acc);
+#pragma unroll
+            for (int j = 0; j < CONV_VEC_K - 1; ++j) {
+                if (j < k - 2) {
+                    win[j][i] = win[j + 1][i];
+                } else if (j == k - 2) {
+                    win[j][i] = xt;
+                }
+            }
+        }
+        *reinterpret_cast<P*>(ob + (u64)t * channels) = op;
+        if (append) {
+            *reinterpret_cast<P*>(st + (u64)((head + k - 1 + t) % cap) * channels) = xp;
+        }
+    }
+    if (!append) {
+#pragma unroll
+        for (int j = 0; j < CONV_VEC_K - 1; ++j) {
+            if (j < k - 1) {
+                P p;
+#pragma unroll
+                for (int i = 0; i < V; ++i) {
+                    p.v[i] = from_f32<T>(win[j][i]);
+                }
+                *reinterpret_cast<P*>(st + (u64)((head + j) % cap) * channels) = p;
+            }
+        }
+    }
+}
+
+#define CONV(T, S, V)                                                                                             \
+    extern "C" __global__ void conv1d_##S(const T* x, const T* w, const T* bias, T* state_pool, const int* meta,   \
+                                          int num_slots, int cap, T* out, int seq, int channels, int x_stride,     \
+                                          int k, int apply_silu, int append) {                                     \
+        conv1d_impl<T>(x, w, bias, state_pool, meta, num_slots, cap, out, seq, channels, x_stride, k, apply_silu,  \
+                       append);                                                                                    \
+    }                                                                                                              \
+    extern "C" __global__ void conv1d_vec_##S(const T* x, const T* w, const T* bias, T* state_pool,                \
+                                              const int* meta, int num_slots, int cap, T* out, int seq,            \
+                                              int channels, int x_stride, int k, int apply_silu, int append) {     \
+        conv1d_vec_impl<T, V>(x, w, bias, state_pool, meta, num_slots, cap, out, seq, channels, x_stride, k,       \
+                              apply_silu, append);                                                                 \
+    }
+CONV(float, f32, 4)
+CONV(bf16, bf16, 8)

@@ -3,14 +3,38 @@
 // gated norm split across tensor-parallel ranks. Every op computes in f32 whatever its storage type.
 
 // out[r, j] = src[r, idx[j]]; j runs fastest so that writes are coalesced. An index outside the row gives NaN.
+// Grid: x over the columns, y over the rows (grid-stride in both), so no thread divides by the width.
 template <typename T>
 __device__ void gather_cols_impl(const T* __restrict__ src, const int* __restrict__ idx, T* __restrict__ out,
                                  u64 rows, int src_width, int n) {
-    const u64 total = rows * (u64)n;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / (u64)n;
-        const int c = idx[i - r * (u64)n];
-        out[i] = (c >= 0 && c < src_width) ? src[r * (u64)src_width + c] : from_f32<T>(nan_f32());
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T* srow = src + r * (u64)src_width;
+        T* orow = out + r * (u64)n;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+            const int c = idx[j];
+            orow[j] = (c >= 0 && c < src_width) ? srow[c] : from_f32<T>(nan_f32());
+        }
+    }
+}
+
+// out[r, j] = src[r, start + j] for the n columns of a contiguous range, V elements a thread (the host checks that
+// start, n, the width and both pointers keep every vector 16-byte aligned when V > 1). Grid as gather_cols.
+template <typename T, int V>
+struct alignas(V * sizeof(T)) ColPack {
+    T v[V];
+};
+
+template <typename T, int V>
+__device__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ out, u64 rows, int src_width, int start,
+                               int n) {
+    typedef ColPack<T, V> P;
+    const int nv = n / V;
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const P* srow = reinterpret_cast<const P*>(src + r * (u64)src_width + start);
+        P* orow = reinterpret_cast<P*>(out + r * (u64)n);
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += gridDim.x * blockDim.x) {
+            orow[j] = srow[j];
+        }
     }
 }
 
@@ -185,6 +209,12 @@ __device__ void gated_norm_apply_impl(const T* __restrict__ y, const T* __restri
     extern "C" __global__ void gather_cols_##S(const T* src, const int* idx, T* out, u64 rows, int src_width,        \
                                                int n) {                                                             \
         gather_cols_impl<T>(src, idx, out, rows, src_width, n);                                                     \
+    }                                                                                                                \
+    extern "C" __global__ void copy_cols_##S(const T* src, T* out, u64 rows, int src_width, int start, int n) {      \
+        copy_cols_impl<T, 1>(src, out, rows, src_width, start, n);                                                  \
+    }                                                                                                                \
+    extern "C" __global__ void copy_cols_vec_##S(const T* src, T* out, u64 rows, int src_width, int start, int n) {  \
+        copy_cols_impl<T, 16 / sizeof(T)>(src, out, rows, src_width, start, n);                                     \
     }                                                                                                                \
     extern "C" __global__ void add_rms_norm_##S(float* x, const float* y, const T* w, T* out, int dim, float eps,    \
                                                 float offset) {                                                     \

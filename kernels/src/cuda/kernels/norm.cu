@@ -18,13 +18,13 @@ __device__ void rms_norm_impl(const T* x, const T* __restrict__ w, T* out, int d
 }
 
 // Grouped gated RMSNorm; grid (rows, dim / group). gate_before: rms(x·silu(z))·w (Mamba-2), else rms(x)·w·silu(z)
-// (Gated DeltaNet).
+// (Gated DeltaNet). z's rows are z_stride apart (z read in place out of the projection).
 template <typename T>
 __device__ void gated_rms_norm_impl(const T* x, const T* __restrict__ z, const T* __restrict__ w, T* out, int dim,
-                                    int group, float eps, int gate_before) {
+                                    int z_stride, int group, float eps, int gate_before) {
     const u64 base = (u64)blockIdx.x * dim + (u64)blockIdx.y * group;
     const T* xr = x + base;
-    const T* zr = z + base;
+    const T* zr = z + (u64)blockIdx.x * z_stride + (u64)blockIdx.y * group;
     const T* wr = w + (u64)blockIdx.y * group;
     T* orow = out + base;
     float ss = 0.0f;
@@ -45,10 +45,12 @@ __device__ void gated_rms_norm_impl(const T* x, const T* __restrict__ z, const T
     }
 }
 
-// out = x / sqrt(Σx² + eps) per row (fla's l2norm). `out` may alias `x`.
+// out = x / sqrt(Σx² + eps) · scale per head row (fla's l2norm, then the query scale). Block r reads head r % heads
+// of input row r / heads, whose heads start x_stride apart (x read in place out of the conv output); out is
+// contiguous. `out` may alias `x` when x_stride = heads · dim.
 template <typename T>
-__device__ void l2_norm_impl(const T* x, T* out, int dim, float eps) {
-    const T* xr = x + (u64)blockIdx.x * dim;
+__device__ void l2_norm_impl(const T* x, T* out, int dim, int heads, int x_stride, float eps, float scale) {
+    const T* xr = x + (u64)(blockIdx.x / heads) * x_stride + (u64)(blockIdx.x % heads) * dim;
     T* orow = out + (u64)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -58,7 +60,7 @@ __device__ void l2_norm_impl(const T* x, T* out, int dim, float eps) {
     ss = block_sum(ss);
     const float inv = 1.0f / sqrtf(ss + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        orow[i] = from_f32<T>(to_f32(xr[i]) * inv);
+        orow[i] = from_f32<T>(to_f32(xr[i]) * inv * scale);
     }
 }
 
@@ -66,10 +68,13 @@ __device__ void l2_norm_impl(const T* x, T* out, int dim, float eps) {
     extern "C" __global__ void rms_norm_##S(const T* x, const T* w, T* out, int dim, float eps, float offset) {  \
         rms_norm_impl<T>(x, w, out, dim, eps, offset);                                                           \
     }                                                                                                            \
-    extern "C" __global__ void gated_rms_norm_##S(const T* x, const T* z, const T* w, T* out, int dim, int group, \
-                                                 float eps, int gate_before) {                                  \
-        gated_rms_norm_impl<T>(x, z, w, out, dim, group, eps, gate_before);                                      \
+    extern "C" __global__ void gated_rms_norm_##S(const T* x, const T* z, const T* w, T* out, int dim,            \
+                                                 int z_stride, int group, float eps, int gate_before) {         \
+        gated_rms_norm_impl<T>(x, z, w, out, dim, z_stride, group, eps, gate_before);                            \
     }                                                                                                            \
-    extern "C" __global__ void l2_norm_##S(const T* x, T* out, int dim, float eps) { l2_norm_impl<T>(x, out, dim, eps); }
+    extern "C" __global__ void l2_norm_##S(const T* x, T* out, int dim, int heads, int x_stride, float eps,       \
+                                           float scale) {                                                       \
+        l2_norm_impl<T>(x, out, dim, heads, x_stride, eps, scale);                                               \
+    }
 NORM(float, f32)
 NORM(bf16, bf16)

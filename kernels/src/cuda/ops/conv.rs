@@ -6,6 +6,12 @@ use super::{after_launch, fits_grid_y, fits_u32, REPLAY_META};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
+/// The widest kernel the vector conv (`conv1d_vec`) serves.
+const CONV_VEC_K: usize = 4;
+/// The fewest threads (rows × channel vectors) for which the vector conv is taken: below, one sequence's prompt chunk
+/// runs its tokens serially per thread, so the scalar kernel's eight times more threads win.
+const VEC_MIN_THREADS: usize = 16 * 1024;
+
 /// Shape of a batched causal conv1d over a conv-history ring.
 #[derive(Clone, Copy, Debug)]
 pub struct ConvDims {
@@ -15,6 +21,9 @@ pub struct ConvDims {
     pub seq: usize,
     /// Channels.
     pub channels: usize,
+    /// Elements from one input row to the next (at least `channels`): the conv reads its channels in place out of a
+    /// wider row, e.g. the projection's.
+    pub x_stride: usize,
     /// Kernel width `K` (at most 8).
     pub k: usize,
     /// Slots in the state pool.
@@ -27,7 +36,7 @@ pub struct ConvDims {
 }
 
 /// Depthwise causal conv1d (see [`crate::cpu::conv::causal_conv1d`]) for `batch` rows of `seq` tokens, optionally
-/// followed by SiLU. `x`, `out`: `[batch, seq, channels]`; `weight`: `[channels, K]`; `bias`: `[channels]`;
+/// followed by SiLU. `x`: `batch · seq` rows of `x_stride` (the channels first); `out`: `[batch, seq, channels]`; `weight`: `[channels, K]`; `bias`: `[channels]`;
 /// `state_pool`: `[slots, capacity, channels]`; `meta`: `[batch, 8]` rows of [`ReplayRow`] (slot and conv head).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
@@ -46,6 +55,7 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         batch,
         seq,
         channels,
+        x_stride,
         k,
         slots: num_slots,
         capacity,
@@ -63,7 +73,18 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
             k - 1
         )
     })?;
-    check_len(OP, "x", x.len(), batch * seq * channels)?;
+    ensure(OP, x_stride >= channels, || {
+        format!("an input row of {x_stride} cannot hold {channels} channels")
+    })?;
+    let rows = batch * seq;
+    // The last row needs only its channels, so `x` may end where a column range of a wider row ends.
+    let x_need = if rows == 0 { 0 } else { (rows - 1) * x_stride + channels };
+    ensure(OP, x.len() >= x_need, || {
+        format!(
+            "x has {} elements, {rows} rows of stride {x_stride} need {x_need}",
+            x.len()
+        )
+    })?;
     check_len(OP, "out", out.len(), batch * seq * channels)?;
     check_len(OP, "weight", weight.len(), channels * k)?;
     check_len(OP, "state_pool", state_pool.len(), num_slots * capacity * channels)?;
@@ -73,12 +94,14 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     }
     fits_grid_y(OP, "batch", batch)?;
     fits_u32(OP, "batch · seq · channels", batch * seq * channels)?;
+    fits_u32(OP, "batch · seq · x_stride", rows * x_stride)?;
     if batch == 0 || seq == 0 || channels == 0 {
         return Ok(());
     }
-    let (seq_i, ch_i, k_i, slots_i, cap_i, silu_i, append_i) = (
+    let (seq_i, ch_i, stride_i, k_i, slots_i, cap_i, silu_i, append_i) = (
         seq as i32,
         channels as i32,
+        x_stride as i32,
         k as i32,
         num_slots as i32,
         capacity as i32,
@@ -97,27 +120,22 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     let (sp, _gs) = state_pool.device_ptr_mut(dev.stream());
     let (ip, _gi) = meta.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
+    // 16-byte vectors of channels when the layout allows them and the batch has the threads to spare.
+    let v = 16 / std::mem::size_of::<T>();
+    let aligned = [xp, sp, op].iter().all(|p| p % 16 == 0);
+    let vec = aligned
+        && k <= CONV_VEC_K
+        && channels.is_multiple_of(v)
+        && x_stride.is_multiple_of(v)
+        && batch * channels / v >= VEC_MIN_THREADS;
+    let (per_thread, name) = match vec {
+        true => (v, format!("conv1d_vec_{}", T::NAME)),
+        false => (1, format!("conv1d_{}", T::NAME)),
+    };
     let cfg = LaunchConfig {
-        grid_dim: (channels.div_ceil(128) as u32, batch as u32, 1),
+        grid_dim: ((channels / per_thread).div_ceil(128) as u32, batch as u32, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch!(
-        dev,
-        format!("conv1d_{}", T::NAME),
-        cfg,
-        xp,
-        wp,
-        bp,
-        sp,
-        ip,
-        slots_i,
-        cap_i,
-        op,
-        seq_i,
-        ch_i,
-        k_i,
-        silu_i,
-        append_i
-    )
+    launch!(dev, name, cfg, xp, wp, bp, sp, ip, slots_i, cap_i, op, seq_i, ch_i, stride_i, k_i, silu_i, append_i)
 }

@@ -3,7 +3,7 @@
 //! embedding, the MoE finish (routed + gated shared expert), and the Mamba-2 gated norm split across tensor-parallel
 //! ranks (local squared sums, all-reduced by the caller, then applied).
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{after_launch, fits_grid_y, fits_u32, grid_1d, per_row};
 use crate::cuda::device::{CudaDevice, Elem};
@@ -46,7 +46,7 @@ pub fn gather_cols<T: Elem>(
     launch!(
         dev,
         format!("gather_cols_{}", T::NAME),
-        grid_1d(rows * n),
+        grid_cols(rows, n),
         sp,
         ip,
         op,
@@ -54,6 +54,63 @@ pub fn gather_cols<T: Elem>(
         w_i,
         n_i
     )
+}
+
+/// `out[r, j] = src[r, start + j]` for `n` columns: [`gather_cols`] of a contiguous range, copied in 16-byte vectors
+/// when the range and the pointers allow.
+pub fn copy_cols<T: Elem>(
+    dev: &CudaDevice,
+    src: &impl DevicePtr<T>,
+    rows: usize,
+    src_width: usize,
+    start: usize,
+    n: usize,
+    out: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    const OP: &str = "copy_cols";
+    check_len(OP, "src", src.len(), rows * src_width)?;
+    check_len(OP, "out", out.len(), rows * n)?;
+    ensure(OP, start + n <= src_width, || {
+        format!("columns {start}..{} are outside a row of {src_width}", start + n)
+    })?;
+    fits_i32(OP, "src_width", src_width)?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let (rows_u, w_i, start_i, n_i) = (rows as u64, src_width as i32, start as i32, n as i32);
+    let (sp, _gs) = src.device_ptr(dev.stream());
+    let (op, _go) = out.device_ptr_mut(dev.stream());
+    let v = 16 / std::mem::size_of::<T>();
+    let vec = sp % 16 == 0 && op % 16 == 0 && [src_width, start, n].iter().all(|x| x.is_multiple_of(v));
+    let (name, per_thread) = match vec {
+        true => (format!("copy_cols_vec_{}", T::NAME), v),
+        false => (format!("copy_cols_{}", T::NAME), 1),
+    };
+    launch!(
+        dev,
+        name,
+        grid_cols(rows, n / per_thread),
+        sp,
+        op,
+        rows_u,
+        w_i,
+        start_i,
+        n_i
+    )
+}
+
+/// Threads over `n` columns along x, rows along y (both grid-stride in the kernels).
+fn grid_cols(rows: usize, n: usize) -> LaunchConfig {
+    const BLOCK: usize = 256;
+    LaunchConfig {
+        grid_dim: (
+            n.div_ceil(BLOCK).clamp(1, 65_535) as u32,
+            rows.clamp(1, 65_535) as u32,
+            1,
+        ),
+        block_dim: (BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Residual add and RMSNorm over rows of `weight.len()`: with `y`, `x += y` (written back); then

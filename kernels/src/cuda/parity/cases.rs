@@ -67,10 +67,49 @@ pub fn all() -> Vec<Case> {
         (2, 96, 32, GateOrder::AfterNorm, "odd"),
     ] {
         let shape = format!("[{rows}, {dim}] group {group} {order:?}, {what}");
-        both!(cases, "gated_rms_norm", shape, gated_rms_norm(rows, dim, group, order));
+        both!(
+            cases,
+            "gated_rms_norm",
+            shape,
+            gated_rms_norm(rows, dim, group, order, dim)
+        );
     }
-    for (rows, dim, what) in [(4 * 16, 128, "Qwen3.5-4B q/k heads"), (3, 100, "odd")] {
-        both!(cases, "l2_norm", format!("[{rows}, {dim}] {what}"), l2_norm(rows, dim));
+    // z read in place out of the projection's rows, as the GPU runner does (Nemotron-H-8B: z at column 0 of 18 560).
+    both!(
+        cases,
+        "gated_rms_norm",
+        "[64, 8192] group 1024 BeforeNorm, z in rows of 18560, Nemotron-H-8B Mamba",
+        gated_rms_norm(64, 8192, 1024, GateOrder::BeforeNorm, 18560)
+    );
+    both!(
+        cases,
+        "gated_rms_norm",
+        "[8, 4096] group 128 AfterNorm, z in rows of 12352, Qwen3.5-4B GDN",
+        gated_rms_norm(8, 4096, 128, GateOrder::AfterNorm, 12352)
+    );
+    for (rows, heads, dim, offset, stride, scale, what) in [
+        (64, 1, 128, 0, 128, 1.0, "Qwen3.5-4B q/k heads"),
+        (3, 1, 100, 0, 100, 1.0, "odd"),
+        (
+            64,
+            16,
+            128,
+            0,
+            8192,
+            0.088_388_35,
+            "Qwen3.5-4B q in place in the conv output, scaled",
+        ),
+        (64, 16, 128, 2048, 8192, 1.0, "Qwen3.5-4B k in place in the conv output"),
+        (5, 3, 20, 7, 97, 0.5, "odd, strided"),
+    ] {
+        let shape =
+            format!("{rows} rows × {heads} heads of {dim} at column {offset} of {stride}, scale {scale}, {what}");
+        both!(
+            cases,
+            "l2_norm",
+            shape,
+            l2_norm(rows, heads, dim, offset, stride, scale)
+        );
     }
     for (rows, heads, head_dim, rotary, theta, what) in [
         (9, 16, 256, 64, 1.0e7f32, "Qwen3.5-4B q, partial 0.25"),
@@ -242,32 +281,49 @@ fn gated_rms_norm<T: Elem>(
     dim: usize,
     group: usize,
     order: GateOrder,
+    z_stride: usize,
 ) -> Result<Vec<Check>> {
     let x = rounded::<T>(&rng.uniform_vec(rows * dim, 2.0));
-    let z = rounded::<T>(&rng.uniform_vec(rows * dim, 4.0));
+    let z_wide = rounded::<T>(&rng.uniform_vec(rows * z_stride, 4.0));
+    let z: Vec<f32> = z_wide.chunks(z_stride).flat_map(|r| r[..dim].to_vec()).collect();
     let w: Vec<f32> = (0..dim).map(|_| rng.uniform(0.5, 1.5)).collect();
     let w = rounded::<T>(&w);
     let eps = 1e-6;
     let (dx, dz, dw) = (
         cx.dev.upload_as::<T>(&x)?,
-        cx.dev.upload_as::<T>(&z)?,
+        cx.dev.upload_as::<T>(&z_wide)?,
         cx.dev.upload_as::<T>(&w)?,
     );
     let mut out = cx.dev.alloc_nan::<T>(rows * dim)?;
-    ops::gated_rms_norm(cx.dev, &dx, &dz, &dw, group, eps, order, &mut out)?;
+    ops::gated_rms_norm(cx.dev, &dx, &dz, z_stride, &dw, group, eps, order, &mut out)?;
     let mut want = vec![0.0; rows * dim];
     cpu::norm::gated_rms_norm(&x, &z, &w, group, eps, order, &mut want);
     Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, tol::<T>())])
 }
 
-fn l2_norm<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, dim: usize) -> Result<Vec<Check>> {
-    let x = rounded::<T>(&rng.uniform_vec(rows * dim, 3.0));
+#[allow(clippy::too_many_arguments)]
+fn l2_norm<T: Elem>(
+    cx: &Ctx,
+    rng: &mut Rng,
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    offset: usize,
+    stride: usize,
+    scale: f32,
+) -> Result<Vec<Check>> {
+    let wide = rounded::<T>(&rng.uniform_vec(rows * stride, 3.0));
     let eps = 1e-6;
-    let dx = cx.dev.upload_as::<T>(&x)?;
-    let mut out = cx.dev.alloc_nan::<T>(rows * dim)?;
-    ops::l2_norm(cx.dev, &dx, dim, eps, &mut out)?;
-    let mut want = x.clone();
+    let dx = cx.dev.upload_as::<T>(&wide)?;
+    let mut out = cx.dev.alloc_nan::<T>(rows * heads * dim)?;
+    let x = dx.slice(offset..);
+    ops::l2_norm(cx.dev, &x, rows, heads, dim, stride, eps, scale, &mut out)?;
+    let mut want: Vec<f32> = wide
+        .chunks(stride)
+        .flat_map(|r| r[offset..offset + heads * dim].to_vec())
+        .collect();
     cpu::norm::l2_norm_rows(&mut want, dim, eps);
+    want.iter_mut().for_each(|v| *v *= scale);
     Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, tol::<T>())])
 }
 

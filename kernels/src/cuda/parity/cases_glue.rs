@@ -23,6 +23,18 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             gather_cols(rows, width, n)
         );
     }
+    for (rows, width, start, n, what) in [
+        (256, 10240, 0, 8192, "Nemotron-H-8B conv output → x, 256 rows (vectors)"),
+        (64, 12352, 4096, 4096, "Qwen3.5-4B conv output → v (vectors)"),
+        (7, 100, 3, 50, "odd (scalar)"),
+    ] {
+        both!(
+            cases,
+            "copy_cols",
+            format!("[{rows}, {width}] columns {start}..{}, {what}", start + n),
+            copy_cols(rows, width, start, n)
+        );
+    }
     for (rows, dim, offset, residual, what) in [
         (64, 4096, 0.0f32, true, "Nemotron-H-8B, residual"),
         (1, 5120, 1.0, true, "5120 zero-centred, residual"),
@@ -123,6 +135,22 @@ pub(super) fn verdict(output: &'static str, ok: bool) -> Check {
 
 fn up<T: Elem>(cx: &Ctx, v: &[f32]) -> Result<CudaSlice<T>> {
     cx.dev.upload_as::<T>(v)
+}
+
+fn copy_cols<T: Elem>(
+    cx: &Ctx,
+    rng: &mut Rng,
+    rows: usize,
+    width: usize,
+    start: usize,
+    n: usize,
+) -> Result<Vec<Check>> {
+    let src = rounded::<T>(&rng.uniform_vec(rows * width, 2.0));
+    let ds = up::<T>(cx, &src)?;
+    let mut out = cx.dev.alloc_nan::<T>(rows * n)?;
+    ops::copy_cols(cx.dev, &ds, rows, width, start, n, &mut out)?;
+    let want: Vec<f32> = src.chunks(width).flat_map(|r| r[start..start + n].to_vec()).collect();
+    Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, 0.0)])
 }
 
 fn gather_cols<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, width: usize, n: usize) -> Result<Vec<Check>> {

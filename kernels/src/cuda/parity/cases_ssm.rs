@@ -26,24 +26,45 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         // the history in place.
         let append = seq <= 5;
         let cap = if append { k - 1 + seq.max(4) } else { k - 1 + 4 };
+        let packed = InRow::packed(channels);
         both!(
             cases,
             "conv1d",
             format!("{shape}, ring {cap}, append {append}"),
-            conv1d(batch, seq, channels, k, bias, true, pool, cap, append)
+            conv1d(batch, seq, channels, k, bias, true, pool, cap, append, packed)
+        );
+    }
+    // Batches wide enough for the vector kernel, reading the channels in place out of the projection's rows as the
+    // GPU runner does (Nemotron-H-8B: xBC at column 8192 of 18 560; Qwen3.5-4B: q, k, v at column 0 of 12 352), a
+    // verify's 4 tokens a row, and a row stride that rules the vectors out.
+    for (batch, seq, channels, bias, offset, stride, what) in [
+        (64, 1, 10240, true, 8192, 18560, "Nemotron-H-8B decode"),
+        (64, 4, 10240, true, 8192, 18560, "Nemotron-H-8B verify"),
+        (64, 1, 8192, false, 0, 12352, "Qwen3.5-4B decode"),
+        (48, 4, 8192, false, 0, 12352, "Qwen3.5-4B verify"),
+        (64, 1, 8192, false, 3, 8201, "unaligned rows (scalar)"),
+    ] {
+        let (k, cap) = (4, 3 + 4);
+        let shape = format!("batch {batch} × seq {seq} × {channels} at column {offset} of {stride}, {what}");
+        let layout = InRow { offset, stride };
+        both!(
+            cases,
+            "conv1d",
+            shape,
+            conv1d(batch, seq, channels, k, bias, true, batch + 2, cap, true, layout)
         );
     }
     both!(
         cases,
         "conv1d",
         "batch 2 × seq 4 × 33, K 4, no SiLU, odd, ring 3 (history only)",
-        conv1d(2, 4, 33, 4, false, false, 4, 3, false)
+        conv1d(2, 4, 33, 4, false, false, 4, 3, false, InRow::packed(33))
     );
     both!(
         cases,
         "conv1d",
         "batch 3 × seq 37 × 70, K 3, prompt chunk, ring 6",
-        conv1d(3, 37, 70, 3, true, true, 5, 6, false)
+        conv1d(3, 37, 70, 3, true, true, 5, 6, false, InRow::packed(70))
     );
     let nemotron_8b = Mamba2Dims {
         heads: 128,
@@ -109,6 +130,22 @@ fn slots_i32(slots: &[usize]) -> Vec<i32> {
     slots.iter().map(|&s| s as i32).collect()
 }
 
+/// Where a conv's input channels sit in their rows: from column `offset` of rows `stride` wide.
+#[derive(Clone, Copy)]
+struct InRow {
+    offset: usize,
+    stride: usize,
+}
+
+impl InRow {
+    fn packed(channels: usize) -> InRow {
+        InRow {
+            offset: 0,
+            stride: channels,
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn conv1d<T: Elem>(
     cx: &Ctx,
@@ -122,15 +159,21 @@ fn conv1d<T: Elem>(
     pool: usize,
     cap: usize,
     append: bool,
+    layout: InRow,
 ) -> Result<Vec<Check>> {
     let slots = rng.distinct(batch, pool);
     let heads: Vec<usize> = (0..batch).map(|_| rng.below(0, cap)).collect();
-    let x = rounded::<T>(&rng.uniform_vec(batch * seq * channels, 1.0));
+    let InRow { offset, stride } = layout;
+    let wide = rounded::<T>(&rng.uniform_vec(batch * seq * stride, 1.0));
+    let x: Vec<f32> = wide
+        .chunks(stride)
+        .flat_map(|r| r[offset..offset + channels].to_vec())
+        .collect();
     let w = rounded::<T>(&rng.uniform_vec(channels * k, 0.5));
     let b = bias.then(|| rounded::<T>(&rng.uniform_vec(channels, 0.5)));
     let per_slot = cap * channels;
     let mut state = rounded::<T>(&rng.uniform_vec(pool * per_slot, 1.0));
-    let (dx, dw) = (cx.dev.upload_as::<T>(&x)?, cx.dev.upload_as::<T>(&w)?);
+    let (dx, dw) = (cx.dev.upload_as::<T>(&wide)?, cx.dev.upload_as::<T>(&w)?);
     let db: Option<CudaSlice<T>> = b.as_ref().map(|b| cx.dev.upload_as::<T>(b)).transpose()?;
     let mut dstate = cx.dev.upload_as::<T>(&state)?;
     let rows: Vec<ReplayRow> = slots
@@ -148,12 +191,23 @@ fn conv1d<T: Elem>(
         batch,
         seq,
         channels,
+        x_stride: stride,
         k,
         slots: pool,
         capacity: cap,
         append,
     };
-    ops::causal_conv1d(cx.dev, dims, &dx, &dw, db.as_ref(), &mut dstate, &dmeta, silu, &mut out)?;
+    ops::causal_conv1d(
+        cx.dev,
+        dims,
+        &dx.slice(offset..),
+        &dw,
+        db.as_ref(),
+        &mut dstate,
+        &dmeta,
+        silu,
+        &mut out,
+    )?;
     let mut want = vec![0.0; batch * seq * channels];
     let row = seq * channels;
     for (r, (&s, &head)) in slots.iter().zip(&heads).enumerate() {
