@@ -80,7 +80,7 @@ macro_rules! module {
 /// Every kernel module; [`super::CudaDevice::open`] loads them all.
 pub const MODULES: &[KernelModule] = &[
     module!("cast", typed: false, ["cast_f32_bf16", "cast_bf16_f32"]),
-    module!("act", typed: true, ["act", "swiglu"]),
+    module!("act", typed: true, ["act", "act_vec", "swiglu", "swiglu_vec"]),
     module!("norm", typed: true, ["rms_norm", "gated_rms_norm", "l2_norm"]),
     module!("conv", typed: true, ["conv1d", "conv1d_vec"]),
     module!("rope", typed: true, ["rope"]),

@@ -153,7 +153,8 @@ pub fn activation<T: Elem>(
     let (n, kind) = (x.len() as u64, f.code());
     let (xp, _gx) = x.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    launch!(dev, format!("act_{}", T::NAME), grid_1d(x.len()), xp, op, n, kind)
+    let (name, cfg) = elementwise::<T>("act", x.len(), &[xp, op]);
+    launch!(dev, name, cfg, xp, op, n, kind)
 }
 
 /// SwiGLU: `out[i] = silu(gate[i]) · up[i]`.
@@ -169,7 +170,19 @@ pub fn swiglu<T: Elem>(
     let (gp, _gg) = gate.device_ptr(dev.stream());
     let (up_p, _gu) = up.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    launch!(dev, format!("swiglu_{}", T::NAME), grid_1d(gate.len()), gp, up_p, op, n)
+    let (name, cfg) = elementwise::<T>("swiglu", gate.len(), &[gp, up_p, op]);
+    launch!(dev, name, cfg, gp, up_p, op, n)
+}
+
+/// The variant and grid of an elementwise kernel over `n` elements: `{base}_vec_{T}`, 16 bytes a thread, when `n` and
+/// every pointer allow the vectors, else `{base}_{T}`, one element a thread.
+fn elementwise<T: Elem>(base: &str, n: usize, ptrs: &[u64]) -> (String, LaunchConfig) {
+    let v = 16 / std::mem::size_of::<T>();
+    if n.is_multiple_of(v) && ptrs.iter().all(|p| p % 16 == 0) {
+        (format!("{base}_vec_{}", T::NAME), grid_1d(n / v))
+    } else {
+        (format!("{base}_{}", T::NAME), grid_1d(n))
+    }
 }
 
 /// RMSNorm over rows of width `weight.len()`: `out = x / rms(x) · (offset + w)` (offset 0 plain, 1 zero-centred).

@@ -34,7 +34,7 @@ pub fn all() -> Vec<Case> {
     ] {
         for (n, what) in [
             (8 * 21504, "8 × 21504, Nemotron-H-8B MLP"),
-            (3 * 9216 + 7, "3 × 9216 + 7"),
+            (3 * 9216 + 7, "3 × 9216 + 7 (scalar)"),
         ] {
             both!(cases, "activation", format!("{f:?} [{what}]"), activation(f, n, scale));
         }
@@ -43,6 +43,7 @@ pub fn all() -> Vec<Case> {
         (4, 9216, "Qwen3.5-4B MLP"),
         (3, 12288, "Qwen3.5-9B MLP"),
         (1, 1000, "odd"),
+        (1, 1001, "odd, not a whole vector (scalar)"),
     ] {
         both!(cases, "swiglu", format!("[{rows}, {dim}] {what}"), swiglu(rows * dim));
     }
