@@ -7,10 +7,14 @@
 // at physical rows (head + j) % cap, head = meta[b * 8 + 6]. With `append` (decode, verify) the row's own inputs are
 // written after the history, at logical k − 1 .. k − 2 + seq (the host moves the head by the accepted count, so a
 // rejected draft is never part of the history); without it (a prompt chunk) the last k − 1 inputs replace the history
-// in place. One thread per (row, channel) walks the sequence with a sliding window in registers. A row whose slot is
-// out of range, or whose appended rows would not fit, gets NaN outputs and no state update.
+// in place. One thread per (row, channel, run of CONV_T_CHUNK tokens; grid z the runs) walks its run with a sliding
+// window in registers, started from the inputs (or the history) before the run: a prompt chunk is one row of many
+// tokens, and one thread walking all of them serially would leave the GPU nearly idle. A row whose slot is out of
+// range, or whose appended rows would not fit, gets NaN outputs and no state update.
 
 #define CONV_MAX_K 8
+// At least CONV_MAX_K − 1, so only the first run reads the history (and, for a prompt chunk, rewrites it).
+#define CONV_T_CHUNK 16
 
 template <typename T>
 __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -19,7 +23,9 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
                             int append) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int b = blockIdx.y;
-    if (c >= channels) {
+    const int t0 = blockIdx.z * CONV_T_CHUNK;
+    const int t1 = min(seq, t0 + CONV_T_CHUNK);
+    if (c >= channels || t0 >= seq) {
         return;
     }
     const T* xb = x + (u64)b * seq * x_stride;
@@ -27,7 +33,7 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
     const int slot = meta[(u64)b * 8];
     const int head = meta[(u64)b * 8 + 6];
     if (slot < 0 || slot >= num_slots || head < 0 || head >= cap || (append && k - 1 + seq > cap)) {
-        for (int t = 0; t < seq; ++t) {
+        for (int t = t0; t < t1; ++t) {
             ob[(u64)t * channels + c] = from_f32<T>(nan_f32());
         }
         return;
@@ -37,11 +43,15 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
     float wr[CONV_MAX_K];
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; ++j) {
-        win[j] = (j < k - 1) ? to_f32(st[(u64)((head + j) % cap) * channels + c]) : 0.0f;
+        // Time t0 − (k − 1) + j: an input of the row, or history row (k − 1) + that time (only the first run).
+        const int tau = t0 - (k - 1) + j;
+        win[j] = (j >= k - 1)  ? 0.0f
+                 : (tau >= 0) ? to_f32(xb[(u64)tau * x_stride + c])
+                              : to_f32(st[(u64)((head + (k - 1) + tau) % cap) * channels + c]);
         wr[j] = (j < k) ? to_f32(w[(u64)c * k + j]) : 0.0f;
     }
     const float bv = bias ? to_f32(bias[c]) : 0.0f;
-    for (int t = 0; t < seq; ++t) {
+    for (int t = t0; t < t1; ++t) {
         const T xraw = xb[(u64)t * x_stride + c];
         const float xt = to_f32(xraw);
         float acc = bv;
@@ -64,11 +74,15 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
             }
         }
     }
-    if (!append) {
+    // A prompt chunk's last k − 1 inputs become the history, written by the first run, the only one that read it.
+    // With one run its final window is exactly those (the old history included when seq < k − 1); with more, seq is
+    // at least CONV_T_CHUNK ≥ k − 1, so they are all inputs of the row.
+    if (!append && t0 == 0) {
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; ++j) {
             if (j < k - 1) {
-                st[(u64)((head + j) % cap) * channels + c] = from_f32<T>(win[j]);
+                const T v = (gridDim.z == 1) ? from_f32<T>(win[j]) : xb[(u64)(seq - (k - 1) + j) * x_stride + c];
+                st[(u64)((head + j) % cap) * channels + c] = v;
             }
         }
     }

@@ -8,9 +8,11 @@ use crate::cuda::{check_len, driver_err, ensure, Result};
 
 /// The widest kernel the vector conv (`conv1d_vec`) serves.
 const CONV_VEC_K: usize = 4;
-/// The fewest threads (rows × channel vectors) for which the vector conv is taken: below, one sequence's prompt chunk
-/// runs its tokens serially per thread, so the scalar kernel's eight times more threads win.
+/// The fewest threads (rows × channel vectors) for which the vector conv is taken: below (a prompt chunk is one row),
+/// the scalar kernel, with a thread per channel and run of [`T_CHUNK`] tokens, has far more threads to offer.
 const VEC_MIN_THREADS: usize = 16 * 1024;
+/// Tokens a thread of the scalar conv walks (`CONV_T_CHUNK` in `kernels/conv.cu`).
+const T_CHUNK: usize = 16;
 
 /// Shape of a batched causal conv1d over a conv-history ring.
 #[derive(Clone, Copy, Debug)]
@@ -93,6 +95,7 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         check_len(OP, "bias", b.len(), channels)?;
     }
     fits_grid_y(OP, "batch", batch)?;
+    fits_grid_y(OP, "runs of tokens", seq.div_ceil(T_CHUNK))?;
     fits_u32(OP, "batch · seq · channels", batch * seq * channels)?;
     fits_u32(OP, "batch · seq · x_stride", rows * x_stride)?;
     if batch == 0 || seq == 0 || channels == 0 {
@@ -128,12 +131,12 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
         && channels.is_multiple_of(v)
         && x_stride.is_multiple_of(v)
         && batch * channels / v >= VEC_MIN_THREADS;
-    let (per_thread, name) = match vec {
-        true => (v, format!("conv1d_vec_{}", T::NAME)),
-        false => (1, format!("conv1d_{}", T::NAME)),
+    let (per_thread, runs, name) = match vec {
+        true => (v, 1, format!("conv1d_vec_{}", T::NAME)),
+        false => (1, seq.div_ceil(T_CHUNK), format!("conv1d_{}", T::NAME)),
     };
     let cfg = LaunchConfig {
-        grid_dim: ((channels / per_thread).div_ceil(128) as u32, batch as u32, 1),
+        grid_dim: ((channels / per_thread).div_ceil(128) as u32, batch as u32, runs as u32),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };

@@ -66,6 +66,40 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         "batch 3 × seq 37 × 70, K 3, prompt chunk, ring 6",
         conv1d(3, 37, 70, 3, true, true, 5, 6, false, InRow::packed(70))
     );
+    // Runs of tokens: a prompt chunk shorter than the history (one run keeps part of the old history), one whose last
+    // run is a single token, and an append of more tokens than a run (every run appends its own).
+    both!(
+        cases,
+        "conv1d",
+        "batch 2 × seq 2 × 33, K 4, prompt chunk shorter than the history, ring 5",
+        conv1d(2, 2, 33, 4, true, true, 4, 5, false, InRow::packed(33))
+    );
+    both!(
+        cases,
+        "conv1d",
+        "batch 1 × seq 1025 × 8192 at column 0 of 12352, K 4, Qwen3.5-4B prompt chunk, ring 7",
+        conv1d(
+            1,
+            1025,
+            8192,
+            4,
+            false,
+            true,
+            3,
+            7,
+            false,
+            InRow {
+                offset: 0,
+                stride: 12352
+            }
+        )
+    );
+    both!(
+        cases,
+        "conv1d",
+        "batch 2 × seq 37 × 70, K 4, append 37 rows, ring 40",
+        conv1d(2, 37, 70, 4, true, true, 4, 40, true, InRow::packed(70))
+    );
     let nemotron_8b = Mamba2Dims {
         heads: 128,
         head_dim: 64,

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Whole steps of two builds side by side: the self-test of the last build, then for each model of MODELS
+# (arch:preset:layers, 0 = the preset's depth; random weights, seed 7) the replay-form bench with CUDA graphs of every
+# build in turn (decode at BATCH, verify T = 4 at every kept count; medians of 3), and with PROFILE=1 the eager stage
+# profile of every build (`--stage-profile`). The same arguments as bench/gpu/stage_profile.sh, so its tables compare.
+#
+# Carried: .gpu/prof/bins.tar.xz, the stripped release builds named by VARIANTS (default "before after") in one tar
+# (bench/gpu/build_ab.sh makes it; its 64 MiB dictionary keeps two builds near the size of one, which a call's carry
+# needs beside the tracked default models). Everything comes back as $OUT/ab.tgz, plus run.log and the
+# decode / verify lines of every bench in lines.txt.
+set -u
+export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+VARIANTS=${VARIANTS:-before after}
+LAST=${VARIANTS##* }
+xz -dc ${BINS:-.gpu/prof/bins.tar.xz} | tar -C /tmp -xf - $VARIANTS
+for v in $VARIANTS; do chmod +x /tmp/$v; done
+D=$OUT/ab
+mkdir -p $D
+trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -H "^| \(decode\|verify\)" $D/*.md > $OUT/lines.txt 2>/dev/null; grep -h "by stage" $D/*.log >> $OUT/lines.txt 2>/dev/null; tar -C $OUT -czf $OUT/ab.tgz ab && rm -rf $D' EXIT
+L=$D/run.log
+t0=$(date +%s)
+stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
+date -u +%FT%TZ >> $D/device.txt
+
+if [ "${SELFTEST:-1}" = 1 ]; then
+  timeout ${SELFTEST_S:-240} /tmp/$LAST selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
+    --json $D/selftest-$LAST.json > $D/selftest-$LAST.log 2>&1
+  stamp "selftest $LAST" $?
+  tail -5 $D/selftest-$LAST.log >> $L
+fi
+for spec in ${MODELS:-nemotron_h:nemotron-h-8b:0 qwen3_5:qwen3.5-4b:0}; do
+  IFS=: read -r arch preset layers <<< "$spec"
+  m=/tmp/m-$preset-$layers
+  extra=""
+  [ "$layers" != 0 ] && extra="--layers $layers"
+  /tmp/$LAST init-model --arch $arch --preset $preset $extra --out $m --seed 7 > /dev/null 2>>$L
+  stamp "init $preset $layers" $?
+  common="--device cuda --model $m --decode replay --batch ${BATCH:-64,256} --prompt-len 1024 --step-prompt 16
+    --decode-tokens 16 --verify-window 4"
+  for v in $VARIANTS; do
+    f=$D/$preset-$layers-graphs-$v
+    timeout ${GRAPHS_S:-150} /tmp/$v bench $common --repeats 3 --json $f.json > $f.md 2> $f.log
+    stamp "graphs $preset $layers $v" $?
+  done
+  if [ "${PROFILE:-0}" = 1 ]; then
+    for v in $VARIANTS; do
+      f=$D/$preset-$layers-profile-$v
+      timeout ${PROFILE_S:-120} /tmp/$v bench $common --repeats 1 --no-cuda-graphs --stage-profile --json $f.json \
+        > $f.md 2> $f.log
+      stamp "profile $preset $layers $v" $?
+    done
+  fi
+  rm -rf $m
+done
