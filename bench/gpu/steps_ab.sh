@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole steps of two builds side by side: the self-test of the last build, then for each model of MODELS
 # (arch:preset:layers, 0 = the preset's depth; random weights, seed 7) the replay-form bench with CUDA graphs of every
-# build in turn (decode at BATCH, verify T = 4 at every kept count; medians of 3), and with PROFILE=1 the eager stage
+# build in turn (decode at BATCH, verify T = 4 at every kept count, and the chunked prefill of one prompt; medians of 3), and with PROFILE=1 the eager stage
 # profile of every build (`--stage-profile`). The same arguments as bench/gpu/stage_profile.sh, so its tables compare.
 #
 # Carried: .gpu/prof/bins.tar.xz, the stripped release builds named by VARIANTS (default "before after") in one tar
@@ -24,7 +24,10 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 date -u +%FT%TZ >> $D/device.txt
 
 if [ "${SELFTEST:-1}" = 1 ]; then
-  timeout ${SELFTEST_S:-240} /tmp/$LAST selftest --device cuda --fixtures tests/fixtures --trained-models models/default \
+  # FIXTURES picks the fixture models of the model-level check (a glob under tests/fixtures; default all of them).
+  mkdir -p /tmp/fixtures
+  for f in tests/fixtures/${FIXTURES:-*}/; do ln -sfn $PWD/$f /tmp/fixtures/$(basename $f); done
+  timeout ${SELFTEST_S:-240} /tmp/$LAST selftest --device cuda --fixtures /tmp/fixtures --trained-models models/default \
     --json $D/selftest-$LAST.json > $D/selftest-$LAST.log 2>&1
   stamp "selftest $LAST" $?
   tail -5 $D/selftest-$LAST.log >> $L
