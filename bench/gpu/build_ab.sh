@@ -5,6 +5,11 @@
 # named NAME. All of them go into one xz-compressed tar with a dictionary large enough to span them, so
 # near-identical binaries cost little more than one in a device call's carry.
 #
+# With KCACHE_ARCH (e.g. sm_90, the H100 / H200), each build also compiles its kernels into one kernel cache here
+# (`rewind compile-kernels --fill-cache`), tarred as kcache.tar.xz beside the binaries: the device scripts that find
+# it point REWIND_CACHE at it, so no build spends a minute of device time compiling its kernels. Builds share the
+# images of the modules they did not change.
+#
 #   bash bench/gpu/build_ab.sh before=d8499f8 after=HEAD        # → .gpu/ab/bins.tar.xz
 #   then, on a device:  VARIANTS="before after" BINS=.gpu/ab/bins.tar.xz bash bench/gpu/replay_ab.sh   (carry .gpu/ab)
 set -euo pipefail
@@ -30,10 +35,19 @@ for spec in "$@"; do
     --features cuda)
   cp "$ROOT/target/release/rewind" "$STAGE/$name"
   strip "$STAGE/$name"
+  if [ -n "${KCACHE_ARCH:-}" ]; then
+    scripts/nvrtc.sh
+    LD_LIBRARY_PATH="$ROOT/target/nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" REWIND_CACHE="$STAGE/kcache" \
+      "$STAGE/$name" compile-kernels --arch "$KCACHE_ARCH" --fill-cache | tail -1 >&2
+  fi
   git worktree remove --force "$tree"
   names+=("$name")
 done
 mkdir -p "$OUTDIR"
 tar -C "$STAGE" -cf - "${names[@]}" | xz -T1 --lzma2=preset=9,dict=64MiB > "$OUTDIR/bins.tar.xz"
 ls -l "$OUTDIR/bins.tar.xz" >&2
+if [ -n "${KCACHE_ARCH:-}" ]; then
+  tar -C "$STAGE/kcache" -cf - nvrtc | xz -T1 -9 > "$OUTDIR/kcache.tar.xz"
+  ls -l "$OUTDIR/kcache.tar.xz" >&2
+fi
 echo "VARIANTS=\"${names[*]}\" BINS=$OUTDIR/bins.tar.xz bash bench/gpu/replay_ab.sh   # carry $OUTDIR" >&2

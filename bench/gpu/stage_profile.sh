@@ -12,6 +12,10 @@ set -u
 export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 xz -dc ${BIN:-.gpu/prof/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
 R=/tmp/rewind
+# A kernel cache warmed without a GPU (bench/gpu/build_ab.sh with KCACHE_ARCH), when carried: no build compiles its
+# kernels here.
+KC=${KCACHE:-$(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz}
+if [ -f "$KC" ]; then mkdir -p /tmp/kcache && xz -dc "$KC" | tar -C /tmp/kcache -xf - && export REWIND_CACHE=/tmp/kcache; fi
 D=$OUT/prof
 mkdir -p $D
 trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -h "by stage" $D/*.log > $OUT/stages.txt 2>/dev/null; tar -C $OUT -czf $OUT/prof.tgz prof && rm -rf $D' EXIT

@@ -14,6 +14,10 @@ VARIANTS=${VARIANTS:-before after}
 LAST=${VARIANTS##* }
 xz -dc ${BINS:-.gpu/prof/bins.tar.xz} | tar -C /tmp -xf - $VARIANTS
 for v in $VARIANTS; do chmod +x /tmp/$v; done
+# A kernel cache warmed without a GPU (bench/gpu/build_ab.sh with KCACHE_ARCH), when carried: no build compiles its
+# kernels here.
+KC=${KCACHE:-$(dirname ${BINS:-.gpu/prof/x})/kcache.tar.xz}
+if [ -f "$KC" ]; then mkdir -p /tmp/kcache && xz -dc "$KC" | tar -C /tmp/kcache -xf - && export REWIND_CACHE=/tmp/kcache; fi
 D=$OUT/ab
 mkdir -p $D
 trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -H "^| \(decode\|verify\)" $D/*.md > $OUT/lines.txt 2>/dev/null; grep -h "by stage" $D/*.log >> $OUT/lines.txt 2>/dev/null; tar -C $OUT -czf $OUT/ab.tgz ab && rm -rf $D' EXIT

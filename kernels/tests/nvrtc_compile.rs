@@ -67,3 +67,29 @@ fn a_missing_entry_point_and_a_rejected_source_are_reported() {
         .to_string();
     assert!(err.contains("ci_broken") && err.contains("undefined_name"), "{err}");
 }
+
+/// `rewind compile-kernels --fill-cache`'s store: an image compiled here for `sm_90` lands where a device of compute
+/// capability 9.0 looks it up, and that lookup then reads it instead of compiling.
+#[test]
+fn a_filled_cache_is_what_a_device_reads() {
+    use rewind_kernels::cuda::nvrtc::{compile_cached, fill_cache};
+    if std::env::var("REWIND_NVRTC_CHECK").is_err() {
+        eprintln!("REWIND_NVRTC_CHECK is not set: nothing was compiled (.ci/run sets it)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rewind-nvrtc-cache-test-{}", std::process::id()));
+    // Only this test reads the cache variable in this binary, so setting it cannot race another test.
+    std::env::set_var("REWIND_CACHE", &dir);
+    let module = MODULES.iter().find(|m| m.name == "cast").expect("the cast module");
+    let path = fill_cache(module, "sm_90").expect("filling the cache");
+    assert!(path.starts_with(dir.join("nvrtc")), "{}", path.display());
+    let stored = std::fs::read(&path).expect("the cached image");
+    let image = compile_cached(module, (9, 0)).expect("the device's lookup");
+    assert!(
+        image.cached,
+        "a device of 9.0 compiled instead of reading {}",
+        path.display()
+    );
+    assert_eq!(image.bytes, stored);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,4 +24,10 @@ pub struct CompileKernelsArgs {
     /// Fail when an entry point spills registers (by default spills are reported, not failed).
     #[arg(long)]
     pub deny_spills: bool,
+    /// Also store every module's image for every target in the kernel cache (`REWIND_CACHE`/nvrtc, else
+    /// `XDG_CACHE_HOME`/rewind/nvrtc or ~/.cache/rewind/nvrtc), where a device of that architecture finds it instead
+    /// of compiling when it opens: warm a cache here, carry it, and point `REWIND_CACHE` at it on the device. Only
+    /// plain `sm_XY` targets, the ones a device asks for.
+    #[arg(long)]
+    pub fill_cache: bool,
 }

@@ -21,6 +21,24 @@ fn arch_number(target: &str) -> Result<i32> {
     }
 }
 
+/// Each requested target's architecture number, checked before NVRTC is asked anything; with `--fill-cache` only the
+/// plain `sm_XY` a device asks for (an `sm_90a` image would sit in the cache unread).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn target_numbers(arch: &[String], fill_cache: bool) -> Result<Vec<i32>> {
+    if arch.is_empty() {
+        bail!("--arch names no target");
+    }
+    arch.iter()
+        .map(|target| {
+            let n = arch_number(target)?;
+            if fill_cache && target != &format!("sm_{n}") {
+                bail!("--fill-cache: a device asks for sm_{n}, never `{target}`, so its image would never be read");
+            }
+            Ok(n)
+        })
+        .collect()
+}
+
 #[cfg(not(feature = "cuda"))]
 pub fn run(_: CompileKernelsArgs) -> Result<()> {
     bail!("this rewind was built without the `cuda` feature: it has no CUDA kernels to compile")
@@ -38,7 +56,7 @@ mod cuda {
     use rewind_kernels::cuda::nvrtc::{self, KernelModule};
     use serde_json::json;
 
-    use super::arch_number;
+    use super::target_numbers;
     use crate::cli::CompileKernelsArgs;
 
     /// One module for one target: its check, or the compiler's error.
@@ -49,13 +67,10 @@ mod cuda {
     }
 
     pub fn run(args: CompileKernelsArgs) -> Result<()> {
+        let numbers = target_numbers(&args.arch, args.fill_cache)?;
         let (major, minor) = nvrtc::version().context("NVRTC is needed to compile the kernels")?;
         let supported = nvrtc::supported_archs()?;
-        if args.arch.is_empty() {
-            bail!("--arch names no target");
-        }
-        for target in &args.arch {
-            let n = arch_number(target)?;
+        for (target, &n) in args.arch.iter().zip(&numbers) {
             if !supported.contains(&n) {
                 bail!("NVRTC {major}.{minor} cannot build for {target}; it supports sm_{supported:?}");
             }
@@ -142,6 +157,35 @@ mod cuda {
         if args.deny_spills && spilling > 0 {
             bail!("{spilling} entry points spill registers (--deny-spills)");
         }
+        if args.fill_cache {
+            fill_cache(&modules, &targets)?;
+        }
+        Ok(())
+    }
+
+    /// Stores every module's image for every target in the kernel cache (`--fill-cache`).
+    fn fill_cache(modules: &[&KernelModule], targets: &[&str]) -> Result<()> {
+        use rayon::prelude::*;
+        let jobs: Vec<(&KernelModule, &str)> = targets
+            .iter()
+            .flat_map(|&t| modules.iter().map(move |&m| (m, t)))
+            .collect();
+        let paths = jobs
+            .into_par_iter()
+            .map(|(m, t)| nvrtc::fill_cache(m, t).with_context(|| format!("caching {} for {t}", m.name)))
+            .collect::<Result<Vec<_>>>()?;
+        let bytes: u64 = paths
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        let dir = paths.first().and_then(|p| p.parent());
+        println!(
+            "cached {} images ({:.1} MB) in {}",
+            paths.len(),
+            bytes as f64 / 1e6,
+            dir.map_or_else(|| "-".into(), |d| d.display().to_string())
+        );
         Ok(())
     }
 
@@ -179,5 +223,26 @@ mod tests {
             let e = arch_number(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("sm_XY"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_cache_is_filled_only_for_the_targets_a_device_asks_for() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            target_numbers(&list(&["sm_90", "sm_100a"]), false).unwrap(),
+            vec![90, 100]
+        );
+        assert_eq!(
+            target_numbers(&list(&["sm_90", "sm_103"]), true).unwrap(),
+            vec![90, 103]
+        );
+        let e = target_numbers(&list(&["sm_90", "sm_100a"]), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sm_100a") && e.contains("--fill-cache"), "{e}");
+        assert!(target_numbers(&[], false)
+            .unwrap_err()
+            .to_string()
+            .contains("no target"));
     }
 }

@@ -357,6 +357,27 @@ pub fn compile_fresh(module: &KernelModule, target: &str) -> Result<Image> {
     Ok(image)
 }
 
+/// Compiles `module` for the real architecture `target` (`sm_XY`) into the on-disk cache ([`cache_dir`]), where a
+/// device of that architecture opening later finds it instead of compiling: a machine without a GPU can warm the cache
+/// a device run then carries (`rewind compile-kernels --fill-cache`). Returns the cached image's path; unlike the
+/// opportunistic stores of a device run, a cache that cannot be written is an error here.
+pub fn fill_cache(module: &KernelModule, target: &str) -> Result<PathBuf> {
+    let dir = cache_dir().ok_or_else(|| {
+        CudaError::Unavailable("no kernel cache directory: set REWIND_CACHE (or XDG_CACHE_HOME, or HOME)".into())
+    })?;
+    let source = module.full_source();
+    let path = cache_path(&dir, module, target, key_for(&source, target)?);
+    let image = compile(module.name, &source, target)?;
+    store(&path, &image.bytes);
+    match std::fs::read(&path) {
+        Ok(bytes) if bytes == image.bytes => Ok(path),
+        _ => Err(CudaError::Unavailable(format!(
+            "could not write the kernel cache entry {}",
+            path.display()
+        ))),
+    }
+}
+
 fn kind_of(target: &str) -> ImageKind {
     if target.starts_with("sm_") {
         ImageKind::Cubin
