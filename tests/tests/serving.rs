@@ -251,8 +251,10 @@ fn a_dropped_stream_cancels_its_request_and_frees_its_slot() {
     let rt = runtime();
     rt.block_on(async {
         let e = engine(&dir, 1, 2, 512, EngineConfig::new(FormChoice::Auto)).await;
+        // As long as the fixture's 256 positions allow, so that it is still running when the drop reaches the
+        // coordinator.
         let mut s = e
-            .submit(GenerateRequest::new(vec![1, 2, 3], greedy(200)))
+            .submit(GenerateRequest::new(vec![1, 2, 3], greedy(250)))
             .expect("submit");
         let first = s.next().await;
         assert!(matches!(first, Some(Event::Token { .. })), "{first:?}");
