@@ -7,12 +7,13 @@
 #
 # Carried: .gpu/prof/rewind.xz (as for stage_profile.sh).
 set -u
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+. bench/gpu/lib.sh
 xz -dc ${BIN:-.gpu/prof/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
 R=/tmp/rewind
-D=$OUT/ktimes
-mkdir -p $D
+use_kcache $(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz
+out_dir ktimes
 trap 'cp $D/summary.txt $OUT/ 2>/dev/null; tar -C $OUT -czf $OUT/ktimes.tgz ktimes && rm -rf $D' EXIT
+
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "nsys: ${NSYS:-none}; ncu: ${NCU:-none}" | tee $D/summary.txt

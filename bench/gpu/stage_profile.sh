@@ -9,21 +9,12 @@
 # xz-compressed). Everything comes back as one file, $OUT/prof.tgz (a call brings back only so many files), plus
 # run.log and the stage lines in stages.txt.
 set -u
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+. bench/gpu/lib.sh
 xz -dc ${BIN:-.gpu/prof/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
 R=/tmp/rewind
-# A kernel cache warmed without a GPU (bench/gpu/build_ab.sh with KCACHE_ARCH), when carried: no build compiles its
-# kernels here.
-KC=${KCACHE:-$(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz}
-if [ -f "$KC" ]; then mkdir -p /tmp/kcache && xz -dc "$KC" | tar -C /tmp/kcache -xf - && export REWIND_CACHE=/tmp/kcache; fi
-D=$OUT/prof
-mkdir -p $D
+use_kcache $(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz
+out_dir prof
 trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -h "by stage" $D/*.log > $OUT/stages.txt 2>/dev/null; tar -C $OUT -czf $OUT/prof.tgz prof && rm -rf $D' EXIT
-L=$D/run.log
-t0=$(date +%s)
-stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
-date -u +%FT%TZ >> $D/device.txt
 
 for spec in ${MODELS:-qwen3_5:qwen3.5-4b:0 nemotron_h:nemotron-h-8b:0}; do
   IFS=: read -r arch preset layers <<< "$spec"

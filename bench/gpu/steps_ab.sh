@@ -9,23 +9,14 @@
 # needs beside the tracked default models). Everything comes back as $OUT/ab.tgz, plus run.log and the
 # decode / verify lines of every bench in lines.txt.
 set -u
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+. bench/gpu/lib.sh
 VARIANTS=${VARIANTS:-before after}
 LAST=${VARIANTS##* }
 xz -dc ${BINS:-.gpu/prof/bins.tar.xz} | tar -C /tmp -xf - $VARIANTS
 for v in $VARIANTS; do chmod +x /tmp/$v; done
-# A kernel cache warmed without a GPU (bench/gpu/build_ab.sh with KCACHE_ARCH), when carried: no build compiles its
-# kernels here.
-KC=${KCACHE:-$(dirname ${BINS:-.gpu/prof/x})/kcache.tar.xz}
-if [ -f "$KC" ]; then mkdir -p /tmp/kcache && xz -dc "$KC" | tar -C /tmp/kcache -xf - && export REWIND_CACHE=/tmp/kcache; fi
-D=$OUT/ab
-mkdir -p $D
+use_kcache $(dirname ${BINS:-.gpu/prof/bins.tar.xz})/kcache.tar.xz
+out_dir ab
 trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -H "^| \(decode\|verify\)" $D/*.md > $OUT/lines.txt 2>/dev/null; grep -h "by stage" $D/*.log >> $OUT/lines.txt 2>/dev/null; tar -C $OUT -czf $OUT/ab.tgz ab && rm -rf $D' EXIT
-L=$D/run.log
-t0=$(date +%s)
-stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > $D/device.txt
-date -u +%FT%TZ >> $D/device.txt
 
 if [ "${SELFTEST:-1}" = 1 ]; then
   # FIXTURES picks the fixture models of the model-level check (a glob under tests/fixtures; default all of them).
