@@ -78,7 +78,7 @@ metrics! {
     queue_depth: "gauge", "Requests waiting.";
     running: "gauge", "Sequences running.";
     batch_seqs: "gauge", "Sequences in the latest step.";
-    batch_tokens: "gauge", "Tokens in the latest step.";
+    batch_tokens: "gauge", "Token positions the latest step ran (every position of a chain, those past a sequence that finished inside it included).";
     free_slots: "gauge", "Free sequence slots.";
     free_kv_blocks: "gauge", "Free KV blocks.";
     spec_verifies: "counter", "Speculative verify steps run (one per sequence and step).";
