@@ -165,7 +165,6 @@ pub const MODULES: &[KernelModule] = &[
             "add_rms_norm",
             "dt_softplus",
             "gdn_gates",
-            "scale",
             "sigmoid_mul",
             "swiglu_split",
             "add_bias",

@@ -1,5 +1,5 @@
 // Glue between the big kernels of the GPU runner: column gathers, fused residual + RMSNorm, the dt / GDN gate
-// activations, elementwise scale / gate / bias / SwiGLU, vocab-parallel embedding, the MoE finish, and the Mamba-2
+// activations, elementwise gate / bias / SwiGLU, vocab-parallel embedding, the MoE finish, and the Mamba-2
 // gated norm split across tensor-parallel ranks. Every op computes in f32 whatever its storage type.
 
 // out[r, j] = src[r, idx[j]]; j runs fastest so that writes are coalesced. An index outside the row gives NaN.
@@ -94,13 +94,6 @@ __device__ void gdn_gates_impl(const T* __restrict__ src, u64 rows, int src_widt
         const T* row = src + r * (u64)src_width;
         beta[i] = sigmoid_f(to_f32(row[b_col + h]));
         g[i] = neg_a[h] * softplus_f(to_f32(row[a_col + h]) + dt_bias[h]);
-    }
-}
-
-template <typename T>
-__device__ void scale_impl(T* x, u64 n, float s) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        x[i] = from_f32<T>(to_f32(x[i]) * s);
     }
 }
 
@@ -229,7 +222,6 @@ __device__ void gated_norm_apply_impl(const T* __restrict__ y, const T* __restri
                                              float* g) {                                                            \
         gdn_gates_impl<T>(src, rows, src_width, b_col, a_col, dt_bias, neg_a, n, beta, g);                          \
     }                                                                                                                \
-    extern "C" __global__ void scale_##S(T* x, u64 n, float s) { scale_impl<T>(x, n, s); }                           \
     extern "C" __global__ void sigmoid_mul_##S(T* x, const T* gate, u64 n) { sigmoid_mul_impl<T>(x, gate, n); }     \
     extern "C" __global__ void swiglu_split_##S(const T* x, T* out, u64 rows, int inter) {                          \
         swiglu_split_impl<T>(x, out, rows, inter);                                                                  \

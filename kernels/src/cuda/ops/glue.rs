@@ -1,5 +1,5 @@
 //! Glue kernels of the GPU runner: column gathers that split fused projections, the fused residual add + RMSNorm,
-//! the dt and Gated DeltaNet gate activations, elementwise scale / gate / bias / split SwiGLU, vocab-parallel
+//! the dt and Gated DeltaNet gate activations, elementwise gate / bias / split SwiGLU, vocab-parallel
 //! embedding, the MoE finish (routed + gated shared expert), and the Mamba-2 gated norm split across tensor-parallel
 //! ranks (local squared sums, all-reduced by the caller, then applied).
 
@@ -256,17 +256,6 @@ pub fn gdn_gates<T: Elem>(
         bp,
         gp
     )
-}
-
-/// `x *= s`.
-pub fn scale<T: Elem>(dev: &CudaDevice, x: &mut impl DevicePtrMut<T>, s: f32) -> Result<()> {
-    if x.len() == 0 {
-        return Ok(());
-    }
-    let n = x.len() as u64;
-    let cfg = grid_1d(x.len());
-    let (xp, _gx) = x.device_ptr_mut(dev.stream());
-    launch!(dev, format!("scale_{}", T::NAME), cfg, xp, n, s)
 }
 
 /// `x *= σ(gate)` elementwise.

@@ -69,7 +69,6 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         both!(cases, "gdn_gates", shape, gdn_gates(rows, width, b_col, a_col, n));
     }
     for (n, what) in [(64 * 4096, "[64, 4096]"), (1000, "odd")] {
-        both!(cases, "scale", what, scale(n));
         both!(cases, "sigmoid_mul", what, sigmoid_mul(n));
     }
     for (rows, inter, what) in [
@@ -280,15 +279,6 @@ fn gdn_gates<T: Elem>(
         Check::new("beta", &cx.dev.download(&beta)?, &want_b, 1e-5),
         Check::new("g", &cx.dev.download(&g)?, &want_g, 1e-5),
     ])
-}
-
-fn scale<T: Elem>(cx: &Ctx, rng: &mut Rng, n: usize) -> Result<Vec<Check>> {
-    let x = rounded::<T>(&rng.uniform_vec(n, 4.0));
-    let s = rng.uniform(0.05, 3.0);
-    let mut dx = up::<T>(cx, &x)?;
-    ops::scale(cx.dev, &mut dx, s)?;
-    let want: Vec<f32> = x.iter().map(|v| v * s).collect();
-    Ok(vec![Check::new("x", &cx.dev.download_f32(&dx)?, &want, tol::<T>())])
 }
 
 fn sigmoid_mul<T: Elem>(cx: &Ctx, rng: &mut Rng, n: usize) -> Result<Vec<Check>> {
