@@ -72,8 +72,13 @@ pub(crate) enum Cols {
 }
 
 impl Cols {
-    /// The selection of `idx`: a range when the columns are consecutive, else an index map.
+    /// The selection of `idx`: a range when the columns are consecutive, else an index map. With `REWIND_COLS_MAP=1`
+    /// every selection is an index map, as a tensor-parallel rank's repeated groups are: the way to run that path
+    /// (the gathers, the strided kernels over gathered rows) on one GPU, e.g. under `rewind selftest`.
     pub(crate) fn new(dev: &CudaDevice, idx: &[usize]) -> Result<Cols> {
+        if std::env::var_os("REWIND_COLS_MAP").is_some_and(|v| v == "1") {
+            return Ok(Cols::Map(idx_of(dev, idx)?));
+        }
         match contiguous(idx) {
             Some(start) => Ok(Cols::Range { start, len: idx.len() }),
             None => Ok(Cols::Map(idx_of(dev, idx)?)),
@@ -101,7 +106,9 @@ impl Cols {
     ) -> Result<(CudaView<'a, T>, usize)> {
         let n = self.len();
         if let Cols::Range { start, .. } = self {
-            return Ok((src.slice(*start..rows * width), width));
+            // An empty step has no rows to start a range in.
+            let from = if rows == 0 { 0 } else { *start };
+            return Ok((src.slice(from..rows * width), width));
         }
         self.gather(
             dev,

@@ -7,24 +7,23 @@
 // at physical rows (head + j) % cap, head = meta[b * 8 + 6]. With `append` (decode, verify) the row's own inputs are
 // written after the history, at logical k − 1 .. k − 2 + seq (the host moves the head by the accepted count, so a
 // rejected draft is never part of the history); without it (a prompt chunk) the last k − 1 inputs replace the history
-// in place. One thread per (row, channel, run of CONV_T_CHUNK tokens; grid z the runs) walks its run with a sliding
-// window in registers, started from the inputs (or the history) before the run: a prompt chunk is one row of many
-// tokens, and one thread walking all of them serially would leave the GPU nearly idle. A row whose slot is out of
-// range, or whose appended rows would not fit, gets NaN outputs and no state update.
+// in place. One thread per (row, channel, run of t_chunk tokens; grid z the runs) walks its run with a sliding window
+// in registers, started from the inputs (or the history) before the run: a prompt chunk is one row of many tokens,
+// and one thread walking all of them serially would leave the GPU nearly idle. The host keeps t_chunk ≥ k − 1, so
+// only the first run reads the history (and, for a prompt chunk, rewrites it). A row whose slot is out of range, or
+// whose appended rows would not fit, gets NaN outputs and no state update.
 
 #define CONV_MAX_K 8
-// At least CONV_MAX_K − 1, so only the first run reads the history (and, for a prompt chunk, rewrites it).
-#define CONV_T_CHUNK 16
 
 template <typename T>
 __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                             T* __restrict__ state_pool, const int* __restrict__ meta, int num_slots, int cap,
                             T* __restrict__ out, int seq, int channels, int x_stride, int k, int apply_silu,
-                            int append) {
+                            int append, int t_chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int b = blockIdx.y;
-    const int t0 = blockIdx.z * CONV_T_CHUNK;
-    const int t1 = min(seq, t0 + CONV_T_CHUNK);
+    const int t0 = blockIdx.z * t_chunk;
+    const int t1 = min(seq, t0 + t_chunk);
     if (c >= channels || t0 >= seq) {
         return;
     }
@@ -75,22 +74,23 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
         }
     }
     // A prompt chunk's last k − 1 inputs become the history, written by the first run, the only one that read it.
-    // With one run its final window is exactly those (the old history included when seq < k − 1); with more, seq is
-    // at least CONV_T_CHUNK ≥ k − 1, so they are all inputs of the row.
+    // When that run covers the row, its final window is exactly those (the old history included when seq < k − 1);
+    // otherwise seq > t_chunk ≥ k − 1, so they are all inputs of the row.
     if (!append && t0 == 0) {
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; ++j) {
             if (j < k - 1) {
-                const T v = (gridDim.z == 1) ? from_f32<T>(win[j]) : xb[(u64)(seq - (k - 1) + j) * x_stride + c];
+                const T v = (t1 == seq) ? from_f32<T>(win[j]) : xb[(u64)(seq - (k - 1) + j) * x_stride + c];
                 st[(u64)((head + j) % cap) * channels + c] = v;
             }
         }
     }
 }
 
-// The same conv, V channels a thread through 16-byte loads and stores, for kernel widths up to CONV_VEC_K (the real
-// models' 4). The host takes it when channels, x_stride and the pointers allow the vectors and the batch gives enough
-// threads; the scalar kernel above keeps a prompt chunk (one row of many tokens) spread over more threads.
+// The same conv for decode and verify rows (append), V channels a thread through 16-byte loads and stores, for kernel
+// widths up to CONV_VEC_K (the real models' 4). The host takes it when channels, x_stride and the pointers allow the
+// vectors and the batch gives enough threads; prompt chunks (one row of many tokens) take the scalar kernel, spread
+// over runs of tokens. A launch outside those terms (no append, a wider kernel) gets NaN outputs.
 #define CONV_VEC_K 4
 template <typename T, int V>
 struct alignas(16) ConvPack {
@@ -112,7 +112,7 @@ __device__ void conv1d_vec_impl(const T* __restrict__ x, const T* __restrict__ w
     T* ob = out + (u64)b * seq * channels + c;
     const int slot = meta[(u64)b * 8];
     const int head = meta[(u64)b * 8 + 6];
-    if (slot < 0 || slot >= num_slots || head < 0 || head >= cap || (append && k - 1 + seq > cap)) {
+    if (slot < 0 || slot >= num_slots || head < 0 || head >= cap || !append || k > CONV_VEC_K || k - 1 + seq > cap) {
         P nan_pack;
 #pragma unroll
         for (int i = 0; i < V; ++i) {
@@ -174,31 +174,16 @@ __device__ void conv1d_vec_impl(const T* __restrict__ x, const T* __restrict__ w
             }
         }
         *reinterpret_cast<P*>(ob + (u64)t * channels) = op;
-        if (append) {
-            *reinterpret_cast<P*>(st + (u64)((head + k - 1 + t) % cap) * channels) = xp;
-        }
-    }
-    if (!append) {
-#pragma unroll
-        for (int j = 0; j < CONV_VEC_K - 1; ++j) {
-            if (j < k - 1) {
-                P p;
-#pragma unroll
-                for (int i = 0; i < V; ++i) {
-                    p.v[i] = from_f32<T>(win[j][i]);
-                }
-                *reinterpret_cast<P*>(st + (u64)((head + j) % cap) * channels) = p;
-            }
-        }
+        *reinterpret_cast<P*>(st + (u64)((head + k - 1 + t) % cap) * channels) = xp;
     }
 }
 
 #define CONV(T, S, V)                                                                                             \
     extern "C" __global__ void conv1d_##S(const T* x, const T* w, const T* bias, T* state_pool, const int* meta,   \
                                           int num_slots, int cap, T* out, int seq, int channels, int x_stride,     \
-                                          int k, int apply_silu, int append) {                                     \
+                                          int k, int apply_silu, int append, int t_chunk) {                        \
         conv1d_impl<T>(x, w, bias, state_pool, meta, num_slots, cap, out, seq, channels, x_stride, k, apply_silu,  \
-                       append);                                                                                    \
+                       append, t_chunk);                                                                           \
     }                                                                                                              \
     extern "C" __global__ void conv1d_vec_##S(const T* x, const T* w, const T* bias, T* state_pool,                \
                                               const int* meta, int num_slots, int cap, T* out, int seq,            \

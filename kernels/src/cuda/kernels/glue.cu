@@ -10,7 +10,7 @@ __device__ void gather_cols_impl(const T* __restrict__ src, const int* __restric
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const T* srow = src + r * (u64)src_width;
         T* orow = out + r * (u64)n;
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+        for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < (u64)n; j += (u64)gridDim.x * blockDim.x) {
             const int c = idx[j];
             orow[j] = (c >= 0 && c < src_width) ? srow[c] : from_f32<T>(nan_f32());
         }
@@ -32,7 +32,7 @@ __device__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ out, u
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const P* srow = reinterpret_cast<const P*>(src + r * (u64)src_width + start);
         P* orow = reinterpret_cast<P*>(out + r * (u64)n);
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += gridDim.x * blockDim.x) {
+        for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < (u64)nv; j += (u64)gridDim.x * blockDim.x) {
             orow[j] = srow[j];
         }
     }

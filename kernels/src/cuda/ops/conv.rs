@@ -2,7 +2,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_grid_y, fits_u32, REPLAY_META};
+use super::{after_launch, check_strided, fits_grid_y, fits_u32, REPLAY_META};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -11,8 +11,10 @@ const CONV_VEC_K: usize = 4;
 /// The fewest threads (rows × channel vectors) for which the vector conv is taken: below (a prompt chunk is one row),
 /// the scalar kernel, with a thread per channel and run of [`T_CHUNK`] tokens, has far more threads to offer.
 const VEC_MIN_THREADS: usize = 16 * 1024;
-/// Tokens a thread of the scalar conv walks (`CONV_T_CHUNK` in `kernels/conv.cu`).
+/// Tokens a thread of the scalar conv walks (its `t_chunk`); at least the widest history (`K − 1 ≤ 7`), so that only
+/// a row's first run reads, or rewrites, its history.
 const T_CHUNK: usize = 16;
+const _: () = assert!(T_CHUNK >= 7);
 
 /// Shape of a batched causal conv1d over a conv-history ring.
 #[derive(Clone, Copy, Debug)]
@@ -75,18 +77,8 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
             k - 1
         )
     })?;
-    ensure(OP, x_stride >= channels, || {
-        format!("an input row of {x_stride} cannot hold {channels} channels")
-    })?;
     let rows = batch * seq;
-    // The last row needs only its channels, so `x` may end where a column range of a wider row ends.
-    let x_need = if rows == 0 { 0 } else { (rows - 1) * x_stride + channels };
-    ensure(OP, x.len() >= x_need, || {
-        format!(
-            "x has {} elements, {rows} rows of stride {x_stride} need {x_need}",
-            x.len()
-        )
-    })?;
+    check_strided(OP, "x", x.len(), rows, x_stride, channels)?;
     check_len(OP, "out", out.len(), batch * seq * channels)?;
     check_len(OP, "weight", weight.len(), channels * k)?;
     check_len(OP, "state_pool", state_pool.len(), num_slots * capacity * channels)?;
@@ -123,22 +115,38 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     let (sp, _gs) = state_pool.device_ptr_mut(dev.stream());
     let (ip, _gi) = meta.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    // 16-byte vectors of channels when the layout allows them and the batch has the threads to spare.
+    // 16-byte vectors of channels for decode and verify rows when the layout allows them and the batch has the threads
+    // to spare; prompt chunks take the scalar kernel, spread over runs of tokens.
     let v = 16 / std::mem::size_of::<T>();
     let aligned = [xp, sp, op].iter().all(|p| p % 16 == 0);
-    let vec = aligned
+    let vec = append
+        && aligned
         && k <= CONV_VEC_K
         && channels.is_multiple_of(v)
         && x_stride.is_multiple_of(v)
         && batch * channels / v >= VEC_MIN_THREADS;
-    let (per_thread, runs, name) = match vec {
-        true => (v, 1, format!("conv1d_vec_{}", T::NAME)),
-        false => (1, seq.div_ceil(T_CHUNK), format!("conv1d_{}", T::NAME)),
-    };
-    let cfg = LaunchConfig {
-        grid_dim: ((channels / per_thread).div_ceil(128) as u32, batch as u32, runs as u32),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(dev, name, cfg, xp, wp, bp, sp, ip, slots_i, cap_i, op, seq_i, ch_i, stride_i, k_i, silu_i, append_i)
+    if vec {
+        let cfg = LaunchConfig {
+            grid_dim: ((channels / v).div_ceil(128) as u32, batch as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = format!("conv1d_vec_{}", T::NAME);
+        launch!(dev, name, cfg, xp, wp, bp, sp, ip, slots_i, cap_i, op, seq_i, ch_i, stride_i, k_i, silu_i, append_i)
+    } else {
+        let cfg = LaunchConfig {
+            grid_dim: (
+                channels.div_ceil(128) as u32,
+                batch as u32,
+                seq.div_ceil(T_CHUNK) as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (name, chunk_i) = (format!("conv1d_{}", T::NAME), T_CHUNK as i32);
+        launch!(
+            dev, name, cfg, xp, wp, bp, sp, ip, slots_i, cap_i, op, seq_i, ch_i, stride_i, k_i, silu_i, append_i,
+            chunk_i
+        )
+    }
 }

@@ -72,21 +72,22 @@ pub fn all() -> Vec<Case> {
             cases,
             "gated_rms_norm",
             shape,
-            gated_rms_norm(rows, dim, group, order, dim)
+            gated_rms_norm(rows, dim, group, order, 0, dim)
         );
     }
-    // z read in place out of the projection's rows, as the GPU runner does (Nemotron-H-8B: z at column 0 of 18 560).
+    // z read in place out of the projection's rows, as the GPU runner does (Nemotron-H-8B: z at column 0 of 18 560;
+    // Qwen3.5-4B: at column 8192 of 12 352, the last row ending before the buffer does).
     both!(
         cases,
         "gated_rms_norm",
-        "[64, 8192] group 1024 BeforeNorm, z in rows of 18560, Nemotron-H-8B Mamba",
-        gated_rms_norm(64, 8192, 1024, GateOrder::BeforeNorm, 18560)
+        "[64, 8192] group 1024 BeforeNorm, z at column 0 of 18560, Nemotron-H-8B Mamba",
+        gated_rms_norm(64, 8192, 1024, GateOrder::BeforeNorm, 0, 18560)
     );
     both!(
         cases,
         "gated_rms_norm",
-        "[8, 4096] group 128 AfterNorm, z in rows of 12352, Qwen3.5-4B GDN",
-        gated_rms_norm(8, 4096, 128, GateOrder::AfterNorm, 12352)
+        "[8, 4096] group 128 AfterNorm, z at column 8192 of 12352, Qwen3.5-4B GDN",
+        gated_rms_norm(8, 4096, 128, GateOrder::AfterNorm, 8192, 12352)
     );
     for (rows, heads, dim, offset, stride, scale, what) in [
         (64, 1, 128, 0, 128, 1.0, "Qwen3.5-4B q/k heads"),
@@ -275,6 +276,7 @@ fn rms_norm<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, dim: usize, offset: f
     Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, tol::<T>())])
 }
 
+#[allow(clippy::too_many_arguments)]
 fn gated_rms_norm<T: Elem>(
     cx: &Ctx,
     rng: &mut Rng,
@@ -282,11 +284,15 @@ fn gated_rms_norm<T: Elem>(
     dim: usize,
     group: usize,
     order: GateOrder,
+    z_offset: usize,
     z_stride: usize,
 ) -> Result<Vec<Check>> {
     let x = rounded::<T>(&rng.uniform_vec(rows * dim, 2.0));
     let z_wide = rounded::<T>(&rng.uniform_vec(rows * z_stride, 4.0));
-    let z: Vec<f32> = z_wide.chunks(z_stride).flat_map(|r| r[..dim].to_vec()).collect();
+    let z: Vec<f32> = z_wide
+        .chunks(z_stride)
+        .flat_map(|r| r[z_offset..z_offset + dim].to_vec())
+        .collect();
     let w: Vec<f32> = (0..dim).map(|_| rng.uniform(0.5, 1.5)).collect();
     let w = rounded::<T>(&w);
     let eps = 1e-6;
@@ -296,6 +302,7 @@ fn gated_rms_norm<T: Elem>(
         cx.dev.upload_as::<T>(&w)?,
     );
     let mut out = cx.dev.alloc_nan::<T>(rows * dim)?;
+    let dz = dz.slice(z_offset..);
     ops::gated_rms_norm(cx.dev, &dx, &dz, z_stride, &dw, group, eps, order, &mut out)?;
     let mut want = vec![0.0; rows * dim];
     cpu::norm::gated_rms_norm(&x, &z, &w, group, eps, order, &mut want);

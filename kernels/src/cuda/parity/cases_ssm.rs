@@ -37,15 +37,26 @@ pub(super) fn register(cases: &mut Vec<Case>) {
     // Batches wide enough for the vector kernel, reading the channels in place out of the projection's rows as the
     // GPU runner does (Nemotron-H-8B: xBC at column 8192 of 18 560; Qwen3.5-4B: q, k, v at column 0 of 12 352), a
     // verify's 4 tokens a row, and a row stride that rules the vectors out.
-    for (batch, seq, channels, bias, offset, stride, what) in [
-        (64, 1, 10240, true, 8192, 18560, "Nemotron-H-8B decode"),
-        (64, 4, 10240, true, 8192, 18560, "Nemotron-H-8B verify"),
-        (64, 1, 8192, false, 0, 12352, "Qwen3.5-4B decode"),
-        (48, 4, 8192, false, 0, 12352, "Qwen3.5-4B verify"),
-        (64, 1, 8192, false, 3, 8201, "unaligned rows (scalar)"),
+    for (batch, seq, channels, k, bias, offset, stride, what) in [
+        (64, 1, 10240, 4, true, 8192, 18560, "Nemotron-H-8B decode"),
+        (64, 4, 10240, 4, true, 8192, 18560, "Nemotron-H-8B verify"),
+        (64, 1, 8192, 4, false, 0, 12352, "Qwen3.5-4B decode"),
+        (48, 4, 8192, 4, false, 0, 12352, "Qwen3.5-4B verify"),
+        (64, 2, 8192, 3, true, 0, 8192, "K 3 (vectors)"),
+        (64, 1, 8192, 4, false, 3, 8201, "unaligned rows (scalar)"),
+        (
+            64,
+            1,
+            8192,
+            4,
+            false,
+            3,
+            8200,
+            "aligned stride, unaligned start (scalar)",
+        ),
     ] {
-        let (k, cap) = (4, 3 + 4);
-        let shape = format!("batch {batch} × seq {seq} × {channels} at column {offset} of {stride}, {what}");
+        let cap = k - 1 + 4;
+        let shape = format!("batch {batch} × seq {seq} × {channels}, K {k}, at column {offset} of {stride}, {what}");
         let layout = InRow { offset, stride };
         both!(
             cases,
@@ -93,6 +104,12 @@ pub(super) fn register(cases: &mut Vec<Case>) {
                 stride: 12352
             }
         )
+    );
+    both!(
+        cases,
+        "conv1d",
+        "batch 64 × seq 2 × 8192, K 4, prompt chunks shorter than the history at a vector-sized batch (scalar)",
+        conv1d(64, 2, 8192, 4, false, true, 66, 7, false, InRow::packed(8192))
     );
     both!(
         cases,
