@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Whole steps of two builds side by side: the self-test of the last build, then for each model of MODELS
-# (arch:preset:layers, 0 = the preset's depth; random weights, seed 7) the replay-form bench with CUDA graphs of every
-# build in turn (decode at BATCH, verify T = 4 at every kept count, and the chunked prefill of one prompt; medians of 3), and with PROFILE=1 the eager stage
-# profile of every build (`--stage-profile`). The same arguments as bench/gpu/stage_profile.sh, so its tables compare.
+# Whole steps of two builds side by side: the self-test of the last build (and, unless COLS_MAP=0, its model-level
+# rows again with every column selection through an index map, the tensor-parallel path), then for each model of
+# MODELS (arch:preset:layers, 0 = the preset's depth; random weights, seed 7) the replay-form bench with CUDA graphs of
+# every build in turn (decode at BATCH, verify T = 4 at every kept count, and the chunked prefill of one prompt;
+# medians of 3), and with PROFILE=1 the eager stage profile of every build (`--stage-profile`). The same arguments as
+# bench/gpu/stage_profile.sh, so its tables compare.
 #
 # Carried: .gpu/prof/bins.tar.xz, the stripped release builds named by VARIANTS (default "before after") in one tar
 # (bench/gpu/build_ab.sh makes it; its 64 MiB dictionary keeps two builds near the size of one, which a call's carry
@@ -26,6 +28,18 @@ if [ "${SELFTEST:-1}" = 1 ]; then
     --json $D/selftest-$LAST.json > $D/selftest-$LAST.log 2>&1
   stamp "selftest $LAST" $?
   tail -5 $D/selftest-$LAST.log >> $L
+fi
+if [ "${COLS_MAP:-1}" = 1 ]; then
+  # The tensor-parallel column path on one GPU: every column selection through an index map (REWIND_COLS_MAP=1),
+  # checked by the model-level rows of one fixture per family and the trained models (the op cases are skipped by
+  # --only; the gathers are among them in the run above).
+  mkdir -p /tmp/fixtures-map
+  for f in nemotron_h_dense qwen3_5; do ln -sfn $PWD/tests/fixtures/$f /tmp/fixtures-map/$f; done
+  REWIND_COLS_MAP=1 timeout ${COLS_MAP_S:-150} /tmp/$LAST selftest --device cuda --only copy_cols \
+    --fixtures /tmp/fixtures-map --trained-models models/default --json $D/selftest-cols-map-$LAST.json \
+    > $D/selftest-cols-map-$LAST.log 2>&1
+  stamp "selftest with index maps $LAST" $?
+  tail -2 $D/selftest-cols-map-$LAST.log >> $L
 fi
 for spec in ${MODELS:-nemotron_h:nemotron-h-8b:0 qwen3_5:qwen3.5-4b:0}; do
   IFS=: read -r arch preset layers <<< "$spec"
