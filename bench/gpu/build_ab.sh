@@ -8,7 +8,9 @@
 # With KCACHE_ARCH (e.g. sm_90, the H100 / H200), each build also compiles its kernels into one kernel cache here
 # (`rewind compile-kernels --fill-cache`), tarred as kcache.tar.xz beside the binaries: the device scripts that find
 # it point REWIND_CACHE at it, so no build spends a minute of device time compiling its kernels. Builds share the
-# images of the modules they did not change.
+# images of the modules they did not change; a build that predates `--fill-cache` is skipped (it compiles on the
+# device). A call's carry shares 64 MiB with the tracked tree (about 57 MiB, most of it the default models): two
+# builds (about 7.1 MB) fit, or one build with its cache (about 0.7 MB), not two builds and a cache.
 #
 #   bash bench/gpu/build_ab.sh before=d8499f8 after=HEAD        # → .gpu/ab/bins.tar.xz
 #   then, on a device:  VARIANTS="before after" BINS=.gpu/ab/bins.tar.xz bash bench/gpu/replay_ab.sh   (carry .gpu/ab)
@@ -36,9 +38,13 @@ for spec in "$@"; do
   cp "$ROOT/target/release/rewind" "$STAGE/$name"
   strip "$STAGE/$name"
   if [ -n "${KCACHE_ARCH:-}" ]; then
-    scripts/nvrtc.sh
-    LD_LIBRARY_PATH="$ROOT/target/nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" REWIND_CACHE="$STAGE/kcache" \
-      "$STAGE/$name" compile-kernels --arch "$KCACHE_ARCH" --fill-cache | tail -1 >&2
+    if "$STAGE/$name" compile-kernels --help | grep -q -- --fill-cache; then
+      scripts/nvrtc.sh
+      LD_LIBRARY_PATH="$ROOT/target/nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" REWIND_CACHE="$STAGE/kcache" \
+        "$STAGE/$name" compile-kernels --arch "$KCACHE_ARCH" --fill-cache | tail -1 >&2
+    else
+      echo "$name predates compile-kernels --fill-cache: its kernels will compile on the device" >&2
+    fi
   fi
   git worktree remove --force "$tree"
   names+=("$name")
@@ -46,7 +52,7 @@ done
 mkdir -p "$OUTDIR"
 tar -C "$STAGE" -cf - "${names[@]}" | xz -T1 --lzma2=preset=9,dict=64MiB > "$OUTDIR/bins.tar.xz"
 ls -l "$OUTDIR/bins.tar.xz" >&2
-if [ -n "${KCACHE_ARCH:-}" ]; then
+if [ -n "${KCACHE_ARCH:-}" ] && [ -d "$STAGE/kcache/nvrtc" ]; then
   tar -C "$STAGE/kcache" -cf - nvrtc | xz -T1 -9 > "$OUTDIR/kcache.tar.xz"
   ls -l "$OUTDIR/kcache.tar.xz" >&2
 fi
