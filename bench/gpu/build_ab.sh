@@ -9,8 +9,9 @@
 # (`rewind compile-kernels --fill-cache`), tarred as kcache.tar.xz beside the binaries: the device scripts that find
 # it point REWIND_CACHE at it, so no build spends a minute of device time compiling its kernels. Builds share the
 # images of the modules they did not change; a build that predates `--fill-cache` is skipped (it compiles on the
-# device). A call's carry shares 64 MiB with the tracked tree (about 57 MiB, most of it the default models): two
-# builds (about 7.1 MB) fit, or one build with its cache (about 0.7 MB), not two builds and a cache.
+# device). A call's carry shares 64 MiB with the tracked tree (about 56 MiB, most of it the default models): two
+# builds (about 7.1 MB) and their cache (about 0.7 MB) fit, with half a megabyte to spare; keep big result files
+# under bench/results xz-compressed.
 #
 #   bash bench/gpu/build_ab.sh before=d8499f8 after=HEAD        # → .gpu/ab/bins.tar.xz
 #   then, on a device:  VARIANTS="before after" BINS=.gpu/ab/bins.tar.xz bash bench/gpu/replay_ab.sh   (carry .gpu/ab)
