@@ -3,7 +3,9 @@
 # into their kernels: random models of MODELS (arch:preset:layers; few layers, the real shapes), the replay form at
 # BATCH, decode and verify T = 4 steps, launched eagerly, under Nsight Systems' CUDA trace when it is installed (its
 # kernel summary), else under Nsight Compute with the duration metric only (`--cache-control none`, so caches stay
-# warm as in a real step). Everything comes back as $OUT/ktimes.tgz plus the summaries in summary.txt.
+# warm as in a real step). The prompts come first and take many launches: LAUNCH_SKIP skips that many unprofiled
+# (Nemotron-H-8B at 4 layers reached its first batch-256 decode step after about 11 600; Qwen3.5-4B's prompts took
+# more than 20 000). Everything comes back as $OUT/ktimes.tgz plus the summaries in summary.txt.
 #
 # Carried: .gpu/prof/rewind.xz (as for stage_profile.sh).
 set -u
@@ -31,7 +33,7 @@ for spec in ${MODELS:-nemotron_h:nemotron-h-8b:4 qwen3_5:qwen3.5-4b:4}; do
     head -60 ${f}_cuda_gpu_kern_sum.csv >> $D/summary.txt
   elif [ -n "$NCU" ]; then
     timeout ${PROF_S:-200} $NCU --clock-control none --cache-control none --metrics gpu__time_duration.sum \
-      --launch-count ${LAUNCHES:-4000} --csv --page raw $R $args > $f.csv 2> $f.log
+      --launch-skip ${LAUNCH_SKIP:-0} --launch-count ${LAUNCHES:-4000} --csv --page raw $R $args > $f.csv 2> $f.log
     echo "== $preset $layers layers: ncu rc $?" >> $D/summary.txt
   fi
 done
