@@ -326,6 +326,11 @@ impl<A: Act> GpuRank<A> {
         let ran = graphs.run(key, &stream, || self.forward(step, head_rows, whole));
         self.graphs = graphs;
         ran?;
+        self.record_stages()
+    }
+
+    /// With the stage profile on, waits for the marks of the work just queued and adds their times to the totals.
+    pub(super) fn record_stages(&mut self) -> Result<()> {
         if let Some(marks) = self.marks.as_mut() {
             for (stage, ms) in marks.finish()? {
                 self.stage_times.add(stage, ms);

@@ -285,6 +285,10 @@ impl<A: Act> GpuRank<A> {
                 &ReplayRow::encode_all(&rows),
                 "replay rows",
             )?;
+            // The stage profile times the pass as its own stage: it runs outside the step's forward.
+            if let Some(m) = self.marks.as_mut() {
+                m.begin(&dev)?;
+            }
             super::ssm_layers::fold(
                 &dev,
                 &self.inner.blocks,
@@ -294,6 +298,10 @@ impl<A: Act> GpuRank<A> {
                 max_m,
                 self.sizes.rows.ring,
             )?;
+            if let Some(m) = self.marks.as_mut() {
+                m.mark(&dev, "fold")?;
+            }
+            self.record_stages()?;
         }
         for &s in slots {
             let h = self.counters.ring(s).len;
