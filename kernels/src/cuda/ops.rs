@@ -16,7 +16,6 @@ use super::device::{CudaDevice, Elem};
 use super::{check_len, driver_err, ensure, Result};
 use crate::cpu::gdn::GdnDims;
 use crate::cpu::mamba2::Mamba2Dims;
-use crate::cpu::norm::GateOrder;
 
 /// Launches kernel `$name` with `$cfg` and the given arguments, which must be local variables (the launch reads them
 /// through pointers).
@@ -61,14 +60,6 @@ fn per_row(rows: usize, groups: usize, width: usize) -> LaunchConfig {
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
-}
-
-/// [`per_row`] with at most 256 threads a block, each looping over several elements: for wide groups whose rows
-/// are many, shorter block reductions and more blocks an SM pay more than one element a thread.
-fn per_row_capped(rows: usize, groups: usize, width: usize) -> LaunchConfig {
-    let mut cfg = per_row(rows, groups, width);
-    cfg.block_dim.0 = cfg.block_dim.0.min(256);
-    cfg
 }
 
 /// The kernel `name`, allowed `bytes` of dynamic shared memory (past the 48 KiB a launch gets without asking).
@@ -177,147 +168,18 @@ pub fn swiglu<T: Elem>(
 /// The variant and grid of an elementwise kernel over `n` elements: `{base}_vec_{T}`, 16 bytes a thread, when `n` and
 /// every pointer allow the vectors, else `{base}_{T}`, one element a thread.
 fn elementwise<T: Elem>(base: &str, n: usize, ptrs: &[u64]) -> (String, LaunchConfig) {
+    match vectors::<T>(ptrs, &[n]) {
+        Some(v) => (format!("{base}_vec_{}", T::NAME), grid_1d(n / v)),
+        None => (format!("{base}_{}", T::NAME), grid_1d(n)),
+    }
+}
+
+/// The elements of `T` in a 16-byte vector (the kernels' `Pack`), when every pointer is 16-byte aligned and every
+/// length (a count, stride or offset in elements) a whole number of vectors, so that every vector a kernel moves is
+/// aligned; `None` otherwise.
+fn vectors<T: Elem>(ptrs: &[u64], lens: &[usize]) -> Option<usize> {
     let v = 16 / std::mem::size_of::<T>();
-    if n.is_multiple_of(v) && ptrs.iter().all(|p| p % 16 == 0) {
-        (format!("{base}_vec_{}", T::NAME), grid_1d(n / v))
-    } else {
-        (format!("{base}_{}", T::NAME), grid_1d(n))
-    }
-}
-
-/// RMSNorm over rows of width `weight.len()`: `out = x / rms(x) · (offset + w)` (offset 0 plain, 1 zero-centred).
-pub fn rms_norm<T: Elem>(
-    dev: &CudaDevice,
-    x: &impl DevicePtr<T>,
-    weight: &impl DevicePtr<T>,
-    eps: f32,
-    offset: f32,
-    out: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    const OP: &str = "rms_norm";
-    let dim = weight.len();
-    ensure(OP, dim > 0 && x.len().is_multiple_of(dim), || {
-        format!("input of {} is not a whole number of rows of {dim}", x.len())
-    })?;
-    check_len(OP, "out", out.len(), x.len())?;
-    let rows = x.len() / dim;
-    fits_u32(OP, "rows", rows)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let dim_i = dim as i32;
-    let (xp, _gx) = x.device_ptr(dev.stream());
-    let (wp, _gw) = weight.device_ptr(dev.stream());
-    let (op, _go) = out.device_ptr_mut(dev.stream());
-    launch!(
-        dev,
-        format!("rms_norm_{}", T::NAME),
-        per_row(rows, 1, dim),
-        xp,
-        wp,
-        op,
-        dim_i,
-        eps,
-        offset
-    )
-}
-
-/// Gated RMSNorm over rows of width `weight.len()`, normalising each run of `group` channels separately
-/// (see [`crate::cpu::norm::gated_rms_norm`]). `z`'s rows are `z_stride` apart (at least the width), so the gate can
-/// be read in place out of a wider row.
-#[allow(clippy::too_many_arguments)]
-pub fn gated_rms_norm<T: Elem>(
-    dev: &CudaDevice,
-    x: &impl DevicePtr<T>,
-    z: &impl DevicePtr<T>,
-    z_stride: usize,
-    weight: &impl DevicePtr<T>,
-    group: usize,
-    eps: f32,
-    order: GateOrder,
-    out: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    const OP: &str = "gated_rms_norm";
-    let dim = weight.len();
-    ensure(OP, dim > 0 && group > 0 && dim.is_multiple_of(group), || {
-        format!("group {group} does not divide the row of {dim}")
-    })?;
-    ensure(OP, x.len().is_multiple_of(dim), || {
-        format!("input of {} is not a whole number of rows of {dim}", x.len())
-    })?;
-    check_len(OP, "out", out.len(), x.len())?;
-    let rows = x.len() / dim;
-    check_strided(OP, "z", z.len(), rows, z_stride, dim)?;
-    fits_u32(OP, "rows", rows)?;
-    fits_u32(OP, "rows · z_stride", rows * z_stride)?;
-    fits_grid_y(OP, "groups", dim / group)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let (dim_i, stride_i, group_i) = (dim as i32, z_stride as i32, group as i32);
-    let before = i32::from(order == GateOrder::BeforeNorm);
-    let (xp, _gx) = x.device_ptr(dev.stream());
-    let (zp, _gz) = z.device_ptr(dev.stream());
-    let (wp, _gw) = weight.device_ptr(dev.stream());
-    let (op, _go) = out.device_ptr_mut(dev.stream());
-    launch!(
-        dev,
-        format!("gated_rms_norm_{}", T::NAME),
-        per_row_capped(rows, dim / group, group),
-        xp,
-        zp,
-        wp,
-        op,
-        dim_i,
-        stride_i,
-        group_i,
-        eps,
-        before
-    )
-}
-
-/// `out = x / sqrt(Σx² + eps) · scale` per head of `dim` (see [`crate::cpu::norm::l2_norm_rows`]; the scale is the
-/// query's): `rows` input rows of `heads` heads each, the rows `x_stride` apart (at least `heads · dim`, so the heads
-/// can be read in place out of a wider row); `out` is `[rows, heads, dim]` and may be `x` when `x_stride` is
-/// `heads · dim`.
-#[allow(clippy::too_many_arguments)]
-pub fn l2_norm<T: Elem>(
-    dev: &CudaDevice,
-    x: &impl DevicePtr<T>,
-    rows: usize,
-    heads: usize,
-    dim: usize,
-    x_stride: usize,
-    eps: f32,
-    scale: f32,
-    out: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    const OP: &str = "l2_norm";
-    ensure(OP, dim > 0 && heads > 0, || {
-        format!("{heads} heads of {dim} is an empty row")
-    })?;
-    check_strided(OP, "x", x.len(), rows, x_stride, heads * dim)?;
-    check_len(OP, "out", out.len(), rows * heads * dim)?;
-    fits_u32(OP, "rows · heads", rows * heads)?;
-    fits_u32(OP, "rows · x_stride", rows * x_stride)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let (dim_i, heads_i, stride_i) = (dim as i32, heads as i32, x_stride as i32);
-    let (xp, _gx) = x.device_ptr(dev.stream());
-    let (op, _go) = out.device_ptr_mut(dev.stream());
-    launch!(
-        dev,
-        format!("l2_norm_{}", T::NAME),
-        per_row(rows * heads, 1, dim),
-        xp,
-        op,
-        dim_i,
-        heads_i,
-        stride_i,
-        eps,
-        scale
-    )
+    (ptrs.iter().all(|p| p % 16 == 0) && lens.iter().all(|n| n.is_multiple_of(v))).then_some(v)
 }
 
 /// Checks a strided operand: `rows` rows `stride` apart (at least `width`), of which the last needs only its `width`
@@ -594,6 +456,7 @@ mod gemv;
 mod glue;
 mod lm_head;
 mod moe;
+mod norm;
 mod replay;
 mod sample;
 mod scan;
@@ -616,6 +479,7 @@ pub use moe::{
     moe_align, moe_combine, moe_gemm, moe_gemm_using, moe_tensor_cores, route_sigmoid_grouped, route_softmax,
     MoeKernel, SigmoidRouting, MOE_M64_ROWS,
 };
+pub use norm::{gated_rms_norm, l2_norm, rms_norm};
 pub use replay::{
     gdn_replay, mamba2_replay, replay_geometry, ReplayGeometry, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T,
     REPLAY_META,

@@ -2,10 +2,6 @@
 
 // Both kernels run V elements a thread (V = 1, or a 16-byte vector when the host finds n and the pointers aligned):
 // one element a thread leaves each thread a single short load in flight, too few to keep HBM busy.
-template <typename T, int V>
-struct alignas(V * sizeof(T)) ActPack {
-    T v[V];
-};
 
 __device__ __forceinline__ float act_f(float v, int kind) {
     switch (kind) {
@@ -19,7 +15,7 @@ __device__ __forceinline__ float act_f(float v, int kind) {
 
 template <typename T, int V>
 __device__ void act_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, int kind) {
-    typedef ActPack<T, V> P;
+    typedef Pack<T, V> P;
     const P* xp = reinterpret_cast<const P*>(x);
     P* op = reinterpret_cast<P*>(out);
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n / V; i += (u64)gridDim.x * blockDim.x) {
@@ -36,7 +32,7 @@ __device__ void act_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, in
 // out = silu(gate) · up; `out` may alias `gate`.
 template <typename T, int V>
 __device__ void swiglu_impl(const T* gate, const T* __restrict__ up, T* out, u64 n) {
-    typedef ActPack<T, V> P;
+    typedef Pack<T, V> P;
     const P* gp = reinterpret_cast<const P*>(gate);
     const P* up_p = reinterpret_cast<const P*>(up);
     P* op = reinterpret_cast<P*>(out);

@@ -22,6 +22,13 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
     return (bf16)(u >> 16);
 }
 
+// V elements of T moved as one aligned load or store (16 bytes when V · sizeof(T) is 16: the vector kernels, whose
+// hosts check that every address is aligned).
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Pack {
+    T v[V];
+};
+
 __device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
 __device__ __forceinline__ float neg_inf_f32() { return __uint_as_float(0xff800000u); }
 

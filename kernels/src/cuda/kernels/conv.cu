@@ -93,16 +93,11 @@ __device__ void conv1d_impl(const T* __restrict__ x, const T* __restrict__ w, co
 // over runs of tokens. A launch outside those terms (no append, a wider kernel) gets NaN outputs.
 #define CONV_VEC_K 4
 template <typename T, int V>
-struct alignas(16) ConvPack {
-    T v[V];
-};
-
-template <typename T, int V>
 __device__ void conv1d_vec_impl(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                                 T* __restrict__ state_pool, const int* __restrict__ meta, int num_slots, int cap,
                                 T* __restrict__ out, int seq, int channels, int x_stride, int k, int apply_silu,
                                 int append) {
-    typedef ConvPack<T, V> P;
+    typedef Pack<T, V> P;
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     const int b = blockIdx.y;
     if (c >= channels) {

@@ -20,14 +20,9 @@ __device__ void gather_cols_impl(const T* __restrict__ src, const int* __restric
 // out[r, j] = src[r, start + j] for the n columns of a contiguous range, V elements a thread (the host checks that
 // start, n, the width and both pointers keep every vector 16-byte aligned when V > 1). Grid as gather_cols.
 template <typename T, int V>
-struct alignas(V * sizeof(T)) ColPack {
-    T v[V];
-};
-
-template <typename T, int V>
 __device__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ out, u64 rows, int src_width, int start,
                                int n) {
-    typedef ColPack<T, V> P;
+    typedef Pack<T, V> P;
     const int nv = n / V;
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const P* srow = reinterpret_cast<const P*>(src + r * (u64)src_width + start);

@@ -2,7 +2,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, check_strided, fits_grid_y, fits_u32, REPLAY_META};
+use super::{after_launch, check_strided, fits_grid_y, fits_u32, vectors, REPLAY_META};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -117,15 +117,9 @@ pub fn causal_conv1d<T: Elem, B: DevicePtr<T>>(
     let (op, _go) = out.device_ptr_mut(dev.stream());
     // 16-byte vectors of channels for decode and verify rows when the layout allows them and the batch has the threads
     // to spare; prompt chunks take the scalar kernel, spread over runs of tokens.
-    let v = 16 / std::mem::size_of::<T>();
-    let aligned = [xp, sp, op].iter().all(|p| p % 16 == 0);
-    let vec = append
-        && aligned
-        && k <= CONV_VEC_K
-        && channels.is_multiple_of(v)
-        && x_stride.is_multiple_of(v)
-        && batch * channels / v >= VEC_MIN_THREADS;
-    if vec {
+    let vec = vectors::<T>(&[xp, sp, op], &[channels, x_stride])
+        .filter(|v| append && k <= CONV_VEC_K && batch * channels / v >= VEC_MIN_THREADS);
+    if let Some(v) = vec {
         let cfg = LaunchConfig {
             grid_dim: ((channels / v).div_ceil(128) as u32, batch as u32, 1),
             block_dim: (128, 1, 1),

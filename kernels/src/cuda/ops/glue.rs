@@ -5,7 +5,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_grid_y, fits_u32, grid_1d, per_row};
+use super::{after_launch, fits_grid_y, fits_u32, grid_1d, per_row, vectors};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -80,11 +80,9 @@ pub fn copy_cols<T: Elem>(
     let (rows_u, w_i, start_i, n_i) = (rows as u64, src_width as i32, start as i32, n as i32);
     let (sp, _gs) = src.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    let v = 16 / std::mem::size_of::<T>();
-    let vec = sp % 16 == 0 && op % 16 == 0 && [src_width, start, n].iter().all(|x| x.is_multiple_of(v));
-    let (name, per_thread) = match vec {
-        true => (format!("copy_cols_vec_{}", T::NAME), v),
-        false => (format!("copy_cols_{}", T::NAME), 1),
+    let (name, per_thread) = match vectors::<T>(&[sp, op], &[src_width, start, n]) {
+        Some(v) => (format!("copy_cols_vec_{}", T::NAME), v),
+        None => (format!("copy_cols_{}", T::NAME), 1),
     };
     launch!(
         dev,
