@@ -10,9 +10,7 @@
 # Carried: .gpu/prof/rewind.xz (as for stage_profile.sh).
 set -u
 . bench/gpu/lib.sh
-xz -dc ${BIN:-.gpu/prof/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
-R=/tmp/rewind
-use_kcache $(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz
+unpack_bin ${BIN:-.gpu/prof/rewind.xz}
 out_dir ktimes
 trap 'cp $D/summary.txt $OUT/ 2>/dev/null; tar -C $OUT -czf $OUT/ktimes.tgz ktimes && rm -rf $D' EXIT
 
@@ -20,9 +18,7 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "nsys: ${NSYS:-none}; ncu: ${NCU:-none}" | tee $D/summary.txt
 for spec in ${MODELS:-nemotron_h:nemotron-h-8b:4 qwen3_5:qwen3.5-4b:4}; do
-  IFS=: read -r arch preset layers <<< "$spec"
-  m=/tmp/m-$preset-$layers
-  $R init-model --arch $arch --preset $preset --layers $layers --out $m --seed 7 > /dev/null 2>>$D/init.log
+  init_model $R $spec
   args="bench --device cuda --model $m --decode replay --batch ${BATCH:-256} --prompt-len 1024 --step-prompt 16
     --decode-tokens 16 --verify-window 4 --repeats 1 --no-cuda-graphs"
   f=$D/$preset-$layers

@@ -25,3 +25,21 @@ out_dir() {
 
 # stamp WHAT RC: one line of the run log with the seconds since out_dir.
 stamp() { echo "$1 rc $2 at $(( $(date +%s) - t0 )) s" >> $L; }
+
+# unpack_bin XZ: the carried build as R=/tmp/rewind, with the kernel cache carried beside it (use_kcache).
+unpack_bin() {
+  xz -dc "$1" > /tmp/rewind && chmod +x /tmp/rewind
+  R=/tmp/rewind
+  use_kcache "$(dirname "$1")/kcache.tar.xz"
+}
+
+# init_model BIN SPEC: the random model of SPEC (arch:preset:layers, 0 layers = the preset's own depth; seed 7) at
+# m=/tmp/m-PRESET-LAYERS, written by BIN unless it is there already; sets arch, preset, layers and m, and stamps.
+init_model() {
+  IFS=: read -r arch preset layers <<< "$2"
+  m=/tmp/m-$preset-$layers
+  local extra=""
+  [ "$layers" != 0 ] && extra="--layers $layers"
+  [ -f $m/config.json ] || "$1" init-model --arch $arch --preset $preset $extra --out $m --seed 7 > /dev/null 2>>$L
+  stamp "init $preset $layers" $?
+}

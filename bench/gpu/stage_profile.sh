@@ -10,19 +10,12 @@
 # run.log and the stage lines in stages.txt.
 set -u
 . bench/gpu/lib.sh
-xz -dc ${BIN:-.gpu/prof/rewind.xz} > /tmp/rewind && chmod +x /tmp/rewind
-R=/tmp/rewind
-use_kcache $(dirname ${BIN:-.gpu/prof/rewind.xz})/kcache.tar.xz
+unpack_bin ${BIN:-.gpu/prof/rewind.xz}
 out_dir prof
 trap 'cp $D/run.log $OUT/ 2>/dev/null; grep -h "by stage" $D/*.log > $OUT/stages.txt 2>/dev/null; tar -C $OUT -czf $OUT/prof.tgz prof && rm -rf $D' EXIT
 
 for spec in ${MODELS:-qwen3_5:qwen3.5-4b:0 nemotron_h:nemotron-h-8b:0}; do
-  IFS=: read -r arch preset layers <<< "$spec"
-  m=/tmp/m-$preset-$layers
-  extra=""
-  [ "$layers" != 0 ] && extra="--layers $layers"
-  [ -f $m/config.json ] || $R init-model --arch $arch --preset $preset $extra --out $m --seed 7 > /dev/null 2>>$L
-  stamp "init $preset $layers" $?
+  init_model $R $spec
   common="--device cuda --model $m --decode replay --batch ${BATCH:-64,256} --prompt-len 1024 --step-prompt 16
     --decode-tokens 16 --verify-window 4"
   f=$D/$preset-$layers-profile

@@ -42,12 +42,7 @@ if [ "${COLS_MAP:-1}" = 1 ]; then
   tail -2 $D/selftest-cols-map-$LAST.log >> $L
 fi
 for spec in ${MODELS:-nemotron_h:nemotron-h-8b:0 qwen3_5:qwen3.5-4b:0}; do
-  IFS=: read -r arch preset layers <<< "$spec"
-  m=/tmp/m-$preset-$layers
-  extra=""
-  [ "$layers" != 0 ] && extra="--layers $layers"
-  /tmp/$LAST init-model --arch $arch --preset $preset $extra --out $m --seed 7 > /dev/null 2>>$L
-  stamp "init $preset $layers" $?
+  init_model /tmp/$LAST $spec
   common="--device cuda --model $m --decode replay --batch ${BATCH:-64,256} --prompt-len 1024 --step-prompt 16
     --decode-tokens 16 --verify-window 4"
   for v in $VARIANTS; do
