@@ -295,6 +295,29 @@ __device__ __forceinline__ void rp_fold_weights(float* wts, int j0, int j1, int 
     }
 }
 
+// add(j, v_j) for the ring's entries j < h in order, v_j = ring[pj[j]·stride + off] as f32: the rows are loaded 8 at
+// a time, so that a lane has them in flight together instead of one per dependent step of the sum it feeds (1.05×
+// on a Mamba-2 replay step of L = 16 at batch 256, 1.18× at L = 32: bench/results/gpu-replay-stream-2026-11-27.md).
+template <typename T, typename F>
+__device__ __forceinline__ void rp_ring_each(const T* __restrict__ ring, const int* pj, u64 stride, u64 off, int h,
+                                             F add) {
+    int j = 0;
+    for (; j + 8 <= h; j += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            v[u] = to_f32(ring[(u64)pj[j + u] * stride + off]);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            add(j + u, v[u]);
+        }
+    }
+    for (; j < h; ++j) {
+        add(j, to_f32(ring[(u64)pj[j] * stride + off]));
+    }
+}
+
 // Dot product of one stored row (read by one lane) with a shared f32 vector.
 __device__ __forceinline__ float rp_dot1(const float* __restrict__ row, const float* v, int n) {
     float a = 0.0f;

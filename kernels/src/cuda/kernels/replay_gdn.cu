@@ -202,8 +202,8 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                 rk[i] = 0.0f;
                 rq[i] = 0.0f;
             }
-            for (int j = 0; j < h; ++j) {
-                const float uj = wh[j] * to_f32(ring_u[((u64)pj[j] * v_heads + hd) * dv + row]);
+            rp_ring_each(ring_u, pj, (u64)v_heads * dv, (u64)hd * dv + row, h, [&](int j, float u) {
+                const float uj = wh[j] * u;
 #pragma unroll
                 for (int i = 0; i < SB; ++i) {
                     if (s0 + i < t) {
@@ -211,7 +211,7 @@ __device__ void gdn_replay_impl(float* __restrict__ state_pool, T* __restrict__ 
                         rq[i] += uj * kq[j * t + s0 + i];
                     }
                 }
-            }
+            });
 #pragma unroll
             for (int i = 0; i < SB; ++i) {
                 if (s0 + i < t) {

@@ -6,6 +6,21 @@
 // Pools: state [slots, heads, head_dim, state_dim] f32; ring_x [slots, R, heads, head_dim]; ring_dt [slots, R, heads]
 // f32; ring_b [slots, R, groups, state_dim]. Inputs x [batch, t, heads, head_dim], dt [batch, t, heads],
 // B, C [batch, t, groups, state_dim]; y as x. The warp's scratch: warp_scratch in ops/replay.rs.
+// The ring's share of output (s, i): Σ_{j ≤ h+s} w_s[j]·x_j[i] in entry order (ws = w + s·max_m; x_h.. are the
+// step's own inputs, `xi` pointing at token 0's element i and `xstep` elements a token).
+template <typename T>
+__device__ __forceinline__ float m2_ring_share(const T* __restrict__ ring_x, const T* __restrict__ xi, u64 xstep,
+                                               const int* pj, const float* ws, int h, int jn, int heads, int hd, int p,
+                                               int i) {
+    float acc = 0.0f;
+    const int hr = min(jn, h);
+    rp_ring_each(ring_x, pj, (u64)heads * p, (u64)hd * p + i, hr, [&](int j, float v) { acc += ws[j] * v; });
+    for (int j = hr; j < jn; ++j) {
+        acc += ws[j] * to_f32(xi[(u64)(j - h) * xstep]);
+    }
+    return acc;
+}
+
 template <typename T, int NC>
 __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict__ ring_x, float* __restrict__ ring_dt,
                                    T* __restrict__ ring_b, const int* __restrict__ meta, int num_slots, int ring_rows,
@@ -94,14 +109,12 @@ __device__ void mamba2_replay_impl(float* __restrict__ state_pool, T* __restrict
     }
     __syncwarp();
     const float dskip = D[hd];
+    const u64 xstep = (u64)heads * p;
     for (int s = 0; s < t; ++s) {
         for (int i = ch0 * RP_CHUNK + lane; i < min(p, ch1 * RP_CHUNK); i += 32) {
-            float acc = 0.0f;
-            for (int j = 0; j <= h + s; ++j) {
-                const T xj = j < h ? ring_x[((u64)pj[j] * heads + hd) * p + i] : x[(((u64)b * t + (j - h)) * heads + hd) * p + i];
-                acc += w[s * max_m + j] * to_f32(xj);
-            }
-            rv[s * p + i] = acc + dskip * to_f32(x[(((u64)b * t + s) * heads + hd) * p + i]);
+            const T* xi = x + ((u64)b * t * heads + hd) * p + i;
+            const float acc = m2_ring_share(ring_x, xi, xstep, pj, w + s * max_m, h, h + s + 1, heads, hd, p, i);
+            rv[s * p + i] = acc + dskip * to_f32(xi[(u64)s * xstep]);
         }
     }
     __syncwarp();
