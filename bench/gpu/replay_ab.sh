@@ -8,9 +8,10 @@
 # which keeps a call's carry under its limit), or, for `before` and `after` without BINS, from BEFORE (default
 # .gpu/x1/rewind.xz) and AFTER (default .gpu/kern/rewind.xz). Each is `cargo build --release -p rewind-bin
 # --no-default-features --features cuda`, stripped: `bash bench/gpu/build_ab.sh before=REV after=REV` makes BINS.
-# Everything comes back as $OUT/ab.tgz (plus run.log).
+# The kernel cache build_ab.sh writes beside BINS (KCACHE_ARCH) is used when carried. Everything comes back as
+# $OUT/ab.tgz (plus run.log).
 set -u
-export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. bench/gpu/lib.sh
 VARIANTS=${VARIANTS:-before after}
 FIRST=${VARIANTS%% *}
 LAST=${VARIANTS##* }
@@ -20,6 +21,7 @@ else
   xz -dc ${BEFORE:-.gpu/x1/rewind.xz} > /tmp/before && xz -dc ${AFTER:-.gpu/kern/rewind.xz} > /tmp/after
 fi
 for v in $VARIANTS; do chmod +x /tmp/$v; done
+[ -n "${BINS:-}" ] && use_kcache $(dirname $BINS)/kcache.tar.xz
 D=$OUT/ab
 mkdir -p $D
 trap 'cp $D/run.log $OUT/ 2>/dev/null; tar -C $OUT -czf $OUT/ab.tgz ab && rm -rf $D' EXIT
