@@ -81,6 +81,7 @@ fn report_json(report: &Report, header: Value) -> Value {
         "arch": format!("sm_{}{}", report.arch.0, report.arch.1),
         "sm_count": report.sm_count,
         "copy_gb_s": report.copy_gbs,
+        "read_gb_s": report.read_gbs,
         "dtypes": "bf16 inputs, rings and outputs; fp32 state",
         "shapes": s.families.iter().map(|f| json!({"family": f.name(), "shape": f.shape()})).collect::<Vec<_>>(),
         "sweep": {
@@ -247,6 +248,7 @@ mod tests {
             arch: (9, 0),
             sm_count: 132,
             copy_gbs: 3000.0,
+            read_gbs: 3300.0,
             rows: vec![Row::new(Family::Gdn, Kernel::Replay { l: 16 }, 8, &[0.1], 1e8, 3000.0)],
             sweep,
         };

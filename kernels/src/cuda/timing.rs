@@ -56,6 +56,31 @@ pub fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     Ok(2.0 * (n * 4) as f64 / ms / 1e6)
 }
 
+/// Read-only bandwidth in GB/s (1 GiB read once in 16-byte loads, beyond L2; `read_probe` in `kernels/probe.cu`): what
+/// a kernel that streams state without writing it (a replay step) can approach, beside [`copy_bandwidth`].
+pub fn read_bandwidth(dev: &CudaDevice) -> Result<f64> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let n = 1usize << 28;
+    let src = dev.alloc_zeros::<f32>(n)?;
+    let out = dev.alloc_zeros::<f32>(1)?;
+    let n4 = (n / 4) as u64;
+    let func = dev.function("read_probe")?;
+    let cfg = LaunchConfig {
+        grid_dim: (8 * dev.sm_count() as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ms = median_ms(dev, || {
+        let mut b = dev.stream().launch_builder(func);
+        b.arg(&src).arg(&n4).arg(&out);
+        // SAFETY: `src` holds n4 16-byte elements and `out` one float, as read_probe's signature reads them.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::Unavailable(format!("read probe: {e:?}")))
+    })?;
+    Ok((n * 4) as f64 / ms / 1e6)
+}
+
 /// Events recorded on a device's stream between the stages of a step (a profiling aid: `rewind bench
 /// --stage-profile`), resolved to durations once the step's work is done. Each stage's time is the interval from the
 /// previous mark (or [`StageMarks::begin`]) to its own; creating and recording events costs a few microseconds of host

@@ -376,6 +376,8 @@ pub struct Report {
     pub sm_count: usize,
     /// Device-to-device copy bandwidth (read + write), GB/s, measured in this run.
     pub copy_gbs: f64,
+    /// Read-only bandwidth, GB/s, measured in this run (`timing::read_bandwidth`).
+    pub read_gbs: f64,
     /// What was measured.
     pub sweep: Sweep,
     /// Every case, in [`Sweep::cases`] order.

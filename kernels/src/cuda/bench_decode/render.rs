@@ -32,8 +32,10 @@ pub fn markdown(report: &Report, header: &[(&str, String)]) -> String {
     }
     let _ = writeln!(
         s,
-        "- device: {}, sm_{}{}, {} SMs; copy bandwidth {:.0} GB/s (1 GiB device-to-device, read + write, this run)",
-        report.device, report.arch.0, report.arch.1, report.sm_count, report.copy_gbs
+        "- device: {}, sm_{}{}, {} SMs; copy bandwidth {:.0} GB/s (1 GiB device-to-device, read + write, this run); \
+         read-only bandwidth {:.0} GB/s (1 GiB read once, 16-byte loads: what a step that only reads its state can \
+         approach)",
+        report.device, report.arch.0, report.arch.1, report.sm_count, report.copy_gbs, report.read_gbs
     );
     let _ = writeln!(
         s,

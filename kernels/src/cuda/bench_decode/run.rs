@@ -28,11 +28,13 @@ pub fn run_sweep(dev: &CudaDevice, sweep: &Sweep, mut progress: impl FnMut(&Row)
         message,
     })?;
     let copy_gbs = timing::copy_bandwidth(dev)?;
+    let read_gbs = timing::read_bandwidth(dev)?;
     let mut report = Report {
         device: dev.name().to_string(),
         arch: dev.arch(),
         sm_count: dev.sm_count(),
         copy_gbs,
+        read_gbs,
         sweep: sweep.clone(),
         rows: Vec::new(),
     };

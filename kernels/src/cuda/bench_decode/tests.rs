@@ -251,6 +251,7 @@ fn report() -> Report {
         arch: (9, 0),
         sm_count: 132,
         copy_gbs: copy,
+        read_gbs: 1.1 * copy,
         sweep,
         rows,
     };
