@@ -2,7 +2,7 @@
 //! launches, then the median of 20; attention beside the copy bandwidth measured in the same run. Correctness is the
 //! selftest's job; this only says where time goes.
 //!
-//! `cargo run --release -p rewind-kernels --example cuda_timing [gemv|attention|scans|moe]` on a machine with a GPU;
+//! `cargo run --release -p rewind-kernels --example cuda_timing [gemv|gemm|attention|scans|moe]` on a machine with a GPU;
 //! prints one line per op (one section when named, else all).
 
 use half::bf16;
@@ -148,6 +148,9 @@ fn main() -> Result<()> {
     if want("gemv") {
         gemv_section(&dev, rng, copy)?;
     }
+    if want("gemm") {
+        gemm_section(&dev, rng)?;
+    }
     if want("attention") {
         attention_section(&dev, rng, copy)?;
     }
@@ -180,6 +183,54 @@ fn gemv_section(dev: &CudaDevice, rng: &mut Rng, copy: f64) -> Result<()> {
             (2560, 9216, "Qwen3.5-4B MLP gate"),
         ] {
             skinny(dev, &blas, rng, copy, rows, k, n, what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Dense bf16 peak of the H100 / H200 (SXM), TFLOP/s: the denominator of the GEMM lines' fraction.
+const HOPPER_BF16_TFLOPS: f64 = 989.0;
+
+/// The GEMMs of a verify step (rows = batch · T tokens) and of a decode at batch 256, through `cublasGemmEx` (what the
+/// engine's `linear` calls) and through cuBLASLt's heuristic (`linear_lt`), both bf16 in and out: whether the verify
+/// step's 1024-row GEMMs (about half the dense peak in the stage profile) would gain from the other entry point.
+fn gemm_section(dev: &CudaDevice, rng: &mut Rng) -> Result<()> {
+    let blas = Blas::new(dev)?;
+    for rows in [256, 1024] {
+        for (k, n, what) in [
+            (4096, 18560, "Nemotron-H-8B Mamba in_proj"),
+            (8192, 4096, "Nemotron-H-8B Mamba out_proj"),
+            (4096, 21504, "Nemotron-H-8B MLP up"),
+            (21504, 4096, "Nemotron-H-8B MLP down"),
+            (2560, 9216, "Qwen3.5-4B MLP gate"),
+            (9216, 2560, "Qwen3.5-4B MLP down"),
+        ] {
+            let bytes = n * k * 2;
+            let copies = (256usize << 20).div_ceil(bytes).max(2);
+            let ws: Vec<CudaSlice<bf16>> = (0..copies)
+                .map(|_| random(dev, rng, n * k, 0.05))
+                .collect::<Result<_>>()?;
+            let x = random(dev, rng, rows * k, 1.0)?;
+            let mut out = dev.alloc::<bf16>(rows * n)?;
+            let mut i = 0;
+            let gemm_ex = timing::median_ms(dev, || {
+                i += 1;
+                blas.linear(&x, &ws[i % copies], &mut out, rows, k, n)
+            })?;
+            let lt = timing::median_ms(dev, || {
+                i += 1;
+                blas.linear_lt(&x, &ws[i % copies], None, &mut out, rows, k, n)
+            })?;
+            let tflops = |ms: f64| 2.0 * (rows * k * n) as f64 / ms / 1e9;
+            println!(
+                "gemm  [{rows}, {k}] · [{n}, {k}]ᵀ {what}: cublasGemmEx {gemm_ex:.4} ms ({:.0} TFLOP/s, {:.2} of peak), \
+                 cuBLASLt {lt:.4} ms ({:.0} TFLOP/s, {:.2} of peak), Lt {:.2}× GemmEx",
+                tflops(gemm_ex),
+                tflops(gemm_ex) / HOPPER_BF16_TFLOPS,
+                tflops(lt),
+                tflops(lt) / HOPPER_BF16_TFLOPS,
+                gemm_ex / lt
+            );
         }
     }
     Ok(())
