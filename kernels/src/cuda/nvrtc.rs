@@ -183,6 +183,17 @@ pub const MODULES: &[KernelModule] = &[
 /// Compiler options besides the target.
 const OPTIONS: &[&str] = &["--std=c++17"];
 
+/// [`OPTIONS`], plus `-lineinfo` under `REWIND_NVRTC_LINEINFO=1`: source lines in the images, so that a profiler's
+/// per-instruction stall samples map back to the kernels' code (`bench/gpu/ncu_source.sh`). Part of the cache key,
+/// so such images never stand in for the usual ones.
+fn options() -> Vec<&'static str> {
+    let mut o = OPTIONS.to_vec();
+    if std::env::var("REWIND_NVRTC_LINEINFO").is_ok_and(|v| v == "1") {
+        o.push("-lineinfo");
+    }
+    o
+}
+
 /// What NVRTC produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageKind {
@@ -309,7 +320,7 @@ fn cache_path(dir: &Path, module: &KernelModule, target: &str, key: u64) -> Path
 fn key_for(source: &str, target: &str) -> Result<u64> {
     let (major, minor) = version()?;
     let ver = format!("nvrtc {major}.{minor}");
-    let opts = OPTIONS.join(" ");
+    let opts = options().join(" ");
     Ok(cache_key(&[
         source.as_bytes(),
         target.as_bytes(),
@@ -430,7 +441,7 @@ pub(crate) fn compile_with(name: &str, source: &str, target: &str, extra: &[&str
     let file = CString::new(format!("{name}.cu")).unwrap_or_default();
     let prog =
         Program(nvrtc_result::create_program(&src, Some(file.as_c_str())).map_err(nvrtc_err("nvrtcCreateProgram"))?);
-    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    let mut options: Vec<String> = options().iter().map(|s| s.to_string()).collect();
     options.push(format!("--gpu-architecture={target}"));
     options.extend(extra.iter().map(|o| o.to_string()));
     // SAFETY: `prog` is a live program.
