@@ -187,8 +187,12 @@ const OPTIONS: &[&str] = &["--std=c++17"];
 /// per-instruction stall samples map back to the kernels' code (`bench/gpu/ncu_source.sh`). Part of the cache key,
 /// so such images never stand in for the usual ones.
 fn options() -> Vec<&'static str> {
+    options_for(std::env::var("REWIND_NVRTC_LINEINFO").is_ok_and(|v| v == "1"))
+}
+
+fn options_for(lineinfo: bool) -> Vec<&'static str> {
     let mut o = OPTIONS.to_vec();
-    if std::env::var("REWIND_NVRTC_LINEINFO").is_ok_and(|v| v == "1") {
+    if lineinfo {
         o.push("-lineinfo");
     }
     o
@@ -507,6 +511,15 @@ mod tests {
         assert_ne!(base, cache_key(&[b"src", b"sm_90", b"--std=c++17", b"nvrtc 13.1"]));
         // Part boundaries count: "ab" + "c" differs from "a" + "bc".
         assert_ne!(cache_key(&[b"ab", b"c"]), cache_key(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn line_info_images_have_their_own_cache_key() {
+        let (plain, lined) = (options_for(false).join(" "), options_for(true).join(" "));
+        assert_eq!(plain, OPTIONS.join(" "));
+        assert!(lined.ends_with(" -lineinfo"), "{lined}");
+        let key = |o: &str| cache_key(&[b"src", b"sm_90", o.as_bytes(), b"nvrtc 13.0"]);
+        assert_ne!(key(&plain), key(&lined));
     }
 
     #[test]
