@@ -277,8 +277,8 @@ pub struct EngineArgs {
     /// Decode steps one engine step may chain on the ranks with no host round trip between them (1 to 16; 1: none;
     /// like vLLM's --num-scheduler-steps). A step chains only while every running sequence decodes (no prompt chunk,
     /// verify or waiting request it could admit), never for session turns, repetition penalties or speculating
-    /// requests (and, under tensor parallelism, only greedy ones); a stop is noticed at the end of the chain and the
-    /// tokens after it are dropped.
+    /// requests (and, under tensor parallelism on GPUs, only greedy ones); a stop is noticed at the end of the chain
+    /// and the tokens after it are dropped.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub decode_steps: usize,
 }

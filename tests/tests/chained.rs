@@ -1,8 +1,9 @@
 //! Chained decode steps (`--decode-steps`, `StepPlan::chained`) through the actor runtime on CPU ranks: on every
 //! fixture and decode form, 24 concurrent requests — greedy and seeded sampling, with stop tokens that end some of
 //! them inside a chain — give exactly the outputs of one decode step per engine step, and steps did chain; at TP 2
-//! greedy requests chain (the ranks merge their vocabulary slices' picks) with the same outputs. Out-of-range
-//! settings are refused at start-up with a clear error.
+//! the same mix chains with the same outputs (the ranks merge their vocabulary slices' picks for greedy rows and
+//! gather a sampled row's slices to draw from it whole). Out-of-range settings are refused at start-up with a clear
+//! error.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,15 +32,15 @@ fn config(form: FormChoice, decode_steps: usize) -> EngineConfig {
     c
 }
 
-/// 24 requests over the fixture's vocabulary: every third greedy (every one when `greedy`), the others sampled with
-/// their own seed; request `i` stops at the ids `stops[i]` (empty: none).
-fn requests(vocab: usize, stops: &[Vec<u32>], greedy: bool) -> Vec<GenerateRequest> {
+/// 24 requests over the fixture's vocabulary: every third greedy, the others sampled with their own seed; request
+/// `i` stops at the ids `stops[i]` (empty: none).
+fn requests(vocab: usize, stops: &[Vec<u32>]) -> Vec<GenerateRequest> {
     let mut rng = Rng(11);
     (0..24)
         .map(|i| {
             let len = 2 + rng.below(20);
             let prompt = (0..len).map(|_| rng.below(vocab) as u32).collect();
-            let mut p = if greedy || i % 3 == 0 {
+            let mut p = if i % 3 == 0 {
                 SamplingParams::greedy()
             } else {
                 SamplingParams {
@@ -79,15 +80,14 @@ fn chained_steps_give_the_outputs_of_single_steps() {
         FormChoice::Auto,
     ];
     for dir in fixtures() {
-        // TP 2 chains greedy requests only, so its requests are all greedy.
-        for (tp, forms, greedy) in [(1, &all[..], false), (2, &all[3..], true)] {
+        for (tp, forms) in [(1, &all[..]), (2, &all[3..])] {
             for &form in forms {
                 let run = |steps: usize, stops: &[Vec<u32>]| {
                     rt.block_on(async {
                         let e = EngineHandle::start(launcher(&dir, tp), config(form, steps))
                             .await
                             .unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
-                        let out = serve_all(&e, &requests(e.info().vocab, stops, greedy)).await;
+                        let out = serve_all(&e, &requests(e.info().vocab, stops)).await;
                         let m = e.metrics().snapshot();
                         let h = e.health().await.expect("health");
                         assert!(h.ranks.iter().all(|r| r.slots_in_use == 0), "{h:?}");

@@ -118,13 +118,14 @@ impl CoordinatorState {
         }
         // Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at
         // its last token, and a chain may run past a stop), a repetition penalty (its history needs each token on the
-        // host) or a speculating request (its steps are verifies); under tensor parallelism greedy requests only (a
-        // sampled row needs the whole logit row, which only the coordinator joins).
+        // host) or a speculating request (its steps are verifies); under tensor parallelism a sampled request only
+        // where the ranks gather a sampled row's slices themselves (`Books::chains_sample`: the CPU ranks; a GPU
+        // group's picks stay on the devices, and there only greedy rows are merged).
         let greedy = params.temperature == 0.0;
         let chain = session.is_none()
             && params.repetition_penalty == 1.0
             && !(speculate && self.config.spec.is_some())
-            && (self.info.tp == 1 || greedy);
+            && (greedy || self.books.chains_sample());
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,

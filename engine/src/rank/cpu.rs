@@ -177,6 +177,7 @@ impl Rank for Decoder {
             spec_summaries: true,
             max_chained: crate::rank::MAX_CHAINED,
             hidden_states: true,
+            tp_chain_sampling: true,
         }
     }
 
@@ -329,13 +330,24 @@ impl Decoder {
     /// the one before picked. The CPU reads every pick anyway, so this is the loop the GPU rank runs on the device
     /// (`gpu/chain.rs`) and the twin it is checked against.
     fn step_chained(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        // A sampled row under tensor parallelism is refused by the first step's checks, before anything runs.
         plan.check_chain()?;
         let mut step = StepPlan {
             chained: 0,
             ..plan.clone()
         };
+        // A tensor-parallel rank holds a slice of each row: its steps return the sampled rows' logit slices, and the
+        // rank samples from the whole rows it gathers (`sample_gathered`), as every other rank does alike.
+        let gather = self.comm().size() > 1 && plan.seqs.iter().any(|s| s.sample.is_some());
+        if gather {
+            for s in &mut step.seqs {
+                s.sample = None;
+            }
+            step.full_logits = true;
+        }
         let mut out = self.step(&step)?;
+        if gather {
+            self.sample_gathered(&mut out, plan, 0)?;
+        }
         step.commits.clear();
         let n = step.seqs.len();
         for k in 1..=plan.chained {
@@ -347,14 +359,82 @@ impl Decoder {
                     sample.uniform = p.chained_uniforms[k - 1];
                 }
             }
-            let next = self.step(&step)?;
+            let mut next = self.step(&step)?;
+            if gather {
+                self.sample_gathered(&mut next, plan, k)?;
+            }
             out.rows.extend(next.rows);
         }
         Ok(out)
     }
 
-    /// The tokens a chained step feeds on: each row's sampled token, else its argmax over the whole vocabulary (under
-    /// tensor parallelism the ranks gather their slices' best and merge them as the coordinator does).
+    /// Chained step `k` of `plan` on a tensor-parallel rank: each sampled sequence's row is gathered whole from
+    /// every rank's logit slice (`out.logits`, which it then drops) and sampled with the draw of step `k`, so every
+    /// rank reaches the token the coordinator would draw from the joined row.
+    fn sample_gathered(&self, out: &mut StepOut, plan: &StepPlan, k: usize) -> Result<()> {
+        let comm = self.comm();
+        let logits = out.logits.take().ok_or_else(|| {
+            EngineError::InvalidInput("a chained step asked for its logit slices returned none".into())
+        })?;
+        let width = out.vocab.len();
+        let vocab = self.model().config().vocab_size;
+        // Every rank's slice (start, width), as bits the gather copies exactly: the widths may differ, so each rank
+        // sends its rows padded to the widest.
+        let mut ranges = vec![0.0f32; 2 * comm.size()];
+        let mine = [out.vocab.start, width].map(|v| f32::from_bits(v as u32));
+        comm.all_gather(&mine, &mut ranges)?;
+        let slices: Vec<(usize, usize)> = ranges
+            .chunks_exact(2)
+            .map(|r| (r[0].to_bits() as usize, r[1].to_bits() as usize))
+            .collect();
+        let mut next = 0;
+        for &(start, w) in &slices {
+            if start != next || start + w > vocab {
+                return Err(EngineError::InvalidInput(format!(
+                    "the ranks' vocabulary slices {slices:?} do not tile the {vocab} ids in rank order"
+                )));
+            }
+            next = start + w;
+        }
+        if next != vocab {
+            return Err(EngineError::InvalidInput(format!(
+                "the ranks' vocabulary slices {slices:?} cover {next} of the {vocab} ids"
+            )));
+        }
+        let widest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        // The sampled sequences' reported (last) rows, with the draw of this step.
+        let mut wanted = Vec::new();
+        let mut row = 0;
+        for s in &plan.seqs {
+            row += s.row_count();
+            if let Some(sample) = &s.sample {
+                let mut sample = sample.clone();
+                if k > 0 {
+                    sample.uniform = sample.chained_uniforms[k - 1];
+                }
+                wanted.push((row - 1, sample));
+            }
+        }
+        let mut send = vec![f32::NEG_INFINITY; wanted.len() * widest];
+        for (i, (r, _)) in wanted.iter().enumerate() {
+            send[i * widest..i * widest + width].copy_from_slice(&logits[r * width..(r + 1) * width]);
+        }
+        let mut all = vec![0.0f32; send.len() * comm.size()];
+        comm.all_gather(&send, &mut all)?;
+        let mut whole = vec![0.0f32; vocab];
+        for (i, (r, sample)) in wanted.iter().enumerate() {
+            for (rank, &(start, w)) in slices.iter().enumerate() {
+                let src = &all[rank * send.len() + i * widest..][..w];
+                whole[start..start + w].copy_from_slice(src);
+            }
+            out.rows[*r].sampled = Some(sample.sample(&whole));
+        }
+        Ok(())
+    }
+
+    /// The tokens a chained step feeds on: each row's sampled token (every rank drew the same), else its argmax over
+    /// the whole vocabulary (under tensor parallelism the ranks gather their slices' best and merge them as the
+    /// coordinator does).
     fn picks(&self, rows: &[RowSummary]) -> Result<Vec<u32>> {
         let comm = self.comm();
         if comm.size() == 1 {
@@ -379,7 +459,7 @@ impl Decoder {
                         spec: None,
                     })
                     .collect();
-                Ok(super::vocab::merge_rows(&parts)?.argmax)
+                Ok(rows[i].sampled.unwrap_or(super::vocab::merge_rows(&parts)?.argmax))
             })
             .collect()
     }

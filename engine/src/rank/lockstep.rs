@@ -4,7 +4,8 @@
 //! one whole-vocabulary result.
 //!
 //! Under tensor parallelism the ranks hold vocabulary slices, so a row to sample comes back as logits and is
-//! sampled in [`finish`] with the same function a whole-vocabulary rank uses.
+//! sampled in [`finish`] with the same function a whole-vocabulary rank uses; a chain's sampled rows are sampled by
+//! the ranks themselves, each from every rank's slice of the row.
 
 use std::sync::Arc;
 
@@ -38,7 +39,9 @@ pub fn prepare(books: &Books, plan: &StepPlan, tp: usize) -> Result<Prepared> {
     books.validate(plan)?;
     let mut sent = plan.clone();
     let mut host_samples = Vec::new();
-    if tp > 1 {
+    // A chain's sampled rows stay with the ranks: the books let one through only where every rank samples them
+    // itself from the gathered slices (`Books::chains_sample`).
+    if tp > 1 && plan.chained == 0 {
         for s in &mut sent.seqs {
             let rows = s.row_count();
             for r in 0..rows {

@@ -183,8 +183,9 @@ pub struct StepPlan {
     /// Further decode steps every rank runs after this one with no host round trip between them (0: none; like
     /// vLLM's multi-step scheduling). Step `k` feeds each sequence the token step `k − 1` picked for it (its sampled
     /// token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices' summaries among
-    /// themselves) at the next position; on a GPU the pick stays on the device. Under tensor parallelism only greedy
-    /// rows chain (a sampled row needs the whole logit row, which only the coordinator joins). The ranks answer
+    /// themselves) at the next position; on a GPU the pick stays on the device. Under tensor parallelism a sampled
+    /// row chains only on ranks that gather its slices and draw from the whole row themselves
+    /// ([`RankInfo::tp_chain_sampling`]: the CPU ranks). The ranks answer
     /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
     /// what a chained plan may hold.
     pub chained: usize,
@@ -460,6 +461,9 @@ pub struct RankInfo {
     pub hidden_states: bool,
     /// The most further decode steps one plan may chain on this rank ([`StepPlan::chained`]; 0: none).
     pub max_chained: usize,
+    /// Whether, as one of several tensor-parallel ranks, the rank samples the sampled rows of a chain itself: it
+    /// gathers every rank's logit slice of the row and draws from the whole row as a single rank would.
+    pub tp_chain_sampling: bool,
 }
 
 #[cfg(test)]
