@@ -17,20 +17,14 @@
 //! (whole rows) use the Sampler's stream ([`crate::sample::Sampler::draw_at`]) and the one-pass candidates use the
 //! Gumbel noise of `rewind_kernels::cpu::lm_head`.
 
-use rewind_kernels::cpu::lm_head::uniform_at;
+use rewind_kernels::cpu::accept::{judge, JudgedRow};
 use rewind_kernels::cpu::sample::{argmax, kept_weights};
 
 use crate::error::{EngineError, Result};
 use crate::rank::VocabSummary;
 use crate::sample::{apply_repetition_penalty, distinct_ids, Sampler, SamplingParams};
 
-/// The noise id reserved for acceptance tests (no vocabulary reaches it).
-const ACCEPT_ID: u32 = u32::MAX;
-
-/// The acceptance test's uniform for the row predicting output token `index`.
-pub fn accept_uniform(seed: u64, index: u64) -> f32 {
-    uniform_at(seed, index, ACCEPT_ID)
-}
+pub use rewind_kernels::cpu::accept::accept_uniform;
 
 /// The seed a drafter that samples uses for request seed `seed`: a stream independent of the acceptance test's and
 /// the residual draws'.
@@ -48,35 +42,20 @@ pub struct Acceptance {
 
 /// Judges `drafts` from the verify's whole-vocabulary summaries (`drafts.len() + 1` rows): greedy when `sampled` is
 /// `None`, else sampling at the temperature the summaries were made with, keyed by `(seed, index)` where `index`
-/// is the output index of row 0's token.
+/// is the output index of row 0's token. The rule is `rewind_kernels::cpu::accept::judge`, the twin of the device's
+/// `spec_accept`.
 pub fn accept_summaries(rows: &[VocabSummary], drafts: &[u32], sampled: Option<(u64, u64)>) -> Result<Acceptance> {
-    check_rows(rows.len(), drafts.len())?;
-    for (i, &d) in drafts.iter().enumerate() {
-        let row = &rows[i];
-        let accept = match sampled {
-            None => row.argmax == d,
-            Some((seed, index)) => {
-                let s = spec_of(row, i)?;
-                let p = s.drafted.map_or(0.0, |l| (l - s.lse).exp());
-                accept_uniform(seed, index + i as u64) < p
-            }
-        };
-        if !accept {
-            let token = match sampled {
-                None => row.argmax,
-                Some(_) => candidate(spec_of(row, i)?, i)?,
-            };
-            return Ok(Acceptance { accepted: i, token });
-        }
-    }
-    let last = &rows[drafts.len()];
-    let token = match sampled {
-        None => last.argmax,
-        Some(_) => candidate(spec_of(last, drafts.len())?, drafts.len())?,
-    };
+    let judged: Vec<JudgedRow> = rows
+        .iter()
+        .map(|r| JudgedRow {
+            argmax: r.argmax,
+            spec: r.spec,
+        })
+        .collect();
+    let v = judge(&judged, drafts, sampled).map_err(|e| EngineError::InvalidInput(e.to_string()))?;
     Ok(Acceptance {
-        accepted: drafts.len(),
-        token,
+        accepted: v.accepted,
+        token: v.token,
     })
 }
 
@@ -88,21 +67,6 @@ fn check_rows(rows: usize, drafts: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-fn spec_of(row: &VocabSummary, i: usize) -> Result<rewind_kernels::cpu::lm_head::SpecSummary> {
-    row.spec
-        .ok_or_else(|| EngineError::InvalidInput(format!("verify row {i} came back without its speculative summary")))
-}
-
-fn candidate(s: rewind_kernels::cpu::lm_head::SpecSummary, i: usize) -> Result<u32> {
-    if s.score == f32::NEG_INFINITY {
-        // Only a one-token vocabulary whose token was drafted and rejected has no other id to resample.
-        return Err(EngineError::InvalidInput(format!(
-            "verify row {i}: no token left to resample"
-        )));
-    }
-    Ok(s.candidate)
 }
 
 /// The sampling of a request, for [`accept_rows`].

@@ -1,5 +1,6 @@
 //! CPU reference ops (f32).
 
+pub mod accept;
 pub mod act;
 pub mod attention;
 pub mod conv;

@@ -236,3 +236,48 @@ extern "C" __global__ void head_summary_merge(const u32* __restrict__ parts, int
     s = head_sum_block(s);
     if (threadIdx.x == 0) head_sum_store(s, out + (u64)r * HEAD_WORDS);
 }
+
+// Judges each sequence's speculative verify from its rows' summaries on the device, so that the accepted count and
+// the next token need not travel to the host (CPU twin: kernels/src/cpu/accept.rs, judge). Sequence q's verify has
+// t = drafts + 1 rows, q·t … q·t + t − 1 of `gathered` ([world, seqs · t, 8], rank order; one rank: its own
+// summaries), merged over the ranks with head_sum_combine. Greedy: accept while the argmax is the draft, else the
+// argmax replaces it; sampled: accept while uniform_at(seed, index + i, ACCEPT_ID) < exp(drafted − LSE of ℓ/τ), else
+// the Gumbel-max candidate replaces it; the last row gives the bonus. params [seqs, 5]: sampled flag, seed (lo, hi),
+// index of row 0's output (lo, hi); drafts [seqs, t − 1]. out [seqs, 2]: accepted count and token; token −1 when a
+// sampled row had nothing left to resample or a row held a NaN (the host fails that verify). One thread a sequence.
+extern "C" __global__ void spec_accept(const u32* __restrict__ gathered, int world, int seqs, int t,
+                                       const int* __restrict__ drafts, const u32* __restrict__ params,
+                                       int* __restrict__ out) {
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= seqs) return;
+    const u64 rows = (u64)seqs * t;
+    const u32* pw = params + (u64)q * 5;
+    const bool sampled = pw[0] != 0;
+    const u64 seed = (u64)pw[1] | ((u64)pw[2] << 32);
+    const u64 index = (u64)pw[3] | ((u64)pw[4] << 32);
+    int accepted = t - 1, token = -1;
+    for (int i = 0; i < t; ++i) {
+        const u64 r = (u64)q * t + i;
+        HeadSum s = head_sum_load(gathered + r * HEAD_WORDS);
+        for (int k = 1; k < world; ++k) {
+            s = head_sum_combine(s, head_sum_load(gathered + ((u64)k * rows + r) * HEAD_WORDS));
+        }
+        bool accept = false;
+        if (i < t - 1) {
+            const int d = drafts[(u64)q * (t - 1) + i];
+            if (sampled) {
+                const float p = s.has_draft ? expf(s.drafted - pair_lse(s.sm, s.ss)) : 0.0f;
+                accept = uniform_at(seed, index + (u64)i, 0xffffffffu) < p;
+            } else {
+                accept = !s.nan && s.arg == d;
+            }
+        }
+        if (!accept) {
+            accepted = i;
+            token = s.nan ? -1 : (sampled ? s.cand : s.arg);
+            break;
+        }
+    }
+    out[2 * q] = accepted;
+    out[2 * q + 1] = token;
+}

@@ -171,6 +171,57 @@ pub fn head_summaries(
     head_summary_merge(dev, parts, rows, total, total, out)
 }
 
+/// Words (u32) per sequence of [`spec_accept`]'s parameters ([`encode_judge`]).
+pub const JUDGE_WORDS: usize = 5;
+
+/// One sequence's judging parameters as [`spec_accept`] reads them: `None` judges greedily, `Some((seed, index))`
+/// samples keyed by the request's seed and the output index of the verify's first row.
+pub fn encode_judge(sampled: Option<(u64, u64)>) -> [u32; JUDGE_WORDS] {
+    match sampled {
+        None => [0; JUDGE_WORDS],
+        Some((seed, index)) => [1, seed as u32, (seed >> 32) as u32, index as u32, (index >> 32) as u32],
+    }
+}
+
+/// Judges `seqs` speculative verifies of `t` rows each (`t − 1` drafts) on the device, as
+/// [`crate::cpu::accept::judge`] does on the host: `gathered` `[world, seqs · t, 8]` the verify rows' summaries of
+/// every rank (rank order), `drafts` `[seqs, t − 1]`, `params` `[seqs, 5]` from [`encode_judge`]; `out` `[seqs, 2]`
+/// gets each sequence's accepted count and next token (−1 where the host must fail the verify: a NaN row, or nothing
+/// left to resample).
+#[allow(clippy::too_many_arguments)]
+pub fn spec_accept(
+    dev: &CudaDevice,
+    gathered: &impl DevicePtr<u32>,
+    world: usize,
+    seqs: usize,
+    t: usize,
+    drafts: &impl DevicePtr<i32>,
+    params: &impl DevicePtr<u32>,
+    out: &mut impl DevicePtrMut<i32>,
+) -> Result<()> {
+    const OP: &str = "spec_accept";
+    ensure(OP, world > 0 && t > 0, || format!("world {world}, t {t}"))?;
+    check_len(OP, "gathered", gathered.len(), world * seqs * t * SUMMARY_WORDS)?;
+    check_len(OP, "drafts", drafts.len(), seqs * (t - 1))?;
+    check_len(OP, "params", params.len(), seqs * JUDGE_WORDS)?;
+    check_len(OP, "out", out.len(), 2 * seqs)?;
+    fits_u32(OP, "rows", seqs * t)?;
+    if seqs == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: ((seqs as u32).div_ceil(THREADS), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (world_i, seqs_i, t_i) = (world as i32, seqs as i32, t as i32);
+    let (gp, _gg) = gathered.device_ptr(dev.stream());
+    let (dp, _gd) = drafts.device_ptr(dev.stream());
+    let (pp, _gpp) = params.device_ptr(dev.stream());
+    let (op, _go) = out.device_ptr_mut(dev.stream());
+    launch!(dev, "spec_accept", cfg, gp, world_i, seqs_i, t_i, dp, pp, op)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
