@@ -243,8 +243,10 @@ extern "C" __global__ void head_summary_merge(const u32* __restrict__ parts, int
 // summaries), merged over the ranks with head_sum_combine. Greedy: accept while the argmax is the draft, else the
 // argmax replaces it; sampled: accept while uniform_at(seed, index + i, ACCEPT_ID) < exp(drafted − LSE of ℓ/τ), else
 // the Gumbel-max candidate replaces it; the last row gives the bonus. params [seqs, 5]: sampled flag, seed (lo, hi),
-// index of row 0's output (lo, hi); drafts [seqs, t − 1]. out [seqs, 2]: accepted count and token; token −1 when a
-// sampled row had nothing left to resample or a row held a NaN (the host fails that verify). One thread a sequence.
+// index of row 0's output (lo, hi); drafts [seqs, t − 1]. out [seqs, 2]: accepted count and token; token −1 when the
+// replacing row had nothing left to resample (sampled) or any row of the verify held a NaN (the host fails that
+// verify; the CPU twin never sees such rows, which the host rejects before judging). A row whose maximum is −∞ (no
+// finite logit) has no argmax here. One thread a sequence.
 extern "C" __global__ void spec_accept(const u32* __restrict__ gathered, int world, int seqs, int t,
                                        const int* __restrict__ drafts, const u32* __restrict__ params,
                                        int* __restrict__ out) {
@@ -269,13 +271,24 @@ extern "C" __global__ void spec_accept(const u32* __restrict__ gathered, int wor
                 const float p = s.has_draft ? expf(s.drafted - pair_lse(s.sm, s.ss)) : 0.0f;
                 accept = uniform_at(seed, index + (u64)i, 0xffffffffu) < p;
             } else {
-                accept = !s.nan && s.arg == d;
+                accept = s.arg == d;
             }
         }
         if (!accept) {
             accepted = i;
-            token = s.nan ? -1 : (sampled ? s.cand : s.arg);
+            token = sampled ? s.cand : s.arg;
             break;
+        }
+    }
+    // A NaN in any row of the verify (a rank's max word is NaN then) fails it, as the host fails a step with a NaN
+    // row before judging it: the token is −1 whichever row held it.
+    for (u64 k = 0; k < (u64)world && token >= 0; ++k) {
+        for (int i = 0; i < t; ++i) {
+            const float m = __uint_as_float(gathered[(k * rows + (u64)q * t + i) * HEAD_WORDS + 1]);
+            if (m != m) {
+                token = -1;
+                break;
+            }
         }
     }
     out[2 * q] = accepted;
