@@ -94,9 +94,26 @@ fn attention(
     Ok(())
 }
 
+/// The operands of `[rows, k] · [n, k]ᵀ` (bf16): the weights in enough copies to exceed 256 MiB, so that rotating
+/// them keeps every launch reading from memory rather than L2 (as in a model, whose layers each have their own), the
+/// input, and the output.
+#[allow(clippy::type_complexity)]
+fn gemm_operands(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Result<(Vec<CudaSlice<bf16>>, CudaSlice<bf16>, CudaSlice<bf16>)> {
+    let copies = (256usize << 20).div_ceil(n * k * 2).max(2);
+    let ws = (0..copies)
+        .map(|_| random(dev, rng, n * k, 0.05))
+        .collect::<Result<_>>()?;
+    Ok((ws, random(dev, rng, rows * k, 1.0)?, dev.alloc::<bf16>(rows * n)?))
+}
+
 /// One skinny GEMM shape `[rows, k] · [n, k]ᵀ` (bf16 in and out) through cuBLAS and through `gemv.cu`, side by side:
-/// weight bytes per second and the fraction of `copy`. The weights rotate over enough copies to exceed 256 MiB, so
-/// neither reads them from L2 (as in a model, whose layers each have their own).
+/// weight bytes per second and the fraction of `copy` ([`gemm_operands`]).
 #[allow(clippy::too_many_arguments)]
 fn skinny(
     dev: &CudaDevice,
@@ -109,12 +126,8 @@ fn skinny(
     what: &str,
 ) -> Result<()> {
     let bytes = n * k * 2;
-    let copies = (256usize << 20).div_ceil(bytes).max(2);
-    let ws: Vec<CudaSlice<bf16>> = (0..copies)
-        .map(|_| random(dev, rng, n * k, 0.05))
-        .collect::<Result<_>>()?;
-    let x = random(dev, rng, rows * k, 1.0)?;
-    let mut out = dev.alloc::<bf16>(rows * n)?;
+    let (ws, x, mut out) = gemm_operands(dev, rng, rows, k, n)?;
+    let copies = ws.len();
     let mut i = 0;
     let cublas = timing::median_ms(dev, || {
         i += 1;
@@ -205,13 +218,8 @@ fn gemm_section(dev: &CudaDevice, rng: &mut Rng) -> Result<()> {
             (2560, 9216, "Qwen3.5-4B MLP gate"),
             (9216, 2560, "Qwen3.5-4B MLP down"),
         ] {
-            let bytes = n * k * 2;
-            let copies = (256usize << 20).div_ceil(bytes).max(2);
-            let ws: Vec<CudaSlice<bf16>> = (0..copies)
-                .map(|_| random(dev, rng, n * k, 0.05))
-                .collect::<Result<_>>()?;
-            let x = random(dev, rng, rows * k, 1.0)?;
-            let mut out = dev.alloc::<bf16>(rows * n)?;
+            let (ws, x, mut out) = gemm_operands(dev, rng, rows, k, n)?;
+            let copies = ws.len();
             let mut i = 0;
             let gemm_ex = timing::median_ms(dev, || {
                 i += 1;

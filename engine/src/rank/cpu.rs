@@ -1,6 +1,7 @@
 //! The CPU rank: [`Decoder`] (one shard of the model, its pools and an in-process communicator) behind the
 //! [`Rank`] interface, and [`cpu_group`], which loads `tp` of them, each on its own thread.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -387,20 +388,6 @@ impl Decoder {
             .chunks_exact(2)
             .map(|r| (r[0].to_bits() as usize, r[1].to_bits() as usize))
             .collect();
-        let mut next = 0;
-        for &(start, w) in &slices {
-            if start != next || start + w > vocab {
-                return Err(EngineError::InvalidInput(format!(
-                    "the ranks' vocabulary slices {slices:?} do not tile the {vocab} ids in rank order"
-                )));
-            }
-            next = start + w;
-        }
-        if next != vocab {
-            return Err(EngineError::InvalidInput(format!(
-                "the ranks' vocabulary slices {slices:?} cover {next} of the {vocab} ids"
-            )));
-        }
         let widest = slices.iter().map(|s| s.1).max().unwrap_or(0);
         // The sampled sequences' reported (last) rows, with the draw of this step.
         let mut wanted = Vec::new();
@@ -421,13 +408,23 @@ impl Decoder {
         }
         let mut all = vec![0.0f32; send.len() * comm.size()];
         comm.all_gather(&send, &mut all)?;
-        let mut whole = vec![0.0f32; vocab];
-        for (i, (r, sample)) in wanted.iter().enumerate() {
-            for (rank, &(start, w)) in slices.iter().enumerate() {
-                let src = &all[rank * send.len() + i * widest..][..w];
-                whole[start..start + w].copy_from_slice(src);
-            }
-            out.rows[*r].sampled = Some(sample.sample(&whole));
+        // Each rank's rows without their padding, joined into whole rows as the coordinator joins slices (which
+        // also checks that the slices tile the vocabulary in rank order).
+        let parts: Vec<Vec<f32>> = slices
+            .iter()
+            .zip(all.chunks_exact(send.len().max(1)))
+            .map(|(&(_, w), rank)| {
+                rank.chunks_exact(widest.max(1))
+                    .flat_map(|r| &r[..w])
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let part_refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+        let ranges: Vec<Range<usize>> = slices.iter().map(|&(start, w)| start..start + w).collect();
+        let whole = super::vocab::join_slices(&part_refs, &ranges, wanted.len(), vocab)?;
+        for ((r, sample), row) in wanted.iter().zip(whole.chunks_exact(vocab.max(1))) {
+            out.rows[*r].sampled = Some(sample.sample(row));
         }
         Ok(())
     }
