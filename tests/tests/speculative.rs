@@ -329,6 +329,7 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
             full_logits,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         };
         rank.step(&step(SeqKind::Prefill, &toks[..6], 0, None, false))
             .expect("prefill");

@@ -56,6 +56,7 @@ fn step(
             full_logits: true,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         })
         .expect("step");
     let logits = out.logits.expect("logits");

@@ -232,6 +232,7 @@ impl CoordinatorState {
                 full_logits: false,
                 hidden: false,
                 chained: 0,
+                spec_chain: None,
             };
             self.index += 1;
             self.run(self.index, &plan).await?;

@@ -38,6 +38,7 @@ fn plan() -> StepPlan {
         full_logits: false,
         hidden: true,
         chained: 0,
+        spec_chain: None,
     }
 }
 
@@ -48,6 +49,7 @@ fn result(rows: usize) -> StepResult {
         sampled: Vec::new(),
         logits: None,
         hidden: Some((0..rows).flat_map(|i| [i as f32; WIDTH]).collect()),
+        chain: None,
     }
 }
 

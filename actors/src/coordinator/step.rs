@@ -356,6 +356,7 @@ impl CoordinatorState {
             // A chain holds no speculating sequence, the only readers of hidden rows.
             hidden: self.wants_hidden() && planned.chained == 0,
             chained: planned.chained,
+            spec_chain: None,
         };
         self.index += 1;
         let index = self.index;

@@ -65,6 +65,7 @@ pub(super) fn prefill_plan(slot: usize, form: FormChoice, prompt: Vec<u32>) -> S
         full_logits: false,
         hidden: false,
         chained: 0,
+        spec_chain: None,
     }
 }
 
@@ -139,6 +140,7 @@ pub(super) fn step_secs(
             full_logits: false,
             hidden: false,
             chained: chain - 1,
+            spec_chain: None,
         };
         let out = group.step(plan)?;
         let last_step = (chain - 1) * seqs.len();

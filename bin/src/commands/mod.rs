@@ -5,6 +5,7 @@ mod bench;
 mod bench_e2e;
 mod bench_kernels;
 mod bench_plot;
+mod bench_spec_chain;
 mod bench_steps;
 mod chat;
 pub mod client;
@@ -20,6 +21,8 @@ mod plan_memory;
 mod selftest;
 #[cfg(feature = "cuda")]
 mod selftest_model;
+#[cfg(feature = "cuda")]
+mod selftest_spec_chain;
 pub mod serve;
 mod serve_bench;
 mod spec;

@@ -502,6 +502,13 @@ pub fn section(
                     all_ok &= ok;
                     rows.push(v);
                 }
+                // Chains of verifies: drafts, verdicts and commits on the device, against single verify steps.
+                for (v, ok) in
+                    super::selftest_spec_chain::rows(&m.name, dir, prompts, &opts, *tp, dtype, CHAIN_TOLERANCE)
+                {
+                    all_ok &= ok;
+                    rows.push(v);
+                }
             }
         }
     }

@@ -257,6 +257,7 @@ pub fn teacher_forced(
             full_logits: true,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         })?;
         let all = out.logits.unwrap_or_default();
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
@@ -288,6 +289,7 @@ pub fn teacher_forced(
             full_logits: true,
             hidden: true,
             chained: 0,
+            spec_chain: None,
         };
         let out = gpu.step(plan)?;
         let logits = out.logits.unwrap_or_default();

@@ -7,7 +7,6 @@
 
 use serde::Serialize;
 
-use super::check_verify::prefill;
 use super::{gpu_group, GpuOptions};
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -79,7 +78,7 @@ fn decode(
     draws: &[Vec<f32>],
     chain: usize,
 ) -> Result<Vec<Vec<Row>>> {
-    let (slots, first) = prefill(gpu, prompts, form)?;
+    let (slots, first) = gpu.prefill_prompts(prompts, form)?;
     let mut tokens = first;
     let mut out: Vec<Vec<Row>> = Vec::with_capacity(draws.len());
     for start in (0..draws.len()).step_by(chain) {
@@ -106,6 +105,7 @@ fn decode(
             full_logits: false,
             hidden: false,
             chained: chain - 1,
+            spec_chain: None,
         };
         let rows = rows_of(&gpu.step(plan)?)?;
         for step in rows.chunks_exact(slots.len()) {

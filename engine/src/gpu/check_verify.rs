@@ -18,7 +18,7 @@ use crate::checkpoint::SafetensorsSource;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::model::ModelConfig;
-use crate::rank::{Commit, RankGroup, Rows, SeqKind, SeqStep, StepPlan};
+use crate::rank::{Commit, Rows, SeqKind, SeqStep, StepPlan};
 use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::{worse, Rng};
 
@@ -42,34 +42,6 @@ pub struct VerifyReport {
     pub worst_rel_cpu: f64,
     pub tolerance: f64,
     pub pass: bool,
-}
-
-/// Opens a slot per prompt and prefills it in `form`; returns the slots and each prompt's greedy next token.
-pub(super) fn prefill(gpu: &mut RankGroup, prompts: &[Vec<u32>], form: FormChoice) -> Result<(Vec<usize>, Vec<u32>)> {
-    let mut slots = Vec::with_capacity(prompts.len());
-    let mut next = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let slot = gpu.open(form)?;
-        let out = gpu.step(StepPlan {
-            commits: Vec::new(),
-            seqs: vec![SeqStep {
-                slot,
-                kind: SeqKind::Prefill,
-                position: 0,
-                tokens: p.clone(),
-                form,
-                rows: Rows::Last,
-                sample: None,
-                spec: None,
-            }],
-            full_logits: false,
-            hidden: false,
-            chained: 0,
-        })?;
-        slots.push(slot);
-        next.push(out.rows.first().map_or(0, |r| r.argmax));
-    }
-    Ok((slots, next))
 }
 
 /// Runs the check for the checkpoint in `dir`: `steps` teacher tokens after each prompt (all decoded together), the
@@ -106,7 +78,7 @@ pub fn verify_forced(
     // The reference: the recurrent form, one token a step.
     let reference: Vec<Vec<Vec<f32>>> = {
         let (mut gpu, _) = gpu_group(dir, opts)?;
-        let (slots, _) = prefill(&mut gpu, prompts, FormChoice::Recurrent)?;
+        let (slots, _) = gpu.prefill_prompts(prompts, FormChoice::Recurrent)?;
         let mut rows = vec![Vec::with_capacity(steps); prompts.len()];
         for i in 0..steps {
             let plan = StepPlan {
@@ -128,6 +100,7 @@ pub fn verify_forced(
                 full_logits: true,
                 hidden: false,
                 chained: 0,
+                spec_chain: None,
             };
             let logits = gpu.step(plan)?.logits.unwrap_or_default();
             for (k, row) in logits.chunks_exact(vocab).enumerate() {
@@ -137,7 +110,7 @@ pub fn verify_forced(
         rows
     };
     let (mut gpu, _) = gpu_group(dir, opts)?;
-    let (slots, _) = prefill(&mut gpu, prompts, form)?;
+    let (slots, _) = gpu.prefill_prompts(prompts, form)?;
     let mut rng = Rng::new(0x05ee_d0fd_2af7);
     let mut done = vec![0usize; prompts.len()];
     let mut commits: Vec<Commit> = Vec::new();
@@ -182,6 +155,7 @@ pub fn verify_forced(
             full_logits: true,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         })?;
         let logits = out.logits.unwrap_or_default();
         let mut row = 0;

@@ -28,6 +28,7 @@ pub mod options;
 mod rank;
 mod scratch;
 mod snapshot;
+mod spec_chain;
 mod ssm_layers;
 pub mod state;
 mod steps;

@@ -103,6 +103,7 @@ impl<A: Act> LoadedRank<A> {
             graphs: StepGraphs::new(graphs),
             marks: stage_profile.then(StageMarks::default),
             stage_times: StageTimes::default(),
+            spec_chain: None,
         })
     }
 
@@ -150,6 +151,8 @@ pub(crate) struct GpuRank<A: Act> {
     /// With the stage profile on: the events of the step being run, and every stage's device time so far.
     pub(super) marks: Option<StageMarks>,
     pub(super) stage_times: StageTimes,
+    /// A chain of verifies' device buffers (`gpu/spec_chain.rs`), allocated at the first such chain.
+    pub(super) spec_chain: Option<super::spec_chain::SpecChainScratch>,
 }
 
 impl<A: Act> Drop for GpuRank<A> {

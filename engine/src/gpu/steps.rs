@@ -21,10 +21,11 @@ use crate::error::{EngineError, Result};
 use crate::rank::{Books, Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
 use crate::state::{DecodeForm, StepDecision, StepPhase};
 
-/// A decode step staged on the host ([`GpuRank::stage_decode`]): what its counter moves need afterwards.
+/// A decode or verify step staged on the host ([`GpuRank::stage_decode`], [`GpuRank::stage_verify`]): what its
+/// counter moves need afterwards.
 pub(super) struct Staged {
-    decisions: Vec<StepDecision>,
-    replay_rows: Vec<ReplayRow>,
+    pub(super) decisions: Vec<StepDecision>,
+    pub(super) replay_rows: Vec<ReplayRow>,
     pub(super) step: Step,
 }
 
@@ -62,7 +63,7 @@ fn keep_rows(all: &HeadOut, first: usize, t: usize, rows: Rows, v: usize, hid: u
 impl<A: Act> GpuRank<A> {
     /// The form a plan's sequence runs in before this step's decisions: its slot's, or its first form when the
     /// slot is new.
-    fn form_before(&self, s: &SeqStep) -> DecodeForm {
+    pub(super) fn form_before(&self, s: &SeqStep) -> DecodeForm {
         if self.books.started(s.slot) {
             self.counters.form_of(s.slot)
         } else {
@@ -128,14 +129,18 @@ impl<A: Act> GpuRank<A> {
         self.steps += 1;
         self.want_hidden = plan.hidden;
         let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
-        if plan.chained > 0 {
-            let out = self.run_chain(plan)?;
+        if plan.spec_chain.is_some() || plan.chained > 0 {
+            let (out, chain) = match plan.spec_chain {
+                Some(_) => self.run_spec_chain(plan).map(|(out, log)| (out, Some(log)))?,
+                None => (self.run_chain(plan)?, None),
+            };
             self.check_not_aborted()?;
             return Ok(StepOut {
                 vocab: self.info.vocab.clone(),
                 rows: out.rows,
                 logits: None,
                 hidden: None,
+                chain,
             });
         }
         let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
@@ -190,6 +195,7 @@ impl<A: Act> GpuRank<A> {
             rows: all.rows,
             logits: all.logits,
             hidden: all.hidden,
+            chain: None,
         })
     }
 
@@ -232,7 +238,7 @@ impl<A: Act> GpuRank<A> {
         Ok(())
     }
 
-    fn decide(&self, slot: usize, phase: StepPhase, t: usize) -> StepDecision {
+    pub(super) fn decide(&self, slot: usize, phase: StepPhase, t: usize) -> StepDecision {
         self.counters
             .decide(slot, phase, t, self.replay.threshold, self.replay.max_verify)
     }
@@ -477,6 +483,16 @@ impl<A: Act> GpuRank<A> {
     /// conv rows are appended either way, as the CPU decoder does.
     fn verify(&mut self, seqs: &[&SeqStep], t: usize, baseline: bool, want_logits: bool) -> Result<HeadOut> {
         let _span = debug_span!("gpu_verify", batch = seqs.len(), t).entered();
+        let staged = self.stage_verify(seqs, t, baseline)?;
+        let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();
+        let out = self.run(staged.step, seqs.len() * t, want_logits, None, &spec)?;
+        self.after_verify(seqs, &staged, t)?;
+        Ok(out)
+    }
+
+    /// The host part of a verify step before its device work: each sequence's form and flush decided (its folds
+    /// run), its replay row, the uploads.
+    pub(super) fn stage_verify(&mut self, seqs: &[&SeqStep], t: usize, baseline: bool) -> Result<Staged> {
         let b = seqs.len();
         let decisions = self.decide_batch(seqs, StepPhase::Verify, t)?;
         let mut replay_rows = Vec::with_capacity(b);
@@ -516,12 +532,20 @@ impl<A: Act> GpuRank<A> {
             }
         };
         let step = self.step_shape(b * t, b, t, false, ssm);
-        let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();
-        let out = self.run(step, b * t, want_logits, None, &spec)?;
-        for ((s, d), r) in seqs.iter().zip(&decisions).zip(&replay_rows) {
+        Ok(Staged {
+            decisions,
+            replay_rows,
+            step,
+        })
+    }
+
+    /// Moves the counters after a verify step's device work was queued: a flush folded the committed history, the
+    /// drafts wait for the commit.
+    pub(super) fn after_verify(&mut self, seqs: &[&SeqStep], staged: &Staged, t: usize) -> Result<()> {
+        for ((s, d), r) in seqs.iter().zip(&staged.decisions).zip(&staged.replay_rows) {
             self.counters
                 .after_step(s.slot, StepPhase::Verify, d.form, d.flush, r.ring_len, t)?;
         }
-        Ok(out)
+        Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //! for its block tables — agrees); a rank claims a slot at its first step.
 
 use super::plan::{RankInfo, Rows, SeqKind, StepPlan};
+use super::spec_chain::ChainLog;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::state::{KvBlocks, PoolError, SlotAllocator};
@@ -290,6 +291,7 @@ impl Books {
             }
             plan.check_chain()?;
         }
+        plan.check_spec_chain(self.vocab)?;
         let mut new_blocks = 0;
         for (i, s) in plan.seqs.iter().enumerate() {
             if let Some(spec) = &s.spec {
@@ -416,10 +418,54 @@ impl Books {
         for s in &plan.seqs {
             let b = &mut self.seqs[s.slot];
             b.started = true;
-            match s.kind {
-                SeqKind::Verify => b.pending = s.tokens.len(),
-                SeqKind::Prefill | SeqKind::Decode => b.len += plan.span(s),
+            // A chain of verifies holds blocks for its longest outcome until it settles (`settle_chain`).
+            let reserve = match s.kind {
+                SeqKind::Verify => {
+                    b.pending = s.tokens.len();
+                    b.len + plan.span(s)
+                }
+                SeqKind::Prefill | SeqKind::Decode => {
+                    b.len += plan.span(s);
+                    b.len
+                }
+            };
+            if let Some(kv) = &mut self.kv {
+                kv.fit(s.slot, reserve)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Records what a chain of verifies committed ([`StepPlan::spec_chain`], applied before it ran): each sequence's
+    /// committed tokens before its last step, whose verify stays pending; the blocks held for longer outcomes return.
+    /// A rank may end a chain early (at least one step runs); the log says how many steps ran.
+    pub fn settle_chain(&mut self, plan: &StepPlan, log: &ChainLog) -> Result<()> {
+        let n = plan.seqs.len();
+        let steps = log.accepted.len() / n.max(1);
+        let t = plan.seqs.first().map_or(0, |s| s.tokens.len());
+        if plan.spec_chain.is_none()
+            || !(1..=1 + plan.chained).contains(&steps)
+            || log.accepted.len() != n * steps
+            || log.tokens.len() != n * steps
+            || log.drafts.len() != n * steps * t.saturating_sub(1)
+            || log.accepted.iter().any(|&a| a >= t)
+        {
+            return Err(invalid(format!(
+                "a chain's log holds {} verdicts and {} drafts for {n} sequences of {t} tokens over at most {} steps",
+                log.accepted.len(),
+                log.drafts.len(),
+                1 + plan.chained
+            )));
+        }
+        for (s, committed) in plan.seqs.iter().zip(log.committed(n)) {
+            if committed > plan.span(s) {
+                return Err(invalid(format!(
+                    "slot {}: a chain committed {committed} tokens, more than its steps verified",
+                    s.slot
+                )));
+            }
+            let b = &mut self.seqs[s.slot];
+            b.len += committed;
             if let Some(kv) = &mut self.kv {
                 kv.fit(s.slot, b.len + b.pending)?;
             }

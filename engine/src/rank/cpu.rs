@@ -9,7 +9,8 @@ use super::group::RankGroup;
 use super::launch::{Abort, Launch, Launcher, RankLoader};
 use rewind_kernels::cpu::lm_head::{self, SpecRequest};
 
-use super::plan::{RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan};
+use super::plan::{Commit, RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan};
+use super::spec_chain::ChainLog;
 use super::vocab::summarise_row;
 use super::Rank;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
@@ -185,6 +186,9 @@ impl Rank for Decoder {
     fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
         let _span =
             tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len()).entered();
+        if plan.spec_chain.is_some() {
+            return self.step_spec_chain(plan);
+        }
         if plan.chained > 0 {
             return self.step_chained(plan);
         }
@@ -199,6 +203,7 @@ impl Rank for Decoder {
                 rows: Vec::new(),
                 logits: plan.full_logits.then(Vec::new),
                 hidden: plan.hidden.then(Vec::new),
+                chain: None,
             });
         }
         let mut claimed = Vec::new();
@@ -297,6 +302,7 @@ impl Rank for Decoder {
             rows,
             logits: if plan.full_logits { logits } else { None },
             hidden: hidden_rows,
+            chain: None,
         })
     }
 
@@ -334,6 +340,7 @@ impl Decoder {
         plan.check_chain()?;
         let mut step = StepPlan {
             chained: 0,
+            spec_chain: None,
             ..plan.clone()
         };
         // A tensor-parallel rank holds a slice of each row: its steps return the sampled rows' logit slices, and the
@@ -366,6 +373,57 @@ impl Decoder {
             }
             out.rows.extend(next.rows);
         }
+        Ok(out)
+    }
+
+    /// A plan of chained verifies ([`StepPlan::spec_chain`]): its verify steps one after another, each judged
+    /// greedily from its rows' picks, committed, and followed by a verify of the next token and the drafts the
+    /// chain's drafter proposes from the stream. The loop the GPU rank runs on the device
+    /// (`gpu/spec_chain.rs`) and its twin.
+    fn step_spec_chain(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        let Some(chain) = &plan.spec_chain else {
+            return Err(EngineError::InvalidInput(
+                "a speculative chain without its drafter".into(),
+            ));
+        };
+        plan.check_spec_chain(self.model().config().vocab_size)?;
+        let mut step = StepPlan {
+            chained: 0,
+            spec_chain: None,
+            ..plan.clone()
+        };
+        let t = step.seqs.first().map_or(0, |s| s.tokens.len());
+        let mut streams = chain.streams.clone();
+        let mut log = ChainLog::default();
+        let mut out: Option<StepOut> = None;
+        for k in 0..=plan.chained {
+            let next = self.step(&step)?;
+            let picks = self.picks(&next.rows)?;
+            step.commits.clear();
+            for (q, s) in step.seqs.iter_mut().enumerate() {
+                let drafts = &s.tokens[1..];
+                let (a, y) = super::spec_chain::judge_greedy(&picks[q * t..(q + 1) * t], drafts)?;
+                log.drafts.extend_from_slice(drafts);
+                log.accepted.push(a);
+                log.tokens.push(y);
+                if k < plan.chained {
+                    streams[q].extend_from_slice(&drafts[..a]);
+                    streams[q].push(y);
+                    step.commits.push(Commit {
+                        slot: s.slot,
+                        accepted: a + 1,
+                    });
+                    s.position += a + 1;
+                    s.tokens = std::iter::once(y).chain(chain.draft(q, &streams[q], t - 1)).collect();
+                }
+            }
+            match &mut out {
+                Some(o) => o.rows.extend(next.rows),
+                None => out = Some(next),
+            }
+        }
+        let mut out = out.ok_or_else(|| EngineError::InvalidInput("a chain of no steps".into()))?;
+        out.chain = Some(log);
         Ok(out)
     }
 

@@ -18,7 +18,7 @@ use super::books::Books;
 use super::fault::Faults;
 use super::launch::{Launch, Launcher};
 use super::lockstep::{finish, prepare, StepResult};
-use super::plan::{RankHealth, RankInfo, SlotSnapshot, StepOut, StepPlan};
+use super::plan::{RankHealth, RankInfo, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan};
 use super::thread::{RankMsg, RankThread, Reply};
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -157,6 +157,31 @@ impl RankGroup {
     /// Opens a sequence decoded in `form`; returns its slot. The ranks take the slot at its first step.
     pub fn open(&mut self, form: FormChoice) -> Result<usize> {
         self.books.open(form)
+    }
+
+    /// Opens a sequence in `form` for each prompt and prefills it in one plan of its own; returns the slots and each
+    /// prompt's greedy next token.
+    pub fn prefill_prompts(&mut self, prompts: &[Vec<u32>], form: FormChoice) -> Result<(Vec<usize>, Vec<u32>)> {
+        let (mut slots, mut next) = (Vec::with_capacity(prompts.len()), Vec::with_capacity(prompts.len()));
+        for p in prompts {
+            let slot = self.open(form)?;
+            let out = self.step(StepPlan {
+                seqs: vec![SeqStep {
+                    slot,
+                    kind: SeqKind::Prefill,
+                    position: 0,
+                    tokens: p.clone(),
+                    form,
+                    rows: Rows::Last,
+                    sample: None,
+                    spec: None,
+                }],
+                ..StepPlan::default()
+            })?;
+            slots.push(slot);
+            next.push(out.rows.first().map_or(0, |r| r.argmax));
+        }
+        Ok((slots, next))
     }
 
     /// Ends the sequence in `slot` on every rank.

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use super::books::Books;
-use super::plan::{SampleRow, StepOut, StepPlan};
+use super::plan::{SampleRow, SeqStep, StepOut, StepPlan};
+use super::spec_chain::ChainLog;
 use super::vocab::{merge_step, VocabSummary};
 use crate::error::{EngineError, Result};
 
@@ -23,6 +24,8 @@ pub struct StepResult {
     pub logits: Option<Vec<f32>>,
     /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
     pub hidden: Option<Vec<f32>>,
+    /// What a chain of verifies drafted and judged ([`StepPlan::spec_chain`]).
+    pub chain: Option<ChainLog>,
 }
 
 /// A validated plan as the ranks receive it, with the rows the coordinator samples itself.
@@ -66,6 +69,22 @@ pub fn finish(
     vocab: usize,
 ) -> Result<StepResult> {
     books.apply(plan)?;
+    // A chain of verifies: every rank judged alike, so their logs agree; the books settle what was committed.
+    let chain = match &plan.spec_chain {
+        None => None,
+        Some(_) => {
+            let log = outs.first().and_then(|o| o.chain.clone()).ok_or_else(|| {
+                EngineError::InvalidInput("a rank answered a chain of verifies without its log".into())
+            })?;
+            if let Some(r) = outs.iter().position(|o| o.chain.as_ref() != Some(&log)) {
+                return Err(EngineError::Communicator(format!(
+                    "rank {r} judged a chain of verifies differently from rank 0"
+                )));
+            }
+            books.settle_chain(plan, &log)?;
+            Some(log)
+        }
+    };
     let merged = merge_step(outs, vocab)?;
     let mut sampled = merged.sampled;
     if let Some(logits) = &merged.logits {
@@ -85,15 +104,25 @@ pub fn finish(
         sampled,
         logits: if plan.full_logits { merged.logits } else { None },
         hidden: if plan.hidden { merged.hidden } else { None },
+        chain,
     })
 }
 
 /// The position of reported row `row` of `plan` (for error messages).
 fn row_position(plan: &StepPlan, mut row: usize) -> usize {
     if plan.chained > 0 && !plan.seqs.is_empty() {
-        // Step-major: step `row / seqs`, one decode row per sequence.
-        let (k, i) = (row / plan.seqs.len(), row % plan.seqs.len());
-        return plan.seqs[i].position + k;
+        // Step-major: step `row / step rows`; a chained decode reports one row per sequence, a chained verify its
+        // whole window (at a position the log knows; the first step's is given).
+        let per = plan.seqs.iter().map(SeqStep::row_count).sum::<usize>().max(1);
+        let (k, mut i) = (row / per, row % per);
+        for s in &plan.seqs {
+            let n = s.row_count();
+            if i < n {
+                return s.position + if plan.spec_chain.is_some() { i } else { k };
+            }
+            i -= n;
+        }
+        return 0;
     }
     for s in &plan.seqs {
         let n = s.row_count();

@@ -24,11 +24,15 @@ pub mod launch;
 pub mod lockstep;
 pub mod plan;
 pub mod sequence;
+pub mod spec_chain;
+pub mod spec_chain_check;
 pub mod thread;
 pub mod vocab;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_spec_chain;
 
 pub use books::Books;
 pub use cpu::{cpu_group, CpuLauncher, CpuOptions};
@@ -41,6 +45,8 @@ pub use plan::{
     SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, MAX_CHAINED,
 };
 pub use sequence::GroupSequence;
+pub use spec_chain::{judge_greedy, ChainDrafter, ChainLog, SpecChain};
+pub use spec_chain_check::{spec_chain_check, SpecChainReport};
 pub use thread::{RankMsg, RankThread, Reply};
 pub use vocab::{MergedStep, VocabSummary};
 

@@ -187,8 +187,12 @@ pub struct StepPlan {
     /// row chains only on ranks that gather its slices and draw from the whole row themselves
     /// ([`RankInfo::tp_chain_sampling`]: the CPU ranks). The ranks answer
     /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
-    /// what a chained plan may hold.
+    /// what a chained plan may hold. With [`StepPlan::spec_chain`] the chained steps are verifies instead.
     pub chained: usize,
+    /// Chain verifies rather than decodes (`super::spec_chain`): every sequence is a greedy verify, and the ranks
+    /// judge, commit and draft between the steps themselves. They run at most `1 + chained` steps (a rank may stop
+    /// a chain early; its [`StepOut::chain`] log says how many ran).
+    pub spec_chain: Option<super::spec_chain::SpecChain>,
 }
 
 impl StepPlan {
@@ -197,9 +201,13 @@ impl StepPlan {
         self.seqs.iter().map(SeqStep::row_count).sum::<usize>() * (1 + self.chained)
     }
 
-    /// Tokens each sequence's steps add to its context: its tokens, plus one per chained step.
+    /// Tokens each sequence's steps add to its context at most: its tokens, plus one per chained decode step or a
+    /// whole window per chained verify step.
     pub fn span(&self, seq: &SeqStep) -> usize {
-        seq.tokens.len() + self.chained
+        match seq.kind {
+            SeqKind::Verify if self.spec_chain.is_some() => seq.tokens.len() * (1 + self.chained),
+            _ => seq.tokens.len() + self.chained,
+        }
     }
 
     /// Checks what a plan with chained steps may hold (nothing to check when it chains none): decodes only, each
@@ -207,7 +215,7 @@ impl StepPlan {
     /// free of the repetition penalty (whose history would need the chained tokens on the host) and carrying one
     /// draw per chained step.
     pub fn check_chain(&self) -> crate::Result<()> {
-        if self.chained == 0 {
+        if self.chained == 0 || self.spec_chain.is_some() {
             return Ok(());
         }
         let bad = |m: String| {
@@ -302,6 +310,8 @@ pub struct StepOut {
     pub logits: Option<Vec<f32>>,
     /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
     pub hidden: Option<Vec<f32>>,
+    /// What a chain of verifies drafted and judged ([`StepPlan::spec_chain`]; `None` otherwise).
+    pub chain: Option<super::spec_chain::ChainLog>,
 }
 
 /// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:

@@ -58,6 +58,7 @@ impl<'g> GroupSequence<'g> {
             full_logits: logits,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         };
         let out = self.group.step(plan)?;
         self.position += tokens.len();
@@ -82,6 +83,7 @@ impl<'g> GroupSequence<'g> {
             full_logits: false,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         };
         self.group.step(plan)?;
         self.position -= verified - kept;

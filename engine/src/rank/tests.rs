@@ -52,6 +52,7 @@ fn plan(seqs: Vec<SeqStep>) -> StepPlan {
         full_logits: true,
         hidden: false,
         chained: 0,
+        spec_chain: None,
     }
 }
 
@@ -343,6 +344,7 @@ fn a_mixed_batch_equals_each_sequence_alone() {
             full_logits: false,
             hidden: false,
             chained: 0,
+            spec_chain: None,
         })
         .expect("commit and decode");
         assert_eq!(g.books().len(v).expect("len"), pos + 3);
@@ -510,6 +512,7 @@ fn chained_plans_are_checked_and_count_every_step() {
     let c = g.open(f).expect("open");
     let mixed = StepPlan {
         chained: 1,
+        spec_chain: None,
         ..plan(vec![seq(c, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)])
     };
     assert!(g.step(mixed).is_err());

@@ -245,6 +245,7 @@ mod tests {
                             .collect(),
                         logits: Some(slice),
                         hidden: None,
+                        chain: None,
                     }
                 })
                 .collect();

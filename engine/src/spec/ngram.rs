@@ -21,20 +21,10 @@ impl NgramDrafter {
         }
     }
 
-    /// Up to `max` tokens that followed the latest earlier occurrence of `tokens`' last n-gram.
+    /// Up to `max` tokens that followed the latest earlier occurrence of `tokens`' last n-gram: the rule of
+    /// [`rewind_kernels::cpu::chain::ngram_lookup`], which the device's chained drafts (`chain_draft`) follow too.
     pub fn lookup(&self, tokens: &[u32], max: usize) -> Vec<u32> {
-        let len = tokens.len();
-        for n in (self.min_n..=self.max_n.min(len.saturating_sub(1))).rev() {
-            let tail = &tokens[len - n..];
-            // The latest match whose continuation exists; the match may overlap the tail itself (a repeating run).
-            for start in (0..len - n).rev() {
-                if &tokens[start..start + n] == tail {
-                    let from = start + n;
-                    return tokens[from..(from + max).min(len)].to_vec();
-                }
-            }
-        }
-        Vec::new()
+        rewind_kernels::cpu::chain::ngram_lookup(tokens, self.min_n, self.max_n, max)
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod accept;
 pub mod act;
 pub mod attention;
+pub mod chain;
 pub mod conv;
 pub mod gdn;
 pub mod gemm;

@@ -32,7 +32,8 @@ pub use cudarc::driver::sys::{
     CUgraphInstantiate_flags as GraphInstantiateFlags, CUstreamCaptureMode as GraphCaptureMode,
 };
 pub use cudarc::driver::{
-    CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+    CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
+    ValidAsZeroBits,
 };
 pub use half::bf16;
 

@@ -461,6 +461,7 @@ mod replay;
 mod sample;
 mod scan;
 mod spec_baseline;
+mod spec_chain;
 
 pub use attention::{
     kv_write, paged_attention, paged_attention_plan, paged_attention_workspace_len, AttentionPlan, PagedKv,
@@ -492,3 +493,4 @@ pub use scan::{
 pub use spec_baseline::{
     gdn_spec_verify, mamba2_spec_verify, spec_commit, SPEC_COMMIT_META, SPEC_MAX_KEY_DIM, SPEC_MAX_T,
 };
+pub use spec_chain::{chain_advance, chain_draft, ChainParams, DraftMode};

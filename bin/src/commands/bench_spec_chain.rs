@@ -1,0 +1,188 @@
+//! `rewind bench`'s chained verify steps (`--verify-window T --decode-steps N`): greedy speculative decoding in
+//! plans of `N` verify steps whose drafts, verdicts and commits stay on the ranks (`StepPlan::spec_chain`), at a
+//! controlled acceptance.
+//!
+//! The drafts come from a table by stream position (the oracle drafter on the ranks): each sequence's greedy
+//! continuation, decoded first, with the position after every `k` kept drafts corrupted, so that each verify keeps
+//! `k` drafts and commits `k + 1` tokens, as the single verify steps of the same row do (`bench_steps::step_secs`,
+//! which forces the count instead). Where the batched verify's argmax differs from the decode's on a near tie, a step
+//! keeps a different count; the measured mean is reported next to the time.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use rewind_engine::decode::FormChoice;
+use rewind_engine::rank::{ChainDrafter, Commit, RankGroup, Rows, SeqKind, SeqStep, SpecChain, StepPlan, MAX_CHAINED};
+
+use super::bench::tokens;
+use super::bench_steps::open_batch;
+
+/// Tokens a measure of `steps` timed verifies of `window` drafts in plans of `chain` needs past the prompt (one
+/// untimed warm-up plan first, and a window of slack).
+pub(super) fn context_needed(window: usize, chain: usize, steps: usize) -> usize {
+    (chain + steps.next_multiple_of(chain) + 1) * (window + 1) + 1
+}
+
+/// The greedy continuation of each sequence of `seqs` (slot, position, next token), `n` tokens from the next token
+/// on, decoded in chained plans; releases the slots.
+fn continuations(
+    group: &mut RankGroup,
+    form: FormChoice,
+    seqs: &[(usize, usize, u32)],
+    n: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let mut out: Vec<Vec<u32>> = seqs.iter().map(|s| vec![s.2]).collect();
+    while out[0].len() < n {
+        let chain = (n - out[0].len()).min(MAX_CHAINED + 1);
+        let plan = StepPlan {
+            seqs: seqs
+                .iter()
+                .zip(&out)
+                .map(|(s, c)| SeqStep {
+                    slot: s.0,
+                    kind: SeqKind::Decode,
+                    position: s.1 + c.len() - 1,
+                    tokens: vec![c[c.len() - 1]],
+                    form,
+                    rows: Rows::Last,
+                    sample: None,
+                    spec: None,
+                })
+                .collect(),
+            chained: chain - 1,
+            ..StepPlan::default()
+        };
+        let r = group.step(plan)?;
+        for step in r.rows.chunks_exact(seqs.len()) {
+            for (c, row) in out.iter_mut().zip(step) {
+                c.push(row.argmax);
+            }
+        }
+    }
+    for s in seqs {
+        group.release(s.0)?;
+    }
+    Ok(out)
+}
+
+/// One measure: seconds per verify step and the mean drafts kept per step, over `steps` timed verifies of `window`
+/// drafts per sequence of a batch of `b` (prompts of `prompt` tokens), in plans of `chain` steps, each step keeping
+/// `kept` drafts by the table's construction.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn spec_chain_secs(
+    group: &mut RankGroup,
+    form: FormChoice,
+    b: usize,
+    prompt: usize,
+    window: usize,
+    kept: usize,
+    chain: usize,
+    steps: usize,
+    seed: u64,
+) -> Result<(f64, f64)> {
+    anyhow::ensure!(kept <= window && chain >= 2, "kept {kept} of {window}, chain {chain}");
+    let vocab = group.vocab_size();
+    let plans = 1 + steps.div_ceil(chain);
+    let reference = {
+        let seqs = open_batch(group, form, b, prompt, seed)?;
+        continuations(group, form, &seqs, plans * chain * (kept + 1) + window + 2)?
+    };
+    let seqs = open_batch(group, form, b, prompt, seed)?;
+    // Stream position `prompt + j` holds `reference[j]`; the first verify's drafts start at `prompt + 1`.
+    let tables: Vec<Vec<i32>> = reference
+        .iter()
+        .map(|r| {
+            let mut t = vec![-1i32; prompt];
+            t.extend(r.iter().enumerate().map(|(j, &x)| {
+                let corrupt = kept < window && j >= 1 && (j - 1) % (kept + 1) == kept;
+                if corrupt {
+                    ((x as usize + 1) % vocab) as i32
+                } else {
+                    x as i32
+                }
+            }));
+            t
+        })
+        .collect();
+    let mut streams: Vec<Vec<u32>> = (0..b)
+        .map(|i| {
+            let mut s = tokens(prompt, vocab, 1000 + i as u64 + seed);
+            s.push(seqs[i].2);
+            s
+        })
+        .collect();
+    let rules = SpecChain {
+        drafter: ChainDrafter::Table,
+        streams: Vec::new(),
+        tables: tables.clone(),
+    };
+    let mut commits: Vec<Commit> = Vec::new();
+    let (mut timed_steps, mut kept_total) = (0usize, 0usize);
+    let mut t0 = Instant::now();
+    for p in 0..plans {
+        if p == 1 {
+            group.synchronize()?;
+            t0 = Instant::now();
+        }
+        let plan = StepPlan {
+            commits: std::mem::take(&mut commits),
+            seqs: seqs
+                .iter()
+                .zip(&streams)
+                .enumerate()
+                .map(|(q, (s, stream))| {
+                    let mut t = vec![stream[stream.len() - 1]];
+                    t.extend(rules.draft(q, stream, window));
+                    SeqStep {
+                        slot: s.0,
+                        kind: SeqKind::Verify,
+                        position: stream.len() - 1,
+                        tokens: t,
+                        form,
+                        rows: Rows::All,
+                        sample: None,
+                        spec: None,
+                    }
+                })
+                .collect(),
+            chained: chain - 1,
+            spec_chain: Some(SpecChain {
+                drafter: ChainDrafter::Table,
+                streams: streams.clone(),
+                tables: tables.clone(),
+            }),
+            ..StepPlan::default()
+        };
+        let out = group.step(plan)?;
+        let log = out
+            .chain
+            .ok_or_else(|| anyhow::anyhow!("a chain of verifies answered without its log"))?;
+        let ran = log.accepted.len() / b;
+        for k in 0..ran {
+            for q in 0..b {
+                let i = k * b + q;
+                let a = log.accepted[i];
+                streams[q].extend_from_slice(&log.drafts[i * window..i * window + a]);
+                streams[q].push(log.tokens[i]);
+                if k + 1 == ran {
+                    commits.push(Commit {
+                        slot: seqs[q].0,
+                        accepted: a + 1,
+                    });
+                }
+                if p > 0 {
+                    kept_total += a;
+                }
+            }
+        }
+        if p > 0 {
+            timed_steps += ran;
+        }
+    }
+    group.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64() / timed_steps.max(1) as f64;
+    for s in &seqs {
+        group.release(s.0)?;
+    }
+    Ok((secs, kept_total as f64 / (timed_steps * b).max(1) as f64))
+}

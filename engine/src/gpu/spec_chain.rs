@@ -1,0 +1,363 @@
+//! Chained verify steps on the GPU ([`StepPlan::spec_chain`], `rank/spec_chain.rs`): `1 + c` greedy verifies back
+//! to back with no host round trip between them — issue 10's device-side commit.
+//!
+//! The first step is staged on the host like any verify (`gpu/steps.rs`, `stage_verify`). After each step, on the
+//! device:
+//! - `spec_accept` judges every sequence's window from its rows' summaries (merged over the ranks under tensor
+//!   parallelism) into the drafts accepted and the next token;
+//! - `chain_advance` moves each sequence's counters as the host rules do (`SlotCounters::after_step` and `commit`:
+//!   the flush folded the committed history, the input token and the accepted drafts are committed), appends them to
+//!   the sequence's stream, decides the next step's flush and writes the next step's replay row, input token,
+//!   positions and attention length into the buffers the step's CUDA graph reads;
+//! - `chain_draft` proposes the next window from the stream (n-gram lookup, or a table by position).
+//!
+//! The counters live on the device for the chain (one record per sequence, uploaded from the host's at its start).
+//! The host reads the chain's log once at the end — every step's summaries, drafts and verdicts — and moves its own
+//! counters and books by the same rules from the same verdicts, so the two copies cannot diverge. The CPU rank's loop
+//! of single steps (`rank/cpu.rs`, `step_spec_chain`) is the twin; `rewind selftest` checks a chain against single
+//! steps on the GPU (`gpu/check_spec_chain.rs`).
+//!
+//! [`StepPlan::spec_chain`]: crate::rank::StepPlan::spec_chain
+
+use rewind_kernels::cpu::chain::{
+    ChainParams, ChainSeq, CHAIN_STATE_WORDS, FAULT_FOLD, FAULT_HISTORY, FAULT_RING, FAULT_SLOT,
+};
+use rewind_kernels::cuda::ops::{self, DraftMode, JUDGE_WORDS, REPLAY_META, SUMMARY_WORDS};
+use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+use tracing::debug_span;
+
+use super::forward::SsmRun;
+use super::rank::{GpuRank, HeadOut};
+use super::Act;
+use crate::error::{EngineError, Result};
+use crate::rank::{ChainDrafter, ChainLog, RowSummary, SeqStep, StepPlan};
+use crate::state::{DecodeForm, StepPhase};
+
+/// The chain's device buffers, grown to the largest chain seen.
+pub(crate) struct SpecChainScratch {
+    /// `[steps, rows, SUMMARY_WORDS]`: every step's rows' summaries.
+    words: CudaSlice<u32>,
+    /// `[steps, seqs, 2]`: accepted drafts and next token per step.
+    verdicts: CudaSlice<i32>,
+    /// `[steps, seqs, T]`: the drafts each step verified.
+    drafts: CudaSlice<i32>,
+    /// `[seqs, CHAIN_STATE_WORDS]`.
+    state: CudaSlice<i32>,
+    /// `[seqs]` fault bits.
+    fault: CudaSlice<i32>,
+    /// `[seqs, JUDGE_WORDS]`: zeros (greedy judging).
+    judge: CudaSlice<u32>,
+    /// `[ranks, rows, SUMMARY_WORDS]`: every rank's summaries of a step (tensor parallelism).
+    gathered: CudaSlice<u32>,
+    /// `[seqs, hist_cap]` streams.
+    hist: CudaSlice<i32>,
+    /// `[seqs, table_cap]` draft tables (one element when unused).
+    table: CudaSlice<i32>,
+}
+
+/// Grows `buf` to hold at least `len` elements (contents not kept).
+fn ensure_len<T: rewind_kernels::cuda::DeviceRepr + rewind_kernels::cuda::ValidAsZeroBits>(
+    dev: &CudaDevice,
+    buf: &mut CudaSlice<T>,
+    len: usize,
+) -> Result<()> {
+    if buf.len() < len {
+        *buf = dev.alloc_zeros(len.max(1))?;
+    }
+    Ok(())
+}
+
+impl SpecChainScratch {
+    fn new(dev: &CudaDevice) -> Result<Self> {
+        Ok(SpecChainScratch {
+            words: dev.alloc_zeros(1)?,
+            verdicts: dev.alloc_zeros(1)?,
+            drafts: dev.alloc_zeros(1)?,
+            state: dev.alloc_zeros(1)?,
+            fault: dev.alloc_zeros(1)?,
+            judge: dev.alloc_zeros(1)?,
+            gathered: dev.alloc_zeros(1)?,
+            hist: dev.alloc_zeros(1)?,
+            table: dev.alloc_zeros(1)?,
+        })
+    }
+}
+
+/// Puts `data` at the start of `buf`.
+fn upload<T: rewind_kernels::cuda::DeviceRepr>(
+    dev: &CudaDevice,
+    buf: &mut CudaSlice<T>,
+    data: &[T],
+    what: &str,
+) -> Result<()> {
+    dev.stream()
+        .memcpy_htod(data, &mut buf.slice_mut(..data.len()))
+        .map_err(|e| EngineError::Gpu(format!("uploading a chain's {what}: {e}")))
+}
+
+impl<A: Act> GpuRank<A> {
+    /// Runs a plan of chained verifies (the books have checked and recorded it); returns every step's rows,
+    /// step-major, and the chain's log.
+    pub(super) fn run_spec_chain(&mut self, plan: &StepPlan) -> Result<(HeadOut, ChainLog)> {
+        let chain = plan
+            .spec_chain
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidInput("a speculative chain without its drafter".into()))?;
+        let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
+        let (b, steps) = (seqs.len(), plan.chained + 1);
+        let t = seqs.first().map_or(0, |s| s.tokens.len());
+        let _span = debug_span!("gpu_spec_chain", batch = b, steps, t).entered();
+        let world = self.info.tp;
+        if world > 1 && self.inner.comm.is_none() {
+            return Err(EngineError::Communicator(format!(
+                "a chain of verifies on rank {} of {world} without a communicator to merge the ranks' summaries",
+                self.info.rank
+            )));
+        }
+        // What the device cannot do in a chain: the recurrent form's baseline (its commit copies a snapshot chosen
+        // by the verdict), and the compress of a kv-only ring reaching its threshold (a fold launch of its own). A
+        // kv-only sequence below its threshold ends the chain before the step that could reach it (every step
+        // commits at most `t` entries): the log tells the caller how many steps ran.
+        let mut steps = steps;
+        for s in &seqs {
+            let form = self.form_before(s);
+            if form == DecodeForm::Recurrent {
+                return Err(EngineError::NotSupported(format!(
+                    "a chain of verifies for slot {} in the recurrent form on this GPU rank (its baseline commit \
+                     copies the snapshot a verdict chooses): plan single verify steps, or use --decode replay, \
+                     kv-only or auto",
+                    s.slot
+                )));
+            }
+            let h = if self.books.started(s.slot) {
+                self.counters.ring(s.slot).len
+            } else {
+                0
+            };
+            if form == DecodeForm::KvOnly && h < self.replay.threshold {
+                steps = steps.min(1 + (self.replay.threshold - 1 - h) / t);
+            }
+        }
+        let staged = self.stage_verify(&seqs, t, false)?;
+        let dev = self.inner.dev.clone();
+        if self.spec_chain.is_none() {
+            self.spec_chain = Some(SpecChainScratch::new(&dev)?);
+        }
+        let words = SUMMARY_WORDS;
+        let rows = b * t;
+        let hist_cap = (chain.streams.iter().map(Vec::len).max().unwrap_or(0) + steps * t).next_multiple_of(256);
+        let table_cap = chain.tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let states: Vec<i32> = seqs
+            .iter()
+            .zip(&staged.decisions)
+            .zip(&chain.streams)
+            .flat_map(|((s, d), stream)| {
+                let r = self.counters.ring(s.slot);
+                ChainSeq {
+                    slot: s.slot as i32,
+                    position: s.position as i32,
+                    ring_start: r.start as i32,
+                    ring_len: r.len as i32,
+                    ring_cap: r.capacity as i32,
+                    conv_head: self.counters.conv(s.slot).start as i32,
+                    form: d.form as u8 as i32,
+                    hist_len: stream.len() as i32,
+                }
+                .encode()
+            })
+            .collect();
+        debug_assert_eq!(states.len(), b * CHAIN_STATE_WORDS);
+        let params = ChainParams {
+            t,
+            ring_capacity: self.counters.ring_capacity(),
+            window: self.replay.max_verify,
+            threshold: self.replay.threshold,
+            conv_cap: self.counters.conv_capacity(),
+            hist_cap,
+        };
+        let mode = match chain.drafter {
+            ChainDrafter::Ngram { min_n, max_n } => DraftMode::Ngram { min_n, max_n },
+            ChainDrafter::Table => DraftMode::Table { table_cap },
+        };
+        {
+            let c = self.spec_chain.as_mut().expect("allocated above");
+            ensure_len(&dev, &mut c.words, steps * rows * words)?;
+            ensure_len(&dev, &mut c.verdicts, steps * b * 2)?;
+            ensure_len(&dev, &mut c.drafts, steps * b * (t - 1))?;
+            ensure_len(&dev, &mut c.state, b * CHAIN_STATE_WORDS)?;
+            ensure_len(&dev, &mut c.fault, b)?;
+            ensure_len(&dev, &mut c.judge, b * JUDGE_WORDS)?;
+            ensure_len(&dev, &mut c.gathered, world * rows * words)?;
+            ensure_len(&dev, &mut c.hist, b * hist_cap)?;
+            ensure_len(&dev, &mut c.table, b * table_cap)?;
+            let mut hist = vec![0i32; b * hist_cap];
+            for (q, stream) in chain.streams.iter().enumerate() {
+                for (j, &x) in stream.iter().enumerate() {
+                    hist[q * hist_cap + j] = x as i32;
+                }
+            }
+            upload(&dev, &mut c.hist, &hist, "streams")?;
+            if let ChainDrafter::Table = chain.drafter {
+                let mut table = vec![-1i32; b * table_cap];
+                for (q, row) in chain.tables.iter().enumerate() {
+                    table[q * table_cap..q * table_cap + row.len()].copy_from_slice(row);
+                }
+                upload(&dev, &mut c.table, &table, "draft tables")?;
+            }
+            upload(&dev, &mut c.state, &states, "counters")?;
+            upload(&dev, &mut c.fault, &vec![0; b], "fault flags")?;
+            upload(&dev, &mut c.judge, &vec![0; b * JUDGE_WORDS], "judging parameters")?;
+            let first: Vec<i32> = seqs
+                .iter()
+                .flat_map(|s| s.tokens[1..].iter().map(|&x| x as i32))
+                .collect();
+            upload(&dev, &mut c.drafts, &first, "first drafts")?;
+        }
+        // Every step has the shape of the first; the ring bound covers any later step's rows.
+        let mut step = staged.step;
+        if let SsmRun::Replay { max_m, .. } = &mut step.ssm {
+            let cap = seqs
+                .iter()
+                .map(|s| self.counters.ring(s.slot).capacity)
+                .max()
+                .unwrap_or(0);
+            *max_m = (*max_m).max(cap.min(self.sizes.rows.ring));
+        }
+        let max_seqs = self.sizes.max_seqs;
+        for k in 0..steps {
+            self.launch(step, rows, false, &[])?;
+            let (s, c) = (&mut self.scratch, self.spec_chain.as_mut().expect("allocated above"));
+            dev.stream()
+                .memcpy_dtod(
+                    &s.head.out.slice(..rows * words),
+                    &mut c.words.slice_mut(k * rows * words..(k + 1) * rows * words),
+                )
+                .map_err(|e| EngineError::Gpu(format!("logging a chain step's summaries: {e}")))?;
+            if let (Some(comm), true) = (&self.inner.comm, world > 1) {
+                comm.all_gather_u32(
+                    &s.head.out.slice(..rows * words),
+                    &mut c.gathered.slice_mut(..world * rows * words),
+                )?;
+            }
+            let gathered = if world > 1 {
+                c.gathered.slice(..world * rows * words)
+            } else {
+                c.words.slice(k * rows * words..(k + 1) * rows * words)
+            };
+            let dk = k * b * (t - 1)..(k + 1) * b * (t - 1);
+            ops::spec_accept(
+                &dev,
+                &gathered,
+                world,
+                b,
+                t,
+                &c.drafts.slice(dk.clone()),
+                &c.judge.slice(..b * JUDGE_WORDS),
+                &mut c.verdicts.slice_mut(k * b * 2..(k + 1) * b * 2),
+            )?;
+            if k + 1 == steps {
+                break;
+            }
+            ops::chain_advance(
+                &dev,
+                &c.verdicts.slice(k * b * 2..(k + 1) * b * 2),
+                &c.drafts.slice(dk),
+                &mut c.state.slice_mut(..b * CHAIN_STATE_WORDS),
+                &mut c.hist.slice_mut(..b * hist_cap),
+                &mut c.fault.slice_mut(..b),
+                &mut s.meta.slice_mut(..b * REPLAY_META),
+                &mut s.tokens.slice_mut(..rows),
+                &mut s.row_pos.slice_mut(..rows),
+                &mut s.lens.slice_mut(..max_seqs),
+                &params,
+                b,
+            )?;
+            ops::chain_draft(
+                &dev,
+                &c.hist.slice(..b * hist_cap),
+                &c.state.slice(..b * CHAIN_STATE_WORDS),
+                &c.fault.slice(..b),
+                mode,
+                &c.table.slice(..b * table_cap),
+                t,
+                &mut c.drafts.slice_mut((k + 1) * b * (t - 1)..(k + 2) * b * (t - 1)),
+                &mut s.tokens.slice_mut(..rows),
+                b,
+            )?;
+        }
+        // The one read-back of the chain: it waits for every step.
+        let c = self.spec_chain.as_ref().expect("allocated above");
+        let logged = dev.download(&c.words.slice(..steps * rows * words))?;
+        let verdicts = dev.download(&c.verdicts.slice(..steps * b * 2))?;
+        let drafts = dev.download(&c.drafts.slice(..steps * b * (t - 1)))?;
+        let faults = dev.download(&c.fault.slice(..b))?;
+        if let Some((q, &f)) = faults.iter().enumerate().find(|(_, &f)| f != 0) {
+            let why = if f & FAULT_RING != 0 {
+                "its input ring overflowed"
+            } else if f & FAULT_HISTORY != 0 {
+                "its stream outgrew the chain's buffer"
+            } else if f & FAULT_FOLD != 0 {
+                "its kv-only ring reached the threshold"
+            } else if f & FAULT_SLOT != 0 {
+                "its slot is outside the rank's lengths"
+            } else {
+                "a verify row held a NaN"
+            };
+            return Err(EngineError::Gpu(format!(
+                "a chain of verifies failed for slot {}: {why} (fault bits {f:#x})",
+                seqs[q].slot
+            )));
+        }
+        let log = ChainLog {
+            drafts: drafts.iter().map(|&d| d as u32).collect(),
+            accepted: verdicts.chunks_exact(2).map(|v| v[0] as usize).collect(),
+            tokens: verdicts.chunks_exact(2).map(|v| v[1].max(0) as u32).collect(),
+        };
+        if verdicts.chunks_exact(2).any(|v| v[1] < 0 || v[0] as usize >= t) {
+            return Err(EngineError::Gpu(
+                "the last verify of a chain held a NaN row (no token to judge)".into(),
+            ));
+        }
+        // The host's copy of the counters follows the device's, by the same rules and verdicts.
+        for k in 0..steps {
+            for (q, s) in seqs.iter().enumerate() {
+                let (form, flush, h) = if k == 0 {
+                    (
+                        staged.decisions[q].form,
+                        staged.decisions[q].flush,
+                        staged.replay_rows[q].ring_len,
+                    )
+                } else {
+                    let d = self.decide(s.slot, StepPhase::Verify, t);
+                    self.counters.set_flush(s.slot, d.flush);
+                    (d.form, d.flush, self.counters.ring(s.slot).len)
+                };
+                self.counters.after_step(s.slot, StepPhase::Verify, form, flush, h, t)?;
+                if k + 1 < steps {
+                    self.counters.commit(s.slot, log.accepted[k * b + q] + 1)?;
+                }
+            }
+        }
+        let held = |r: &Self| -> Vec<usize> {
+            seqs.iter()
+                .map(|s| r.books.kv().map_or(0, |k| k.held(s.slot)))
+                .collect()
+        };
+        let before = held(self);
+        self.books.settle_chain(plan, &log)?;
+        self.table_dirty |= held(self) != before;
+        self.steps += steps as u64 - 1;
+        let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &vec![false; steps * rows])
+            .into_iter()
+            .map(RowSummary::from)
+            .collect();
+        Ok((
+            HeadOut {
+                rows,
+                logits: None,
+                hidden: None,
+            },
+            log,
+        ))
+    }
+}

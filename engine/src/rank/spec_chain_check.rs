@@ -1,0 +1,245 @@
+//! Chained verifies ([`StepPlan::spec_chain`]) checked against the same verifies run one plan at a time, on any
+//! [`RankGroup`] (the GPU self-test runs it on the device, the tests on CPU ranks).
+//!
+//! After each prompt, greedy speculative decoding runs twice: once step by step (the host drafts with the chain's own
+//! rule, judges each verify from its rows and commits it in the next plan) and once in chains whose drafts, verdicts
+//! and commits never leave the ranks. Every step must verify the same drafts, reach the same verdict and report the
+//! same rows (max logit and log-sum-exp to `tolerance`). Two drafters run: the n-gram drafter, then a table by
+//! position holding the greedy continuation the first run found with a quarter of its tokens corrupted (the oracle
+//! benchmarking drafter), so that windows are accepted whole, in part and not at all, and the rings cross flushes.
+
+use serde::Serialize;
+
+use super::group::RankGroup;
+use super::plan::{Commit, Rows, SeqKind, SeqStep, StepPlan};
+use super::spec_chain::{judge_greedy, ChainDrafter, SpecChain};
+use super::StepResult;
+use crate::decode::FormChoice;
+use crate::error::{EngineError, Result};
+use rewind_kernels::cpu::lm_head::mix64;
+
+/// The outcome of a chain-of-verifies check.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecChainReport {
+    pub form: String,
+    pub sequences: usize,
+    pub tp: usize,
+    /// Drafts per verify (`T`), steps per chain (`1 + chained`) and chains per drafter.
+    pub window: usize,
+    pub chain_steps: usize,
+    pub chains: usize,
+    /// Verify steps compared over both drafters, and the drafts they accepted.
+    pub steps: usize,
+    pub accepted: usize,
+    /// Steps whose drafts or verdict differ between the chain and single steps (must be 0).
+    pub mismatches: usize,
+    /// Worst relative difference of a row's max logit or log-sum-exp.
+    pub worst_rel: f64,
+    pub tolerance: f64,
+    pub pass: bool,
+}
+
+/// One verify step of one sequence as both paths see it.
+#[derive(Clone, Debug, PartialEq)]
+struct Verified {
+    drafts: Vec<u32>,
+    accepted: usize,
+    token: u32,
+    /// Per row: max logit and log-sum-exp.
+    rows: Vec<(f32, f32)>,
+}
+
+fn row_values(out: &StepResult, from: usize, n: usize) -> Result<Vec<(f32, f32)>> {
+    out.rows[from..from + n]
+        .iter()
+        .map(|r| match (r.max_logit, r.log_sum_exp) {
+            (Some(m), Some(l)) => Ok((m, l)),
+            _ => Err(EngineError::InvalidInput(
+                "a verify row came back without its max logit or log-sum-exp".into(),
+            )),
+        })
+        .collect()
+}
+
+/// Runs `steps` greedy verifies of `window` drafts after each prompt, `chain` steps a plan (1: single steps, the
+/// host drafting and judging). Returns per sequence its verified steps.
+#[allow(clippy::too_many_arguments)]
+fn speculate(
+    group: &mut RankGroup,
+    prompts: &[Vec<u32>],
+    form: FormChoice,
+    drafter: ChainDrafter,
+    tables: &[Vec<i32>],
+    window: usize,
+    steps: usize,
+    chain: usize,
+) -> Result<Vec<Vec<Verified>>> {
+    let (slots, first) = group.prefill_prompts(prompts, form)?;
+    let mut streams: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(first)
+        .map(|(p, x)| p.iter().copied().chain([x]).collect())
+        .collect();
+    let n = slots.len();
+    let t = window + 1;
+    let rules = SpecChain {
+        drafter,
+        streams: Vec::new(),
+        tables: tables.to_vec(),
+    };
+    let mut done: Vec<Vec<Verified>> = vec![Vec::new(); n];
+    let mut commits: Vec<Commit> = Vec::new();
+    let mut ran = 0;
+    while ran < steps {
+        let chain = chain.min(steps - ran);
+        let seqs: Vec<SeqStep> = (0..n)
+            .map(|q| {
+                let stream = &streams[q];
+                let mut tokens = vec![stream[stream.len() - 1]];
+                tokens.extend(rules.draft(q, stream, window));
+                SeqStep {
+                    slot: slots[q],
+                    kind: SeqKind::Verify,
+                    position: stream.len() - 1,
+                    tokens,
+                    form,
+                    rows: Rows::All,
+                    sample: None,
+                    spec: None,
+                }
+            })
+            .collect();
+        let plan = StepPlan {
+            commits: std::mem::take(&mut commits),
+            seqs: seqs.clone(),
+            chained: chain - 1,
+            spec_chain: (chain > 1).then(|| SpecChain {
+                drafter,
+                streams: streams.clone(),
+                tables: tables.to_vec(),
+            }),
+            ..StepPlan::default()
+        };
+        let out = group.step(plan)?;
+        let per_step = n * t;
+        // A rank may end a chain early; its log says how many steps ran.
+        let chain = out.chain.as_ref().map_or(1, |log| log.accepted.len() / n);
+        ran += chain;
+        for k in 0..chain {
+            for q in 0..n {
+                let from = k * per_step + q * t;
+                let rows = row_values(&out, from, t)?;
+                let (drafts, accepted, token) = match &out.chain {
+                    Some(log) => {
+                        let i = k * n + q;
+                        (
+                            log.drafts[i * window..(i + 1) * window].to_vec(),
+                            log.accepted[i],
+                            log.tokens[i],
+                        )
+                    }
+                    None => {
+                        let picks: Vec<u32> = out.rows[from..from + t].iter().map(|r| r.argmax).collect();
+                        let drafts = seqs[q].tokens[1..].to_vec();
+                        let (a, y) = judge_greedy(&picks, &drafts)?;
+                        (drafts, a, y)
+                    }
+                };
+                streams[q].extend_from_slice(&drafts[..accepted]);
+                streams[q].push(token);
+                if k + 1 == chain {
+                    commits.push(Commit {
+                        slot: slots[q],
+                        accepted: accepted + 1,
+                    });
+                }
+                done[q].push(Verified {
+                    drafts,
+                    accepted,
+                    token,
+                    rows,
+                });
+            }
+        }
+    }
+    for slot in slots {
+        group.release(slot)?;
+    }
+    Ok(done)
+}
+
+/// Runs the check on `group` in `form`: `chains` chains of `1 + chained` verifies of `window` drafts after each
+/// prompt, with each drafter, against single steps.
+pub fn spec_chain_check(
+    group: &mut RankGroup,
+    prompts: &[Vec<u32>],
+    form: FormChoice,
+    window: usize,
+    chained: usize,
+    chains: usize,
+    tolerance: f64,
+) -> Result<SpecChainReport> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) || window == 0 || chained == 0 || chains == 0 {
+        return Err(EngineError::InvalidInput(
+            "the chain-of-verifies check needs non-empty prompts, a window and at least one chain of two steps".into(),
+        ));
+    }
+    let steps = chains * (chained + 1);
+    let vocab = group.vocab_size() as u64;
+    let (mut compared, mut accepted, mut mismatches, mut worst) = (0, 0, 0, 0.0f64);
+    let mut tables: Vec<Vec<i32>> = Vec::new();
+    for drafter in [ChainDrafter::Ngram { min_n: 1, max_n: 3 }, ChainDrafter::Table] {
+        let single = speculate(group, prompts, form, drafter, &tables, window, steps, 1)?;
+        let chain = speculate(group, prompts, form, drafter, &tables, window, steps, chained + 1)?;
+        for (a, b) in single.iter().flatten().zip(chain.iter().flatten()) {
+            compared += 1;
+            accepted += a.accepted;
+            mismatches += usize::from((&a.drafts, a.accepted, a.token) != (&b.drafts, b.accepted, b.token));
+            for (x, y) in a.rows.iter().zip(&b.rows) {
+                for (u, v) in [(x.0, y.0), (x.1, y.1)] {
+                    let e = f64::from((u - v).abs()) / f64::from(u.abs()).max(1.0);
+                    worst = if e.is_nan() || !v.is_finite() {
+                        f64::INFINITY
+                    } else {
+                        worst.max(e)
+                    };
+                }
+            }
+        }
+        mismatches += usize::from(single.iter().flatten().count() != chain.iter().flatten().count());
+        // The table drafter's proposals: the greedy continuation this run found, a quarter of it corrupted.
+        tables = prompts
+            .iter()
+            .zip(&single)
+            .enumerate()
+            .map(|(q, (p, steps))| {
+                let mut table = vec![-1i32; p.len() + 1];
+                for s in steps {
+                    table.extend(s.drafts[..s.accepted].iter().map(|&x| x as i32));
+                    table.push(s.token as i32);
+                }
+                for (pos, x) in table.iter_mut().enumerate().skip(p.len() + 1) {
+                    let key = mix64(0x7ab1e ^ ((q as u64) << 32) ^ pos as u64);
+                    if key.is_multiple_of(4) {
+                        *x = ((*x as u64 + 1 + mix64(key) % (vocab - 1)) % vocab) as i32;
+                    }
+                }
+                table
+            })
+            .collect();
+    }
+    Ok(SpecChainReport {
+        form: form.name().to_string(),
+        sequences: prompts.len(),
+        tp: group.tp(),
+        window,
+        chain_steps: chained + 1,
+        chains,
+        steps: compared,
+        accepted,
+        mismatches,
+        worst_rel: worst,
+        tolerance,
+        pass: mismatches == 0 && worst <= tolerance && compared == 2 * steps * prompts.len(),
+    })
+}
