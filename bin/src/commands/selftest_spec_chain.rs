@@ -67,6 +67,9 @@ fn line(
                 r.tolerance,
                 if r.pass { "pass" } else { "FAIL" }
             );
+            if let Some(m) = &r.first_mismatch {
+                println!("{:<20} first difference: {m}", "");
+            }
             let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
             v["case"] = json!(case);
             v["check"] = json!("spec_chain");

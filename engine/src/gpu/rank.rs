@@ -98,6 +98,7 @@ impl<A: Act> LoadedRank<A> {
             choice: vec![FormChoice::Auto; sizes.max_seqs],
             inner: self,
             table_dirty: true,
+            table_changes: None,
             steps: 0,
             want_hidden: false,
             graphs: StepGraphs::new(graphs),
@@ -141,8 +142,10 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) replay: ReplaySettings,
     /// Per slot: the form its sequence asked for.
     pub(super) choice: Vec<FormChoice>,
-    /// The block tables changed since they were last uploaded.
+    /// Upload the block tables at the next step whatever their change count (a restored slot, a fresh rank).
     pub(super) table_dirty: bool,
+    /// The books' table change count ([`crate::state::KvBlocks::changes`]) when the tables were last uploaded.
+    pub(super) table_changes: Option<u64>,
     pub(super) steps: u64,
     /// Whether the plan being run asked for final hidden states (`StepPlan::hidden`).
     pub(super) want_hidden: bool,
@@ -268,7 +271,8 @@ impl<A: Act> GpuRank<A> {
         put(dev, &mut s.row_slots, row_slots, "row slots")?;
         put(dev, &mut s.row_pos, row_pos, "positions")?;
         put(dev, &mut s.seq_slots, seq_slots, "sequence slots")?;
-        if self.table_dirty {
+        let changes = self.books.kv().map(|k| k.changes());
+        if self.table_dirty || changes != self.table_changes {
             let per = self.sizes.blocks_per_seq();
             let table: Vec<i32> = match self.books.kv() {
                 Some(kv) => kv
@@ -280,6 +284,7 @@ impl<A: Act> GpuRank<A> {
             };
             put(dev, &mut s.table, &table, "block tables")?;
             self.table_dirty = false;
+            self.table_changes = changes;
         }
         put(dev, &mut s.lens, lens, "lengths")
     }
@@ -399,9 +404,7 @@ impl<A: Act> Rank for GpuRank<A> {
     }
 
     fn release(&mut self, slot: usize) -> Result<()> {
-        let held = self.books.kv().map_or(0, |k| k.held(slot));
         self.books.close(slot)?;
-        self.table_dirty |= held > 0;
         Ok(())
     }
 

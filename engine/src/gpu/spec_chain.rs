@@ -224,6 +224,9 @@ impl<A: Act> GpuRank<A> {
             *max_m = (*max_m).max(cap.min(self.sizes.rows.ring));
         }
         let max_seqs = self.sizes.max_seqs;
+        // The debug check: after each step, the device's metadata for the next one against the host's rules.
+        let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");
+        let mut streams = chain.streams.clone();
         for k in 0..steps {
             self.launch(step, rows, false, &[])?;
             let (s, c) = (&mut self.scratch, self.spec_chain.as_mut().expect("allocated above"));
@@ -284,6 +287,19 @@ impl<A: Act> GpuRank<A> {
                 &mut s.tokens.slice_mut(..rows),
                 b,
             )?;
+            if check {
+                let verdicts = dev.download(&c.verdicts.slice(k * b * 2..(k + 1) * b * 2))?;
+                let verified = dev.download(&c.drafts.slice(k * b * (t - 1)..(k + 1) * b * (t - 1)))?;
+                let accepted: Vec<usize> = verdicts.chunks_exact(2).map(|v| v[0].max(0) as usize).collect();
+                for q in 0..b {
+                    let a = accepted[q];
+                    let d = &verified[q * (t - 1)..q * (t - 1) + a];
+                    streams[q].extend(d.iter().map(|&x| x as u32));
+                    streams[q].push(verdicts[2 * q + 1].max(0) as u32);
+                }
+                self.mirror_step(&seqs, &staged, k, t, &accepted, true)?;
+                self.check_next(&seqs, k + 1, t, &verdicts, &streams, chain)?;
+            }
         }
         // The one read-back of the chain: it waits for every step.
         let c = self.spec_chain.as_ref().expect("allocated above");
@@ -318,34 +334,13 @@ impl<A: Act> GpuRank<A> {
                 "the last verify of a chain held a NaN row (no token to judge)".into(),
             ));
         }
-        // The host's copy of the counters follows the device's, by the same rules and verdicts.
-        for k in 0..steps {
-            for (q, s) in seqs.iter().enumerate() {
-                let (form, flush, h) = if k == 0 {
-                    (
-                        staged.decisions[q].form,
-                        staged.decisions[q].flush,
-                        staged.replay_rows[q].ring_len,
-                    )
-                } else {
-                    let d = self.decide(s.slot, StepPhase::Verify, t);
-                    self.counters.set_flush(s.slot, d.flush);
-                    (d.form, d.flush, self.counters.ring(s.slot).len)
-                };
-                self.counters.after_step(s.slot, StepPhase::Verify, form, flush, h, t)?;
-                if k + 1 < steps {
-                    self.counters.commit(s.slot, log.accepted[k * b + q] + 1)?;
-                }
-            }
+        // The host's copy of the counters follows the device's, by the same rules and verdicts (already, step by
+        // step, under the debug check).
+        let first = if check { steps - 1 } else { 0 };
+        for k in first..steps {
+            self.mirror_step(&seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
         }
-        let held = |r: &Self| -> Vec<usize> {
-            seqs.iter()
-                .map(|s| r.books.kv().map_or(0, |k| k.held(s.slot)))
-                .collect()
-        };
-        let before = held(self);
         self.books.settle_chain(plan, &log)?;
-        self.table_dirty |= held(self) != before;
         self.steps += steps as u64 - 1;
         let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &vec![false; steps * rows])
             .into_iter()
@@ -359,5 +354,79 @@ impl<A: Act> GpuRank<A> {
             },
             log,
         ))
+    }
+
+    /// Moves the host's counters over chain step `k` as the device did: the step's flush (decided now for `k > 0`),
+    /// and, when `commit`, the input token and the `accepted` drafts of each sequence.
+    fn mirror_step(
+        &mut self,
+        seqs: &[&SeqStep],
+        staged: &super::steps::Staged,
+        k: usize,
+        t: usize,
+        accepted: &[usize],
+        commit: bool,
+    ) -> Result<()> {
+        for (q, s) in seqs.iter().enumerate() {
+            let (form, flush, h) = if k == 0 {
+                (
+                    staged.decisions[q].form,
+                    staged.decisions[q].flush,
+                    staged.replay_rows[q].ring_len,
+                )
+            } else {
+                let d = self.decide(s.slot, StepPhase::Verify, t);
+                self.counters.set_flush(s.slot, d.flush);
+                (d.form, d.flush, self.counters.ring(s.slot).len)
+            };
+            self.counters.after_step(s.slot, StepPhase::Verify, form, flush, h, t)?;
+            if commit {
+                self.counters.commit(s.slot, accepted[q] + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The debug check (`REWIND_CHAIN_CHECK=1`, a read-back per step): the replay rows, input tokens, positions and
+    /// lengths the device wrote for chain step `k` against those the host's counters give.
+    fn check_next(
+        &self,
+        seqs: &[&SeqStep],
+        k: usize,
+        t: usize,
+        verdicts: &[i32],
+        streams: &[Vec<u32>],
+        chain: &crate::rank::SpecChain,
+    ) -> Result<()> {
+        let dev = &self.inner.dev;
+        let s = &self.scratch;
+        let b = seqs.len();
+        let meta = dev.download(&s.meta.slice(..b * REPLAY_META))?;
+        let tokens = dev.download(&s.tokens.slice(..b * t))?;
+        let pos = dev.download(&s.row_pos.slice(..b * t))?;
+        let lens = dev.download(&s.lens.slice(..self.sizes.max_seqs))?;
+        for (q, sq) in seqs.iter().enumerate() {
+            let d = self.decide(sq.slot, StepPhase::Verify, t);
+            let h = self.counters.ring(sq.slot).len;
+            let want = self.replay_row(sq.slot, d.form, if d.flush { h } else { 0 }).encode();
+            let got = &meta[q * REPLAY_META..(q + 1) * REPLAY_META];
+            let (row_pos, len) = (&pos[q * t..(q + 1) * t], lens[sq.slot]);
+            let position = streams[q].len() - 1;
+            let want_pos: Vec<i32> = (position..position + t).map(|p| p as i32).collect();
+            let mut want_tokens = vec![streams[q][position] as i32];
+            want_tokens.extend(chain.draft(q, &streams[q], t - 1).into_iter().map(|x| x as i32));
+            let got_tokens = &tokens[q * t..(q + 1) * t];
+            if got != want || got_tokens != want_tokens || row_pos != want_pos || len != (position + t) as i32 {
+                return Err(EngineError::Gpu(format!(
+                    "chain step {k}, slot {}: the device wrote replay row {got:?}, tokens {got_tokens:?}, positions \
+                     {row_pos:?}, length {len}; the host's rules give {want:?}, {want_tokens:?}, {want_pos:?}, {} \
+                     (verdict {:?})",
+                    sq.slot,
+                    position + t,
+                    &verdicts[2 * q..2 * q + 2]
+                )));
+            }
+        }
+        Ok(())
     }
 }

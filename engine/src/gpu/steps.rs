@@ -18,7 +18,7 @@ use super::forward::{SsmRun, Step};
 use super::rank::{put, to_i32, GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{Books, Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
+use crate::rank::{Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
 use crate::state::{DecodeForm, StepDecision, StepPhase};
 
 /// A decode or verify step staged on the host ([`GpuRank::stage_decode`], [`GpuRank::stage_verify`]): what its
@@ -120,11 +120,7 @@ impl<A: Act> GpuRank<A> {
             self.counters.reset(s.slot, s.form.initial());
             self.choice[s.slot] = s.form;
         }
-        let held =
-            |b: &Books| -> Vec<usize> { plan.seqs.iter().map(|s| b.kv().map_or(0, |k| k.held(s.slot))).collect() };
-        let before = held(&self.books);
         self.books.apply(plan)?;
-        self.table_dirty |= held(&self.books) != before;
         self.commit(&plan.commits)?;
         self.steps += 1;
         self.want_hidden = plan.hidden;
@@ -257,7 +253,7 @@ impl<A: Act> GpuRank<A> {
     }
 
     /// The replay row of `slot` for a step of `form` that folds `fold` entries.
-    fn replay_row(&self, slot: usize, form: DecodeForm, fold: usize) -> ReplayRow {
+    pub(super) fn replay_row(&self, slot: usize, form: DecodeForm, fold: usize) -> ReplayRow {
         let r = self.counters.ring(slot);
         ReplayRow {
             slot,

@@ -37,6 +37,8 @@ pub struct SpecChainReport {
     pub worst_rel: f64,
     pub tolerance: f64,
     pub pass: bool,
+    /// The first step that differs, described (drafter, sequence, step, both sides).
+    pub first_mismatch: Option<String>,
 }
 
 /// One verify step of one sequence as both paths see it.
@@ -188,9 +190,21 @@ pub fn spec_chain_check(
     let vocab = group.vocab_size() as u64;
     let (mut compared, mut accepted, mut mismatches, mut worst) = (0, 0, 0, 0.0f64);
     let mut tables: Vec<Vec<i32>> = Vec::new();
+    let mut first_mismatch = None;
     for drafter in [ChainDrafter::Ngram { min_n: 1, max_n: 3 }, ChainDrafter::Table] {
         let single = speculate(group, prompts, form, drafter, &tables, window, steps, 1)?;
         let chain = speculate(group, prompts, form, drafter, &tables, window, steps, chained + 1)?;
+        for (q, (sa, sb)) in single.iter().zip(&chain).enumerate() {
+            for (i, (a, b)) in sa.iter().zip(sb).enumerate() {
+                let differs = (&a.drafts, a.accepted, a.token) != (&b.drafts, b.accepted, b.token);
+                let rows_differ = a.rows != b.rows;
+                if (differs || rows_differ) && first_mismatch.is_none() {
+                    first_mismatch = Some(format!(
+                        "{drafter:?}, sequence {q}, step {i}: single steps {a:?}, chain {b:?}"
+                    ));
+                }
+            }
+        }
         for (a, b) in single.iter().flatten().zip(chain.iter().flatten()) {
             compared += 1;
             accepted += a.accepted;
@@ -241,5 +255,6 @@ pub fn spec_chain_check(
         worst_rel: worst,
         tolerance,
         pass: mismatches == 0 && worst <= tolerance && compared == 2 * steps * prompts.len(),
+        first_mismatch,
     })
 }

@@ -20,6 +20,8 @@ pub struct KvBlocks {
     held: Vec<u32>,
     /// Free blocks, the next one to hand out last.
     free: Vec<u32>,
+    /// Table changes so far: a copy of the tables (a GPU rank's) is current while this count is.
+    changes: u64,
 }
 
 impl KvBlocks {
@@ -45,6 +47,7 @@ impl KvBlocks {
             table: filled(table_len, NO_BLOCK, "KV block tables")?,
             held: vec![0; slots],
             free,
+            changes: 0,
         })
     }
 
@@ -85,6 +88,11 @@ impl KvBlocks {
     pub fn tables(&self) -> &[u32] {
         &self.table
     }
+    /// How many times the tables have changed. Block counts alone cannot tell: two slots that each give a block back
+    /// and take one again can swap blocks while every count stays the same.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
     /// The free list (for invariant checks).
     pub fn free_blocks(&self) -> &[u32] {
         &self.free
@@ -122,6 +130,7 @@ impl KvBlocks {
                 self.table[row + i] = NO_BLOCK;
             }
         }
+        self.changes += u64::from(want != have);
         self.held[slot] = want as u32;
         Ok(())
     }
@@ -221,6 +230,25 @@ impl KvSlotMut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swapped_blocks_count_as_a_change() {
+        // Two slots give back their last block and take one again, in that order: they swap blocks, every count
+        // stays the same, and only the change count tells a copy of the tables that it is stale.
+        let mut kv = KvBlocks::new(2, 4, 4, 8).expect("pool");
+        kv.fit(0, 5).expect("fit");
+        kv.fit(1, 5).expect("fit");
+        let (before, changes) = (kv.tables().to_vec(), kv.changes());
+        kv.fit(0, 4).expect("shrink");
+        kv.fit(1, 4).expect("shrink");
+        kv.fit(0, 5).expect("grow");
+        kv.fit(1, 5).expect("grow");
+        assert_eq!((kv.held(0), kv.held(1)), (2, 2));
+        assert_ne!(kv.tables(), &before[..], "the slots swapped their second blocks");
+        assert_eq!(kv.changes(), changes + 4);
+        kv.fit(1, 6).expect("same block count");
+        assert_eq!(kv.changes(), changes + 4, "no table entry changed");
+    }
 
     #[test]
     fn grow_truncate_return_whole_blocks() {
