@@ -9,8 +9,10 @@
 
 use std::sync::Arc;
 
-use rewind_engine::rank::{Books, SeqStep, SpecSample, StepPlan, StepResult};
+use rewind_engine::rank::spec_chain::chain_drafts;
+use rewind_engine::rank::{Books, ChainDrafter, SeqStep, SpecChain, SpecSample, StepPlan, StepResult};
 use rewind_engine::sample::SamplingParams;
+use rewind_engine::sched::{Step, StepWork};
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
     DrafterFactory, HiddenRows, RowSampling, SpecStats,
@@ -36,6 +38,9 @@ pub(super) struct LiveSpec {
     hidden: Option<HiddenRows>,
     /// The drafts proposed for the next step, and their `q` when sampled.
     drafts: Option<Draft>,
+    /// Its greedy verifies may chain on the ranks ([`rewind_engine::sched::Step::spec_chain`]): proposals are padded
+    /// to the window, so that every sequence verifies the same window and a chain keeps one shape.
+    on_ranks: bool,
 }
 
 /// How a request's verify rows are judged.
@@ -72,7 +77,7 @@ fn plain_temperature(p: &SamplingParams) -> bool {
 
 impl LiveSpec {
     /// Speculation for a new request (its drafter is made when it first drafts).
-    pub(super) fn new(spec: &EngineSpec, request: &DraftRequest<'_>) -> Result<Self> {
+    pub(super) fn new(spec: &EngineSpec, request: &DraftRequest<'_>, on_ranks: bool) -> Result<Self> {
         spec.factory.check(request)?;
         Ok(LiveSpec {
             factory: spec.factory.clone(),
@@ -83,6 +88,7 @@ impl LiveSpec {
             stats: SpecStats::default(),
             hidden: None,
             drafts: None,
+            on_ranks,
         })
     }
 
@@ -283,6 +289,9 @@ impl CoordinatorState {
             match s.propose(&l.history, max, &l.params, l.seed) {
                 Ok(mut d) => {
                     d.tokens.truncate(max);
+                    if s.on_ranks && d.probs.is_none() {
+                        d.tokens = chain_drafts(&l.history, d.tokens, max);
+                    }
                     if let Some(&bad) = d.tokens.iter().find(|&&t| t as usize >= self.info.vocab) {
                         failed.push((
                             id,
@@ -378,6 +387,100 @@ impl CoordinatorState {
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let mut out = drafts[..a.accepted].to_vec();
         out.push(a.token);
+        Ok(out)
+    }
+
+    /// What the ranks need to draft a chain of verifies of `planned` (every sequence's stream, and its drafter's
+    /// rule and table): an error when a sequence's drafter cannot run on the ranks.
+    pub(super) fn spec_chain(&mut self, planned: &Step) -> Result<SpecChain> {
+        let context = self.info.max_context;
+        let (mut drafter, mut streams, mut tables) = (None, Vec::new(), Vec::new());
+        for p in &planned.work {
+            let l = self
+                .live
+                .get_mut(&p.id)
+                .ok_or_else(|| EngineError::InvalidInput(format!("request {} is gone", p.id)))?;
+            let (params, seed) = (l.params.clone(), l.seed);
+            let rule = l
+                .spec
+                .as_mut()
+                .map(|s| s.drafter(&params, seed).map(|d| d.on_ranks(context)))
+                .transpose()?
+                .flatten()
+                .ok_or_else(|| {
+                    EngineError::InvalidInput(format!("request {}'s drafter cannot run on the ranks", p.id))
+                })?;
+            if *drafter.get_or_insert(rule.0) != rule.0 {
+                return Err(EngineError::InvalidInput(
+                    "a chain of verifies mixes drafters the ranks run differently".into(),
+                ));
+            }
+            if let StepWork::Verify { position, .. } = &p.work {
+                if l.history.len() != position + 1 {
+                    return Err(EngineError::InvalidInput(format!(
+                        "request {}: its stream of {} tokens does not end at its verify's position {position}",
+                        p.id,
+                        l.history.len()
+                    )));
+                }
+            }
+            streams.push(l.history.clone());
+            if rule.0 == ChainDrafter::Table {
+                tables.push(rule.1);
+            }
+        }
+        Ok(SpecChain {
+            drafter: drafter.ok_or_else(|| EngineError::InvalidInput("a chain of no verifies".into()))?,
+            streams,
+            tables,
+        })
+    }
+
+    /// Request `id`'s part of a chain of verifies (plan sequence `seq` of `seqs`, windows of `t` tokens): every step's
+    /// accepted drafts and the token after them, in order, from the ranks' log. Records the acceptance with the
+    /// scheduler and the counters as single verifies do.
+    pub(super) fn chain_judged(
+        &mut self,
+        id: u64,
+        seq: usize,
+        seqs: usize,
+        t: usize,
+        result: &StepResult,
+    ) -> Result<Vec<u32>> {
+        let log = result
+            .chain
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidInput("a chain of verifies answered without its log".into()))?;
+        let steps = log.accepted.len() / seqs.max(1);
+        let w = t - 1;
+        let l = self
+            .live
+            .get_mut(&id)
+            .ok_or_else(|| EngineError::InvalidInput(format!("request {id} is gone")))?;
+        let mut accepted = Vec::with_capacity(steps);
+        let mut out = Vec::new();
+        for k in 0..steps {
+            let i = k * seqs + seq;
+            let a = log.accepted[i];
+            out.extend_from_slice(&log.drafts[i * w..i * w + a]);
+            out.push(log.tokens[i]);
+            accepted.push(a);
+            if let Some(s) = l.spec.as_mut() {
+                s.meter.record(w, a);
+                s.stats.drafted += w;
+                s.stats.accepted += a;
+                s.stats.verifies += 1;
+            }
+            Metrics::inc(&self.metrics.spec_verifies);
+            Metrics::add(&self.metrics.spec_drafted, w as u64);
+            Metrics::add(&self.metrics.spec_accepted, a as u64);
+        }
+        if let Some(s) = l.spec.as_mut() {
+            s.drafts = None;
+        }
+        self.sched
+            .chain_verified(id, &accepted)
+            .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         Ok(out)
     }
 

@@ -150,6 +150,7 @@ fn committed_rows_reach_the_drafter_once_their_next_tokens_are_known() {
             seed: 0,
             reference: None,
         },
+        false,
     )
     .expect("spec");
     let fed = |live: &mut LiveSpec, tokens: &[u32]| live.feed(tokens, &params, 0).expect("feed");

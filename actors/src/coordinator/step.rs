@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use ractor::ActorRef;
+use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::{finish, prepare, Commit, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
 use rewind_engine::sample::Sampler;
 use rewind_engine::sched::{OutputStream, Planned, Request, StepWork};
@@ -121,11 +122,22 @@ impl CoordinatorState {
         // host) or a speculating request (its steps are verifies); under tensor parallelism a sampled request only
         // where the ranks gather a sampled row's slices themselves (`Books::chains_sample`: the CPU ranks; a GPU
         // group's picks stay on the devices, and there only greedy rows are merged).
+        // A speculating request chains its greedy verifies where its drafter's proposals can be made on the ranks
+        // (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's snapshot copy).
         let greedy = params.temperature == 0.0;
+        let speculating = speculate && self.config.spec.is_some();
+        let spec_chain = speculating
+            && greedy
+            && self.config.decode_steps > 1
+            && self.config.form != FormChoice::Recurrent
+            && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks());
         let chain = session.is_none()
             && params.repetition_penalty == 1.0
-            && !(speculate && self.config.spec.is_some())
-            && (greedy || self.books.chains_sample());
+            && if speculating {
+                spec_chain
+            } else {
+                greedy || self.books.chains_sample()
+            };
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,
@@ -156,6 +168,7 @@ impl CoordinatorState {
                     seed,
                     reference: reference.as_deref(),
                 },
+                chain,
             )?),
             None => None,
         };
@@ -353,14 +366,32 @@ impl CoordinatorState {
                 .collect(),
             seqs: planned.work.iter().map(|p| self.seq_step(p, planned.chained)).collect(),
             full_logits,
-            // A chain holds no speculating sequence, the only readers of hidden rows.
+            // A chain holds no sequence whose drafter reads hidden rows.
             hidden: self.wants_hidden() && planned.chained == 0,
             chained: planned.chained,
-            spec_chain: None,
+            spec_chain: if planned.spec_chain {
+                match self.spec_chain(&planned) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        // The scheduler chained a sequence whose drafter the ranks cannot run: a bug, charged to
+                        // the step as a fault.
+                        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+                        self.recover(Fault::Rank(0, e.to_string(), false), &ids).await;
+                        return;
+                    }
+                }
+            } else {
+                None
+            },
         };
         self.index += 1;
         let index = self.index;
-        let (seqs, tokens) = (plan.seqs.len(), plan.token_count() + plan.seqs.len() * plan.chained);
+        let per_chained = if plan.spec_chain.is_some() {
+            plan.token_count()
+        } else {
+            plan.seqs.len()
+        };
+        let (seqs, tokens) = (plan.seqs.len(), plan.token_count() + per_chained * plan.chained);
         let span = info_span!("engine_step", step = index, seqs, tokens);
         let t0 = Instant::now();
         let result = self.run(index, &plan).instrument(span).await;
@@ -414,6 +445,15 @@ impl CoordinatorState {
         let mut row = 0;
         for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
             let (tokens, rows) = match &p.work {
+                StepWork::Verify { tokens, .. } if result.chain.is_some() => {
+                    match self.chain_judged(p.id, i, planned.work.len(), tokens.len(), &result) {
+                        Ok(t) => (t, tokens.len()),
+                        Err(e) => {
+                            failed.push((p.id, format!("a chain of verifies failed: {e}")));
+                            continue;
+                        }
+                    }
+                }
                 StepWork::Verify { position, tokens } => {
                     let n = tokens.len();
                     let hidden = layout.as_ref().map(|l| (l, i));

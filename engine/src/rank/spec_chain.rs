@@ -15,7 +15,8 @@
 //! ([`super::Books::settle_chain`]); the last step's verify waits for the next plan's commit, as a single verify does.
 
 use rewind_kernels::cpu::accept::{judge, JudgedRow};
-use rewind_kernels::cpu::chain::{chain_drafts, ngram_lookup, table_proposal};
+pub use rewind_kernels::cpu::chain::chain_drafts;
+use rewind_kernels::cpu::chain::{ngram_lookup, table_proposal};
 
 use super::plan::{Rows, SeqKind, StepPlan};
 use crate::error::{EngineError, Result};

@@ -38,7 +38,8 @@ pub struct Request {
     pub restored: usize,
     /// Whether its decode steps may be chained ([`Step::chained`]): the ranks then sample several tokens before the
     /// coordinator sees the first, so the coordinator clears it where a token must be seen before the next runs
-    /// (a session turn, a repetition penalty, ...).
+    /// (a session turn, a repetition penalty, ...). For a speculating request, also its greedy verifies
+    /// ([`Step::spec_chain`]: its drafter's proposals can be made on the ranks).
     pub chain: bool,
 }
 
@@ -188,7 +189,14 @@ pub struct Step {
     /// token at `position`, then each step's sampled token as the next step's input, at `position + 1 ..=
     /// position + c`. The coordinator then calls [`Scheduler::sampled`] with each sequence's `1 + c` tokens in
     /// order, stopping after the call that finishes it (the ranks' tokens after that are dropped with the slot).
+    ///
+    /// With [`Step::spec_chain`] the chained steps are verifies instead (see `chain_verifies`).
     pub chained: usize,
+    /// Every sequence of `work` is a verify of the same window, and the ranks run up to `1 + chained` verifies,
+    /// judging, committing and drafting between them ([`crate::rank::StepPlan::spec_chain`]). The coordinator then
+    /// calls [`Scheduler::chain_verified`] with each sequence's accepted counts, then [`Scheduler::sampled`] with its
+    /// tokens in order.
+    pub spec_chain: bool,
 }
 
 impl Step {
@@ -364,7 +372,9 @@ impl Scheduler {
                     .filter(|(id, slot, _)| self.running.iter().any(|r| r.id == *id && r.slot == *slot))
                     .map(|&(_, slot, n)| (slot, n))
                     .collect();
-                if !drafted {
+                if drafted {
+                    self.chain_verifies(&mut step);
+                } else {
                     self.chain(&mut step);
                 }
                 return step;

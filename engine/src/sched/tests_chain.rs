@@ -300,3 +300,62 @@ fn a_requeued_sequence_keeps_its_chain_flag_and_replays_unchained() {
     s.cancel(2);
     assert_eq!(run_step(&mut s, 40).chained, 3);
 }
+
+/// Sequences that drafted windows of one size chain their verifies ([`Step::spec_chain`]): the chain reserves a
+/// window of blocks per chained step, and [`Scheduler::chain_verified`] keeps the committed tokens and the last window
+/// and returns the rest; different windows, a sequence that may not chain or a waiting request keep single steps.
+#[test]
+fn drafted_windows_of_one_size_chain_their_verifies() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 40, true)).expect("submit");
+    s.submit(chain_req(2, 4, 40, true)).expect("submit");
+    assert_eq!(run_step(&mut s, 10).chained, 0, "the prompts");
+    // Windows of different sizes: one verify step.
+    s.propose(1, vec![1, 2]).expect("propose");
+    s.propose(2, vec![1]).expect("propose");
+    let step = s.schedule();
+    assert!((step.chained, step.spec_chain) == (0, false), "{step:?}");
+    s.verified(1, 0).expect("verified");
+    s.verified(2, 0).expect("verified");
+    for id in [1, 2] {
+        s.sampled(id, 11, false).expect("sampled");
+    }
+    // Windows of 2 drafts (3 tokens): 1 + 3 verifies; the context allows (64 − 8) / 3 more, the blocks more still.
+    s.propose(1, vec![1, 2]).expect("propose");
+    s.propose(2, vec![3, 4]).expect("propose");
+    let free = s.free().1;
+    let step = s.schedule();
+    assert_eq!((step.chained, step.spec_chain), (3, true), "{step:?}");
+    assert_eq!(step.commits.len(), 2, "the single verifies' commits ride along");
+    // Each slot's verify at 5 reaches 8 tokens (the 2 blocks it holds); 3 chained windows reach 17 (5 blocks).
+    assert_eq!(free - s.free().1, 2 * (17usize.div_ceil(4) - 2));
+    // Slot 1 accepted 2, 0, 1, 2 drafts: 3 + 1 + 2 committed on the ranks, the last 3 pending.
+    s.chain_verified(1, &[2, 0, 1, 2]).expect("chain verified");
+    s.chain_verified(2, &[0, 0, 0, 0]).expect("chain verified");
+    for (id, n) in [(1, 3 + 1 + 2 + 3), (2, 4)] {
+        for j in 0..n {
+            s.sampled(id, 20 + j, false).expect("sampled");
+        }
+    }
+    let step = s.schedule();
+    assert_eq!(step.commits, vec![(step.work[0].slot, 3), (step.work[1].slot, 1)]);
+    let positions: Vec<StepWork> = step.work.iter().map(|p| p.work.clone()).collect();
+    assert_eq!(
+        positions,
+        vec![decode(5 + 9, 28), decode(5 + 4, 23)],
+        "each feeds its last token"
+    );
+    // Blocks: slot 1 keeps 5 + 6 committed + its last window (14 tokens), slot 2 5 + 3 + 3, which hold each
+    // one's next decode too.
+    assert_eq!(s.held_blocks(), 14usize.div_ceil(4) + 11usize.div_ceil(4));
+    assert!(s.chain_verified(1, &[1]).is_err(), "no verify in flight");
+    // A sequence that may not chain, or a waiting request, keeps single steps.
+    for id in [1, 2] {
+        s.sampled(id, 30, false).expect("sampled");
+    }
+    s.submit(chain_req(3, 4, 8, true)).expect("submit");
+    s.propose(1, vec![1, 2]).expect("propose");
+    s.propose(2, vec![3, 4]).expect("propose");
+    let step = s.schedule();
+    assert!(!step.spec_chain, "a request waits: {step:?}");
+}

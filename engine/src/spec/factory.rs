@@ -55,6 +55,10 @@ impl DrafterFactory for Ngram {
     fn drafter(&self, _: &DraftRequest<'_>) -> Result<Box<dyn Drafter>> {
         Ok(Box::new(self.drafter))
     }
+
+    fn on_ranks(&self) -> bool {
+        true
+    }
 }
 
 struct Oracle {
@@ -70,6 +74,10 @@ impl DrafterFactory for Oracle {
 
     fn check(&self, r: &DraftRequest<'_>) -> Result<()> {
         self.reference(r).map(|_| ())
+    }
+
+    fn on_ranks(&self) -> bool {
+        true
     }
 
     fn drafter(&self, r: &DraftRequest<'_>) -> Result<Box<dyn Drafter>> {

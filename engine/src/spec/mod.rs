@@ -93,6 +93,13 @@ pub trait Drafter: Send + Sync {
     fn wants_hidden(&self) -> bool {
         false
     }
+
+    /// The same proposals as the ranks make them in a chain of verifies ([`crate::rank::SpecChain`]), for a
+    /// sequence whose stream may reach `context` tokens: the rule, and for a table its proposal per stream
+    /// position. `None` (the default) for drafters whose proposals need more than the stream (a model's state).
+    fn on_ranks(&self, _context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+        None
+    }
 }
 
 /// What a drafter is made for: one request.
@@ -123,6 +130,12 @@ pub trait DrafterFactory: Send + Sync {
 
     /// Whether the drafters need the target's hidden states.
     fn wants_hidden(&self) -> bool {
+        false
+    }
+
+    /// Whether the drafters' proposals can be made on the ranks ([`Drafter::on_ranks`]), so that greedy verifies
+    /// may chain there.
+    fn on_ranks(&self) -> bool {
         false
     }
 

@@ -39,6 +39,16 @@ impl Drafter for NgramDrafter {
             probs: None,
         })
     }
+
+    fn on_ranks(&self, _context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+        Some((
+            crate::rank::ChainDrafter::Ngram {
+                min_n: self.min_n,
+                max_n: self.max_n,
+            },
+            Vec::new(),
+        ))
+    }
 }
 
 #[cfg(test)]

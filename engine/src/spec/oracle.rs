@@ -69,6 +69,13 @@ impl Drafter for OracleDrafter {
         let tokens = (next..next + input.max).map_while(|pos| self.token_at(pos)).collect();
         Ok(Draft { tokens, probs: None })
     }
+
+    fn on_ranks(&self, context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+        let table = (0..context)
+            .map(|pos| self.token_at(pos).map_or(-1, |t| t as i32))
+            .collect();
+        Some((crate::rank::ChainDrafter::Table, table))
+    }
 }
 
 #[cfg(test)]

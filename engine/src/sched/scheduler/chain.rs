@@ -1,5 +1,5 @@
 //! Chained decode steps ([`super::SchedConfig::decode_steps`]): when the final plan of a step may run several
-//! decode steps back to back on the ranks, and the KV blocks that reserves.
+//! decode steps (or greedy verifies) back to back on the ranks, and the KV blocks that reserves.
 
 use super::{Scheduler, Step, StepWork};
 
@@ -62,6 +62,60 @@ impl Scheduler {
             r.in_state += c;
         }
         step.chained = c;
+    }
+
+    /// Chains the final plan's verifies ([`Step::spec_chain`]) when it is nothing but verifies of one window by every
+    /// running sequence, each allowed to chain ([`Request::chain`]: a greedy request whose drafter the ranks can
+    /// run), beside at most the commits of their last verifies, and no request waits. Each chained step may commit
+    /// a whole window, so the chain is as long as every sequence's context and the free KV blocks allow for that
+    /// (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used). Tokens
+    /// past a sequence's last are dropped, as in a chain of decodes.
+    pub(in crate::sched) fn chain_verifies(&mut self, step: &mut Step) {
+        if self.config.decode_steps < 2
+            || !step.preempted.is_empty()
+            || step.work.is_empty()
+            || step.work.len() != self.running.len()
+            || !self.waiting.is_empty()
+        {
+            return;
+        }
+        let mut window = None;
+        let mut c = self.config.decode_steps - 1;
+        for p in &step.work {
+            let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
+                return;
+            };
+            let StepWork::Verify { tokens, .. } = &p.work else {
+                return;
+            };
+            if p.fresh || !r.chain || *window.get_or_insert(tokens.len()) != tokens.len() {
+                return;
+            }
+            // `in_state` already counts this step's window.
+            c = c.min(self.config.max_context.saturating_sub(r.in_state) / tokens.len());
+        }
+        let Some(t) = window else { return };
+        let need = |s: &Self, c: usize| -> usize {
+            s.running
+                .iter()
+                .map(|r| s.blocks_for(r.in_state + c * t).saturating_sub(r.blocks))
+                .sum()
+        };
+        while c > 0 && need(self, c) > self.free_blocks {
+            c -= 1;
+        }
+        if c == 0 {
+            return;
+        }
+        for i in 0..self.running.len() {
+            let extra = self
+                .blocks_for(self.running[i].in_state + c * t)
+                .saturating_sub(self.running[i].blocks);
+            self.free_blocks -= extra;
+            self.running[i].blocks += extra;
+        }
+        step.chained = c;
+        step.spec_chain = true;
     }
 
     /// Whether the first waiting request could start in the next step (a free slot, and its first chunk's blocks

@@ -43,4 +43,33 @@ impl Scheduler {
         r.pending_commit = Some(1 + accepted);
         Ok(())
     }
+
+    /// Records what a chain of verifies ([`Step::spec_chain`]) did for request `id`: the drafts each step accepted,
+    /// in order. Every step but the last was committed on the ranks; the last one's input token and accepted drafts
+    /// are committed at the start of the next step, as after a single verify. The blocks reserved for longer
+    /// outcomes return to the pool. The tokens (each step's accepted drafts and the token after them) follow through
+    /// [`Scheduler::sampled`], in order.
+    ///
+    /// [`Step::spec_chain`]: super::Step::spec_chain
+    pub fn chain_verified(&mut self, id: u64, accepted: &[usize]) -> Result<(), SchedError> {
+        let bs = self.config.kv_block_size;
+        let r = self
+            .running
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or(SchedError::NotRunning { id })?;
+        let (Some(k), Some((&last, steps))) = (r.verifying.take(), accepted.split_last()) else {
+            return Err(SchedError::NotVerifying { id });
+        };
+        // Planned as one verify: `in_state` counted its whole window from the chain's first position.
+        let first = r.in_state - (1 + k);
+        let committed: usize = steps.iter().map(|&a| 1 + a.min(k)).sum();
+        r.in_state = first + committed + 1 + last.min(k);
+        r.pending_commit = Some(1 + last.min(k));
+        // The ranks hold the blocks of the committed tokens and of the last window until its commit.
+        let keep = (first + committed + 1 + k).div_ceil(bs).min(r.blocks);
+        self.free_blocks += r.blocks - keep;
+        r.blocks = keep;
+        Ok(())
+    }
 }
