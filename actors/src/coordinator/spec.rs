@@ -289,7 +289,9 @@ impl CoordinatorState {
             match s.propose(&l.history, max, &l.params, l.seed) {
                 Ok(mut d) => {
                     d.tokens.truncate(max);
-                    if s.on_ranks && d.probs.is_none() {
+                    // A proposal is padded to the window so that windows match and verifies chain; none stays
+                    // none (the step decodes, and decodes chain too).
+                    if s.on_ranks && d.probs.is_none() && !d.tokens.is_empty() {
                         d.tokens = chain_drafts(&l.history, d.tokens, max);
                     }
                     if let Some(&bad) = d.tokens.iter().find(|&&t| t as usize >= self.info.vocab) {
