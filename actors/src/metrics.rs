@@ -64,6 +64,7 @@ macro_rules! metrics {
 metrics! {
     steps: "counter", "Steps run.";
     chained_steps: "counter", "Further decode steps the ranks chained after a step's first (--decode-steps).";
+    spec_chained_steps: "counter", "Further verify steps the ranks chained after a step's first, judged, committed and drafted on the ranks (--spec ngram or oracle with --decode-steps).";
     prefill_tokens: "counter", "Prompt tokens prefilled (re-prefills after a preemption or a fault included).";
     generated_tokens: "counter", "Tokens generated and streamed.";
     requests_submitted: "counter", "Requests accepted.";

@@ -406,7 +406,14 @@ impl CoordinatorState {
         };
         let m = &self.metrics;
         Metrics::inc(&m.steps);
-        Metrics::add(&m.chained_steps, plan.chained as u64);
+        match &result.chain {
+            // The steps the ranks ran (they may end a chain of verifies early).
+            Some(log) => Metrics::add(
+                &m.spec_chained_steps,
+                (log.accepted.len() / plan.seqs.len().max(1)).saturating_sub(1) as u64,
+            ),
+            None => Metrics::add(&m.chained_steps, plan.chained as u64),
+        }
         Metrics::set(&m.batch_seqs, seqs as u64);
         Metrics::set(&m.batch_tokens, tokens as u64);
         let prefill: usize = planned
