@@ -459,14 +459,20 @@ impl CoordinatorState {
             .live
             .get_mut(&id)
             .ok_or_else(|| EngineError::InvalidInput(format!("request {id} is gone")))?;
+        // Steps past the request's last token ran on the ranks (a chain runs past it), but their tokens are dropped
+        // and they count in no statistic.
+        let remaining = l.output.limit().saturating_sub(l.output.generated());
         let mut accepted = Vec::with_capacity(steps);
         let mut out = Vec::new();
         for k in 0..steps {
             let i = k * seqs + seq;
             let a = log.accepted[i];
+            accepted.push(a);
+            if out.len() >= remaining {
+                continue;
+            }
             out.extend_from_slice(&log.drafts[i * w..i * w + a]);
             out.push(log.tokens[i]);
-            accepted.push(a);
             if let Some(s) = l.spec.as_mut() {
                 s.meter.record(w, a);
                 s.stats.drafted += w;
