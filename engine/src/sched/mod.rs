@@ -24,6 +24,8 @@ mod scheduler;
 mod tests;
 #[cfg(test)]
 mod tests_chain;
+#[cfg(test)]
+mod tests_ranks;
 
 pub use output::{FinishReason, OutputStream, Pushed};
 pub use scheduler::{Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};

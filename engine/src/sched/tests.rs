@@ -2,12 +2,16 @@
 //! model of what the ranks hold: no slot or KV block is leaked or used twice, every step stays within its token budget
 //! and feeds each slot the next tokens of its sequence (prompt, then every sampled token, chained steps feeding their
 //! own), the KV blocks held cover every token in the ranks' state, a fault frees everything and each requeued sequence
-//! is re-prefilled afresh with its prompt and generated tokens, and every admitted request finishes.
+//! is re-prefilled afresh with its prompt and generated tokens, and every admitted request finishes. Random drafts make
+//! sequences verify, one step at a time or in chains of verifies (`Step::spec_chain`): each commit keeps the input
+//! token and the accepted drafts, each chained step verifies the window after the committed tokens, and the blocks
+//! held cover the windows in flight.
 
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 
+use super::tests_ranks::{check_books, Ranks};
 use super::*;
 
 #[derive(Clone, Debug)]
@@ -24,6 +28,13 @@ enum Op {
     Step {
         /// Bit `(5k + j) % 64` stops the `k`th planned sequence at its `j`th sampled token (of a chained step).
         stops: u64,
+        /// Where the planned sequences verify: bits `(7k + 3i) % 62 ..` give the `k`th sequence's accepted drafts
+        /// at its `i`th verify.
+        accept: u64,
+    },
+    /// Every sequence ready for a draft gets `k` drafts (equal windows let verifies chain).
+    Draft {
+        k: usize,
     },
     /// A rank fault: every running sequence goes back to the queue and the ranks restart empty.
     Fault,
@@ -35,7 +46,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(prompt, max_tokens, priority, restored, chain)| Op::Submit { prompt, max_tokens, priority, restored: restored % prompt, chain }),
         1 => (0usize..64).prop_map(Op::Cancel),
         // Each bit set with probability 1/16: a sampled token stops now and then, within a chained step too.
-        6 => any::<[u64; 4]>().prop_map(|[a, b, c, d]| Op::Step { stops: a & b & c & d }),
+        6 => (any::<[u64; 4]>(), any::<u64>()).prop_map(|([a, b, c, d], accept)| Op::Step { stops: a & b & c & d, accept }),
+        2 => (1usize..4).prop_map(|k| Op::Draft { k }),
         1 => Just(Op::Fault),
     ]
 }
@@ -52,140 +64,6 @@ fn config() -> impl Strategy<Value = SchedConfig> {
             decode_steps: steps,
         },
     )
-}
-
-/// What the ranks would hold: per slot, the request in it and the tokens its state holds.
-#[derive(Default)]
-struct Ranks {
-    slots: HashMap<usize, (u64, Vec<u32>)>,
-}
-
-impl Ranks {
-    /// Runs `step`'s first decode step against every request's token stream (its prompt, then every token sampled
-    /// for it); a request in `restarted` (requeued by a fault) must come back afresh with a prefill from position 0.
-    /// A chained step's further tokens follow through [`Ranks::feed`].
-    fn run(&mut self, step: &Step, c: &SchedConfig, streams: &HashMap<u64, Vec<u32>>, restarted: &mut HashSet<u64>) {
-        assert!(
-            step.tokens() <= c.max_batch_tokens,
-            "the step runs {} tokens, budget {}",
-            step.tokens(),
-            c.max_batch_tokens
-        );
-        if step.chained > 0 {
-            assert!(
-                step.chained < c.decode_steps,
-                "{} chained steps of {}",
-                step.chained,
-                c.decode_steps
-            );
-            assert!(
-                step.commits.is_empty() && step.preempted.is_empty(),
-                "a chained step commits or preempts: {step:?}"
-            );
-            assert!(
-                step.work
-                    .iter()
-                    .all(|p| !p.fresh && matches!(p.work, StepWork::Decode { sample: true, .. })),
-                "a chained step runs more than sampled decodes: {step:?}"
-            );
-        }
-        for (id, slot) in &step.preempted {
-            let held = self.slots.remove(slot);
-            assert!(
-                held.as_ref().is_none_or(|(h, _)| h == id),
-                "slot {slot} released for {id}, held {held:?}"
-            );
-            assert!(step.work.iter().all(|p| p.id != *id), "preempted {id} still planned");
-        }
-        let mut seen = HashSet::new();
-        for p in &step.work {
-            assert!(seen.insert(p.slot), "slot {} planned twice", p.slot);
-            if restarted.remove(&p.id) {
-                assert!(
-                    p.fresh && matches!(p.work, StepWork::Prefill { position, .. } if position == p.restored),
-                    "request {} resumes after a fault without a fresh prefill from its restored state: {p:?}",
-                    p.id
-                );
-            }
-            if p.fresh {
-                assert!(
-                    self.slots.get(&p.slot).is_none_or(|(id, _)| *id == p.id),
-                    "slot {} taken afresh while another request holds it",
-                    p.slot
-                );
-                // A restored sequence's slot starts holding its saved tokens.
-                self.slots.insert(p.slot, (p.id, streams[&p.id][..p.restored].to_vec()));
-            }
-            let (id, held) = self.slots.get_mut(&p.slot).expect("a planned slot holds a sequence");
-            assert_eq!(*id, p.id, "slot {} holds another request", p.slot);
-            let stream = &streams[&p.id];
-            match &p.work {
-                StepWork::Prefill { position, tokens, last } => {
-                    assert_eq!(*position, held.len(), "prompt chunk of {} at the wrong position", p.id);
-                    held.extend_from_slice(tokens);
-                    assert!(stream.starts_with(held), "prompt chunk of {} is not its stream", p.id);
-                    if *last {
-                        assert_eq!(
-                            held, stream,
-                            "{}'s prefill ends before its prompt and generated tokens",
-                            p.id
-                        );
-                    }
-                }
-                StepWork::Decode {
-                    position,
-                    token,
-                    sample,
-                } => {
-                    assert_eq!(*position, held.len(), "decode of {} at the wrong position", p.id);
-                    held.push(*token);
-                    assert!(stream.starts_with(held), "decode of {} is not its stream", p.id);
-                    if *sample {
-                        assert_eq!(held, stream, "decode of {} does not feed its last sampled token", p.id);
-                    } else {
-                        assert!(held.len() < stream.len(), "{} replays past its stream", p.id);
-                    }
-                }
-                StepWork::Verify { .. } => panic!("{} verifies although nothing was drafted", p.id),
-            }
-        }
-    }
-
-    /// A chained step's next decode: the ranks feed `token`, just sampled for `id`, at the slot's next position.
-    fn feed(&mut self, slot: usize, id: u64, token: u32, stream: &[u32], max_context: usize) {
-        let (held_id, held) = self.slots.get_mut(&slot).expect("a chained slot holds a sequence");
-        assert_eq!(*held_id, id, "slot {slot} holds another request");
-        held.push(token);
-        assert_eq!(
-            held, stream,
-            "the chained decode of {id} does not feed its last sampled token"
-        );
-        assert!(held.len() <= max_context, "{id} chains past the context");
-    }
-}
-
-fn check_books(s: &Scheduler, c: &SchedConfig, ranks: &Ranks) {
-    let (free_slots, free_blocks) = s.free();
-    let mut running = s.running_slots();
-    running.sort_unstable();
-    let n = running.len();
-    running.dedup();
-    assert_eq!(running.len(), n, "a slot is used twice: {running:?}");
-    assert_eq!(free_slots + running.len(), c.slots, "slots leaked");
-    assert_eq!(free_blocks + s.held_blocks(), c.kv_blocks, "KV blocks leaked");
-    let mut held: Vec<usize> = ranks.slots.keys().copied().collect();
-    held.sort_unstable();
-    assert_eq!(held, running, "the ranks' slots differ from the running sequences'");
-    let need: usize = ranks
-        .slots
-        .values()
-        .map(|(_, h)| h.len().div_ceil(c.kv_block_size))
-        .sum();
-    assert!(
-        need <= s.held_blocks(),
-        "the ranks hold tokens for {need} KV blocks, the scheduler reserved {}",
-        s.held_blocks()
-    );
 }
 
 /// One random run: the scheduler, the ranks' model, and every request's record.
@@ -259,11 +137,25 @@ impl Sim {
         }
     }
 
-    fn step(&mut self, stops: u64) {
+    /// Gives every sequence ready for a draft `k` new draft tokens.
+    fn draft(&mut self, k: usize) {
+        for id in self.s.draft_ready() {
+            let drafts = (0..k as u32).map(|i| self.next_token + i).collect();
+            self.next_token += k as u32;
+            self.s.propose(id, drafts).expect("propose");
+        }
+    }
+
+    fn step(&mut self, stops: u64, accept: u64) {
         let step = self.s.schedule();
         self.ranks.run(&step, &self.c, &self.streams, &mut self.restarted);
         // Nothing is admitted beside a chain, so the requests waiting now waited when it was planned.
         let waiting = self.s.counts().0;
+        if step.spec_chain {
+            assert_eq!(waiting, 0, "verifies chained while a request waits");
+            self.verifies(&step, stops, accept);
+            return;
+        }
         if step.chained > 0 {
             // Some sequence may take every token of the chain.
             let longest = step
@@ -286,6 +178,15 @@ impl Sim {
         }
         for (k, p) in step.work.iter().enumerate() {
             if !p.samples() {
+                continue;
+            }
+            if let StepWork::Verify { tokens, .. } = &p.work {
+                // One verify: the accepted drafts, then a new token.
+                let a = (accept >> ((7 * k) % 62) & 3) as usize % tokens.len();
+                self.s.verified(p.id, a).expect("verified");
+                let mut out = tokens[1..=a].to_vec();
+                out.push(self.new_token());
+                self.sample_all(p.slot, p.id, &out, stops, k);
                 continue;
             }
             if step.chained > 0 {
@@ -326,6 +227,64 @@ impl Sim {
         }
     }
 
+    fn new_token(&mut self) -> u32 {
+        self.next_token += 1;
+        self.next_token
+    }
+
+    /// Samples `tokens` for `id` in order until one finishes it (stop bits `(5k + j) % 64`); returns whether it
+    /// finished.
+    fn sample_all(&mut self, slot: usize, id: u64, tokens: &[u32], stops: u64, k: usize) -> bool {
+        for (j, &token) in tokens.iter().enumerate() {
+            let stop = stops >> ((5 * k + j) % 64) & 1 == 1;
+            self.streams.get_mut(&id).expect("stream").push(token);
+            if let Some(slot) = self.s.sampled(id, token, stop).expect("sampled") {
+                self.ranks.slots.remove(&slot);
+                self.ranks.pending.remove(&slot);
+                return true;
+            }
+        }
+        let _ = slot;
+        false
+    }
+
+    /// A chain of verifies: each sequence's steps accept drafts as `accept` says; between the steps the ranks commit
+    /// and verify a new window of the same size (drafts the ranks made up: new tokens here).
+    fn verifies(&mut self, step: &Step, stops: u64, accept: u64) {
+        for (k, p) in step.work.iter().enumerate() {
+            let StepWork::Verify { position, tokens } = &p.work else {
+                panic!("a chain of verifies holds {p:?}");
+            };
+            let t = tokens.len();
+            assert!(
+                position + t * (1 + step.chained) <= self.c.max_context,
+                "{} chains verifies past the context",
+                p.id
+            );
+            assert!(self.chain[&p.id], "{} chained although it may not", p.id);
+            let accepted: Vec<usize> = (0..=step.chained)
+                .map(|i| (accept >> ((7 * k + 3 * i) % 62) & 3) as usize % t)
+                .collect();
+            self.s.chain_verified(p.id, &accepted).expect("chain verified");
+            let mut window = tokens.clone();
+            for (i, &a) in accepted.iter().enumerate() {
+                let mut out = window[1..=a].to_vec();
+                out.push(self.new_token());
+                if self.sample_all(p.slot, p.id, &out, stops, k + i) {
+                    break;
+                }
+                if i < step.chained {
+                    window = std::iter::once(out[a])
+                        .chain((1..t).map(|_| self.new_token()))
+                        .collect();
+                    let stream = self.streams[&p.id].clone();
+                    self.ranks
+                        .chain_verify(p.slot, a + 1, &window, &stream[..stream.len() - 1], self.c.max_context);
+                }
+            }
+        }
+    }
+
     /// A fault: every running sequence is requeued and the ranks restart with every slot empty.
     fn fault(&mut self) {
         let (waiting, running) = self.s.counts();
@@ -338,6 +297,7 @@ impl Sim {
             "requeue_all must return every running sequence once"
         );
         self.ranks.slots.clear();
+        self.ranks.pending.clear();
         assert_eq!(
             self.s.free(),
             (self.c.slots, self.c.kv_blocks),
@@ -369,7 +329,8 @@ proptest! {
                     chain,
                 } => sim.submit(prompt, max_tokens, priority, restored, chain),
                 Op::Cancel(k) => sim.cancel(k),
-                Op::Step { stops } => sim.step(stops),
+                Op::Step { stops, accept } => sim.step(stops, accept),
+                Op::Draft { k } => sim.draft(k),
                 Op::Fault => sim.fault(),
             }
             check_books(&sim.s, &c, &sim.ranks);
@@ -378,7 +339,11 @@ proptest! {
         let bound = 10_000;
         let mut steps = 0;
         while sim.s.counts() != (0, 0) {
-            sim.step(0);
+            // Drafts at two steps of three (windows of 1 or 2), so the run-out verifies, and chains its verifies.
+            if steps % 3 != 2 {
+                sim.draft(1 + steps % 3);
+            }
+            sim.step(0, (steps as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             check_books(&sim.s, &c, &sim.ranks);
             steps += 1;
             prop_assert!(steps < bound, "no progress: {:?} waiting/running", sim.s.counts());
