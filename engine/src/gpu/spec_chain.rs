@@ -26,7 +26,6 @@ use rewind_kernels::cuda::ops::{self, DraftMode, JUDGE_WORDS, REPLAY_META, SUMMA
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::debug_span;
 
-use super::forward::SsmRun;
 use super::rank::{GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
@@ -213,16 +212,9 @@ impl<A: Act> GpuRank<A> {
                 .collect();
             upload(&dev, &mut c.drafts, &first, "first drafts")?;
         }
-        // Every step has the shape of the first; the ring bound covers any later step's rows.
-        let mut step = staged.step;
-        if let SsmRun::Replay { max_m, .. } = &mut step.ssm {
-            let cap = seqs
-                .iter()
-                .map(|s| self.counters.ring(s.slot).capacity)
-                .max()
-                .unwrap_or(0);
-            *max_m = (*max_m).max(cap.min(self.sizes.rows.ring));
-        }
+        // Every step has the shape of the first, whose ring bound (the rows' capacity, `stage_verify`) covers any
+        // later step's rows.
+        let step = staged.step;
         let max_seqs = self.sizes.max_seqs;
         // The debug check: after each step, the device's metadata for the next one against the host's rules.
         let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");

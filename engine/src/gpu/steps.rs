@@ -499,7 +499,13 @@ impl<A: Act> GpuRank<A> {
             let fold = if d.flush { h } else { 0 };
             replay_rows.push(self.replay_row(s.slot, d.form, fold));
         }
-        let max_m = replay_rows.iter().map(|r| r.ring_len + t).max().unwrap_or(t);
+        // A verify's ring bound is its rows' capacity, the bound every step of a chain of verifies needs
+        // (`gpu/spec_chain.rs`): single and chained verifies then run one graph and one kernel geometry.
+        let max_m = replay_rows
+            .iter()
+            .map(|r| (r.ring_len + t).max(r.ring_cap.min(self.sizes.rows.ring)))
+            .max()
+            .unwrap_or(t);
         let tokens: Vec<i32> = seqs.iter().flat_map(|s| s.tokens.iter().map(|&x| x as i32)).collect();
         let row_slots: Vec<i32> = seqs
             .iter()
