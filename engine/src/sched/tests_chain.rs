@@ -359,3 +359,17 @@ fn drafted_windows_of_one_size_chain_their_verifies() {
     let step = s.schedule();
     assert!(!step.spec_chain, "a request waits: {step:?}");
 }
+
+/// A chain of verifies is no longer than whole windows need to reach every sequence's last token.
+#[test]
+fn a_chain_of_verifies_stops_where_whole_windows_end_every_sequence() {
+    let mut s = chaining(2, 32, 4);
+    s.submit(chain_req(1, 4, 6, true)).expect("submit");
+    s.submit(chain_req(2, 4, 4, true)).expect("submit");
+    assert_eq!(run_step(&mut s, 10).chained, 0, "the prompts");
+    s.propose(1, vec![1, 2]).expect("propose");
+    s.propose(2, vec![3, 4]).expect("propose");
+    // Request 1 may still generate 5 tokens: two windows of 3 reach it, so one step chains after the first.
+    let step = s.schedule();
+    assert_eq!((step.chained, step.spec_chain), (1, true), "{step:?}");
+}

@@ -68,8 +68,9 @@ impl Scheduler {
     /// running sequence, each allowed to chain ([`Request::chain`]: a greedy request whose drafter the ranks can
     /// run), beside at most the commits of their last verifies, and no request waits. Each chained step may commit
     /// a whole window, so the chain is as long as every sequence's context and the free KV blocks allow for that
-    /// (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used). Tokens
-    /// past a sequence's last are dropped, as in a chain of decodes.
+    /// (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used), and no
+    /// longer than whole windows need to reach every sequence's last token. Tokens past a sequence's last are
+    /// dropped, as in a chain of decodes.
     pub(in crate::sched) fn chain_verifies(&mut self, step: &mut Step) {
         if self.config.decode_steps < 2
             || !step.preempted.is_empty()
@@ -81,6 +82,8 @@ impl Scheduler {
         }
         let mut window = None;
         let mut c = self.config.decode_steps - 1;
+        // The most tokens a sequence may still generate, this step's included.
+        let mut most = 0;
         for p in &step.work {
             let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
                 return;
@@ -93,8 +96,12 @@ impl Scheduler {
             }
             // `in_state` already counts this step's window.
             c = c.min(self.config.max_context.saturating_sub(r.in_state) / tokens.len());
+            most = most.max(r.max_tokens.saturating_sub(r.generated.len()));
         }
         let Some(t) = window else { return };
+        // Steps that accept whole windows reach every sequence's last token in `most / t` steps: a longer chain
+        // could only run windows past every sequence's end.
+        c = c.min(most.div_ceil(t).saturating_sub(1));
         let need = |s: &Self, c: usize| -> usize {
             s.running
                 .iter()
