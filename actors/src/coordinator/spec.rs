@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::spec_chain::chain_drafts;
 use rewind_engine::rank::{Books, ChainDrafter, SeqStep, SpecChain, SpecSample, StepPlan, StepResult};
 use rewind_engine::sample::SamplingParams;
@@ -90,6 +91,18 @@ impl LiveSpec {
             drafts: None,
             on_ranks,
         })
+    }
+
+    /// Records one verify of `drafted` drafts that accepted `accepted`: the acceptance meter, the request's counters
+    /// and the engine's metrics.
+    fn record(&mut self, drafted: usize, accepted: usize, metrics: &Metrics) {
+        self.meter.record(drafted, accepted);
+        self.stats.drafted += drafted;
+        self.stats.accepted += accepted;
+        self.stats.verifies += 1;
+        Metrics::inc(&metrics.spec_verifies);
+        Metrics::add(&metrics.spec_drafted, drafted as u64);
+        Metrics::add(&metrics.spec_accepted, accepted as u64);
     }
 
     /// Whether the drafter needs hidden states.
@@ -370,10 +383,7 @@ impl CoordinatorState {
             }
         };
         if let Some(s) = l.spec.as_mut() {
-            s.meter.record(drafts.len(), a.accepted);
-            s.stats.drafted += drafts.len();
-            s.stats.accepted += a.accepted;
-            s.stats.verifies += 1;
+            s.record(drafts.len(), a.accepted, &self.metrics);
             s.drafts = None;
             // The verify's rows of its input token and the accepted drafts are committed.
             if let Some(mut h) = hidden.and_then(|(layout, seq)| layout.rows(result, seq, position + n - 1)) {
@@ -381,15 +391,34 @@ impl CoordinatorState {
                 s.add_hidden(h);
             }
         }
-        Metrics::inc(&self.metrics.spec_verifies);
-        Metrics::add(&self.metrics.spec_drafted, drafts.len() as u64);
-        Metrics::add(&self.metrics.spec_accepted, a.accepted as u64);
         self.sched
             .verified(id, a.accepted)
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let mut out = drafts[..a.accepted].to_vec();
         out.push(a.token);
         Ok(out)
+    }
+
+    /// Whether a request's steps may chain on the ranks ([`rewind_engine::sched::Request::chain`]).
+    ///
+    /// Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at its
+    /// last token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the
+    /// host); under tensor parallelism a sampled request only where the ranks gather a sampled row's slices
+    /// themselves (`Books::chains_sample`: the CPU ranks; a GPU group's picks stay on the devices, and there only
+    /// greedy rows are merged). A speculating request chains only greedily, where its drafter's proposals can be
+    /// made on the ranks (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's
+    /// snapshot copy): then its verifies chain too.
+    pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> bool {
+        let greedy = params.temperature == 0.0;
+        let allowed = if speculate && self.config.spec.is_some() {
+            greedy
+                && self.config.decode_steps > 1
+                && self.config.form != FormChoice::Recurrent
+                && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks())
+        } else {
+            greedy || self.books.chains_sample()
+        };
+        !session && params.repetition_penalty == 1.0 && allowed
     }
 
     /// What the ranks need to draft a chain of verifies of `planned` (every sequence's stream, and its drafter's
@@ -474,14 +503,8 @@ impl CoordinatorState {
             out.extend_from_slice(&log.drafts[i * w..i * w + a]);
             out.push(log.tokens[i]);
             if let Some(s) = l.spec.as_mut() {
-                s.meter.record(w, a);
-                s.stats.drafted += w;
-                s.stats.accepted += a;
-                s.stats.verifies += 1;
+                s.record(w, a, &self.metrics);
             }
-            Metrics::inc(&self.metrics.spec_verifies);
-            Metrics::add(&self.metrics.spec_drafted, w as u64);
-            Metrics::add(&self.metrics.spec_accepted, a as u64);
         }
         if let Some(s) = l.spec.as_mut() {
             s.drafts = None;

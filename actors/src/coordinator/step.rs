@@ -4,7 +4,6 @@
 use std::time::Instant;
 
 use ractor::ActorRef;
-use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::{finish, prepare, Commit, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
 use rewind_engine::sample::Sampler;
 use rewind_engine::sched::{OutputStream, Planned, Request, StepWork};
@@ -117,27 +116,7 @@ impl CoordinatorState {
                 self.info.max_context
             )));
         }
-        // Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at
-        // its last token, and a chain may run past a stop), a repetition penalty (its history needs each token on the
-        // host) or a speculating request (its steps are verifies); under tensor parallelism a sampled request only
-        // where the ranks gather a sampled row's slices themselves (`Books::chains_sample`: the CPU ranks; a GPU
-        // group's picks stay on the devices, and there only greedy rows are merged).
-        // A speculating request chains its greedy verifies where its drafter's proposals can be made on the ranks
-        // (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's snapshot copy).
-        let greedy = params.temperature == 0.0;
-        let speculating = speculate && self.config.spec.is_some();
-        let spec_chain = speculating
-            && greedy
-            && self.config.decode_steps > 1
-            && self.config.form != FormChoice::Recurrent
-            && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks());
-        let chain = session.is_none()
-            && params.repetition_penalty == 1.0
-            && if speculating {
-                spec_chain
-            } else {
-                greedy || self.books.chains_sample()
-            };
+        let chain = self.may_chain(&params, speculate, session.is_some());
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,
@@ -358,7 +337,7 @@ impl CoordinatorState {
             .work
             .iter()
             .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows);
-        let plan = StepPlan {
+        let mut plan = StepPlan {
             commits: planned
                 .commits
                 .iter()
@@ -369,21 +348,20 @@ impl CoordinatorState {
             // A chain holds no sequence whose drafter reads hidden rows.
             hidden: self.wants_hidden() && planned.chained == 0,
             chained: planned.chained,
-            spec_chain: if planned.spec_chain {
-                match self.spec_chain(&planned) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        // The scheduler chained a sequence whose drafter the ranks cannot run: a bug, charged to
-                        // the step as a fault.
-                        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
-                        self.recover(Fault::Rank(0, e.to_string(), false), &ids).await;
-                        return;
-                    }
-                }
-            } else {
-                None
-            },
+            spec_chain: None,
         };
+        if planned.spec_chain {
+            match self.spec_chain(&planned) {
+                Ok(c) => plan.spec_chain = Some(c),
+                Err(e) => {
+                    // The scheduler chained a sequence whose drafter the ranks cannot run: a bug, charged to the step
+                    // as a fault.
+                    let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+                    self.recover(Fault::Rank(0, e.to_string(), false), &ids).await;
+                    return;
+                }
+            }
+        }
         self.index += 1;
         let index = self.index;
         let per_chained = if plan.spec_chain.is_some() {
