@@ -93,7 +93,7 @@ fn prefill(loaded: &mut Loaded, prompt: &[u32], token_by_token: bool) -> Result<
 }
 
 /// The progress label of run `rep` of a measure: 0 is the untimed warm-up, then the timed repeats 1 ..= `repeats`.
-fn run_label(rep: usize, repeats: usize) -> String {
+pub(super) fn run_label(rep: usize, repeats: usize) -> String {
     if rep == 0 {
         "warm-up (untimed)".into()
     } else {
@@ -165,7 +165,12 @@ impl Progress {
     }
 
     /// Runs `f` between `[elapsed] what ... ` and what `done` makes of its result and its wall-clock seconds.
-    fn timed<T>(&self, what: &str, f: impl FnOnce() -> Result<T>, done: impl FnOnce(&T, f64) -> String) -> Result<T> {
+    pub(super) fn timed<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> Result<T>,
+        done: impl FnOnce(&T, f64) -> String,
+    ) -> Result<T> {
         eprint!("[{:7.1} s] {what} ... ", self.elapsed());
         let t0 = Instant::now();
         let r = f();
@@ -280,11 +285,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.verify_window != Some(0), "--verify-window must be at least 1");
     let verify_steps = (args.decode_tokens / (window + 1)).max(4);
     let verify_context = args.step_prompt
-        + ((3 + verify_steps) * (window + 1)).max(if chain > 1 {
-            super::bench_spec_chain::context_needed(window, chain, verify_steps)
-        } else {
-            0
-        });
+        + ((3 + verify_steps) * (window + 1)).max(super::bench_spec_chain::context_needed(window, chain, verify_steps));
     anyhow::ensure!(
         window == 0 || verify_context <= config.max_position_embeddings,
         "--verify-window {window}: {verify_steps} verify steps reach {verify_context} tokens, beyond the model's \
@@ -477,39 +478,23 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 let context = bench_steps::mean_context(args.step_prompt, verify_steps * (k + 1), k + 1);
                 bench_steps::roofline(&mut v, &loaded, &args, copy_gbs, b, context, window, k, ms)?;
                 if chain > 1 {
-                    // The same verifies in chains of `--decode-steps` steps judged, committed and drafted on the
-                    // ranks (a drafter table keeping `k` drafts a step), side by side with the single steps above.
-                    let runs = (0..=args.repeats)
-                        .map(|rep| {
-                            progress.timed(
-                                &format!(
-                                    "verify batch {b}, T = {window}, {k} kept, chains of {chain}, {}",
-                                    run_label(rep, args.repeats)
-                                ),
-                                || {
-                                    super::bench_spec_chain::spec_chain_secs(
-                                        &mut loaded.group,
-                                        loaded.form,
-                                        b,
-                                        args.step_prompt,
-                                        window,
-                                        k,
-                                        chain,
-                                        verify_steps,
-                                        7919 * rep as u64,
-                                    )
-                                },
-                                |(s, kept), _| format!("{:.2} ms per step, {kept:.2} kept", 1e3 * s),
-                            )
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let timed = &runs[1..];
-                    let chained_ms = 1e3 * median(timed.iter().map(|r| r.0).collect());
-                    v["chain_steps"] = json!(chain);
-                    v["chained_step_ms"] = json!(timed.iter().map(|r| 1e3 * r.0).collect::<Vec<_>>());
-                    v["chained_step_ms_median"] = json!(chained_ms);
-                    v["chained_kept_mean"] = json!(timed.iter().map(|r| r.1).collect::<Vec<_>>());
-                    v["chained_vs_single_step"] = json!(chained_ms / ms);
+                    // The same verifies in chains of `--decode-steps` steps, side by side with the single steps above.
+                    let shape = bench_steps::StepShape {
+                        batch: b,
+                        prompt: args.step_prompt,
+                        window,
+                        accepted: k,
+                        chain,
+                    };
+                    super::bench_spec_chain::measure(
+                        &mut v,
+                        &mut loaded,
+                        &progress,
+                        shape,
+                        verify_steps,
+                        args.repeats,
+                        ms,
+                    )?;
                 }
                 verify_rows.push(v);
             }

@@ -14,12 +14,18 @@ use anyhow::Result;
 use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::{ChainDrafter, Commit, RankGroup, Rows, SeqKind, SeqStep, SpecChain, StepPlan, MAX_CHAINED};
 
-use super::bench::tokens;
-use super::bench_steps::open_batch;
+use serde_json::{json, Value};
+
+use super::backend::Loaded;
+use super::bench::{median, run_label, tokens, Progress};
+use super::bench_steps::{open_batch, StepShape};
 
 /// Tokens a measure of `steps` timed verifies of `window` drafts in plans of `chain` needs past the prompt (one
-/// untimed warm-up plan first, and a window of slack).
+/// untimed warm-up plan first, and a window of slack); none when `chain` < 2 (no chained measure runs).
 pub(super) fn context_needed(window: usize, chain: usize, steps: usize) -> usize {
+    if chain < 2 {
+        return 0;
+    }
     (chain + steps.next_multiple_of(chain) + 1) * (window + 1) + 1
 }
 
@@ -185,4 +191,56 @@ pub(super) fn spec_chain_secs(
         group.release(s.0)?;
     }
     Ok((secs, kept_total as f64 / (timed_steps * b).max(1) as f64))
+}
+
+/// Measures `shape`'s verifies in chains of `shape.chain` steps (the untimed warm-up run, then `repeats` timed ones)
+/// and adds the medians to `row`, the verify row whose single steps took `single_ms`.
+pub(super) fn measure(
+    row: &mut Value,
+    loaded: &mut Loaded,
+    progress: &Progress,
+    shape: StepShape,
+    steps: usize,
+    repeats: usize,
+    single_ms: f64,
+) -> Result<()> {
+    let StepShape {
+        batch: b,
+        prompt,
+        window,
+        accepted: k,
+        chain,
+    } = shape;
+    let runs = (0..=repeats)
+        .map(|rep| {
+            progress.timed(
+                &format!(
+                    "verify batch {b}, T = {window}, {k} kept, chains of {chain}, {}",
+                    run_label(rep, repeats)
+                ),
+                || {
+                    spec_chain_secs(
+                        &mut loaded.group,
+                        loaded.form,
+                        b,
+                        prompt,
+                        window,
+                        k,
+                        chain,
+                        steps,
+                        7919 * rep as u64,
+                    )
+                },
+                |(s, kept), _| format!("{:.2} ms per step, {kept:.2} kept", 1e3 * s),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let timed = &runs[1..];
+    let chained_ms = 1e3 * median(timed.iter().map(|r| r.0).collect());
+    row["chain_steps"] = json!(chain);
+    row["chained_step_ms"] = json!(timed.iter().map(|r| 1e3 * r.0).collect::<Vec<_>>());
+    row["chained_step_ms_median"] = json!(chained_ms);
+    row["chained_kept_mean"] = json!(timed.iter().map(|r| r.1).collect::<Vec<_>>());
+    row["chained_vs_single_step"] = json!(chained_ms / single_ms);
+    Ok(())
 }
