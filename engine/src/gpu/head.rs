@@ -44,6 +44,9 @@ fn chunk_ids(rows: usize, vocab_local: usize) -> usize {
 pub(crate) struct HeadScratch {
     /// `[rows, 6]` speculative requests.
     spec: CudaSlice<u32>,
+    /// The words last uploaded into `spec` (nothing else writes it): steady steps, and every step of a chain, ask the
+    /// same and upload nothing.
+    spec_uploaded: Vec<u32>,
     /// `[rows, max_parts, 8]` partial summaries.
     parts: CudaSlice<u32>,
     /// `[rows, 8]` summaries.
@@ -61,6 +64,7 @@ impl HeadScratch {
         let max_parts = max_parts(vocab_local);
         Ok(HeadScratch {
             spec: dev.alloc_zeros(rows * SPEC_WORDS)?,
+            spec_uploaded: Vec::new(),
             parts: dev.alloc_zeros(rows * max_parts * SUMMARY_WORDS)?,
             out: dev.alloc_zeros(rows * SUMMARY_WORDS)?,
             max_parts,
@@ -89,11 +93,19 @@ impl<A: Act> GpuRank<A> {
         let words: Vec<u32> = (0..head_rows)
             .flat_map(|i| ops::encode_spec(spec.get(i).and_then(Option::as_ref)))
             .collect();
+        if s.head.spec_uploaded.get(..words.len()) == Some(&words[..]) {
+            return Ok(());
+        }
         self.inner
             .dev
             .stream()
             .memcpy_htod(&words, &mut s.head.spec.slice_mut(..words.len()))
-            .map_err(|e| EngineError::Gpu(format!("uploading speculative requests: {e}")))
+            .map_err(|e| EngineError::Gpu(format!("uploading speculative requests: {e}")))?;
+        if s.head.spec_uploaded.len() < words.len() {
+            s.head.spec_uploaded.resize(words.len(), 0);
+        }
+        s.head.spec_uploaded[..words.len()].copy_from_slice(&words);
+        Ok(())
     }
 
     /// The head's device work over the last `head_rows` of the step's `rows` rows (their blocks' outputs in the
