@@ -443,6 +443,17 @@ pub struct BenchArgs {
         allow_negative_numbers = true
     )]
     pub random_range_ratio: f64,
+    /// Serving mode: every request's sampling temperature (0: greedy). Request i samples with seed 0x5eed + i in
+    /// every pass, so passes draw alike; speculative outputs are then not compared with plain ones (speculation
+    /// keeps the distribution, not the draws).
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 0.0,
+        requires = "concurrency",
+        allow_negative_numbers = true
+    )]
+    pub temperature: f32,
     /// Also time speculative verify steps of T drafts at each batch size, keeping exactly 0, 1, …, T drafts per step
     /// (commit and rollback included), beside the plain decode step.
     #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = non_negative::<usize>)]

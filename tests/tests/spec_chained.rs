@@ -2,7 +2,8 @@
 //! `StepPlan::spec_chain`): greedy speculating requests whose drafters the ranks can run verify several windows per
 //! engine step, judged, committed and drafted on the ranks, and give exactly the greedy output, on every fixture, in
 //! the replay, kv-only and auto forms, at TP 1 and 2. The oracle's verifies did chain (`spec_chained_steps`), and every
-//! slot is free afterwards.
+//! slot is free afterwards. Sampled requests (plain temperature, judged from the rows' one-pass summaries) chain
+//! too and draw what single verifies draw.
 
 use std::sync::Arc;
 
@@ -91,4 +92,86 @@ fn chained_verifies_give_the_greedy_output() {
         }
     }
     assert!(total > 0);
+}
+
+/// Sampled speculating requests whose verifies chain (the ranks key each later step's noise themselves) draw the
+/// tokens single verifies draw. Single verify steps shorten their last windows to the tokens left, which changes
+/// what the last step draws, so the outputs are compared up to the last window.
+#[test]
+fn chained_sampled_verifies_draw_what_single_verifies_draw() {
+    const MAX: usize = 24;
+    const WINDOW: usize = 4;
+    // Low, so that the fixtures' random weights accept drafts now and then, yet sampled.
+    const TEMPERATURE: f32 = 0.1;
+    let rt = runtime();
+    // Over all fixtures: some output is not the greedy one, some drafts are accepted and some not.
+    let (mut sampled, mut accepted, mut drafted) = (false, 0, 0);
+    for dir in fixtures() {
+        let (toks, _) = rewind_tests::tokens(&dir);
+        let base = &toks[..8.min(toks.len())];
+        let prompts = [[base, base].concat(), base[..5].to_vec()];
+        let spec = spec_config(DrafterKind::Oracle { p: 0.25 }, WINDOW);
+        for tp in [1, 2] {
+            let what = format!("{} tp {tp}", name(&dir));
+            let run = |decode_steps: usize| {
+                let (dir, spec, prompts, what) = (&dir, &spec, &prompts, &what);
+                rt.block_on(async move {
+                    let mut decoder = DecoderConfig::new(4, CONTEXT);
+                    decoder.buffer_len = RING;
+                    decoder.max_verify = spec.max_verify();
+                    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
+                    let mut config = EngineConfig::new(FormChoice::Auto);
+                    config.decode_steps = decode_steps;
+                    config.spec = Some(EngineSpec {
+                        config: spec.clone(),
+                        factory: factory(dir, 4, spec),
+                    });
+                    let e = EngineHandle::start(Arc::new(launcher), config)
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let greedy_reqs = prompts
+                        .iter()
+                        .map(|p| {
+                            let mut r = GenerateRequest::new(p.clone(), params(MAX + WINDOW, 0.0, 1));
+                            r.speculate = false;
+                            r
+                        })
+                        .collect();
+                    let greedy = run_all(&e, greedy_reqs).await;
+                    let reqs = prompts
+                        .iter()
+                        .zip(&greedy)
+                        .enumerate()
+                        .map(|(i, (p, (reference, _)))| {
+                            let mut r = GenerateRequest::new(p.clone(), params(MAX, TEMPERATURE, 7 + i as u64));
+                            r.reference = Some(reference.clone());
+                            r
+                        })
+                        .collect();
+                    let before = e.metrics().snapshot().spec_chained_steps;
+                    let out = run_all(&e, reqs).await;
+                    let chained = e.metrics().snapshot().spec_chained_steps - before;
+                    e.shutdown().await;
+                    (greedy, out, chained)
+                })
+            };
+            let (greedy, single, none) = run(1);
+            let (_, chain, chained) = run(4);
+            assert_eq!(none, 0, "{what}: one decode step per engine step chains nothing");
+            assert!(chained > 0, "{what}: no verify step chained");
+            for (i, (((a, _), (b, stats)), (g, _))) in single.iter().zip(&chain).zip(&greedy).enumerate() {
+                assert_eq!((a.len(), b.len()), (MAX, MAX), "{what}: prompt {i}");
+                let upto = MAX - WINDOW - 1;
+                assert_eq!(a[..upto], b[..upto], "{what}: prompt {i}");
+                sampled |= a[..] != g[..MAX];
+                let stats = stats.expect("speculation counters");
+                (accepted, drafted) = (accepted + stats.accepted, drafted + stats.drafted);
+            }
+        }
+    }
+    assert!(sampled, "the sampled outputs are the greedy ones");
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "{accepted} of {drafted} drafts accepted"
+    );
 }

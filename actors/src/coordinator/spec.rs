@@ -39,7 +39,7 @@ pub(super) struct LiveSpec {
     hidden: Option<HiddenRows>,
     /// The drafts proposed for the next step, and their `q` when sampled.
     drafts: Option<Draft>,
-    /// Its greedy verifies may chain on the ranks ([`rewind_engine::sched::Step::spec_chain`]): proposals are padded
+    /// Its verifies may chain on the ranks ([`rewind_engine::sched::Step::spec_chain`]): proposals are padded
     /// to the window, so that every sequence verifies the same window and a chain keeps one shape.
     on_ranks: bool,
 }
@@ -405,13 +405,15 @@ impl CoordinatorState {
     /// last token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the
     /// host); under tensor parallelism a sampled request only where the ranks gather a sampled row's slices
     /// themselves (`Books::chains_sample`: the CPU ranks; a GPU group's picks stay on the devices, and there only
-    /// greedy rows are merged). A speculating request chains only greedily, where its drafter's proposals can be
-    /// made on the ranks (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's
-    /// snapshot copy): then its verifies chain too.
+    /// greedy rows are merged). A speculating request chains where its drafter's proposals can be made on the ranks
+    /// (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's snapshot copy), and
+    /// its verifies are judged greedily or from their one-pass summaries (plain temperature sampling, which the
+    /// ranks key themselves step by step): then its verifies chain too.
     pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> bool {
         let greedy = params.temperature == 0.0;
         let allowed = if speculate && self.config.spec.is_some() {
-            greedy
+            let one_pass = plain_temperature(params) && self.books.spec_summaries() && self.books.chains_sample();
+            (greedy || one_pass)
                 && self.config.decode_steps > 1
                 && self.config.form != FormChoice::Recurrent
                 && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks())

@@ -1,6 +1,7 @@
-//! The self-test's rows for chains of verifies on the GPU (`rewind_engine::rank::spec_chain_check`): greedy
-//! speculative decoding in chains whose drafts, verdicts and commits stay on the device, against the same verifies run
-//! one plan at a time, with the n-gram drafter and a drafter table (the oracle).
+//! The self-test's rows for chains of verifies on the GPU (`rewind_engine::rank::spec_chain_check`): speculative
+//! decoding in chains whose drafts, verdicts and commits stay on the device, against the same verifies run one plan
+//! at a time, with the n-gram drafter and a drafter table (the oracle); judged greedily, and sampled from the rows'
+//! one-pass summaries (the device keys every later step's noise itself).
 
 use std::path::Path;
 
@@ -13,9 +14,11 @@ use serde_json::{json, Value};
 const WINDOW: usize = 3;
 const CHAINED: usize = 5;
 const CHAINS: usize = 3;
+/// The sampled rows' temperature: low, so that even a random model's windows are accepted in part.
+const TEMPERATURE: f32 = 0.05;
 
-/// Runs the check in the replay and kv-only forms (the recurrent form's verify commits by a snapshot copy, which
-/// does not chain on the GPU); one row per form.
+/// Runs the check greedily in the replay, kv-only and auto forms (the recurrent form's verify commits by a snapshot
+/// copy, which does not chain on the GPU), and sampled in the auto form; one row each.
 pub(super) fn rows(
     case: &str,
     dir: &Path,
@@ -30,15 +33,22 @@ pub(super) fn rows(
         buffer_len: opts.buffer_len.max(2 * (WINDOW + 1)),
         ..opts.clone()
     };
-    [FormChoice::Replay, FormChoice::KvOnly, FormChoice::Auto]
-        .into_iter()
-        .map(|form| {
-            let r = gpu_group(dir, &opts)
-                .and_then(|(mut g, _)| spec_chain_check(&mut g, prompts, form, WINDOW, CHAINED, CHAINS, tolerance))
-                .map_err(|e| e.to_string());
-            line(case, tp, dtype, form, &r)
-        })
-        .collect()
+    [
+        (FormChoice::Replay, None),
+        (FormChoice::KvOnly, None),
+        (FormChoice::Auto, None),
+        (FormChoice::Auto, Some(TEMPERATURE)),
+    ]
+    .into_iter()
+    .map(|(form, temperature)| {
+        let r = gpu_group(dir, &opts)
+            .and_then(|(mut g, _)| {
+                spec_chain_check(&mut g, prompts, form, WINDOW, CHAINED, CHAINS, temperature, tolerance)
+            })
+            .map_err(|e| e.to_string());
+        line(case, tp, dtype, form, temperature, &r)
+    })
+    .collect()
 }
 
 fn line(
@@ -46,17 +56,20 @@ fn line(
     tp: usize,
     dtype: GpuDtype,
     form: FormChoice,
+    temperature: Option<f32>,
     r: &Result<SpecChainReport, String>,
 ) -> (Value, bool) {
+    let judged = temperature.map_or("greedy".to_string(), |t| format!("T={t}"));
     match r {
         Ok(r) => {
             println!(
-                "{:<20} tp {}  {:<4}  spec chain  {:<9} {} × {} verifies of {}: {} steps, {} drafts accepted, {} differ, \
-                 worst rel vs single steps {:.2e} (≤ {:.0e})  {}",
+                "{:<20} tp {}  {:<4}  spec chain  {:<9} {:<6} {} × {} verifies of {}: {} steps, {} drafts accepted, {} \
+                 differ, worst rel vs single steps {:.2e} (≤ {:.0e})  {}",
                 case,
                 tp,
                 dtype,
                 r.form,
+                judged,
                 r.chains,
                 r.chain_steps,
                 r.window,
@@ -80,9 +93,12 @@ fn line(
             (v, r.pass)
         }
         Err(e) => {
-            println!("{case:<20} tp {tp}  {dtype:<4}  spec chain {} FAIL: {e}", form.name());
+            println!(
+                "{case:<20} tp {tp}  {dtype:<4}  spec chain {} {judged} FAIL: {e}",
+                form.name()
+            );
             (
-                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "form": form.name(), "check": "spec_chain", "pass": false, "error": e }),
+                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "form": form.name(), "temperature": temperature, "check": "spec_chain", "pass": false, "error": e }),
                 false,
             )
         }

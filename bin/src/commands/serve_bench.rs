@@ -189,6 +189,7 @@ pub fn run(
     let params = SamplingParams {
         max_tokens: Some(args.decode_tokens),
         ignore_eos: true,
+        temperature: args.temperature,
         ..SamplingParams::greedy()
     };
     let spread = if ratio > 0.0 {
@@ -222,6 +223,7 @@ pub fn run(
                         let prompt = tokens(prompt_len, vocab, 0x5eed + i as u64);
                         let params = SamplingParams {
                             max_tokens: Some(output_len),
+                            seed: Some(0x5eed + i as u64),
                             ..params.clone()
                         };
                         let mut req = GenerateRequest::new(prompt, params);
@@ -319,13 +321,14 @@ pub fn run(
             // on GPUs); in bf16 a verify's GEMMs round differently from a decode step's, so near-tied greedy picks
             // may flip, in plain batches of other shapes too: there the matches are reported.
             let exact = device.starts_with("cpu") || args.run.device.dtype == "f32";
+            let greedy = args.temperature == 0.0;
             Some(side_by_side(
                 config,
                 &references,
                 &mut plain_walls,
                 &mut spec_walls,
                 (&spec_traces, &plain_traces),
-                exact,
+                greedy.then_some(exact),
             )?)
         }
         _ => None,
@@ -338,6 +341,7 @@ pub fn run(
         "prompt_tokens": args.prompt_len,
         "output_tokens_per_request": args.decode_tokens,
         "random_range_ratio": ratio,
+        "temperature": args.temperature,
         "prompt_tokens_total": lengths.iter().map(|l| l.0).sum::<usize>(),
         "max_batch_tokens": args.run.engine.max_batch_tokens,
         "wall_s": wall,
@@ -359,28 +363,30 @@ pub fn run(
     }))
 }
 
-/// Checks the speculative pass against the plain one (greedy: the same tokens) and reports the medians of the
-/// side-by-side passes and the speculation counters.
+/// Checks the speculative pass against the plain one (greedy, `compare` `Some(exact)`: the same tokens, required
+/// when `exact`; sampled, `None`: not compared) and reports the medians of the side-by-side passes and the
+/// speculation counters.
 fn side_by_side(
     config: &SpecConfig,
     references: &[Vec<u32>],
     plain_walls: &mut [f64],
     spec_walls: &mut [f64],
     (spec_traces, plain_traces): (&[Trace], &[Trace]),
-    exact: bool,
+    compare: Option<bool>,
 ) -> Result<Value> {
     if let Some(t) = spec_traces.iter().chain(plain_traces).find_map(|t| t.error.as_ref()) {
         anyhow::bail!("a side-by-side request failed: {t}");
     }
     let matching = |traces: &[Trace]| traces.iter().zip(references).filter(|(t, r)| &t.tokens == *r).count();
     let (same, plain_same) = (matching(spec_traces), matching(plain_traces));
+    let exact = compare == Some(true);
     anyhow::ensure!(
         !exact || same == references.len(),
         "speculation changed the greedy output of {} of {} requests",
         references.len() - same,
         references.len()
     );
-    if same < references.len() || plain_same < references.len() {
+    if compare.is_some() && (same < references.len() || plain_same < references.len()) {
         eprintln!(
             "note: greedy outputs equal to the first plain pass: speculative {same} / {n}, plain {plain_same} / {n} \
              (bf16 rounding differs between batch shapes)",

@@ -17,7 +17,7 @@ use rewind_kernels::cuda::ops::{self, SUMMARY_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::debug_span;
 
-use super::head::{mark_sampled, sample_params};
+use super::head::{mark_sampled, sample_params, HeadSpec};
 use super::rank::{to_i32, GpuRank, HeadOut};
 use super::steps::greedy;
 use super::Act;
@@ -103,7 +103,7 @@ impl<A: Act> GpuRank<A> {
         let words = SUMMARY_WORDS;
         for k in 0..steps {
             let staged = self.stage_decode(&seqs, k, (k == 0).then_some(&tokens[..]))?;
-            self.launch(staged.step, b, sampling, &[])?;
+            self.launch(staged.step, b, sampling, HeadSpec::Host(&[]))?;
             let s = &mut self.scratch;
             if sampling {
                 ops::sample_rows(

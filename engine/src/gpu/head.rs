@@ -10,7 +10,7 @@
 
 use rewind_kernels::cpu::lm_head::SpecRequest;
 use rewind_kernels::cuda::ops::{self, PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS};
-use rewind_kernels::cuda::{CudaDevice, CudaSlice};
+use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, CudaViewMut};
 
 use super::rank::{GpuRank, HeadOut};
 use super::scratch::StepRows;
@@ -44,8 +44,8 @@ fn chunk_ids(rows: usize, vocab_local: usize) -> usize {
 pub(crate) struct HeadScratch {
     /// `[rows, 6]` speculative requests.
     spec: CudaSlice<u32>,
-    /// The words last uploaded into `spec` (nothing else writes it): steady steps, and every step of a chain, ask the
-    /// same and upload nothing.
+    /// The words last uploaded into `spec` (cleared when a kernel writes it, [`HeadScratch::spec_on_device`]): steady
+    /// steps, and every step of a greedy chain, ask the same and upload nothing.
     spec_uploaded: Vec<u32>,
     /// `[rows, max_parts, 8]` partial summaries.
     parts: CudaSlice<u32>,
@@ -72,10 +72,37 @@ impl HeadScratch {
     }
 }
 
+impl HeadScratch {
+    /// The first `rows` rows of the speculative requests, to read.
+    pub(super) fn spec_words(&self, rows: usize) -> CudaView<'_, u32> {
+        self.spec.slice(..rows * SPEC_WORDS)
+    }
+
+    /// The first `rows` rows of the speculative requests, for a kernel that writes them on the device (a chain's
+    /// `chain_spec`, `gpu/spec_chain.rs`); the next host upload then copies whatever it asks.
+    pub(super) fn spec_on_device(&mut self, rows: usize) -> CudaViewMut<'_, u32> {
+        self.spec_uploaded.clear();
+        self.spec.slice_mut(..rows * SPEC_WORDS)
+    }
+}
+
+/// Where a step's speculative requests come from.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum HeadSpec<'a> {
+    /// Uploaded from the host: empty (plain rows), or one entry per head row.
+    Host(&'a [Option<SpecRequest>]),
+    /// Already written on the device ([`HeadScratch::spec_on_device`]).
+    Device,
+}
+
 impl<A: Act> GpuRank<A> {
-    /// Checks a head over `head_rows` rows and uploads its speculative requests (`spec`: empty, or one entry per
-    /// head row), before the step's device work: a captured step reads them from the scratch.
-    pub(super) fn prepare_head(&mut self, head_rows: usize, whole: bool, spec: &[Option<SpecRequest>]) -> Result<()> {
+    /// Checks a head over `head_rows` rows and uploads its speculative requests, before the step's device work: a
+    /// captured step reads them from the scratch.
+    pub(super) fn prepare_head(&mut self, head_rows: usize, whole: bool, spec_from: HeadSpec<'_>) -> Result<()> {
+        let spec = match spec_from {
+            HeadSpec::Host(spec) => spec,
+            HeadSpec::Device => &[],
+        };
         if !spec.is_empty() && spec.len() != head_rows {
             return Err(EngineError::InvalidInput(format!(
                 "{} speculative requests for {head_rows} head rows",
@@ -89,6 +116,9 @@ impl<A: Act> GpuRank<A> {
                  and --max-seqs)",
                 s.whole
             )));
+        }
+        if matches!(spec_from, HeadSpec::Device) {
+            return Ok(());
         }
         let words: Vec<u32> = (0..head_rows)
             .flat_map(|i| ops::encode_spec(spec.get(i).and_then(Option::as_ref)))

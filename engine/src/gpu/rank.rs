@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::forward::{self, Cx, Step};
 use super::graphs::{bucket_ring, GraphKey, StepGraphs};
+use super::head::HeadSpec;
 use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
 use super::scratch::{widths, Scratch, StepRows, Widths};
@@ -301,7 +302,7 @@ impl<A: Act> GpuRank<A> {
         spec: &[Option<SpecRequest>],
     ) -> Result<HeadOut> {
         let whole = want_logits || samples.is_some();
-        self.launch(step, head_rows, whole, spec)?;
+        self.launch(step, head_rows, whole, HeadSpec::Host(spec))?;
         if head_rows == 0 {
             return Ok(HeadOut::empty(want_logits, self.want_hidden));
         }
@@ -310,13 +311,7 @@ impl<A: Act> GpuRank<A> {
 
     /// Queues a step's device work ([`GpuRank::run`] without the read-back): the head's summaries (and whole logit
     /// rows when `whole`) are left in the scratch.
-    pub(super) fn launch(
-        &mut self,
-        mut step: Step,
-        head_rows: usize,
-        whole: bool,
-        spec: &[Option<SpecRequest>],
-    ) -> Result<()> {
+    pub(super) fn launch(&mut self, mut step: Step, head_rows: usize, whole: bool, spec: HeadSpec<'_>) -> Result<()> {
         if step.rows > self.scratch.rows || head_rows > step.rows {
             return Err(EngineError::InvalidInput(format!(
                 "a step of {} token rows ({head_rows} reported): this rank's buffers hold {} (the larger of the prompt \

@@ -20,12 +20,15 @@
 //! [`StepPlan::spec_chain`]: crate::rank::StepPlan::spec_chain
 
 use rewind_kernels::cpu::chain::{
-    ChainParams, ChainSeq, CHAIN_STATE_WORDS, FAULT_FOLD, FAULT_HISTORY, FAULT_RING, FAULT_SLOT,
+    spec_requests, ChainParams, ChainSample, ChainSeq, CHAIN_SAMPLE_WORDS, CHAIN_STATE_WORDS, FAULT_FOLD,
+    FAULT_HISTORY, FAULT_RING, FAULT_SLOT,
 };
-use rewind_kernels::cuda::ops::{self, DraftMode, JUDGE_WORDS, REPLAY_META, SUMMARY_WORDS};
+use rewind_kernels::cpu::lm_head::SpecRequest;
+use rewind_kernels::cuda::ops::{self, DraftMode, JUDGE_WORDS, REPLAY_META, SPEC_WORDS, SUMMARY_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
 use tracing::debug_span;
 
+use super::head::HeadSpec;
 use super::rank::{GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
@@ -44,8 +47,10 @@ pub(crate) struct SpecChainScratch {
     state: CudaSlice<i32>,
     /// `[seqs]` fault bits.
     fault: CudaSlice<i32>,
-    /// `[seqs, JUDGE_WORDS]`: zeros (greedy judging).
+    /// `[seqs, JUDGE_WORDS]`: each sequence's judging (greedy, or sampled with the step's output index).
     judge: CudaSlice<u32>,
+    /// `[seqs, CHAIN_SAMPLE_WORDS]`: the sampled sequences' temperature and noise key (`chain_spec`).
+    sample: CudaSlice<u32>,
     /// `[ranks, rows, SUMMARY_WORDS]`: every rank's summaries of a step (tensor parallelism).
     gathered: CudaSlice<u32>,
     /// `[seqs, hist_cap]` streams.
@@ -75,6 +80,7 @@ impl SpecChainScratch {
             state: dev.alloc_zeros(1)?,
             fault: dev.alloc_zeros(1)?,
             judge: dev.alloc_zeros(1)?,
+            sample: dev.alloc_zeros(1)?,
             gathered: dev.alloc_zeros(1)?,
             hist: dev.alloc_zeros(1)?,
             table: dev.alloc_zeros(1)?,
@@ -178,6 +184,21 @@ impl<A: Act> GpuRank<A> {
             ChainDrafter::Ngram { min_n, max_n } => DraftMode::Ngram { min_n, max_n },
             ChainDrafter::Table => DraftMode::Table { table_cap },
         };
+        // Sampled sequences (one-pass judging): the first step's requests come from the host, later ones from
+        // `chain_spec`, keyed by the position the device tracks.
+        let samples: Vec<Option<ChainSample>> = seqs
+            .iter()
+            .map(|s| {
+                s.spec
+                    .map(|sp| ChainSample::at(sp.temperature, sp.seed, sp.index, s.position))
+            })
+            .collect();
+        let sampled = samples.iter().any(Option::is_some);
+        let first_spec: Vec<Option<SpecRequest>> = if sampled {
+            seqs.iter().flat_map(|s| s.spec_requests()).collect()
+        } else {
+            Vec::new()
+        };
         {
             let c = self.spec_chain.as_mut().expect("allocated above");
             ensure_len(&dev, &mut c.words, steps * rows * words)?;
@@ -205,7 +226,16 @@ impl<A: Act> GpuRank<A> {
             }
             upload(&dev, &mut c.state, &states, "counters")?;
             upload(&dev, &mut c.fault, &vec![0; b], "fault flags")?;
-            upload(&dev, &mut c.judge, &vec![0; b * JUDGE_WORDS], "judging parameters")?;
+            let judge: Vec<u32> = seqs
+                .iter()
+                .flat_map(|s| ops::encode_judge(s.spec.map(|sp| (sp.seed, sp.index))))
+                .collect();
+            upload(&dev, &mut c.judge, &judge, "judging parameters")?;
+            if sampled {
+                ensure_len(&dev, &mut c.sample, b * CHAIN_SAMPLE_WORDS)?;
+                let words: Vec<u32> = samples.iter().flat_map(|x| ChainSample::encode(x.as_ref())).collect();
+                upload(&dev, &mut c.sample, &words, "sampling parameters")?;
+            }
             let first: Vec<i32> = seqs
                 .iter()
                 .flat_map(|s| s.tokens[1..].iter().map(|&x| x as i32))
@@ -220,7 +250,12 @@ impl<A: Act> GpuRank<A> {
         let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");
         let mut streams = chain.streams.clone();
         for k in 0..steps {
-            self.launch(step, rows, false, &[])?;
+            let spec = if k > 0 && sampled {
+                HeadSpec::Device
+            } else {
+                HeadSpec::Host(&first_spec)
+            };
+            self.launch(step, rows, false, spec)?;
             let (s, c) = (&mut self.scratch, self.spec_chain.as_mut().expect("allocated above"));
             dev.stream()
                 .memcpy_dtod(
@@ -279,6 +314,19 @@ impl<A: Act> GpuRank<A> {
                 &mut s.tokens.slice_mut(..rows),
                 b,
             )?;
+            if sampled {
+                ops::chain_spec(
+                    &dev,
+                    &c.state.slice(..b * CHAIN_STATE_WORDS),
+                    &c.fault.slice(..b),
+                    &c.sample.slice(..b * CHAIN_SAMPLE_WORDS),
+                    &s.tokens.slice(..rows),
+                    t,
+                    &mut s.head.spec_on_device(rows),
+                    &mut c.judge.slice_mut(..b * JUDGE_WORDS),
+                    b,
+                )?;
+            }
             if check {
                 let verdicts = dev.download(&c.verdicts.slice(k * b * 2..(k + 1) * b * 2))?;
                 let verified = dev.download(&c.drafts.slice(k * b * (t - 1)..(k + 1) * b * (t - 1)))?;
@@ -290,7 +338,7 @@ impl<A: Act> GpuRank<A> {
                     streams[q].push(verdicts[2 * q + 1].max(0) as u32);
                 }
                 self.mirror_step(&seqs, &staged, k, t, &accepted, true)?;
-                self.check_next(&seqs, k + 1, t, &verdicts, &streams, chain)?;
+                self.check_next(&seqs, k + 1, t, &verdicts, &streams, chain, &samples)?;
             }
         }
         // The one read-back of the chain: it waits for every step.
@@ -309,7 +357,7 @@ impl<A: Act> GpuRank<A> {
             } else if f & FAULT_SLOT != 0 {
                 "its slot is outside the rank's lengths"
             } else {
-                "a verify row held a NaN"
+                "its verify could not be judged (a NaN row, or nothing left to resample)"
             };
             return Err(EngineError::Gpu(format!(
                 "a chain of verifies failed for slot {}: {why} (fault bits {f:#x})",
@@ -323,7 +371,7 @@ impl<A: Act> GpuRank<A> {
         };
         if verdicts.chunks_exact(2).any(|v| v[1] < 0 || v[0] as usize >= t) {
             return Err(EngineError::Gpu(
-                "the last verify of a chain held a NaN row (no token to judge)".into(),
+                "the last verify of a chain could not be judged (a NaN row, or nothing left to resample)".into(),
             ));
         }
         // The host's copy of the counters follows the device's, by the same rules and verdicts (already, step by
@@ -334,7 +382,10 @@ impl<A: Act> GpuRank<A> {
         }
         self.books.settle_chain(plan, &log)?;
         self.steps += steps as u64 - 1;
-        let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &vec![false; steps * rows])
+        let spec_rows: Vec<bool> = (0..steps)
+            .flat_map(|_| samples.iter().flat_map(|x| std::iter::repeat_n(x.is_some(), t)))
+            .collect();
+        let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &spec_rows)
             .into_iter()
             .map(RowSummary::from)
             .collect();
@@ -381,6 +432,7 @@ impl<A: Act> GpuRank<A> {
 
     /// The debug check (`REWIND_CHAIN_CHECK=1`, a read-back per step): the replay rows, input tokens, positions and
     /// lengths the device wrote for chain step `k` against those the host's counters give.
+    #[allow(clippy::too_many_arguments)]
     fn check_next(
         &self,
         seqs: &[&SeqStep],
@@ -389,6 +441,7 @@ impl<A: Act> GpuRank<A> {
         verdicts: &[i32],
         streams: &[Vec<u32>],
         chain: &crate::rank::SpecChain,
+        samples: &[Option<ChainSample>],
     ) -> Result<()> {
         let dev = &self.inner.dev;
         let s = &self.scratch;
@@ -397,6 +450,16 @@ impl<A: Act> GpuRank<A> {
         let tokens = dev.download(&s.tokens.slice(..b * t))?;
         let pos = dev.download(&s.row_pos.slice(..b * t))?;
         let lens = dev.download(&s.lens.slice(..self.sizes.max_seqs))?;
+        let sampled = samples.iter().any(Option::is_some);
+        let words = if sampled {
+            dev.download(&s.head.spec_words(b * t))?
+        } else {
+            Vec::new()
+        };
+        let judge = match &self.spec_chain {
+            Some(c) if sampled => dev.download(&c.judge.slice(..b * JUDGE_WORDS))?,
+            _ => Vec::new(),
+        };
         for (q, sq) in seqs.iter().enumerate() {
             let d = self.decide(sq.slot, StepPhase::Verify, t);
             let h = self.counters.ring(sq.slot).len;
@@ -417,6 +480,20 @@ impl<A: Act> GpuRank<A> {
                     position + t,
                     &verdicts[2 * q..2 * q + 2]
                 )));
+            }
+            if sampled {
+                let (reqs, key) = spec_requests(samples[q].as_ref(), position as i32, &want_tokens);
+                let want_words: Vec<u32> = reqs.iter().flat_map(|r| ops::encode_spec(r.as_ref())).collect();
+                let got_words = &words[q * t * SPEC_WORDS..(q + 1) * t * SPEC_WORDS];
+                let got_judge = &judge[q * JUDGE_WORDS..(q + 1) * JUDGE_WORDS];
+                if got_words != want_words || got_judge != ops::encode_judge(key) {
+                    return Err(EngineError::Gpu(format!(
+                        "chain step {k}, slot {}: the device wrote one-pass requests {got_words:?} and judging \
+                         {got_judge:?}; the host's rules give {want_words:?} and {:?}",
+                        sq.slot,
+                        ops::encode_judge(key)
+                    )));
+                }
             }
         }
         Ok(())

@@ -11,11 +11,12 @@ use rewind_kernels::cpu::lm_head::{self, SpecRequest};
 
 use super::plan::{Commit, RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan};
 use super::spec_chain::ChainLog;
-use super::vocab::summarise_row;
+use super::vocab::{merge_rows, summarise_row, VocabSummary};
 use super::Rank;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
 use crate::shard::{LocalComm, ShardedModel};
+use crate::spec::accept::accept_summaries;
 
 /// How to build a group of CPU ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -398,11 +399,13 @@ impl Decoder {
         let mut out: Option<StepOut> = None;
         for k in 0..=plan.chained {
             let next = self.step(&step)?;
-            let picks = self.picks(&next.rows)?;
+            let merged = self.merged(&next.rows)?;
             step.commits.clear();
             for (q, s) in step.seqs.iter_mut().enumerate() {
                 let drafts = &s.tokens[1..];
-                let (a, y) = super::spec_chain::judge_greedy(&picks[q * t..(q + 1) * t], drafts)?;
+                let sampled = s.spec.map(|sp| (sp.seed, sp.index));
+                let v = accept_summaries(&merged[q * t..(q + 1) * t], drafts, sampled)?;
+                let (a, y) = (v.accepted, v.token);
                 log.drafts.extend_from_slice(drafts);
                 log.accepted.push(a);
                 log.tokens.push(y);
@@ -414,6 +417,9 @@ impl Decoder {
                         accepted: a + 1,
                     });
                     s.position += a + 1;
+                    if let Some(sp) = s.spec.as_mut() {
+                        sp.index += (a + 1) as u64;
+                    }
                     s.tokens = std::iter::once(y).chain(chain.draft(q, &streams[q], t - 1)).collect();
                 }
             }
@@ -487,18 +493,49 @@ impl Decoder {
         Ok(())
     }
 
-    /// The tokens a chained step feeds on: each row's sampled token (every rank drew the same), else its argmax over
-    /// the whole vocabulary (under tensor parallelism the ranks gather their slices' best and merge them as the
-    /// coordinator does).
+    /// Each row's pick over the whole vocabulary: its sampled token (every rank drew the same), else its argmax.
     fn picks(&self, rows: &[RowSummary]) -> Result<Vec<u32>> {
+        Ok(self
+            .merged(rows)?
+            .iter()
+            .zip(rows)
+            .map(|(m, r)| r.sampled.unwrap_or(m.argmax))
+            .collect())
+    }
+
+    /// Each row's summary over the whole vocabulary, one-pass speculative part included: under tensor parallelism
+    /// every rank's slice summaries are gathered (as words, so ids and values come through exactly) and merged in
+    /// rank order as the coordinator merges them, so every rank reaches the same picks and verdicts.
+    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<VocabSummary>> {
         let comm = self.comm();
         if comm.size() == 1 {
-            return Ok(rows.iter().map(|r| r.sampled.unwrap_or(r.argmax)).collect());
+            return rows.iter().map(|r| merge_rows(std::slice::from_ref(r))).collect();
         }
-        // Per row (max logit, argmax bits): the gather copies the words, so the ids come through exactly.
+        // Per row: max logit, argmax, log-sum-exp, then the speculative summary, each option with its flag.
+        const WORDS: usize = 11;
+        let opt_bits = |v: Option<f32>| [u32::from(v.is_some()), v.unwrap_or(0.0).to_bits()];
         let send: Vec<f32> = rows
             .iter()
-            .flat_map(|r| [r.max_logit.unwrap_or(f32::NAN), f32::from_bits(r.argmax)])
+            .flat_map(|r| {
+                let sp = r.spec;
+                let [hm, m] = opt_bits(r.max_logit);
+                let [hl, l] = opt_bits(r.log_sum_exp);
+                let [hd, d] = opt_bits(sp.and_then(|x| x.drafted));
+                let words: [u32; WORDS] = [
+                    hm,
+                    m,
+                    r.argmax,
+                    hl,
+                    l,
+                    u32::from(sp.is_some()),
+                    sp.map_or(0, |x| x.lse.to_bits()),
+                    hd,
+                    d,
+                    sp.map_or(0, |x| x.candidate),
+                    sp.map_or(0, |x| x.score.to_bits()),
+                ];
+                words.map(f32::from_bits)
+            })
             .collect();
         let mut all = vec![0.0f32; send.len() * comm.size()];
         comm.all_gather(&send, &mut all)?;
@@ -506,15 +543,24 @@ impl Decoder {
             .map(|i| {
                 let parts: Vec<RowSummary> = all
                     .chunks_exact(send.len())
-                    .map(|rank| RowSummary {
-                        argmax: rank[2 * i + 1].to_bits(),
-                        max_logit: Some(rank[2 * i]),
-                        log_sum_exp: None,
-                        sampled: None,
-                        spec: None,
+                    .map(|rank| {
+                        let w: Vec<u32> = rank[i * WORDS..(i + 1) * WORDS].iter().map(|v| v.to_bits()).collect();
+                        let opt = |h: u32, v: u32| (h != 0).then(|| f32::from_bits(v));
+                        RowSummary {
+                            argmax: w[2],
+                            max_logit: opt(w[0], w[1]),
+                            log_sum_exp: opt(w[3], w[4]),
+                            sampled: None,
+                            spec: (w[5] != 0).then(|| lm_head::SpecSummary {
+                                lse: f32::from_bits(w[6]),
+                                drafted: opt(w[7], w[8]),
+                                candidate: w[9],
+                                score: f32::from_bits(w[10]),
+                            }),
+                        }
                     })
                     .collect();
-                Ok(rows[i].sampled.unwrap_or(super::vocab::merge_rows(&parts)?.argmax))
+                merge_rows(&parts)
             })
             .collect()
     }

@@ -45,7 +45,7 @@ pub use plan::{
     SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, MAX_CHAINED,
 };
 pub use sequence::GroupSequence;
-pub use spec_chain::{judge_greedy, ChainDrafter, ChainLog, SpecChain};
+pub use spec_chain::{ChainDrafter, ChainLog, SpecChain};
 pub use spec_chain_check::{spec_chain_check, SpecChainReport};
 pub use thread::{RankMsg, RankThread, Reply};
 pub use vocab::{MergedStep, VocabSummary};

@@ -189,8 +189,9 @@ pub struct StepPlan {
     /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
     /// what a chained plan may hold. With [`StepPlan::spec_chain`] the chained steps are verifies instead.
     pub chained: usize,
-    /// Chain verifies rather than decodes (`super::spec_chain`): every sequence is a greedy verify, and the ranks
-    /// judge, commit and draft between the steps themselves. They run at most `1 + chained` steps (a rank may stop
+    /// Chain verifies rather than decodes (`super::spec_chain`): every sequence is a verify, judged greedily or by
+    /// its one-pass summaries ([`SeqStep::spec`]), and the ranks judge, commit and draft between the steps
+    /// themselves. They run at most `1 + chained` steps (a rank may stop
     /// a chain early; its [`StepOut::chain`] log says how many ran).
     pub spec_chain: Option<super::spec_chain::SpecChain>,
 }

@@ -1,20 +1,24 @@
-//! Chained speculative steps ([`StepPlan::spec_chain`]): a plan of greedy verifies that runs `1 + c` verify steps
-//! back to back. After each step the ranks judge the verify themselves, commit the accepted tokens, draft the next
-//! step's window and verify it, with no host round trip: on a GPU every decision is device data
+//! Chained speculative steps ([`StepPlan::spec_chain`]): a plan of verifies that runs `1 + c` verify steps back to
+//! back. After each step the ranks judge the verify themselves, commit the accepted tokens, draft the next step's
+//! window and verify it, with no host round trip: on a GPU every decision is device data
 //! (`engine/src/gpu/spec_chain.rs`); a CPU rank runs the same rules as a loop of single steps (the twin).
+//!
+//! A sequence is judged greedily, or by sampling from its rows' one-pass summaries ([`super::SpecSample`]: plain
+//! temperature sampling keyed by the request's seed and each row's output index). The index of the token a step's
+//! row 0 predicts moves with the sequence's position, so the ranks key every later step themselves
+//! ([`rewind_kernels::cpu::chain::ChainSample`]) and a chain draws exactly what single verifies draw.
 //!
 //! The drafters that run on the ranks are those whose proposals follow from the stream alone: the n-gram (prompt
 //! lookup) drafter, and a table of proposals by stream position (the oracle benchmarking drafter, whose proposals
 //! depend on the position only). Every step verifies a full window: a drafter that proposes fewer tokens is padded
 //! with the stream's last token ([`rewind_kernels::cpu::chain::chain_drafts`]), so every step has one shape and one
-//! CUDA graph. Greedy acceptance keeps exactly the target's greedy tokens whatever the drafts, so padding changes
-//! only how many are accepted.
+//! CUDA graph. Acceptance keeps the target's distribution (greedy: exactly its greedy tokens) whatever the drafts,
+//! so padding changes only how many are accepted.
 //!
 //! The ranks report each step's rows (step-major, as a chain of decodes does) and a [`ChainLog`]: the drafts every
 //! step verified and its verdict. The books of the group and of every rank settle the committed tokens from the log
 //! ([`super::Books::settle_chain`]); the last step's verify waits for the next plan's commit, as a single verify does.
 
-use rewind_kernels::cpu::accept::{judge, JudgedRow};
 pub use rewind_kernels::cpu::chain::chain_drafts;
 use rewind_kernels::cpu::chain::{ngram_lookup, table_proposal};
 
@@ -81,14 +85,6 @@ impl SpecChain {
     }
 }
 
-/// Judges a greedy verify from its rows' picks (the argmax over the whole vocabulary): the drafts accepted and the
-/// next token, by the rule the device's `spec_accept` runs.
-pub fn judge_greedy(picks: &[u32], drafts: &[u32]) -> Result<(usize, u32)> {
-    let rows: Vec<JudgedRow> = picks.iter().map(|&argmax| JudgedRow { argmax, spec: None }).collect();
-    let v = judge(&rows, drafts, None).map_err(|e| EngineError::InvalidInput(e.to_string()))?;
-    Ok((v.accepted, v.token))
-}
-
 impl StepPlan {
     /// Checks a plan of chained verifies ([`StepPlan::spec_chain`]): greedy verifies of one window reporting every
     /// row, each with its stream (and table) consistent with its tokens, no whole logits or hidden states, and every
@@ -134,9 +130,10 @@ impl StepPlan {
         }
         let t = self.seqs.first().map_or(0, |s| s.tokens.len());
         for (q, s) in self.seqs.iter().enumerate() {
-            if s.kind != SeqKind::Verify || s.rows != Rows::All || s.spec.is_some() || s.sample.is_some() {
+            if s.kind != SeqKind::Verify || s.rows != Rows::All || s.sample.is_some() {
                 return bad(format!(
-                    "slot {} is not a greedy verify reporting every row (only those chain)",
+                    "slot {} is not a verify reporting every row, judged greedily or by its one-pass summaries \
+                     (only those chain)",
                     s.slot
                 ));
             }
@@ -192,17 +189,6 @@ mod tests {
             tokens: vec![0; 6],
         };
         assert_eq!(log.committed(2), [3 + 2, 1 + 2]);
-    }
-
-    #[test]
-    fn greedy_judging_keeps_the_matching_prefix() {
-        assert_eq!(
-            judge_greedy(&[5, 6, 7], &[5, 6]).expect("judge"),
-            (2, 7),
-            "all accepted: bonus"
-        );
-        assert_eq!(judge_greedy(&[5, 9, 7], &[5, 6]).expect("judge"), (1, 9), "correction");
-        assert!(judge_greedy(&[5], &[5, 6]).is_err(), "rows must be drafts + 1");
     }
 
     #[test]

@@ -1,27 +1,31 @@
 //! Chained verifies ([`StepPlan::spec_chain`]) checked against the same verifies run one plan at a time, on any
 //! [`RankGroup`] (the GPU self-test runs it on the device, the tests on CPU ranks).
 //!
-//! After each prompt, greedy speculative decoding runs twice: once step by step (the host drafts with the chain's own
-//! rule, judges each verify from its rows and commits it in the next plan) and once in chains whose drafts, verdicts
-//! and commits never leave the ranks. Every step must verify the same drafts, reach the same verdict and report the
+//! After each prompt, speculative decoding runs twice: once step by step (the host drafts with the chain's own rule,
+//! judges each verify from its rows and commits it in the next plan) and once in chains whose drafts, verdicts and
+//! commits never leave the ranks. Judging is greedy, or sampled at a temperature from the rows' one-pass summaries
+//! (each sequence with its own seed), so the ranks' own keying of every later step's noise is checked too. Every step must verify the same drafts, reach the same verdict and report the
 //! same rows (max logit and log-sum-exp to `tolerance`). Two drafters run: the n-gram drafter, then a table by
-//! position holding the greedy continuation the first run found with a quarter of its tokens corrupted (the oracle
+//! position holding the continuation the first run found with a quarter of its tokens corrupted (the oracle
 //! benchmarking drafter), so that windows are accepted whole, in part and not at all, and the rings cross flushes.
 
 use serde::Serialize;
 
 use super::group::RankGroup;
-use super::plan::{Commit, Rows, SeqKind, SeqStep, StepPlan};
-use super::spec_chain::{judge_greedy, ChainDrafter, SpecChain};
+use super::plan::{Commit, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
+use super::spec_chain::{ChainDrafter, SpecChain};
 use super::StepResult;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
+use crate::spec::accept::accept_summaries;
 use rewind_kernels::cpu::lm_head::mix64;
 
 /// The outcome of a chain-of-verifies check.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpecChainReport {
     pub form: String,
+    /// The sampling temperature (`None`: greedy judging).
+    pub temperature: Option<f32>,
     pub sequences: usize,
     pub tp: usize,
     /// Drafts per verify (`T`), steps per chain (`1 + chained`) and chains per drafter.
@@ -63,8 +67,8 @@ fn row_values(out: &StepResult, from: usize, n: usize) -> Result<Vec<(f32, f32)>
         .collect()
 }
 
-/// Runs `steps` greedy verifies of `window` drafts after each prompt, `chain` steps a plan (1: single steps, the
-/// host drafting and judging). Returns per sequence its verified steps.
+/// Runs `steps` verifies of `window` drafts after each prompt, `chain` steps a plan (1: single steps, the host
+/// drafting and judging), judged greedily or at `temperature`. Returns per sequence its verified steps.
 #[allow(clippy::too_many_arguments)]
 fn speculate(
     group: &mut RankGroup,
@@ -75,6 +79,7 @@ fn speculate(
     window: usize,
     steps: usize,
     chain: usize,
+    temperature: Option<f32>,
 ) -> Result<Vec<Vec<Verified>>> {
     let (slots, first) = group.prefill_prompts(prompts, form)?;
     let mut streams: Vec<Vec<u32>> = prompts
@@ -107,7 +112,12 @@ fn speculate(
                     form,
                     rows: Rows::All,
                     sample: None,
-                    spec: None,
+                    // Row 0 predicts the output token after the `stream.len() − prompt` generated so far.
+                    spec: temperature.map(|temperature| SpecSample {
+                        temperature,
+                        seed: mix64(0x5eed ^ q as u64),
+                        index: (stream.len() - prompts[q].len()) as u64,
+                    }),
                 }
             })
             .collect();
@@ -141,10 +151,10 @@ fn speculate(
                         )
                     }
                     None => {
-                        let picks: Vec<u32> = out.rows[from..from + t].iter().map(|r| r.argmax).collect();
                         let drafts = seqs[q].tokens[1..].to_vec();
-                        let (a, y) = judge_greedy(&picks, &drafts)?;
-                        (drafts, a, y)
+                        let key = seqs[q].spec.map(|sp| (sp.seed, sp.index));
+                        let v = accept_summaries(&out.rows[from..from + t], &drafts, key)?;
+                        (drafts, v.accepted, v.token)
                     }
                 };
                 streams[q].extend_from_slice(&drafts[..accepted]);
@@ -171,7 +181,8 @@ fn speculate(
 }
 
 /// Runs the check on `group` in `form`: `chains` chains of `1 + chained` verifies of `window` drafts after each
-/// prompt, with each drafter, against single steps.
+/// prompt, with each drafter, against single steps; judged greedily, or sampled at `temperature`.
+#[allow(clippy::too_many_arguments)]
 pub fn spec_chain_check(
     group: &mut RankGroup,
     prompts: &[Vec<u32>],
@@ -179,6 +190,7 @@ pub fn spec_chain_check(
     window: usize,
     chained: usize,
     chains: usize,
+    temperature: Option<f32>,
     tolerance: f64,
 ) -> Result<SpecChainReport> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) || window == 0 || chained == 0 || chains == 0 {
@@ -192,8 +204,21 @@ pub fn spec_chain_check(
     let mut tables: Vec<Vec<i32>> = Vec::new();
     let mut first_mismatch = None;
     for drafter in [ChainDrafter::Ngram { min_n: 1, max_n: 3 }, ChainDrafter::Table] {
-        let single = speculate(group, prompts, form, drafter, &tables, window, steps, 1)?;
-        let chain = speculate(group, prompts, form, drafter, &tables, window, steps, chained + 1)?;
+        let run = |group: &mut RankGroup, chain| {
+            speculate(
+                group,
+                prompts,
+                form,
+                drafter,
+                &tables,
+                window,
+                steps,
+                chain,
+                temperature,
+            )
+        };
+        let single = run(group, 1)?;
+        let chain = run(group, chained + 1)?;
         for (q, (sa, sb)) in single.iter().zip(&chain).enumerate() {
             for (i, (a, b)) in sa.iter().zip(sb).enumerate() {
                 let differs = (&a.drafts, a.accepted, a.token) != (&b.drafts, b.accepted, b.token);
@@ -221,7 +246,7 @@ pub fn spec_chain_check(
             }
         }
         mismatches += usize::from(single.iter().flatten().count() != chain.iter().flatten().count());
-        // The table drafter's proposals: the greedy continuation this run found, a quarter of it corrupted.
+        // The table drafter's proposals: the continuation this run found, a quarter of it corrupted.
         tables = prompts
             .iter()
             .zip(&single)
@@ -244,6 +269,7 @@ pub fn spec_chain_check(
     }
     Ok(SpecChainReport {
         form: form.name().to_string(),
+        temperature,
         sequences: prompts.len(),
         tp: group.tp(),
         window,

@@ -402,7 +402,7 @@ fn prefilled(g: &mut RankGroup, form: FormChoice) -> (usize, u32) {
 }
 
 /// A sampling row (T 0.7) carrying one draw for a chained step.
-fn sampled_with_one_draw() -> SampleRow {
+pub(super) fn sampled_with_one_draw() -> SampleRow {
     SampleRow {
         temperature: 0.7,
         top_k: 0,

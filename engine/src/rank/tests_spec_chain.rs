@@ -34,12 +34,14 @@ fn a_chain_of_verifies_equals_single_verify_steps_in_every_form() {
     for (family, tp) in [(Family::NemotronH, 1), (Family::Qwen35, 2)] {
         let (_dir, mut g) = group(family, tp);
         for form in [FormChoice::Replay, FormChoice::KvOnly, FormChoice::Recurrent] {
-            let r = spec_chain_check(&mut g, &prompts(), form, 3, 3, 3, 0.0).expect("check");
-            assert!(r.pass, "{family:?} tp {tp} {}: {r:?}", form.name());
-            assert!(
-                r.accepted > 0,
-                "the table drafter's windows are accepted in part: {r:?}"
-            );
+            for temperature in [None, Some(0.02)] {
+                let r = spec_chain_check(&mut g, &prompts(), form, 3, 3, 3, temperature, 0.0).expect("check");
+                assert!(r.pass, "{family:?} tp {tp} {} {temperature:?}: {r:?}", form.name());
+                assert!(
+                    r.accepted > 0,
+                    "the table drafter's windows are accepted in part: {r:?}"
+                );
+            }
         }
     }
 }
@@ -95,12 +97,8 @@ fn bad_chains_of_verifies_are_refused_and_a_chain_settles_the_books() {
         (chain(&stream[..3].to_vec(), tokens.clone(), 2), "stream"),
     ];
     let mut sampled = chain(&stream, tokens.clone(), 2);
-    sampled.seqs[0].spec = Some(SpecSample {
-        temperature: 1.0,
-        seed: 1,
-        index: 0,
-    });
-    refused.push((sampled, "greedy verify"));
+    sampled.seqs[0].sample = Some(super::tests::sampled_with_one_draw());
+    refused.push((sampled, "one-pass summaries"));
     let mut one = chain(&stream, vec![first], 2);
     one.seqs[0].tokens = vec![first];
     refused.push((one, "at least one draft"));

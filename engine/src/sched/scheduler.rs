@@ -38,7 +38,7 @@ pub struct Request {
     pub restored: usize,
     /// Whether its decode steps may be chained ([`Step::chained`]): the ranks then sample several tokens before the
     /// coordinator sees the first, so the coordinator clears it where a token must be seen before the next runs
-    /// (a session turn, a repetition penalty, ...). For a speculating request, also its greedy verifies
+    /// (a session turn, a repetition penalty, ...). For a speculating request, also its verifies
     /// ([`Step::spec_chain`]: its drafter's proposals can be made on the ranks).
     pub chain: bool,
 }

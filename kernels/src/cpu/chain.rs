@@ -300,6 +300,76 @@ pub fn propose(hist: &[i32], hist_len: i32, mode: DraftMode, table_row: &[i32], 
     chain_drafts(&stream, proposed, count)
 }
 
+/// `u32` words per sequence of a chain's sampling parameters ([`ChainSample::encode`]).
+pub const CHAIN_SAMPLE_WORDS: usize = 6;
+
+/// A sequence's sampled judging in a chain: the temperature and noise key of its verifies' one-pass summaries
+/// ([`super::lm_head::SpecRequest`]). The output index of the token a step's row 0 predicts moves with the stream:
+/// it is `offset + position` (wrapping), `position` that of the step's input token, so the device derives every
+/// later step's key from the chain state alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChainSample {
+    /// > 0 and finite.
+    pub temperature: f32,
+    pub seed: u64,
+    pub offset: u64,
+}
+
+impl ChainSample {
+    /// The sampling of a chain whose first step has its input token at `position` and row 0 predicting output
+    /// index `index`.
+    pub fn at(temperature: f32, seed: u64, index: u64, position: usize) -> Self {
+        ChainSample {
+            temperature,
+            seed,
+            offset: index.wrapping_sub(position as u64),
+        }
+    }
+
+    /// The words `chain_spec` reads (`None`: a greedy sequence):
+    /// `[sampled, bits of 1 / temperature, seed lo, seed hi, offset lo, offset hi]`.
+    pub fn encode(s: Option<&ChainSample>) -> [u32; CHAIN_SAMPLE_WORDS] {
+        match s {
+            None => [0; CHAIN_SAMPLE_WORDS],
+            Some(s) => [
+                1,
+                (1.0 / s.temperature).to_bits(),
+                s.seed as u32,
+                (s.seed >> 32) as u32,
+                s.offset as u32,
+                (s.offset >> 32) as u32,
+            ],
+        }
+    }
+}
+
+/// The twin of `chain_spec`: the one-pass requests of a sequence's next step, whose chain state holds `position`
+/// and whose rows hold `tokens` (`t` of them, input token first), and its judging key `(seed, index of row 0)`.
+/// Row `i` asks about draft `tokens[i + 1]` (none for the last row, nor for a negative token) at output index
+/// `offset + position + i`. A greedy sequence (`None`) asks nothing and is judged greedily.
+#[allow(clippy::type_complexity)]
+pub fn spec_requests(
+    sample: Option<&ChainSample>,
+    position: i32,
+    tokens: &[i32],
+) -> (Vec<Option<super::lm_head::SpecRequest>>, Option<(u64, u64)>) {
+    let Some(s) = sample else {
+        return (vec![None; tokens.len()], None);
+    };
+    let first = s.offset.wrapping_add(u64::from(position as u32));
+    let rows = (0..tokens.len())
+        .map(|i| {
+            Some(super::lm_head::SpecRequest {
+                draft: tokens.get(i + 1).and_then(|&d| u32::try_from(d).ok()),
+                temperature: s.temperature,
+                seed: s.seed,
+                index: first.wrapping_add(i as u64),
+            })
+        })
+        .collect();
+    (rows, Some((s.seed, first)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,5 +541,29 @@ mod tests {
             [-7i32 as u32],
             "the length is clamped to the row"
         );
+    }
+
+    #[test]
+    fn a_sampled_chain_keys_its_rows_by_position() {
+        let s = ChainSample::at(0.5, 9, 30, 100);
+        let (rows, key) = spec_requests(Some(&s), 104, &[5, 6, -1, 8]);
+        assert_eq!(key, Some((9, 34)), "four tokens later, four indices later");
+        let got: Vec<(Option<u32>, u64)> = rows
+            .iter()
+            .map(|r| r.map_or((None, 0), |r| (r.draft, r.index)))
+            .collect();
+        assert_eq!(got, [(Some(6), 34), (None, 35), (Some(8), 36), (None, 37)]);
+        assert!(rows
+            .iter()
+            .all(|r| r.is_some_and(|r| r.temperature == 0.5 && r.seed == 9)));
+        let wraps = ChainSample::at(1.0, 1, 0, 5);
+        assert_eq!(
+            spec_requests(Some(&wraps), 5, &[1]).1,
+            Some((1, 0)),
+            "offsets wrap back"
+        );
+        assert_eq!(spec_requests(None, 3, &[1, 2]), (vec![None, None], None), "greedy");
+        assert_eq!(ChainSample::encode(None), [0; CHAIN_SAMPLE_WORDS]);
+        assert_eq!(ChainSample::encode(Some(&s))[..2], [1, 2.0f32.to_bits()]);
     }
 }

@@ -493,4 +493,4 @@ pub use scan::{
 pub use spec_baseline::{
     gdn_spec_verify, mamba2_spec_verify, spec_commit, SPEC_COMMIT_META, SPEC_MAX_KEY_DIM, SPEC_MAX_T,
 };
-pub use spec_chain::{chain_advance, chain_draft, ChainParams, DraftMode};
+pub use spec_chain::{chain_advance, chain_draft, chain_spec, ChainParams, DraftMode};

@@ -1,5 +1,5 @@
 //! Chained decode steps ([`super::SchedConfig::decode_steps`]): when the final plan of a step may run several
-//! decode steps (or greedy verifies) back to back on the ranks, and the KV blocks that reserves.
+//! decode steps (or verifies) back to back on the ranks, and the KV blocks that reserves.
 
 use super::{Scheduler, Step, StepWork};
 
@@ -65,7 +65,7 @@ impl Scheduler {
     }
 
     /// Chains the final plan's verifies ([`Step::spec_chain`]) when it is nothing but verifies of one window by every
-    /// running sequence, each allowed to chain ([`Request::chain`]: a greedy request whose drafter the ranks can
+    /// running sequence, each allowed to chain ([`Request::chain`]: a request whose drafter the ranks can
     /// run), beside at most the commits of their last verifies, and no request waits. Each chained step may commit
     /// a whole window, so the chain is as long as every sequence's context and the free KV blocks allow for that
     /// (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used), and no

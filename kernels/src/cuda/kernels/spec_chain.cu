@@ -167,3 +167,50 @@ extern "C" __global__ void chain_draft(const int* __restrict__ hist, int hist_ca
         tokens[(u64)q * t + 1 + i] = v;
     }
 }
+
+// The one-pass requests of the next step of a chain whose sequences sample (the twin's `spec_requests`), one thread
+// per row (grid-stride over seqs · t): sample [seqs, 6] = [sampled, bits of 1 / temperature, seed lo, seed hi,
+// offset lo, offset hi]; state [seqs, 8] (word 1: the step's position, as chain_advance left it); tokens [seqs · t]
+// (as chain_draft left them). Writes spec [seqs · t, 6] (the head's words: draft, 1 / temperature, seed, output
+// index offset + position + row; the last row has no draft) and judge [seqs, 5] (spec_accept's: sampled, seed, row
+// 0's index). A greedy sequence gets plain rows (draft −2) and greedy judging (zeros). A faulted sequence is skipped.
+#define CHAIN_SAMPLE_WORDS 6
+#define CHAIN_SPEC_WORDS 6
+#define CHAIN_JUDGE_WORDS 5
+extern "C" __global__ void chain_spec(const int* __restrict__ state, const int* __restrict__ fault,
+                                      const u32* __restrict__ sample, const int* __restrict__ tokens, int seqs, int t,
+                                      u32* __restrict__ spec, u32* __restrict__ judge) {
+    const long long rows = (long long)seqs * t;
+    for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows;
+         r += (long long)gridDim.x * blockDim.x) {
+        const int q = (int)(r / t), i = (int)(r % t);
+        if (fault[q] != 0) continue;
+        const u32* sp = sample + (u64)q * CHAIN_SAMPLE_WORDS;
+        u32* o = spec + (u64)r * CHAIN_SPEC_WORDS;
+        u32* jd = judge + (u64)q * CHAIN_JUDGE_WORDS;
+        if (sp[0] == 0) {
+            o[0] = (u32)-2;
+            for (int w = 1; w < CHAIN_SPEC_WORDS; ++w) o[w] = 0;
+            if (i == 0) {
+                for (int w = 0; w < CHAIN_JUDGE_WORDS; ++w) jd[w] = 0;
+            }
+            continue;
+        }
+        const u64 first = ((u64)sp[4] | ((u64)sp[5] << 32)) + (u64)(u32)state[(u64)q * CHAIN_WORDS + 1];
+        const u64 index = first + (u64)i;
+        const int d = i + 1 < t ? tokens[(u64)r + 1] : -1;
+        o[0] = (u32)(d >= 0 ? d : -1);
+        o[1] = sp[1];
+        o[2] = sp[2];
+        o[3] = sp[3];
+        o[4] = (u32)index;
+        o[5] = (u32)(index >> 32);
+        if (i == 0) {
+            jd[0] = 1;
+            jd[1] = sp[2];
+            jd[2] = sp[3];
+            jd[3] = (u32)first;
+            jd[4] = (u32)(first >> 32);
+        }
+    }
+}

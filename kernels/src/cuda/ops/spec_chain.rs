@@ -1,14 +1,15 @@
 //! A speculative decode chain on the device (`kernels/spec_chain.cu`; CPU twins in [`crate::cpu::chain`]): after
 //! each verify step and its [`super::spec_accept`], [`chain_advance`] moves every sequence's counters and builds the
-//! next step's metadata, and [`chain_draft`] proposes the next step's drafts, so verify steps run back to back with
-//! no host round trip. A sequence that cannot advance gets a sticky fault bit ([`crate::cpu::chain::FAULT_VERDICT`]
-//! and its siblings) and is skipped by every later launch of the chain.
+//! next step's metadata, [`chain_draft`] proposes the next step's drafts and, where sequences sample, [`chain_spec`]
+//! writes their one-pass requests, so verify steps run back to back with no host round trip. A sequence that cannot
+//! advance gets a sticky fault bit ([`crate::cpu::chain::FAULT_VERDICT`] and its siblings) and is skipped by every
+//! later launch of the chain.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_u32, grid_1d, REPLAY_META};
-use crate::cpu::chain::CHAIN_STATE_WORDS;
+use super::{after_launch, fits_u32, grid_1d, JUDGE_WORDS, REPLAY_META, SPEC_WORDS};
 pub use crate::cpu::chain::{ChainParams, DraftMode};
+use crate::cpu::chain::{CHAIN_SAMPLE_WORDS, CHAIN_STATE_WORDS};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -184,5 +185,57 @@ pub fn chain_draft(
         t_i,
         dp,
         tp
+    )
+}
+
+/// Writes the one-pass requests of the next step of a chain whose sequences sample, as
+/// [`crate::cpu::chain::spec_requests`] gives them: `sample` `[seqs, 6]` ([`crate::cpu::chain::ChainSample::encode`]),
+/// `state` `[seqs, 8]` (the position chain_advance left), `tokens` `[seqs · t]` (the rows chain_draft left);
+/// outputs the head's words `spec` `[seqs · t, SPEC_WORDS]` ([`super::encode_spec`]) and `judge`
+/// `[seqs, JUDGE_WORDS]` ([`super::encode_judge`]). A sequence whose `fault` `[seqs]` is set is skipped.
+#[allow(clippy::too_many_arguments)]
+pub fn chain_spec(
+    dev: &CudaDevice,
+    state: &impl DevicePtr<i32>,
+    fault: &impl DevicePtr<i32>,
+    sample: &impl DevicePtr<u32>,
+    tokens: &impl DevicePtr<i32>,
+    t: usize,
+    spec: &mut impl DevicePtrMut<u32>,
+    judge: &mut impl DevicePtrMut<u32>,
+    seqs: usize,
+) -> Result<()> {
+    const OP: &str = "chain_spec";
+    ensure(OP, t >= 1, || "t = 0 rows per sequence".into())?;
+    fits_i32(OP, "t", t)?;
+    fits_i32(OP, "seqs", seqs)?;
+    check_len(OP, "state", state.len(), seqs * CHAIN_STATE_WORDS)?;
+    check_len(OP, "fault", fault.len(), seqs)?;
+    check_len(OP, "sample", sample.len(), seqs * CHAIN_SAMPLE_WORDS)?;
+    check_len(OP, "tokens", tokens.len(), seqs * t)?;
+    check_len(OP, "spec", spec.len(), seqs * t * SPEC_WORDS)?;
+    check_len(OP, "judge", judge.len(), seqs * JUDGE_WORDS)?;
+    if seqs == 0 {
+        return Ok(());
+    }
+    let (seqs_i, t_i) = (seqs as i32, t as i32);
+    let (sp, _gs) = state.device_ptr(dev.stream());
+    let (fp, _gf) = fault.device_ptr(dev.stream());
+    let (ap, _ga) = sample.device_ptr(dev.stream());
+    let (tp, _gt) = tokens.device_ptr(dev.stream());
+    let (op, _go) = spec.device_ptr_mut(dev.stream());
+    let (jp, _gj) = judge.device_ptr_mut(dev.stream());
+    launch!(
+        dev,
+        "chain_spec",
+        grid_1d(seqs * t),
+        sp,
+        fp,
+        ap,
+        tp,
+        seqs_i,
+        t_i,
+        op,
+        jp
     )
 }

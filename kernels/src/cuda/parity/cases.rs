@@ -5,8 +5,8 @@
 use half::bf16;
 
 use super::{
-    cases_accept, cases_chain, cases_glue, cases_head, cases_moe, cases_replay, cases_sample, cases_seq,
-    cases_spec_baseline, cases_ssm, rounded, tol, Case, Check, Ctx, Rng,
+    cases_accept, cases_chain, cases_chain_spec, cases_glue, cases_head, cases_moe, cases_replay, cases_sample,
+    cases_seq, cases_spec_baseline, cases_ssm, rounded, tol, Case, Check, Ctx, Rng,
 };
 use crate::cpu;
 use crate::cpu::norm::GateOrder;
@@ -181,6 +181,7 @@ pub fn all() -> Vec<Case> {
     cases_head::register(&mut cases);
     cases_accept::register(&mut cases);
     cases_chain::register(&mut cases);
+    cases_chain_spec::register(&mut cases);
     cases
 }
 

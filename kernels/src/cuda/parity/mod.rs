@@ -28,6 +28,7 @@ macro_rules! both {
 pub mod cases;
 mod cases_accept;
 mod cases_chain;
+mod cases_chain_spec;
 mod cases_glue;
 mod cases_head;
 mod cases_moe;
