@@ -1,5 +1,7 @@
-//! Chained verify steps on the GPU ([`StepPlan::spec_chain`], `rank/spec_chain.rs`): `1 + c` greedy verifies back
-//! to back with no host round trip between them — issue 10's device-side commit.
+//! Chained verify steps on the GPU ([`StepPlan::spec_chain`], `rank/spec_chain.rs`): `1 + c` verifies back to back
+//! with no host round trip between them — issue 10's device-side commit. Sequences are judged greedily or sampled
+//! from their rows' one-pass summaries; for the sampled ones `chain_spec` writes each later step's requests and
+//! judging key on the device.
 //!
 //! The first step is staged on the host like any verify (`gpu/steps.rs`, `stage_verify`). After each step, on the
 //! device:
@@ -9,13 +11,15 @@
 //!   the flush folded the committed history, the input token and the accepted drafts are committed), appends them to
 //!   the sequence's stream, decides the next step's flush and writes the next step's replay row, input token,
 //!   positions and attention length into the buffers the step's CUDA graph reads;
-//! - `chain_draft` proposes the next window from the stream (n-gram lookup, or a table by position).
+//! - `chain_draft` proposes the next window from the stream (n-gram lookup, or a table by position);
+//! - `chain_spec`, when sequences sample, writes the next step's one-pass requests (drafts, temperature, noise key
+//!   at the output index the position gives) and each sequence's judging key.
 //!
 //! The counters live on the device for the chain (one record per sequence, uploaded from the host's at its start).
 //! The host reads the chain's log once at the end — every step's summaries, drafts and verdicts — and moves its own
 //! counters and books by the same rules from the same verdicts, so the two copies cannot diverge. The CPU rank's loop
 //! of single steps (`rank/cpu.rs`, `step_spec_chain`) is the twin; `rewind selftest` checks a chain against single
-//! steps on the GPU (`gpu/check_spec_chain.rs`).
+//! steps on the GPU (`rank/spec_chain_check.rs`).
 //!
 //! [`StepPlan::spec_chain`]: crate::rank::StepPlan::spec_chain
 

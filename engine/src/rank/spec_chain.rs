@@ -86,8 +86,8 @@ impl SpecChain {
 }
 
 impl StepPlan {
-    /// Checks a plan of chained verifies ([`StepPlan::spec_chain`]): greedy verifies of one window reporting every
-    /// row, each with its stream (and table) consistent with its tokens, no whole logits or hidden states, and every
+    /// Checks a plan of chained verifies ([`StepPlan::spec_chain`]): verifies of one window reporting every row
+    /// (judged greedily, or sampled from their one-pass summaries, never from whole rows), each with its stream (and table) consistent with its tokens, no whole logits or hidden states, and every
     /// stream and table token inside the vocabulary.
     pub(super) fn check_spec_chain(&self, vocab: usize) -> Result<()> {
         let Some(chain) = &self.spec_chain else {

@@ -133,8 +133,8 @@ pub trait DrafterFactory: Send + Sync {
         false
     }
 
-    /// Whether the drafters' proposals can be made on the ranks ([`Drafter::on_ranks`]), so that greedy verifies
-    /// may chain there.
+    /// Whether the drafters' proposals can be made on the ranks ([`Drafter::on_ranks`]), so that verifies
+    /// (greedy, or judged from one-pass summaries) may chain there.
     fn on_ranks(&self) -> bool {
         false
     }
