@@ -13,7 +13,7 @@ use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::spec_chain::chain_drafts;
 use rewind_engine::rank::{Books, ChainDrafter, SeqStep, SpecChain, SpecSample, StepPlan, StepResult};
 use rewind_engine::sample::SamplingParams;
-use rewind_engine::sched::{Step, StepWork};
+use rewind_engine::sched::{Chain, Step, StepWork};
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
     DrafterFactory, HiddenRows, RowSampling, SpecStats,
@@ -399,28 +399,36 @@ impl CoordinatorState {
         Ok(out)
     }
 
-    /// Whether a request's steps may chain on the ranks ([`rewind_engine::sched::Request::chain`]).
+    /// How far a request's steps may chain on the ranks ([`rewind_engine::sched::Request::chain`]).
     ///
-    /// Chained decode steps keep every pick on the device: not for a session's turn (its saved state must end at its
-    /// last token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the
-    /// host); under tensor parallelism a sampled request only where the ranks gather a sampled row's slices
-    /// themselves (`Books::chains_sample`: the CPU ranks; a GPU group's picks stay on the devices, and there only
-    /// greedy rows are merged). A speculating request chains where its drafter's proposals can be made on the ranks
+    /// Chained steps keep every pick on the ranks: none for a session's turn (its saved state must end at its last
+    /// token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the host).
+    /// Decodes chain greedily, or sampled where the ranks draw a sampled row themselves (`Books::chains_sample`: at
+    /// TP 1, and at any TP on CPU ranks, which gather a sampled row's slices; a GPU group under tensor parallelism
+    /// merges greedy picks only). A speculating request chains where its drafter's proposals can be made on the ranks
     /// (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's snapshot copy), and
     /// its verifies are judged greedily or from their one-pass summaries (plain temperature sampling, which the
-    /// ranks key themselves step by step): then its verifies chain too.
-    pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> bool {
+    /// ranks key themselves step by step and merge over tensor parallelism): its verifies chain, and its decodes as
+    /// a plain request's would.
+    pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> Chain {
         let greedy = params.temperature == 0.0;
-        let allowed = if speculate && self.config.spec.is_some() {
-            let one_pass = plain_temperature(params) && self.books.spec_summaries() && self.books.chains_sample();
-            (greedy || one_pass)
-                && self.config.decode_steps > 1
-                && self.config.form != FormChoice::Recurrent
-                && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks())
-        } else {
-            greedy || self.books.chains_sample()
-        };
-        !session && params.repetition_penalty == 1.0 && allowed
+        let decodes = greedy || self.books.chains_sample();
+        if session || params.repetition_penalty != 1.0 {
+            return Chain::None;
+        }
+        if !(speculate && self.config.spec.is_some()) {
+            return if decodes { Chain::All } else { Chain::None };
+        }
+        let one_pass = plain_temperature(params) && self.books.spec_summaries();
+        let verifies = (greedy || one_pass)
+            && self.config.decode_steps > 1
+            && self.config.form != FormChoice::Recurrent
+            && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks());
+        match (verifies, decodes) {
+            (false, _) => Chain::None,
+            (true, false) => Chain::Verifies,
+            (true, true) => Chain::All,
+        }
     }
 
     /// What the ranks need to draft a chain of verifies of `planned` (every sequence's stream, and its drafter's

@@ -28,4 +28,4 @@ mod tests_chain;
 mod tests_ranks;
 
 pub use output::{FinishReason, OutputStream, Pushed};
-pub use scheduler::{Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};
+pub use scheduler::{Chain, Planned, Request, SchedConfig, SchedError, Scheduler, Step, StepWork};

@@ -36,11 +36,36 @@ pub struct Request {
     /// Leading tokens of `prompt` already in a saved state (a session's earlier turns): the ranks restore that state
     /// when the sequence starts, and only the rest of the prompt is prefilled. 0 for a fresh sequence.
     pub restored: usize,
-    /// Whether its decode steps may be chained ([`Step::chained`]): the ranks then sample several tokens before the
-    /// coordinator sees the first, so the coordinator clears it where a token must be seen before the next runs
-    /// (a session turn, a repetition penalty, ...). For a speculating request, also its verifies
-    /// ([`Step::spec_chain`]: its drafter's proposals can be made on the ranks).
-    pub chain: bool,
+    /// How far its steps may chain on the ranks ([`Chain`]).
+    pub chain: Chain,
+}
+
+/// How far a request's steps may chain on the ranks. The ranks then decide several tokens before the coordinator
+/// sees the first, so the coordinator allows none where a token must be seen before the next runs (a session turn,
+/// a repetition penalty, ...).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Chain {
+    /// Every step alone.
+    #[default]
+    None,
+    /// Its verifies may chain ([`Step::spec_chain`]: a speculating request whose drafter's proposals can be made on
+    /// the ranks), its decodes not: a sampled request on ranks that judge one-pass summaries among themselves but
+    /// cannot draw a sampled decode row there (GPUs under tensor parallelism).
+    Verifies,
+    /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies.
+    All,
+}
+
+impl Chain {
+    /// Whether its decode steps may chain.
+    pub fn decodes(self) -> bool {
+        self == Chain::All
+    }
+
+    /// Whether its verifies may chain.
+    pub fn verifies(self) -> bool {
+        self != Chain::None
+    }
 }
 
 /// Why a request cannot be taken.
@@ -92,7 +117,7 @@ struct Running {
     /// Whether the slot must be reset (the first step after admission).
     fresh: bool,
     /// See [`Request::chain`].
-    chain: bool,
+    chain: Chain,
     /// The prompt chunks' lengths so far, and those of an earlier admission still to repeat: a re-prefill takes
     /// the same chunks, then feeds the generated tokens one decode step each, so that it computes exactly what the
     /// first run did (a chunked scan rounds differently from token-by-token steps) and greedy outputs cannot change.

@@ -22,7 +22,7 @@ enum Op {
         priority: i32,
         /// Leading prompt tokens restored from a saved state (a session's turn), reduced below the prompt's length.
         restored: usize,
-        chain: bool,
+        chain: Chain,
     },
     Cancel(usize),
     Step {
@@ -42,7 +42,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (1usize..40, 1usize..16, -1i32..2, prop_oneof![2 => Just(0usize), 1 => 0usize..40], any::<bool>())
+        4 => (1usize..40, 1usize..16, -1i32..2, prop_oneof![2 => Just(0usize), 1 => 0usize..40], prop_oneof![Just(Chain::None), Just(Chain::Verifies), Just(Chain::All)])
             .prop_map(|(prompt, max_tokens, priority, restored, chain)| Op::Submit { prompt, max_tokens, priority, restored: restored % prompt, chain }),
         1 => (0usize..64).prop_map(Op::Cancel),
         // Each bit set with probability 1/16: a sampled token stops now and then, within a chained step too.
@@ -75,7 +75,7 @@ struct Sim {
     streams: HashMap<u64, Vec<u32>>,
     prompt_len: HashMap<u64, usize>,
     max_tokens: HashMap<u64, usize>,
-    chain: HashMap<u64, bool>,
+    chain: HashMap<u64, Chain>,
     accepted: Vec<u64>,
     cancelled: HashSet<u64>,
     /// Requeued by a fault and not planned since.
@@ -102,7 +102,7 @@ impl Sim {
         }
     }
 
-    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32, restored: usize, chain: bool) {
+    fn submit(&mut self, prompt: usize, max_tokens: usize, priority: i32, restored: usize, chain: Chain) {
         let id = self.next_id;
         self.next_id += 1;
         // Tokens distinct across requests and positions, so a chunk fed from the wrong place shows.
@@ -200,7 +200,11 @@ impl Sim {
                     );
                 }
                 let generated = self.streams[&p.id].len() - self.prompt_len[&p.id];
-                assert!(self.chain[&p.id], "{} chained although it may not", p.id);
+                assert!(
+                    self.chain[&p.id].decodes(),
+                    "{} chained its decodes although it may not",
+                    p.id
+                );
                 // A chain runs past a sequence's last token only when no request waits for its slot.
                 assert!(
                     waiting == 0 || generated + 1 + step.chained <= self.max_tokens[&p.id],
@@ -261,7 +265,11 @@ impl Sim {
                 "{} chains verifies past the context",
                 p.id
             );
-            assert!(self.chain[&p.id], "{} chained although it may not", p.id);
+            assert!(
+                self.chain[&p.id].verifies(),
+                "{} chained its verifies although it may not",
+                p.id
+            );
             let accepted: Vec<usize> = (0..=step.chained)
                 .map(|i| (accept >> ((7 * k + 3 * i) % 62) & 3) as usize % t)
                 .collect();
@@ -379,7 +387,7 @@ fn requests_that_can_never_run_are_refused() {
         max_tokens: m,
         priority: 0,
         restored: 0,
-        chain: false,
+        chain: Chain::None,
     };
     assert_eq!(s.submit(req(1, 0, 1)), Err(SchedError::EmptyPrompt { id: 1 }));
     assert_eq!(s.submit(req(2, 4, 0)), Err(SchedError::NoTokens { id: 2 }));
@@ -410,7 +418,7 @@ fn decodes_come_first_then_chunks_fill_the_budget_and_priority_wins() {
         max_tokens: 4,
         priority: p,
         restored: 0,
-        chain: false,
+        chain: Chain::None,
     };
     s.submit(req(1, 4, 0)).expect("submit");
     let step = s.schedule();
@@ -449,7 +457,7 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
         max_tokens: 4,
         priority: 0,
         restored: 0,
-        chain: false,
+        chain: Chain::None,
     })
     .expect("submit");
     assert_eq!(s.schedule().tokens(), 3);
@@ -505,7 +513,7 @@ fn drain_removes_every_request_and_frees_every_slot_and_block() {
         max_tokens: m,
         priority: p,
         restored: 0,
-        chain: false,
+        chain: Chain::None,
     };
     assert!(s.drain().is_empty());
     for (id, m, p) in [(9, 4, 0), (3, 4, 0), (5, 4, 1), (7, 1, 2), (1, 4, -1)] {

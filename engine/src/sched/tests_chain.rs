@@ -31,6 +31,7 @@ fn chaining(slots: usize, kv_blocks: usize, decode_steps: usize) -> Scheduler {
 }
 
 fn chain_req(id: u64, prompt: usize, max_tokens: usize, chain: bool) -> Request {
+    let chain = if chain { Chain::All } else { Chain::None };
     Request {
         id,
         prompt: vec![7; prompt],
@@ -372,4 +373,28 @@ fn a_chain_of_verifies_stops_where_whole_windows_end_every_sequence() {
     // Request 1 may still generate 5 tokens: two windows of 3 reach it, so one step chains after the first.
     let step = s.schedule();
     assert_eq!((step.chained, step.spec_chain), (1, true), "{step:?}");
+}
+
+/// A request that may chain its verifies only ([`Chain::Verifies`]: a sampled request on GPUs under tensor
+/// parallelism) chains its drafted windows but decodes one step at a time.
+#[test]
+fn a_request_chaining_verifies_only_decodes_singly() {
+    let mut s = chaining(2, 32, 4);
+    for id in [1, 2] {
+        s.submit(Request {
+            chain: Chain::Verifies,
+            ..chain_req(id, 4, 40, false)
+        })
+        .expect("submit");
+    }
+    assert_eq!(run_step(&mut s, 10).chained, 0, "the prompts");
+    let step = run_step(&mut s, 20);
+    assert!(
+        (step.chained, step.spec_chain) == (0, false) && step.work.len() == 2,
+        "decodes stay single: {step:?}"
+    );
+    s.propose(1, vec![1, 2]).expect("propose");
+    s.propose(2, vec![3, 4]).expect("propose");
+    let step = s.schedule();
+    assert_eq!((step.chained, step.spec_chain), (3, true), "{step:?}");
 }

@@ -6,11 +6,12 @@ use super::{Scheduler, Step, StepWork};
 impl Scheduler {
     /// Chains the final plan's decode steps (sets [`Step::chained`]) as far as every sequence allows, when the step is
     /// nothing but sampled decodes: no commits, preemptions, prompt chunks, verifies or replayed tokens, and every
-    /// running sequence is in it, past its first step and allowed to chain ([`Request::chain`]). Chaining holds the
-    /// whole batch for the chained steps, so it waits while anything else wants a step: a running sequence left out
-    /// of this one (no budget or blocks for it), or a waiting request that could start next step (a free slot and
-    /// its first chunk's blocks: chaining would delay its first token by the chained steps). A request waiting for
-    /// blocks does not stop a chain: it starts only once a sequence finishes, which a chain delays by fewer steps.
+    /// running sequence is in it, past its first step and allowed to chain its decodes ([`Request::chain`]).
+    /// Chaining holds the whole batch for the chained steps, so it waits while anything else wants a step: a running
+    /// sequence left out of this one (no budget or blocks for it), or a waiting request that could start next step (a
+    /// free slot and its first chunk's blocks: chaining would delay its first token by the chained steps). A request
+    /// waiting for blocks does not stop a chain: it starts only once a sequence finishes, which a chain delays by
+    /// fewer steps.
     ///
     /// The chain is as long as every sequence's context and the KV blocks allow: the largest count whose extra
     /// blocks, summed over the batch, the free pool holds (never preempting anyone). It may run past a sequence's
@@ -36,7 +37,7 @@ impl Scheduler {
             let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
                 return;
             };
-            if p.fresh || !r.chain || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
+            if p.fresh || !r.chain.decodes() || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
                 return;
             }
             // `in_state` already counts this step's token.
@@ -65,11 +66,11 @@ impl Scheduler {
     }
 
     /// Chains the final plan's verifies ([`Step::spec_chain`]) when it is nothing but verifies of one window by every
-    /// running sequence, each allowed to chain ([`Request::chain`]: a request whose drafter the ranks can
-    /// run), beside at most the commits of their last verifies, and no request waits. Each chained step may commit
-    /// a whole window, so the chain is as long as every sequence's context and the free KV blocks allow for that
-    /// (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used), and no
-    /// longer than whole windows need to reach every sequence's last token. Tokens past a sequence's last are
+    /// running sequence, each allowed to chain its verifies ([`Request::chain`]: a request whose drafter the ranks
+    /// can run), beside at most the commits of their last verifies, and no request waits. Each chained step may
+    /// commit a whole window, so the chain is as long as every sequence's context and the free KV blocks allow for
+    /// that (reserved now, never by preempting anyone; [`Scheduler::chain_verified`] returns what was not used), and
+    /// no longer than whole windows need to reach every sequence's last token. Tokens past a sequence's last are
     /// dropped, as in a chain of decodes.
     pub(in crate::sched) fn chain_verifies(&mut self, step: &mut Step) {
         if self.config.decode_steps < 2
@@ -91,7 +92,7 @@ impl Scheduler {
             let StepWork::Verify { tokens, .. } = &p.work else {
                 return;
             };
-            if p.fresh || !r.chain || *window.get_or_insert(tokens.len()) != tokens.len() {
+            if p.fresh || !r.chain.verifies() || *window.get_or_insert(tokens.len()) != tokens.len() {
                 return;
             }
             // `in_state` already counts this step's window.
