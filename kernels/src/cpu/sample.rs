@@ -23,14 +23,22 @@ pub fn kept_weights(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, 
         !logits.is_empty() && temperature > 0.0,
         "kept_weights: empty row or temperature ≤ 0"
     );
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
-            .then_with(|| a.cmp(&b))
-    });
-    if top_k > 0 && top_k < order.len() {
-        order.truncate(top_k);
+    let by_score = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then_with(|| a.cmp(b))
+    };
+    let n = logits.len();
+    let k = if top_k > 0 && top_k < n { top_k } else { n };
+    // Sorting the whole vocabulary would cost O(V log V) a row (about 30 ms at 248 K ids). The order above is total,
+    // so the k best are one set, which a selection finds in O(V); only top-p needs its candidates in score order.
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    if k < n {
+        order.select_nth_unstable_by(k - 1, by_score);
+        order.truncate(k);
+    }
+    if top_p < 1.0 {
+        order.sort_unstable_by(by_score);
     }
     let max = order
         .iter()
@@ -56,7 +64,10 @@ pub fn kept_weights(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, 
     if min_p > 0.0 {
         kept.retain(|&(_, w)| w >= min_p);
     }
-    kept.sort_unstable_by_key(|&(i, _)| i);
+    // Unfiltered candidates are still in id order.
+    if k < n || top_p < 1.0 {
+        kept.sort_unstable_by_key(|&(i, _)| i);
+    }
     kept
 }
 
@@ -133,6 +144,67 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
+
+    /// The filters as first written, on a fully sorted vocabulary: the reference the selection must equal.
+    fn kept_by_full_sort(logits: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32) -> Vec<(u32, f32)> {
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then_with(|| a.cmp(&b))
+        });
+        if top_k > 0 && top_k < order.len() {
+            order.truncate(top_k);
+        }
+        let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max);
+        let mut kept: Vec<(u32, f32)> = order
+            .iter()
+            .map(|&i| (i, ((logits[i as usize] - max) / t).exp()))
+            .collect();
+        if top_p < 1.0 {
+            let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+            let (mut cum, mut keep) = (0.0f64, 0);
+            for &(_, w) in &kept {
+                if keep > 0 && cum >= f64::from(top_p) * total {
+                    break;
+                }
+                cum += f64::from(w);
+                keep += 1;
+            }
+            kept.truncate(keep);
+        }
+        if min_p > 0.0 {
+            kept.retain(|&(_, w)| w >= min_p);
+        }
+        kept.sort_unstable_by_key(|&(i, _)| i);
+        kept
+    }
+
+    #[test]
+    fn selection_keeps_exactly_what_a_full_sort_keeps() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for case in 0..400 {
+            let n = rng.random_range(1..300);
+            // Few distinct values (many ties, ±0 among them) or continuous ones.
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    if case % 2 == 0 {
+                        [-0.0, 0.0, 1.5, -2.0, 3.0][rng.random_range(0..5)]
+                    } else {
+                        rng.random_range(-8.0..8.0)
+                    }
+                })
+                .collect();
+            let t = [0.05, 0.7, 1.0, 3.0][case % 4];
+            let top_k = [0, 1, 2, 17, n, n + 3][rng.random_range(0..6)];
+            let top_p = [1.0, 0.9, 0.3][rng.random_range(0..3)];
+            let min_p = [0.0, 0.05][rng.random_range(0..2)];
+            let got = kept_weights(&row, t, top_k, top_p, min_p);
+            let want = kept_by_full_sort(&row, t, top_k, top_p, min_p);
+            let bits = |v: &[(u32, f32)]| v.iter().map(|&(i, w)| (i, w.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "case {case}: k {top_k}, p {top_p}, min_p {min_p}");
+        }
+    }
 
     fn ids(kept: &[(u32, f32)]) -> Vec<u32> {
         kept.iter().map(|&(i, _)| i).collect()
