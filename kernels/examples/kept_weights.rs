@@ -19,6 +19,9 @@ fn main() {
         for _ in 0..20 {
             s += rewind_kernels::cpu::sample::kept_weights(&row, 0.7, k, p, 0.0).len();
         }
-        println!("top_k {k} top_p {p}: {:.2} ms per row ({s})", t0.elapsed().as_secs_f64() * 1e3 / 20.0);
+        println!(
+            "top_k {k} top_p {p}: {:.2} ms per row ({s})",
+            t0.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
     }
 }

@@ -156,7 +156,10 @@ mod tests {
         if top_k > 0 && top_k < order.len() {
             order.truncate(top_k);
         }
-        let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max);
+        let max = order
+            .iter()
+            .map(|&i| logits[i as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
         let mut kept: Vec<(u32, f32)> = order
             .iter()
             .map(|&i| (i, ((logits[i as usize] - max) / t).exp()))
@@ -202,7 +205,11 @@ mod tests {
             let got = kept_weights(&row, t, top_k, top_p, min_p);
             let want = kept_by_full_sort(&row, t, top_k, top_p, min_p);
             let bits = |v: &[(u32, f32)]| v.iter().map(|&(i, w)| (i, w.to_bits())).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "case {case}: k {top_k}, p {top_p}, min_p {min_p}");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "case {case}: k {top_k}, p {top_p}, min_p {min_p}"
+            );
         }
     }
 
