@@ -4,10 +4,11 @@
 //! After each prompt, speculative decoding runs twice: once step by step (the host drafts with the chain's own rule,
 //! judges each verify from its rows and commits it in the next plan) and once in chains whose drafts, verdicts and
 //! commits never leave the ranks. Judging is greedy, or sampled at a temperature from the rows' one-pass summaries
-//! (each sequence with its own seed), so the ranks' own keying of every later step's noise is checked too. Every step must verify the same drafts, reach the same verdict and report the
-//! same rows (max logit and log-sum-exp to `tolerance`). Two drafters run: the n-gram drafter, then a table by
-//! position holding the continuation the first run found with a quarter of its tokens corrupted (the oracle
-//! benchmarking drafter), so that windows are accepted whole, in part and not at all, and the rings cross flushes.
+//! (each sequence with its own seed), so the ranks' own keying of every later step's noise is checked too. Every step
+//! must verify the same drafts, reach the same verdict and report the same rows (max logit and log-sum-exp to
+//! `tolerance`). Two drafters run: the n-gram drafter, then a table by position holding the continuation the first
+//! run found with a quarter of its tokens corrupted (the oracle benchmarking drafter), so that windows are accepted
+//! whole, in part and not at all, and the rings cross flushes.
 
 use serde::Serialize;
 
