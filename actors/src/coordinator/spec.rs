@@ -411,24 +411,16 @@ impl CoordinatorState {
     /// ranks key themselves step by step and merge over tensor parallelism): its verifies chain, and its decodes as
     /// a plain request's would.
     pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> Chain {
-        let greedy = params.temperature == 0.0;
-        let decodes = greedy || self.books.chains_sample();
-        if session || params.repetition_penalty != 1.0 {
-            return Chain::None;
-        }
-        if !(speculate && self.config.spec.is_some()) {
-            return if decodes { Chain::All } else { Chain::None };
-        }
-        let one_pass = plain_temperature(params) && self.books.spec_summaries();
-        let verifies = (greedy || one_pass)
-            && self.config.decode_steps > 1
-            && self.config.form != FormChoice::Recurrent
-            && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks());
-        match (verifies, decodes) {
-            (false, _) => Chain::None,
-            (true, false) => Chain::Verifies,
-            (true, true) => Chain::All,
-        }
+        chain_rule(&ChainAsk {
+            greedy: params.temperature == 0.0,
+            one_pass: plain_temperature(params) && self.books.spec_summaries(),
+            pinned: session || params.repetition_penalty != 1.0,
+            speculates: speculate && self.config.spec.is_some(),
+            verifies_chain: self.config.decode_steps > 1
+                && self.config.form != FormChoice::Recurrent
+                && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks()),
+            ranks_sample: self.books.chains_sample(),
+        })
     }
 
     /// What the ranks need to draft a chain of verifies of `planned` (every sequence's stream, and its drafter's
@@ -558,6 +550,40 @@ impl CoordinatorState {
         self.live
             .values()
             .any(|l| l.spec.as_ref().is_some_and(LiveSpec::wants_hidden))
+    }
+}
+
+/// What [`CoordinatorState::may_chain`] decides from.
+#[derive(Clone, Copy, Debug)]
+struct ChainAsk {
+    /// Temperature 0.
+    greedy: bool,
+    /// Plain temperature sampling, and ranks that give one-pass summaries: its verifies are judged from them.
+    one_pass: bool,
+    /// A session's turn or a repetition penalty: every token must reach the host before the next step.
+    pinned: bool,
+    /// It speculates.
+    speculates: bool,
+    /// Verifies may chain at all: more than one step an engine step, a form that commits by pointer moves, and a
+    /// drafter the ranks run.
+    verifies_chain: bool,
+    /// The ranks draw sampled rows themselves (`Books::chains_sample`).
+    ranks_sample: bool,
+}
+
+/// How far a request may chain ([`CoordinatorState::may_chain`]).
+fn chain_rule(a: &ChainAsk) -> Chain {
+    let decodes = a.greedy || a.ranks_sample;
+    if a.pinned {
+        return Chain::None;
+    }
+    if !a.speculates {
+        return if decodes { Chain::All } else { Chain::None };
+    }
+    match ((a.greedy || a.one_pass) && a.verifies_chain, decodes) {
+        (false, _) => Chain::None,
+        (true, false) => Chain::Verifies,
+        (true, true) => Chain::All,
     }
 }
 
