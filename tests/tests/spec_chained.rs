@@ -5,16 +5,71 @@
 //! slot is free afterwards. Sampled requests (plain temperature, judged from the rows' one-pass summaries) chain
 //! too and draw what single verifies draw.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use rewind_actors::{EngineConfig, EngineHandle, EngineSpec, GenerateRequest};
 use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::rank::{CpuLauncher, CpuOptions};
-use rewind_engine::spec::DrafterKind;
+use rewind_engine::sample::SamplingParams;
+use rewind_engine::spec::{DrafterKind, SpecConfig, SpecStats};
 use rewind_tests::{fixtures, name, runtime};
 
 mod speculative_support;
 use speculative_support::{factory, params, run_all, spec_config, CONTEXT, RING};
+
+/// An engine of 4 slots on `tp` CPU ranks of the checkpoint in `dir`, speculating by `spec` and chaining up to
+/// `decode_steps` steps.
+async fn engine(dir: &Path, tp: usize, form: FormChoice, spec: &SpecConfig, decode_steps: usize) -> EngineHandle {
+    let mut decoder = DecoderConfig::new(4, CONTEXT);
+    decoder.buffer_len = RING;
+    decoder.max_verify = spec.max_verify();
+    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
+    let mut config = EngineConfig::new(form);
+    config.decode_steps = decode_steps;
+    config.spec = Some(EngineSpec {
+        config: spec.clone(),
+        factory: factory(dir, 4, spec),
+    });
+    EngineHandle::start(Arc::new(launcher), config)
+        .await
+        .unwrap_or_else(|e| panic!("{} at tp {tp}: {e}", name(dir)))
+}
+
+type Outputs = Vec<(Vec<u32>, Option<SpecStats>)>;
+
+/// Each prompt's plain greedy output of `reference` tokens (the oracle's reference), then its speculating request
+/// with `spec(i)`; returns both and the verify steps that chained meanwhile.
+async fn greedy_then_speculative(
+    e: &EngineHandle,
+    prompts: &[Vec<u32>],
+    reference: usize,
+    spec: impl Fn(usize) -> SamplingParams,
+) -> (Outputs, Outputs, u64) {
+    let plain_reqs = prompts
+        .iter()
+        .map(|p| {
+            let mut r = GenerateRequest::new(p.clone(), params(reference, 0.0, 1));
+            r.speculate = false;
+            r
+        })
+        .collect();
+    let plain = run_all(e, plain_reqs).await;
+    let reqs = prompts
+        .iter()
+        .zip(&plain)
+        .enumerate()
+        .map(|(i, (p, (reference, _)))| {
+            let mut r = GenerateRequest::new(p.clone(), spec(i));
+            r.reference = Some(reference.clone());
+            r
+        })
+        .collect();
+    let before = e.metrics().snapshot().spec_chained_steps;
+    let out = run_all(e, reqs).await;
+    let chained = e.metrics().snapshot().spec_chained_steps - before;
+    (plain, out, chained)
+}
 
 #[test]
 fn chained_verifies_give_the_greedy_output() {
@@ -37,44 +92,12 @@ fn chained_verifies_give_the_greedy_output() {
                     let spec = spec_config(drafter.clone(), window);
                     let what = format!("{} tp {tp} {form} {drafter} T={window}", name(&dir));
                     let (plain, spec_out, chained) = rt.block_on(async {
-                        let mut decoder = DecoderConfig::new(4, CONTEXT);
-                        decoder.buffer_len = RING;
-                        decoder.max_verify = spec.max_verify();
-                        let launcher = CpuLauncher::new(&dir, CpuOptions { tp, decoder }).expect("launcher");
-                        let mut config = EngineConfig::new(form);
-                        config.decode_steps = 4;
-                        config.spec = Some(EngineSpec {
-                            config: spec.clone(),
-                            factory: factory(&dir, 4, &spec),
-                        });
-                        let e = EngineHandle::start(Arc::new(launcher), config)
-                            .await
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
-                        let plain_reqs = prompts
-                            .iter()
-                            .map(|p| {
-                                let mut r = GenerateRequest::new(p.clone(), params(24, 0.0, 1));
-                                r.speculate = false;
-                                r
-                            })
-                            .collect();
-                        let plain = run_all(&e, plain_reqs).await;
-                        let reqs = prompts
-                            .iter()
-                            .zip(&plain)
-                            .map(|(p, (reference, _))| {
-                                let mut r = GenerateRequest::new(p.clone(), params(24, 0.0, 1));
-                                r.reference = Some(reference.clone());
-                                r
-                            })
-                            .collect();
-                        let before = e.metrics().snapshot().spec_chained_steps;
-                        let out = run_all(&e, reqs).await;
-                        let chained = e.metrics().snapshot().spec_chained_steps - before;
+                        let e = engine(&dir, tp, form, &spec, 4).await;
+                        let run = greedy_then_speculative(&e, &prompts, 24, |_| params(24, 0.0, 1)).await;
                         let h = e.health().await.expect("health");
                         assert!(h.ranks.iter().all(|r| r.slots_in_use == 0), "{what}: {h:?}");
                         e.shutdown().await;
-                        (plain, out, chained)
+                        run
                     });
                     for (i, ((want, _), (got, stats))) in plain.iter().zip(&spec_out).enumerate() {
                         assert_eq!(got, want, "{what}: prompt {i}");
@@ -114,45 +137,12 @@ fn chained_sampled_verifies_draw_what_single_verifies_draw() {
         for tp in [1, 2] {
             let what = format!("{} tp {tp}", name(&dir));
             let run = |decode_steps: usize| {
-                let (dir, spec, prompts, what) = (&dir, &spec, &prompts, &what);
-                rt.block_on(async move {
-                    let mut decoder = DecoderConfig::new(4, CONTEXT);
-                    decoder.buffer_len = RING;
-                    decoder.max_verify = spec.max_verify();
-                    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
-                    let mut config = EngineConfig::new(FormChoice::Auto);
-                    config.decode_steps = decode_steps;
-                    config.spec = Some(EngineSpec {
-                        config: spec.clone(),
-                        factory: factory(dir, 4, spec),
-                    });
-                    let e = EngineHandle::start(Arc::new(launcher), config)
-                        .await
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let greedy_reqs = prompts
-                        .iter()
-                        .map(|p| {
-                            let mut r = GenerateRequest::new(p.clone(), params(MAX + WINDOW, 0.0, 1));
-                            r.speculate = false;
-                            r
-                        })
-                        .collect();
-                    let greedy = run_all(&e, greedy_reqs).await;
-                    let reqs = prompts
-                        .iter()
-                        .zip(&greedy)
-                        .enumerate()
-                        .map(|(i, (p, (reference, _)))| {
-                            let mut r = GenerateRequest::new(p.clone(), params(MAX, TEMPERATURE, 7 + i as u64));
-                            r.reference = Some(reference.clone());
-                            r
-                        })
-                        .collect();
-                    let before = e.metrics().snapshot().spec_chained_steps;
-                    let out = run_all(&e, reqs).await;
-                    let chained = e.metrics().snapshot().spec_chained_steps - before;
+                rt.block_on(async {
+                    let e = engine(&dir, tp, FormChoice::Auto, &spec, decode_steps).await;
+                    let sampled = |i: usize| params(MAX, TEMPERATURE, 7 + i as u64);
+                    let run = greedy_then_speculative(&e, &prompts, MAX + WINDOW, sampled).await;
                     e.shutdown().await;
-                    (greedy, out, chained)
+                    run
                 })
             };
             let (greedy, single, none) = run(1);
