@@ -246,16 +246,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         }
         (None, _) => None,
     };
+    super::serve_bench::check_flags(&args)?;
     let ratio = args.random_range_ratio;
-    anyhow::ensure!(
-        ratio.is_finite() && (0.0..1.0).contains(&ratio),
-        "--random-range-ratio must be at least 0 and below 1, got {ratio}"
-    );
-    anyhow::ensure!(
-        args.temperature.is_finite() && args.temperature >= 0.0,
-        "--temperature must be finite and at least 0, got {}",
-        args.temperature
-    );
     let dir = super::generate::model_dir(&args.model)?;
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
     // Checked before anything is allocated for the prompt.

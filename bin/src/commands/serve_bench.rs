@@ -153,6 +153,21 @@ pub(super) fn request_lengths(prompt: usize, decode: usize, ratio: f64, i: usize
     )
 }
 
+/// Checks the serving flags' values (before anything is loaded): the length spread and the temperature.
+pub fn check_flags(args: &BenchArgs) -> Result<()> {
+    let ratio = args.random_range_ratio;
+    anyhow::ensure!(
+        ratio.is_finite() && (0.0..1.0).contains(&ratio),
+        "--random-range-ratio must be at least 0 and below 1, got {ratio}"
+    );
+    anyhow::ensure!(
+        args.temperature.is_finite() && args.temperature >= 0.0,
+        "--temperature must be finite and at least 0, got {}",
+        args.temperature
+    );
+    Ok(())
+}
+
 /// Runs the serving benchmark; returns its JSON (and prints its table rows).
 pub fn run(
     args: &BenchArgs,

@@ -1,6 +1,7 @@
 //! The scheduler's state and its step planning; see the module docs of [`super`].
 
 mod chain;
+pub use chain::Chain;
 mod requeue;
 mod spec;
 
@@ -38,34 +39,6 @@ pub struct Request {
     pub restored: usize,
     /// How far its steps may chain on the ranks ([`Chain`]).
     pub chain: Chain,
-}
-
-/// How far a request's steps may chain on the ranks. The ranks then decide several tokens before the coordinator
-/// sees the first, so the coordinator allows none where a token must be seen before the next runs (a session turn,
-/// a repetition penalty, ...).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Chain {
-    /// Every step alone.
-    #[default]
-    None,
-    /// Its verifies may chain ([`Step::spec_chain`]: a speculating request whose drafter's proposals can be made on
-    /// the ranks), its decodes not: a sampled request on ranks that judge one-pass summaries among themselves but
-    /// cannot draw a sampled decode row there (GPUs under tensor parallelism).
-    Verifies,
-    /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies.
-    All,
-}
-
-impl Chain {
-    /// Whether its decode steps may chain.
-    pub fn decodes(self) -> bool {
-        self == Chain::All
-    }
-
-    /// Whether its verifies may chain.
-    pub fn verifies(self) -> bool {
-        self != Chain::None
-    }
 }
 
 /// Why a request cannot be taken.

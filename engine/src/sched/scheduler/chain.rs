@@ -3,6 +3,34 @@
 
 use super::{Scheduler, Step, StepWork};
 
+/// How far a request's steps may chain on the ranks. The ranks then decide several tokens before the coordinator
+/// sees the first, so the coordinator allows none where a token must be seen before the next runs (a session turn,
+/// a repetition penalty, ...).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Chain {
+    /// Every step alone.
+    #[default]
+    None,
+    /// Its verifies may chain ([`Step::spec_chain`]: a speculating request whose drafter's proposals can be made on
+    /// the ranks), its decodes not: a sampled request on ranks that judge one-pass summaries among themselves but
+    /// cannot draw a sampled decode row there (GPUs under tensor parallelism).
+    Verifies,
+    /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies.
+    All,
+}
+
+impl Chain {
+    /// Whether its decode steps may chain.
+    pub fn decodes(self) -> bool {
+        self == Chain::All
+    }
+
+    /// Whether its verifies may chain.
+    pub fn verifies(self) -> bool {
+        self != Chain::None
+    }
+}
+
 impl Scheduler {
     /// Chains the final plan's decode steps (sets [`Step::chained`]) as far as every sequence allows, when the step is
     /// nothing but sampled decodes: no commits, preemptions, prompt chunks, verifies or replayed tokens, and every
