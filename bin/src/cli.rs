@@ -276,9 +276,8 @@ pub struct EngineArgs {
     pub inject_fault: Vec<String>,
     /// Decode steps one engine step may chain on the ranks with no host round trip between them (1 to 16; 1: none;
     /// like vLLM's --num-scheduler-steps). A step chains only while every running sequence decodes (no prompt chunk,
-    /// verify or waiting request it could admit), never for session turns or repetition penalties (and, under tensor
-    /// parallelism on GPUs, only greedy ones); a stop is noticed at the end of the chain and the tokens after it are
-    /// dropped. With --spec ngram or oracle:P, speculating requests (greedy, or sampled at a plain temperature) chain
+    /// verify or waiting request it could admit), never for session turns or repetition penalties; a stop is noticed
+    /// at the end of the chain and the tokens after it are dropped. With --spec ngram or oracle:P, speculating requests (greedy, or sampled at a plain temperature) chain
     /// their verifies the same way, while every running sequence verifies a window of the same size and no request
     /// waits: the ranks judge, commit and draft between the steps (not in the recurrent form).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]

@@ -403,13 +403,11 @@ impl CoordinatorState {
     ///
     /// Chained steps keep every pick on the ranks: none for a session's turn (its saved state must end at its last
     /// token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the host).
-    /// Decodes chain greedily, or sampled where the ranks draw a sampled row themselves (`Books::chains_sample`: at
-    /// TP 1, and at any TP on CPU ranks, which gather a sampled row's slices; a GPU group under tensor parallelism
-    /// merges greedy picks only). A speculating request chains where its drafter's proposals can be made on the ranks
-    /// (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's snapshot copy), and
-    /// its verifies are judged greedily or from their one-pass summaries (plain temperature sampling, which the
-    /// ranks key themselves step by step and merge over tensor parallelism): its verifies chain, and its decodes as
-    /// a plain request's would.
+    /// Decodes chain, greedy or sampled: the ranks draw a sampled row themselves, under tensor parallelism from the
+    /// row they join from every rank's slice. A speculating request chains where its drafter's proposals can be made
+    /// on the ranks (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's
+    /// snapshot copy), and its verifies are judged greedily or from their one-pass summaries (plain temperature
+    /// sampling, which the ranks key themselves step by step and merge over tensor parallelism).
     pub(super) fn may_chain(&self, params: &SamplingParams, speculate: bool, session: bool) -> Chain {
         chain_rule(&ChainAsk {
             greedy: params.temperature == 0.0,
@@ -419,7 +417,6 @@ impl CoordinatorState {
             verifies_chain: self.config.decode_steps > 1
                 && self.config.form != FormChoice::Recurrent
                 && self.config.spec.as_ref().is_some_and(|s| s.factory.on_ranks()),
-            ranks_sample: self.books.chains_sample(),
         })
     }
 
@@ -567,24 +564,17 @@ struct ChainAsk {
     /// Verifies may chain at all: more than one step an engine step, a form that commits by pointer moves, and a
     /// drafter the ranks run.
     verifies_chain: bool,
-    /// The ranks draw sampled rows themselves (`Books::chains_sample`).
-    ranks_sample: bool,
 }
 
 /// How far a request may chain ([`CoordinatorState::may_chain`]).
 fn chain_rule(a: &ChainAsk) -> Chain {
-    let decodes = a.greedy || a.ranks_sample;
     if a.pinned {
         return Chain::None;
     }
-    if !a.speculates {
-        return if decodes { Chain::All } else { Chain::None };
+    if !a.speculates || ((a.greedy || a.one_pass) && a.verifies_chain) {
+        return Chain::All;
     }
-    match ((a.greedy || a.one_pass) && a.verifies_chain, decodes) {
-        (false, _) => Chain::None,
-        (true, false) => Chain::Verifies,
-        (true, true) => Chain::All,
-    }
+    Chain::None
 }
 
 #[cfg(test)]

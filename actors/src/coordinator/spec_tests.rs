@@ -181,35 +181,32 @@ fn committed_rows_reach_the_drafter_once_their_next_tokens_are_known() {
     assert_eq!(log.lock().expect("log").len(), 4);
 }
 
-/// The chain rule: pinned requests never chain; plain ones chain their decodes where the ranks can pick them; a
-/// speculating request chains its verifies where they are judged on the ranks (greedy or one-pass) and chain at
-/// all, and its decodes as a plain request's would, so a sampled one on GPUs under tensor parallelism gets its
-/// verifies only.
+/// The chain rule: pinned requests never chain; plain ones chain their decodes, greedy or sampled (the ranks draw
+/// sampled rows themselves, joined across tensor-parallel ranks); a speculating request chains where its verifies
+/// are judged on the ranks (greedy or one-pass) and chain at all.
 #[test]
 fn the_chain_rule() {
-    let ask = |greedy, one_pass, speculates, verifies_chain, ranks_sample| ChainAsk {
+    let ask = |greedy, one_pass, speculates, verifies_chain| ChainAsk {
         greedy,
         one_pass,
         pinned: false,
         speculates,
         verifies_chain,
-        ranks_sample,
     };
     let cases = [
-        // Plain requests: greedy anywhere, sampled where the ranks draw.
-        (ask(true, false, false, false, false), Chain::All),
-        (ask(false, true, false, true, true), Chain::All),
-        (ask(false, true, false, true, false), Chain::None),
+        // Plain requests, greedy or sampled.
+        (ask(true, false, false, false), Chain::All),
+        (ask(false, true, false, true), Chain::All),
+        (ask(false, false, false, false), Chain::All),
         // Speculating, greedy.
-        (ask(true, false, true, true, false), Chain::All),
-        (ask(true, false, true, false, true), Chain::None),
-        // Speculating, sampled at a plain temperature: at TP 1 (the ranks draw) all, under GPU TP verifies only.
-        (ask(false, true, true, true, true), Chain::All),
-        (ask(false, true, true, true, false), Chain::Verifies),
-        // Judged on whole rows (top-k, top-p, ...): nothing, even where the ranks draw.
-        (ask(false, false, true, true, true), Chain::None),
+        (ask(true, false, true, true), Chain::All),
+        (ask(true, false, true, false), Chain::None),
+        // Speculating, sampled at a plain temperature.
+        (ask(false, true, true, true), Chain::All),
+        // Judged on whole rows (top-k, top-p, ...): nothing.
+        (ask(false, false, true, true), Chain::None),
         // A drafter the ranks cannot run, or one step per engine step: nothing.
-        (ask(false, true, true, false, true), Chain::None),
+        (ask(false, true, true, false), Chain::None),
     ];
     for (a, want) in cases {
         assert_eq!(chain_rule(&a), want, "{a:?}");

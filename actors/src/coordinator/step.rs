@@ -492,8 +492,7 @@ impl CoordinatorState {
     /// Runs `plan` as step `index` on every rank and merges the answers.
     pub(super) async fn run(&mut self, index: u64, plan: &StepPlan) -> Result<rewind_engine::rank::StepResult, Fault> {
         let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
-        let prepared = prepare(&self.books, plan, g.ranks.len()).map_err(|e| Fault::Rank(0, e.to_string(), false))?;
-        let sent = prepared.sent.clone();
+        let sent = prepare(&self.books, plan).map_err(|e| Fault::Rank(0, e.to_string(), false))?;
         let outs = g
             .call(
                 |reply| RankActorMsg::Step {
@@ -504,7 +503,7 @@ impl CoordinatorState {
                 self.config.step_deadline,
             )
             .await?;
-        finish(&mut self.books, plan, &prepared, &outs, self.info.vocab).map_err(|e| match e {
+        finish(&mut self.books, plan, &outs, self.info.vocab).map_err(|e| match e {
             EngineError::NonFinite { .. } => Fault::NonFinite(e.to_string()),
             e => Fault::Rank(0, e.to_string(), false),
         })

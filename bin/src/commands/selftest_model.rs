@@ -221,9 +221,14 @@ fn chain_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<ChainReport, S
     let case = case.name.as_str();
     match r {
         Ok(r) => {
+            let joined = if r.joined_rows > 0 {
+                format!(", joined draws {} / {} differ", r.joined_mismatches, r.joined_rows)
+            } else {
+                String::new()
+            };
             println!(
-                "{:<20} tp {}  {:<4}  chain  {:<9} {} × {} steps: {} rows, {} tokens differ, worst rel vs single steps \
-                 {:.2e} (≤ {:.0e})  {}",
+                "{:<20} tp {}  {:<4}  chain  {:<9} {} × {} steps: {} rows, {} tokens differ{joined}, worst rel vs \
+                 single steps {:.2e} (≤ {:.0e})  {}",
                 case,
                 tp,
                 dtype,

@@ -65,7 +65,7 @@ impl<A: Act> GpuRank<A> {
         let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
         let (b, steps) = (seqs.len(), plan.chained + 1);
         let _span = debug_span!("gpu_chain", batch = b, steps).entered();
-        // The books checked the plan (`StepPlan::check_chain`), and `run_plan` refused sampling on a TP rank.
+        // The books checked the plan (`StepPlan::check_chain`).
         let sampling = seqs.iter().any(|s| s.sample.is_some());
         let world = self.info.tp;
         if world > 1 && self.inner.comm.is_none() {
@@ -75,7 +75,7 @@ impl<A: Act> GpuRank<A> {
             )));
         }
         let dev = self.inner.dev.clone();
-        // The rank's slice for sampling (the whole vocabulary at TP 1); the model's for the pick's bound.
+        // The rank's slice (the whole vocabulary at TP 1) and the model's vocabulary.
         let (v, vocab) = (self.info.vocab.len(), self.inner.config.vocab_size);
         if sampling {
             let rows: Vec<SampleRow> = seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect();
@@ -106,15 +106,34 @@ impl<A: Act> GpuRank<A> {
             self.launch(staged.step, b, sampling, HeadSpec::Host(&[]))?;
             let s = &mut self.scratch;
             if sampling {
-                ops::sample_rows(
-                    &dev,
-                    &s.logits.slice(..b * v),
-                    b,
-                    v,
-                    &s.chain.params.slice(..4 * b),
-                    &s.chain.uniforms.slice(k * b..(k + 1) * b),
-                    &mut s.argmax.slice_mut(..b),
-                )?;
+                let (params, uniforms) = (&s.chain.params, &s.chain.uniforms);
+                match (s.whole_rows.as_mut(), self.inner.comm.as_deref()) {
+                    // Under tensor parallelism every rank samples the rows joined from every rank's slice.
+                    (Some(whole), Some(comm)) => {
+                        whole.sample_chunks(&dev, comm, &s.logits, 0, b, &mut s.argmax, |dev, rows, at, ids| {
+                            let draws = k * b + at.start..k * b + at.end;
+                            let params = params.slice(4 * at.start..4 * at.end);
+                            Ok(ops::sample_rows(
+                                dev,
+                                rows,
+                                at.len(),
+                                vocab,
+                                &params,
+                                &uniforms.slice(draws),
+                                ids,
+                            )?)
+                        })?;
+                    }
+                    _ => ops::sample_rows(
+                        &dev,
+                        &s.logits.slice(..b * v),
+                        b,
+                        v,
+                        &params.slice(..4 * b),
+                        &uniforms.slice(k * b..(k + 1) * b),
+                        &mut s.argmax.slice_mut(..b),
+                    )?,
+                }
             }
             // Under tensor parallelism every rank's summaries meet on every rank, which merge them alike.
             if let (Some(c), true) = (&self.inner.comm, world > 1) {

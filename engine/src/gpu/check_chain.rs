@@ -4,6 +4,10 @@
 //! Every step's pick must be the same token and its summary (max logit, log-sum-exp) the same row; a wrong position,
 //! length, replay row, flush or fed token shows in every later row. With the self-test's small ring and kv-only
 //! threshold the chains cross flushes and the kv-only compress.
+//!
+//! Under tensor parallelism the ranks sample rows they join from every rank's vocabulary slice
+//! (`gpu/whole_rows.rs`); the single steps then also return their logits, joined on the host, and every sampled id
+//! must be the CPU twin's draw from that row (`SampleRow::sample`).
 
 use serde::Serialize;
 
@@ -21,13 +25,17 @@ pub struct ChainReport {
     pub dtype: String,
     pub sequences: usize,
     pub tp: usize,
-    /// Steps in each chain (`1 + chained`), and chains run per mode (greedy, then sampled at TP 1).
+    /// Steps in each chain (`1 + chained`), and chains run per mode (greedy, then sampled).
     pub chain_steps: usize,
     pub chains: usize,
     /// Rows compared over both modes.
     pub rows: usize,
     /// Steps whose chained pick differs from the single step's (must be 0).
     pub token_mismatches: usize,
+    /// Under tensor parallelism: sampled single-step rows whose id differs from the CPU twin's draw from the row
+    /// joined on the host (must be 0), and the rows so compared.
+    pub joined_mismatches: usize,
+    pub joined_rows: usize,
     /// Worst relative difference of a row's max logit or log-sum-exp, chained against single steps.
     pub worst_rel: f64,
     pub tolerance: f64,
@@ -69,7 +77,9 @@ fn rows_of(out: &StepResult) -> Result<Vec<Row>> {
 }
 
 /// Decodes `steps` steps after each prompt: `chain = 1` one plan per step, else plans chaining `chain` steps.
-/// `draws[k][i]` is sequence `i`'s draw at step `k`. Returns per step the rows of every sequence.
+/// `draws[k][i]` is sequence `i`'s draw at step `k`. Returns per step the rows of every sequence. `joined`: the
+/// sampled single steps' draws checked against the CPU twin on the whole logit rows (tensor parallelism), counted
+/// as (mismatches, rows).
 fn decode(
     gpu: &mut RankGroup,
     prompts: &[Vec<u32>],
@@ -77,7 +87,9 @@ fn decode(
     sampled: bool,
     draws: &[Vec<f32>],
     chain: usize,
+    joined: &mut (usize, usize),
 ) -> Result<Vec<Vec<Row>>> {
+    let check_joined = sampled && chain == 1 && gpu.tp() > 1;
     let (slots, first) = gpu.prefill_prompts(prompts, form)?;
     let mut tokens = first;
     let mut out: Vec<Vec<Row>> = Vec::with_capacity(draws.len());
@@ -102,12 +114,26 @@ fn decode(
                     spec: None,
                 })
                 .collect(),
-            full_logits: false,
+            full_logits: check_joined,
             hidden: false,
             chained: chain - 1,
             spec_chain: None,
         };
-        let rows = rows_of(&gpu.step(plan)?)?;
+        let result = gpu.step(plan.clone())?;
+        if let (true, Some(logits)) = (check_joined, &result.logits) {
+            let vocab = logits.len() / slots.len().max(1);
+            for ((s, row), got) in plan
+                .seqs
+                .iter()
+                .zip(logits.chunks_exact(vocab.max(1)))
+                .zip(&result.sampled)
+            {
+                let want = s.sample.as_ref().map(|r| r.sample(row));
+                joined.0 += usize::from(*got != want);
+                joined.1 += 1;
+            }
+        }
+        let rows = rows_of(&result)?;
         for step in rows.chunks_exact(slots.len()) {
             out.push(step.to_vec());
         }
@@ -120,7 +146,7 @@ fn decode(
 }
 
 /// Runs the check for the checkpoint in `dir` in `form`: `chains` chains of `1 + chained` steps after each prompt,
-/// greedily and then (at TP 1) sampled, each against single steps.
+/// greedily and then sampled, each against single steps.
 pub fn chain_forced(
     dir: &Path,
     prompts: &[Vec<u32>],
@@ -139,14 +165,14 @@ pub fn chain_forced(
     let steps = chains * (chained + 1);
     let mut rng = Rng::new(0x0c4a_1eed);
     let (mut rows, mut mismatches, mut worst) = (0, 0, 0.0f64);
-    // Under tensor parallelism only greedy rows chain (a sampled row needs the whole logit row).
-    let modes: &[bool] = if gpu.tp() > 1 { &[false] } else { &[false, true] };
-    for &sampled in modes {
+    let modes = [false, true];
+    let mut joined = (0, 0);
+    for sampled in modes {
         let draws: Vec<Vec<f32>> = (0..steps)
             .map(|_| (0..prompts.len()).map(|_| rng.unit().min(0.999_999)).collect())
             .collect();
-        let single = decode(&mut gpu, prompts, form, sampled, &draws, 1)?;
-        let chain = decode(&mut gpu, prompts, form, sampled, &draws, chained + 1)?;
+        let single = decode(&mut gpu, prompts, form, sampled, &draws, 1, &mut joined)?;
+        let chain = decode(&mut gpu, prompts, form, sampled, &draws, chained + 1, &mut joined)?;
         for (a, b) in single.iter().flatten().zip(chain.iter().flatten()) {
             rows += 1;
             mismatches += usize::from(a.0 != b.0);
@@ -168,8 +194,14 @@ pub fn chain_forced(
         chains,
         rows,
         token_mismatches: mismatches,
+        joined_mismatches: joined.0,
+        joined_rows: joined.1,
         worst_rel: worst,
         tolerance,
-        pass: mismatches == 0 && worst <= tolerance && rows == modes.len() * steps * prompts.len(),
+        pass: mismatches == 0
+            && worst <= tolerance
+            && rows == modes.len() * steps * prompts.len()
+            && joined.0 == 0
+            && joined.1 == if gpu.tp() > 1 { steps * prompts.len() } else { 0 },
     })
 }

@@ -233,13 +233,34 @@ impl<A: Act> GpuRank<A> {
         if let Some(samples) = samples {
             // Sampling rewrites the logits in place (the penalty), so it runs after the summaries.
             let start = head_rows - samples.len();
-            sample_on_device(
-                dev,
-                &mut s.logits.slice_mut(start * v..head_rows * v),
-                v,
-                samples,
-                &mut s.argmax,
-            )?;
+            match s.whole_rows.as_mut() {
+                // A tensor-parallel rank samples the rows joined from every rank's slice, as every rank does.
+                Some(whole) => {
+                    let comm = r.comm.as_deref().ok_or_else(|| {
+                        EngineError::Communicator(format!(
+                            "sampling on rank {} of {} without a communicator to join the rows",
+                            self.info.rank, self.info.tp
+                        ))
+                    })?;
+                    let vocab = r.config.vocab_size;
+                    whole.sample_chunks(
+                        dev,
+                        comm,
+                        &s.logits,
+                        start,
+                        samples.len(),
+                        &mut s.argmax,
+                        |dev, rows, at, ids| sample_on_device(dev, rows, vocab, &samples[at], ids),
+                    )?;
+                }
+                None => sample_on_device(
+                    dev,
+                    &mut s.logits.slice_mut(start * v..head_rows * v),
+                    v,
+                    samples,
+                    &mut s.argmax.slice_mut(..samples.len()),
+                )?,
+            }
             let picked = dev.download(&s.argmax.slice(..samples.len()))?;
             for (row, id) in summaries[start..].iter_mut().zip(picked) {
                 mark_sampled(row, id);
@@ -270,13 +291,14 @@ pub(super) fn sample_params(rows: &[SampleRow]) -> Vec<f32> {
         .collect()
 }
 
-/// The repetition penalty and the draw for `rows` on the device; the ids land in `ids`.
+/// The repetition penalty and the draw for `rows` (whole rows of `vocab` logits) on the device; the ids land in
+/// `ids` (one a row).
 pub(super) fn sample_on_device(
     dev: &CudaDevice,
     logits: &mut rewind_kernels::cuda::CudaViewMut<'_, f32>,
     vocab: usize,
     rows: &[SampleRow],
-    ids: &mut CudaSlice<i32>,
+    ids: &mut rewind_kernels::cuda::CudaViewMut<'_, i32>,
 ) -> Result<()> {
     let b = rows.len();
     if rows
@@ -301,8 +323,7 @@ pub(super) fn sample_on_device(
     let params = sample_params(rows);
     let uniforms: Vec<f32> = rows.iter().map(|r| r.uniform).collect();
     let (params, uniforms) = (dev.upload(&params)?, dev.upload(&uniforms)?);
-    let mut out = ids.slice_mut(..b);
-    ops::sample_rows(dev, logits, b, vocab, &params, &uniforms, &mut out)?;
+    ops::sample_rows(dev, logits, b, vocab, &params, &uniforms, ids)?;
     Ok(())
 }
 

@@ -114,7 +114,15 @@ impl<A: Act> LoadedRank<A> {
         };
         let w = widths(&self.blocks, hidden, rows.rows);
         let attention_ws = attention_workspace(&self.dev, &self.blocks, rows, probe)?;
-        let scratch = Scratch::<A>::bytes(&w, rows, hidden, self.vocab.len(), probe, self.tp) + 4 * attention_ws;
+        let scratch = Scratch::<A>::bytes(
+            &w,
+            rows,
+            hidden,
+            self.vocab.len(),
+            probe,
+            self.tp,
+            self.config.vocab_size,
+        ) + 4 * attention_ws;
         let (per_seq, per_block) = state_bytes(&self.blocks, slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;

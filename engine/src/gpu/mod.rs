@@ -33,6 +33,7 @@ mod ssm_layers;
 pub mod state;
 mod steps;
 mod weights;
+mod whole_rows;
 
 pub use check::{teacher_forced, TeacherForcedReport};
 pub use check_chain::{chain_forced, ChainReport};
@@ -45,10 +46,13 @@ use rewind_kernels::cuda::{CudaView, CudaViewMut};
 
 use crate::error::Result;
 
-/// The device collectives a rank needs: an in-place sum across ranks on the rank's stream (the forward pass), and a
-/// gather of 32-bit words (a chain's head summaries, `gpu/chain.rs`).
+/// The device collectives a rank needs: an in-place sum across ranks on the rank's stream (the forward pass), and
+/// gathers of 32-bit words (a chain's head summaries, `gpu/chain.rs`) and of floats (sampled rows' logit slices,
+/// `gpu/whole_rows.rs`).
 pub(crate) trait DeviceComm: Send {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()>;
+    /// Every rank's `send` in rank order into `recv` (`recv.len()` = ranks × `send.len()`).
+    fn all_gather_f32(&self, send: &CudaView<'_, f32>, recv: &mut CudaViewMut<'_, f32>) -> Result<()>;
     /// Every rank's `send` in rank order into `recv` (`recv.len()` = ranks × `send.len()`).
     fn all_gather_u32(&self, send: &CudaView<'_, u32>, recv: &mut CudaViewMut<'_, u32>) -> Result<()>;
     /// Whether the communicator was aborted (its generation failed): a step that ran meanwhile, replayed graphs
@@ -59,6 +63,10 @@ pub(crate) trait DeviceComm: Send {
 impl DeviceComm for rewind_kernels::cuda::nccl::NcclComm {
     fn all_reduce_f32(&self, buf: &mut CudaViewMut<'_, f32>) -> Result<()> {
         Ok(self.all_reduce_sum_f32(buf)?)
+    }
+
+    fn all_gather_f32(&self, send: &CudaView<'_, f32>, recv: &mut CudaViewMut<'_, f32>) -> Result<()> {
+        Ok(rewind_kernels::cuda::nccl::NcclComm::all_gather_f32(self, send, recv)?)
     }
 
     fn all_gather_u32(&self, send: &CudaView<'_, u32>, recv: &mut CudaViewMut<'_, u32>) -> Result<()> {

@@ -52,7 +52,7 @@ impl<A: Act> LoadedRank<A> {
             self.vocab.len(),
             sizes,
             attention_ws,
-            self.tp,
+            (self.tp, self.rank, self.config.vocab_size),
         )?;
         self.dev.synchronize()?;
         info!(
@@ -80,8 +80,6 @@ impl<A: Act> LoadedRank<A> {
             hidden_states: true,
             spec_summaries: true,
             max_chained: crate::rank::MAX_CHAINED,
-            // A GPU chain picks on the device (`gpu/chain.rs`) and does not gather logit rows across ranks yet.
-            tp_chain_sampling: false,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
         let counters = SlotCounters::new(sizes.max_seqs, replay.buffer_len, conv_window, replay.max_verify)

@@ -11,6 +11,7 @@ use super::chain::ChainScratch;
 use super::head::{logits_len, HeadScratch};
 use super::layers::{GpuBlock, GpuMixer};
 use super::state::{PoolSizes, BLOCK_SIZE};
+use super::whole_rows::WholeRows;
 use super::Act;
 use crate::error::Result;
 
@@ -72,6 +73,8 @@ pub(crate) struct Scratch<A: Act> {
     pub(crate) commits: CudaSlice<i32>,
     /// Chained decode steps' log and draws (`gpu/chain.rs`).
     pub(crate) chain: ChainScratch,
+    /// Sampled rows joined from every rank's vocabulary slice (`gpu/whole_rows.rs`); `None` at TP 1.
+    pub(crate) whole_rows: Option<WholeRows>,
 }
 
 /// How many token rows a step may hold: `rows` through the blocks (the larger of a prompt chunk and a verify of
@@ -196,7 +199,8 @@ pub(crate) fn attention_workspace<A: Act>(
 
 impl<A: Act> Scratch<A> {
     /// Bytes [`Scratch::new`] allocates (besides the attention workspace, [`attention_workspace`] floats).
-    /// `tp`: the ranks of the group (the chain gathers their summaries).
+    /// `tp`: the ranks of the group (the chain gathers their summaries; sampled rows are joined from their slices of
+    /// the model's `vocab` ids).
     pub(crate) fn bytes(
         w: &Widths,
         step: StepRows,
@@ -204,6 +208,7 @@ impl<A: Act> Scratch<A> {
         vocab_local: usize,
         sizes: PoolSizes,
         tp: usize,
+        vocab: usize,
     ) -> usize {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
@@ -222,6 +227,7 @@ impl<A: Act> Scratch<A> {
             + 4 * (sizes.max_seqs * sizes.blocks_per_seq() + sizes.max_seqs)
             + 4 * SPEC_COMMIT_META * sizes.max_seqs
             + ChainScratch::bytes(sizes.max_seqs, tp)
+            + WholeRows::bytes(vocab, tp, sizes.max_seqs)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -233,7 +239,7 @@ impl<A: Act> Scratch<A> {
         vocab_local: usize,
         sizes: PoolSizes,
         attention_ws: usize,
-        tp: usize,
+        (tp, rank, vocab): (usize, usize, usize),
     ) -> Result<Self> {
         let rows = step.rows;
         let moe = rows * w.moe_rows_per_token;
@@ -277,6 +283,7 @@ impl<A: Act> Scratch<A> {
             lens: dev.alloc_zeros(sizes.max_seqs)?,
             commits: dev.alloc_zeros(SPEC_COMMIT_META * sizes.max_seqs)?,
             chain: ChainScratch::new(dev, sizes.max_seqs, tp)?,
+            whole_rows: WholeRows::new(dev, vocab, tp, rank, sizes.max_seqs)?,
         })
     }
 }

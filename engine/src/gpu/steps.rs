@@ -73,11 +73,6 @@ impl<A: Act> GpuRank<A> {
 
     /// Runs one plan; see the module docs.
     pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        if plan.seqs.iter().any(|s| s.sample.is_some()) && self.info.tp > 1 {
-            return Err(EngineError::InvalidInput(
-                "a tensor-parallel rank holds a slice of the vocabulary and cannot sample".into(),
-            ));
-        }
         for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
             let room = self.sizes.rows.snapshots;
             if self.form_before(s) == DecodeForm::Recurrent && s.tokens.len() > room {

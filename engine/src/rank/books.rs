@@ -36,8 +36,6 @@ pub struct Books {
     spec_summaries: bool,
     hidden_states: bool,
     max_chained: usize,
-    /// Whether every rank samples a chain's sampled rows itself under tensor parallelism.
-    tp_chain_sampling: bool,
     /// Ranks in the group (tensor parallelism when more than one).
     ranks: usize,
     slots: SlotAllocator,
@@ -82,7 +80,6 @@ impl Books {
             spec_summaries: infos.iter().all(|i| i.spec_summaries),
             hidden_states: infos.iter().all(|i| i.hidden_states),
             max_chained: min(|i| i.max_chained),
-            tp_chain_sampling: infos.iter().all(|i| i.tp_chain_sampling),
             ranks: infos.len(),
             slots: SlotAllocator::new(slots),
             seqs: vec![
@@ -98,16 +95,9 @@ impl Books {
         })
     }
 
-    /// The most further decode steps one plan may chain ([`StepPlan::chained`]); under tensor parallelism sampled
-    /// rows chain only where [`Books::chains_sample`] says so.
+    /// The most further decode steps one plan may chain ([`StepPlan::chained`]).
     pub fn max_chained(&self) -> usize {
         self.max_chained
-    }
-
-    /// Whether a chain may hold sampled rows: on one rank, or where every tensor-parallel rank samples them itself
-    /// ([`RankInfo::tp_chain_sampling`]).
-    pub fn chains_sample(&self) -> bool {
-        self.ranks == 1 || self.tp_chain_sampling
     }
 
     /// Ranks in the group (more than one: tensor parallelism).
@@ -275,14 +265,6 @@ impl Books {
             ));
         }
         if plan.chained > 0 {
-            if !self.chains_sample() && plan.seqs.iter().any(|s| s.sample.is_some()) {
-                return Err(EngineError::NotSupported(format!(
-                    "sampled rows in chained decode steps over {} tensor-parallel ranks that do not gather a sampled \
-                     row's vocabulary slices (GPU ranks, so far): a sampled token is known only on the host, which \
-                     joins the slices (greedy rows chain: their argmax is merged on the ranks)",
-                    self.ranks
-                )));
-            }
             if plan.chained > self.max_chained {
                 return Err(EngineError::NotSupported(format!(
                     "a plan chaining {} decode steps: this backend chains at most {}",
@@ -476,41 +458,5 @@ impl Books {
     fn book(&self, slot: usize) -> Result<&SlotBook> {
         self.slots.check_allocated(slot).map_err(|_| self.not_open(slot))?;
         Ok(&self.seqs[slot])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(rank: usize, tp: usize, tp_chain_sampling: bool) -> RankInfo {
-        RankInfo {
-            rank,
-            tp,
-            device: "test".into(),
-            vocab: rank * 50..(rank + 1) * 50,
-            slots: 2,
-            max_context: 64,
-            max_verify: 4,
-            max_batch: None,
-            kv_blocks: 0,
-            kv_block_size: 16,
-            chunked_prefill: true,
-            forms: FormChoice::ALL.to_vec(),
-            snapshots: true,
-            spec_summaries: true,
-            hidden_states: true,
-            max_chained: crate::rank::MAX_CHAINED,
-            tp_chain_sampling,
-        }
-    }
-
-    #[test]
-    fn sampled_rows_chain_on_one_rank_or_where_every_rank_gathers_them() {
-        let books = |infos: &[RankInfo]| Books::new(infos, 50 * infos.len()).expect("books");
-        assert!(books(&[info(0, 1, false)]).chains_sample());
-        assert!(books(&[info(0, 2, true), info(1, 2, true)]).chains_sample());
-        assert!(!books(&[info(0, 2, true), info(1, 2, false)]).chains_sample());
-        assert!(!books(&[info(0, 2, false), info(1, 2, false)]).chains_sample());
     }
 }

@@ -92,7 +92,6 @@ impl Decoder {
     /// Checks a plan against this rank's slots before anything changes (the coordinator's books check it first;
     /// this keeps a rank that is driven directly just as safe).
     fn check_plan(&self, plan: &StepPlan) -> Result<()> {
-        let whole = self.model().plan().vocab.len() == self.model().config().vocab_size;
         for (i, c) in plan.commits.iter().enumerate() {
             if plan.commits[..i].iter().any(|o| o.slot == c.slot) {
                 return Err(EngineError::InvalidInput(format!("slot {} is committed twice", c.slot)));
@@ -146,13 +145,6 @@ impl Decoder {
                         s.slot
                     )));
                 }
-                if !whole {
-                    return Err(EngineError::InvalidInput(
-                        "a tensor-parallel rank holds a slice of the vocabulary and cannot sample; the coordinator \
-                         samples the joined logits"
-                            .into(),
-                    ));
-                }
                 sample.validate(self.model().config().vocab_size)?;
             }
         }
@@ -180,7 +172,6 @@ impl Rank for Decoder {
             spec_summaries: true,
             max_chained: crate::rank::MAX_CHAINED,
             hidden_states: true,
-            tp_chain_sampling: true,
         }
     }
 
@@ -192,6 +183,9 @@ impl Rank for Decoder {
         }
         if plan.chained > 0 {
             return self.step_chained(plan);
+        }
+        if self.comm().size() > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
+            return self.step_joined(plan);
         }
         self.check_plan(plan)?;
         for c in &plan.commits {
@@ -344,19 +338,8 @@ impl Decoder {
             spec_chain: None,
             ..plan.clone()
         };
-        // A tensor-parallel rank holds a slice of each row: its steps return the sampled rows' logit slices, and the
-        // rank samples from the whole rows it gathers (`sample_gathered`), as every other rank does alike.
-        let gather = self.comm().size() > 1 && plan.seqs.iter().any(|s| s.sample.is_some());
-        if gather {
-            for s in &mut step.seqs {
-                s.sample = None;
-            }
-            step.full_logits = true;
-        }
+        // Each step runs as a plan of its own (a tensor-parallel rank samples the rows it joins, `step_joined`).
         let mut out = self.step(&step)?;
-        if gather {
-            self.sample_gathered(&mut out, plan, 0)?;
-        }
         step.commits.clear();
         let n = step.seqs.len();
         for k in 1..=plan.chained {
@@ -368,10 +351,7 @@ impl Decoder {
                     sample.uniform = p.chained_uniforms[k - 1];
                 }
             }
-            let mut next = self.step(&step)?;
-            if gather {
-                self.sample_gathered(&mut next, plan, k)?;
-            }
+            let next = self.step(&step)?;
             out.rows.extend(next.rows);
         }
         Ok(out)
@@ -433,14 +413,33 @@ impl Decoder {
         Ok(out)
     }
 
-    /// Chained step `k` of `plan` on a tensor-parallel rank: each sampled sequence's row is gathered whole from
-    /// every rank's logit slice (`out.logits`, which it then drops) and sampled with the draw of step `k`, so every
-    /// rank reaches the token the coordinator would draw from the joined row.
-    fn sample_gathered(&self, out: &mut StepOut, plan: &StepPlan, k: usize) -> Result<()> {
+    /// A step of `plan`, whose sequences sample, on a tensor-parallel rank: it runs without the sampling, asking for
+    /// the logit slices of every row, then gathers each sampled sequence's (last) row whole from every rank's slice
+    /// and samples it with its draw, so every rank reaches the token a whole-vocabulary rank would draw. The slices
+    /// are dropped unless the plan asked for them.
+    fn step_joined(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        self.check_plan(plan)?;
+        let mut bare = plan.clone();
+        for s in &mut bare.seqs {
+            s.sample = None;
+        }
+        bare.full_logits = true;
+        let mut out = self.step(&bare)?;
+        self.sample_gathered(&mut out, plan)?;
+        if !plan.full_logits {
+            out.logits = None;
+        }
+        Ok(out)
+    }
+
+    /// Samples the sampled sequences' rows of `out` (the answer to `plan` run with its logit slices) from the whole
+    /// rows gathered from every rank.
+    fn sample_gathered(&self, out: &mut StepOut, plan: &StepPlan) -> Result<()> {
         let comm = self.comm();
-        let logits = out.logits.take().ok_or_else(|| {
-            EngineError::InvalidInput("a chained step asked for its logit slices returned none".into())
-        })?;
+        let logits = out
+            .logits
+            .as_deref()
+            .ok_or_else(|| EngineError::InvalidInput("a step asked for its logit slices returned none".into()))?;
         let width = out.vocab.len();
         let vocab = self.model().config().vocab_size;
         // Every rank's slice (start, width), as bits the gather copies exactly: the widths may differ, so each rank
@@ -459,10 +458,6 @@ impl Decoder {
         for s in &plan.seqs {
             row += s.row_count();
             if let Some(sample) = &s.sample {
-                let mut sample = sample.clone();
-                if k > 0 {
-                    sample.uniform = sample.chained_uniforms[k - 1];
-                }
                 wanted.push((row - 1, sample));
             }
         }

@@ -200,12 +200,12 @@ impl RankGroup {
         if let Some(why) = &self.failed {
             return Err(EngineError::GroupFailed(why.clone()));
         }
-        let prepared = prepare(&self.books, &plan, self.ranks.len())?;
+        let sent = prepare(&self.books, &plan)?;
         self.steps += 1;
         let index = self.steps;
         let outs: Vec<StepOut> = match self.broadcast(|reply| RankMsg::Step {
             index,
-            plan: prepared.sent.clone(),
+            plan: sent.clone(),
             reply,
         }) {
             Ok(outs) => outs,
@@ -214,7 +214,7 @@ impl RankGroup {
                 return Err(e);
             }
         };
-        finish(&mut self.books, &plan, &prepared, &outs, self.vocab)
+        finish(&mut self.books, &plan, &outs, self.vocab)
     }
 
     /// Copies `slot`'s state from every rank (no verify may be pending).

@@ -3,14 +3,14 @@
 //! builds what every rank receives; [`finish`] records the step in the books and merges the ranks' answers into
 //! one whole-vocabulary result.
 //!
-//! Under tensor parallelism the ranks hold vocabulary slices, so a row to sample comes back as logits and is
-//! sampled in [`finish`] with the same function a whole-vocabulary rank uses; a chain's sampled rows are sampled by
-//! the ranks themselves, each from every rank's slice of the row.
+//! Every rank samples its sampled rows itself; under tensor parallelism each joins a row from every rank's slice of
+//! the vocabulary and samples it with the function a whole-vocabulary rank uses, so the ranks answer the same ids
+//! ([`finish`] checks that they do).
 
 use std::sync::Arc;
 
 use super::books::Books;
-use super::plan::{SampleRow, SeqStep, StepOut, StepPlan};
+use super::plan::{SeqStep, StepOut, StepPlan};
 use super::spec_chain::ChainLog;
 use super::vocab::{merge_step, VocabSummary};
 use crate::error::{EngineError, Result};
@@ -28,46 +28,17 @@ pub struct StepResult {
     pub chain: Option<ChainLog>,
 }
 
-/// A validated plan as the ranks receive it, with the rows the coordinator samples itself.
-#[derive(Clone, Debug)]
-pub struct Prepared {
-    /// What every rank runs.
-    pub sent: Arc<StepPlan>,
-    /// Per reported row: the sampling the coordinator does (tensor parallelism only).
-    host_samples: Vec<Option<SampleRow>>,
-}
-
-/// Checks `plan` against `books` (a bad plan fails here, before any rank computes) and builds what `tp` ranks run.
-pub fn prepare(books: &Books, plan: &StepPlan, tp: usize) -> Result<Prepared> {
+/// Checks `plan` against `books` (a bad plan fails here, before any rank computes) and builds what every rank runs.
+/// Every rank samples its sampled rows itself, a tensor-parallel one from the whole rows it joins from every rank's
+/// slice, so every rank answers the same ids.
+pub fn prepare(books: &Books, plan: &StepPlan) -> Result<Arc<StepPlan>> {
     books.validate(plan)?;
-    let mut sent = plan.clone();
-    let mut host_samples = Vec::new();
-    // A chain's sampled rows stay with the ranks: the books let one through only where every rank samples them
-    // itself from the gathered slices (`Books::chains_sample`).
-    if tp > 1 && plan.chained == 0 {
-        for s in &mut sent.seqs {
-            let rows = s.row_count();
-            for r in 0..rows {
-                host_samples.push(if r + 1 == rows { s.sample.take() } else { None });
-            }
-            sent.full_logits |= host_samples.iter().rev().take(rows).any(Option::is_some);
-        }
-    }
-    Ok(Prepared {
-        sent: Arc::new(sent),
-        host_samples,
-    })
+    Ok(Arc::new(plan.clone()))
 }
 
 /// Records the step `plan` (which every rank ran) in `books` and merges the ranks' answers `outs` (rank order);
 /// a row with a NaN or an infinity fails the step.
-pub fn finish(
-    books: &mut Books,
-    plan: &StepPlan,
-    prepared: &Prepared,
-    outs: &[StepOut],
-    vocab: usize,
-) -> Result<StepResult> {
+pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize) -> Result<StepResult> {
     books.apply(plan)?;
     // A chain of verifies: every rank judged alike, so their logs agree; the books settle what was committed.
     let chain = match &plan.spec_chain {
@@ -86,14 +57,6 @@ pub fn finish(
         }
     };
     let merged = merge_step(outs, vocab)?;
-    let mut sampled = merged.sampled;
-    if let Some(logits) = &merged.logits {
-        for (row, s) in prepared.host_samples.iter().enumerate() {
-            if let Some(s) = s {
-                sampled[row] = Some(s.sample(&logits[row * vocab..(row + 1) * vocab]));
-            }
-        }
-    }
     if let Some(row) = merged.rows.iter().position(VocabSummary::poisoned) {
         return Err(EngineError::NonFinite {
             position: row_position(plan, row),
@@ -101,7 +64,7 @@ pub fn finish(
     }
     Ok(StepResult {
         rows: merged.rows,
-        sampled,
+        sampled: merged.sampled,
         logits: if plan.full_logits { merged.logits } else { None },
         hidden: if plan.hidden { merged.hidden } else { None },
         chain,

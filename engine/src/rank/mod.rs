@@ -39,7 +39,7 @@ pub use cpu::{cpu_group, CpuLauncher, CpuOptions};
 pub use fault::{FaultKind, FaultSpec, Faults};
 pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};
-pub use lockstep::{finish, prepare, Prepared, StepResult};
+pub use lockstep::{finish, prepare, StepResult};
 pub use plan::{
     Commit, GraphStats, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SpecSample,
     SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, MAX_CHAINED,

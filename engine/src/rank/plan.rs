@@ -35,8 +35,8 @@ pub enum Rows {
 }
 
 /// One row's sampling on the rank: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`), the
-/// repetition penalty over `history`, and the draw `uniform`. Only a rank that holds the whole vocabulary samples;
-/// under tensor parallelism the coordinator asks for the logits and samples them with the same function.
+/// repetition penalty over `history`, and the draw `uniform`. Under tensor parallelism every rank joins the row from
+/// every rank's vocabulary slice and samples the whole row, so every rank draws the same token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleRow {
     pub temperature: f32,
@@ -73,7 +73,7 @@ impl SampleRow {
     }
 
     /// Samples a whole-vocabulary logit row: the repetition penalty, then the filters and the draw (the device
-    /// kernel's CPU twin, so a CPU rank, the coordinator under tensor parallelism and a GPU pick the same token).
+    /// kernel's CPU twin, so CPU and GPU ranks pick the same token, from whole rows or rows joined across ranks).
     pub fn sample(&self, row: &[f32]) -> u32 {
         let mut row = row.to_vec();
         if self.repetition_penalty != 1.0 {
@@ -183,11 +183,9 @@ pub struct StepPlan {
     /// Further decode steps every rank runs after this one with no host round trip between them (0: none; like
     /// vLLM's multi-step scheduling). Step `k` feeds each sequence the token step `k − 1` picked for it (its sampled
     /// token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices' summaries among
-    /// themselves) at the next position; on a GPU the pick stays on the device. Under tensor parallelism a sampled
-    /// row chains only on ranks that gather its slices and draw from the whole row themselves
-    /// ([`RankInfo::tp_chain_sampling`]: the CPU ranks). The ranks answer
-    /// step-major: the plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for
-    /// what a chained plan may hold. With [`StepPlan::spec_chain`] the chained steps are verifies instead.
+    /// themselves) at the next position; on a GPU the pick stays on the device. The ranks answer step-major: the
+    /// plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for what a chained plan
+    /// may hold. With [`StepPlan::spec_chain`] the chained steps are verifies instead.
     pub chained: usize,
     /// Chain verifies rather than decodes (`super::spec_chain`): every sequence is a verify, judged greedily or by
     /// its one-pass summaries ([`SeqStep::spec`]), and the ranks judge, commit and draft between the steps
@@ -472,9 +470,6 @@ pub struct RankInfo {
     pub hidden_states: bool,
     /// The most further decode steps one plan may chain on this rank ([`StepPlan::chained`]; 0: none).
     pub max_chained: usize,
-    /// Whether, as one of several tensor-parallel ranks, the rank samples the sampled rows of a chain itself: it
-    /// gathers every rank's logit slice of the row and draws from the whole row as a single rank would.
-    pub tp_chain_sampling: bool,
 }
 
 #[cfg(test)]

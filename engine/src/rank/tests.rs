@@ -415,8 +415,9 @@ pub(super) fn sampled_with_one_draw() -> SampleRow {
     }
 }
 
-/// Under tensor parallelism a chain's sampled rows are drawn by the ranks, each from the whole row it gathers from
-/// every rank's slice: the same tokens the coordinator draws from the joined rows of single steps with the same draws.
+/// Under tensor parallelism sampled rows are drawn by the ranks, each from the whole row it gathers from every rank's
+/// slice: a chain draws what single steps with the same draws draw, and each single step's draw is the sampler's
+/// draw from the logit row joined on the host.
 #[test]
 fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     let dir = tiny(Family::NemotronH);
@@ -448,12 +449,23 @@ fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     let chained = g.step(step(a, PROMPT.len(), t, 0, 3)).expect("tp 2 sampled chain");
     let tokens: Vec<u32> = chained.sampled.iter().map(|s| s.expect("every step sampled")).collect();
     assert_eq!(tokens.len(), 4);
-    // The same steps one at a time on the other slot, which took the same prompt: the coordinator joins the slices.
+    // The same steps one at a time on the other slot, which took the same prompt, returning their joined rows too.
     let mut next = t;
     for (k, want) in tokens.iter().enumerate() {
-        let one = g.step(step(b, PROMPT.len() + k, next, k, 0)).expect("single");
+        let one = g
+            .step(StepPlan {
+                full_logits: true,
+                ..step(b, PROMPT.len() + k, next, k, 0)
+            })
+            .expect("single");
         let got = one.sampled[0].expect("sampled");
         assert_eq!(got, *want, "step {k}");
+        let joined = one.logits.as_deref().expect("the joined row");
+        assert_eq!(
+            got,
+            row(k, 0).sample(joined),
+            "step {k}: the ranks' draw against the joined row's"
+        );
         next = got;
     }
     // The draws matter: a chain drawn differently from the first step on departs somewhere (the tiny model's rows

@@ -163,7 +163,7 @@ pub fn join_slices(parts: &[&[f32]], ranges: &[Range<usize>], rows: usize, vocab
 #[derive(Clone, Debug, PartialEq)]
 pub struct MergedStep {
     pub rows: Vec<VocabSummary>,
-    /// Per row, the token a rank sampled (only a whole-vocabulary rank samples).
+    /// Per row, the token the ranks sampled (every rank samples alike).
     pub sampled: Vec<Option<u32>>,
     /// `[rows, vocab]`.
     pub logits: Option<Vec<f32>>,
@@ -186,7 +186,20 @@ pub fn merge_step(outs: &[StepOut], vocab: usize) -> Result<MergedStep> {
     let merged = (0..rows)
         .map(|r| merge_rows(&outs.iter().map(|o| o.rows[r]).collect::<Vec<_>>()))
         .collect::<Result<Vec<_>>>()?;
-    let sampled = (0..rows).map(|r| outs.iter().find_map(|o| o.rows[r].sampled)).collect();
+    // Every rank samples a sampled row alike (a tensor-parallel one from the row it joins): a difference means the
+    // ranks saw different rows or draws.
+    let sampled = (0..rows)
+        .map(|r| {
+            let first = first.rows[r].sampled;
+            match outs.iter().position(|o| o.rows[r].sampled != first) {
+                Some(k) => Err(EngineError::Communicator(format!(
+                    "ranks 0 and {k} sampled row {r} differently ({first:?} and {:?})",
+                    outs[k].rows[r].sampled
+                ))),
+                None => Ok(first),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
     let logits = match outs
         .iter()
         .map(|o| o.logits.as_deref())

@@ -375,8 +375,8 @@ fn a_chain_of_verifies_stops_where_whole_windows_end_every_sequence() {
     assert_eq!((step.chained, step.spec_chain), (1, true), "{step:?}");
 }
 
-/// A request that may chain its verifies only ([`Chain::Verifies`]: a sampled request on GPUs under tensor
-/// parallelism) chains its drafted windows but decodes one step at a time.
+/// A request that may chain its verifies only ([`Chain::Verifies`]) chains its drafted windows but decodes one step at
+/// a time.
 #[test]
 fn a_request_chaining_verifies_only_decodes_singly() {
     let mut s = chaining(2, 32, 4);

@@ -469,8 +469,8 @@ pub use attention::{
 pub use conv::{causal_conv1d, ConvDims};
 pub use gemv::{gemv, gemv_supported, GEMV_FASTER_ROWS, GEMV_MAX_ROWS};
 pub use glue::{
-    add_bias, add_rms_norm, copy_cols, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums, gather_cols,
-    gdn_gates, moe_finish, sigmoid_mul, swiglu_split,
+    add_bias, add_rms_norm, copy_block, copy_cols, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums,
+    gather_cols, gdn_gates, moe_finish, sigmoid_mul, swiglu_split,
 };
 pub use lm_head::{
     decode_summaries, encode_judge, encode_spec, head_summaries, head_summary_merge, head_summary_parts, parts_for,

@@ -12,8 +12,8 @@ pub enum Chain {
     #[default]
     None,
     /// Its verifies may chain ([`Step::spec_chain`]: a speculating request whose drafter's proposals can be made on
-    /// the ranks), its decodes not: a sampled request on ranks that judge one-pass summaries among themselves but
-    /// cannot draw a sampled decode row there (GPUs under tensor parallelism).
+    /// the ranks), its decodes not (a policy for ranks that judge verifies among themselves but cannot draw its
+    /// decode rows; the coordinator's ranks all draw them, `actors/src/coordinator/spec.rs`).
     Verifies,
     /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies.
     All,

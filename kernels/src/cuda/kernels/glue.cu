@@ -17,16 +17,17 @@ __device__ void gather_cols_impl(const T* __restrict__ src, const int* __restric
     }
 }
 
-// out[r, j] = src[r, start + j] for the n columns of a contiguous range, V elements a thread (the host checks that
-// start, n, the width and both pointers keep every vector 16-byte aligned when V > 1). Grid as gather_cols.
+// out[r, out_start + j] = src[r, start + j] for the n columns of a contiguous range, rows src_width / out_width
+// apart, V elements a thread (the host checks that every offset, width and both pointers keep every vector 16-byte
+// aligned when V > 1). Grid as gather_cols.
 template <typename T, int V>
 __device__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ out, u64 rows, int src_width, int start,
-                               int n) {
+                               int n, int out_width, int out_start) {
     typedef Pack<T, V> P;
     const int nv = n / V;
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const P* srow = reinterpret_cast<const P*>(src + r * (u64)src_width + start);
-        P* orow = reinterpret_cast<P*>(out + r * (u64)n);
+        P* orow = reinterpret_cast<P*>(out + r * (u64)out_width + out_start);
         for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < (u64)nv; j += (u64)gridDim.x * blockDim.x) {
             orow[j] = srow[j];
         }
@@ -198,11 +199,13 @@ __device__ void gated_norm_apply_impl(const T* __restrict__ y, const T* __restri
                                                int n) {                                                             \
         gather_cols_impl<T>(src, idx, out, rows, src_width, n);                                                     \
     }                                                                                                                \
-    extern "C" __global__ void copy_cols_##S(const T* src, T* out, u64 rows, int src_width, int start, int n) {      \
-        copy_cols_impl<T, 1>(src, out, rows, src_width, start, n);                                                  \
+    extern "C" __global__ void copy_cols_##S(const T* src, T* out, u64 rows, int src_width, int start, int n,        \
+                                             int out_width, int out_start) {                                        \
+        copy_cols_impl<T, 1>(src, out, rows, src_width, start, n, out_width, out_start);                            \
     }                                                                                                                \
-    extern "C" __global__ void copy_cols_vec_##S(const T* src, T* out, u64 rows, int src_width, int start, int n) {  \
-        copy_cols_impl<T, 16 / sizeof(T)>(src, out, rows, src_width, start, n);                                     \
+    extern "C" __global__ void copy_cols_vec_##S(const T* src, T* out, u64 rows, int src_width, int start, int n,    \
+                                                 int out_width, int out_start) {                                    \
+        copy_cols_impl<T, 16 / sizeof(T)>(src, out, rows, src_width, start, n, out_width, out_start);               \
     }                                                                                                                \
     extern "C" __global__ void add_rms_norm_##S(float* x, const float* y, const T* w, T* out, int dim, float eps,    \
                                                 float offset) {                                                     \

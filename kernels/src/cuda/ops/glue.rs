@@ -5,7 +5,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{after_launch, fits_grid_y, fits_u32, grid_1d, per_row, vectors};
+use super::{after_launch, check_strided, fits_grid_y, fits_u32, grid_1d, per_row, vectors};
 use crate::cuda::device::{CudaDevice, Elem};
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -67,20 +67,46 @@ pub fn copy_cols<T: Elem>(
     n: usize,
     out: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    const OP: &str = "copy_cols";
-    check_len(OP, "src", src.len(), rows * src_width)?;
-    check_len(OP, "out", out.len(), rows * n)?;
+    copy_block(dev, src, rows, src_width, start, n, out, n, 0)
+}
+
+/// `out[r, out_start + j] = src[r, start + j]` for `n` columns: a block of rows `src_width` apart copied into rows
+/// `out_width` apart (joining vocabulary slices into whole rows, `engine/src/gpu/whole_rows.rs`), in 16-byte vectors
+/// when the offsets, widths and pointers allow.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_block<T: Elem>(
+    dev: &CudaDevice,
+    src: &impl DevicePtr<T>,
+    rows: usize,
+    src_width: usize,
+    start: usize,
+    n: usize,
+    out: &mut impl DevicePtrMut<T>,
+    out_width: usize,
+    out_start: usize,
+) -> Result<()> {
+    const OP: &str = "copy_block";
     ensure(OP, start + n <= src_width, || {
         format!("columns {start}..{} are outside a row of {src_width}", start + n)
     })?;
+    ensure(OP, out_start + n <= out_width, || {
+        format!(
+            "output columns {out_start}..{} are outside a row of {out_width}",
+            out_start + n
+        )
+    })?;
+    check_strided(OP, "src", src.len(), rows, src_width, start + n)?;
+    check_strided(OP, "out", out.len(), rows, out_width, out_start + n)?;
     fits_i32(OP, "src_width", src_width)?;
+    fits_i32(OP, "out_width", out_width)?;
     if rows == 0 || n == 0 {
         return Ok(());
     }
     let (rows_u, w_i, start_i, n_i) = (rows as u64, src_width as i32, start as i32, n as i32);
+    let (ow_i, os_i) = (out_width as i32, out_start as i32);
     let (sp, _gs) = src.device_ptr(dev.stream());
     let (op, _go) = out.device_ptr_mut(dev.stream());
-    let (name, per_thread) = match vectors::<T>(&[sp, op], &[src_width, start, n]) {
+    let (name, per_thread) = match vectors::<T>(&[sp, op], &[src_width, start, n, out_width, out_start]) {
         Some(v) => (format!("copy_cols_vec_{}", T::NAME), v),
         None => (format!("copy_cols_{}", T::NAME), 1),
     };
@@ -93,7 +119,9 @@ pub fn copy_cols<T: Elem>(
         rows_u,
         w_i,
         start_i,
-        n_i
+        n_i,
+        ow_i,
+        os_i
     )
 }
 

@@ -35,6 +35,35 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             copy_cols(rows, width, start, n)
         );
     }
+    for (rows, width, n, out_width, out_start, what) in [
+        (
+            3,
+            124_160,
+            124_160,
+            248_320,
+            124_160,
+            "Qwen3.5-4B vocabulary slice 2 of 2 into whole rows (vectors)",
+        ),
+        (
+            5,
+            65_537,
+            65_536,
+            131_073,
+            65_537,
+            "a slice narrower than the rows it sits in (scalar)",
+        ),
+        (2, 100, 37, 80, 0, "odd (scalar)"),
+    ] {
+        both!(
+            cases,
+            "copy_block",
+            format!(
+                "[{rows}, {width}] → [{rows}, {out_width}] columns {out_start}..{}, {what}",
+                out_start + n
+            ),
+            copy_block(rows, width, n, out_width, out_start)
+        );
+    }
     for (rows, dim, offset, residual, what) in [
         (64, 4096, 0.0f32, true, "Nemotron-H-8B, residual"),
         (1, 5120, 1.0, true, "5120 zero-centred, residual"),
@@ -150,6 +179,37 @@ fn copy_cols<T: Elem>(
     ops::copy_cols(cx.dev, &ds, rows, width, start, n, &mut out)?;
     let want: Vec<f32> = src.chunks(width).flat_map(|r| r[start..start + n].to_vec()).collect();
     Ok(vec![Check::new("out", &cx.dev.download_f32(&out)?, &want, 0.0)])
+}
+
+/// Copies the first `n` columns of `[rows, width]` into columns `out_start..` of `[rows, out_width]`; the rest of
+/// the output must keep its NaN.
+fn copy_block<T: Elem>(
+    cx: &Ctx,
+    rng: &mut Rng,
+    rows: usize,
+    width: usize,
+    n: usize,
+    out_width: usize,
+    out_start: usize,
+) -> Result<Vec<Check>> {
+    let src = rounded::<T>(&rng.uniform_vec(rows * width, 2.0));
+    let ds = up::<T>(cx, &src)?;
+    let mut out = cx.dev.alloc_nan::<T>(rows * out_width)?;
+    ops::copy_block(cx.dev, &ds, rows, width, 0, n, &mut out, out_width, out_start)?;
+    let got = cx.dev.download_f32(&out)?;
+    let mut want = vec![f32::NAN; rows * out_width];
+    for r in 0..rows {
+        want[r * out_width + out_start..r * out_width + out_start + n].copy_from_slice(&src[r * width..r * width + n]);
+    }
+    let copied: Vec<usize> = (0..rows * out_width)
+        .filter(|i| (out_start..out_start + n).contains(&(i % out_width)))
+        .collect();
+    let untouched = (0..rows * out_width).all(|i| copied.binary_search(&i).is_ok() || got[i].is_nan());
+    let pick = |v: &[f32]| copied.iter().map(|&i| v[i]).collect::<Vec<f32>>();
+    Ok(vec![
+        Check::new("out", &pick(&got), &pick(&want), 0.0),
+        verdict("the rest of each row untouched", untouched),
+    ])
 }
 
 fn gather_cols<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, width: usize, n: usize) -> Result<Vec<Check>> {
