@@ -566,7 +566,7 @@ struct ChainAsk {
     verifies_chain: bool,
 }
 
-/// How far a request may chain ([`CoordinatorState::may_chain`]).
+/// Whether a request may chain ([`CoordinatorState::may_chain`]).
 fn chain_rule(a: &ChainAsk) -> Chain {
     if a.pinned {
         return Chain::None;

@@ -147,7 +147,7 @@ impl CoordinatorState {
                     seed,
                     reference: reference.as_deref(),
                 },
-                chain.verifies(),
+                chain.chains(),
             )?),
             None => None,
         };

@@ -37,7 +37,7 @@ pub struct Request {
     /// Leading tokens of `prompt` already in a saved state (a session's earlier turns): the ranks restore that state
     /// when the sequence starts, and only the rest of the prompt is prefilled. 0 for a fresh sequence.
     pub restored: usize,
-    /// How far its steps may chain on the ranks ([`Chain`]).
+    /// Whether its steps may chain on the ranks ([`Chain`]).
     pub chain: Chain,
 }
 

@@ -374,27 +374,3 @@ fn a_chain_of_verifies_stops_where_whole_windows_end_every_sequence() {
     let step = s.schedule();
     assert_eq!((step.chained, step.spec_chain), (1, true), "{step:?}");
 }
-
-/// A request that may chain its verifies only ([`Chain::Verifies`]) chains its drafted windows but decodes one step at
-/// a time.
-#[test]
-fn a_request_chaining_verifies_only_decodes_singly() {
-    let mut s = chaining(2, 32, 4);
-    for id in [1, 2] {
-        s.submit(Request {
-            chain: Chain::Verifies,
-            ..chain_req(id, 4, 40, false)
-        })
-        .expect("submit");
-    }
-    assert_eq!(run_step(&mut s, 10).chained, 0, "the prompts");
-    let step = run_step(&mut s, 20);
-    assert!(
-        (step.chained, step.spec_chain) == (0, false) && step.work.len() == 2,
-        "decodes stay single: {step:?}"
-    );
-    s.propose(1, vec![1, 2]).expect("propose");
-    s.propose(2, vec![3, 4]).expect("propose");
-    let step = s.schedule();
-    assert_eq!((step.chained, step.spec_chain), (3, true), "{step:?}");
-}

@@ -3,31 +3,22 @@
 
 use super::{Scheduler, Step, StepWork};
 
-/// How far a request's steps may chain on the ranks. The ranks then decide several tokens before the coordinator
+/// Whether a request's steps may chain on the ranks. The ranks then decide several tokens before the coordinator
 /// sees the first, so the coordinator allows none where a token must be seen before the next runs (a session turn,
-/// a repetition penalty, ...).
+/// a repetition penalty, a speculative verify judged on whole rows on the host, ...).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Chain {
     /// Every step alone.
     #[default]
     None,
-    /// Its verifies may chain ([`Step::spec_chain`]: a speculating request whose drafter's proposals can be made on
-    /// the ranks), its decodes not (a policy for ranks that judge verifies among themselves but cannot draw its
-    /// decode rows; the coordinator's ranks all draw them, `actors/src/coordinator/spec.rs`).
-    Verifies,
-    /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies.
+    /// Its decodes ([`Step::chained`]) and, when it speculates, its verifies ([`Step::spec_chain`]).
     All,
 }
 
 impl Chain {
-    /// Whether its decode steps may chain.
-    pub fn decodes(self) -> bool {
+    /// Whether its steps may chain.
+    pub fn chains(self) -> bool {
         self == Chain::All
-    }
-
-    /// Whether its verifies may chain.
-    pub fn verifies(self) -> bool {
-        self != Chain::None
     }
 }
 
@@ -65,7 +56,7 @@ impl Scheduler {
             let Some(r) = self.running.iter().find(|r| r.id == p.id) else {
                 return;
             };
-            if p.fresh || !r.chain.decodes() || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
+            if p.fresh || !r.chain.chains() || !matches!(p.work, StepWork::Decode { sample: true, .. }) {
                 return;
             }
             // `in_state` already counts this step's token.
@@ -120,7 +111,7 @@ impl Scheduler {
             let StepWork::Verify { tokens, .. } = &p.work else {
                 return;
             };
-            if p.fresh || !r.chain.verifies() || *window.get_or_insert(tokens.len()) != tokens.len() {
+            if p.fresh || !r.chain.chains() || *window.get_or_insert(tokens.len()) != tokens.len() {
                 return;
             }
             // `in_state` already counts this step's window.
