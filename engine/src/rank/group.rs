@@ -193,8 +193,8 @@ impl RankGroup {
     }
 
     /// Runs one step on every rank. The plan is checked against the books first (a bad plan fails here, before any
-    /// rank computes). Under tensor parallelism the ranks hold vocabulary slices, so sampled rows come back as
-    /// logits and are sampled here with the same function a whole-vocabulary rank uses.
+    /// rank computes). Every rank samples its sampled rows itself (under tensor parallelism from the rows it joins
+    /// from every rank's vocabulary slice), so the ranks answer the same tokens.
     pub fn step(&mut self, plan: StepPlan) -> Result<StepResult> {
         let _span = debug_span!("group_step", seqs = plan.seqs.len(), tokens = plan.token_count()).entered();
         if let Some(why) = &self.failed {
