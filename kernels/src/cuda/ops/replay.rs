@@ -148,14 +148,40 @@ pub struct ReplayGeometry {
     pub scratch: usize,
 }
 
-/// Warps a launch aims to keep busy (per SM): below this, each head's rows are split between several warps.
+/// Warps per SM a launch of one token a row (a decode, or a fold alone) aims to keep busy: below this, each head's
+/// rows are split between several warps.
 const WARPS_PER_SM_TARGET: usize = 32;
 
-/// How many warps share one head's rows: enough for `batch · heads · splits` to fill the device, at most one
-/// 4-row chunk (`RP_CHUNK / 2` with `RP_RPW = 1`) per warp.
-fn row_splits(dev: &CudaDevice, batch: usize, heads: usize, rows: usize) -> usize {
+/// The same for a verify (two or more tokens a row). Every warp of a split head repeats the head's per-token work
+/// (the key products over the ring, the B·C weights, GDN's triangular solve), which grows with the tokens while each
+/// warp's share of the state shrinks, so verifies split less: on an H100 at batch 64 the GDN verify of T = 4 ran
+/// 1.31× faster with 8 than with 32, T = 6 1.39×, while flush steps of one token lost 5–19 % at 8
+/// (`bench/results/gpu-replay-splits-2026-11-27.md`).
+const VERIFY_WARPS_PER_SM_TARGET: usize = 8;
+
+/// The target for launches of `t` tokens a row, or `REWIND_REPLAY_SM_WARPS` for every launch when set (a positive
+/// integer; an experiment aid for `bench/gpu/env_ab.sh`, read once). Splitting moves no arithmetic between rows, so
+/// outputs do not change.
+fn warps_per_sm_target(t: usize) -> usize {
+    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *OVERRIDE.get_or_init(|| {
+        std::env::var("REWIND_REPLAY_SM_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+    });
+    forced.unwrap_or(if t >= 2 {
+        VERIFY_WARPS_PER_SM_TARGET
+    } else {
+        WARPS_PER_SM_TARGET
+    })
+}
+
+/// How many warps share one head's rows in a launch of `t` tokens a row: enough for `batch · heads · splits` to
+/// fill the device, at most one 4-row chunk (`RP_CHUNK / 2` with `RP_RPW = 1`) per warp.
+fn row_splits(dev: &CudaDevice, batch: usize, heads: usize, rows: usize, t: usize) -> usize {
     let chunks = rows.div_ceil(CHUNK);
-    let target = dev.sm_count() * WARPS_PER_SM_TARGET;
+    let target = dev.sm_count() * warps_per_sm_target(t);
     target.div_ceil((batch * heads).max(1)).clamp(1, chunks.max(1))
 }
 
@@ -287,7 +313,7 @@ pub fn mamba2_replay<T: Elem>(
     let geo = replay_geometry(ReplayKind::Mamba2(dims), t, max_m, dev.shared_limits())?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
-    let splits = row_splits(dev, batch, heads, head_dim);
+    let splits = row_splits(dev, batch, heads, head_dim, t);
     let splits_i = splits as i32;
     let name = format!("mamba2_replay_nc{}_{}", column_groups(state_dim), T::NAME);
     shared_limit(dev, &name, smem)?;
@@ -381,7 +407,7 @@ pub fn gdn_replay<T: Elem>(
     let geo = replay_geometry(ReplayKind::Gdn(dims), t, max_m, dev.shared_limits())?;
     let smem = geo.shared_bytes();
     let scratch_i = geo.scratch as i32;
-    let splits = row_splits(dev, batch, v_heads, v_dim);
+    let splits = row_splits(dev, batch, v_heads, v_dim, t);
     let splits_i = splits as i32;
     let name = format!(
         "gdn_replay_nc{}_sb{}_{}",
