@@ -73,6 +73,14 @@ impl<A: Act> GpuRank<A> {
 
     /// Runs one plan; see the module docs.
     pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        // A tensor-parallel rank samples rows it joins with the other ranks (`gpu/whole_rows.rs`): refuse before
+        // anything moves when it cannot.
+        if self.info.tp > 1 && self.inner.comm.is_none() && plan.seqs.iter().any(|s| s.sample.is_some()) {
+            return Err(EngineError::Communicator(format!(
+                "sampling on rank {} of {} without a communicator to join the rows",
+                self.info.rank, self.info.tp
+            )));
+        }
         for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
             let room = self.sizes.rows.snapshots;
             if self.form_before(s) == DecodeForm::Recurrent && s.tokens.len() > room {
@@ -87,7 +95,9 @@ impl<A: Act> GpuRank<A> {
             }
             if s.sample.is_some() {
                 return Err(EngineError::NotSupported(
-                    "sampling a verify row on the GPU rank (the coordinator samples verified rows)".into(),
+                    "sampling a verify row on the GPU rank: a verify's rows are judged from their summaries \
+                     (SeqStep::spec) or from their logits (full_logits)"
+                        .into(),
                 ));
             }
         }

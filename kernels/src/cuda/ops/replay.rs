@@ -159,16 +159,16 @@ const WARPS_PER_SM_TARGET: usize = 32;
 /// (`bench/results/gpu-replay-splits-2026-11-27.md`).
 const VERIFY_WARPS_PER_SM_TARGET: usize = 8;
 
-/// The target for launches of `t` tokens a row, or `REWIND_REPLAY_SM_WARPS` for every launch when set (a positive
-/// integer; an experiment aid for `bench/gpu/env_ab.sh`, read once). Splitting moves no arithmetic between rows, so
-/// outputs do not change.
+/// The target for launches of `t` tokens a row, or `REWIND_REPLAY_SM_WARPS` for every launch when set (an integer in
+/// 1 ..= 1024, others ignored; an experiment aid for `bench/gpu/env_ab.sh`, read once). Splitting moves no arithmetic
+/// between rows, so outputs do not change.
 fn warps_per_sm_target(t: usize) -> usize {
     static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *OVERRIDE.get_or_init(|| {
         std::env::var("REWIND_REPLAY_SM_WARPS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|&v| v > 0)
+            .filter(|v| (1..=1024).contains(v))
     });
     forced.unwrap_or(if t >= 2 {
         VERIFY_WARPS_PER_SM_TARGET
