@@ -300,4 +300,30 @@ mod tests {
         let gpu = RowSummary { log_sum_exp: None, ..a };
         assert_eq!(merge_rows(&[gpu, b]).expect("merge").log_sum_exp, None);
     }
+
+    /// Every rank samples a sampled row itself (from the row it joins): the merged step carries their common id, and
+    /// ranks that drew differently fail the step.
+    #[test]
+    fn ranks_must_sample_alike() {
+        let out = |vocab: Range<usize>, sampled: Option<u32>| StepOut {
+            rows: vec![RowSummary {
+                sampled,
+                ..summarise_row(&[0.5, 1.5], vocab.start)
+            }],
+            vocab,
+            logits: None,
+            hidden: None,
+            chain: None,
+        };
+        let agreed = merge_step(&[out(0..2, Some(3)), out(2..4, Some(3))], 4).expect("same draw");
+        assert_eq!(agreed.sampled, vec![Some(3)]);
+        let greedy = merge_step(&[out(0..2, None), out(2..4, None)], 4).expect("no draw");
+        assert_eq!(greedy.sampled, vec![None]);
+        for (a, b) in [(Some(3), Some(2)), (Some(3), None), (None, Some(1))] {
+            match merge_step(&[out(0..2, a), out(2..4, b)], 4) {
+                Err(EngineError::Communicator(m)) => assert!(m.contains("sampled row 0 differently"), "{m}"),
+                other => panic!("{a:?} / {b:?}: {other:?}"),
+            }
+        }
+    }
 }
