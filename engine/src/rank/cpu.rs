@@ -442,16 +442,20 @@ impl Decoder {
             .ok_or_else(|| EngineError::InvalidInput("a step asked for its logit slices returned none".into()))?;
         let width = out.vocab.len();
         let vocab = self.model().config().vocab_size;
-        // Every rank's slice (start, width), as bits the gather copies exactly: the widths may differ, so each rank
-        // sends its rows padded to the widest.
-        let mut ranges = vec![0.0f32; 2 * comm.size()];
-        let mine = [out.vocab.start, width].map(|v| f32::from_bits(v as u32));
-        comm.all_gather(&mine, &mut ranges)?;
-        let slices: Vec<(usize, usize)> = ranges
-            .chunks_exact(2)
-            .map(|r| (r[0].to_bits() as usize, r[1].to_bits() as usize))
+        // Every rank's slice, as the checkpoint was cut (`shard::even_split`, which the GPU ranks' join uses too): the
+        // widths may differ, so each rank sends its rows padded to the widest.
+        let ranges: Vec<Range<usize>> = (0..comm.size())
+            .map(|r| crate::shard::even_split(vocab, comm.size(), r))
             .collect();
-        let widest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        if ranges.get(comm.rank()) != Some(&out.vocab) {
+            return Err(EngineError::Communicator(format!(
+                "rank {} holds vocabulary ids {:?}, not its even share of {vocab} over {} ranks",
+                comm.rank(),
+                out.vocab,
+                comm.size()
+            )));
+        }
+        let widest = ranges.iter().map(Range::len).max().unwrap_or(0);
         // The sampled sequences' reported (last) rows, with the draw of this step.
         let mut wanted = Vec::new();
         let mut row = 0;
@@ -469,18 +473,17 @@ impl Decoder {
         comm.all_gather(&send, &mut all)?;
         // Each rank's rows without their padding, joined into whole rows as the coordinator joins slices (which
         // also checks that the slices tile the vocabulary in rank order).
-        let parts: Vec<Vec<f32>> = slices
+        let parts: Vec<Vec<f32>> = ranges
             .iter()
             .zip(all.chunks_exact(send.len().max(1)))
-            .map(|(&(_, w), rank)| {
+            .map(|(slice, rank)| {
                 rank.chunks_exact(widest.max(1))
-                    .flat_map(|r| &r[..w])
+                    .flat_map(|r| &r[..slice.len()])
                     .copied()
                     .collect()
             })
             .collect();
         let part_refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
-        let ranges: Vec<Range<usize>> = slices.iter().map(|&(start, w)| start..start + w).collect();
         let whole = super::vocab::join_slices(&part_refs, &ranges, wanted.len(), vocab)?;
         for ((r, sample), row) in wanted.iter().zip(whole.chunks_exact(vocab.max(1))) {
             out.rows[*r].sampled = Some(sample.sample(row));
