@@ -20,6 +20,7 @@ use tracing::debug_span;
 use super::head::{mark_sampled, sample_params, HeadSpec};
 use super::rank::{to_i32, GpuRank, HeadOut};
 use super::steps::greedy;
+use super::whole_rows::joining_comm;
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::rank::{RowSummary, SampleRow, SeqStep, StepPlan, MAX_CHAINED};
@@ -107,9 +108,10 @@ impl<A: Act> GpuRank<A> {
             let s = &mut self.scratch;
             if sampling {
                 let (params, uniforms) = (&s.chain.params, &s.chain.uniforms);
-                match (s.whole_rows.as_mut(), self.inner.comm.as_deref()) {
+                match s.whole_rows.as_mut() {
                     // Under tensor parallelism every rank samples the rows joined from every rank's slice.
-                    (Some(whole), Some(comm)) => {
+                    Some(whole) => {
+                        let comm = joining_comm(self.inner.comm.as_deref(), self.info.rank, world)?;
                         whole.sample_chunks(&dev, comm, &s.logits, 0, b, &mut s.argmax, |dev, rows, at, ids| {
                             let draws = k * b + at.start..k * b + at.end;
                             let params = params.slice(4 * at.start..4 * at.end);
@@ -124,7 +126,7 @@ impl<A: Act> GpuRank<A> {
                             )?)
                         })?;
                     }
-                    _ => ops::sample_rows(
+                    None => ops::sample_rows(
                         &dev,
                         &s.logits.slice(..b * v),
                         b,

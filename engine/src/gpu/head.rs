@@ -14,6 +14,7 @@ use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, CudaViewMut};
 
 use super::rank::{GpuRank, HeadOut};
 use super::scratch::StepRows;
+use super::whole_rows::joining_comm;
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::rank::{RowSummary, SampleRow};
@@ -236,12 +237,7 @@ impl<A: Act> GpuRank<A> {
             match s.whole_rows.as_mut() {
                 // A tensor-parallel rank samples the rows joined from every rank's slice, as every rank does.
                 Some(whole) => {
-                    let comm = r.comm.as_deref().ok_or_else(|| {
-                        EngineError::Communicator(format!(
-                            "sampling on rank {} of {} without a communicator to join the rows",
-                            self.info.rank, self.info.tp
-                        ))
-                    })?;
+                    let comm = joining_comm(r.comm.as_deref(), self.info.rank, self.info.tp)?;
                     let vocab = r.config.vocab_size;
                     whole.sample_chunks(
                         dev,

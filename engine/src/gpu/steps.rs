@@ -16,6 +16,7 @@ use tracing::debug_span;
 
 use super::forward::{SsmRun, Step};
 use super::rank::{put, to_i32, GpuRank, HeadOut};
+use super::whole_rows::joining_comm;
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::rank::{Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
@@ -75,11 +76,8 @@ impl<A: Act> GpuRank<A> {
     pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
         // A tensor-parallel rank samples rows it joins with the other ranks (`gpu/whole_rows.rs`): refuse before
         // anything moves when it cannot.
-        if self.info.tp > 1 && self.inner.comm.is_none() && plan.seqs.iter().any(|s| s.sample.is_some()) {
-            return Err(EngineError::Communicator(format!(
-                "sampling on rank {} of {} without a communicator to join the rows",
-                self.info.rank, self.info.tp
-            )));
+        if self.info.tp > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
+            joining_comm(self.inner.comm.as_deref(), self.info.rank, self.info.tp)?;
         }
         for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
             let room = self.sizes.rows.snapshots;

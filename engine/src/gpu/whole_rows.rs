@@ -44,6 +44,15 @@ fn shape(vocab: usize, tp: usize, max_seqs: usize) -> (usize, usize) {
     (chunk, vocab.div_ceil(tp.max(1)))
 }
 
+/// The communicator rank `rank` of `tp` joins its sampled rows over; an error when it has none.
+pub(crate) fn joining_comm(comm: Option<&dyn DeviceComm>, rank: usize, tp: usize) -> Result<&dyn DeviceComm> {
+    comm.ok_or_else(|| {
+        EngineError::Communicator(format!(
+            "sampling on rank {rank} of {tp} without a communicator to join the rows"
+        ))
+    })
+}
+
 impl WholeRows {
     /// Bytes [`WholeRows::new`] allocates on any rank of `tp` (none at TP 1).
     pub(crate) fn bytes(vocab: usize, tp: usize, max_seqs: usize) -> usize {
