@@ -119,16 +119,20 @@ fn decode(
             chained: chain - 1,
             spec_chain: None,
         };
-        let result = gpu.step(plan.clone())?;
+        // The rows' sampling, kept for the joined check (the plan moves into the step).
+        let samples: Vec<Option<SampleRow>> = match check_joined {
+            true => plan.seqs.iter().map(|s| s.sample.clone()).collect(),
+            false => Vec::new(),
+        };
+        let result = gpu.step(plan)?;
         if let (true, Some(logits)) = (check_joined, &result.logits) {
             let vocab = logits.len() / slots.len().max(1);
-            for ((s, row), got) in plan
-                .seqs
+            for ((sample, row), got) in samples
                 .iter()
                 .zip(logits.chunks_exact(vocab.max(1)))
                 .zip(&result.sampled)
             {
-                let want = s.sample.as_ref().map(|r| r.sample(row));
+                let want = sample.as_ref().map(|r| r.sample(row));
                 joined.0 += usize::from(*got != want);
                 joined.1 += 1;
             }
