@@ -1,4 +1,4 @@
-//! Chained decode steps (`--decode-steps`, `StepPlan::chained`) through the actor runtime on CPU ranks: on every
+//! Chained decode steps (`--decode-steps`, `Program::DecodeChain`) through the actor runtime on CPU ranks: on every
 //! fixture and decode form, 24 concurrent requests — greedy and seeded sampling, with stop tokens that end some of
 //! them inside a chain — give exactly the outputs of one decode step per engine step, and steps did chain; at TP 2
 //! the same mix chains with the same outputs (the ranks merge their vocabulary slices' picks for greedy rows and

@@ -1,5 +1,5 @@
 //! Chains of verifies through the serving engine on CPU ranks (`--spec ngram|oracle:P --decode-steps N`,
-//! `StepPlan::spec_chain`): speculating requests whose drafters the ranks can run verify several windows per
+//! `Program::VerifyChain`): speculating requests whose drafters the ranks can run verify several windows per
 //! engine step, judged, committed and drafted on the ranks, and give exactly the greedy output, on every fixture, in
 //! the replay, kv-only and auto forms, at TP 1 and 2. The oracle's verifies did chain (`spec_chained_steps`), and every
 //! slot is free afterwards. Sampled requests (plain temperature, judged from the rows' one-pass summaries) chain

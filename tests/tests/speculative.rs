@@ -314,9 +314,8 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
         config.max_verify = 5;
         let mut rank = single(&dir, config);
         let (toks, _) = tokens(&dir);
-        let step = |kind, tokens: &[u32], position, spec, full_logits| StepPlan {
-            commits: Vec::new(),
-            seqs: vec![SeqStep {
+        let step = |kind, tokens: &[u32], position, spec, full_logits| {
+            StepPlan::batch(vec![SeqStep {
                 slot: 0,
                 kind,
                 position,
@@ -325,11 +324,8 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
                 rows: if kind == SeqKind::Verify { Rows::All } else { Rows::Last },
                 sample: None,
                 spec,
-            }],
-            full_logits,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
+            }])
+            .with_logits(full_logits)
         };
         rank.step(&step(SeqKind::Prefill, &toks[..6], 0, None, false))
             .expect("prefill");
@@ -346,10 +342,10 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
         assert_eq!(one_pass % 5, 0);
         per_row.push(one_pass / 5);
         // The same verify asking for whole rows writes every logit.
-        rank.step(&StepPlan {
-            commits: vec![rewind_engine::rank::Commit { slot: 0, accepted: 0 }],
-            ..step(SeqKind::Verify, &toks[6..11], 6, spec, true)
-        })
+        rank.step(
+            &step(SeqKind::Verify, &toks[6..11], 6, spec, true)
+                .with_commits(vec![rewind_engine::rank::Commit { slot: 0, accepted: 0 }]),
+        )
         .expect("verify with logits");
         assert_eq!(rank.last_head_traffic().outputs, 5 * 4 * vocab as u64, "{}", name(&dir));
     }

@@ -41,9 +41,8 @@ fn step(
         Rows::Last
     };
     let out = g
-        .step(StepPlan {
-            commits: Vec::new(),
-            seqs: vec![SeqStep {
+        .step(
+            StepPlan::batch(vec![SeqStep {
                 slot,
                 kind,
                 position,
@@ -52,12 +51,9 @@ fn step(
                 rows,
                 sample: None,
                 spec: None,
-            }],
-            full_logits: true,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
-        })
+            }])
+            .with_logits(true),
+        )
         .expect("step");
     let logits = out.logits.expect("logits");
     let vocab = g.vocab_size();

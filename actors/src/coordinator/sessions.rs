@@ -226,14 +226,7 @@ impl CoordinatorState {
                     false,
                 )
             })?;
-            let plan = StepPlan {
-                commits: vec![Commit { slot: s.slot, accepted }],
-                seqs: Vec::new(),
-                full_logits: false,
-                hidden: false,
-                chained: 0,
-                spec_chain: None,
-            };
+            let plan = StepPlan::commits(vec![Commit { slot: s.slot, accepted }]);
             self.index += 1;
             self.run(self.index, &plan).await?;
         }

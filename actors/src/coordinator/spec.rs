@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rewind_engine::decode::FormChoice;
 use rewind_engine::rank::spec_chain::chain_drafts;
-use rewind_engine::rank::{Books, ChainDrafter, SeqStep, SpecChain, SpecSample, StepPlan, StepResult};
+use rewind_engine::rank::{Books, ChainDrafter, ChainedVerify, SeqStep, SpecSample, StepPlan, StepResult, VerifyChain};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::{Chain, Step, StepWork};
 use rewind_engine::spec::{
@@ -208,10 +208,11 @@ impl HiddenLayout {
     /// The layout of `result`'s hidden rows for `plan`, when it returned any of the drafters' `width`.
     pub(super) fn of(plan: &StepPlan, result: &StepResult, width: Option<usize>) -> Option<Self> {
         let (h, width) = (result.hidden.as_ref()?, width?);
+        let seqs = &plan.as_batch()?.seqs;
         let counts: Vec<usize> = if h.len() == plan.hidden_row_count() * width {
-            plan.seqs.iter().map(SeqStep::hidden_row_count).collect()
+            seqs.iter().map(SeqStep::hidden_row_count).collect()
         } else if h.len() == plan.row_count() * width {
-            plan.seqs.iter().map(SeqStep::row_count).collect()
+            seqs.iter().map(SeqStep::row_count).collect()
         } else {
             warn!(
                 values = h.len(),
@@ -420,12 +421,20 @@ impl CoordinatorState {
         })
     }
 
-    /// What the ranks need to draft a chain of verifies of `planned` (every sequence's stream, and its drafter's
-    /// rule and table): an error when a sequence's drafter cannot run on the ranks.
-    pub(super) fn spec_chain(&mut self, planned: &Step) -> Result<SpecChain> {
+    /// A chain of verifies of the planned sequences ([`Program::VerifyChain`](rewind_engine::rank::Program::VerifyChain)): the drafter every sequence's
+    /// request runs on the ranks, and each sequence's stream and draft table. A sequence whose drafter the ranks
+    /// cannot run, or two that the ranks would draft differently, are an error (the scheduler chained them wrongly).
+    pub(super) fn verify_chain(&mut self, planned: &Step) -> Result<VerifyChain> {
         let context = self.info.max_context;
-        let (mut drafter, mut streams, mut tables) = (None, Vec::new(), Vec::new());
+        let (mut drafter, mut seqs) = (None, Vec::with_capacity(planned.work.len()));
         for p in &planned.work {
+            let StepWork::Verify { position, tokens } = &p.work else {
+                return Err(EngineError::InvalidInput(format!(
+                    "request {} is not a verify, so it cannot join a chain of verifies",
+                    p.id
+                )));
+            };
+            let spec = self.spec_sample(p.id);
             let l = self
                 .live
                 .get_mut(&p.id)
@@ -445,24 +454,31 @@ impl CoordinatorState {
                     "a chain of verifies mixes drafters the ranks run differently".into(),
                 ));
             }
-            if let StepWork::Verify { position, .. } = &p.work {
-                if l.history.len() != position + 1 {
-                    return Err(EngineError::InvalidInput(format!(
-                        "request {}: its stream of {} tokens does not end at its verify's position {position}",
-                        p.id,
-                        l.history.len()
-                    )));
-                }
+            if l.history.len() != position + 1 {
+                return Err(EngineError::InvalidInput(format!(
+                    "request {}: its stream of {} tokens does not end at its verify's position {position}",
+                    p.id,
+                    l.history.len()
+                )));
             }
-            streams.push(l.history.clone());
-            if rule.0 == ChainDrafter::Table {
-                tables.push(rule.1);
-            }
+            seqs.push(ChainedVerify {
+                slot: p.slot,
+                position: *position,
+                tokens: tokens.clone(),
+                form: self.config.form,
+                spec,
+                stream: l.history.clone(),
+                table: if rule.0 == ChainDrafter::Table {
+                    rule.1
+                } else {
+                    Vec::new()
+                },
+            });
         }
-        Ok(SpecChain {
+        Ok(VerifyChain {
+            seqs,
+            steps: planned.chained,
             drafter: drafter.ok_or_else(|| EngineError::InvalidInput("a chain of no verifies".into()))?,
-            streams,
-            tables,
         })
     }
 

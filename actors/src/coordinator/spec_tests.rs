@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use rewind_engine::decode::FormChoice;
-use rewind_engine::rank::{Rows, SeqKind};
+use rewind_engine::rank::{Batch, Program, Rows, SeqKind};
 use rewind_engine::spec::{Draft, DrafterKind, SpecConfig, SpecPolicy};
 
 use super::*;
@@ -29,16 +29,16 @@ fn seq(kind: SeqKind, position: usize, n: usize, rows: Rows) -> SeqStep {
 fn plan() -> StepPlan {
     StepPlan {
         commits: Vec::new(),
-        seqs: vec![
-            seq(SeqKind::Prefill, 0, 3, Rows::None),
-            seq(SeqKind::Prefill, 5, 2, Rows::Last),
-            seq(SeqKind::Decode, 9, 1, Rows::Last),
-            seq(SeqKind::Verify, 20, 3, Rows::All),
-        ],
-        full_logits: false,
-        hidden: true,
-        chained: 0,
-        spec_chain: None,
+        program: Program::Batch(Batch {
+            seqs: vec![
+                seq(SeqKind::Prefill, 0, 3, Rows::None),
+                seq(SeqKind::Prefill, 5, 2, Rows::Last),
+                seq(SeqKind::Decode, 9, 1, Rows::Last),
+                seq(SeqKind::Verify, 20, 3, Rows::All),
+            ],
+            full_logits: false,
+            hidden: true,
+        }),
     }
 }
 

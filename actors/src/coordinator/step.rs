@@ -4,9 +4,12 @@
 use std::time::Instant;
 
 use ractor::ActorRef;
-use rewind_engine::rank::{finish, prepare, Commit, Rows, SampleRow, SeqKind, SeqStep, StepPlan};
+use rewind_engine::rank::{
+    finish, prepare, Batch, ChainSample, ChainedDecode, Commit, DecodeChain, Program, Rows, SampleRow, SeqKind,
+    SeqStep, StepPlan, StepResult,
+};
 use rewind_engine::sample::Sampler;
-use rewind_engine::sched::{OutputStream, Planned, Request, StepWork};
+use rewind_engine::sched::{OutputStream, Planned, Request, Step, StepWork};
 use rewind_engine::spec::DraftRequest;
 use rewind_engine::EngineError;
 use tokio::sync::mpsc::UnboundedSender;
@@ -217,9 +220,8 @@ impl CoordinatorState {
         Metrics::set(&m.free_kv_blocks, blocks as u64);
     }
 
-    /// The sampling row of `id`'s next token (and of the `chained` tokens after it, [`StepPlan::chained`]); `None`
-    /// for greedy decoding without a penalty (the argmax).
-    fn sample_row(&self, id: u64, chained: usize) -> Option<SampleRow> {
+    /// The sampling row of `id`'s next token; `None` for greedy decoding without a penalty (the argmax).
+    fn sample_row(&self, id: u64) -> Option<SampleRow> {
         let l = self.live.get(&id)?;
         let p = &l.params;
         if p.temperature == 0.0 && p.repetition_penalty == 1.0 {
@@ -237,13 +239,26 @@ impl CoordinatorState {
                 Vec::new()
             },
             uniform: Sampler::draw_at(l.seed, l.output.generated() as u64),
-            chained_uniforms: (1..=chained)
+        })
+    }
+
+    /// The sampling of `id`'s next `1 + steps` tokens in a chain of decodes; `None` for greedy decoding. The
+    /// scheduler chains no request with a repetition penalty (its history would need every chained token here).
+    fn chain_sample(&self, id: u64, steps: usize) -> Option<ChainSample> {
+        let l = self.live.get(&id)?;
+        let p = &l.params;
+        (p.temperature != 0.0).then(|| ChainSample {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            draws: (0..=steps)
                 .map(|k| Sampler::draw_at(l.seed, (l.output.generated() + k) as u64))
                 .collect(),
         })
     }
 
-    fn seq_step(&self, p: &Planned, chained: usize) -> SeqStep {
+    fn seq_step(&self, p: &Planned) -> SeqStep {
         let (kind, position, tokens) = match &p.work {
             StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
             StepWork::Decode { position, token, .. } => (SeqKind::Decode, *position, vec![*token]),
@@ -268,12 +283,14 @@ impl CoordinatorState {
             tokens,
             form: self.config.form,
             rows: if samples { Rows::Last } else { Rows::None },
-            sample: if samples { self.sample_row(p.id, chained) } else { None },
+            sample: if samples { self.sample_row(p.id) } else { None },
             spec: None,
         }
     }
 
-    /// One step; see the module docs.
+    /// One step, in its phases: recover from a fault left by the last one, let the drafters propose, schedule,
+    /// build the plan, run it on every rank, and deliver its tokens. A phase that fails hands the fault to recovery
+    /// with the requests the step involved.
     pub(super) async fn step(&mut self, _myself: &ActorRef<CoordinatorMsg>) {
         if let Some(f) = self.pending_fault.take() {
             self.recover(f, &[]).await;
@@ -282,7 +299,38 @@ impl CoordinatorState {
             return;
         }
         self.draft().await;
+        let Some(planned) = self.schedule_step().await else {
+            return;
+        };
+        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+        let plan = match self.build_plan(&planned) {
+            Ok(plan) => plan,
+            Err(f) => return self.recover(f, &ids).await,
+        };
+        self.index += 1;
+        let (index, seqs, tokens) = (self.index, plan.seq_count(), step_tokens(&plan));
+        let span = info_span!("engine_step", step = index, seqs, tokens);
+        let t0 = Instant::now();
+        let result = match self.run(index, &plan).instrument(span).await {
+            Ok(r) => r,
+            Err(f) => return self.recover(f, &ids).await,
+        };
+        let stats = StepStats {
+            index,
+            seqs,
+            tokens,
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        self.step_metrics(&planned, &plan, &result, stats);
+        self.deliver_step(&planned, &plan, &result, stats).await;
+    }
+
+    /// The schedule phase: the scheduler's next step, with the preempted sequences released, the fresh ones
+    /// opened in the books and the restored ones restored on the ranks. `None` when there is nothing to run (or a
+    /// fault was handed to recovery).
+    async fn schedule_step(&mut self) -> Option<Step> {
         let planned = self.sched.schedule();
+        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
         if !planned.preempted.is_empty() {
             Metrics::add(&self.metrics.preemptions, planned.preempted.len() as u64);
             let slots: Vec<usize> = planned
@@ -300,24 +348,20 @@ impl CoordinatorState {
                 .collect();
             self.release(&slots).await;
             if let Some(f) = self.pending_fault.take() {
-                let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
                 self.recover(f, &ids).await;
-                return;
+                return None;
             }
         }
         if planned.work.is_empty() && planned.commits.is_empty() {
             self.gauges();
-            return;
+            return None;
         }
-        for p in &planned.work {
-            if p.fresh {
-                if let Err(e) = self.books.open_at(p.slot, self.config.form) {
-                    // The scheduler and the books disagree: a bug, charged to the whole step as a fault.
-                    let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
-                    self.recover(Fault::Rank(0, format!("opening slot {}: {e}", p.slot), false), &ids)
-                        .await;
-                    return;
-                }
+        for p in planned.work.iter().filter(|p| p.fresh) {
+            if let Err(e) = self.books.open_at(p.slot, self.config.form) {
+                // The scheduler and the books disagree: a bug, charged to the whole step as a fault.
+                self.recover(Fault::Rank(0, format!("opening slot {}: {e}", p.slot), false), &ids)
+                    .await;
+                return None;
             }
         }
         let restores: Vec<(u64, usize)> = planned
@@ -327,73 +371,78 @@ impl CoordinatorState {
             .map(|p| (p.id, p.slot))
             .collect();
         if let Err(f) = self.restore(&restores).await {
-            let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
             self.recover(f, &ids).await;
-            return;
+            return None;
         }
         let restored: usize = planned.work.iter().filter(|p| p.fresh).map(|p| p.restored).sum();
         Metrics::add(&self.metrics.restored_tokens, restored as u64);
-        let full_logits = planned
-            .work
+        Some(planned)
+    }
+
+    /// The build phase: the scheduler's step as the program every rank runs. A chain the ranks cannot run is the
+    /// scheduler's bug, charged to the step as a fault.
+    fn build_plan(&mut self, planned: &Step) -> Result<StepPlan, Fault> {
+        let commits = planned
+            .commits
             .iter()
-            .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows);
-        let mut plan = StepPlan {
-            commits: planned
-                .commits
+            .map(|&(slot, accepted)| Commit { slot, accepted })
+            .collect();
+        let program = if planned.spec_chain {
+            Program::VerifyChain(
+                self.verify_chain(planned)
+                    .map_err(|e| Fault::Rank(0, e.to_string(), false))?,
+            )
+        } else if planned.chained > 0 {
+            let seqs = planned
+                .work
                 .iter()
-                .map(|&(slot, accepted)| Commit { slot, accepted })
-                .collect(),
-            seqs: planned.work.iter().map(|p| self.seq_step(p, planned.chained)).collect(),
-            full_logits,
-            // A chain holds no sequence whose drafter reads hidden rows.
-            hidden: self.wants_hidden() && planned.chained == 0,
-            chained: planned.chained,
-            spec_chain: None,
-        };
-        if planned.spec_chain {
-            match self.spec_chain(&planned) {
-                Ok(c) => plan.spec_chain = Some(c),
-                Err(e) => {
-                    // The scheduler chained a sequence whose drafter the ranks cannot run: a bug, charged to the step
-                    // as a fault.
-                    let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
-                    self.recover(Fault::Rank(0, e.to_string(), false), &ids).await;
-                    return;
-                }
-            }
-        }
-        self.index += 1;
-        let index = self.index;
-        let per_chained = if plan.spec_chain.is_some() {
-            plan.token_count()
+                .map(|p| match &p.work {
+                    StepWork::Decode { position, token, .. } => Ok(ChainedDecode {
+                        slot: p.slot,
+                        position: *position,
+                        token: *token,
+                        form: self.config.form,
+                        sample: self.chain_sample(p.id, planned.chained),
+                    }),
+                    StepWork::Prefill { .. } | StepWork::Verify { .. } => Err(Fault::Rank(
+                        0,
+                        format!("the scheduler chained request {}, which is not a decode", p.id),
+                        false,
+                    )),
+                })
+                .collect::<Result<_, _>>()?;
+            Program::DecodeChain(DecodeChain {
+                seqs,
+                steps: planned.chained,
+            })
         } else {
-            plan.seqs.len()
+            Program::Batch(Batch {
+                seqs: planned.work.iter().map(|p| self.seq_step(p)).collect(),
+                full_logits: planned
+                    .work
+                    .iter()
+                    .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows),
+                hidden: self.wants_hidden(),
+            })
         };
-        let (seqs, tokens) = (plan.seqs.len(), plan.token_count() + per_chained * plan.chained);
-        let span = info_span!("engine_step", step = index, seqs, tokens);
-        let t0 = Instant::now();
-        let result = self.run(index, &plan).instrument(span).await;
-        let seconds = t0.elapsed().as_secs_f64();
-        let result = match result {
-            Ok(r) => r,
-            Err(f) => {
-                let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
-                self.recover(f, &ids).await;
-                return;
-            }
-        };
+        Ok(StepPlan { commits, program })
+    }
+
+    /// The run phase's counters and gauges.
+    fn step_metrics(&self, planned: &Step, plan: &StepPlan, result: &StepResult, stats: StepStats) {
         let m = &self.metrics;
         Metrics::inc(&m.steps);
-        match &result.chain {
+        match (&plan.program, &result.chain) {
             // The steps the ranks ran (they may end a chain of verifies early).
-            Some(log) => Metrics::add(
+            (Program::VerifyChain(c), Some(log)) => Metrics::add(
                 &m.spec_chained_steps,
-                (log.accepted.len() / plan.seqs.len().max(1)).saturating_sub(1) as u64,
+                (log.accepted.len() / c.seqs.len().max(1)).saturating_sub(1) as u64,
             ),
-            None => Metrics::add(&m.chained_steps, plan.chained as u64),
+            (Program::DecodeChain(c), _) => Metrics::add(&m.chained_steps, c.steps as u64),
+            _ => {}
         }
-        Metrics::set(&m.batch_seqs, seqs as u64);
-        Metrics::set(&m.batch_tokens, tokens as u64);
+        Metrics::set(&m.batch_seqs, stats.seqs as u64);
+        Metrics::set(&m.batch_tokens, stats.tokens as u64);
         let prefill: usize = planned
             .work
             .iter()
@@ -403,65 +452,63 @@ impl CoordinatorState {
             })
             .sum();
         Metrics::add(&m.prefill_tokens, prefill as u64);
-        let stats = StepStats {
-            index,
-            seqs,
-            tokens,
-            seconds,
-        };
-        debug!(step = index, seqs, tokens, seconds, "step");
+        debug!(
+            step = stats.index,
+            seqs = stats.seqs,
+            tokens = stats.tokens,
+            seconds = stats.seconds,
+            "step"
+        );
+    }
+
+    /// The deliver phase: hidden rows to the drafters that read them, each sequence's new tokens to its stream, then
+    /// session saves, releases of what finished and failures of what could not be judged.
+    async fn deliver_step(&mut self, planned: &Step, plan: &StepPlan, result: &StepResult, stats: StepStats) {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         // Hidden rows for drafters that run on them: every prefill and decode row is committed now; a verify's
         // are kept up to its accepted drafts, once judged. Plan sequence `i` is `planned.work[i]`.
-        let layout = HiddenLayout::of(&plan, &result, self.hidden_width());
+        let layout = HiddenLayout::of(plan, result, self.hidden_width());
         for (i, p) in planned.work.iter().enumerate() {
             let Some(layout) = &layout else { break };
             match &p.work {
                 StepWork::Prefill { position, tokens, .. } => {
-                    self.note_hidden(p.id, layout, &result, i, position + tokens.len() - 1)
+                    self.note_hidden(p.id, layout, result, i, position + tokens.len() - 1)
                 }
-                StepWork::Decode { position, .. } => self.note_hidden(p.id, layout, &result, i, *position),
+                StepWork::Decode { position, .. } => self.note_hidden(p.id, layout, result, i, *position),
                 StepWork::Verify { .. } => {}
             }
         }
-        // A chained plan answers step-major: its step `k` repeats the rows of step 0, `per_step` further on.
-        let per_step = plan.row_count() / (1 + plan.chained);
+        let n = planned.work.len();
         let mut row = 0;
         for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
-            let (tokens, rows) = match &p.work {
-                StepWork::Verify { tokens, .. } if result.chain.is_some() => {
-                    match self.chain_judged(p.id, i, planned.work.len(), tokens.len(), &result) {
-                        Ok(t) => (t, tokens.len()),
-                        Err(e) => {
-                            failed.push((p.id, format!("a chain of verifies failed: {e}")));
-                            continue;
-                        }
-                    }
-                }
-                StepWork::Verify { position, tokens } => {
-                    let n = tokens.len();
+            let picked = match (&plan.program, &p.work) {
+                (Program::VerifyChain(_), StepWork::Verify { tokens, .. }) => self
+                    .chain_judged(p.id, i, n, tokens.len(), result)
+                    .map_err(|e| format!("a chain of verifies failed: {e}")),
+                (Program::Batch(_), StepWork::Verify { position, tokens }) => {
                     let hidden = layout.as_ref().map(|l| (l, i));
-                    match self.judge(p.id, *position, tokens, &result, row, hidden) {
-                        Ok(t) => (t, n),
-                        Err(e) => {
-                            failed.push((p.id, format!("judging the speculative verify failed: {e}")));
-                            row += n;
-                            continue;
-                        }
-                    }
+                    let judged = self
+                        .judge(p.id, *position, tokens, result, row, hidden)
+                        .map_err(|e| format!("judging the speculative verify failed: {e}"));
+                    row += tokens.len();
+                    judged
                 }
-                StepWork::Prefill { .. } | StepWork::Decode { .. } => {
-                    // Tokens after a stop inside a chain are dropped below (the slot is released; nothing it left
-                    // in the state is kept).
-                    let tokens = (0..=plan.chained)
-                        .map(|k| k * per_step + row)
-                        .map(|r| result.sampled[r].unwrap_or(result.rows[r].argmax))
-                        .collect();
-                    (tokens, 1)
+                // A chain answers step-major, one row per sequence a step. Tokens after a stop inside a chain are
+                // dropped below (the slot is released; nothing it left in the state is kept).
+                (Program::DecodeChain(c), _) => Ok((0..=c.steps).map(|k| pick(result, k * n + i)).collect()),
+                (_, StepWork::Prefill { .. } | StepWork::Decode { .. }) => {
+                    row += 1;
+                    Ok(vec![pick(result, row - 1)])
                 }
             };
-            row += rows;
+            let tokens = match picked {
+                Ok(t) => t,
+                Err(e) => {
+                    failed.push((p.id, e));
+                    continue;
+                }
+            };
             let verify_at = match &p.work {
                 StepWork::Verify { position, .. } => Some(*position),
                 StepWork::Prefill { .. } | StepWork::Decode { .. } => None,
@@ -591,4 +638,15 @@ impl CoordinatorState {
         }
         slot
     }
+}
+
+/// Row `row`'s pick: its sampled token, else its argmax.
+fn pick(result: &StepResult, row: usize) -> u32 {
+    result.sampled[row].unwrap_or(result.rows[row].argmax)
+}
+
+/// Tokens a step runs through the model over all its steps: a chain of decodes one per sequence and step, a chain
+/// of verifies each window every step.
+fn step_tokens(plan: &StepPlan) -> usize {
+    plan.token_count() * (1 + plan.chained())
 }

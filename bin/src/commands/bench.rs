@@ -50,23 +50,17 @@ pub(super) fn git_commit() -> Option<String> {
 
 /// One step of one sequence.
 fn one(loaded: &Loaded, slot: usize, kind: SeqKind, position: usize, tokens: Vec<u32>, logits: bool) -> StepPlan {
-    StepPlan {
-        commits: Vec::new(),
-        seqs: vec![SeqStep {
-            slot,
-            kind,
-            position,
-            tokens,
-            form: loaded.form,
-            rows: Rows::Last,
-            sample: None,
-            spec: None,
-        }],
-        full_logits: logits,
-        hidden: false,
-        chained: 0,
-        spec_chain: None,
-    }
+    StepPlan::batch(vec![SeqStep {
+        slot,
+        kind,
+        position,
+        tokens,
+        form: loaded.form,
+        rows: Rows::Last,
+        sample: None,
+        spec: None,
+    }])
+    .with_logits(logits)
 }
 
 /// Seconds to prefill `prompt` into a fresh sequence, in one step (the chunked scans) or token by token (one

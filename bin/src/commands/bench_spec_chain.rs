@@ -1,5 +1,5 @@
 //! `rewind bench`'s chained verify steps (`--verify-window T --decode-steps N`): greedy speculative decoding in
-//! plans of `N` verify steps whose drafts, verdicts and commits stay on the ranks (`StepPlan::spec_chain`), at a
+//! plans of `N` verify steps whose drafts, verdicts and commits stay on the ranks (`Program::VerifyChain`), at a
 //! controlled acceptance.
 //!
 //! The drafts come from a table by stream position (the oracle drafter on the ranks): each sequence's greedy
@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use rewind_engine::decode::FormChoice;
-use rewind_engine::rank::{ChainDrafter, Commit, RankGroup, Rows, SeqKind, SeqStep, SpecChain, StepPlan, MAX_CHAINED};
+use rewind_engine::rank::{
+    ChainDrafter, ChainedDecode, ChainedVerify, Commit, RankGroup, StepPlan, VerifyChain, MAX_CHAINED,
+};
 
 use serde_json::{json, Value};
 
@@ -40,23 +42,21 @@ fn continuations(
     let mut out: Vec<Vec<u32>> = seqs.iter().map(|s| vec![s.2]).collect();
     while out[0].len() < n {
         let chain = (n - out[0].len()).min(MAX_CHAINED + 1);
-        let plan = StepPlan {
-            seqs: seqs
-                .iter()
-                .zip(&out)
-                .map(|(s, c)| SeqStep {
-                    slot: s.0,
-                    kind: SeqKind::Decode,
-                    position: s.1 + c.len() - 1,
-                    tokens: vec![c[c.len() - 1]],
-                    form,
-                    rows: Rows::Last,
-                    sample: None,
-                    spec: None,
-                })
-                .collect(),
-            chained: chain - 1,
-            ..StepPlan::default()
+        let decodes: Vec<ChainedDecode> = seqs
+            .iter()
+            .zip(&out)
+            .map(|(s, c)| ChainedDecode {
+                slot: s.0,
+                position: s.1 + c.len() - 1,
+                token: c[c.len() - 1],
+                form,
+                sample: None,
+            })
+            .collect();
+        let plan = if chain > 1 {
+            StepPlan::decode_chain(decodes, chain - 1)
+        } else {
+            StepPlan::batch(decodes.iter().map(|d| d.step(0, d.token)).collect())
         };
         let r = group.step(plan)?;
         for step in r.rows.chunks_exact(seqs.len()) {
@@ -117,11 +117,6 @@ pub(super) fn spec_chain_secs(
             s
         })
         .collect();
-    let rules = SpecChain {
-        drafter: ChainDrafter::Table,
-        streams: Vec::new(),
-        tables: tables.clone(),
-    };
     let mut commits: Vec<Commit> = Vec::new();
     let (mut timed_steps, mut kept_total) = (0usize, 0usize);
     let mut t0 = Instant::now();
@@ -130,35 +125,30 @@ pub(super) fn spec_chain_secs(
             group.synchronize()?;
             t0 = Instant::now();
         }
-        let plan = StepPlan {
-            commits: std::mem::take(&mut commits),
-            seqs: seqs
-                .iter()
-                .zip(&streams)
-                .enumerate()
-                .map(|(q, (s, stream))| {
-                    let mut t = vec![stream[stream.len() - 1]];
-                    t.extend(rules.draft(q, stream, window));
-                    SeqStep {
-                        slot: s.0,
-                        kind: SeqKind::Verify,
-                        position: stream.len() - 1,
-                        tokens: t,
-                        form,
-                        rows: Rows::All,
-                        sample: None,
-                        spec: None,
-                    }
-                })
-                .collect(),
-            chained: chain - 1,
-            spec_chain: Some(SpecChain {
-                drafter: ChainDrafter::Table,
-                streams: streams.clone(),
-                tables: tables.clone(),
-            }),
-            ..StepPlan::default()
-        };
+        let verifies: Vec<ChainedVerify> = seqs
+            .iter()
+            .zip(&streams)
+            .zip(&tables)
+            .map(|((s, stream), table)| {
+                let mut t = vec![stream[stream.len() - 1]];
+                t.extend(ChainDrafter::Table.draft(table, stream, window));
+                ChainedVerify {
+                    slot: s.0,
+                    position: stream.len() - 1,
+                    tokens: t,
+                    form,
+                    spec: None,
+                    stream: stream.clone(),
+                    table: table.clone(),
+                }
+            })
+            .collect();
+        let plan = StepPlan::verify_chain(VerifyChain {
+            seqs: verifies,
+            steps: chain - 1,
+            drafter: ChainDrafter::Table,
+        })
+        .with_commits(std::mem::take(&mut commits));
         let out = group.step(plan)?;
         let log = out
             .chain

@@ -11,7 +11,7 @@ use rewind_engine::model::ModelConfig;
 use rewind_engine::plan::projection::{tokens_per_verify, Batch};
 use rewind_engine::plan::PlanForm;
 use rewind_engine::plan::{project, GpuProfile, PlanInput};
-use rewind_engine::rank::{Commit, RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
+use rewind_engine::rank::{ChainedDecode, Commit, RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use rewind_engine::state::memory::kv_only_threshold;
 
 use serde_json::{json, Value};
@@ -50,23 +50,16 @@ pub(super) fn open_batch(
 
 /// The plan that prefills a fresh sequence in `slot` with `prompt` in one step (the last row reported).
 pub(super) fn prefill_plan(slot: usize, form: FormChoice, prompt: Vec<u32>) -> StepPlan {
-    StepPlan {
-        commits: Vec::new(),
-        seqs: vec![SeqStep {
-            slot,
-            kind: SeqKind::Prefill,
-            position: 0,
-            tokens: prompt,
-            form,
-            rows: Rows::Last,
-            sample: None,
-            spec: None,
-        }],
-        full_logits: false,
-        hidden: false,
-        chained: 0,
-        spec_chain: None,
-    }
+    StepPlan::batch(vec![SeqStep {
+        slot,
+        kind: SeqKind::Prefill,
+        position: 0,
+        tokens: prompt,
+        form,
+        rows: Rows::Last,
+        sample: None,
+        spec: None,
+    }])
 }
 
 /// The shape of a batched-step measure: `batch` sequences of `prompt` tokens each, decoding (`window` 0) or verifying
@@ -77,7 +70,7 @@ pub(super) struct StepShape {
     pub prompt: usize,
     pub window: usize,
     pub accepted: usize,
-    /// Decode steps per plan (1: one; more: `StepPlan::chained`, decoding only).
+    /// Decode steps per plan (1: one; more: `Program::DecodeChain`, decoding only).
     pub chain: usize,
 }
 
@@ -112,36 +105,46 @@ pub(super) fn step_secs(
     let mut commits: Vec<Commit> = Vec::new();
     let mut draft_seed = seed ^ 0x5eed;
     let mut step = |group: &mut RankGroup, seqs: &mut Vec<(usize, usize, u32)>, commits: &mut Vec<Commit>| {
-        let plan = StepPlan {
-            commits: std::mem::take(commits),
-            seqs: seqs
+        let batch: Vec<SeqStep> = seqs
+            .iter()
+            .map(|&(slot, pos, next)| {
+                draft_seed = draft_seed.wrapping_add(1);
+                let mut t = vec![next];
+                t.extend(tokens(window, vocab, draft_seed));
+                let (kind, rows) = if window == 0 {
+                    (SeqKind::Decode, Rows::Last)
+                } else {
+                    (SeqKind::Verify, Rows::All)
+                };
+                SeqStep {
+                    slot,
+                    kind,
+                    position: pos,
+                    tokens: t,
+                    form,
+                    rows,
+                    sample: None,
+                    spec: None,
+                }
+            })
+            .collect();
+        let plan = if chain > 1 {
+            // The checks above leave only greedy decodes here.
+            let decodes = batch
                 .iter()
-                .map(|&(slot, pos, next)| {
-                    draft_seed = draft_seed.wrapping_add(1);
-                    let mut t = vec![next];
-                    t.extend(tokens(window, vocab, draft_seed));
-                    let (kind, rows) = if window == 0 {
-                        (SeqKind::Decode, Rows::Last)
-                    } else {
-                        (SeqKind::Verify, Rows::All)
-                    };
-                    SeqStep {
-                        slot,
-                        kind,
-                        position: pos,
-                        tokens: t,
-                        form,
-                        rows,
-                        sample: None,
-                        spec: None,
-                    }
+                .map(|s| ChainedDecode {
+                    slot: s.slot,
+                    position: s.position,
+                    token: s.tokens[0],
+                    form,
+                    sample: None,
                 })
-                .collect(),
-            full_logits: false,
-            hidden: false,
-            chained: chain - 1,
-            spec_chain: None,
-        };
+                .collect();
+            StepPlan::decode_chain(decodes, chain - 1)
+        } else {
+            StepPlan::batch(batch)
+        }
+        .with_commits(std::mem::take(commits));
         let out = group.step(plan)?;
         let last_step = (chain - 1) * seqs.len();
         for (k, s) in seqs.iter_mut().enumerate() {

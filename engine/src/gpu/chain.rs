@@ -1,4 +1,4 @@
-//! Chained decode steps on the GPU ([`StepPlan::chained`], like vLLM's multi-step scheduling): a plan of decodes
+//! Chained decode steps on the GPU ([`DecodeChain`], like vLLM's multi-step scheduling): a plan of decodes
 //! runs `1 + c` steps back to back with no host round trip between them.
 //!
 //! A decode always commits exactly one token, so everything a step needs but its tokens is known on the host in
@@ -8,10 +8,10 @@
 //! token buffer, and logs the step's summaries and sampled ids on the device. The host queues every step, then reads
 //! the log once.
 //!
-//! The CPU rank's loop of single steps (`rank/cpu.rs`, `step_chained`) is the twin; `rewind selftest` checks a chain
+//! The CPU rank's loop of single steps (`rank/executor.rs`, `decode_chain`) is the twin; `rewind selftest` checks a chain
 //! against single steps on the GPU (`gpu/check_chain.rs`).
 //!
-//! [`StepPlan::chained`]: crate::rank::StepPlan::chained
+//! [`DecodeChain`]: crate::rank::DecodeChain
 
 use rewind_kernels::cuda::ops::{self, SUMMARY_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice};
@@ -23,7 +23,7 @@ use super::steps::greedy;
 use super::whole_rows::joining_comm;
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{RowSummary, SampleRow, SeqStep, StepPlan, MAX_CHAINED};
+use crate::rank::{DecodeChain, RowSummary, SampleRow, SeqStep, MAX_CHAINED};
 
 /// The chain's device buffers: the per-step log of summaries and sampled ids, and the sampling parameters and draws
 /// of every step, uploaded once.
@@ -62,11 +62,13 @@ impl ChainScratch {
 impl<A: Act> GpuRank<A> {
     /// Runs a plan's decodes and its chained steps (the books have checked and recorded the plan); returns every
     /// step's rows, step-major.
-    pub(super) fn run_chain(&mut self, plan: &StepPlan) -> Result<HeadOut> {
-        let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
-        let (b, steps) = (seqs.len(), plan.chained + 1);
+    pub(super) fn run_chain(&mut self, chain: &DecodeChain) -> Result<HeadOut> {
+        // Each sequence as step 0's decode: the staging reads slots, positions and forms, which the steps share.
+        let firsts: Vec<SeqStep> = chain.seqs.iter().map(|s| s.step(0, s.token)).collect();
+        let seqs: Vec<&SeqStep> = firsts.iter().collect();
+        let (b, steps) = (seqs.len(), chain.steps + 1);
         let _span = debug_span!("gpu_chain", batch = b, steps).entered();
-        // The books checked the plan (`StepPlan::check_chain`).
+        // The books checked the chain (`DecodeChain::check`).
         let sampling = seqs.iter().any(|s| s.sample.is_some());
         let world = self.info.tp;
         if world > 1 && self.inner.comm.is_none() {
@@ -81,15 +83,14 @@ impl<A: Act> GpuRank<A> {
         if sampling {
             let rows: Vec<SampleRow> = seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect();
             let params = sample_params(&rows);
-            // Step-major draws: a sampling row carries one per step (`check_chain`); a greedy row's are unused
-            // (temperature 0 is the argmax), so it draws 0.
+            // Step-major draws: a sampling row carries one per step (`DecodeChain::check`); a greedy row's are
+            // unused (temperature 0 is the argmax), so it draws 0.
             let uniforms: Vec<f32> = (0..steps)
                 .flat_map(|k| {
-                    seqs.iter().map(move |s| match &s.sample {
-                        Some(r) if k == 0 => r.uniform,
-                        Some(r) => r.chained_uniforms[k - 1],
-                        None => 0.0,
-                    })
+                    chain
+                        .seqs
+                        .iter()
+                        .map(move |s| s.sample.as_ref().map_or(0.0, |r| r.draws[k]))
                 })
                 .collect();
             let c = &mut self.scratch.chain;

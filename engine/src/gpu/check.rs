@@ -29,7 +29,7 @@ use crate::decode::{Decoder, DecoderConfig, FormChoice};
 use crate::error::{EngineError, Result};
 use crate::model::tensors::TensorSource;
 use crate::model::ModelConfig;
-use crate::rank::{GraphStats, Rows, SeqKind, SeqStep, StepPlan};
+use crate::rank::{Batch, GraphStats, Program, Rows, SeqKind, SeqStep, StepPlan};
 use crate::sample::argmax;
 use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::worse;
@@ -127,7 +127,7 @@ pub struct TeacherForcedReport {
     /// The first sequence snapshotted after its prompt and restored into another slot, both decoded in the same
     /// batches: the worst `max|Δ| / max|original|` between their logits (a restore must continue exactly).
     pub snapshot_rel: f64,
-    /// The decode steps' final hidden rows (`StepPlan::hidden`, what MTP drafts from) through the CPU's final norm and
+    /// The decode steps' final hidden rows (`Batch::hidden`, what MTP drafts from) through the CPU's final norm and
     /// head, against the GPU's own logits of the same rows: the worst relative error (the hidden rows must be the
     /// residual stream the GPU's head read).
     pub hidden_rel: f64,
@@ -244,20 +244,20 @@ pub fn teacher_forced(
         let slot = gpu.open(form)?;
         let out = gpu.step(StepPlan {
             commits: Vec::new(),
-            seqs: vec![SeqStep {
-                slot,
-                kind: SeqKind::Prefill,
-                position: 0,
-                tokens: p.clone(),
-                form,
-                rows: Rows::All,
-                sample: None,
-                spec: None,
-            }],
-            full_logits: true,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
+            program: Program::Batch(Batch {
+                seqs: vec![SeqStep {
+                    slot,
+                    kind: SeqKind::Prefill,
+                    position: 0,
+                    tokens: p.clone(),
+                    form,
+                    rows: Rows::All,
+                    sample: None,
+                    spec: None,
+                }],
+                full_logits: true,
+                hidden: false,
+            }),
         })?;
         let all = out.logits.unwrap_or_default();
         got.push(all.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
@@ -271,25 +271,25 @@ pub fn teacher_forced(
     for step in 0..steps {
         let plan = StepPlan {
             commits: Vec::new(),
-            seqs: seqs
-                .iter()
-                .chain(std::iter::once(&(copy, seqs[0].1)))
-                .zip(refs.iter().chain(std::iter::once(&refs[0])))
-                .map(|(&(slot, len), (toks, _))| SeqStep {
-                    slot,
-                    kind: SeqKind::Decode,
-                    position: len + step,
-                    tokens: vec![toks[step]],
-                    form,
-                    rows: Rows::Last,
-                    sample: None,
-                    spec: None,
-                })
-                .collect(),
-            full_logits: true,
-            hidden: true,
-            chained: 0,
-            spec_chain: None,
+            program: Program::Batch(Batch {
+                seqs: seqs
+                    .iter()
+                    .chain(std::iter::once(&(copy, seqs[0].1)))
+                    .zip(refs.iter().chain(std::iter::once(&refs[0])))
+                    .map(|(&(slot, len), (toks, _))| SeqStep {
+                        slot,
+                        kind: SeqKind::Decode,
+                        position: len + step,
+                        tokens: vec![toks[step]],
+                        form,
+                        rows: Rows::Last,
+                        sample: None,
+                        spec: None,
+                    })
+                    .collect(),
+                full_logits: true,
+                hidden: true,
+            }),
         };
         let out = gpu.step(plan)?;
         let logits = out.logits.unwrap_or_default();

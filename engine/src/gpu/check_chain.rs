@@ -1,4 +1,4 @@
-//! Chained decode steps ([`StepPlan::chained`], `gpu/chain.rs`) checked on the GPU against the same steps run one
+//! Chained decode steps ([`DecodeChain`](crate::rank::DecodeChain), `gpu/chain.rs`) checked on the GPU against the same steps run one
 //! plan at a time: the same prompts, decoded greedily and then with filtered sampling (the same draws), once step by
 //! step (each step's token read back and fed by the host) and once in chains whose tokens never leave the device.
 //! Every step's pick must be the same token and its summary (max logit, log-sum-exp) the same row; a wrong position,
@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::{gpu_group, GpuOptions};
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
-use crate::rank::{RankGroup, Rows, SampleRow, SeqKind, SeqStep, StepPlan, StepResult};
+use crate::rank::{ChainSample, ChainedDecode, DecodeChain, Program, RankGroup, SampleRow, StepPlan, StepResult};
 use rewind_kernels::cuda::parity::{worse, Rng};
 use std::path::Path;
 
@@ -45,17 +45,14 @@ pub struct ChainReport {
 /// One decode row as both paths report it: the pick fed to the next step, the max logit and the log-sum-exp.
 type Row = (u32, f32, f32);
 
-/// The sampling rows of one mode: `None` for greedy; else filtered sampling with draw `u`.
-fn sample_row(sampled: bool, u: f32, chained: Vec<f32>) -> Option<SampleRow> {
-    sampled.then_some(SampleRow {
+/// The sampling of one mode: `None` for greedy; else filtered sampling with one draw per step.
+fn chain_sample(sampled: bool, draws: Vec<f32>) -> Option<ChainSample> {
+    sampled.then_some(ChainSample {
         temperature: 0.8,
         top_k: 40,
         top_p: 0.95,
         min_p: 0.0,
-        repetition_penalty: 1.0,
-        history: Vec::new(),
-        uniform: u,
-        chained_uniforms: chained,
+        draws,
     })
 }
 
@@ -94,35 +91,29 @@ fn decode(
     let mut tokens = first;
     let mut out: Vec<Vec<Row>> = Vec::with_capacity(draws.len());
     for start in (0..draws.len()).step_by(chain) {
-        let plan = StepPlan {
-            commits: Vec::new(),
-            seqs: slots
-                .iter()
-                .enumerate()
-                .map(|(i, &slot)| SeqStep {
-                    slot,
-                    kind: SeqKind::Decode,
-                    position: prompts[i].len() + start,
-                    tokens: vec![tokens[i]],
-                    form,
-                    rows: Rows::Last,
-                    sample: sample_row(
-                        sampled,
-                        draws[start][i],
-                        (1..chain).map(|k| draws[start + k][i]).collect(),
-                    ),
-                    spec: None,
-                })
-                .collect(),
-            full_logits: check_joined,
-            hidden: false,
-            chained: chain - 1,
-            spec_chain: None,
+        let seqs: Vec<ChainedDecode> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, &slot)| ChainedDecode {
+                slot,
+                position: prompts[i].len() + start,
+                token: tokens[i],
+                form,
+                sample: chain_sample(sampled, (0..chain).map(|k| draws[start + k][i]).collect()),
+            })
+            .collect();
+        let plan = if chain == 1 {
+            StepPlan::batch(seqs.iter().map(|s| s.step(0, s.token)).collect()).with_logits(check_joined)
+        } else {
+            StepPlan {
+                commits: Vec::new(),
+                program: Program::DecodeChain(DecodeChain { seqs, steps: chain - 1 }),
+            }
         };
         // The rows' sampling, kept for the joined check (the plan moves into the step).
-        let samples: Vec<Option<SampleRow>> = match check_joined {
-            true => plan.seqs.iter().map(|s| s.sample.clone()).collect(),
-            false => Vec::new(),
+        let samples: Vec<Option<SampleRow>> = match (check_joined, plan.as_batch()) {
+            (true, Some(b)) => b.seqs.iter().map(|s| s.sample.clone()).collect(),
+            _ => Vec::new(),
         };
         let result = gpu.step(plan)?;
         if let (true, Some(logits)) = (check_joined, &result.logits) {

@@ -18,7 +18,7 @@ use crate::checkpoint::SafetensorsSource;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::model::ModelConfig;
-use crate::rank::{Commit, Rows, SeqKind, SeqStep, StepPlan};
+use crate::rank::{Batch, Commit, Program, Rows, SeqKind, SeqStep, StepPlan};
 use crate::shard::ShardedModel;
 use rewind_kernels::cuda::parity::{worse, Rng};
 
@@ -83,24 +83,24 @@ pub fn verify_forced(
         for i in 0..steps {
             let plan = StepPlan {
                 commits: Vec::new(),
-                seqs: slots
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &slot)| SeqStep {
-                        slot,
-                        kind: SeqKind::Decode,
-                        position: prompts[k].len() + i,
-                        tokens: vec![teacher[k][i]],
-                        form: FormChoice::Recurrent,
-                        rows: Rows::Last,
-                        sample: None,
-                        spec: None,
-                    })
-                    .collect(),
-                full_logits: true,
-                hidden: false,
-                chained: 0,
-                spec_chain: None,
+                program: Program::Batch(Batch {
+                    seqs: slots
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &slot)| SeqStep {
+                            slot,
+                            kind: SeqKind::Decode,
+                            position: prompts[k].len() + i,
+                            tokens: vec![teacher[k][i]],
+                            form: FormChoice::Recurrent,
+                            rows: Rows::Last,
+                            sample: None,
+                            spec: None,
+                        })
+                        .collect(),
+                    full_logits: true,
+                    hidden: false,
+                }),
             };
             let logits = gpu.step(plan)?.logits.unwrap_or_default();
             for (k, row) in logits.chunks_exact(vocab).enumerate() {
@@ -149,14 +149,11 @@ pub fn verify_forced(
         if seqs.is_empty() {
             break;
         }
-        let out = gpu.step(StepPlan {
-            commits: std::mem::take(&mut commits),
-            seqs,
-            full_logits: true,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
-        })?;
+        let out = gpu.step(
+            StepPlan::batch(seqs)
+                .with_commits(std::mem::take(&mut commits))
+                .with_logits(true),
+        )?;
         let logits = out.logits.unwrap_or_default();
         let mut row = 0;
         for (k, slot, i, w, accept) in accepts {

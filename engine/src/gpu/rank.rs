@@ -146,7 +146,7 @@ pub(crate) struct GpuRank<A: Act> {
     /// The books' table change count ([`crate::state::KvBlocks::changes`]) when the tables were last uploaded.
     pub(super) table_changes: Option<u64>,
     pub(super) steps: u64,
-    /// Whether the plan being run asked for final hidden states (`StepPlan::hidden`).
+    /// Whether the plan being run asked for final hidden states (`Batch::hidden`).
     pub(super) want_hidden: bool,
     /// Captured decode and verify steps.
     pub(super) graphs: StepGraphs,

@@ -1,4 +1,4 @@
-//! Chained verify steps on the GPU ([`StepPlan::spec_chain`], `rank/spec_chain.rs`): `1 + c` verifies back to back
+//! Chained verify steps on the GPU ([`Program::VerifyChain`](crate::rank::Program::VerifyChain), `rank/spec_chain.rs`): `1 + c` verifies back to back
 //! with no host round trip between them — issue 10's device-side commit. Sequences are judged greedily or sampled
 //! from their rows' one-pass summaries; for the sampled ones `chain_spec` writes each later step's requests and
 //! judging key on the device.
@@ -18,10 +18,9 @@
 //! The counters live on the device for the chain (one record per sequence, uploaded from the host's at its start).
 //! The host reads the chain's log once at the end — every step's summaries, drafts and verdicts — and moves its own
 //! counters and books by the same rules from the same verdicts, so the two copies cannot diverge. The CPU rank's loop
-//! of single steps (`rank/cpu.rs`, `step_spec_chain`) is the twin; `rewind selftest` checks a chain against single
+//! of single steps (`rank/executor.rs`, `verify_chain`) is the twin; `rewind selftest` checks a chain against single
 //! steps on the GPU (`rank/spec_chain_check.rs`).
 //!
-//! [`StepPlan::spec_chain`]: crate::rank::StepPlan::spec_chain
 
 use rewind_kernels::cpu::chain::{
     spec_requests, ChainParams, ChainSample, ChainSeq, CHAIN_SAMPLE_WORDS, CHAIN_STATE_WORDS, FAULT_FOLD,
@@ -36,7 +35,7 @@ use super::head::HeadSpec;
 use super::rank::{GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{ChainDrafter, ChainLog, RowSummary, SeqStep, StepPlan};
+use crate::rank::{ChainDrafter, ChainLog, ChainedVerify, RowSummary, SeqStep, VerifyChain};
 use crate::state::{DecodeForm, StepPhase};
 
 /// The chain's device buffers, grown to the largest chain seen.
@@ -107,13 +106,11 @@ fn upload<T: rewind_kernels::cuda::DeviceRepr>(
 impl<A: Act> GpuRank<A> {
     /// Runs a plan of chained verifies (the books have checked and recorded it); returns every step's rows,
     /// step-major, and the chain's log.
-    pub(super) fn run_spec_chain(&mut self, plan: &StepPlan) -> Result<(HeadOut, ChainLog)> {
-        let chain = plan
-            .spec_chain
-            .as_ref()
-            .ok_or_else(|| EngineError::InvalidInput("a speculative chain without its drafter".into()))?;
-        let seqs: Vec<&SeqStep> = plan.seqs.iter().collect();
-        let (b, steps) = (seqs.len(), plan.chained + 1);
+    pub(super) fn run_spec_chain(&mut self, chain: &VerifyChain) -> Result<(HeadOut, ChainLog)> {
+        let firsts: Vec<SeqStep> = chain.seqs.iter().map(ChainedVerify::step).collect();
+        let seqs: Vec<&SeqStep> = firsts.iter().collect();
+        let streams0: Vec<Vec<u32>> = chain.seqs.iter().map(|s| s.stream.clone()).collect();
+        let (b, steps) = (seqs.len(), chain.steps + 1);
         let t = seqs.first().map_or(0, |s| s.tokens.len());
         let _span = debug_span!("gpu_spec_chain", batch = b, steps, t).entered();
         let world = self.info.tp;
@@ -154,12 +151,12 @@ impl<A: Act> GpuRank<A> {
         }
         let words = SUMMARY_WORDS;
         let rows = b * t;
-        let hist_cap = (chain.streams.iter().map(Vec::len).max().unwrap_or(0) + steps * t).next_multiple_of(256);
-        let table_cap = chain.tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let hist_cap = (streams0.iter().map(Vec::len).max().unwrap_or(0) + steps * t).next_multiple_of(256);
+        let table_cap = chain.seqs.iter().map(|s| s.table.len()).max().unwrap_or(0).max(1);
         let states: Vec<i32> = seqs
             .iter()
             .zip(&staged.decisions)
-            .zip(&chain.streams)
+            .zip(&streams0)
             .flat_map(|((s, d), stream)| {
                 let r = self.counters.ring(s.slot);
                 ChainSeq {
@@ -215,7 +212,7 @@ impl<A: Act> GpuRank<A> {
             ensure_len(&dev, &mut c.hist, b * hist_cap)?;
             ensure_len(&dev, &mut c.table, b * table_cap)?;
             let mut hist = vec![0i32; b * hist_cap];
-            for (q, stream) in chain.streams.iter().enumerate() {
+            for (q, stream) in streams0.iter().enumerate() {
                 for (j, &x) in stream.iter().enumerate() {
                     hist[q * hist_cap + j] = x as i32;
                 }
@@ -223,7 +220,7 @@ impl<A: Act> GpuRank<A> {
             upload(&dev, &mut c.hist, &hist, "streams")?;
             if let ChainDrafter::Table = chain.drafter {
                 let mut table = vec![-1i32; b * table_cap];
-                for (q, row) in chain.tables.iter().enumerate() {
+                for (q, row) in chain.seqs.iter().map(|s| &s.table).enumerate() {
                     table[q * table_cap..q * table_cap + row.len()].copy_from_slice(row);
                 }
                 upload(&dev, &mut c.table, &table, "draft tables")?;
@@ -252,7 +249,7 @@ impl<A: Act> GpuRank<A> {
         let max_seqs = self.sizes.max_seqs;
         // The debug check: after each step, the device's metadata for the next one against the host's rules.
         let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");
-        let mut streams = chain.streams.clone();
+        let mut streams = streams0;
         for k in 0..steps {
             let spec = if k > 0 && sampled {
                 HeadSpec::Device
@@ -384,7 +381,7 @@ impl<A: Act> GpuRank<A> {
         for k in first..steps {
             self.mirror_step(&seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
         }
-        self.books.settle_chain(plan, &log)?;
+        self.books.settle_chain(chain, &log)?;
         self.steps += steps as u64 - 1;
         let spec_rows: Vec<bool> = (0..steps)
             .flat_map(|_| samples.iter().flat_map(|x| std::iter::repeat_n(x.is_some(), t)))
@@ -444,7 +441,7 @@ impl<A: Act> GpuRank<A> {
         t: usize,
         verdicts: &[i32],
         streams: &[Vec<u32>],
-        chain: &crate::rank::SpecChain,
+        chain: &VerifyChain,
         samples: &[Option<ChainSample>],
     ) -> Result<()> {
         let dev = &self.inner.dev;

@@ -19,7 +19,9 @@ use super::rank::{put, to_i32, GpuRank, HeadOut};
 use super::whole_rows::joining_comm;
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{Commit, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan};
+use crate::rank::{
+    Batch, ChainLog, ChainedVerify, Commit, Program, Rows, SampleRow, SeqKind, SeqStep, StepOut, StepPlan,
+};
 use crate::state::{DecodeForm, StepDecision, StepPhase};
 
 /// A decode or verify step staged on the host ([`GpuRank::stage_decode`], [`GpuRank::stage_verify`]): what its
@@ -40,7 +42,6 @@ pub(super) fn greedy() -> SampleRow {
         repetition_penalty: 1.0,
         history: Vec::new(),
         uniform: 0.0,
-        chained_uniforms: Vec::new(),
     }
 }
 
@@ -74,12 +75,18 @@ impl<A: Act> GpuRank<A> {
 
     /// Runs one plan; see the module docs.
     pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
+        // The program's sequences as single steps (a chain's first step), for the checks and claims below.
+        let firsts: Vec<SeqStep> = match &plan.program {
+            Program::Batch(b) => b.seqs.clone(),
+            Program::DecodeChain(c) => c.seqs.iter().map(|s| s.step(0, s.token)).collect(),
+            Program::VerifyChain(c) => c.seqs.iter().map(ChainedVerify::step).collect(),
+        };
         // A tensor-parallel rank samples rows it joins with the other ranks (`gpu/whole_rows.rs`): refuse before
         // anything moves when it cannot.
-        if self.info.tp > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
+        if self.info.tp > 1 && firsts.iter().any(|s| s.sample.is_some()) {
             joining_comm(self.inner.comm.as_deref(), self.info.rank, self.info.tp)?;
         }
-        for s in plan.seqs.iter().filter(|s| s.kind == SeqKind::Verify) {
+        for s in firsts.iter().filter(|s| s.kind == SeqKind::Verify) {
             let room = self.sizes.rows.snapshots;
             if self.form_before(s) == DecodeForm::Recurrent && s.tokens.len() > room {
                 return Err(EngineError::NotSupported(format!(
@@ -101,7 +108,7 @@ impl<A: Act> GpuRank<A> {
         }
         // Slots the coordinator opened since the last step: the rank's books take them too.
         let mut claimed = Vec::new();
-        for s in &plan.seqs {
+        for s in &firsts {
             if s.position == 0 && !self.books.started(s.slot) && self.books.len(s.slot).is_err() {
                 if let Err(e) = self.books.open_at(s.slot, s.form) {
                     for c in claimed {
@@ -118,7 +125,7 @@ impl<A: Act> GpuRank<A> {
             }
             return Err(e);
         }
-        for s in plan.seqs.iter().filter(|s| claimed.contains(&s.slot)) {
+        for s in firsts.iter().filter(|s| claimed.contains(&s.slot)) {
             self.clear_slot(s.slot)?;
             self.counters.reset(s.slot, s.form.initial());
             self.choice[s.slot] = s.form;
@@ -126,22 +133,37 @@ impl<A: Act> GpuRank<A> {
         self.books.apply(plan)?;
         self.commit(&plan.commits)?;
         self.steps += 1;
-        self.want_hidden = plan.hidden;
-        let _span = debug_span!("gpu_rank_step", seqs = plan.seqs.len()).entered();
-        if plan.spec_chain.is_some() || plan.chained > 0 {
-            let (out, chain) = match plan.spec_chain {
-                Some(_) => self.run_spec_chain(plan).map(|(out, log)| (out, Some(log)))?,
-                None => (self.run_chain(plan)?, None),
-            };
-            self.check_not_aborted()?;
-            return Ok(StepOut {
-                vocab: self.info.vocab.clone(),
-                rows: out.rows,
-                logits: None,
-                hidden: None,
-                chain,
-            });
-        }
+        self.want_hidden = plan.hidden();
+        let _span = debug_span!("gpu_rank_step", seqs = firsts.len()).entered();
+        let b = match &plan.program {
+            Program::Batch(b) => b,
+            Program::DecodeChain(c) => {
+                let out = self.run_chain(c);
+                return self.chain_out(out, None);
+            }
+            Program::VerifyChain(c) => {
+                let (out, log) = self.run_spec_chain(c)?;
+                return self.chain_out(Ok(out), Some(log));
+            }
+        };
+        self.run_batch(b)
+    }
+
+    /// A device-resident chain's answer (checked against an abort that overlapped it).
+    fn chain_out(&self, out: Result<HeadOut>, chain: Option<ChainLog>) -> Result<StepOut> {
+        let out = out?;
+        self.check_not_aborted()?;
+        Ok(StepOut {
+            vocab: self.info.vocab.clone(),
+            rows: out.rows,
+            logits: None,
+            hidden: None,
+            chain,
+        })
+    }
+
+    /// A single step's launches: each prompt chunk, one decode batch, and verify batches of equal window.
+    fn run_batch(&mut self, plan: &Batch) -> Result<StepOut> {
         let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
         for (i, s) in plan.seqs.iter().enumerate() {
             if s.kind == SeqKind::Prefill {

@@ -6,7 +6,7 @@
 //! run it. Slots are handed out by [`Books::open`] (deterministic, so a rank that keeps its own books — the GPU rank,
 //! for its block tables — agrees); a rank claims a slot at its first step.
 
-use super::plan::{RankInfo, Rows, SeqKind, StepPlan};
+use super::plan::{Batch, Commit, Program, RankInfo, Rows, SeqKind, StepPlan, VerifyChain};
 use super::spec_chain::ChainLog;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -46,6 +46,15 @@ pub struct Books {
 
 fn invalid(m: String) -> EngineError {
     EngineError::InvalidInput(m)
+}
+
+fn check_spec_temperature(slot: usize, temperature: f32) -> Result<()> {
+    if temperature.is_finite() && temperature > 0.0 {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "slot {slot}: a speculative summary's temperature must be finite and > 0, got {temperature}"
+    )))
 }
 
 impl Books {
@@ -95,7 +104,7 @@ impl Books {
         })
     }
 
-    /// The most further decode steps one plan may chain ([`StepPlan::chained`]).
+    /// The most further steps one plan may chain ([`DecodeChain::steps`](super::DecodeChain::steps)).
     pub fn max_chained(&self) -> usize {
         self.max_chained
     }
@@ -229,73 +238,63 @@ impl Books {
         self.kv.as_ref()
     }
 
-    /// Checks `plan` as a whole against the books; changes nothing.
+    /// Checks `plan` as a whole against the books; changes nothing. What a plan's types already rule out (a chained
+    /// prompt chunk, whole logits of a chain, ...) needs no check here.
     pub fn validate(&self, plan: &StepPlan) -> Result<()> {
-        if plan.commits.is_empty() && plan.seqs.is_empty() {
+        let after = self.check_commits(&plan.commits)?;
+        let spans = plan.spans();
+        if plan.commits.is_empty() && spans.is_empty() {
             return Err(invalid("an empty step (no sequences and no commits)".into()));
         }
-        let mut after: Vec<(usize, usize)> = Vec::new(); // (slot, length after the commits)
-        for (i, c) in plan.commits.iter().enumerate() {
-            if plan.commits[..i].iter().any(|o| o.slot == c.slot) {
-                return Err(invalid(format!("slot {} is committed twice in one step", c.slot)));
-            }
-            let b = self.book(c.slot)?;
-            if b.pending == 0 {
-                return Err(invalid(format!("slot {} has no verify to commit", c.slot)));
-            }
-            if c.accepted > b.pending {
-                return Err(invalid(format!(
-                    "slot {}: cannot accept {} of {} verified tokens",
-                    c.slot, c.accepted, b.pending
-                )));
-            }
-            after.push((c.slot, b.len + c.accepted));
-        }
         if let Some(max) = self.max_batch {
-            if plan.seqs.len() > max {
+            if spans.len() > max {
                 return Err(invalid(format!(
                     "a step of {} sequences exceeds the batch limit of {max} (--max-seqs)",
-                    plan.seqs.len()
+                    spans.len()
                 )));
             }
         }
-        if plan.hidden && !self.hidden_states {
-            return Err(EngineError::NotSupported(
-                "returning hidden states (the MTP drafter needs them) on this backend".into(),
-            ));
-        }
-        if plan.chained > 0 {
-            if plan.chained > self.max_chained {
-                return Err(EngineError::NotSupported(format!(
-                    "a plan chaining {} decode steps: this backend chains at most {}",
-                    plan.chained, self.max_chained
-                )));
+        match &plan.program {
+            Program::Batch(b) => self.check_batch(b)?,
+            Program::DecodeChain(c) => {
+                if self.max_chained == 0 {
+                    return Err(EngineError::NotSupported("chained decode steps on this backend".into()));
+                }
+                c.check(self.max_chained)?;
             }
-            plan.check_chain()?;
-        }
-        plan.check_spec_chain(self.vocab)?;
-        let mut new_blocks = 0;
-        for (i, s) in plan.seqs.iter().enumerate() {
-            if let Some(spec) = &s.spec {
-                if !self.spec_summaries {
+            Program::VerifyChain(c) => {
+                if self.max_chained == 0 || self.max_verify == 0 {
+                    return Err(EngineError::NotSupported("chained verify steps on this backend".into()));
+                }
+                if c.seqs.iter().any(|s| s.spec.is_some()) && !self.spec_summaries {
                     return Err(EngineError::NotSupported(
                         "one-pass speculative sampling summaries on this backend".into(),
                     ));
                 }
-                if s.kind != SeqKind::Verify || s.rows != Rows::All {
-                    return Err(invalid(format!(
-                        "slot {}: speculative summaries need a verify reporting every row",
-                        s.slot
+                c.check(self.vocab)?;
+                if c.steps > self.max_chained {
+                    return Err(EngineError::NotSupported(format!(
+                        "a plan chaining {} verify steps: this backend chains at most {}",
+                        c.steps, self.max_chained
                     )));
                 }
-                if !(spec.temperature.is_finite() && spec.temperature > 0.0) {
+                if c.window() > self.max_verify {
                     return Err(invalid(format!(
-                        "slot {}: a speculative summary's temperature must be finite and > 0, got {}",
-                        s.slot, spec.temperature
+                        "a verify takes 1 to {} tokens, the chain's window is {}",
+                        self.max_verify,
+                        c.window()
                     )));
+                }
+                for s in &c.seqs {
+                    if let Some(spec) = &s.spec {
+                        check_spec_temperature(s.slot, spec.temperature)?;
+                    }
                 }
             }
-            if plan.seqs[..i].iter().any(|o| o.slot == s.slot) {
+        }
+        let mut new_blocks = 0;
+        for (i, s) in spans.iter().enumerate() {
+            if spans[..i].iter().any(|o| o.slot == s.slot) {
                 return Err(invalid(format!("slot {} appears twice in one step", s.slot)));
             }
             let b = self.book(s.slot)?;
@@ -319,7 +318,85 @@ impl Books {
                     s.slot, b.form, s.form
                 )));
             }
-            let t = s.tokens.len();
+            if let Some((j, &tok)) = s.tokens.iter().enumerate().find(|(_, &tok)| tok as usize >= self.vocab) {
+                return Err(invalid(format!(
+                    "slot {}: token id {tok} at index {j} is out of range (vocab size {})",
+                    s.slot, self.vocab
+                )));
+            }
+            if len + s.span > self.max_context {
+                return Err(invalid(format!(
+                    "slot {} would reach {} tokens, beyond the context limit of {} (the pools' length, at most the \
+                     model's max_position_embeddings; raise --max-model-len where the model allows)",
+                    s.slot,
+                    len + s.span,
+                    self.max_context
+                )));
+            }
+            if let Some(kv) = &self.kv {
+                new_blocks += kv.blocks_for(len + s.span).saturating_sub(kv.held(s.slot));
+            }
+        }
+        if let Some(kv) = &self.kv {
+            // Commits before the step can only free blocks; count the step's needs against today's free list.
+            if new_blocks > kv.free_count() {
+                return Err(invalid(format!(
+                    "the KV cache is full: the step needs {new_blocks} more blocks of {} tokens, {} are free \
+                     (release sequences or give the pools more memory)",
+                    kv.block_size(),
+                    kv.free_count()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the commits; returns each committed slot's length after them.
+    fn check_commits(&self, commits: &[Commit]) -> Result<Vec<(usize, usize)>> {
+        let mut after = Vec::new();
+        for (i, c) in commits.iter().enumerate() {
+            if commits[..i].iter().any(|o| o.slot == c.slot) {
+                return Err(invalid(format!("slot {} is committed twice in one step", c.slot)));
+            }
+            let b = self.book(c.slot)?;
+            if b.pending == 0 {
+                return Err(invalid(format!("slot {} has no verify to commit", c.slot)));
+            }
+            if c.accepted > b.pending {
+                return Err(invalid(format!(
+                    "slot {}: cannot accept {} of {} verified tokens",
+                    c.slot, c.accepted, b.pending
+                )));
+            }
+            after.push((c.slot, b.len + c.accepted));
+        }
+        Ok(after)
+    }
+
+    /// What a single step's sequences ask beyond their place in the books: outputs the ranks return, windows,
+    /// rows, sampling and summaries.
+    fn check_batch(&self, b: &Batch) -> Result<()> {
+        if b.hidden && !self.hidden_states {
+            return Err(EngineError::NotSupported(
+                "returning hidden states (the MTP drafter needs them) on this backend".into(),
+            ));
+        }
+        for s in &b.seqs {
+            if let Some(spec) = &s.spec {
+                if !self.spec_summaries {
+                    return Err(EngineError::NotSupported(
+                        "one-pass speculative sampling summaries on this backend".into(),
+                    ));
+                }
+                if s.kind != SeqKind::Verify || s.rows != Rows::All {
+                    return Err(invalid(format!(
+                        "slot {}: speculative summaries need a verify reporting every row",
+                        s.slot
+                    )));
+                }
+                check_spec_temperature(s.slot, spec.temperature)?;
+            }
+            let (t, len) = (s.tokens.len(), s.position);
             match s.kind {
                 SeqKind::Prefill if t == 0 => return Err(invalid(format!("slot {}: no tokens to prefill", s.slot))),
                 SeqKind::Prefill if len > 0 && !self.chunked_prefill => {
@@ -347,41 +424,11 @@ impl Books {
                 }
                 _ => {}
             }
-            if let Some((j, &tok)) = s.tokens.iter().enumerate().find(|(_, &tok)| tok as usize >= self.vocab) {
-                return Err(invalid(format!(
-                    "slot {}: token id {tok} at index {j} is out of range (vocab size {})",
-                    s.slot, self.vocab
-                )));
-            }
-            let span = plan.span(s);
-            if len + span > self.max_context {
-                return Err(invalid(format!(
-                    "slot {} would reach {} tokens, beyond the context limit of {} (the pools' length, at most the \
-                     model's max_position_embeddings; raise --max-model-len where the model allows)",
-                    s.slot,
-                    len + span,
-                    self.max_context
-                )));
-            }
             if let Some(sample) = &s.sample {
                 if s.row_count() == 0 {
                     return Err(invalid(format!("slot {}: sampling needs a reported row", s.slot)));
                 }
                 sample.validate(self.vocab)?;
-            }
-            if let Some(kv) = &self.kv {
-                new_blocks += kv.blocks_for(len + span).saturating_sub(kv.held(s.slot));
-            }
-        }
-        if let Some(kv) = &self.kv {
-            // Commits before the step can only free blocks; count the step's needs against today's free list.
-            if new_blocks > kv.free_count() {
-                return Err(invalid(format!(
-                    "the KV cache is full: the step needs {new_blocks} more blocks of {} tokens, {} are free \
-                     (release sequences or give the pools more memory)",
-                    kv.block_size(),
-                    kv.free_count()
-                )));
             }
         }
         Ok(())
@@ -397,19 +444,16 @@ impl Books {
                 kv.fit(c.slot, b.len)?;
             }
         }
-        for s in &plan.seqs {
+        for s in plan.spans() {
             let b = &mut self.seqs[s.slot];
             b.started = true;
             // A chain of verifies holds blocks for its longest outcome until it settles (`settle_chain`).
-            let reserve = match s.kind {
-                SeqKind::Verify => {
-                    b.pending = s.tokens.len();
-                    b.len + plan.span(s)
-                }
-                SeqKind::Prefill | SeqKind::Decode => {
-                    b.len += plan.span(s);
-                    b.len
-                }
+            let reserve = if s.verify {
+                b.pending = s.tokens.len();
+                b.len + s.span
+            } else {
+                b.len += s.span;
+                b.len
             };
             if let Some(kv) = &mut self.kv {
                 kv.fit(s.slot, reserve)?;
@@ -418,15 +462,14 @@ impl Books {
         Ok(())
     }
 
-    /// Records what a chain of verifies committed ([`StepPlan::spec_chain`], applied before it ran): each sequence's
-    /// committed tokens before its last step, whose verify stays pending; the blocks held for longer outcomes return.
-    /// A rank may end a chain early (at least one step runs); the log says how many steps ran.
-    pub fn settle_chain(&mut self, plan: &StepPlan, log: &ChainLog) -> Result<()> {
-        let n = plan.seqs.len();
+    /// Records what a chain of verifies committed (applied before it ran): each sequence's committed tokens before
+    /// its last step, whose verify stays pending; the blocks held for longer outcomes return. A rank may end a chain
+    /// early (at least one step runs); the log says how many steps ran.
+    pub fn settle_chain(&mut self, chain: &VerifyChain, log: &ChainLog) -> Result<()> {
+        let n = chain.seqs.len();
         let steps = log.accepted.len() / n.max(1);
-        let t = plan.seqs.first().map_or(0, |s| s.tokens.len());
-        if plan.spec_chain.is_none()
-            || !(1..=1 + plan.chained).contains(&steps)
+        let t = chain.window();
+        if !(1..=1 + chain.steps).contains(&steps)
             || log.accepted.len() != n * steps
             || log.tokens.len() != n * steps
             || log.drafts.len() != n * steps * t.saturating_sub(1)
@@ -436,11 +479,11 @@ impl Books {
                 "a chain's log holds {} verdicts and {} drafts for {n} sequences of {t} tokens over at most {} steps",
                 log.accepted.len(),
                 log.drafts.len(),
-                1 + plan.chained
+                1 + chain.steps
             )));
         }
-        for (s, committed) in plan.seqs.iter().zip(log.committed(n)) {
-            if committed > plan.span(s) {
+        for (s, committed) in chain.seqs.iter().zip(log.committed(n)) {
+            if committed > t * (1 + chain.steps) {
                 return Err(invalid(format!(
                     "slot {}: a chain committed {committed} tokens, more than its steps verified",
                     s.slot

@@ -9,14 +9,15 @@ use super::group::RankGroup;
 use super::launch::{Abort, Launch, Launcher, RankLoader};
 use rewind_kernels::cpu::lm_head::{self, SpecRequest};
 
-use super::plan::{Commit, RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan};
-use super::spec_chain::ChainLog;
+use super::executor::{self, SingleSteps};
+use super::plan::{
+    Batch, Commit, Program, RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan,
+};
 use super::vocab::{merge_rows, summarise_row, VocabSummary};
 use super::Rank;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
 use crate::shard::{LocalComm, ShardedModel};
-use crate::spec::accept::accept_summaries;
 
 /// How to build a group of CPU ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,18 +92,18 @@ impl Launcher for CpuLauncher {
 impl Decoder {
     /// Checks a plan against this rank's slots before anything changes (the coordinator's books check it first;
     /// this keeps a rank that is driven directly just as safe).
-    fn check_plan(&self, plan: &StepPlan) -> Result<()> {
-        for (i, c) in plan.commits.iter().enumerate() {
-            if plan.commits[..i].iter().any(|o| o.slot == c.slot) {
+    fn check_plan(&self, commits: &[Commit], seqs: &[SeqStep]) -> Result<()> {
+        for (i, c) in commits.iter().enumerate() {
+            if commits[..i].iter().any(|o| o.slot == c.slot) {
                 return Err(EngineError::InvalidInput(format!("slot {} is committed twice", c.slot)));
             }
             self.check_commit(c.slot, c.accepted)?;
         }
-        for s in &plan.seqs {
+        for s in seqs {
             let allocated = self.pools().slots().is_allocated(s.slot);
             if allocated {
                 let pos = self.position(s.slot)?;
-                let committed = plan.commits.iter().find(|c| c.slot == s.slot).map(|c| c.accepted);
+                let committed = commits.iter().find(|c| c.slot == s.slot).map(|c| c.accepted);
                 let pending = self.pending(s.slot)?;
                 if pending > 0 && committed.is_none() {
                     return Err(EngineError::InvalidInput(format!(
@@ -177,128 +178,20 @@ impl Rank for Decoder {
 
     fn step(&mut self, plan: &StepPlan) -> Result<StepOut> {
         let _span =
-            tracing::debug_span!("cpu_rank_step", seqs = plan.seqs.len(), commits = plan.commits.len()).entered();
-        if plan.spec_chain.is_some() {
-            return self.step_spec_chain(plan);
-        }
-        if plan.chained > 0 {
-            return self.step_chained(plan);
-        }
-        if self.comm().size() > 1 && plan.seqs.iter().any(|s| s.sample.is_some()) {
-            return self.step_joined(plan);
-        }
-        self.check_plan(plan)?;
-        for c in &plan.commits {
-            self.commit(c.slot, c.accepted)?;
-        }
-        let vocab = self.model().plan().vocab.clone();
-        if plan.seqs.is_empty() {
-            return Ok(StepOut {
-                vocab,
-                rows: Vec::new(),
-                logits: plan.full_logits.then(Vec::new),
-                hidden: plan.hidden.then(Vec::new),
-                chain: None,
-            });
-        }
-        let mut claimed = Vec::new();
-        for s in &plan.seqs {
-            if !self.pools().slots().is_allocated(s.slot) {
-                self.start_at(s.slot, s.form)?;
-                claimed.push(s.slot);
+            tracing::debug_span!("cpu_rank_step", seqs = plan.seq_count(), commits = plan.commits.len()).entered();
+        match &plan.program {
+            Program::Batch(b) => self.single(&plan.commits, b),
+            // The CPU reads every pick anyway: its chains are the executor's host loops of single steps, the twins
+            // the GPU's device-resident chains are checked against.
+            Program::DecodeChain(c) => {
+                c.check(crate::rank::MAX_CHAINED)?;
+                executor::decode_chain(self, &plan.commits, c)
+            }
+            Program::VerifyChain(c) => {
+                c.check(self.model().config().vocab_size)?;
+                executor::verify_chain(self, &plan.commits, c)
             }
         }
-        let items: Vec<Item> = plan
-            .seqs
-            .iter()
-            .map(|s| Item {
-                slot: s.slot,
-                phase: match s.kind {
-                    SeqKind::Prefill => Phase::Prefill,
-                    SeqKind::Decode => Phase::Decode,
-                    SeqKind::Verify => Phase::Verify,
-                },
-                tokens: &s.tokens,
-            })
-            .collect();
-        let x = match self.advance(&items) {
-            Ok(x) => x,
-            Err(e) => {
-                for slot in claimed {
-                    self.release(slot)?;
-                }
-                return Err(e);
-            }
-        };
-        let hidden = self.model().config().hidden_size;
-        let mut picked = Vec::with_capacity(plan.row_count() * hidden);
-        let mut at = 0;
-        for s in &plan.seqs {
-            let t = s.tokens.len();
-            let first = at + t - s.row_count();
-            picked.extend_from_slice(&x[first * hidden..(at + t) * hidden]);
-            at += t;
-        }
-        // Hidden rows for a drafter: a prefill chunk's every row (an MTP layer's KV covers the prompt), the
-        // reported rows otherwise; copied from the residual stream, past the head.
-        let hidden_rows = plan.hidden.then(|| {
-            let mut out = Vec::with_capacity(plan.hidden_row_count() * hidden);
-            let mut at = 0;
-            for s in &plan.seqs {
-                let t = s.tokens.len();
-                out.extend_from_slice(&x[(at + t - s.hidden_row_count()) * hidden..(at + t) * hidden]);
-                at += t;
-            }
-            out
-        });
-        let spec = spec_requests(plan);
-        let sampling = plan.seqs.iter().any(|s| s.sample.is_some());
-        let width = vocab.len().max(1);
-        // Whole logit rows only where someone reads them (the caller, or the sampler's filters); every other row
-        // is summarised in one pass over the head, writing nothing of the vocabulary's size.
-        let n_rows = plan.row_count();
-        let spec_rows = spec.iter().filter(|s| s.is_some()).count();
-        self.head_traffic = if plan.full_logits || sampling {
-            lm_head::head_logits_traffic(n_rows, hidden, vocab.len())
-        } else {
-            lm_head::head_pass_traffic(n_rows, hidden, vocab.len(), spec_rows)
-        };
-        let (mut rows, logits) = if plan.full_logits || sampling {
-            let logits = self.model().head(&picked);
-            let mut rows: Vec<_> = logits
-                .chunks_exact(width)
-                .map(|r| summarise_row(r, vocab.start))
-                .collect();
-            if spec.iter().any(Option::is_some) {
-                for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec)) {
-                    row.spec = pass.spec;
-                }
-            }
-            (rows, Some(logits))
-        } else {
-            let rows = self
-                .model()
-                .head_pass(&picked, &spec)
-                .into_iter()
-                .map(RowSummary::from)
-                .collect();
-            (rows, None)
-        };
-        let mut row = 0;
-        for s in &plan.seqs {
-            row += s.row_count();
-            if let (Some(sample), Some(logits)) = (&s.sample, &logits) {
-                let last = row - 1;
-                rows[last].sampled = Some(sample.sample(&logits[last * width..(last + 1) * width]));
-            }
-        }
-        Ok(StepOut {
-            vocab,
-            rows,
-            logits: if plan.full_logits { logits } else { None },
-            hidden: hidden_rows,
-            chain: None,
-        })
     }
 
     fn release(&mut self, slot: usize) -> Result<()> {
@@ -327,106 +220,153 @@ impl Rank for Decoder {
     }
 }
 
+impl SingleSteps for Decoder {
+    fn single(&mut self, commits: &[Commit], b: &Batch) -> Result<StepOut> {
+        if self.comm().size() > 1 && b.seqs.iter().any(|s| s.sample.is_some()) {
+            return self.step_joined(commits, b);
+        }
+        self.step_batch(commits, b)
+    }
+
+    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<VocabSummary>> {
+        Decoder::merged(self, rows)
+    }
+}
+
 impl Decoder {
-    /// A plan with chained decode steps ([`StepPlan::chained`]): its steps one after another, each fed the tokens
-    /// the one before picked. The CPU reads every pick anyway, so this is the loop the GPU rank runs on the device
-    /// (`gpu/chain.rs`) and the twin it is checked against.
-    fn step_chained(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        plan.check_chain()?;
-        let mut step = StepPlan {
-            chained: 0,
-            spec_chain: None,
-            ..plan.clone()
-        };
-        // Each step runs as a plan of its own (a tensor-parallel rank samples the rows it joins, `step_joined`).
-        let mut out = self.step(&step)?;
-        step.commits.clear();
-        let n = step.seqs.len();
-        for k in 1..=plan.chained {
-            let picks = self.picks(&out.rows[out.rows.len() - n..])?;
-            for ((s, token), planned) in step.seqs.iter_mut().zip(picks).zip(&plan.seqs) {
-                s.tokens = vec![token];
-                s.position += 1;
-                if let (Some(sample), Some(p)) = (&mut s.sample, &planned.sample) {
-                    sample.uniform = p.chained_uniforms[k - 1];
-                }
-            }
-            let next = self.step(&step)?;
-            out.rows.extend(next.rows);
+    /// A single step of `b` after `commits`, sampling on this rank (whole rows: TP 1, or rows joined by
+    /// [`Decoder::step_joined`]).
+    fn step_batch(&mut self, commits: &[Commit], b: &Batch) -> Result<StepOut> {
+        self.check_plan(commits, &b.seqs)?;
+        for c in commits {
+            self.commit(c.slot, c.accepted)?;
         }
-        Ok(out)
-    }
-
-    /// A plan of chained verifies ([`StepPlan::spec_chain`]): its verify steps one after another, each judged
-    /// greedily from its rows' picks, committed, and followed by a verify of the next token and the drafts the
-    /// chain's drafter proposes from the stream. The loop the GPU rank runs on the device
-    /// (`gpu/spec_chain.rs`) and its twin.
-    fn step_spec_chain(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        let Some(chain) = &plan.spec_chain else {
-            return Err(EngineError::InvalidInput(
-                "a speculative chain without its drafter".into(),
-            ));
-        };
-        plan.check_spec_chain(self.model().config().vocab_size)?;
-        let mut step = StepPlan {
-            chained: 0,
-            spec_chain: None,
-            ..plan.clone()
-        };
-        let t = step.seqs.first().map_or(0, |s| s.tokens.len());
-        let mut streams = chain.streams.clone();
-        let mut log = ChainLog::default();
-        let mut out: Option<StepOut> = None;
-        for k in 0..=plan.chained {
-            let next = self.step(&step)?;
-            let merged = self.merged(&next.rows)?;
-            step.commits.clear();
-            for (q, s) in step.seqs.iter_mut().enumerate() {
-                let drafts = &s.tokens[1..];
-                let sampled = s.spec.map(|sp| (sp.seed, sp.index));
-                let v = accept_summaries(&merged[q * t..(q + 1) * t], drafts, sampled)?;
-                let (a, y) = (v.accepted, v.token);
-                log.drafts.extend_from_slice(drafts);
-                log.accepted.push(a);
-                log.tokens.push(y);
-                if k < plan.chained {
-                    streams[q].extend_from_slice(&drafts[..a]);
-                    streams[q].push(y);
-                    step.commits.push(Commit {
-                        slot: s.slot,
-                        accepted: a + 1,
-                    });
-                    s.position += a + 1;
-                    if let Some(sp) = s.spec.as_mut() {
-                        sp.index += (a + 1) as u64;
-                    }
-                    s.tokens = std::iter::once(y).chain(chain.draft(q, &streams[q], t - 1)).collect();
-                }
-            }
-            match &mut out {
-                Some(o) => o.rows.extend(next.rows),
-                None => out = Some(next),
+        let vocab = self.model().plan().vocab.clone();
+        if b.seqs.is_empty() {
+            return Ok(StepOut {
+                vocab,
+                rows: Vec::new(),
+                logits: b.full_logits.then(Vec::new),
+                hidden: b.hidden.then(Vec::new),
+                chain: None,
+            });
+        }
+        let mut claimed = Vec::new();
+        for s in &b.seqs {
+            if !self.pools().slots().is_allocated(s.slot) {
+                self.start_at(s.slot, s.form)?;
+                claimed.push(s.slot);
             }
         }
-        let mut out = out.ok_or_else(|| EngineError::InvalidInput("a chain of no steps".into()))?;
-        out.chain = Some(log);
-        Ok(out)
+        let items: Vec<Item> = b
+            .seqs
+            .iter()
+            .map(|s| Item {
+                slot: s.slot,
+                phase: match s.kind {
+                    SeqKind::Prefill => Phase::Prefill,
+                    SeqKind::Decode => Phase::Decode,
+                    SeqKind::Verify => Phase::Verify,
+                },
+                tokens: &s.tokens,
+            })
+            .collect();
+        let x = match self.advance(&items) {
+            Ok(x) => x,
+            Err(e) => {
+                for slot in claimed {
+                    self.release(slot)?;
+                }
+                return Err(e);
+            }
+        };
+        let hidden = self.model().config().hidden_size;
+        let mut picked = Vec::with_capacity(b.seqs.iter().map(SeqStep::row_count).sum::<usize>() * hidden);
+        let mut at = 0;
+        for s in &b.seqs {
+            let t = s.tokens.len();
+            let first = at + t - s.row_count();
+            picked.extend_from_slice(&x[first * hidden..(at + t) * hidden]);
+            at += t;
+        }
+        // Hidden rows for a drafter: a prefill chunk's every row (an MTP layer's KV covers the prompt), the
+        // reported rows otherwise; copied from the residual stream, past the head.
+        let hidden_rows = b.hidden.then(|| {
+            let mut out = Vec::with_capacity(b.seqs.iter().map(SeqStep::hidden_row_count).sum::<usize>() * hidden);
+            let mut at = 0;
+            for s in &b.seqs {
+                let t = s.tokens.len();
+                out.extend_from_slice(&x[(at + t - s.hidden_row_count()) * hidden..(at + t) * hidden]);
+                at += t;
+            }
+            out
+        });
+        let spec = spec_requests(&b.seqs);
+        let sampling = b.seqs.iter().any(|s| s.sample.is_some());
+        let width = vocab.len().max(1);
+        // Whole logit rows only where someone reads them (the caller, or the sampler's filters); every other row
+        // is summarised in one pass over the head, writing nothing of the vocabulary's size.
+        let n_rows = b.seqs.iter().map(SeqStep::row_count).sum::<usize>();
+        let spec_rows = spec.iter().filter(|s| s.is_some()).count();
+        self.head_traffic = if b.full_logits || sampling {
+            lm_head::head_logits_traffic(n_rows, hidden, vocab.len())
+        } else {
+            lm_head::head_pass_traffic(n_rows, hidden, vocab.len(), spec_rows)
+        };
+        let (mut rows, logits) = if b.full_logits || sampling {
+            let logits = self.model().head(&picked);
+            let mut rows: Vec<_> = logits
+                .chunks_exact(width)
+                .map(|r| summarise_row(r, vocab.start))
+                .collect();
+            if spec.iter().any(Option::is_some) {
+                for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec)) {
+                    row.spec = pass.spec;
+                }
+            }
+            (rows, Some(logits))
+        } else {
+            let rows = self
+                .model()
+                .head_pass(&picked, &spec)
+                .into_iter()
+                .map(RowSummary::from)
+                .collect();
+            (rows, None)
+        };
+        let mut row = 0;
+        for s in &b.seqs {
+            row += s.row_count();
+            if let (Some(sample), Some(logits)) = (&s.sample, &logits) {
+                let last = row - 1;
+                rows[last].sampled = Some(sample.sample(&logits[last * width..(last + 1) * width]));
+            }
+        }
+        Ok(StepOut {
+            vocab,
+            rows,
+            logits: if b.full_logits { logits } else { None },
+            hidden: hidden_rows,
+            chain: None,
+        })
     }
+}
 
+impl Decoder {
     /// A step of `plan`, whose sequences sample, on a tensor-parallel rank: it runs without the sampling, asking for
     /// the logit slices of every row, then gathers each sampled sequence's (last) row whole from every rank's slice
     /// and samples it with its draw, so every rank reaches the token a whole-vocabulary rank would draw. The slices
     /// are dropped unless the plan asked for them.
-    fn step_joined(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        self.check_plan(plan)?;
-        let mut bare = plan.clone();
+    fn step_joined(&mut self, commits: &[Commit], b: &Batch) -> Result<StepOut> {
+        self.check_plan(commits, &b.seqs)?;
+        let mut bare = b.clone();
         for s in &mut bare.seqs {
             s.sample = None;
         }
         bare.full_logits = true;
-        let mut out = self.step(&bare)?;
-        self.sample_gathered(&mut out, plan)?;
-        if !plan.full_logits {
+        let mut out = self.step_batch(commits, &bare)?;
+        self.sample_gathered(&mut out, &b.seqs)?;
+        if !b.full_logits {
             out.logits = None;
         }
         Ok(out)
@@ -434,7 +374,7 @@ impl Decoder {
 
     /// Samples the sampled sequences' rows of `out` (the answer to `plan` run with its logit slices) from the whole
     /// rows gathered from every rank.
-    fn sample_gathered(&self, out: &mut StepOut, plan: &StepPlan) -> Result<()> {
+    fn sample_gathered(&self, out: &mut StepOut, seqs: &[SeqStep]) -> Result<()> {
         let comm = self.comm();
         let logits = out
             .logits
@@ -459,7 +399,7 @@ impl Decoder {
         // The sampled sequences' reported (last) rows, with the draw of this step.
         let mut wanted = Vec::new();
         let mut row = 0;
-        for s in &plan.seqs {
+        for s in seqs {
             row += s.row_count();
             if let Some(sample) = &s.sample {
                 wanted.push((row - 1, sample));
@@ -489,16 +429,6 @@ impl Decoder {
             out.rows[*r].sampled = Some(sample.sample(row));
         }
         Ok(())
-    }
-
-    /// Each row's pick over the whole vocabulary: its sampled token (every rank drew the same), else its argmax.
-    fn picks(&self, rows: &[RowSummary]) -> Result<Vec<u32>> {
-        Ok(self
-            .merged(rows)?
-            .iter()
-            .zip(rows)
-            .map(|(m, r)| r.sampled.unwrap_or(m.argmax))
-            .collect())
     }
 
     /// Each row's summary over the whole vocabulary, one-pass speculative part included: under tensor parallelism
@@ -564,8 +494,8 @@ impl Decoder {
     }
 }
 
-/// Per reported row of `plan`, the one-pass speculative request of a verify that asked for one: row `i`'s draft is
+/// Per reported row of `seqs`, the one-pass speculative request of a verify that asked for one: row `i`'s draft is
 /// the sequence's token `i + 1` (the last row, the bonus position, has none).
-pub(crate) fn spec_requests(plan: &StepPlan) -> Vec<Option<SpecRequest>> {
-    plan.seqs.iter().flat_map(SeqStep::spec_requests).collect()
+pub(crate) fn spec_requests(seqs: &[SeqStep]) -> Vec<Option<SpecRequest>> {
+    seqs.iter().flat_map(SeqStep::spec_requests).collect()
 }

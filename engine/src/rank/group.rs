@@ -165,19 +165,16 @@ impl RankGroup {
         let (mut slots, mut next) = (Vec::with_capacity(prompts.len()), Vec::with_capacity(prompts.len()));
         for p in prompts {
             let slot = self.open(form)?;
-            let out = self.step(StepPlan {
-                seqs: vec![SeqStep {
-                    slot,
-                    kind: SeqKind::Prefill,
-                    position: 0,
-                    tokens: p.clone(),
-                    form,
-                    rows: Rows::Last,
-                    sample: None,
-                    spec: None,
-                }],
-                ..StepPlan::default()
-            })?;
+            let out = self.step(StepPlan::batch(vec![SeqStep {
+                slot,
+                kind: SeqKind::Prefill,
+                position: 0,
+                tokens: p.clone(),
+                form,
+                rows: Rows::Last,
+                sample: None,
+                spec: None,
+            }]))?;
             slots.push(slot);
             next.push(out.rows.first().map_or(0, |r| r.argmax));
         }
@@ -196,7 +193,7 @@ impl RankGroup {
     /// rank computes). Every rank samples its sampled rows itself (under tensor parallelism from the rows it joins
     /// from every rank's vocabulary slice), so the ranks answer the same tokens.
     pub fn step(&mut self, plan: StepPlan) -> Result<StepResult> {
-        let _span = debug_span!("group_step", seqs = plan.seqs.len(), tokens = plan.token_count()).entered();
+        let _span = debug_span!("group_step", seqs = plan.seq_count(), tokens = plan.token_count()).entered();
         if let Some(why) = &self.failed {
             return Err(EngineError::GroupFailed(why.clone()));
         }

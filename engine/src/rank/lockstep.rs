@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::books::Books;
-use super::plan::{SeqStep, StepOut, StepPlan};
+use super::plan::{Program, StepOut, StepPlan};
 use super::spec_chain::ChainLog;
 use super::vocab::{merge_step, VocabSummary};
 use crate::error::{EngineError, Result};
@@ -22,9 +22,9 @@ pub struct StepResult {
     pub rows: Vec<VocabSummary>,
     pub sampled: Vec<Option<u32>>,
     pub logits: Option<Vec<f32>>,
-    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
+    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`Batch::hidden`](super::Batch::hidden) names).
     pub hidden: Option<Vec<f32>>,
-    /// What a chain of verifies drafted and judged ([`StepPlan::spec_chain`]).
+    /// What a chain of verifies drafted and judged ([`Program::VerifyChain`]).
     pub chain: Option<ChainLog>,
 }
 
@@ -41,9 +41,9 @@ pub fn prepare(books: &Books, plan: &StepPlan) -> Result<Arc<StepPlan>> {
 pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize) -> Result<StepResult> {
     books.apply(plan)?;
     // A chain of verifies: every rank judged alike, so their logs agree; the books settle what was committed.
-    let chain = match &plan.spec_chain {
-        None => None,
-        Some(_) => {
+    let chain = match &plan.program {
+        Program::Batch(_) | Program::DecodeChain(_) => None,
+        Program::VerifyChain(c) => {
             let log = outs.first().and_then(|o| o.chain.clone()).ok_or_else(|| {
                 EngineError::InvalidInput("a rank answered a chain of verifies without its log".into())
             })?;
@@ -52,7 +52,7 @@ pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize
                     "rank {r} judged a chain of verifies differently from rank 0"
                 )));
             }
-            books.settle_chain(plan, &log)?;
+            books.settle_chain(c, &log)?;
             Some(log)
         }
     };
@@ -65,34 +65,37 @@ pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize
     Ok(StepResult {
         rows: merged.rows,
         sampled: merged.sampled,
-        logits: if plan.full_logits { merged.logits } else { None },
-        hidden: if plan.hidden { merged.hidden } else { None },
+        logits: if plan.full_logits() { merged.logits } else { None },
+        hidden: if plan.hidden() { merged.hidden } else { None },
         chain,
     })
 }
 
 /// The position of reported row `row` of `plan` (for error messages).
-fn row_position(plan: &StepPlan, mut row: usize) -> usize {
-    if plan.chained > 0 && !plan.seqs.is_empty() {
-        // Step-major: step `row / step rows`; a chained decode reports one row per sequence, a chained verify its
-        // whole window (at a position the log knows; the first step's is given).
-        let per = plan.seqs.iter().map(SeqStep::row_count).sum::<usize>().max(1);
-        let (k, mut i) = (row / per, row % per);
-        for s in &plan.seqs {
-            let n = s.row_count();
-            if i < n {
-                return s.position + if plan.spec_chain.is_some() { i } else { k };
+fn row_position(plan: &StepPlan, row: usize) -> usize {
+    match &plan.program {
+        Program::Batch(b) => {
+            let mut row = row;
+            for s in &b.seqs {
+                let n = s.row_count();
+                if row < n {
+                    return s.position + s.tokens.len() - n + row;
+                }
+                row -= n;
             }
-            i -= n;
+            0
         }
-        return 0;
-    }
-    for s in &plan.seqs {
-        let n = s.row_count();
-        if row < n {
-            return s.position + s.tokens.len() - n + row;
+        // Step-major: step `row / seqs`, one row per sequence.
+        Program::DecodeChain(c) => {
+            let n = c.seqs.len().max(1);
+            c.seqs.get(row % n).map_or(0, |s| s.position + row / n)
         }
-        row -= n;
+        // Step-major, each step a whole window per sequence (at a position the log knows; the first step's is
+        // given).
+        Program::VerifyChain(c) => {
+            let t = c.window().max(1);
+            let i = row % (t * c.seqs.len()).max(1);
+            c.seqs.get(i / t).map_or(0, |s| s.position + i % t)
+        }
     }
-    0
 }

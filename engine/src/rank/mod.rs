@@ -5,6 +5,7 @@
 //! `crate::gpu`. The coordinator drives every rank with the same typed [`StepPlan`] and merges their answers:
 //!
 //! - [`plan`]: the messages — [`StepPlan`], [`StepOut`], [`SlotSnapshot`], [`RankHealth`], [`RankInfo`];
+//! - `executor`: the host loops of chained programs over a backend's single steps;
 //! - [`books`]: the coordinator's copy of every slot's length, pending verify and KV blocks, and the validation that
 //!   rejects a bad plan before any rank computes;
 //! - [`vocab`]: merging the ranks' vocabulary slices (summaries and logits);
@@ -18,6 +19,7 @@
 
 pub mod books;
 mod cpu;
+mod executor;
 pub mod fault;
 pub mod group;
 pub mod launch;
@@ -41,11 +43,12 @@ pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};
 pub use lockstep::{finish, prepare, StepResult};
 pub use plan::{
-    Commit, GraphStats, RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqStep, SlotSnapshot, SpecSample,
-    SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, MAX_CHAINED,
+    Batch, ChainSample, ChainedDecode, ChainedVerify, Commit, DecodeChain, GraphStats, Program, RankHealth, RankInfo,
+    RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample, SsmSnapshot, StageTime,
+    StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED,
 };
 pub use sequence::GroupSequence;
-pub use spec_chain::{ChainDrafter, ChainLog, SpecChain};
+pub use spec_chain::{ChainDrafter, ChainLog};
 pub use spec_chain_check::{spec_chain_check, SpecChainReport};
 pub use thread::{RankMsg, RankThread, Reply};
 pub use vocab::{MergedStep, VocabSummary};

@@ -48,22 +48,12 @@ pub struct SampleRow {
     pub history: Vec<u32>,
     /// Uniform in `[0, 1)`.
     pub uniform: f32,
-    /// The draws of the plan's chained steps ([`StepPlan::chained`]), one per further step in order, each in
-    /// `[0, 1)`; empty for a plan that chains nothing.
-    pub chained_uniforms: Vec<f32>,
 }
 
 impl SampleRow {
     /// Checks the draw and the history against a vocabulary of `vocab` ids.
     pub fn validate(&self, vocab: usize) -> crate::Result<()> {
-        if let Some(u) = std::iter::once(&self.uniform)
-            .chain(&self.chained_uniforms)
-            .find(|u| !(0.0..1.0).contains(*u))
-        {
-            return Err(crate::EngineError::InvalidInput(format!(
-                "uniform {u} is outside [0, 1)"
-            )));
-        }
+        check_draw(self.uniform)?;
         if let Some(&t) = self.history.iter().find(|&&t| t as usize >= vocab) {
             return Err(crate::EngineError::InvalidInput(format!(
                 "previous token id {t} is out of range (vocab size {vocab})"
@@ -92,7 +82,16 @@ impl SampleRow {
     }
 }
 
-/// One sequence of a step.
+fn check_draw(u: f32) -> crate::Result<()> {
+    if (0.0..1.0).contains(&u) {
+        return Ok(());
+    }
+    Err(crate::EngineError::InvalidInput(format!(
+        "uniform {u} is outside [0, 1)"
+    )))
+}
+
+/// One sequence of a [`Program::Batch`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeqStep {
     /// The sequence's slot (the coordinator's books hand slots out; a rank claims the slot at its first step).
@@ -133,7 +132,7 @@ impl SeqStep {
         }
     }
 
-    /// How many final hidden rows this sequence returns when the plan asks for them ([`StepPlan::hidden`]): every
+    /// How many final hidden rows this sequence returns when the batch asks for them ([`Batch::hidden`]): every
     /// token of a prefill chunk, so that a drafter running on them (an MTP layer) sees every prompt position, and
     /// the reported rows of a decode or verify. A prefill's extra rows are copies of the residual stream; no head
     /// runs over them.
@@ -167,11 +166,29 @@ pub struct Commit {
     pub accepted: usize,
 }
 
-/// Everything one step does, identical for every rank: first the commits, then the sequences in one batch (prefill
-/// chunks, decodes and verifies mixed, each in its own form).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Everything one step does, identical for every rank: first the commits, then the program.
+#[derive(Clone, Debug, PartialEq)]
 pub struct StepPlan {
     pub commits: Vec<Commit>,
+    pub program: Program,
+}
+
+/// What a step runs after its commits. Each kind of step is a variant carrying only its own fields, so a plan that
+/// mixes what cannot go together (a chained prompt chunk, whole logits of a chain, a penalty whose history would
+/// need the chained tokens on the host) cannot be written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Program {
+    /// One pass over a batch: prompt chunks, decodes and verifies mixed, each in its own form.
+    Batch(Batch),
+    /// Decode steps run back to back with no host round trip between them (like vLLM's multi-step scheduling).
+    DecodeChain(DecodeChain),
+    /// Verify steps run back to back: between them the ranks judge, commit and draft themselves (`super::spec_chain`).
+    VerifyChain(VerifyChain),
+}
+
+/// A single step's sequences and what it returns besides the row summaries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
     pub seqs: Vec<SeqStep>,
     /// Return each rank's slice of the reported rows' logits as well as the summaries.
     pub full_logits: bool,
@@ -180,92 +197,317 @@ pub struct StepPlan {
     /// reported rows instead (the GPU rank, so far) still serves the MTP drafter, whose KV then starts at the last
     /// prompt row rather than at the prompt's start.
     pub hidden: bool,
-    /// Further decode steps every rank runs after this one with no host round trip between them (0: none; like
-    /// vLLM's multi-step scheduling). Step `k` feeds each sequence the token step `k − 1` picked for it (its sampled
-    /// token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices' summaries among
-    /// themselves) at the next position; on a GPU the pick stays on the device. The ranks answer step-major: the
-    /// plan's rows for step 0, then those of step 1, and so on. See [`StepPlan::check_chain`] for what a chained plan
-    /// may hold. With [`StepPlan::spec_chain`] the chained steps are verifies instead.
-    pub chained: usize,
-    /// Chain verifies rather than decodes (`super::spec_chain`): every sequence is a verify, judged greedily or by
-    /// its one-pass summaries ([`SeqStep::spec`]), and the ranks judge, commit and draft between the steps
-    /// themselves. They run at most `1 + chained` steps (a rank may stop
-    /// a chain early; its [`StepOut::chain`] log says how many ran).
-    pub spec_chain: Option<super::spec_chain::SpecChain>,
+}
+
+/// `1 + steps` decode steps of the same sequences. Step `k` feeds each sequence the token step `k − 1` picked for it
+/// (its sampled token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices'
+/// summaries among themselves) at the next position; on a GPU the pick stays on the device. The ranks answer
+/// step-major: one row per sequence for step 0, then for step 1, and so on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeChain {
+    pub seqs: Vec<ChainedDecode>,
+    /// Further steps after the first: 1 ..= [`MAX_CHAINED`].
+    pub steps: usize,
+}
+
+/// One sequence of a [`DecodeChain`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainedDecode {
+    pub slot: usize,
+    /// The position of `token`: the sequence's committed length.
+    pub position: usize,
+    /// The first step's input token.
+    pub token: u32,
+    pub form: FormChoice,
+    /// Sampled rather than greedy picks.
+    pub sample: Option<ChainSample>,
+}
+
+/// A chained sequence's sampling: the filters of [`SampleRow`] (no repetition penalty: its history would need every
+/// chained token on the host) and one draw per step of the chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainSample {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// `1 + steps` draws in `[0, 1)`, in step order.
+    pub draws: Vec<f32>,
+}
+
+impl ChainedDecode {
+    /// Step `k` of the chain as a single decode fed `token` at `position + k`, reporting its last row.
+    pub fn step(&self, k: usize, token: u32) -> SeqStep {
+        SeqStep {
+            slot: self.slot,
+            kind: SeqKind::Decode,
+            position: self.position + k,
+            tokens: vec![token],
+            form: self.form,
+            rows: Rows::Last,
+            sample: self.sample.as_ref().map(|s| s.row(k)),
+            spec: None,
+        }
+    }
+}
+
+impl ChainSample {
+    /// The sampling of step `k` (its draw); greedy rows of a sampling chain use [`ChainSample::greedy`].
+    pub fn row(&self, k: usize) -> SampleRow {
+        SampleRow {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: 1.0,
+            history: Vec::new(),
+            uniform: self.draws.get(k).copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// `1 + steps` verify steps of the same sequences, all of one window; see `super::spec_chain`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyChain {
+    pub seqs: Vec<ChainedVerify>,
+    /// Further steps after the first: at least 1. The ranks may end a chain early; the log says how many ran.
+    pub steps: usize,
+    pub drafter: super::spec_chain::ChainDrafter,
+}
+
+/// One sequence of a [`VerifyChain`], judged greedily or by sampling from its rows' one-pass summaries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainedVerify {
+    pub slot: usize,
+    /// The position of `tokens[0]`: the sequence's committed length after the plan's commits.
+    pub position: usize,
+    /// The first step's input token and drafts (`1 + T`, the same `T` for every sequence of the chain).
+    pub tokens: Vec<u32>,
+    pub form: FormChoice,
+    /// Sampled acceptance from the one-pass summaries; `None`: greedy.
+    pub spec: Option<SpecSample>,
+    /// The stream so far, ending with `tokens[0]` (so its length is `position + 1`): the drafter reads it.
+    pub stream: Vec<u32>,
+    /// With [`ChainDrafter::Table`](super::spec_chain::ChainDrafter::Table): the proposal for each stream position
+    /// (−1: none; a proposal run stops at the first −1). Empty otherwise.
+    pub table: Vec<i32>,
+}
+
+impl ChainedVerify {
+    /// The chain's first step of this sequence as a single verify reporting every row.
+    pub fn step(&self) -> SeqStep {
+        SeqStep {
+            slot: self.slot,
+            kind: SeqKind::Verify,
+            position: self.position,
+            tokens: self.tokens.clone(),
+            form: self.form,
+            rows: Rows::All,
+            sample: None,
+            spec: self.spec,
+        }
+    }
+}
+
+/// A sequence of any program, as far as the books care: where it is, in which form, and how far its steps may reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan<'a> {
+    pub slot: usize,
+    pub position: usize,
+    pub form: FormChoice,
+    /// The tokens the sequence's first step runs.
+    pub tokens: &'a [u32],
+    /// Tokens its steps add to the context at most.
+    pub span: usize,
+    /// Whether its (last) step leaves a verify pending.
+    pub verify: bool,
 }
 
 impl StepPlan {
+    /// A single step of `seqs` with no commits, returning summaries only.
+    pub fn batch(seqs: Vec<SeqStep>) -> Self {
+        StepPlan {
+            commits: Vec::new(),
+            program: Program::Batch(Batch {
+                seqs,
+                ..Batch::default()
+            }),
+        }
+    }
+
+    /// A step that only commits.
+    pub fn commits(commits: Vec<Commit>) -> Self {
+        StepPlan {
+            commits,
+            program: Program::Batch(Batch::default()),
+        }
+    }
+
+    /// A chain of `1 + steps` decodes of `seqs`, with no commits.
+    pub fn decode_chain(seqs: Vec<ChainedDecode>, steps: usize) -> Self {
+        StepPlan {
+            commits: Vec::new(),
+            program: Program::DecodeChain(DecodeChain { seqs, steps }),
+        }
+    }
+
+    /// A chain of verifies, with no commits.
+    pub fn verify_chain(chain: VerifyChain) -> Self {
+        StepPlan {
+            commits: Vec::new(),
+            program: Program::VerifyChain(chain),
+        }
+    }
+
+    /// This plan with `commits` run first.
+    pub fn with_commits(mut self, commits: Vec<Commit>) -> Self {
+        self.commits = commits;
+        self
+    }
+
+    /// This plan asking for whole logit slices (a single step only; a chain is left as it is).
+    pub fn with_logits(mut self, full_logits: bool) -> Self {
+        if let Program::Batch(b) = &mut self.program {
+            b.full_logits = full_logits;
+        }
+        self
+    }
+
+    /// The batch of a single step, if the plan is one.
+    pub fn as_batch(&self) -> Option<&Batch> {
+        match &self.program {
+            Program::Batch(b) => Some(b),
+            Program::DecodeChain(_) | Program::VerifyChain(_) => None,
+        }
+    }
+
+    /// Whether the step asks for whole logit slices.
+    pub fn full_logits(&self) -> bool {
+        self.as_batch().is_some_and(|b| b.full_logits)
+    }
+
+    /// Whether the step asks for final hidden rows.
+    pub fn hidden(&self) -> bool {
+        self.as_batch().is_some_and(|b| b.hidden)
+    }
+
+    /// Further steps the ranks run after the first (0 for a single step).
+    pub fn chained(&self) -> usize {
+        match &self.program {
+            Program::Batch(_) => 0,
+            Program::DecodeChain(c) => c.steps,
+            Program::VerifyChain(c) => c.steps,
+        }
+    }
+
+    /// Sequences in the step.
+    pub fn seq_count(&self) -> usize {
+        match &self.program {
+            Program::Batch(b) => b.seqs.len(),
+            Program::DecodeChain(c) => c.seqs.len(),
+            Program::VerifyChain(c) => c.seqs.len(),
+        }
+    }
+
+    /// Every sequence as the books see it, in plan order.
+    pub fn spans(&self) -> Vec<SeqSpan<'_>> {
+        match &self.program {
+            Program::Batch(b) => b
+                .seqs
+                .iter()
+                .map(|s| SeqSpan {
+                    slot: s.slot,
+                    position: s.position,
+                    form: s.form,
+                    tokens: &s.tokens,
+                    span: s.tokens.len(),
+                    verify: s.kind == SeqKind::Verify,
+                })
+                .collect(),
+            Program::DecodeChain(c) => c
+                .seqs
+                .iter()
+                .map(|s| SeqSpan {
+                    slot: s.slot,
+                    position: s.position,
+                    form: s.form,
+                    tokens: std::slice::from_ref(&s.token),
+                    span: 1 + c.steps,
+                    verify: false,
+                })
+                .collect(),
+            Program::VerifyChain(c) => c
+                .seqs
+                .iter()
+                .map(|s| SeqSpan {
+                    slot: s.slot,
+                    position: s.position,
+                    form: s.form,
+                    tokens: &s.tokens,
+                    span: s.tokens.len() * (1 + c.steps),
+                    verify: true,
+                })
+                .collect(),
+        }
+    }
+
     /// How many rows the step reports, over all sequences and chained steps.
     pub fn row_count(&self) -> usize {
-        self.seqs.iter().map(SeqStep::row_count).sum::<usize>() * (1 + self.chained)
-    }
-
-    /// Tokens each sequence's steps add to its context at most: its tokens, plus one per chained decode step or a
-    /// whole window per chained verify step.
-    pub fn span(&self, seq: &SeqStep) -> usize {
-        match seq.kind {
-            SeqKind::Verify if self.spec_chain.is_some() => seq.tokens.len() * (1 + self.chained),
-            _ => seq.tokens.len() + self.chained,
+        match &self.program {
+            Program::Batch(b) => b.seqs.iter().map(SeqStep::row_count).sum(),
+            Program::DecodeChain(c) => c.seqs.len() * (1 + c.steps),
+            Program::VerifyChain(c) => c.seqs.iter().map(|s| s.tokens.len()).sum::<usize>() * (1 + c.steps),
         }
     }
 
-    /// Checks what a plan with chained steps may hold (nothing to check when it chains none): decodes only, each
-    /// reporting its last row, with no speculative summaries, whole logits or hidden states, and every sampling row
-    /// free of the repetition penalty (whose history would need the chained tokens on the host) and carrying one
-    /// draw per chained step.
-    pub fn check_chain(&self) -> crate::Result<()> {
-        if self.chained == 0 || self.spec_chain.is_some() {
-            return Ok(());
-        }
+    /// How many final hidden rows the step returns when it asks for them ([`Batch::hidden`]).
+    pub fn hidden_row_count(&self) -> usize {
+        self.as_batch()
+            .map_or(0, |b| b.seqs.iter().map(SeqStep::hidden_row_count).sum())
+    }
+
+    /// The tokens the step's first step runs through the model.
+    pub fn token_count(&self) -> usize {
+        self.spans().iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+impl DecodeChain {
+    /// Checks what the types leave open: a non-empty chain of 1 ..= `max_chained` further steps, each sampling
+    /// sequence carrying one draw in `[0, 1)` per step.
+    pub fn check(&self, max_chained: usize) -> crate::Result<()> {
         let bad = |m: String| {
             Err(crate::EngineError::InvalidInput(format!(
                 "a plan chaining {} decode steps: {m}",
-                self.chained
+                self.steps
             )))
         };
-        if self.chained > MAX_CHAINED {
-            return bad(format!("at most {MAX_CHAINED} further steps chain"));
+        if self.steps == 0 {
+            return bad("a chain needs at least one further step".into());
+        }
+        if self.steps > max_chained {
+            return Err(crate::EngineError::NotSupported(format!(
+                "a plan chaining {} decode steps: this backend chains at most {max_chained}",
+                self.steps
+            )));
         }
         if self.seqs.is_empty() {
             return bad("it holds no sequence".into());
         }
-        if self.full_logits || self.hidden {
-            return bad("whole logits and hidden states are returned for single steps only".into());
-        }
         for s in &self.seqs {
-            if s.kind != SeqKind::Decode || s.rows != Rows::Last || s.spec.is_some() {
-                return bad(format!(
-                    "slot {} is not a decode reporting its last row (only decodes chain)",
-                    s.slot
-                ));
-            }
             if let Some(sample) = &s.sample {
-                if sample.repetition_penalty != 1.0 {
+                if sample.draws.len() != 1 + self.steps {
                     return bad(format!(
-                        "slot {} asks for a repetition penalty, whose history needs every chained token on the host",
-                        s.slot
-                    ));
-                }
-                if sample.chained_uniforms.len() != self.chained {
-                    return bad(format!(
-                        "slot {} carries {} draws for its chained steps",
+                        "slot {} carries {} draws for its {} steps",
                         s.slot,
-                        sample.chained_uniforms.len()
+                        sample.draws.len(),
+                        1 + self.steps
                     ));
                 }
+                sample.draws.iter().try_for_each(|&u| check_draw(u))?;
             }
         }
         Ok(())
-    }
-
-    /// How many final hidden rows the step returns when it asks for them ([`StepPlan::hidden`]).
-    pub fn hidden_row_count(&self) -> usize {
-        self.seqs.iter().map(SeqStep::hidden_row_count).sum()
-    }
-
-    /// The tokens the step runs through the model.
-    pub fn token_count(&self) -> usize {
-        self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
 }
 
@@ -307,9 +549,9 @@ pub struct StepOut {
     pub rows: Vec<RowSummary>,
     /// `[rows, vocab.len()]`, when the plan asked for the logits.
     pub logits: Option<Vec<f32>>,
-    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`StepPlan::hidden`] names).
+    /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`Batch::hidden`] names).
     pub hidden: Option<Vec<f32>>,
-    /// What a chain of verifies drafted and judged ([`StepPlan::spec_chain`]; `None` otherwise).
+    /// What a chain of verifies drafted and judged ([`Program::VerifyChain`]; `None` otherwise).
     pub chain: Option<super::spec_chain::ChainLog>,
 }
 
@@ -435,7 +677,7 @@ pub struct GraphStats {
     pub evicted: u64,
 }
 
-/// The most further decode steps a plan may chain ([`StepPlan::chained`]) on a rank that chains: 16 steps in all,
+/// The most further decode steps a plan may chain ([`DecodeChain::steps`]) on a rank that chains: 16 steps in all,
 /// as vLLM's multi-step scheduling tops out; past a few steps the saving per step is small and a stop is noticed late.
 pub const MAX_CHAINED: usize = 15;
 
@@ -466,9 +708,9 @@ pub struct RankInfo {
     pub snapshots: bool,
     /// Whether the rank computes the one-pass speculative summaries ([`SeqStep::spec`]).
     pub spec_summaries: bool,
-    /// Whether the rank returns final hidden states ([`StepPlan::hidden`]).
+    /// Whether the rank returns final hidden states ([`Batch::hidden`]).
     pub hidden_states: bool,
-    /// The most further decode steps one plan may chain on this rank ([`StepPlan::chained`]; 0: none).
+    /// The most further decode steps one plan may chain on this rank ([`DecodeChain::steps`]; 0: none).
     pub max_chained: usize,
 }
 

@@ -43,23 +43,17 @@ impl<'g> GroupSequence<'g> {
                 self.limit
             )));
         }
-        let plan = StepPlan {
-            commits: Vec::new(),
-            seqs: vec![SeqStep {
-                slot: self.slot,
-                kind,
-                position: self.position,
-                tokens: tokens.to_vec(),
-                form: self.form,
-                rows,
-                sample: None,
-                spec: None,
-            }],
-            full_logits: logits,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
-        };
+        let plan = StepPlan::batch(vec![SeqStep {
+            slot: self.slot,
+            kind,
+            position: self.position,
+            tokens: tokens.to_vec(),
+            form: self.form,
+            rows,
+            sample: None,
+            spec: None,
+        }])
+        .with_logits(logits);
         let out = self.group.step(plan)?;
         self.position += tokens.len();
         Ok(out)
@@ -74,17 +68,10 @@ impl<'g> GroupSequence<'g> {
                 "cannot keep {kept} of a verify of {verified} tokens"
             )));
         }
-        let plan = StepPlan {
-            commits: vec![super::plan::Commit {
-                slot: self.slot,
-                accepted: kept,
-            }],
-            seqs: Vec::new(),
-            full_logits: false,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
-        };
+        let plan = StepPlan::commits(vec![super::plan::Commit {
+            slot: self.slot,
+            accepted: kept,
+        }]);
         self.group.step(plan)?;
         self.position -= verified - kept;
         Ok(())

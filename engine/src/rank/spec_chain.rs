@@ -1,4 +1,4 @@
-//! Chained speculative steps ([`StepPlan::spec_chain`]): a plan of verifies that runs `1 + c` verify steps back to
+//! Chained speculative steps ([`Program::VerifyChain`](super::Program::VerifyChain)): a plan of verifies that runs `1 + c` verify steps back to
 //! back. After each step the ranks judge the verify themselves, commit the accepted tokens, draft the next step's
 //! window and verify it, with no host round trip: on a GPU every decision is device data
 //! (`engine/src/gpu/spec_chain.rs`); a CPU rank runs the same rules as a loop of single steps (the twin).
@@ -22,7 +22,7 @@
 pub use rewind_kernels::cpu::chain::chain_drafts;
 use rewind_kernels::cpu::chain::{ngram_lookup, table_proposal};
 
-use super::plan::{Rows, SeqKind, StepPlan};
+use super::plan::VerifyChain;
 use crate::error::{EngineError, Result};
 
 /// How the ranks draft the chained steps' windows.
@@ -31,20 +31,8 @@ pub enum ChainDrafter {
     /// Prompt lookup over the stream: the tokens after the latest earlier occurrence of its last `n` tokens (the
     /// longest `n` in `min_n ..= max_n` first), as [`crate::spec::NgramDrafter`].
     Ngram { min_n: usize, max_n: usize },
-    /// Each sequence's proposals by stream position ([`SpecChain::tables`]).
+    /// Each sequence's proposals by stream position ([`ChainedVerify::table`](super::ChainedVerify::table)).
     Table,
-}
-
-/// What the ranks need to draft a chain's later steps.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SpecChain {
-    pub drafter: ChainDrafter,
-    /// Per sequence (plan order): the stream so far, ending with the verify's input token (`tokens[0]`), so its
-    /// length is the sequence's position + 1.
-    pub streams: Vec<Vec<u32>>,
-    /// With [`ChainDrafter::Table`], per sequence: the proposal for each stream position (−1: none; a proposal run
-    /// stops at the first −1). Empty otherwise.
-    pub tables: Vec<Vec<i32>>,
 }
 
 /// What the ranks did in a chain, step-major: per step and sequence the drafts verified and the verdict.
@@ -73,69 +61,55 @@ impl ChainLog {
     }
 }
 
-impl SpecChain {
-    /// The drafts of the step after one whose stream is `stream` (ending with that step's input token), `count` of
-    /// them: the drafter's proposal, padded.
-    pub fn draft(&self, seq: usize, stream: &[u32], count: usize) -> Vec<u32> {
-        let proposed = match self.drafter {
+impl ChainDrafter {
+    /// The drafts after `stream` (ending with a step's input token), `count` of them: the proposal, padded. `table`
+    /// is the sequence's proposals by position ([`ChainDrafter::Table`]; ignored by the n-gram drafter).
+    pub fn draft(&self, table: &[i32], stream: &[u32], count: usize) -> Vec<u32> {
+        let proposed = match *self {
             ChainDrafter::Ngram { min_n, max_n } => ngram_lookup(stream, min_n, max_n, count),
-            ChainDrafter::Table => table_proposal(&self.tables[seq], stream.len(), count),
+            ChainDrafter::Table => table_proposal(table, stream.len(), count),
         };
         chain_drafts(stream, proposed, count)
     }
 }
 
-impl StepPlan {
-    /// Checks a plan of chained verifies ([`StepPlan::spec_chain`]): verifies of one window reporting every row
-    /// (judged greedily, or sampled from their one-pass summaries, never from whole rows), each with its stream (and table) consistent with its tokens, no whole logits or hidden states, and every
-    /// stream and table token inside the vocabulary.
-    pub(super) fn check_spec_chain(&self, vocab: usize) -> Result<()> {
-        let Some(chain) = &self.spec_chain else {
-            return Ok(());
-        };
+impl VerifyChain {
+    /// The drafts of sequence `seq`'s step after one whose stream is `stream` (ending with that step's input token),
+    /// `count` of them: the drafter's proposal, padded.
+    pub fn draft(&self, seq: usize, stream: &[u32], count: usize) -> Vec<u32> {
+        self.drafter.draft(&self.seqs[seq].table, stream, count)
+    }
+
+    /// The window every sequence verifies (`1 + T` tokens).
+    pub fn window(&self) -> usize {
+        self.seqs.first().map_or(0, |s| s.tokens.len())
+    }
+
+    /// Checks what the types leave open: at least one further step, a drafter with sane sizes (and tables only for
+    /// the table drafter), one window of at least one draft for every sequence, each stream ending with the
+    /// verify's input token at its position, and every stream and table token inside the vocabulary.
+    pub fn check(&self, vocab: usize) -> Result<()> {
         let bad = |m: String| {
             Err(EngineError::InvalidInput(format!(
                 "a plan chaining {} verify steps: {m}",
-                self.chained
+                self.steps
             )))
         };
-        if self.chained == 0 {
+        if self.steps == 0 {
             return bad("a speculative chain needs chained steps".into());
         }
-        if self.full_logits || self.hidden {
-            return bad("whole logits and hidden states are returned for single steps only".into());
+        if self.seqs.is_empty() {
+            return bad("it holds no sequence".into());
         }
-        if chain.streams.len() != self.seqs.len() {
-            return bad(format!(
-                "{} streams for {} sequences",
-                chain.streams.len(),
-                self.seqs.len()
-            ));
+        if let ChainDrafter::Ngram { min_n, max_n } = self.drafter {
+            if min_n == 0 || max_n < min_n {
+                return bad(format!("n-gram sizes {min_n} ..= {max_n} (need 1 ≤ min ≤ max)"));
+            }
         }
-        match chain.drafter {
-            ChainDrafter::Ngram { min_n, max_n } if min_n == 0 || max_n < min_n => {
-                return bad(format!("n-gram sizes {min_n} ..= {max_n} (need 1 ≤ min ≤ max)"))
-            }
-            ChainDrafter::Table if chain.tables.len() != self.seqs.len() => {
-                return bad(format!(
-                    "{} draft tables for {} sequences",
-                    chain.tables.len(),
-                    self.seqs.len()
-                ))
-            }
-            ChainDrafter::Ngram { .. } if !chain.tables.is_empty() => {
-                return bad("draft tables given to the n-gram drafter".into())
-            }
-            _ => {}
-        }
-        let t = self.seqs.first().map_or(0, |s| s.tokens.len());
-        for (q, s) in self.seqs.iter().enumerate() {
-            if s.kind != SeqKind::Verify || s.rows != Rows::All || s.sample.is_some() {
-                return bad(format!(
-                    "slot {} is not a verify reporting every row, judged greedily or by its one-pass summaries \
-                     (only those chain)",
-                    s.slot
-                ));
+        let t = self.window();
+        for s in &self.seqs {
+            if matches!(self.drafter, ChainDrafter::Ngram { .. }) && !s.table.is_empty() {
+                return bad("draft tables given to the n-gram drafter".into());
             }
             if s.tokens.len() != t || t < 2 {
                 return bad(format!(
@@ -145,28 +119,21 @@ impl StepPlan {
                     s.tokens.len()
                 ));
             }
-            let stream = &chain.streams[q];
-            if stream.len() != s.position + 1 || stream.last() != s.tokens.first() {
+            if s.stream.len() != s.position + 1 || s.stream.last() != s.tokens.first() {
                 return bad(format!(
                     "slot {}: its stream of {} tokens must end with the verify's input token at position {}",
                     s.slot,
-                    stream.len(),
+                    s.stream.len(),
                     s.position
                 ));
             }
-            if let Some(&tok) = stream.iter().find(|&&x| x as usize >= vocab) {
+            if let Some(&tok) = s.stream.iter().find(|&&x| x as usize >= vocab) {
                 return bad(format!(
                     "slot {}: stream token id {tok} is outside the vocabulary of {vocab}",
                     s.slot
                 ));
             }
-            if let Some(&tok) = chain
-                .tables
-                .get(q)
-                .into_iter()
-                .flatten()
-                .find(|&&x| x >= vocab as i32 || x < -1)
-            {
+            if let Some(&tok) = s.table.iter().find(|&&x| x >= vocab as i32 || x < -1) {
                 return bad(format!(
                     "slot {}: draft table entry {tok} is not a token id or −1",
                     s.slot
@@ -193,17 +160,25 @@ mod tests {
 
     #[test]
     fn drafts_are_padded_to_the_window() {
-        let chain = SpecChain {
+        let chain = VerifyChain {
+            seqs: Vec::new(),
+            steps: 1,
             drafter: ChainDrafter::Ngram { min_n: 1, max_n: 2 },
-            streams: Vec::new(),
-            tables: Vec::new(),
         };
         assert_eq!(chain.draft(0, &[1, 2, 3, 1, 2], 3), [3, 1, 2]);
         assert_eq!(chain.draft(0, &[4, 5], 3), [5, 5, 5], "no match: the last token");
-        let table = SpecChain {
+        let table = VerifyChain {
+            seqs: vec![crate::rank::ChainedVerify {
+                slot: 0,
+                position: 1,
+                tokens: vec![2, 0, 0, 0],
+                form: crate::decode::FormChoice::Replay,
+                spec: None,
+                stream: vec![1, 2],
+                table: vec![-1, -1, 7, 8, -1, 9],
+            }],
+            steps: 1,
             drafter: ChainDrafter::Table,
-            streams: Vec::new(),
-            tables: vec![vec![-1, -1, 7, 8, -1, 9]],
         };
         assert_eq!(table.draft(0, &[1, 2], 3), [7, 8, 8], "proposals stop at −1");
     }

@@ -1,4 +1,4 @@
-//! Chained verifies ([`StepPlan::spec_chain`]) checked against the same verifies run one plan at a time, on any
+//! Chained verifies ([`Program::VerifyChain`]) checked against the same verifies run one plan at a time, on any
 //! [`RankGroup`] (the GPU self-test runs it on the device, the tests on CPU ranks).
 //!
 //! After each prompt, speculative decoding runs twice: once step by step (the host drafts with the chain's own rule,
@@ -13,8 +13,8 @@
 use serde::Serialize;
 
 use super::group::RankGroup;
-use super::plan::{Commit, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
-use super::spec_chain::{ChainDrafter, SpecChain};
+use super::plan::{Batch, ChainedVerify, Commit, Program, Rows, SeqKind, SeqStep, SpecSample, StepPlan, VerifyChain};
+use super::spec_chain::ChainDrafter;
 use super::StepResult;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -90,11 +90,6 @@ fn speculate(
         .collect();
     let n = slots.len();
     let t = window + 1;
-    let rules = SpecChain {
-        drafter,
-        streams: Vec::new(),
-        tables: tables.to_vec(),
-    };
     let mut done: Vec<Vec<Verified>> = vec![Vec::new(); n];
     let mut commits: Vec<Commit> = Vec::new();
     let mut ran = 0;
@@ -104,7 +99,7 @@ fn speculate(
             .map(|q| {
                 let stream = &streams[q];
                 let mut tokens = vec![stream[stream.len() - 1]];
-                tokens.extend(rules.draft(q, stream, window));
+                tokens.extend(drafter.draft(tables.get(q).map_or(&[][..], Vec::as_slice), stream, window));
                 SeqStep {
                     slot: slots[q],
                     kind: SeqKind::Verify,
@@ -122,16 +117,33 @@ fn speculate(
                 }
             })
             .collect();
+        let program = if chain > 1 {
+            Program::VerifyChain(VerifyChain {
+                seqs: seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(q, s)| ChainedVerify {
+                        slot: s.slot,
+                        position: s.position,
+                        tokens: s.tokens.clone(),
+                        form: s.form,
+                        spec: s.spec,
+                        stream: streams[q].clone(),
+                        table: tables.get(q).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
+                steps: chain - 1,
+                drafter,
+            })
+        } else {
+            Program::Batch(Batch {
+                seqs: seqs.clone(),
+                ..Batch::default()
+            })
+        };
         let plan = StepPlan {
             commits: std::mem::take(&mut commits),
-            seqs: seqs.clone(),
-            chained: chain - 1,
-            spec_chain: (chain > 1).then(|| SpecChain {
-                drafter,
-                streams: streams.clone(),
-                tables: tables.to_vec(),
-            }),
-            ..StepPlan::default()
+            program,
         };
         let out = group.step(plan)?;
         let per_step = n * t;

@@ -46,13 +46,29 @@ fn seq(slot: usize, kind: SeqKind, position: usize, tokens: &[u32], form: FormCh
 }
 
 fn plan(seqs: Vec<SeqStep>) -> StepPlan {
-    StepPlan {
-        commits: Vec::new(),
-        seqs,
-        full_logits: true,
-        hidden: false,
-        chained: 0,
-        spec_chain: None,
+    StepPlan::batch(seqs).with_logits(true)
+}
+
+/// A decode of `slot` at `pos` fed `token`, chaining `chained` further steps (a single step when 0), sampled by
+/// `sample` (which carries a draw per step).
+fn decodes(
+    slot: usize,
+    pos: usize,
+    token: u32,
+    form: FormChoice,
+    chained: usize,
+    sample: Option<ChainSample>,
+) -> StepPlan {
+    let d = ChainedDecode {
+        slot,
+        position: pos,
+        token,
+        form,
+        sample,
+    };
+    match chained {
+        0 => StepPlan::batch(vec![d.step(0, token)]),
+        c => StepPlan::decode_chain(vec![d], c),
     }
 }
 
@@ -340,11 +356,11 @@ fn a_mixed_batch_equals_each_sequence_alone() {
         let pos = setup[3].len();
         g.step(StepPlan {
             commits: vec![Commit { slot: v, accepted: 2 }],
-            seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
-            full_logits: false,
-            hidden: false,
-            chained: 0,
-            spec_chain: None,
+            program: Program::Batch(Batch {
+                seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
+                full_logits: false,
+                hidden: false,
+            }),
         })
         .expect("commit and decode");
         assert_eq!(g.books().len(v).expect("len"), pos + 3);
@@ -401,17 +417,14 @@ fn prefilled(g: &mut RankGroup, form: FormChoice) -> (usize, u32) {
     (a, out.rows[0].argmax)
 }
 
-/// A sampling row (T 0.7) carrying one draw for a chained step.
-pub(super) fn sampled_with_one_draw() -> SampleRow {
-    SampleRow {
+/// A chain's sampling (T 0.7) carrying two draws: enough for one chained step.
+pub(super) fn sampled_with_two_draws() -> ChainSample {
+    ChainSample {
         temperature: 0.7,
         top_k: 0,
         top_p: 1.0,
         min_p: 0.0,
-        repetition_penalty: 1.0,
-        history: Vec::new(),
-        uniform: 0.5,
-        chained_uniforms: vec![0.5],
+        draws: vec![0.5, 0.5],
     }
 }
 
@@ -427,24 +440,15 @@ fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     let (a, t) = open(&mut g);
     let (b, _) = open(&mut g);
     let draws = [0.9, 0.05, 0.5, 0.7];
-    let row = |k: usize, chained: usize| SampleRow {
+    let row = |k: usize, chained: usize| ChainSample {
         temperature: 1.3,
         top_k: 40,
         top_p: 0.95,
         min_p: 0.0,
-        repetition_penalty: 1.0,
-        history: Vec::new(),
-        uniform: draws[k],
-        chained_uniforms: draws[k + 1..k + 1 + chained].to_vec(),
+        draws: draws[k..k + 1 + chained].to_vec(),
     };
     let step = |slot: usize, pos: usize, token: u32, k: usize, chained: usize| {
-        let mut p = StepPlan {
-            full_logits: false,
-            chained,
-            ..plan(vec![seq(slot, SeqKind::Decode, pos, &[token], f, Rows::Last)])
-        };
-        p.seqs[0].sample = Some(row(k, chained));
-        p
+        decodes(slot, pos, token, f, chained, Some(row(k, chained)))
     };
     let chained = g.step(step(a, PROMPT.len(), t, 0, 3)).expect("tp 2 sampled chain");
     let tokens: Vec<u32> = chained.sampled.iter().map(|s| s.expect("every step sampled")).collect();
@@ -453,17 +457,14 @@ fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     let mut next = t;
     for (k, want) in tokens.iter().enumerate() {
         let one = g
-            .step(StepPlan {
-                full_logits: true,
-                ..step(b, PROMPT.len() + k, next, k, 0)
-            })
+            .step(step(b, PROMPT.len() + k, next, k, 0).with_logits(true))
             .expect("single");
         let got = one.sampled[0].expect("sampled");
         assert_eq!(got, *want, "step {k}");
         let joined = one.logits.as_deref().expect("the joined row");
         assert_eq!(
             got,
-            row(k, 0).sample(joined),
+            row(k, 0).row(0).sample(joined),
             "step {k}: the ranks' draw against the joined row's"
         );
         next = got;
@@ -471,10 +472,13 @@ fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     // The draws matter: a chain drawn differently from the first step on departs somewhere (the tiny model's rows
     // are not one-hot at this temperature).
     let (c, t) = open(&mut g);
-    let mut other = step(c, PROMPT.len(), t, 0, 3);
-    let r = other.seqs[0].sample.as_mut().expect("row");
-    (r.uniform, r.chained_uniforms) = (0.02, vec![0.98, 0.02, 0.98]);
-    let other = g.step(other).expect("other draws");
+    let other = ChainSample {
+        draws: vec![0.02, 0.98, 0.02, 0.98],
+        ..row(0, 3)
+    };
+    let other = g
+        .step(decodes(c, PROMPT.len(), t, f, 3, Some(other)))
+        .expect("other draws");
     let other: Vec<u32> = other.sampled.iter().map(|s| s.expect("sampled")).collect();
     assert_ne!(other, tokens);
 }
@@ -484,11 +488,7 @@ fn chained_plans_are_checked_and_count_every_step() {
     let dir = tiny(Family::Qwen35);
     let f = FormChoice::Replay;
     let prefill = |g: &mut RankGroup| prefilled(g, f);
-    let chain = |a: usize, pos: usize, token: u32, chained: usize| StepPlan {
-        full_logits: false,
-        chained,
-        ..plan(vec![seq(a, SeqKind::Decode, pos, &[token], f, Rows::Last)])
-    };
+    let chain = |a: usize, pos: usize, token: u32, chained: usize| decodes(a, pos, token, f, chained, None);
     // Tensor parallelism: a greedy chain merges the ranks' slices at every step, as the coordinator does for single
     // steps; a sampled row is drawn by every rank from the slices it gathers (below).
     let mut g = cpu(dir.path(), 2, 2);
@@ -501,8 +501,7 @@ fn chained_plans_are_checked_and_count_every_step() {
         assert_eq!(one.rows[0].argmax, want.argmax, "tp 2 step {k}");
         next = one.rows[0].argmax;
     }
-    let mut sampled = chain(a, PROMPT.len() + 4, next, 1);
-    sampled.seqs[0].sample = Some(sampled_with_one_draw());
+    let sampled = decodes(a, PROMPT.len() + 4, next, f, 1, Some(sampled_with_two_draws()));
     let out = g.step(sampled).expect("tp 2 sampled chain");
     assert_eq!(out.sampled.len(), 2);
     assert!(out.sampled.iter().all(Option::is_some), "{:?}", out.sampled);
@@ -520,23 +519,20 @@ fn chained_plans_are_checked_and_count_every_step() {
     }
     g.step(chain(a, PROMPT.len() + 4, next, 0))
         .expect("the chain left the slot at its 4th token's position");
-    // What a chain may not hold: a prefill, whole logits, a sampled row without its draws, beyond the limit.
-    let c = g.open(f).expect("open");
-    let mixed = StepPlan {
-        chained: 1,
-        spec_chain: None,
-        ..plan(vec![seq(c, SeqKind::Prefill, 0, &PROMPT, f, Rows::Last)])
+    // What a chain may not hold beyond what its type rules out (a prefill, whole logits, a penalty): a sampled row
+    // without its draws, a draw outside [0, 1), more steps than the limit, no sequence.
+    let sampled = decodes(a, PROMPT.len() + 5, next, f, 2, Some(sampled_with_two_draws()));
+    let e = g.step(sampled).expect_err("two draws for three steps");
+    assert!(e.to_string().contains("draws"), "{e}");
+    let bad_draw = ChainSample {
+        draws: vec![0.5, 1.5],
+        ..sampled_with_two_draws()
     };
-    assert!(g.step(mixed).is_err());
-    assert!(g
-        .step(StepPlan {
-            full_logits: true,
-            ..chain(a, PROMPT.len() + 5, next, 2)
-        })
-        .is_err());
-    let mut sampled = chain(a, PROMPT.len() + 5, next, 2);
-    sampled.seqs[0].sample = Some(sampled_with_one_draw());
-    let e = g.step(sampled).expect_err("one draw for two chained steps");
+    let e = g
+        .step(decodes(a, PROMPT.len() + 5, next, f, 1, Some(bad_draw)))
+        .expect_err("a draw of 1.5");
+    assert!(e.to_string().contains("outside [0, 1)"), "{e}");
+    assert!(g.step(StepPlan::decode_chain(Vec::new(), 1)).is_err());
     assert!(e.to_string().contains("draws"), "{e}");
     assert!(g.step(chain(a, PROMPT.len() + 5, next, MAX_CHAINED + 1)).is_err());
 }

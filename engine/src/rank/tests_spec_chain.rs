@@ -53,64 +53,56 @@ fn bad_chains_of_verifies_are_refused_and_a_chain_settles_the_books() {
     let a = g.open(f).expect("open");
     let prompt = PROMPTS[0].to_vec();
     let first = g
-        .step(StepPlan {
-            seqs: vec![SeqStep {
-                slot: a,
-                kind: SeqKind::Prefill,
-                position: 0,
-                tokens: prompt.clone(),
-                form: f,
-                rows: Rows::Last,
-                sample: None,
-                spec: None,
-            }],
-            ..StepPlan::default()
-        })
+        .step(StepPlan::batch(vec![SeqStep {
+            slot: a,
+            kind: SeqKind::Prefill,
+            position: 0,
+            tokens: prompt.clone(),
+            form: f,
+            rows: Rows::Last,
+            sample: None,
+            spec: None,
+        }]))
         .expect("prefill")
         .rows[0]
         .argmax;
     let mut stream = prompt.clone();
     stream.push(first);
-    let chain = |stream: &Vec<u32>, tokens: Vec<u32>, chained: usize| StepPlan {
-        seqs: vec![SeqStep {
+    let chain_of = |stream: &Vec<u32>, tokens: Vec<u32>, chained: usize| VerifyChain {
+        seqs: vec![ChainedVerify {
             slot: a,
-            kind: SeqKind::Verify,
             position: stream.len() - 1,
             tokens,
             form: f,
-            rows: Rows::All,
-            sample: None,
             spec: None,
+            stream: stream.clone(),
+            table: Vec::new(),
         }],
-        chained,
-        spec_chain: Some(SpecChain {
-            drafter: ChainDrafter::Ngram { min_n: 1, max_n: 2 },
-            streams: vec![stream.clone()],
-            tables: Vec::new(),
-        }),
-        ..StepPlan::default()
+        steps: chained,
+        drafter: ChainDrafter::Ngram { min_n: 1, max_n: 2 },
     };
+    let chain =
+        |stream: &Vec<u32>, tokens: Vec<u32>, chained: usize| StepPlan::verify_chain(chain_of(stream, tokens, chained));
     let tokens = vec![first, 1, 2, 3];
     // Refusals happen in the books, before any rank computes (the group keeps serving).
     let mut refused: Vec<(StepPlan, &str)> = vec![
         (chain(&stream, tokens.clone(), 0), "needs chained steps"),
         (chain(&stream[..3].to_vec(), tokens.clone(), 2), "stream"),
     ];
-    let mut sampled = chain(&stream, tokens.clone(), 2);
-    sampled.seqs[0].sample = Some(super::tests::sampled_with_one_draw());
-    refused.push((sampled, "one-pass summaries"));
-    let mut one = chain(&stream, vec![first], 2);
-    one.seqs[0].tokens = vec![first];
-    refused.push((one, "at least one draft"));
-    let mut bad_n = chain(&stream, tokens.clone(), 2);
-    bad_n.spec_chain.as_mut().expect("chain").drafter = ChainDrafter::Ngram { min_n: 0, max_n: 2 };
-    refused.push((bad_n, "n-gram sizes"));
-    let mut tables = chain(&stream, tokens.clone(), 2);
-    tables.spec_chain.as_mut().expect("chain").drafter = ChainDrafter::Table;
-    refused.push((tables, "draft tables"));
-    let mut logits = chain(&stream, tokens.clone(), 2);
-    logits.full_logits = true;
-    refused.push((logits, "whole logits"));
+    refused.push((chain(&stream, vec![first], 2), "at least one draft"));
+    let mut bad_n = chain_of(&stream, tokens.clone(), 2);
+    bad_n.drafter = ChainDrafter::Ngram { min_n: 0, max_n: 2 };
+    refused.push((StepPlan::verify_chain(bad_n), "n-gram sizes"));
+    let mut tables = chain_of(&stream, tokens.clone(), 2);
+    tables.seqs[0].table = vec![-1; stream.len()];
+    refused.push((StepPlan::verify_chain(tables), "draft tables"));
+    let mut hot = chain_of(&stream, tokens.clone(), 2);
+    hot.seqs[0].spec = Some(SpecSample {
+        temperature: f32::NAN,
+        seed: 1,
+        index: 0,
+    });
+    refused.push((StepPlan::verify_chain(hot), "temperature"));
     refused.push((chain(&stream, tokens.clone(), MAX_CHAINED + 1), "chains at most"));
     for (p, what) in refused {
         let e = g.step(p).expect_err(what).to_string();
@@ -122,22 +114,19 @@ fn bad_chains_of_verifies_are_refused_and_a_chain_settles_the_books() {
     assert_eq!((log.accepted.len(), log.drafts.len(), out.rows.len()), (3, 9, 12));
     let committed: usize = log.accepted[..2].iter().map(|a| a + 1).sum();
     let position = stream.len() - 1 + committed;
-    let next = StepPlan {
-        commits: vec![Commit {
-            slot: a,
-            accepted: log.accepted[2] + 1,
-        }],
-        seqs: vec![SeqStep {
-            slot: a,
-            kind: SeqKind::Decode,
-            position: position + log.accepted[2] + 1,
-            tokens: vec![log.tokens[2]],
-            form: f,
-            rows: Rows::Last,
-            sample: None,
-            spec: None,
-        }],
-        ..StepPlan::default()
-    };
+    let next = StepPlan::batch(vec![SeqStep {
+        slot: a,
+        kind: SeqKind::Decode,
+        position: position + log.accepted[2] + 1,
+        tokens: vec![log.tokens[2]],
+        form: f,
+        rows: Rows::Last,
+        sample: None,
+        spec: None,
+    }])
+    .with_commits(vec![Commit {
+        slot: a,
+        accepted: log.accepted[2] + 1,
+    }]);
     g.step(next).expect("the books hold the chain's commits");
 }

@@ -191,7 +191,7 @@ pub struct Step {
     /// With [`Step::spec_chain`] the chained steps are verifies instead (see `chain_verifies`).
     pub chained: usize,
     /// Every sequence of `work` is a verify of the same window, and the ranks run up to `1 + chained` verifies,
-    /// judging, committing and drafting between them ([`crate::rank::StepPlan::spec_chain`]). The coordinator then
+    /// judging, committing and drafting between them ([`crate::rank::Program::VerifyChain`]). The coordinator then
     /// calls [`Scheduler::chain_verified`] with each sequence's accepted counts, then [`Scheduler::sampled`] with its
     /// tokens in order.
     pub spec_chain: bool,

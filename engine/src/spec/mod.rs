@@ -94,7 +94,7 @@ pub trait Drafter: Send + Sync {
         false
     }
 
-    /// The same proposals as the ranks make them in a chain of verifies ([`crate::rank::SpecChain`]), for a
+    /// The same proposals as the ranks make them in a chain of verifies ([`crate::rank::VerifyChain`]), for a
     /// sequence whose stream may reach `context` tokens: the rule, and for a table its proposal per stream
     /// position. `None` (the default) for drafters whose proposals need more than the stream (a model's state).
     fn on_ranks(&self, _context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
