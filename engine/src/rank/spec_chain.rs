@@ -160,13 +160,9 @@ mod tests {
 
     #[test]
     fn drafts_are_padded_to_the_window() {
-        let chain = VerifyChain {
-            seqs: Vec::new(),
-            steps: 1,
-            drafter: ChainDrafter::Ngram { min_n: 1, max_n: 2 },
-        };
-        assert_eq!(chain.draft(0, &[1, 2, 3, 1, 2], 3), [3, 1, 2]);
-        assert_eq!(chain.draft(0, &[4, 5], 3), [5, 5, 5], "no match: the last token");
+        let ngram = ChainDrafter::Ngram { min_n: 1, max_n: 2 };
+        assert_eq!(ngram.draft(&[], &[1, 2, 3, 1, 2], 3), [3, 1, 2]);
+        assert_eq!(ngram.draft(&[], &[4, 5], 3), [5, 5, 5], "no match: the last token");
         let table = VerifyChain {
             seqs: vec![crate::rank::ChainedVerify {
                 slot: 0,
