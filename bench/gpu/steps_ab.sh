@@ -4,7 +4,8 @@
 # MODELS (arch:preset:layers, 0 = the preset's depth; random weights, seed 7) the replay-form bench with CUDA graphs of
 # every build in turn (decode at BATCH, verify T = 4 at every kept count, and the chunked prefill of one prompt;
 # medians of 3), and with PROFILE=1 the eager stage profile of every build (`--stage-profile`). The same arguments as
-# bench/gpu/stage_profile.sh, so its tables compare.
+# bench/gpu/stage_profile.sh, so its tables compare. BENCH_ARGS adds bench flags (e.g. `--decode-steps 8`: every decode
+# row in single steps and in chains of 8).
 #
 # Carried: .gpu/prof/bins.tar.xz, the stripped release builds named by VARIANTS (default "before after") in one tar
 # (bench/gpu/build_ab.sh makes it; its 64 MiB dictionary keeps two builds near the size of one, which a call's carry
@@ -44,7 +45,7 @@ fi
 for spec in ${MODELS:-nemotron_h:nemotron-h-8b:0 qwen3_5:qwen3.5-4b:0}; do
   init_model /tmp/$LAST $spec
   common="--device cuda --model $m --decode replay --batch ${BATCH:-64,256} --prompt-len 1024 --step-prompt 16
-    --decode-tokens 16 --verify-window 4"
+    --decode-tokens 16 --verify-window 4 ${BENCH_ARGS:-}"
   for v in $VARIANTS; do
     f=$D/$preset-$layers-graphs-$v
     timeout ${GRAPHS_S:-150} /tmp/$v bench $common --repeats 3 --json $f.json > $f.md 2> $f.log

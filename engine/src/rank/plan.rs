@@ -323,6 +323,21 @@ pub struct SeqSpan<'a> {
     pub verify: bool,
 }
 
+impl<'a> SeqSpan<'a> {
+    /// A sequence whose `steps` steps each run `tokens` (a window) or its successor, the last leaving a verify
+    /// pending when `verify`.
+    fn of(slot: usize, position: usize, form: FormChoice, tokens: &'a [u32], steps: usize, verify: bool) -> Self {
+        SeqSpan {
+            slot,
+            position,
+            form,
+            tokens,
+            span: tokens.len() * steps,
+            verify,
+        }
+    }
+}
+
 impl StepPlan {
     /// A single step of `seqs` with no commits, returning summaries only.
     pub fn batch(seqs: Vec<SeqStep>) -> Self {
@@ -415,38 +430,26 @@ impl StepPlan {
             Program::Batch(b) => b
                 .seqs
                 .iter()
-                .map(|s| SeqSpan {
-                    slot: s.slot,
-                    position: s.position,
-                    form: s.form,
-                    tokens: &s.tokens,
-                    span: s.tokens.len(),
-                    verify: s.kind == SeqKind::Verify,
-                })
+                .map(|s| SeqSpan::of(s.slot, s.position, s.form, &s.tokens, 1, s.kind == SeqKind::Verify))
                 .collect(),
             Program::DecodeChain(c) => c
                 .seqs
                 .iter()
-                .map(|s| SeqSpan {
-                    slot: s.slot,
-                    position: s.position,
-                    form: s.form,
-                    tokens: std::slice::from_ref(&s.token),
-                    span: 1 + c.steps,
-                    verify: false,
+                .map(|s| {
+                    SeqSpan::of(
+                        s.slot,
+                        s.position,
+                        s.form,
+                        std::slice::from_ref(&s.token),
+                        1 + c.steps,
+                        false,
+                    )
                 })
                 .collect(),
             Program::VerifyChain(c) => c
                 .seqs
                 .iter()
-                .map(|s| SeqSpan {
-                    slot: s.slot,
-                    position: s.position,
-                    form: s.form,
-                    tokens: &s.tokens,
-                    span: s.tokens.len() * (1 + c.steps),
-                    verify: true,
-                })
+                .map(|s| SeqSpan::of(s.slot, s.position, s.form, &s.tokens, 1 + c.steps, true))
                 .collect(),
         }
     }
