@@ -247,3 +247,64 @@ fn an_empty_api_key_is_refused() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("--api-key is empty"), "{err}");
 }
+
+/// `rewind serve` on the embedded default model with `extra` flags, a long stream opened on it (its first event
+/// read), and the reader of the rest of that stream.
+fn serve_with_a_stream_in_flight(extra: &[&str]) -> (process::Server, std::thread::JoinHandle<String>) {
+    let mut args = vec![
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--served-model-name",
+        "m",
+    ];
+    args.extend_from_slice(extra);
+    let server = process::Server::start(Path::new(env!("CARGO_BIN_EXE_rewind")), &args, &[]);
+    let body = r#"{"model":"m","prompt":"once upon a time","max_tokens":3000,"ignore_eos":true,"stream":true}"#;
+    let (status, mut stream) = process::request(server.http, "POST", "/v1/completions", &[], Some(body));
+    assert_eq!(status, 200);
+    let first = stream.next_piece().expect("a first event");
+    assert!(first.contains("data: "), "{first}");
+    (server, std::thread::spawn(move || stream.rest()))
+}
+
+/// What a forced stop must leave: exit 0 within a few seconds, no panic, and the stream ended by an error event
+/// then `[DONE]`.
+fn assert_forced_stop_is_clean(server: process::Server, reader: std::thread::JoinHandle<String>) {
+    let (exit, err) = server.wait(Duration::from_secs(8));
+    assert!(exit.success(), "exit {exit:?}:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let rest = reader.join().expect("reader");
+    assert!(
+        rest.contains(r#"{"error":"#) && rest.contains("shutting down without waiting"),
+        "the stream did not end with an error event:\n{rest}"
+    );
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    assert!(
+        !rest.contains(r#""finish_reason":"length""#),
+        "the stream ran to its end: nothing was cut off"
+    );
+}
+
+#[test]
+fn a_second_sigterm_ends_in_flight_streams_with_an_error_and_exits_0() {
+    let (server, reader) = serve_with_a_stream_in_flight(&[]);
+    server.signal("TERM");
+    // The second signal only counts once the first one's drain has begun.
+    let t0 = std::time::Instant::now();
+    while !server.stderr().contains("SIGTERM: draining") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no drain:\n{}", server.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.signal("TERM");
+    assert_forced_stop_is_clean(server, reader);
+}
+
+#[test]
+fn a_drain_timeout_ends_in_flight_streams_with_an_error_and_exits_0() {
+    let (server, reader) = serve_with_a_stream_in_flight(&["--drain-timeout", "0.5"]);
+    server.signal("TERM");
+    assert_forced_stop_is_clean(server, reader);
+}

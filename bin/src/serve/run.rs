@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::{AbortHandle, JoinError, JoinHandle};
 
 use super::ServeState;
 use crate::cli::ListenArgs;
@@ -112,8 +113,28 @@ pub struct Running {
     pub bound: Bound,
     state: Arc<ServeState>,
     stop: watch::Sender<bool>,
-    http: tokio::task::JoinHandle<std::io::Result<()>>,
-    grpc: tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+    /// `None` once the server's task has ended and its result was taken: a finished `JoinHandle` must not be polled
+    /// again (tokio panics).
+    http: Option<JoinHandle<std::io::Result<()>>>,
+    grpc: Option<JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+}
+
+/// The result of the task in `slot`, which is emptied; never resolves for an empty slot.
+async fn ended<T>(slot: &mut Option<JoinHandle<T>>) -> std::result::Result<T, JoinError> {
+    let Some(handle) = slot.as_mut() else {
+        return std::future::pending().await;
+    };
+    let r = handle.await;
+    *slot = None;
+    r
+}
+
+/// The result of the task in `slot` when it is still there (`None` for one already taken).
+async fn join<T>(slot: Option<JoinHandle<T>>) -> Option<std::result::Result<T, JoinError>> {
+    match slot {
+        Some(h) => Some(h.await),
+        None => None,
+    }
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
@@ -177,8 +198,8 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
         bound,
         state,
         stop,
-        http,
-        grpc,
+        http: Some(http),
+        grpc: Some(grpc),
     })
 }
 
@@ -186,8 +207,8 @@ impl Running {
     /// Waits until a server fails (an error) or `until` resolves (Ok).
     async fn watch(&mut self, until: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::select! {
-            r = &mut self.http => Err(server_end("HTTP", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut self.grpc => Err(server_end("gRPC", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = ended(&mut self.http) => Err(server_end("HTTP", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = ended(&mut self.grpc) => Err(server_end("gRPC", r.map(|r| r.map_err(anyhow::Error::from)))),
             () = until => Ok(()),
         }
     }
@@ -195,32 +216,37 @@ impl Running {
     /// Stops both servers gracefully (open connections get [`SERVER_STOP_GRACE`] to end), then the engine.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let Running {
-            state,
-            mut http,
-            mut grpc,
-            ..
-        } = self;
-        match tokio::time::timeout(SERVER_STOP_GRACE, async { tokio::join!(&mut http, &mut grpc) }).await {
-            Ok((h, g)) => {
-                for (what, r) in [
-                    ("HTTP", h.map(|r| r.map_err(anyhow::Error::from))),
-                    ("gRPC", g.map(|r| r.map_err(anyhow::Error::from))),
-                ] {
-                    if let Ok(Err(e)) | Err(e) = r.map_err(anyhow::Error::from) {
-                        eprintln!("rewind: the {what} server ended with an error: {e:#}");
-                    }
-                }
-            }
-            Err(_) => {
+        let Running { state, http, grpc, .. } = self;
+        let aborts: Vec<_> = [
+            http.as_ref().map(|h| h.abort_handle()),
+            grpc.as_ref().map(|h| h.abort_handle()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        // Each handle is awaited once, by this join, to its end; the grace period only aborts the tasks.
+        let joined = async { tokio::join!(join(http), join(grpc)) };
+        tokio::pin!(joined);
+        let (h, g) = tokio::select! {
+            r = &mut joined => r,
+            () = tokio::time::sleep(SERVER_STOP_GRACE) => {
                 eprintln!(
                     "rewind: connections still open {} s after the shutdown began; closing them",
                     SERVER_STOP_GRACE.as_secs()
                 );
-                http.abort();
-                grpc.abort();
                 // Aborted tasks drop their handlers (and their holds on the engine) as they end.
-                let _ = tokio::join!(http, grpc);
+                aborts.iter().for_each(AbortHandle::abort);
+                joined.await
+            }
+        };
+        for (what, r) in [
+            ("HTTP", h.map(|r| r.map(|r| r.map_err(anyhow::Error::from)))),
+            ("gRPC", g.map(|r| r.map(|r| r.map_err(anyhow::Error::from)))),
+        ] {
+            match r {
+                Some(Ok(Err(e))) => eprintln!("rewind: the {what} server ended with an error: {e:#}"),
+                Some(Err(e)) if !e.is_cancelled() => eprintln!("rewind: the {what} server task failed: {e}"),
+                _ => {}
             }
         }
         stop_engine(state).await;
@@ -326,15 +352,27 @@ pub async fn serve_with(
         opts.drain_timeout.as_secs_f64()
     );
     let t0 = Instant::now();
+    let mut forced = false;
     tokio::select! {
         r = wait_idle(&state, opts.drain_timeout) => match r {
             Ok(()) => eprintln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
-            Err(left) => eprintln!(
-                "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
-                opts.drain_timeout.as_secs_f64()
-            ),
+            Err(left) => {
+                eprintln!(
+                    "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
+                    opts.drain_timeout.as_secs_f64()
+                );
+                forced = true;
+            }
         },
-        again = signals.next() => eprintln!("rewind: {again} again: stopping without waiting for in-flight requests"),
+        again = signals.next() => {
+            eprintln!("rewind: {again} again: stopping without waiting for in-flight requests");
+            forced = true;
+        }
+    }
+    if forced {
+        // In-flight streams end with an error event / status rather than being cut off mid-stream, and their
+        // connections close, so the servers stop at once instead of after the grace period.
+        state.cut_off();
     }
     drop(state);
     running.stop().await;

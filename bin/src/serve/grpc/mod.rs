@@ -167,5 +167,5 @@ async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Spa
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);
     let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;
-    stream::respond(events, span).await
+    stream::respond(events, state.cut_off_watch(), span).await
 }

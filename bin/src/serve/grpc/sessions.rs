@@ -97,5 +97,5 @@ pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing:
     request.session = Some(r.session_id);
     request.speculate = s.speculate;
     let events = state.engine.submit(request).map_err(|e| actors(&e))?;
-    respond(events, span).await
+    respond(events, state.cut_off_watch(), span).await
 }
