@@ -308,3 +308,18 @@ fn a_drain_timeout_ends_in_flight_streams_with_an_error_and_exits_0() {
     server.signal("TERM");
     assert_forced_stop_is_clean(server, reader);
 }
+
+#[test]
+fn max_seqs_sizes_a_cpu_server_even_at_the_gpu_default() {
+    // 64 is the flag's GPU default: a server told 64 must not fall back to the CPU default of 8.
+    for (flags, want) in [(&["--max-seqs", "64"][..], "64 sequences"), (&[][..], "8 sequences")] {
+        let mut args = vec!["serve", "--grpc-port", "0", "--http-port", "0"];
+        args.extend_from_slice(flags);
+        let server = process::Server::start(Path::new(env!("CARGO_BIN_EXE_rewind")), &args, &[]);
+        let banner = server.stderr();
+        server.signal("TERM");
+        let (exit, err) = server.wait(Duration::from_secs(30));
+        assert!(exit.success(), "exit {exit:?}:\n{err}");
+        assert!(banner.contains(want), "{flags:?}: the banner lacks {want:?}:\n{banner}");
+    }
+}

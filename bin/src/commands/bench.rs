@@ -307,7 +307,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         verify: window + 1,
     };
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.max(biggest);
+    dargs.max_seqs = Some(dargs.max_seqs().max(biggest));
     progress.line(&format!("loading {} ...", dir.display()));
     let mut loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);

@@ -133,7 +133,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
         .min(config.max_position_embeddings);
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.min(8);
+    dargs.max_seqs = Some(dargs.max_seqs().min(8));
     let needs = Needs {
         slots: 1,
         context: want,

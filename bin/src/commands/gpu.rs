@@ -12,7 +12,7 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
     Ok(GpuOptions {
         devices,
         gpu_memory_fraction: d.gpu_memory_fraction,
-        max_seqs: d.max_seqs,
+        max_seqs: d.max_seqs(),
         max_model_len: d.max_model_len,
         prefill_chunk: d.prefill_chunk,
         dtype: d.dtype.parse()?,

@@ -45,7 +45,6 @@ pub struct Prepared {
 /// about it is printed once) and plans its backend (nothing is loaded yet).
 pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     let device = args.run.device.device()?;
-    let slots_set = args.run.device.gpu_only_flags_set().contains(&"--max-seqs");
     if device == Device::Cpu {
         // --max-seqs and --max-model-len size a CPU server's pools too; the other GPU flags do nothing here.
         for flag in args.run.device.gpu_only_flags_set() {
@@ -68,10 +67,10 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         }
         None => limit.min(DEFAULT_CONTEXT_CAP),
     };
-    let slots = if device == Device::Cpu && !slots_set {
-        CPU_DEFAULT_SLOTS
-    } else {
-        args.run.device.max_seqs
+    let slots = match args.run.device.max_seqs {
+        Some(n) => n,
+        None if device == Device::Cpu => CPU_DEFAULT_SLOTS,
+        None => args.run.device.max_seqs(),
     };
     let needs = Needs {
         slots,

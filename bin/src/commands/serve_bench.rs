@@ -193,7 +193,7 @@ pub fn run(
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.max(concurrency);
+    dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
     let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
     let mut config = backend::engine_config(&args.run.engine, b.form)?;
     config.eos_token_ids = Vec::new();

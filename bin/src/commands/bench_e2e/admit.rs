@@ -56,7 +56,7 @@ mod gpu {
                 device: self.args.device.clone(),
                 tp: 1,
                 gpu_memory_fraction: fraction,
-                max_seqs,
+                max_seqs: Some(max_seqs),
                 // Room for the context and one verify of T drafts after it.
                 max_model_len: Some(self.context + self.window + 1),
                 prefill_chunk: 512,
