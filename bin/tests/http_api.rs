@@ -382,3 +382,51 @@ fn a_client_disconnecting_mid_stream_cancels_the_request() {
     assert_eq!(m.requests_finished, 0, "the request ran to its end instead: {m:?}");
     assert!(m.generated_tokens < 4000, "{m:?}");
 }
+
+/// An unknown chat role is a 400 naming it; structured outputs are refused even when empty; unknown top-level fields
+/// are ignored with a count in `/metrics`, or refused with a 400 naming them under `--strict-fields`.
+#[test]
+fn unknown_roles_fields_and_structured_outputs_are_not_silently_taken() {
+    let f = shared();
+    let url = f.serve(f.state(None));
+    let chat = format!("{url}/v1/chat/completions");
+    let (status, v) = post(
+        &chat,
+        r#"{"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 1}"#,
+        &[],
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "messages[0].role", "{v}");
+    assert!(message(&v).contains("`wizard`"), "{v}");
+    let (status, v) = post(
+        &chat,
+        r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "guided_json": {}}"#,
+        &[],
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "guided_json", "{v}");
+    assert!(message(&v).contains("structured outputs"), "{v}");
+
+    let lenient = json!({"prompt": "hi", "max_tokens": 1, "frobnicate": true, "wibble": 2});
+    ok(&format!("{url}/v1/completions"), lenient.clone());
+    let (status, text) = curl(&format!("{url}/metrics"), &[]);
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("rewind_http_unknown_fields_total{endpoint=\"/v1/completions\"} 2\n"),
+        "{text}"
+    );
+
+    let strict = f.serve(Arc::new(
+        ServeState::new(f.engine.clone(), f.model.clone(), MODEL_NAME.into(), None).with_strict_fields(true),
+    ));
+    let (status, v) = post(&format!("{strict}/v1/completions"), &lenient.to_string(), &[]);
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        message(&v).contains("`frobnicate`")
+            && message(&v).contains("`wibble`")
+            && message(&v).contains("--strict-fields"),
+        "{v}"
+    );
+    let known = json!({"prompt": "hi", "max_tokens": 1, "user": "u", "n": 1});
+    ok(&format!("{strict}/v1/completions"), known);
+}

@@ -34,6 +34,10 @@ pub struct ListenArgs {
     #[arg(long, value_name = "N", default_value_t = crate::serve::state::DEFAULT_MAX_TOKENS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub default_max_tokens: u64,
+    /// Refuse HTTP requests with top-level fields the API does not know (a 400 naming them) instead of ignoring them
+    /// with a warning (counted in /metrics as rewind_http_unknown_fields_total).
+    #[arg(long)]
+    pub strict_fields: bool,
 }
 
 /// How a model runs: decode form, speculation, device and engine (shared by `generate`, `serve`, `chat` and

@@ -263,6 +263,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             session_idle_timeout: 0.0,
             drain_timeout: 5.0,
             default_max_tokens: crate::serve::state::DEFAULT_MAX_TOKENS as u64,
+            strict_fields: false,
         },
         run: args.run.clone(),
     }

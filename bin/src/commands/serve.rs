@@ -32,6 +32,8 @@ pub struct Prepared {
     pub api_key: Option<String>,
     /// `max_tokens` of a request that sets none (`--default-max-tokens`), before the room cap.
     pub default_max_tokens: usize,
+    /// `--strict-fields`: unknown HTTP request fields are refused.
+    pub strict_fields: bool,
     pub backend: Backend,
     pub engine_config: EngineConfig,
     pub options: ServeOptions,
@@ -108,6 +110,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         name,
         api_key: args.listen.api_key.clone(),
         default_max_tokens: args.listen.default_max_tokens as usize,
+        strict_fields: args.listen.strict_fields,
         backend,
         engine_config,
         options,
@@ -120,8 +123,9 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
 /// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
 pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
-    let state =
-        ServeState::new(Arc::new(engine), p.model, p.name, p.api_key).with_default_max_tokens(p.default_max_tokens);
+    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key)
+        .with_default_max_tokens(p.default_max_tokens)
+        .with_strict_fields(p.strict_fields);
     Ok((Arc::new(state), p.options, device))
 }
 

@@ -23,6 +23,9 @@ pub struct ServeState {
     /// `max_tokens` when a request gives none, and the most a request may ask for.
     pub default_max_tokens: usize,
     pub max_tokens_limit: usize,
+    /// Refuse HTTP requests with top-level fields the API does not know (`--strict-fields`), instead of ignoring them
+    /// with a warning.
+    pub strict_fields: bool,
     /// Set on SIGINT / SIGTERM: new requests are refused (UNAVAILABLE / 503) while in-flight ones finish.
     draining: AtomicBool,
     /// Set when the server stops without waiting (a second signal, the drain timeout): every in-flight request ends
@@ -78,6 +81,7 @@ impl ServeState {
             api_key,
             default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
+            strict_fields: false,
             draining: AtomicBool::new(false),
             cut_off: watch::channel(false).0,
             started: Instant::now(),
@@ -87,6 +91,12 @@ impl ServeState {
     /// The same state with `n` as the default `max_tokens` (at most the context).
     pub fn with_default_max_tokens(mut self, n: usize) -> Self {
         self.default_max_tokens = n.min(self.max_tokens_limit);
+        self
+    }
+
+    /// The same state refusing unknown HTTP request fields when `strict` (`--strict-fields`).
+    pub fn with_strict_fields(mut self, strict: bool) -> Self {
+        self.strict_fields = strict;
         self
     }
 

@@ -56,6 +56,10 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
+/// The roles of OpenAI's chat API. Another role would reach the template as is, where it either fails obscurely or
+/// renders a turn the model was never trained on.
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+
 /// `messages`: a non-empty array of `{role, content}` objects.
 fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match f.get("messages") {
@@ -82,7 +86,18 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
             let role = match m.get("role") {
-                Some(Value::String(r)) if !r.is_empty() => r.clone(),
+                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+                Some(Value::String(r)) if !r.is_empty() => {
+                    // Cut: the role is the client's, and an error should not echo a megabyte back.
+                    let shown: String = r.chars().take(64).collect();
+                    return Err(ApiError::invalid(
+                        format!("{at}.role"),
+                        format!(
+                            "{at}.role `{shown}` is not a chat role: expected one of {}",
+                            ROLES.join(", ")
+                        ),
+                    ));
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         format!("{at}.role"),
@@ -128,7 +143,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let (api, ctx) = (api.as_ref(), &ctx);
     let state = &api.state;
-    let (f, streaming) = openai::read(body, state, Endpoint::Chat)?;
+    let (f, streaming) = openai::read(body, api, Endpoint::Chat)?;
     let messages = parse_messages(&f)?;
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let mut params = openai::sampling(&f, state)?;
@@ -187,6 +202,11 @@ mod tests {
                 r#"{"messages": [{"content": "x"}]}"#,
                 "messages[0].role",
                 "non-empty string",
+            ),
+            (
+                r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+                "messages[0].role",
+                "`wizard` is not a chat role",
             ),
             (
                 r#"{"messages": [{"role": "user", "content": 5}]}"#,
