@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     // only thread, since writing the environment races with readers on other threads.
     #[cfg(feature = "cuda")]
     rewind_engine::gpu::device::disable_nvls_unless_set();
-    let args = cli::Cli::parse();
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| output::clap_exit(e));
     rewind_bin::init_logging();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,

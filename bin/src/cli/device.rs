@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::non_negative;
+use crate::output::errln;
 
 /// Where a model runs (shared by `generate`, `logits` and `bench`).
 #[derive(Args, Debug, Clone)]
@@ -138,7 +139,7 @@ impl DeviceArgs {
         let device = self.device()?;
         if device == Device::Cpu {
             for flag in self.gpu_only_flags_set() {
-                eprintln!("note: {flag} does not apply to --device cpu");
+                errln!("note: {flag} does not apply to --device cpu");
             }
         }
         Ok(device)

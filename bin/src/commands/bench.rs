@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::output::outln;
+use crate::output::{errln, outln};
 use anyhow::{Context, Result};
 use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use serde_json::json;
@@ -137,7 +137,7 @@ fn sum_stages<'a>(runs: impl Iterator<Item = Option<&'a StageTimes>>) -> Option<
 fn report_stages(row: &mut serde_json::Value, what: &str, stages: Option<StageTimes>, step_ms: f64) {
     if let Some(s) = stages {
         let p = bench_steps::stage_json(&s, step_ms);
-        eprintln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
+        errln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
         row["stage_profile"] = p;
     }
 }
@@ -161,7 +161,7 @@ impl Progress {
 
     /// One line: `[elapsed] message`.
     pub(super) fn line(&self, message: &str) {
-        eprintln!("[{:7.1} s] {message}", self.elapsed());
+        errln!("[{:7.1} s] {message}", self.elapsed());
     }
 
     /// Runs `f` between `[elapsed] what ... ` and what `done` makes of its result and its wall-clock seconds.
@@ -171,13 +171,13 @@ impl Progress {
         f: impl FnOnce() -> Result<T>,
         done: impl FnOnce(&T, f64) -> String,
     ) -> Result<T> {
-        eprint!("[{:7.1} s] {what} ... ", self.elapsed());
+        crate::output::write_stderr(&format!("[{:7.1} s] {what} ... ", self.elapsed()));
         let t0 = Instant::now();
         let r = f();
         let secs = t0.elapsed().as_secs_f64();
         match &r {
-            Ok(v) => eprintln!("{}", done(v, secs)),
-            Err(_) => eprintln!("failed after {secs:.3} s"),
+            Ok(v) => errln!("{}", done(v, secs)),
+            Err(_) => errln!("failed after {secs:.3} s"),
         }
         r
     }
@@ -311,7 +311,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     progress.line(&format!("loading {} ...", dir.display()));
     let mut loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
-    eprintln!(
+    errln!(
         "model: {} | {} | prompt {} tokens | {} form | {} repeats",
         config.summary(),
         loaded.device,
@@ -377,7 +377,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let m = median(rates.clone());
         let step_ms = 1e3 * b as f64 / m;
-        eprintln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
+        errln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
         let mut row = json!({
             "batch": b,
             "decode_tok_per_s": rates,
@@ -413,7 +413,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             rates.remove(0);
             let cm = median(rates.clone());
             let chained_ms = 1e3 * b as f64 / cm;
-            eprintln!(
+            errln!(
                 "decode batch {b}, chains of {chain}: {cm:.1} tok/s median ({chained_ms:.3} ms per step, {:.3}× the \
                  single steps' time)",
                 chained_ms / step_ms

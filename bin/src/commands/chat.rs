@@ -14,6 +14,7 @@ use rewind_engine::tokenizer::Tokenizer;
 use tokio::runtime::Runtime;
 
 use crate::cli::{ChatArgs, ListenArgs, ModelArgs, ServeArgs};
+use crate::output::errln;
 use crate::serve::grpc::client::{connect, Client};
 use crate::serve::grpc::pb;
 use crate::serve::run::{self, Running, ServeOptions};
@@ -109,7 +110,7 @@ impl Chat {
         if let Err(e) = result {
             self.transcript = before;
             print("\n")?;
-            eprintln!("[the turn ended early: {e:#}; the session is as it was before it]");
+            errln!("[the turn ended early: {e:#}; the session is as it was before it]");
         }
         Ok(())
     }
@@ -118,7 +119,7 @@ impl Chat {
     async fn reply(&mut self, text: &str) -> Result<()> {
         let (delta, exact) = self.transcript.user_turn(&self.tokenizer, text)?;
         if !exact {
-            eprintln!("[note: the chat template rewrites earlier turns; this turn is rendered on its own]");
+            errln!("[note: the chat template rewrites earlier turns; this turn is rendered on its own]");
         }
         let ids = self.tokenizer.encode(&delta, false)?;
         let t0 = Instant::now();
@@ -156,7 +157,7 @@ impl Chat {
         let eos_text = eos.map(|id| self.tokenizer.decode(&[id], false)).transpose()?;
         self.transcript.assistant_reply(content, eos_text);
         let secs = t0.elapsed().as_secs_f64();
-        eprintln!(
+        errln!(
             "[{} tokens | finish: {} | {:.1} tok/s | session {}]",
             tokens.len(),
             finish.as_str_name().trim_start_matches("FINISH_REASON_").to_lowercase(),
@@ -317,7 +318,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 transcript: Transcript::new(args.system.clone()),
             };
             chat.session = rt.block_on(chat.new_session())?;
-            eprintln!("rewind chat: session {} on {addr} ({HELP})", chat.session);
+            errln!("rewind chat: session {} on {addr} ({HELP})", chat.session);
             let mut lines = Lines::new()?;
             // Ctrl-C interrupts a reply only on a terminal (elsewhere SIGINT keeps its default action: it ends the
             // chat).

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use tonic::Status;
 
-use crate::output::{outln, write_stdout};
+use crate::output::{errln, outln, write_stdout};
 use crate::serve::grpc::client::{connect, Client};
 use crate::serve::grpc::json::{finish_reason_name, serving_status_name};
 use crate::serve::grpc::pb;
@@ -206,7 +206,7 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
     if !json {
         write_stdout("\n")?;
         let u = last.usage.unwrap_or_default();
-        eprintln!(
+        errln!(
             "[{} prompt tokens ({} cached), {} generated | finish: {} | seed {}]",
             u.prompt_tokens,
             u.cached_tokens,

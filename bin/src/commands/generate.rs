@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::output::write_stdout;
+use crate::output::{errln, write_stdout};
 use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::{GenerationOutput, GenerationStats, SpecReport};
@@ -34,7 +34,7 @@ pub(crate) fn model_dir(args: &ModelArgs) -> Result<PathBuf> {
         None => default_model_dir(args.default_model)?,
     };
     if has_random_init_marker(&dir) {
-        eprintln!("{RANDOM_WEIGHTS_NOTE}");
+        errln!("{RANDOM_WEIGHTS_NOTE}");
     }
     Ok(dir)
 }
@@ -166,9 +166,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         let recoveries = engine.metrics().snapshot().recoveries_log;
         engine.shutdown().await;
         for r in recoveries {
-            eprintln!(
+            errln!(
                 "[recovered from a fault ({}: {}): ranks restarted in {:.3} s, {} sequence(s) re-prefilled]",
-                r.fault, r.message, r.restart_seconds, r.requeued
+                r.fault,
+                r.message,
+                r.restart_seconds,
+                r.requeued
             );
         }
         out
@@ -178,7 +181,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         write_stdout("\n")?;
         let s = &result.stats;
-        eprintln!(
+        errln!(
             "[{} prompt tokens, {} generated | prefill {:.1} tok/s | decode {:.1} tok/s | finish: {} | seed {}]",
             s.prompt_tokens,
             s.generated_tokens,
@@ -188,7 +191,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             s.seed
         );
         if let Some(r) = &s.spec {
-            eprintln!("{}", r.line());
+            errln!("{}", r.line());
         }
     }
     Ok(())

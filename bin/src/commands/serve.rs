@@ -12,6 +12,7 @@ use rewind_engine::spec::SpecConfig;
 
 use super::backend::{self, Backend, Needs};
 use crate::cli::{Device, ServeArgs};
+use crate::output::errln;
 use crate::serve::run::{self, ServeOptions};
 use crate::serve::{ServeState, ServedModel};
 
@@ -51,7 +52,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         // --max-seqs and --max-model-len size a CPU server's pools too; the other GPU flags do nothing here.
         for flag in args.run.device.gpu_only_flags_set() {
             if !matches!(flag, "--max-seqs" | "--max-model-len") {
-                eprintln!("note: {flag} does not apply to --device cpu");
+                errln!("note: {flag} does not apply to --device cpu");
             }
         }
     }
@@ -152,7 +153,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     run::runtime()?.block_on(async move {
         let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, options, device) = start(prepared).await.context("starting the engine")?;
-        eprintln!("{}", summary(&state, &device, &dir));
+        errln!("{}", summary(&state, &device, &dir));
         // The state goes to the servers whole: the engine stops once they let go of it.
         run::serve(state, listeners, &options).await
     })

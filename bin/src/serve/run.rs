@@ -13,6 +13,7 @@ use tokio::task::{AbortHandle, JoinError, JoinHandle};
 
 use super::ServeState;
 use crate::cli::ListenArgs;
+use crate::output::errln;
 
 /// How often the drain polls the engine for in-flight requests.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
@@ -191,9 +192,9 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
             ),
     );
     announce(bound);
-    // Tests and scripts read the ports from these lines (port 0 binds any free one); eprintln! does not buffer.
-    eprintln!("rewind: grpc listening on {}", bound.grpc);
-    eprintln!("rewind: http listening on {}", bound.http);
+    // Tests and scripts read the ports from these lines (port 0 binds any free one); errln! does not buffer.
+    errln!("rewind: grpc listening on {}", bound.grpc);
+    errln!("rewind: http listening on {}", bound.http);
     Ok(Running {
         bound,
         state,
@@ -230,7 +231,7 @@ impl Running {
         let (h, g) = tokio::select! {
             r = &mut joined => r,
             () = tokio::time::sleep(SERVER_STOP_GRACE) => {
-                eprintln!(
+                errln!(
                     "rewind: connections still open {} s after the shutdown began; closing them",
                     SERVER_STOP_GRACE.as_secs()
                 );
@@ -244,8 +245,8 @@ impl Running {
             ("gRPC", g.map(|r| r.map(|r| r.map_err(anyhow::Error::from)))),
         ] {
             match r {
-                Some(Ok(Err(e))) => eprintln!("rewind: the {what} server ended with an error: {e:#}"),
-                Some(Err(e)) if !e.is_cancelled() => eprintln!("rewind: the {what} server task failed: {e}"),
+                Some(Ok(Err(e))) => errln!("rewind: the {what} server ended with an error: {e:#}"),
+                Some(Err(e)) if !e.is_cancelled() => errln!("rewind: the {what} server task failed: {e}"),
                 _ => {}
             }
         }
@@ -272,7 +273,7 @@ async fn stop_engine(state: Arc<ServeState>) {
         match Arc::try_unwrap(engine) {
             Ok(e) => return e.shutdown().await,
             Err(still) if Instant::now() >= deadline => {
-                eprintln!("rewind: the engine is still in use after the servers stopped; stopping it without waiting");
+                errln!("rewind: the engine is still in use after the servers stopped; stopping it without waiting");
                 // Dropping the last handle but one stops the coordinator (EngineHandle's Drop) once the rest go.
                 drop(still);
                 return;
@@ -347,7 +348,7 @@ pub async fn serve_with(
     }
     let signal = signal.unwrap_or("a signal");
     state.drain();
-    eprintln!(
+    errln!(
         "rewind: {signal}: draining (new requests refused; waiting up to {:.0} s for in-flight ones)",
         opts.drain_timeout.as_secs_f64()
     );
@@ -355,9 +356,9 @@ pub async fn serve_with(
     let mut forced = false;
     tokio::select! {
         r = wait_idle(&state, opts.drain_timeout) => match r {
-            Ok(()) => eprintln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
+            Ok(()) => errln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
             Err(left) => {
-                eprintln!(
+                errln!(
                     "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
                     opts.drain_timeout.as_secs_f64()
                 );
@@ -365,7 +366,7 @@ pub async fn serve_with(
             }
         },
         again = signals.next() => {
-            eprintln!("rewind: {again} again: stopping without waiting for in-flight requests");
+            errln!("rewind: {again} again: stopping without waiting for in-flight requests");
             forced = true;
         }
     }
@@ -376,6 +377,6 @@ pub async fn serve_with(
     }
     drop(state);
     running.stop().await;
-    eprintln!("rewind: stopped");
+    errln!("rewind: stopped");
     Ok(())
 }
