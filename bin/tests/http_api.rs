@@ -430,3 +430,21 @@ fn unknown_roles_fields_and_structured_outputs_are_not_silently_taken() {
     let known = json!({"prompt": "hi", "max_tokens": 1, "user": "u", "n": 1});
     ok(&format!("{strict}/v1/completions"), known);
 }
+
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model object for the served id, a JSON 404 for others.
+#[test]
+fn a_model_is_retrieved_by_its_id() {
+    let f = shared();
+    let (status, v) = get(&format!("{}/v1/models/{MODEL_NAME}", f.url), &[]);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["id"], MODEL_NAME);
+    assert_eq!(v["object"], "model");
+    assert_eq!(v["owned_by"], "rewind");
+    assert_eq!(v["max_model_len"], 1024);
+    for other in ["gpt-4", "org/name"] {
+        let (status, v) = get(&format!("{}/v1/models/{other}", f.url), &[]);
+        assert_eq!(status, 404, "{other}: {v}");
+        assert_eq!(v["error"]["code"], "model_not_found", "{other}: {v}");
+        assert!(message(&v).contains(other), "{other}: {v}");
+    }
+}

@@ -10,7 +10,7 @@ use axum::response::Response;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use serde_json::{json, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::{Api, RequestContext};
@@ -88,12 +88,11 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
             let role = match m.get("role") {
                 Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
                 Some(Value::String(r)) if !r.is_empty() => {
-                    // Cut: the role is the client's, and an error should not echo a megabyte back.
-                    let shown: String = r.chars().take(64).collect();
                     return Err(ApiError::invalid(
                         format!("{at}.role"),
                         format!(
-                            "{at}.role `{shown}` is not a chat role: expected one of {}",
+                            "{at}.role `{}` is not a chat role: expected one of {}",
+                            echo(r),
                             ROLES.join(", ")
                         ),
                     ));

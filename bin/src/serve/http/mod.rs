@@ -1,7 +1,7 @@
 //! The OpenAI-compatible HTTP API over the shared engine ([`ServeState`]):
 //!
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (streamed as server-sent events with `stream: true`),
-//! - `GET /v1/models`,
+//! - `GET /v1/models`, `GET /v1/models/{id}`,
 //! - `GET /health` (open even with an API key: load balancers probe it), `GET /metrics` (Prometheus).
 //!
 //! Every `/v1/*` route and `/metrics` need `Authorization: Bearer K` when the server has a key; while the server
@@ -56,6 +56,7 @@ pub struct RequestContext {
 const COMPLETIONS: &str = "/v1/completions";
 const CHAT: &str = "/v1/chat/completions";
 const MODELS: &str = "/v1/models";
+const MODEL: &str = "/v1/models/{*id}";
 const HEALTH: &str = "/health";
 const METRICS: &str = "/metrics";
 
@@ -65,6 +66,7 @@ fn endpoint_label(path: Option<&MatchedPath>) -> &'static str {
         Some(COMPLETIONS) => COMPLETIONS,
         Some(CHAT) => CHAT,
         Some(MODELS) => MODELS,
+        Some(MODEL) => MODEL,
         Some(HEALTH) => HEALTH,
         Some(METRICS) => METRICS,
         _ => "other",
@@ -81,6 +83,7 @@ pub fn router(state: Arc<ServeState>) -> Router {
         .route(COMPLETIONS, post(completions::handle))
         .route(CHAT, post(chat::handle))
         .route(MODELS, get(ops::models))
+        .route(MODEL, get(ops::model))
         .route(METRICS, get(ops::metrics))
         .route_layer(middleware::from_fn_with_state(api.clone(), auth::guard));
     Router::new()

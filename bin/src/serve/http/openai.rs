@@ -10,7 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use rewind_engine::sample::SamplingParams;
 use serde_json::{Map, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::Api;
 use crate::serve::ServeState;
 
@@ -332,23 +332,15 @@ pub fn unknown_fields(f: &Fields, endpoint: Endpoint) -> Vec<&str> {
     f.0.keys().map(String::as_str).filter(|n| !known(n)).collect()
 }
 
-/// How many unknown field names a message or log line lists, and how much of each (they come from the client).
+/// How many unknown field names a message or log line lists (they come from the client).
 const SHOWN_FIELDS: usize = 8;
-const SHOWN_FIELD_CHARS: usize = 64;
 
-/// `names` for a message: at most [`SHOWN_FIELDS`] of them, each cut to [`SHOWN_FIELD_CHARS`] characters.
+/// `names` for a message: at most [`SHOWN_FIELDS`] of them, each cut as [`echo`] cuts.
 pub fn field_list(names: &[&str]) -> String {
     let mut shown: Vec<String> = names
         .iter()
         .take(SHOWN_FIELDS)
-        .map(|n| {
-            let cut: String = n.chars().take(SHOWN_FIELD_CHARS).collect();
-            if cut.len() < n.len() {
-                format!("`{cut}…`")
-            } else {
-                format!("`{cut}`")
-            }
-        })
+        .map(|n| format!("`{}`", echo(n)))
         .collect();
     if names.len() > SHOWN_FIELDS {
         shown.push(format!("and {} more", names.len() - SHOWN_FIELDS));
