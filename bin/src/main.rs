@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // Not eprintln!: it panics when stderr itself cannot be written.
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "error: {}", output::error_line(&e));
             ExitCode::FAILURE
         }
     }

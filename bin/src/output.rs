@@ -82,6 +82,24 @@ macro_rules! errln {
 }
 pub(crate) use errln;
 
+/// `err` and its causes as one line, `: ` between them, like `{:#}`, except that a cause the message before it
+/// already ends with is left out: some libraries (hyper, tonic) put their source into their own message, so `{:#}`
+/// would say "tcp connect error: tcp connect error: Connection refused".
+pub fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// Ends the process for a command line clap refused, or for `--help` / `--version`: clap's own `exit` panics when
 /// its message cannot be written (a closed stderr, or stdout for the help).
 pub fn clap_exit(e: clap::Error) -> ! {
@@ -112,4 +130,33 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain()
         .filter_map(|e| e.downcast_ref::<StdoutError>())
         .any(|e| e.0.kind() == io::ErrorKind::BrokenPipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        #[derive(Debug)]
+        struct Echoing(io::Error);
+        impl fmt::Display for Echoing {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "tcp connect error: {}", self.0)
+            }
+        }
+        impl std::error::Error for Echoing {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = || io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = anyhow::Error::new(Echoing(refused())).context("connecting to http://x:1");
+        assert_eq!(
+            error_line(&e),
+            "connecting to http://x:1: tcp connect error: Connection refused"
+        );
+        let plain = anyhow::Error::new(refused()).context("reading");
+        assert_eq!(error_line(&plain), format!("{plain:#}"));
+    }
 }

@@ -239,3 +239,26 @@ fn serving_lengths_vary_with_the_random_range_ratio() {
         &["--random-range-ratio 0.5", "6048 + 96", "max_position_embeddings"],
     );
 }
+
+#[test]
+fn bench_json_to_a_path_that_cannot_be_written_fails_before_measuring() {
+    let model = tiny_model("bad-json");
+    let m = s(&model);
+    let missing = temp_dir("bad-json-parent").join("no-such-dir").join("bench.json");
+    let dir = temp_dir("bad-json-dir");
+    for path in [missing.to_str().expect("utf-8"), dir.to_str().expect("utf-8")] {
+        let o = rewind(&[
+            "bench",
+            "--model",
+            m,
+            "--prompt-len",
+            "16",
+            "--decode-tokens",
+            "4",
+            "--json",
+            path,
+        ]);
+        assert_fails(&o, &["--json", path]);
+        assert!(stdout(&o).is_empty(), "it measured before failing:\n{}", stdout(&o));
+    }
+}

@@ -271,6 +271,10 @@ fn prompts_from_stdin_or_a_file_and_a_system_message() {
     let (got, _) = generate_json(&model, &["--prompt-file", s(&file)], None);
     assert_eq!(got["tokens"], want["tokens"]);
     assert_eq!(got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
+    // `--prompt-file -` reads stdin too, as the synopsis offers.
+    let (got, _) = generate_json(&model, &["--prompt-file", "-"], Some(&format!("{prompt}\n")));
+    assert_eq!(got["tokens"], want["tokens"]);
+    assert_eq!(got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
     // A different prompt is really read (not the default one).
     let (other, _) = generate_json(&model, &["-"], Some("Something else entirely, and longer than that"));
     assert_ne!(other["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);

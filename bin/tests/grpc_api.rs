@@ -379,6 +379,15 @@ async fn the_client_binary_drives_a_server() {
     assert!(ok && out.contains(&id) && out.contains(&fork), "{out}{err}");
     let (ok, out, err) = cli(&format!("session close {id}")).await;
     assert!(ok && out.trim() == format!("closed {id}"), "{out}{err}");
+    // Without --json, create prints the id alone (`ID=$(rewind client session create)`).
+    let (ok, out, err) = cli("session create").await;
+    let bare = out.trim_end_matches('\n');
+    assert!(
+        ok && !bare.is_empty() && !bare.contains(char::is_whitespace),
+        "{out:?}{err}"
+    );
+    let (ok, out, err) = cli(&format!("session close {bare}")).await;
+    assert!(ok && out.trim() == format!("closed {bare}"), "{out}{err}");
     let (ok, _, err) = cli(&format!("session show {id}")).await;
     assert!(!ok && err.contains("NotFound") && err.contains("closed"), "{err}");
 

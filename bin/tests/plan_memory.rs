@@ -186,3 +186,51 @@ fn bad_inputs_are_clear_errors() {
         }
     }
 }
+
+#[test]
+fn weights_over_the_budget_exit_1_like_plan() {
+    for json in [false, true] {
+        let mut args = vec![
+            "plan-memory",
+            "--arch",
+            "nemotron_h",
+            "--preset",
+            "nemotron-h-8b",
+            "--budget",
+            "1GiB",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let o = rewind(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("exceed the budget"), "{args:?}: {err}");
+        assert!(!o.stdout.is_empty(), "{args:?}: the plan is still shown");
+    }
+}
+
+#[test]
+fn a_one_layer_model_is_one_layer() {
+    let dir = std::env::temp_dir().join(format!("rewind-plan-memory-one-layer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().expect("utf8");
+    let o = rewind(&[
+        "init-model",
+        "--arch",
+        "nemotron_h",
+        "--preset",
+        "tiny",
+        "--layers",
+        "1",
+        "--out",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = rewind(&["plan-memory", "--model", d, "--budget", "1GiB", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let model = v["model"].as_str().expect("model");
+    assert!(model.contains("(1 layer:"), "{model}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

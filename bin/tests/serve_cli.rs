@@ -189,6 +189,8 @@ fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
         "the session holds every turn's prompt and reply: {session}"
     );
     assert!(out.contains("server: model "), "{out}");
+    // The fork has had one turn: a singular noun ("1 turns" before).
+    assert!(session.contains(" tokens, 1 turn, forked from"), "{session}");
     let _ = std::fs::remove_dir_all(&model);
 }
 
@@ -322,4 +324,36 @@ fn max_seqs_sizes_a_cpu_server_even_at_the_gpu_default() {
         assert!(exit.success(), "exit {exit:?}:\n{err}");
         assert!(banner.contains(want), "{flags:?}: the banner lacks {want:?}:\n{banner}");
     }
+}
+
+/// `rewind chat` with `extra` flags on a tiny model, one turn from piped stdin: the exit and stderr.
+fn chat_once(model: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["chat", "--model", model.to_str().expect("utf8"), "--max-tokens", "3"];
+    args.extend_from_slice(extra);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rewind chat");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"hello\n")
+        .expect("write stdin");
+    let o = child.wait_with_output().expect("wait");
+    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn chat_takes_top_p_and_top_k_as_generate_does() {
+    let model = process::tiny_model("qwen3_5", "chat-top-p");
+    let (ok, err) = chat_once(&model, &["--top-p", "0.5", "--top-k", "3"]);
+    assert!(ok && err.contains(" tokens | finish: "), "{err}");
+    // The value reaches the server, whose check names it.
+    let (_, err) = chat_once(&model, &["--top-p", "2"]);
+    assert!(err.contains("top_p"), "{err}");
+    let _ = std::fs::remove_dir_all(&model);
 }

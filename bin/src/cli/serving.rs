@@ -90,6 +90,12 @@ pub struct ChatArgs {
     /// Sampling temperature of the replies (default: the model's generation_config.json).
     #[arg(long, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
+    /// Nucleus sampling of the replies: keep the smallest set of tokens whose probability reaches P, in (0, 1].
+    #[arg(long, allow_hyphen_values = true)]
+    pub top_p: Option<f32>,
+    /// Keep only the K most likely tokens of each reply step (0 = off).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<i64>)]
+    pub top_k: Option<i64>,
     /// Random seed of the replies.
     #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<u64>)]
     pub seed: Option<u64>,

@@ -224,6 +224,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
     anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
+    if let Some(path) = &args.json {
+        check_writable(path, "--json")?;
+    }
     // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
     anyhow::ensure!(
         args.concurrency.is_some() || super::spec::config(&args.run.spec, &args.run.decode)?.is_none(),
@@ -586,6 +589,24 @@ fn header(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> serde
         "model": config.summary(),
         "tp": args.run.device.tp,
     })
+}
+
+/// Fails unless a file can be written at `path` (the value of `flag`): checked before a benchmark runs, so that a
+/// bad path is not found out only after minutes of measuring. Nothing is left behind at `path`.
+pub(super) fn check_writable(path: &std::path::Path, flag: &str) -> Result<()> {
+    anyhow::ensure!(
+        !path.is_dir(),
+        "{flag} {} is a directory; give a file path",
+        path.display()
+    );
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    // A scratch file beside it proves the directory exists and takes new files.
+    tempfile::NamedTempFile::new_in(dir)
+        .map(drop)
+        .with_context(|| format!("{flag} {}: cannot write in {}", path.display(), dir.display()))
 }
 
 fn write_json(args: &BenchArgs, result: &serde_json::Value) -> Result<()> {

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use rewind_engine::tokenizer::Tokenizer;
+use rewind_engine::words::count;
 use tokio::runtime::Runtime;
 
 use crate::cli::{ChatArgs, ListenArgs, ModelArgs, ServeArgs};
@@ -213,23 +214,23 @@ impl Chat {
             .context("reading the session")?
             .into_inner();
         print(&format!(
-            "session {}: {} tokens, {} turns{}\n\
-             server: model {}, tp {}, {} sessions, {} running, {} waiting, {} generated tokens ({:.1} tok/s since \
-             start), {} requests finished, {} recoveries\n",
+            "session {}: {}, {}{}\n\
+             server: model {}, tp {}, {}, {} running, {} waiting, {} generated tokens ({:.1} tok/s since start), {} \
+             finished, {}\n",
             info.id,
-            info.tokens,
-            info.turns,
+            count(info.tokens, "token"),
+            count(info.turns, "turn"),
             info.forked_from
                 .map_or_else(String::new, |f| format!(", forked from {f}")),
             s.model,
             s.tp,
-            s.sessions,
+            count(s.sessions, "session"),
             s.running,
             s.queue_depth,
             s.generated_tokens,
             s.generated_tokens_per_second,
-            s.requests_finished,
-            s.recoveries
+            count(s.requests_finished, "request"),
+            count(s.recoveries, "recovery")
         ))
     }
 
@@ -310,6 +311,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 eos_ids: model.eos_token_ids.clone(),
                 sampling: pb::Sampling {
                     temperature: args.temperature,
+                    top_p: args.top_p,
+                    top_k: args.top_k,
                     seed: args.seed,
                     max_tokens: args.max_tokens,
                     ..pb::Sampling::default()

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use rewind_engine::words::count;
 use serde::Serialize;
 use tonic::Status;
 
@@ -219,6 +220,8 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
 }
 
 async fn session(c: &mut Client, cmd: SessionCommand, json: bool) -> Result<()> {
+    // Its help promises the id alone, for `ID=$(rewind client session create)`.
+    let id_only = matches!(cmd, SessionCommand::Create { .. }) && !json;
     let one = match cmd {
         SessionCommand::Create { sampling, no_speculate } => {
             c.create_session(pb::CreateSessionRequest {
@@ -269,12 +272,14 @@ async fn session(c: &mut Client, cmd: SessionCommand, json: bool) -> Result<()> 
     let s = one.map_err(rpc_error)?.into_inner();
     if json {
         print_json(&s)
+    } else if id_only {
+        outln!("{}", s.id)
     } else {
         outln!(
-            "{}  ({} tokens, {} turns{}{})",
+            "{}  ({}, {}{}{})",
             s.id,
-            s.tokens,
-            s.turns,
+            count(s.tokens, "token"),
+            count(s.turns, "turn"),
             if s.busy { ", busy" } else { "" },
             s.forked_from
                 .as_deref()

@@ -1,7 +1,7 @@
 //! `rewind generate`: stream text from a prompt.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::output::{errln, write_stdout};
@@ -50,18 +50,20 @@ fn strip_one_newline(mut text: String) -> String {
     text
 }
 
-/// The prompt's text: `--prompt-file`, stdin for a `-` prompt, the prompt given, or the default.
+/// The prompt's text: `--prompt-file`, stdin for a `-` prompt (or `--prompt-file -`), the prompt given, or the
+/// default.
 fn prompt_text(args: &GenerateArgs) -> Result<String> {
-    let (text, from) = if let Some(path) = &args.prompt_file {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading the prompt file {}", path.display()))?;
-        (text, format!("the prompt file {}", path.display()))
-    } else if args.prompt.as_deref() == Some("-") {
+    let stdin = args.prompt.as_deref() == Some("-") || args.prompt_file.as_deref() == Some(Path::new("-"));
+    let (text, from) = if stdin {
         let mut text = String::new();
         std::io::stdin()
             .read_to_string(&mut text)
             .context("reading the prompt from stdin")?;
         (text, "stdin".to_string())
+    } else if let Some(path) = &args.prompt_file {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the prompt file {}", path.display()))?;
+        (text, format!("the prompt file {}", path.display()))
     } else {
         return Ok(args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string()));
     };

@@ -18,6 +18,7 @@ use clap::Parser;
 use rewind_engine::init::{init_model, InitOptions};
 use rewind_engine::model::ModelConfig;
 use rewind_engine::presets::{parse_arch, PRESETS};
+use rewind_engine::words::count;
 use serde_json::{json, Value};
 
 use crate::cli::{BenchE2eArgs, Cli, Command, Device};
@@ -180,7 +181,7 @@ fn models(args: &BenchE2eArgs, work: &Path) -> Result<Vec<ModelSpec>> {
             errln!("wrote {} in {:.1} s", dir.display(), t0.elapsed().as_secs_f64());
         }
         let label = match layers {
-            Some(n) => format!("{m} ({n} layers)"),
+            Some(n) => format!("{m} ({})", count(n as u64, "layer")),
             None => m.clone(),
         };
         out.push(ModelSpec { name: label, dir });
