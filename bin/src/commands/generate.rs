@@ -124,7 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         messages.push(ChatMessage::new("user", prompt_text));
         let rendered = tokenizer.render(&messages, true)?;
-        tokenizer.encode(&rendered, false)?
+        tokenizer.encode_chat(&messages, true, &rendered)?
     } else {
         tokenizer.encode(&prompt_text, true)?
     };

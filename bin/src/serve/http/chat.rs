@@ -109,7 +109,8 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-/// The rendered conversation's token ids (the template adds its own special tokens, so none are added here).
+/// The rendered conversation's token ids (the template adds its own special tokens, so none are added here; a
+/// content's text never becomes one).
 fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
     let tokenizer = &state.model.tokenizer;
     if tokenizer.chat_template().is_none() {
@@ -129,8 +130,9 @@ fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: b
     state
         .check_text_len("conversation", rendered.len())
         .map_err(|m| ApiError::invalid("messages", m).with_code("context_length_exceeded"))?;
+    // Contents are text even where they spell a special token; only the template's markers are special.
     tokenizer
-        .encode(&rendered, false)
+        .encode_chat(&messages, generation_prompt, &rendered)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 
