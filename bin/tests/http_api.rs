@@ -470,3 +470,44 @@ fn chat_contents_never_become_special_tokens() {
     );
     assert_eq!(v["usage"]["prompt_tokens"], as_text, "{v}");
 }
+
+/// Without an API key, what a browser page could send the loopback port is refused: a POST that is not JSON (415),
+/// a Host naming another site (421), no Host at all (400). With a key the key is the guard, so those pass.
+#[test]
+fn a_keyless_server_refuses_what_a_web_page_could_send() {
+    let f = shared();
+    let body = r#"{"prompt": "hi", "max_tokens": 1}"#;
+    let raw = |url: &str, headers: &[&str]| {
+        let mut args = vec!["-X", "POST", "--data-binary", body];
+        for h in headers {
+            args.extend(["-H", h]);
+        }
+        curl(&format!("{url}/v1/completions"), &args)
+    };
+    let json_type = "content-type: application/json";
+    for (headers, want, needle) in [
+        (&["content-type: text/plain"][..], 415, "application/json"),
+        (&[][..], 415, "application/json"),
+        (&[json_type, "Host: evil.example"][..], 421, "evil.example"),
+        (&[json_type, "Host:"][..], 400, "Host"),
+    ] {
+        let (status, text) = raw(&f.url, headers);
+        assert_eq!(status, want, "{headers:?}: {text}");
+        assert!(text.contains(needle), "{headers:?}: {text}");
+    }
+    let (status, text) = raw(&f.url, &["content-type: application/json; charset=utf-8"]);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = raw(&f.url, &[json_type, "Host: localhost"]);
+    assert_eq!(status, 200, "{text}");
+
+    let keyed = f.serve(f.state(Some("k")));
+    let (status, text) = raw(
+        &keyed,
+        &[
+            "content-type: text/plain",
+            "Authorization: Bearer k",
+            "Host: evil.example",
+        ],
+    );
+    assert_eq!(status, 200, "with a key: {text}");
+}

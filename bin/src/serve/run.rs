@@ -149,6 +149,8 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
+    /// `--host`, a name the HTTP server answers to without an API key.
+    host: String,
 }
 
 impl Listeners {
@@ -157,6 +159,7 @@ impl Listeners {
         Ok(Listeners {
             grpc: bind(&opts.host, opts.grpc_port, "gRPC").await?,
             http: bind(&opts.host, opts.http_port, "HTTP").await?,
+            host: opts.host.clone(),
         })
     }
 }
@@ -171,13 +174,14 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
     let Listeners {
         grpc: grpc_listener,
         http: http_listener,
+        host,
     } = listeners;
     let bound = Bound {
         grpc: grpc_listener.local_addr()?,
         http: http_listener.local_addr()?,
     };
     let (stop, stop_rx) = watch::channel(false);
-    let router = super::http::router(state.clone());
+    let router = super::http::router(state.clone(), bound.http, &host);
     let http = tokio::spawn(
         axum::serve(http_listener, router)
             .with_graceful_shutdown(stopped(stop_rx.clone()))

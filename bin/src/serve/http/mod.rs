@@ -18,6 +18,7 @@ mod ops;
 mod sse;
 
 use std::hash::{BuildHasher, RandomState};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,7 @@ use axum::Router;
 use futures::StreamExt;
 use tracing::Instrument;
 
+pub use self::auth::AllowedHosts;
 use self::metrics::HttpMetrics;
 use super::ServeState;
 
@@ -42,6 +44,8 @@ const BODY_LIMIT: usize = 64 << 20;
 pub struct Api {
     pub state: Arc<ServeState>,
     pub metrics: Arc<HttpMetrics>,
+    /// The `Host` names a server without an API key answers to (see [`auth`]).
+    pub hosts: AllowedHosts,
 }
 
 /// Who a request is, set by the outermost middleware for the handlers: its id (also in `x-request-id` and the
@@ -73,11 +77,13 @@ fn endpoint_label(path: Option<&MatchedPath>) -> &'static str {
     }
 }
 
-/// The HTTP API over `state`'s engine.
-pub fn router(state: Arc<ServeState>) -> Router {
+/// The HTTP API over `state`'s engine, listening on `bound` from `--host host`: without an API key it answers only
+/// requests whose `Host` names it (see [`AllowedHosts`]).
+pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
     let api = Arc::new(Api {
         state,
         metrics: Arc::new(HttpMetrics::default()),
+        hosts: AllowedHosts::new(bound, host),
     });
     let guarded = Router::new()
         .route(COMPLETIONS, post(completions::handle))
