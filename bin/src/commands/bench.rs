@@ -43,7 +43,8 @@ pub(super) fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// The commit this binary was built from (recorded at build time; `-dirty` marks uncommitted changes).
+/// The commit this binary was built from (recorded at build time; uncommitted changes are not marked, see
+/// `build.rs`).
 pub(super) fn git_commit() -> Option<String> {
     Some(env!("REWIND_GIT_COMMIT").to_string())
 }
