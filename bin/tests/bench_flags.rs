@@ -262,3 +262,29 @@ fn bench_json_to_a_path_that_cannot_be_written_fails_before_measuring() {
         assert!(stdout(&o).is_empty(), "it measured before failing:\n{}", stdout(&o));
     }
 }
+
+#[test]
+fn bench_names_the_cpu_in_its_table_and_json() {
+    let model = tiny_model("cpu-name");
+    let m = s(&model);
+    let json = temp_dir("cpu-name-json").join("bench.json");
+    let o = rewind(&[
+        "bench",
+        "--model",
+        m,
+        "--prompt-len",
+        "16",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--json",
+        s(&json),
+    ]);
+    assert_ok(&o, "bench --json");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let cpu = report["cpu"].as_str().expect("a cpu field");
+    assert!(!cpu.is_empty());
+    assert!(stdout(&o).contains(&format!("| cpu | {cpu} |")), "{}", stdout(&o));
+}

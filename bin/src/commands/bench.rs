@@ -271,6 +271,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let mut result = header(&args, &config);
         outln!("| measure | value |")?;
         outln!("|---|---|")?;
+        outln!("| cpu | {} |", result["cpu"].as_str().unwrap_or("unknown"))?;
         result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
         return write_json(&args, &result);
     }
@@ -504,6 +505,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 
     outln!("| measure | value |")?;
     outln!("|---|---|")?;
+    outln!("| cpu | {} |", cpu_model())?;
     outln!(
         "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
         prompt.len(),
@@ -589,7 +591,26 @@ fn header(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> serde
         "commit": git_commit(),
         "model": config.summary(),
         "tp": args.run.device.tp,
+        "cpu": cpu_model(),
     })
+}
+
+/// The CPU's model name, from `/proc/cpuinfo`, or `unknown`: CPU rates differ by 2× between machines, so a report
+/// names the CPU it was measured on (the host's CPU also feeds a GPU run).
+pub(super) fn cpu_model() -> String {
+    cpu_model_in(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+}
+
+/// The first `model name` of a `/proc/cpuinfo` text, or `unknown`.
+fn cpu_model_in(cpuinfo: &str) -> String {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "model name").then(|| value.trim().to_string())
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Fails unless a file can be written at `path` (the value of `flag`): checked before a benchmark runs, so that a
@@ -616,4 +637,19 @@ fn write_json(args: &BenchArgs, result: &serde_json::Value) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_model_in;
+
+    #[test]
+    fn the_cpu_model_is_the_first_model_name() {
+        let info = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\n\n\
+                    processor\t: 1\nmodel name\t: other\n";
+        assert_eq!(cpu_model_in(info), "Intel(R) Xeon(R) Platinum 8480C");
+        assert_eq!(cpu_model_in("processor : 0\nCPU part : 0xd0c\n"), "unknown");
+        assert_eq!(cpu_model_in("model name :   \n"), "unknown");
+        assert_eq!(cpu_model_in(""), "unknown");
+    }
 }
