@@ -249,22 +249,22 @@ fn perplexity_window_beyond_the_limit_is_an_error() {
     let _ = std::fs::remove_dir_all(&model);
 }
 
+/// A quick `rewind bench` command line for model `m`: a 16-token prompt, 4 decoded tokens, once.
+fn small_bench(m: &str) -> Vec<&str> {
+    let mut args: Vec<&str> = "bench --prompt-len 16 --decode-tokens 4 --repeats 1 --model"
+        .split(' ')
+        .collect();
+    args.push(m);
+    args
+}
+
 #[test]
 fn bench_and_generate_stdout_closed_or_full() {
     let model = tiny_model("bench-gen-stdout");
     let m = model.to_str().expect("utf8");
+    let bench = small_bench(m);
     let runs: [&[&str]; 3] = [
-        &[
-            "bench",
-            "--model",
-            m,
-            "--prompt-len",
-            "16",
-            "--decode-tokens",
-            "4",
-            "--repeats",
-            "1",
-        ],
+        &bench,
         &["generate", "hi", "--model", m, "--max-tokens", "3"],
         &["generate", "hi", "--model", m, "--max-tokens", "3", "--json"],
     ];
@@ -317,20 +317,10 @@ fn rewind_all_closed(args: &[&str], stdin: &str) -> Output {
 fn a_closed_stderr_panics_nowhere() {
     let model = tiny_model("closed-stderr");
     let m = model.to_str().expect("utf8");
-    let bench: &[&str] = &[
-        "bench",
-        "--model",
-        m,
-        "--prompt-len",
-        "16",
-        "--decode-tokens",
-        "4",
-        "--repeats",
-        "1",
-    ];
+    let bench = small_bench(m);
     let chat: &[&str] = &["chat", "--model", m, "--max-tokens", "4"];
     for (args, stdin, want) in [
-        (bench, "", 0),
+        (&bench[..], "", 0),
         (chat, "hello\n/stats\n", 0),
         // clap's own error message, to a closed stderr.
         (&["generate", "--no-such-flag"][..], "", 2),

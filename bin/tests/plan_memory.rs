@@ -215,21 +215,13 @@ fn a_one_layer_model_is_one_layer() {
     let dir = std::env::temp_dir().join(format!("rewind-plan-memory-one-layer-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().expect("utf8");
-    let o = rewind(&[
-        "init-model",
-        "--arch",
-        "nemotron_h",
-        "--preset",
-        "tiny",
-        "--layers",
-        "1",
-        "--out",
-        d,
-    ]);
+    let init: Vec<&str> = "init-model --arch nemotron_h --preset tiny --layers 1 --out"
+        .split(' ')
+        .chain([d])
+        .collect();
+    let o = rewind(&init);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = rewind(&["plan-memory", "--model", d, "--budget", "1GiB", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let v = plan_json(&["--model", d, "--budget", "1GiB"]);
     let model = v["model"].as_str().expect("model");
     assert!(model.contains("(1 layer:"), "{model}");
     let _ = std::fs::remove_dir_all(&dir);

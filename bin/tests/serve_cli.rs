@@ -3,14 +3,12 @@
 //! `rewind serve` as a process: both APIs on ports the system picks (flags and environment), the API key, a clean
 //! exit on SIGTERM; `rewind chat` on its in-process server with piped stdin: turns, `/fork`, `/stats`.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
 mod process;
-use common::{rewind, stderr};
+use common::{rewind, rewind_stdin, stderr};
 
 /// Greedy tokens of `generate --json` with `extra` flags, and its stderr.
 fn tokens(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
@@ -137,31 +135,12 @@ fn serve_answers_both_apis_and_stops_on_sigterm() {
 #[test]
 fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
     let model = process::tiny_model("qwen3_5", "chat-cli");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args([
-            "chat",
-            "--model",
-            model.to_str().expect("utf8"),
-            "--system",
-            "Be brief.",
-            "--max-tokens",
-            "6",
-            "--seed",
-            "7",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rewind chat");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"hello there\nhow are you?\n/fork\nand after the fork?\n/stats\n")
-        .expect("write stdin");
-    // stdin closes here: the chat ends at its end, closing its session and stopping its server.
-    let o = child.wait_with_output().expect("wait");
+    // stdin closes at its end: the chat ends there, closing its session and stopping its server.
+    let o = chat(
+        &model,
+        &["--system", "Be brief.", "--max-tokens", "6", "--seed", "7"],
+        "hello there\nhow are you?\n/fork\nand after the fork?\n/stats\n",
+    );
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "chat failed:\n{out}\n{err}");
     let turns: Vec<&str> = err.lines().filter(|l| l.contains(" tokens | finish: ")).collect();
@@ -326,24 +305,18 @@ fn max_seqs_sizes_a_cpu_server_even_at_the_gpu_default() {
     }
 }
 
-/// `rewind chat` with `extra` flags on a tiny model, one turn from piped stdin: the exit and stderr.
-fn chat_once(model: &Path, extra: &[&str]) -> (bool, String) {
-    let mut args = vec!["chat", "--model", model.to_str().expect("utf8"), "--max-tokens", "3"];
+/// `rewind chat` on `model` with `extra` flags, `input` piped to its stdin.
+fn chat(model: &Path, extra: &[&str], input: &str) -> std::process::Output {
+    let mut args = vec!["chat", "--model", model.to_str().expect("utf8")];
     args.extend_from_slice(extra);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rewind chat");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"hello\n")
-        .expect("write stdin");
-    let o = child.wait_with_output().expect("wait");
+    rewind_stdin(&args, input)
+}
+
+/// One chat turn with `extra` flags on `model`: the exit and stderr.
+fn chat_once(model: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["--max-tokens", "3"];
+    args.extend_from_slice(extra);
+    let o = chat(model, &args, "hello\n");
     (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
