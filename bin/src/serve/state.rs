@@ -4,7 +4,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use rewind_actors::{EngineHandle, Event, EventStream, FailureKind};
 use rewind_engine::sample::SamplingParams;
 use tokio::sync::watch;
