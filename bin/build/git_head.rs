@@ -60,17 +60,23 @@ pub fn head(root: &Path) -> Head {
         Some(name) => {
             let name = name.trim();
             let loose = common.join(name);
-            // The branch's directory, not its file: a branch only in packed-refs gets a loose file at its next
-            // commit, which a watch on the (missing) file would not see.
-            if let Some(dir) = loose.parent() {
-                watch.push(dir.to_path_buf());
-            }
             let packed_refs = common.join("packed-refs");
-            watch.push(packed_refs.clone());
-            fs::read_to_string(&loose)
-                .ok()
-                .map(|id| id.trim().to_string())
-                .or_else(|| packed(&fs::read_to_string(&packed_refs).ok()?, name))
+            match fs::read_to_string(&loose) {
+                // The branch's own file: a commit rewrites it. Not its directory, which every other branch of a
+                // shared repository (worktrees) changes too.
+                Ok(id) => {
+                    watch.push(loose);
+                    Some(id.trim().to_string())
+                }
+                // Only in packed-refs: the branch's next commit makes its loose file, which shows in its directory.
+                Err(_) => {
+                    if let Some(dir) = loose.parent() {
+                        watch.push(dir.to_path_buf());
+                    }
+                    watch.push(packed_refs.clone());
+                    fs::read_to_string(&packed_refs).ok().and_then(|t| packed(&t, name))
+                }
+            }
         }
     };
     watch.retain(|p| p.exists());

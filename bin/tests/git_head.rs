@@ -37,13 +37,15 @@ fn head_is_read_from_the_git_directory_without_the_index() {
     write(&git.join("index"), "not watched");
     let h = git_head::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
-    assert!(
-        h.watch.contains(&git.join("HEAD")) && h.watch.contains(&git.join("refs/heads")),
-        "{h:?}"
+    assert_eq!(
+        h.watch,
+        vec![git.join("HEAD"), git.join("refs/heads/main")],
+        "only HEAD and the branch's file"
     );
     assert!(!index_watched(&h.watch), "{h:?}");
 
-    // The branch only in packed-refs (peeled lines and comments skipped): its file is watched once it exists.
+    // The branch only in packed-refs (peeled lines and comments skipped): packed-refs and the directory its next
+    // commit writes its file into are watched.
     fs::remove_file(git.join("refs/heads/main")).expect("rm");
     write(
         &git.join("packed-refs"),
@@ -51,7 +53,10 @@ fn head_is_read_from_the_git_directory_without_the_index() {
     );
     let h = git_head::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
-    assert!(h.watch.contains(&git.join("packed-refs")), "{h:?}");
+    assert!(
+        h.watch.contains(&git.join("packed-refs")) && h.watch.contains(&git.join("refs/heads")),
+        "{h:?}"
+    );
     assert!(
         h.watch.iter().all(|p| p.exists()),
         "a missing path would rerun the script on every build: {h:?}"
@@ -78,7 +83,7 @@ fn a_worktree_reads_its_own_head_and_the_shared_branches() {
     let h = git_head::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
     assert!(h.watch.contains(&wt_git.join("HEAD")), "{h:?}");
-    assert!(h.watch.iter().any(|p| p.ends_with("refs/heads")), "{h:?}");
+    assert!(h.watch.iter().any(|p| p.ends_with("refs/heads/feature")), "{h:?}");
     assert!(!index_watched(&h.watch), "{h:?}");
     // No repository at all.
     let none = git_head::head(&scratch("none"));
