@@ -6,7 +6,7 @@
 
 mod turns;
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -75,11 +75,10 @@ struct Chat {
     transcript: Transcript,
 }
 
+/// Writes `text` to stdout now. Through `write_stdout`, so a reader that went away (`rewind chat | head`) ends the
+/// chat quietly, as it does every other command.
 fn print(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
+    crate::output::write_stdout(text)
 }
 
 impl Chat {
