@@ -67,7 +67,7 @@ impl AllowedHosts {
             None => authority.rsplit_once(':').map_or(authority, |(name, _)| name),
         };
         let name = name.to_ascii_lowercase();
-        self.names.iter().any(|n| *n == name)
+        self.names.contains(&name)
     }
 }
 
