@@ -1,15 +1,13 @@
-//! Records the commit the binary is built from (`REWIND_GIT_COMMIT`, with `-dirty` for uncommitted changes), so
-//! benchmark reports name the source they measured even where the binary runs without the repository; and compiles
-//! the gRPC API (`proto/rewind/v1/rewind.proto`) into the server and client code `serve::grpc::pb` includes.
+//! Records the commit the binary is built from (`REWIND_GIT_COMMIT`), so benchmark reports name the source they
+//! measured even where the binary runs without the repository; and compiles the gRPC API
+//! (`proto/rewind/v1/rewind.proto`) into the server and client code `serve::grpc::pb` includes.
+//!
+//! The commit is read from `HEAD` and the branch it names, and only those are watched: no `-dirty` mark, since
+//! knowing about uncommitted changes means watching the index, which every `git status` rewrites (and each rewrite
+//! would rebuild this crate).
 
-use std::process::Command;
-
-fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
+#[path = "build/git_head.rs"]
+mod git_head;
 
 /// Generates the gRPC messages, server and client. protoc comes from `protoc-bin-vendored` (CI machines have none)
 /// unless `PROTOC` names one.
@@ -34,12 +32,14 @@ fn compile_protos() {
 
 fn main() {
     compile_protos();
-    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    println!(
-        "cargo:rustc-env=REWIND_GIT_COMMIT={commit}{}",
-        if dirty { "-dirty" } else { "" }
-    );
-    println!("cargo:rerun-if-changed=../.git/HEAD");
-    println!("cargo:rerun-if-changed=../.git/index");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let head = git_head::head(&root);
+    // Git's usual short form.
+    let commit = head
+        .commit
+        .map_or_else(|| "unknown".into(), |c| c.chars().take(7).collect::<String>());
+    println!("cargo:rustc-env=REWIND_GIT_COMMIT={commit}");
+    for path in &head.watch {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
 }

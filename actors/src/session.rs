@@ -86,33 +86,25 @@ pub(crate) struct Sessions {
     gone_order: VecDeque<String>,
     max: usize,
     idle_timeout: Option<Duration>,
-    next: u64,
-    /// Distinguishes this engine's ids from another's (a client talking to a restarted server).
-    salt: u64,
 }
 
 impl Sessions {
     /// An empty store holding at most `max` sessions, evicting those idle longer than `idle_timeout`.
     pub fn new(max: usize, idle_timeout: Option<Duration>) -> Self {
-        let salt = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id()).rotate_left(32);
         Sessions {
             live: HashMap::new(),
             gone: HashMap::new(),
             gone_order: VecDeque::new(),
             max,
             idle_timeout,
-            next: 1,
-            salt: mix(salt),
         }
     }
 
+    /// 128 bits from the thread's OS-seeded CSPRNG: an id names a session's whole conversation, so it must not be
+    /// guessable from others (ids mixed from a counter were: two gave the next), and another engine's (a restarted
+    /// server's) ids do not collide with these.
     fn new_id(&mut self) -> String {
-        let n = self.next;
-        self.next += 1;
-        format!("sess-{:016x}", mix(self.salt ^ n))
+        format!("sess-{:032x}", rand::random::<u128>())
     }
 
     fn insert(&mut self, s: Session) -> Result<String, SessionError> {
@@ -258,14 +250,6 @@ fn snapshot_bytes(s: &SlotSnapshot) -> usize {
     ssm + kv
 }
 
-/// A 64-bit mix (splitmix64's finalizer), so ids look unrelated to their order.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,7 +267,13 @@ mod tests {
         let a = s.create(options()).unwrap();
         let b = s.create(options()).unwrap();
         assert_ne!(a, b);
-        assert!(a.starts_with("sess-"));
+        // 128 random bits in hex: consecutive ids share no visible structure.
+        for id in [&a, &b] {
+            let hex = id.strip_prefix("sess-").expect("prefix");
+            assert!(hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        }
+        let same_digits = a.chars().zip(b.chars()).skip(5).filter(|(x, y)| x == y).count();
+        assert!(same_digits < 16, "{a} and {b} look related");
         s.close(&a).unwrap();
         match s.get(&a) {
             Err(SessionError::NotFound { reason, .. }) => assert!(reason.contains("closed"), "{reason}"),

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use rewind_engine::decode::FormChoice;
+use rewind_engine::model::Family;
+use rewind_engine::presets::{names_for, PRESETS};
 
 mod bench_e2e;
 mod bench_kernels;
@@ -203,7 +205,7 @@ pub struct GenerateArgs {
     /// The prompt, or `-` to read it from stdin (default: "The quick brown fox"). One trailing newline of a prompt
     /// read from stdin or a file is dropped.
     pub prompt: Option<String>,
-    /// Read the prompt from this file.
+    /// Read the prompt from this file (`-`: stdin).
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
     pub prompt_file: Option<PathBuf>,
     /// A system message before the prompt (with --chat).
@@ -361,13 +363,28 @@ pub struct PerplexityArgs {
     pub device: DeviceArgs,
 }
 
+/// `--preset`'s help: every preset of the engine's table, by family, so that none can be left out of it.
+fn preset_help() -> String {
+    let mut families: Vec<Family> = Vec::new();
+    for p in PRESETS {
+        if !families.contains(&p.family) {
+            families.push(p.family);
+        }
+    }
+    let lists: Vec<String> = families
+        .iter()
+        .map(|&f| format!("{}: {}", f.name(), names_for(f).join(", ")))
+        .collect();
+    format!("Preset, by --arch ({})", lists.join("; "))
+}
+
 #[derive(Args, Debug)]
+#[command(mut_arg("preset", |a| a.help(preset_help())))]
 pub struct InitModelArgs {
     /// Model family: nemotron_h, qwen3_next, qwen3_5 or qwen3_5_moe.
     #[arg(long)]
     pub arch: String,
-    /// Preset: tiny, small, or a real shape (nemotron-h-8b, nemotron-3-nano-30b-a3b, qwen3.5-4b, qwen3.5-9b,
-    /// qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3-next-80b-a3b).
+    /// Preset: tiny, small, or a real model's shape (the help lists every one, from the engine's preset table).
     #[arg(long)]
     pub preset: String,
     /// Output directory: must not exist or be empty, unless --force.

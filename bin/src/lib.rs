@@ -2,6 +2,9 @@
 //! shares ([`serve`]: gRPC sessions and the OpenAI-compatible HTTP API over one engine), and what `rewind-launch`
 //! adds on top of them.
 
+// Diagnostics go through output::errln!, which survives a closed stderr; eprintln! panics there.
+#![deny(clippy::print_stderr)]
+
 pub mod cli;
 pub mod commands;
 pub mod default_model;
@@ -14,7 +17,7 @@ pub mod progress_bars;
 /// (`RUST_LOG=rewind::progress=info`).
 pub fn init_logging() {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| output::QuietStderr)
         // Colour codes only on a terminal: redirected logs stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     // only thread, since writing the environment races with readers on other threads.
     #[cfg(feature = "cuda")]
     rewind_engine::gpu::device::disable_nvls_unless_set();
-    let args = cli::Cli::parse();
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| output::clap_exit(e));
     rewind_bin::init_logging();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // Not eprintln!: it panics when stderr itself cannot be written.
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "error: {}", output::error_line(&e));
             ExitCode::FAILURE
         }
     }

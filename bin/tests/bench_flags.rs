@@ -239,3 +239,40 @@ fn serving_lengths_vary_with_the_random_range_ratio() {
         &["--random-range-ratio 0.5", "6048 + 96", "max_position_embeddings"],
     );
 }
+
+/// A quick `rewind bench` of model `m` (16-token prompt, 4 decoded tokens, once) with the `extra` flags.
+fn small_bench(m: &str, extra: &[&str]) -> std::process::Output {
+    let mut args: Vec<&str> = "bench --prompt-len 16 --decode-tokens 4 --repeats 1 --model"
+        .split(' ')
+        .collect();
+    args.push(m);
+    args.extend_from_slice(extra);
+    rewind(&args)
+}
+
+#[test]
+fn bench_json_to_a_path_that_cannot_be_written_fails_before_measuring() {
+    let model = tiny_model("bad-json");
+    let m = s(&model);
+    let missing = temp_dir("bad-json-parent").join("no-such-dir").join("bench.json");
+    let dir = temp_dir("bad-json-dir");
+    for path in [missing.to_str().expect("utf-8"), dir.to_str().expect("utf-8")] {
+        let o = small_bench(m, &["--json", path]);
+        assert_fails(&o, &["--json", path]);
+        assert!(stdout(&o).is_empty(), "it measured before failing:\n{}", stdout(&o));
+    }
+}
+
+#[test]
+fn bench_names_the_cpu_in_its_table_and_json() {
+    let model = tiny_model("cpu-name");
+    let m = s(&model);
+    let json = temp_dir("cpu-name-json").join("bench.json");
+    let o = small_bench(m, &["--json", s(&json)]);
+    assert_ok(&o, "bench --json");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let cpu = report["cpu"].as_str().expect("a cpu field");
+    assert!(!cpu.is_empty());
+    assert!(stdout(&o).contains(&format!("| cpu | {cpu} |")), "{}", stdout(&o));
+}

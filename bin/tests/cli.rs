@@ -558,3 +558,37 @@ fn gpu_pool_sizes_are_checked_against_the_model() {
     let o = rewind(&["generate", "--model", model, "--device", "cuda", "--dtype", "fp8"]);
     assert_fails(&o, &["unknown GPU dtype `fp8`"]);
 }
+
+#[test]
+fn init_model_help_lists_every_preset() {
+    let o = rewind(&["init-model", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let help = String::from_utf8_lossy(&o.stdout);
+    for p in rewind_engine::presets::PRESETS {
+        assert!(
+            help.contains(p.name) && help.contains(p.family.name()),
+            "init-model --help lacks {} ({}):\n{help}",
+            p.name,
+            p.family.name()
+        );
+    }
+}
+
+#[test]
+fn a_refused_connection_is_said_once() {
+    // A port just freed: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("http://127.0.0.1:{port}");
+    let o = rewind(&["client", "--addr", &addr, "health"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains(&addr) && !err.contains("panicked"), "{err}");
+    let line = err.lines().find(|l| l.starts_with("error:")).expect("an error line");
+    let causes: Vec<&str> = line.split(": ").collect();
+    for pair in causes.windows(2) {
+        assert_ne!(pair[0], pair[1], "a cause said twice: {line}");
+    }
+}

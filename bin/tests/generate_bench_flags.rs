@@ -3,32 +3,13 @@
 //! stderr as in JSON, prompts come from stdin or a file, `--system` adds a system message, checkpoint loading reports
 //! progress, and the `--help` examples. `bench`'s own flags are in `bench_flags.rs`.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 mod cli_flags;
 mod common;
 use cli_flags::{assert_fails, assert_ok, s, stdout, temp_dir, tiny_model};
-use common::{rewind, stderr};
-
-/// `rewind args` with `input` on stdin.
-fn rewind_stdin(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rewind");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("wait rewind")
-}
+use common::{rewind, rewind_stdin, stderr};
 
 /// `generate --json` on `model` with `extra` flags (greedy, 6 tokens unless overridden later in `extra`).
 fn generate_json(model: &Path, extra: &[&str], input: Option<&str>) -> (serde_json::Value, Output) {
@@ -269,6 +250,10 @@ fn prompts_from_stdin_or_a_file_and_a_system_message() {
     let file = dir.join("prompt.txt");
     std::fs::write(&file, format!("{prompt}\n")).expect("write prompt");
     let (got, _) = generate_json(&model, &["--prompt-file", s(&file)], None);
+    assert_eq!(got["tokens"], want["tokens"]);
+    assert_eq!(got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
+    // `--prompt-file -` reads stdin too, as the synopsis offers.
+    let (got, _) = generate_json(&model, &["--prompt-file", "-"], Some(&format!("{prompt}\n")));
     assert_eq!(got["tokens"], want["tokens"]);
     assert_eq!(got["stats"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
     // A different prompt is really read (not the default one).

@@ -379,6 +379,15 @@ async fn the_client_binary_drives_a_server() {
     assert!(ok && out.contains(&id) && out.contains(&fork), "{out}{err}");
     let (ok, out, err) = cli(&format!("session close {id}")).await;
     assert!(ok && out.trim() == format!("closed {id}"), "{out}{err}");
+    // Without --json, create prints the id alone (`ID=$(rewind client session create)`).
+    let (ok, out, err) = cli("session create").await;
+    let bare = out.trim_end_matches('\n');
+    assert!(
+        ok && !bare.is_empty() && !bare.contains(char::is_whitespace),
+        "{out:?}{err}"
+    );
+    let (ok, out, err) = cli(&format!("session close {bare}")).await;
+    assert!(ok && out.trim() == format!("closed {bare}"), "{out}{err}");
     let (ok, _, err) = cli(&format!("session show {id}")).await;
     assert!(!ok && err.contains("NotFound") && err.contains("closed"), "{err}");
 
@@ -460,4 +469,30 @@ async fn the_default_max_tokens_is_capped_to_the_room_the_context_leaves() {
     assert_eq!(first.len(), 10);
     // A max_tokens the client chose is still refused when it does not fit, naming it.
     refused(&mut c, complete_ids(&[5; CONTEXT - 3], greedy(4)), &["max_tokens"]).await;
+}
+
+/// A client-sent session id of any size is not echoed back whole: a 20 KB id is INVALID_ARGUMENT with a short
+/// message (it used to come back in the NOT_FOUND message, past the client's header limit: RESOURCE_EXHAUSTED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_session_ids_are_refused_without_being_echoed() {
+    let server = Server::start(1, None).await;
+    let mut c = server.client().await;
+    let huge = "x".repeat(20_000);
+    for r in [
+        c.get(&huge).await.map(|_| ()),
+        c.fork(&huge).await.map(|_| ()),
+        c.close(&huge).await,
+        c.turn(&huge, &[5], greedy(2)).await.map(|_| ()),
+    ] {
+        let s = r.expect_err("a 20 KB id");
+        assert_eq!(s.code(), Code::InvalidArgument, "{}", s.message());
+        assert!(
+            s.message().len() < 200 && s.message().contains("at most 128 bytes"),
+            "{}",
+            s.message()
+        );
+    }
+    // An id of an allowed size that names no session is still NOT_FOUND, naming it.
+    let unknown = "sess-".to_string() + &"y".repeat(100);
+    assert_status(c.get(&unknown).await, Code::NotFound, &[&unknown]);
 }

@@ -249,22 +249,22 @@ fn perplexity_window_beyond_the_limit_is_an_error() {
     let _ = std::fs::remove_dir_all(&model);
 }
 
+/// A quick `rewind bench` command line for model `m`: a 16-token prompt, 4 decoded tokens, once.
+fn small_bench(m: &str) -> Vec<&str> {
+    let mut args: Vec<&str> = "bench --prompt-len 16 --decode-tokens 4 --repeats 1 --model"
+        .split(' ')
+        .collect();
+    args.push(m);
+    args
+}
+
 #[test]
 fn bench_and_generate_stdout_closed_or_full() {
     let model = tiny_model("bench-gen-stdout");
     let m = model.to_str().expect("utf8");
+    let bench = small_bench(m);
     let runs: [&[&str]; 3] = [
-        &[
-            "bench",
-            "--model",
-            m,
-            "--prompt-len",
-            "16",
-            "--decode-tokens",
-            "4",
-            "--repeats",
-            "1",
-        ],
+        &bench,
         &["generate", "hi", "--model", m, "--max-tokens", "3"],
         &["generate", "hi", "--model", m, "--max-tokens", "3", "--json"],
     ];
@@ -293,4 +293,87 @@ fn bench_and_generate_stdout_closed_or_full() {
         }
     }
     let _ = std::fs::remove_dir_all(&model);
+}
+
+/// Runs rewind with `args` and `stdin`, stdout and stderr both going to a pipe whose reader is closed (what
+/// `rewind ... 2>&1 | head -c 10` leaves once head has exited).
+fn rewind_all_closed(args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(writer.try_clone().expect("clone the pipe"))
+        .stderr(writer)
+        .spawn()
+        .expect("run rewind");
+    // The command may end before it reads its input: a failed write here is no failure of the test.
+    let _ = child.stdin.take().expect("stdin").write_all(stdin.as_bytes());
+    child.wait_with_output().expect("wait")
+}
+
+#[test]
+fn a_closed_stderr_panics_nowhere() {
+    let model = tiny_model("closed-stderr");
+    let m = model.to_str().expect("utf8");
+    let bench = small_bench(m);
+    let chat: &[&str] = &["chat", "--model", m, "--max-tokens", "4"];
+    for (args, stdin, want) in [
+        (&bench[..], "", 0),
+        (chat, "hello\n/stats\n", 0),
+        // clap's own error message, to a closed stderr.
+        (&["generate", "--no-such-flag"][..], "", 2),
+    ] {
+        let o = rewind_all_closed(args, stdin);
+        assert_eq!(o.status.code(), Some(want), "{args:?}: {:?}", o.status);
+    }
+
+    // A server whose stderr is closed from the start: it serves, and stops cleanly on SIGTERM.
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    };
+    let (grpc, http) = (free().to_string(), free().to_string());
+    let mut server = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(["serve", "--model", m, "--grpc-port", &grpc, "--http-port", &http])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(closed_pipe())
+        .spawn()
+        .expect("run rewind serve");
+    // The port is bound before the model loads: only an answer shows the server (and its signal handling) is up.
+    let port: u16 = http.parse().expect("port");
+    let t0 = std::time::Instant::now();
+    while !health_answers(port) {
+        if let Some(status) = server.try_wait().expect("wait") {
+            panic!("the server exited before it answered: {status:?}");
+        }
+        assert!(t0.elapsed().as_secs() < 90, "the server never answered");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let killed = Command::new("kill")
+        .args(["-s", "TERM", &server.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let status = server.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "serve with a closed stderr: {status:?}");
+    let _ = std::fs::remove_dir_all(&model);
+}
+
+/// Whether `GET /health` on the loopback `port` answers 200.
+fn health_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let request = format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    s.write_all(request.as_bytes()).is_ok()
+        && s.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
 }

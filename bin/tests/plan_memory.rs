@@ -133,7 +133,24 @@ fn context_defaults_to_the_model_limit_and_table_prints() {
 
 #[test]
 fn weights_over_budget_fit_nothing() {
-    let p = plan_json(&["--arch", "nemotron_h", "--preset", "nemotron-h-8b", "--budget", "4GiB"]);
+    // The plan still shows, but the command fails (exit 1), as `rewind plan` does for weights that do not fit.
+    let over = [
+        "plan-memory",
+        "--arch",
+        "nemotron_h",
+        "--preset",
+        "nemotron-h-8b",
+        "--budget",
+        "4GiB",
+    ];
+    let table = rewind(&over);
+    assert_eq!(table.status.code(), Some(1));
+    assert!(!table.stdout.is_empty(), "the table is still printed");
+    let o = rewind(&[&over[..], &["--json"]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("exceed the budget"), "{err}");
+    let p: Value = serde_json::from_slice(&o.stdout).expect("the plan is still printed");
     assert!(p["forms"]
         .as_array()
         .expect("forms")
@@ -185,4 +202,21 @@ fn bad_inputs_are_clear_errors() {
             assert!(err.contains(n), "{args:?}: stderr lacks `{n}`: {err}");
         }
     }
+}
+
+#[test]
+fn a_one_layer_model_is_one_layer() {
+    let dir = std::env::temp_dir().join(format!("rewind-plan-memory-one-layer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().expect("utf8");
+    let init: Vec<&str> = "init-model --arch nemotron_h --preset tiny --layers 1 --out"
+        .split(' ')
+        .chain([d])
+        .collect();
+    let o = rewind(&init);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = plan_json(&["--model", d, "--budget", "1GiB"]);
+    let model = v["model"].as_str().expect("model");
+    assert!(model.contains("(1 layer:"), "{model}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,14 +3,12 @@
 //! `rewind serve` as a process: both APIs on ports the system picks (flags and environment), the API key, a clean
 //! exit on SIGTERM; `rewind chat` on its in-process server with piped stdin: turns, `/fork`, `/stats`.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
 mod process;
-use common::{rewind, stderr};
+use common::{rewind, rewind_stdin, stderr};
 
 /// Greedy tokens of `generate --json` with `extra` flags, and its stderr.
 fn tokens(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
@@ -137,31 +135,12 @@ fn serve_answers_both_apis_and_stops_on_sigterm() {
 #[test]
 fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
     let model = process::tiny_model("qwen3_5", "chat-cli");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args([
-            "chat",
-            "--model",
-            model.to_str().expect("utf8"),
-            "--system",
-            "Be brief.",
-            "--max-tokens",
-            "6",
-            "--seed",
-            "7",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rewind chat");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"hello there\nhow are you?\n/fork\nand after the fork?\n/stats\n")
-        .expect("write stdin");
-    // stdin closes here: the chat ends at its end, closing its session and stopping its server.
-    let o = child.wait_with_output().expect("wait");
+    // stdin closes at its end: the chat ends there, closing its session and stopping its server.
+    let o = chat(
+        &model,
+        &["--system", "Be brief.", "--max-tokens", "6", "--seed", "7"],
+        "hello there\nhow are you?\n/fork\nand after the fork?\n/stats\n",
+    );
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "chat failed:\n{out}\n{err}");
     let turns: Vec<&str> = err.lines().filter(|l| l.contains(" tokens | finish: ")).collect();
@@ -189,6 +168,8 @@ fn chat_runs_turns_forks_and_stats_from_piped_stdin() {
         "the session holds every turn's prompt and reply: {session}"
     );
     assert!(out.contains("server: model "), "{out}");
+    // The fork has had one turn: a singular noun ("1 turns" before).
+    assert!(session.contains(" tokens, 1 turn, forked from"), "{session}");
     let _ = std::fs::remove_dir_all(&model);
 }
 
@@ -246,4 +227,106 @@ fn an_empty_api_key_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("--api-key is empty"), "{err}");
+}
+
+/// `rewind serve` on the embedded default model with `extra` flags, a long stream opened on it (its first event
+/// read), and the reader of the rest of that stream.
+fn serve_with_a_stream_in_flight(extra: &[&str]) -> (process::Server, std::thread::JoinHandle<String>) {
+    let mut args = vec![
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--served-model-name",
+        "m",
+    ];
+    args.extend_from_slice(extra);
+    let server = process::Server::start(Path::new(env!("CARGO_BIN_EXE_rewind")), &args, &[]);
+    let body = r#"{"model":"m","prompt":"once upon a time","max_tokens":3000,"ignore_eos":true,"stream":true}"#;
+    let (status, mut stream) = process::request(server.http, "POST", "/v1/completions", &[], Some(body));
+    assert_eq!(status, 200);
+    let first = stream.next_piece().expect("a first event");
+    assert!(first.contains("data: "), "{first}");
+    (server, std::thread::spawn(move || stream.rest()))
+}
+
+/// What a forced stop must leave: exit 0 within a few seconds, no panic, and the stream ended by an error event
+/// then `[DONE]`.
+fn assert_forced_stop_is_clean(server: process::Server, reader: std::thread::JoinHandle<String>) {
+    let (exit, err) = server.wait(Duration::from_secs(8));
+    assert!(exit.success(), "exit {exit:?}:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let rest = reader.join().expect("reader");
+    assert!(
+        rest.contains(r#"{"error":"#) && rest.contains("shutting down without waiting"),
+        "the stream did not end with an error event:\n{rest}"
+    );
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    assert!(
+        !rest.contains(r#""finish_reason":"length""#),
+        "the stream ran to its end: nothing was cut off"
+    );
+}
+
+#[test]
+fn a_second_sigterm_ends_in_flight_streams_with_an_error_and_exits_0() {
+    let (server, reader) = serve_with_a_stream_in_flight(&[]);
+    server.signal("TERM");
+    // The second signal only counts once the first one's drain has begun.
+    let t0 = std::time::Instant::now();
+    while !server.stderr().contains("SIGTERM: draining") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no drain:\n{}", server.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.signal("TERM");
+    assert_forced_stop_is_clean(server, reader);
+}
+
+#[test]
+fn a_drain_timeout_ends_in_flight_streams_with_an_error_and_exits_0() {
+    let (server, reader) = serve_with_a_stream_in_flight(&["--drain-timeout", "0.5"]);
+    server.signal("TERM");
+    assert_forced_stop_is_clean(server, reader);
+}
+
+#[test]
+fn max_seqs_sizes_a_cpu_server_even_at_the_gpu_default() {
+    // 64 is the flag's GPU default: a server told 64 must not fall back to the CPU default of 8.
+    for (flags, want) in [(&["--max-seqs", "64"][..], "64 sequences"), (&[][..], "8 sequences")] {
+        let mut args = vec!["serve", "--grpc-port", "0", "--http-port", "0"];
+        args.extend_from_slice(flags);
+        let server = process::Server::start(Path::new(env!("CARGO_BIN_EXE_rewind")), &args, &[]);
+        let banner = server.stderr();
+        server.signal("TERM");
+        let (exit, err) = server.wait(Duration::from_secs(30));
+        assert!(exit.success(), "exit {exit:?}:\n{err}");
+        assert!(banner.contains(want), "{flags:?}: the banner lacks {want:?}:\n{banner}");
+    }
+}
+
+/// `rewind chat` on `model` with `extra` flags, `input` piped to its stdin.
+fn chat(model: &Path, extra: &[&str], input: &str) -> std::process::Output {
+    let mut args = vec!["chat", "--model", model.to_str().expect("utf8")];
+    args.extend_from_slice(extra);
+    rewind_stdin(&args, input)
+}
+
+/// One chat turn with `extra` flags on `model`: the exit and stderr.
+fn chat_once(model: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["--max-tokens", "3"];
+    args.extend_from_slice(extra);
+    let o = chat(model, &args, "hello\n");
+    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn chat_takes_top_p_and_top_k_as_generate_does() {
+    let model = process::tiny_model("qwen3_5", "chat-top-p");
+    let (ok, err) = chat_once(&model, &["--top-p", "0.5", "--top-k", "3"]);
+    assert!(ok && err.contains(" tokens | finish: "), "{err}");
+    // The value reaches the server, whose check names it.
+    let (_, err) = chat_once(&model, &["--top-p", "2"]);
+    assert!(err.contains("top_p"), "{err}");
+    let _ = std::fs::remove_dir_all(&model);
 }

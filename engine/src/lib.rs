@@ -20,5 +20,6 @@ pub mod shard;
 pub mod spec;
 pub mod state;
 pub mod tokenizer;
+pub mod words;
 
 pub use error::{EngineError, Result};

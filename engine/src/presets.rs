@@ -142,7 +142,8 @@ const NEMOTRON_3_NANO_PATTERN: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*
 const NEMOTRON_3_SUPER_PATTERN: &str =
     "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME";
 
-fn names_for(family: Family) -> Vec<&'static str> {
+/// The names of `family`'s presets, in [`PRESETS`]' order.
+pub fn names_for(family: Family) -> Vec<&'static str> {
     PRESETS.iter().filter(|p| p.family == family).map(|p| p.name).collect()
 }
 

@@ -8,7 +8,7 @@ use rewind_bin::launch;
 
 fn fail(e: &anyhow::Error) -> ExitCode {
     // Not eprintln!: it panics when stderr itself cannot be written.
-    let _ = writeln!(std::io::stderr(), "error: {e:#}");
+    let _ = writeln!(std::io::stderr(), "error: {}", rewind_bin::output::error_line(e));
     ExitCode::FAILURE
 }
 

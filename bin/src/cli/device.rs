@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::non_negative;
+use crate::output::errln;
 
 /// Where a model runs (shared by `generate`, `logits` and `bench`).
 #[derive(Args, Debug, Clone)]
@@ -17,10 +18,12 @@ pub struct DeviceArgs {
     /// Fraction of each GPU's memory rewind may take for weights, activations and state pools, in (0, 1].
     #[arg(long, default_value_t = DEFAULT_GPU_MEMORY_FRACTION, allow_negative_numbers = true, help_heading = "GPU")]
     pub gpu_memory_fraction: f64,
-    /// Most sequences alive at once on a GPU (state slots; also the largest decode batch).
-    #[arg(long, default_value_t = DEFAULT_MAX_SEQS, allow_negative_numbers = true, value_parser = non_negative::<usize>,
-          help_heading = "GPU")]
-    pub max_seqs: usize,
+    /// Most sequences alive at once on a GPU (state slots; also the largest decode batch) [default: 64]. A CPU
+    /// server (`serve`, `chat`) sizes its pools by it too (default 8 there).
+    // An Option, not a default value: "was it given?" must not be told by comparing with the default (a given 64
+    // would look unset).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "GPU")]
+    pub max_seqs: Option<usize>,
     /// Longest sequence on a GPU, in tokens (default: the model's limit, at most 32768).
     #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "GPU")]
     pub max_model_len: Option<usize>,
@@ -45,7 +48,7 @@ pub struct DeviceArgs {
 
 /// Defaults of the GPU-only flags (a value other than these with `--device cpu` earns a note).
 const DEFAULT_GPU_MEMORY_FRACTION: f64 = 0.9;
-const DEFAULT_MAX_SEQS: usize = 64;
+pub const DEFAULT_MAX_SEQS: usize = 64;
 const DEFAULT_PREFILL_CHUNK: usize = 512;
 const DEFAULT_DTYPE: &str = "bf16";
 
@@ -73,6 +76,11 @@ impl Device {
 }
 
 impl DeviceArgs {
+    /// `--max-seqs`, or its GPU default when not given.
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs.unwrap_or(DEFAULT_MAX_SEQS)
+    }
+
     /// Parses `--device` and `--tp`, and checks every GPU flag's value whatever the device (so a bad value is an
     /// error on the CPU too, where it would otherwise be ignored).
     pub fn device(&self) -> anyhow::Result<Device> {
@@ -83,7 +91,7 @@ impl DeviceArgs {
         if !(f > 0.0 && f <= 1.0) {
             anyhow::bail!("--gpu-memory-fraction {f} is outside (0, 1]");
         }
-        if self.max_seqs == 0 {
+        if self.max_seqs == Some(0) {
             anyhow::bail!("--max-seqs must be at least 1");
         }
         if self.max_model_len == Some(0) {
@@ -104,7 +112,7 @@ impl DeviceArgs {
         if self.gpu_memory_fraction != DEFAULT_GPU_MEMORY_FRACTION {
             set.push("--gpu-memory-fraction");
         }
-        if self.max_seqs != DEFAULT_MAX_SEQS {
+        if self.max_seqs.is_some() {
             set.push("--max-seqs");
         }
         if self.max_model_len.is_some() {
@@ -131,7 +139,7 @@ impl DeviceArgs {
         let device = self.device()?;
         if device == Device::Cpu {
             for flag in self.gpu_only_flags_set() {
-                eprintln!("note: {flag} does not apply to --device cpu");
+                errln!("note: {flag} does not apply to --device cpu");
             }
         }
         Ok(device)

@@ -34,6 +34,10 @@ pub struct ListenArgs {
     #[arg(long, value_name = "N", default_value_t = crate::serve::state::DEFAULT_MAX_TOKENS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub default_max_tokens: u64,
+    /// Refuse HTTP requests with top-level fields the API does not know (a 400 naming them) instead of ignoring them
+    /// with a warning (counted in /metrics as rewind_http_unknown_fields_total).
+    #[arg(long)]
+    pub strict_fields: bool,
 }
 
 /// How a model runs: decode form, speculation, device and engine (shared by `generate`, `serve`, `chat` and
@@ -86,6 +90,12 @@ pub struct ChatArgs {
     /// Sampling temperature of the replies (default: the model's generation_config.json).
     #[arg(long, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
+    /// Nucleus sampling of the replies: keep the smallest set of tokens whose probability reaches P, in (0, 1].
+    #[arg(long, allow_hyphen_values = true)]
+    pub top_p: Option<f32>,
+    /// Keep only the K most likely tokens of each reply step (0 = off).
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<i64>)]
+    pub top_k: Option<i64>,
     /// Random seed of the replies.
     #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<u64>)]
     pub seed: Option<u64>,

@@ -104,7 +104,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             if dargs.max_model_len.is_none() {
                 dargs.max_model_len = Some(context);
             }
-            dargs.max_seqs = dargs.max_seqs.max(needs.slots);
+            dargs.max_seqs = Some(dargs.max_seqs().max(needs.slots));
             let mut opts = super::gpu::options(&dargs, devices)?;
             if let Some(d) = decode {
                 opts.buffer_len = d.buffer_len;

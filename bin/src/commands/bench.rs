@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::output::outln;
+use crate::output::{errln, outln};
 use anyhow::{Context, Result};
 use rewind_engine::rank::{RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use serde_json::json;
@@ -43,7 +43,8 @@ pub(super) fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// The commit this binary was built from (recorded at build time; `-dirty` marks uncommitted changes).
+/// The commit this binary was built from (recorded at build time; uncommitted changes are not marked, see
+/// `build.rs`).
 pub(super) fn git_commit() -> Option<String> {
     Some(env!("REWIND_GIT_COMMIT").to_string())
 }
@@ -131,7 +132,7 @@ fn sum_stages<'a>(runs: impl Iterator<Item = Option<&'a StageTimes>>) -> Option<
 fn report_stages(row: &mut serde_json::Value, what: &str, stages: Option<StageTimes>, step_ms: f64) {
     if let Some(s) = stages {
         let p = bench_steps::stage_json(&s, step_ms);
-        eprintln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
+        errln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
         row["stage_profile"] = p;
     }
 }
@@ -155,7 +156,7 @@ impl Progress {
 
     /// One line: `[elapsed] message`.
     pub(super) fn line(&self, message: &str) {
-        eprintln!("[{:7.1} s] {message}", self.elapsed());
+        errln!("[{:7.1} s] {message}", self.elapsed());
     }
 
     /// Runs `f` between `[elapsed] what ... ` and what `done` makes of its result and its wall-clock seconds.
@@ -165,13 +166,13 @@ impl Progress {
         f: impl FnOnce() -> Result<T>,
         done: impl FnOnce(&T, f64) -> String,
     ) -> Result<T> {
-        eprint!("[{:7.1} s] {what} ... ", self.elapsed());
+        crate::output::write_stderr(&format!("[{:7.1} s] {what} ... ", self.elapsed()));
         let t0 = Instant::now();
         let r = f();
         let secs = t0.elapsed().as_secs_f64();
         match &r {
-            Ok(v) => eprintln!("{}", done(v, secs)),
-            Err(_) => eprintln!("failed after {secs:.3} s"),
+            Ok(v) => errln!("{}", done(v, secs)),
+            Err(_) => errln!("failed after {secs:.3} s"),
         }
         r
     }
@@ -218,6 +219,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
     anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
     anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
+    if let Some(path) = &args.json {
+        check_writable(path, "--json")?;
+    }
     // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
     anyhow::ensure!(
         args.concurrency.is_some() || super::spec::config(&args.run.spec, &args.run.decode)?.is_none(),
@@ -261,6 +265,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let mut result = header(&args, &config);
         outln!("| measure | value |")?;
         outln!("|---|---|")?;
+        outln!("| cpu | {} |", result["cpu"].as_str().unwrap_or("unknown"))?;
         result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
         return write_json(&args, &result);
     }
@@ -301,11 +306,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         verify: window + 1,
     };
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.max(biggest);
+    dargs.max_seqs = Some(dargs.max_seqs().max(biggest));
     progress.line(&format!("loading {} ...", dir.display()));
     let mut loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
-    eprintln!(
+    errln!(
         "model: {} | {} | prompt {} tokens | {} form | {} repeats",
         config.summary(),
         loaded.device,
@@ -371,7 +376,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let m = median(rates.clone());
         let step_ms = 1e3 * b as f64 / m;
-        eprintln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
+        errln!("decode batch {b}: {m:.1} tok/s median ({step_ms:.2} ms per step)");
         let mut row = json!({
             "batch": b,
             "decode_tok_per_s": rates,
@@ -407,7 +412,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             rates.remove(0);
             let cm = median(rates.clone());
             let chained_ms = 1e3 * b as f64 / cm;
-            eprintln!(
+            errln!(
                 "decode batch {b}, chains of {chain}: {cm:.1} tok/s median ({chained_ms:.3} ms per step, {:.3}× the \
                  single steps' time)",
                 chained_ms / step_ms
@@ -494,6 +499,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 
     outln!("| measure | value |")?;
     outln!("|---|---|")?;
+    outln!("| cpu | {} |", cpu_model())?;
     outln!(
         "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
         prompt.len(),
@@ -579,7 +585,44 @@ fn header(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> serde
         "commit": git_commit(),
         "model": config.summary(),
         "tp": args.run.device.tp,
+        "cpu": cpu_model(),
     })
+}
+
+/// The CPU's model name, from `/proc/cpuinfo`, or `unknown`: CPU rates differ by 2× between machines, so a report
+/// names the CPU it was measured on (the host's CPU also feeds a GPU run).
+pub(super) fn cpu_model() -> String {
+    cpu_model_in(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+}
+
+/// The first `model name` of a `/proc/cpuinfo` text, or `unknown`.
+fn cpu_model_in(cpuinfo: &str) -> String {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "model name").then(|| value.trim().to_string())
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Fails unless a file can be written at `path` (the value of `flag`): checked before a benchmark runs, so that a
+/// bad path is not found out only after minutes of measuring. Nothing is left behind at `path`.
+pub(super) fn check_writable(path: &std::path::Path, flag: &str) -> Result<()> {
+    anyhow::ensure!(
+        !path.is_dir(),
+        "{flag} {} is a directory; give a file path",
+        path.display()
+    );
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    // A scratch file beside it proves the directory exists and takes new files.
+    tempfile::NamedTempFile::new_in(dir)
+        .map(drop)
+        .with_context(|| format!("{flag} {}: cannot write in {}", path.display(), dir.display()))
 }
 
 fn write_json(args: &BenchArgs, result: &serde_json::Value) -> Result<()> {
@@ -588,4 +631,19 @@ fn write_json(args: &BenchArgs, result: &serde_json::Value) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_model_in;
+
+    #[test]
+    fn the_cpu_model_is_the_first_model_name() {
+        let info = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\n\n\
+                    processor\t: 1\nmodel name\t: other\n";
+        assert_eq!(cpu_model_in(info), "Intel(R) Xeon(R) Platinum 8480C");
+        assert_eq!(cpu_model_in("processor : 0\nCPU part : 0xd0c\n"), "unknown");
+        assert_eq!(cpu_model_in("model name :   \n"), "unknown");
+        assert_eq!(cpu_model_in(""), "unknown");
+    }
 }

@@ -137,19 +137,19 @@ pub fn run(args: BenchKernelsArgs) -> Result<()> {
     use rewind_kernels::cuda::bench_decode::{render, run_sweep};
     use rewind_kernels::cuda::CudaDevice;
 
-    use crate::output::outln;
+    use crate::output::{errln, outln};
 
     let ordinal = ordinal(&args.device)?;
     let sweep = sweep(&args)?;
     let dev = CudaDevice::open(ordinal)?;
-    eprintln!(
+    errln!(
         "{} (GPU {ordinal}): {} cases, {} warm-up and {} timed launches each",
         dev.name(),
         sweep.cases().len(),
         sweep.warmup,
         sweep.repeats
     );
-    let report = run_sweep(&dev, &sweep, |r| eprintln!("{}", render::line(r)))?;
+    let report = run_sweep(&dev, &sweep, |r| errln!("{}", render::line(r)))?;
     let h = header();
     let md = render::markdown(&report, &header_lines(&h));
     outln!("{md}")?;

@@ -6,14 +6,16 @@
 
 mod turns;
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use rewind_engine::tokenizer::Tokenizer;
+use rewind_engine::words::count;
 use tokio::runtime::Runtime;
 
 use crate::cli::{ChatArgs, ListenArgs, ModelArgs, ServeArgs};
+use crate::output::errln;
 use crate::serve::grpc::client::{connect, Client};
 use crate::serve::grpc::pb;
 use crate::serve::run::{self, Running, ServeOptions};
@@ -73,11 +75,10 @@ struct Chat {
     transcript: Transcript,
 }
 
+/// Writes `text` to stdout now. Through `write_stdout`, so a reader that went away (`rewind chat | head`) ends the
+/// chat quietly, as it does every other command.
 fn print(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
+    crate::output::write_stdout(text)
 }
 
 impl Chat {
@@ -109,7 +110,7 @@ impl Chat {
         if let Err(e) = result {
             self.transcript = before;
             print("\n")?;
-            eprintln!("[the turn ended early: {e:#}; the session is as it was before it]");
+            errln!("[the turn ended early: {e:#}; the session is as it was before it]");
         }
         Ok(())
     }
@@ -118,7 +119,7 @@ impl Chat {
     async fn reply(&mut self, text: &str) -> Result<()> {
         let (delta, exact) = self.transcript.user_turn(&self.tokenizer, text)?;
         if !exact {
-            eprintln!("[note: the chat template rewrites earlier turns; this turn is rendered on its own]");
+            errln!("[note: the chat template rewrites earlier turns; this turn is rendered on its own]");
         }
         let ids = self.tokenizer.encode(&delta, false)?;
         let t0 = Instant::now();
@@ -156,7 +157,7 @@ impl Chat {
         let eos_text = eos.map(|id| self.tokenizer.decode(&[id], false)).transpose()?;
         self.transcript.assistant_reply(content, eos_text);
         let secs = t0.elapsed().as_secs_f64();
-        eprintln!(
+        errln!(
             "[{} tokens | finish: {} | {:.1} tok/s | session {}]",
             tokens.len(),
             finish.as_str_name().trim_start_matches("FINISH_REASON_").to_lowercase(),
@@ -212,23 +213,23 @@ impl Chat {
             .context("reading the session")?
             .into_inner();
         print(&format!(
-            "session {}: {} tokens, {} turns{}\n\
-             server: model {}, tp {}, {} sessions, {} running, {} waiting, {} generated tokens ({:.1} tok/s since \
-             start), {} requests finished, {} recoveries\n",
+            "session {}: {}, {}{}\n\
+             server: model {}, tp {}, {}, {} running, {} waiting, {} generated tokens ({:.1} tok/s since start), {} \
+             finished, {}\n",
             info.id,
-            info.tokens,
-            info.turns,
+            count(info.tokens, "token"),
+            count(info.turns, "turn"),
             info.forked_from
                 .map_or_else(String::new, |f| format!(", forked from {f}")),
             s.model,
             s.tp,
-            s.sessions,
+            count(s.sessions, "session"),
             s.running,
             s.queue_depth,
             s.generated_tokens,
             s.generated_tokens_per_second,
-            s.requests_finished,
-            s.recoveries
+            count(s.requests_finished, "request"),
+            count(s.recoveries, "recovery")
         ))
     }
 
@@ -263,6 +264,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             session_idle_timeout: 0.0,
             drain_timeout: 5.0,
             default_max_tokens: crate::serve::state::DEFAULT_MAX_TOKENS as u64,
+            strict_fields: false,
         },
         run: args.run.clone(),
     }
@@ -308,6 +310,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 eos_ids: model.eos_token_ids.clone(),
                 sampling: pb::Sampling {
                     temperature: args.temperature,
+                    top_p: args.top_p,
+                    top_k: args.top_k,
                     seed: args.seed,
                     max_tokens: args.max_tokens,
                     ..pb::Sampling::default()
@@ -316,7 +320,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 transcript: Transcript::new(args.system.clone()),
             };
             chat.session = rt.block_on(chat.new_session())?;
-            eprintln!("rewind chat: session {} on {addr} ({HELP})", chat.session);
+            errln!("rewind chat: session {} on {addr} ({HELP})", chat.session);
             let mut lines = Lines::new()?;
             // Ctrl-C interrupts a reply only on a terminal (elsewhere SIGINT keeps its default action: it ends the
             // chat).

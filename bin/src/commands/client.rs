@@ -3,10 +3,11 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use rewind_engine::words::count;
 use serde::Serialize;
 use tonic::Status;
 
-use crate::output::{outln, write_stdout};
+use crate::output::{errln, outln, write_stdout};
 use crate::serve::grpc::client::{connect, Client};
 use crate::serve::grpc::json::{finish_reason_name, serving_status_name};
 use crate::serve::grpc::pb;
@@ -206,7 +207,7 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
     if !json {
         write_stdout("\n")?;
         let u = last.usage.unwrap_or_default();
-        eprintln!(
+        errln!(
             "[{} prompt tokens ({} cached), {} generated | finish: {} | seed {}]",
             u.prompt_tokens,
             u.cached_tokens,
@@ -219,6 +220,8 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
 }
 
 async fn session(c: &mut Client, cmd: SessionCommand, json: bool) -> Result<()> {
+    // Its help promises the id alone, for `ID=$(rewind client session create)`.
+    let id_only = matches!(cmd, SessionCommand::Create { .. }) && !json;
     let one = match cmd {
         SessionCommand::Create { sampling, no_speculate } => {
             c.create_session(pb::CreateSessionRequest {
@@ -269,12 +272,14 @@ async fn session(c: &mut Client, cmd: SessionCommand, json: bool) -> Result<()> 
     let s = one.map_err(rpc_error)?.into_inner();
     if json {
         print_json(&s)
+    } else if id_only {
+        outln!("{}", s.id)
     } else {
         outln!(
-            "{}  ({} tokens, {} turns{}{})",
+            "{}  ({}, {}{}{})",
             s.id,
-            s.tokens,
-            s.turns,
+            count(s.tokens, "token"),
+            count(s.turns, "turn"),
             if s.busy { ", busy" } else { "" },
             s.forked_from
                 .as_deref()

@@ -58,6 +58,7 @@ mod cuda {
 
     use super::target_numbers;
     use crate::cli::CompileKernelsArgs;
+    use crate::output::errln;
 
     /// One module for one target: its check, or the compiler's error.
     struct Outcome {
@@ -85,7 +86,7 @@ mod cuda {
                 args.only.as_deref().unwrap_or("")
             );
         }
-        eprintln!(
+        errln!(
             "NVRTC {major}.{minor}: {} modules for {}",
             modules.len(),
             args.arch.join(", ")

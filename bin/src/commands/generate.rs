@@ -1,10 +1,10 @@
 //! `rewind generate`: stream text from a prompt.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::output::write_stdout;
+use crate::output::{errln, write_stdout};
 use anyhow::{Context, Result};
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::{GenerationOutput, GenerationStats, SpecReport};
@@ -34,7 +34,7 @@ pub(crate) fn model_dir(args: &ModelArgs) -> Result<PathBuf> {
         None => default_model_dir(args.default_model)?,
     };
     if has_random_init_marker(&dir) {
-        eprintln!("{RANDOM_WEIGHTS_NOTE}");
+        errln!("{RANDOM_WEIGHTS_NOTE}");
     }
     Ok(dir)
 }
@@ -50,18 +50,20 @@ fn strip_one_newline(mut text: String) -> String {
     text
 }
 
-/// The prompt's text: `--prompt-file`, stdin for a `-` prompt, the prompt given, or the default.
+/// The prompt's text: `--prompt-file`, stdin for a `-` prompt (or `--prompt-file -`), the prompt given, or the
+/// default.
 fn prompt_text(args: &GenerateArgs) -> Result<String> {
-    let (text, from) = if let Some(path) = &args.prompt_file {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading the prompt file {}", path.display()))?;
-        (text, format!("the prompt file {}", path.display()))
-    } else if args.prompt.as_deref() == Some("-") {
+    let stdin = args.prompt.as_deref() == Some("-") || args.prompt_file.as_deref() == Some(Path::new("-"));
+    let (text, from) = if stdin {
         let mut text = String::new();
         std::io::stdin()
             .read_to_string(&mut text)
             .context("reading the prompt from stdin")?;
         (text, "stdin".to_string())
+    } else if let Some(path) = &args.prompt_file {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the prompt file {}", path.display()))?;
+        (text, format!("the prompt file {}", path.display()))
     } else {
         return Ok(args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string()));
     };
@@ -122,7 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         messages.push(ChatMessage::new("user", prompt_text));
         let rendered = tokenizer.render(&messages, true)?;
-        tokenizer.encode(&rendered, false)?
+        tokenizer.encode_chat(&messages, true, &rendered)?
     } else {
         tokenizer.encode(&prompt_text, true)?
     };
@@ -133,7 +135,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         .saturating_add(params.max_tokens.unwrap_or(usize::MAX))
         .min(config.max_position_embeddings);
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.min(8);
+    dargs.max_seqs = Some(dargs.max_seqs().min(8));
     let needs = Needs {
         slots: 1,
         context: want,
@@ -166,9 +168,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         let recoveries = engine.metrics().snapshot().recoveries_log;
         engine.shutdown().await;
         for r in recoveries {
-            eprintln!(
+            errln!(
                 "[recovered from a fault ({}: {}): ranks restarted in {:.3} s, {} sequence(s) re-prefilled]",
-                r.fault, r.message, r.restart_seconds, r.requeued
+                r.fault,
+                r.message,
+                r.restart_seconds,
+                r.requeued
             );
         }
         out
@@ -178,7 +183,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         write_stdout("\n")?;
         let s = &result.stats;
-        eprintln!(
+        errln!(
             "[{} prompt tokens, {} generated | prefill {:.1} tok/s | decode {:.1} tok/s | finish: {} | seed {}]",
             s.prompt_tokens,
             s.generated_tokens,
@@ -188,7 +193,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             s.seed
         );
         if let Some(r) = &s.spec {
-            eprintln!("{}", r.line());
+            errln!("{}", r.line());
         }
     }
     Ok(())

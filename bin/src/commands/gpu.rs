@@ -6,13 +6,14 @@ use anyhow::Result;
 use rewind_engine::gpu::{GpuOptions, GpuReport};
 
 use crate::cli::DeviceArgs;
+use crate::output::errln;
 
 /// The engine's options from the flags.
 pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
     Ok(GpuOptions {
         devices,
         gpu_memory_fraction: d.gpu_memory_fraction,
-        max_seqs: d.max_seqs,
+        max_seqs: d.max_seqs(),
         max_model_len: d.max_model_len,
         prefill_chunk: d.prefill_chunk,
         dtype: d.dtype.parse()?,
@@ -25,7 +26,7 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
 /// Prints what was placed where (`t0`: when loading began); returns the devices in words.
 pub fn report(r: &GpuReport, d: &DeviceArgs, tp: usize, t0: Instant) -> Result<String> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    eprintln!(
+    errln!(
         "GPU: {} | tp {} | {} activations | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB per rank of {:.1} GiB | \
          {} sequences × {} tokens, {} KV blocks | loaded in {:.1} s",
         r.devices.join(", "),

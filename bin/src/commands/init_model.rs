@@ -6,6 +6,7 @@ use rewind_engine::init::{check_out_dir, init_model, InitOptions};
 use rewind_engine::presets::parse_arch;
 
 use crate::cli::InitModelArgs;
+use crate::output::errln;
 
 pub fn run(args: InitModelArgs) -> Result<()> {
     let family = parse_arch(&args.arch)?;
@@ -26,7 +27,7 @@ pub fn run(args: InitModelArgs) -> Result<()> {
         dtype,
         mtp: args.mtp,
     })?;
-    eprintln!(
+    errln!(
         "wrote {} ({}): {} tensors, {:.1}M parameters, in {:.1} s",
         report.dir.display(),
         report.config.summary(),

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::backend::{self, Needs};
 use crate::cli::LogitsArgs;
+use crate::output::errln;
 
 /// Teacher-forced verify steps: the window and the per-draft rejection probability, drawn from `seed`.
 #[derive(Clone, Copy, Debug)]
@@ -208,7 +209,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
                 worst_position,
                 argmax_agree,
             };
-            eprintln!(
+            errln!(
                 "[{} vs {}: max |diff| {:.3e}, max rel {:.3e} at position {}, argmax agrees at {}/{} positions; {} \
                  verify steps kept {} drafts]",
                 c.form,

@@ -45,7 +45,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     }
     // One sequence at a time: the pools hold one window, not the GPU default's 64 sequences.
     let mut device = args.device.clone();
-    device.max_seqs = 1;
+    device.max_seqs = Some(1);
     let needs = Needs {
         slots: 1,
         context: window.min(tokens.len()),

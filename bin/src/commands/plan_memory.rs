@@ -137,5 +137,14 @@ pub fn run(args: PlanMemoryArgs) -> Result<()> {
     } else {
         write_stdout(&format_table(&config, &plan)?)?;
     }
+    // As `rewind plan` does: a budget the weights alone exceed is a failure (scripts test the exit), though the plan
+    // above still shows by how much.
+    if plan.weights_bytes >= plan.budget_bytes {
+        bail!(
+            "the weights alone ({}) exceed the budget ({}): no sequence fits",
+            format_bytes(plan.weights_bytes),
+            format_bytes(plan.budget_bytes)
+        );
+    }
     Ok(())
 }

@@ -12,6 +12,7 @@ use rewind_engine::spec::SpecConfig;
 
 use super::backend::{self, Backend, Needs};
 use crate::cli::{Device, ServeArgs};
+use crate::output::errln;
 use crate::serve::run::{self, ServeOptions};
 use crate::serve::{ServeState, ServedModel};
 
@@ -32,6 +33,8 @@ pub struct Prepared {
     pub api_key: Option<String>,
     /// `max_tokens` of a request that sets none (`--default-max-tokens`), before the room cap.
     pub default_max_tokens: usize,
+    /// `--strict-fields`: unknown HTTP request fields are refused.
+    pub strict_fields: bool,
     pub backend: Backend,
     pub engine_config: EngineConfig,
     pub options: ServeOptions,
@@ -45,12 +48,11 @@ pub struct Prepared {
 /// about it is printed once) and plans its backend (nothing is loaded yet).
 pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     let device = args.run.device.device()?;
-    let slots_set = args.run.device.gpu_only_flags_set().contains(&"--max-seqs");
     if device == Device::Cpu {
         // --max-seqs and --max-model-len size a CPU server's pools too; the other GPU flags do nothing here.
         for flag in args.run.device.gpu_only_flags_set() {
             if !matches!(flag, "--max-seqs" | "--max-model-len") {
-                eprintln!("note: {flag} does not apply to --device cpu");
+                errln!("note: {flag} does not apply to --device cpu");
             }
         }
     }
@@ -68,10 +70,10 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         }
         None => limit.min(DEFAULT_CONTEXT_CAP),
     };
-    let slots = if device == Device::Cpu && !slots_set {
-        CPU_DEFAULT_SLOTS
-    } else {
-        args.run.device.max_seqs
+    let slots = match args.run.device.max_seqs {
+        Some(n) => n,
+        None if device == Device::Cpu => CPU_DEFAULT_SLOTS,
+        None => args.run.device.max_seqs(),
     };
     let needs = Needs {
         slots,
@@ -109,6 +111,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         name,
         api_key: args.listen.api_key.clone(),
         default_max_tokens: args.listen.default_max_tokens as usize,
+        strict_fields: args.listen.strict_fields,
         backend,
         engine_config,
         options,
@@ -121,8 +124,9 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
 /// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
 pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
-    let state =
-        ServeState::new(Arc::new(engine), p.model, p.name, p.api_key).with_default_max_tokens(p.default_max_tokens);
+    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key)
+        .with_default_max_tokens(p.default_max_tokens)
+        .with_strict_fields(p.strict_fields);
     Ok((Arc::new(state), p.options, device))
 }
 
@@ -149,7 +153,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     run::runtime()?.block_on(async move {
         let listeners = run::Listeners::bind(&prepared.options).await?;
         let (state, options, device) = start(prepared).await.context("starting the engine")?;
-        eprintln!("{}", summary(&state, &device, &dir));
+        errln!("{}", summary(&state, &device, &dir));
         // The state goes to the servers whole: the engine stops once they let go of it.
         run::serve(state, listeners, &options).await
     })

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::output::outln;
+use crate::output::{errln, outln};
 use anyhow::Result;
 use rewind_actors::{EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::SpecReport;
@@ -193,7 +193,7 @@ pub fn run(
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let mut dargs = args.run.device.clone();
-    dargs.max_seqs = dargs.max_seqs.max(concurrency);
+    dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
     let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
     let mut config = backend::engine_config(&args.run.engine, b.form)?;
     config.eos_token_ids = Vec::new();
@@ -304,7 +304,7 @@ pub fn run(
     let (itl50, itl99) = (quantile(&mut itl, 0.5), quantile(&mut itl, 0.99));
     let (lat50, lat99) = (quantile(&mut latency, 0.5), quantile(&mut latency, 0.99));
     let peak = peak_rss_mib();
-    eprintln!(
+    errln!(
         "serving: {requests} requests, concurrency {concurrency} on {device}: {out_tps:.1} output tok/s | TTFT p50 {:.1} ms \
          p99 {:.1} ms | ITL p50 {:.2} ms p99 {:.2} ms | {} steps, {} preemptions, {} faults",
         ttft50 * 1e3,
@@ -402,7 +402,7 @@ fn side_by_side(
         references.len()
     );
     if compare.is_some() && (same < references.len() || plain_same < references.len()) {
-        eprintln!(
+        errln!(
             "note: greedy outputs equal to the first plain pass: speculative {same} / {n}, plain {plain_same} / {n} \
              (bf16 rounding differs between batch shapes)",
             n = references.len()
@@ -418,7 +418,7 @@ fn side_by_side(
     let generated: usize = references.iter().map(Vec::len).sum();
     let (plain, spec) = (quantile(plain_walls, 0.5), quantile(spec_walls, 0.5));
     let speedup = plain / spec;
-    eprintln!("{}", report.line());
+    errln!("{}", report.line());
     outln!(
         "| serving, side by side (median of {}): plain / spec {} | {:.1} / {:.1} output tok/s, speed-up {speedup:.2}x |",
         plain_walls.len(),

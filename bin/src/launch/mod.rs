@@ -14,6 +14,7 @@ use rewind_engine::model::ModelConfig;
 
 use crate::cli::{Device, ServeArgs};
 use crate::commands::serve as serve_cmd;
+use crate::output::errln;
 use crate::serve::run;
 
 /// Flags of `rewind-launch` (every one also from the environment as `REWIND_<FLAG>`).
@@ -61,11 +62,13 @@ pub fn parse() -> Launch {
             "Device: `cuda` (every visible GPU, or --gpus), `cuda:N` (GPUs from N on) or `cpu` (--tp rank threads)",
         )
     });
-    let matches = command.get_matches();
+    let matches = command
+        .try_get_matches()
+        .unwrap_or_else(|e| crate::output::clap_exit(e));
     let tp_given = !matches!(matches.value_source("tp"), None | Some(ValueSource::DefaultValue));
     match LaunchArgs::from_arg_matches(&matches) {
         Ok(args) => Launch { args, tp_given },
-        Err(e) => e.exit(),
+        Err(e) => crate::output::clap_exit(e),
     }
 }
 
@@ -175,8 +178,8 @@ pub fn run(launch: Launch) -> Result<()> {
         };
         // The state goes to the servers whole: the engine stops once they let go of it.
         run::serve_with(state, listeners, &options, move |bound| match banner.render(bound) {
-            Ok(text) => eprint!("{text}"),
-            Err(e) => eprintln!("rewind-launch: the banner could not be written: {e}"),
+            Ok(text) => crate::output::write_stderr(&text),
+            Err(e) => errln!("rewind-launch: the banner could not be written: {e}"),
         })
         .await
     })

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::{AbortHandle, JoinError, JoinHandle};
 
 use super::ServeState;
 use crate::cli::ListenArgs;
+use crate::output::errln;
 
 /// How often the drain polls the engine for in-flight requests.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
@@ -112,8 +114,28 @@ pub struct Running {
     pub bound: Bound,
     state: Arc<ServeState>,
     stop: watch::Sender<bool>,
-    http: tokio::task::JoinHandle<std::io::Result<()>>,
-    grpc: tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+    /// `None` once the server's task has ended and its result was taken: a finished `JoinHandle` must not be polled
+    /// again (tokio panics).
+    http: Option<JoinHandle<std::io::Result<()>>>,
+    grpc: Option<JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+}
+
+/// The result of the task in `slot`, which is emptied; never resolves for an empty slot.
+async fn ended<T>(slot: &mut Option<JoinHandle<T>>) -> std::result::Result<T, JoinError> {
+    let Some(handle) = slot.as_mut() else {
+        return std::future::pending().await;
+    };
+    let r = handle.await;
+    *slot = None;
+    r
+}
+
+/// The result of the task in `slot` when it is still there (`None` for one already taken).
+async fn join<T>(slot: Option<JoinHandle<T>>) -> Option<std::result::Result<T, JoinError>> {
+    match slot {
+        Some(h) => Some(h.await),
+        None => None,
+    }
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
@@ -127,6 +149,8 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener> {
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
+    /// `--host`, a name the HTTP server answers to without an API key.
+    host: String,
 }
 
 impl Listeners {
@@ -135,6 +159,7 @@ impl Listeners {
         Ok(Listeners {
             grpc: bind(&opts.host, opts.grpc_port, "gRPC").await?,
             http: bind(&opts.host, opts.http_port, "HTTP").await?,
+            host: opts.host.clone(),
         })
     }
 }
@@ -149,13 +174,14 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
     let Listeners {
         grpc: grpc_listener,
         http: http_listener,
+        host,
     } = listeners;
     let bound = Bound {
         grpc: grpc_listener.local_addr()?,
         http: http_listener.local_addr()?,
     };
     let (stop, stop_rx) = watch::channel(false);
-    let router = super::http::router(state.clone());
+    let router = super::http::router(state.clone(), bound.http, &host);
     let http = tokio::spawn(
         axum::serve(http_listener, router)
             .with_graceful_shutdown(stopped(stop_rx.clone()))
@@ -170,15 +196,15 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
             ),
     );
     announce(bound);
-    // Tests and scripts read the ports from these lines (port 0 binds any free one); eprintln! does not buffer.
-    eprintln!("rewind: grpc listening on {}", bound.grpc);
-    eprintln!("rewind: http listening on {}", bound.http);
+    // Tests and scripts read the ports from these lines (port 0 binds any free one); errln! does not buffer.
+    errln!("rewind: grpc listening on {}", bound.grpc);
+    errln!("rewind: http listening on {}", bound.http);
     Ok(Running {
         bound,
         state,
         stop,
-        http,
-        grpc,
+        http: Some(http),
+        grpc: Some(grpc),
     })
 }
 
@@ -186,8 +212,8 @@ impl Running {
     /// Waits until a server fails (an error) or `until` resolves (Ok).
     async fn watch(&mut self, until: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::select! {
-            r = &mut self.http => Err(server_end("HTTP", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut self.grpc => Err(server_end("gRPC", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = ended(&mut self.http) => Err(server_end("HTTP", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = ended(&mut self.grpc) => Err(server_end("gRPC", r.map(|r| r.map_err(anyhow::Error::from)))),
             () = until => Ok(()),
         }
     }
@@ -195,32 +221,37 @@ impl Running {
     /// Stops both servers gracefully (open connections get [`SERVER_STOP_GRACE`] to end), then the engine.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let Running {
-            state,
-            mut http,
-            mut grpc,
-            ..
-        } = self;
-        match tokio::time::timeout(SERVER_STOP_GRACE, async { tokio::join!(&mut http, &mut grpc) }).await {
-            Ok((h, g)) => {
-                for (what, r) in [
-                    ("HTTP", h.map(|r| r.map_err(anyhow::Error::from))),
-                    ("gRPC", g.map(|r| r.map_err(anyhow::Error::from))),
-                ] {
-                    if let Ok(Err(e)) | Err(e) = r.map_err(anyhow::Error::from) {
-                        eprintln!("rewind: the {what} server ended with an error: {e:#}");
-                    }
-                }
-            }
-            Err(_) => {
-                eprintln!(
+        let Running { state, http, grpc, .. } = self;
+        let aborts: Vec<_> = [
+            http.as_ref().map(|h| h.abort_handle()),
+            grpc.as_ref().map(|h| h.abort_handle()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        // Each handle is awaited once, by this join, to its end; the grace period only aborts the tasks.
+        let joined = async { tokio::join!(join(http), join(grpc)) };
+        tokio::pin!(joined);
+        let (h, g) = tokio::select! {
+            r = &mut joined => r,
+            () = tokio::time::sleep(SERVER_STOP_GRACE) => {
+                errln!(
                     "rewind: connections still open {} s after the shutdown began; closing them",
                     SERVER_STOP_GRACE.as_secs()
                 );
-                http.abort();
-                grpc.abort();
                 // Aborted tasks drop their handlers (and their holds on the engine) as they end.
-                let _ = tokio::join!(http, grpc);
+                aborts.iter().for_each(AbortHandle::abort);
+                joined.await
+            }
+        };
+        for (what, r) in [
+            ("HTTP", h.map(|r| r.map(|r| r.map_err(anyhow::Error::from)))),
+            ("gRPC", g.map(|r| r.map(|r| r.map_err(anyhow::Error::from)))),
+        ] {
+            match r {
+                Some(Ok(Err(e))) => errln!("rewind: the {what} server ended with an error: {e:#}"),
+                Some(Err(e)) if !e.is_cancelled() => errln!("rewind: the {what} server task failed: {e}"),
+                _ => {}
             }
         }
         stop_engine(state).await;
@@ -246,7 +277,7 @@ async fn stop_engine(state: Arc<ServeState>) {
         match Arc::try_unwrap(engine) {
             Ok(e) => return e.shutdown().await,
             Err(still) if Instant::now() >= deadline => {
-                eprintln!("rewind: the engine is still in use after the servers stopped; stopping it without waiting");
+                errln!("rewind: the engine is still in use after the servers stopped; stopping it without waiting");
                 // Dropping the last handle but one stops the coordinator (EngineHandle's Drop) once the rest go.
                 drop(still);
                 return;
@@ -321,23 +352,35 @@ pub async fn serve_with(
     }
     let signal = signal.unwrap_or("a signal");
     state.drain();
-    eprintln!(
+    errln!(
         "rewind: {signal}: draining (new requests refused; waiting up to {:.0} s for in-flight ones)",
         opts.drain_timeout.as_secs_f64()
     );
     let t0 = Instant::now();
+    let mut forced = false;
     tokio::select! {
         r = wait_idle(&state, opts.drain_timeout) => match r {
-            Ok(()) => eprintln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
-            Err(left) => eprintln!(
-                "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
-                opts.drain_timeout.as_secs_f64()
-            ),
+            Ok(()) => errln!("rewind: drained in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(left) => {
+                errln!(
+                    "rewind: drain timeout ({:.0} s) with requests in flight ({left}); stopping anyway",
+                    opts.drain_timeout.as_secs_f64()
+                );
+                forced = true;
+            }
         },
-        again = signals.next() => eprintln!("rewind: {again} again: stopping without waiting for in-flight requests"),
+        again = signals.next() => {
+            errln!("rewind: {again} again: stopping without waiting for in-flight requests");
+            forced = true;
+        }
+    }
+    if forced {
+        // In-flight streams end with an error event / status rather than being cut off mid-stream, and their
+        // connections close, so the servers stop at once instead of after the grace period.
+        state.cut_off();
     }
     drop(state);
     running.stop().await;
-    eprintln!("rewind: stopped");
+    errln!("rewind: stopped");
     Ok(())
 }

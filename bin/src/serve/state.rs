@@ -4,8 +4,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rewind_actors::EngineHandle;
+use rewind_actors::{EngineHandle, Event, EventStream, FailureKind};
 use rewind_engine::sample::SamplingParams;
+use tokio::sync::watch;
 
 use super::model::ServedModel;
 
@@ -21,9 +22,48 @@ pub struct ServeState {
     /// `max_tokens` when a request gives none, and the most a request may ask for.
     pub default_max_tokens: usize,
     pub max_tokens_limit: usize,
+    /// Refuse HTTP requests with top-level fields the API does not know (`--strict-fields`), instead of ignoring them
+    /// with a warning.
+    pub strict_fields: bool,
     /// Set on SIGINT / SIGTERM: new requests are refused (UNAVAILABLE / 503) while in-flight ones finish.
     draining: AtomicBool,
+    /// Set when the server stops without waiting (a second signal, the drain timeout): every in-flight request ends
+    /// with a failure event, so its stream gets a final error instead of being cut off.
+    cut_off: watch::Sender<bool>,
     pub started: Instant,
+}
+
+/// What an in-flight request is told when the server stops without waiting for it.
+pub const CUT_OFF_MESSAGE: &str = "the server is shutting down without waiting for in-flight requests";
+
+/// Reads a request's events until the server cuts in-flight requests off ([`ServeState::cut_off`]); then a
+/// `Failed` event ([`CUT_OFF_MESSAGE`], unavailable) takes the place of the rest.
+pub struct CutOff(watch::Receiver<bool>);
+
+impl CutOff {
+    /// The next event of `events`, or the cut-off failure once the server stops without waiting.
+    pub async fn next(&mut self, events: &mut EventStream) -> Option<Event> {
+        let failed = || Event::Failed {
+            error: CUT_OFF_MESSAGE.to_string(),
+            kind: FailureKind::Unavailable,
+        };
+        if *self.0.borrow() {
+            return Some(failed());
+        }
+        tokio::select! {
+            // Checked first: a request that keeps producing tokens must still see the cut-off.
+            biased;
+            () = cut(&mut self.0) => Some(failed()),
+            e = events.next() => e,
+        }
+    }
+}
+
+/// Resolves when `rx` turns true; never when its sender is gone (nothing can cut off any more).
+async fn cut(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// `max_tokens` of a request that sets none, unless `--default-max-tokens` says otherwise.
@@ -40,7 +80,9 @@ impl ServeState {
             api_key,
             default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
+            strict_fields: false,
             draining: AtomicBool::new(false),
+            cut_off: watch::channel(false).0,
             started: Instant::now(),
         }
     }
@@ -48,6 +90,12 @@ impl ServeState {
     /// The same state with `n` as the default `max_tokens` (at most the context).
     pub fn with_default_max_tokens(mut self, n: usize) -> Self {
         self.default_max_tokens = n.min(self.max_tokens_limit);
+        self
+    }
+
+    /// The same state refusing unknown HTTP request fields when `strict` (`--strict-fields`).
+    pub fn with_strict_fields(mut self, strict: bool) -> Self {
+        self.strict_fields = strict;
         self
     }
 
@@ -73,6 +121,16 @@ impl ServeState {
     /// Starts refusing new requests.
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Release);
+    }
+
+    /// Ends every in-flight request with a failure event (see [`CutOff`]).
+    pub fn cut_off(&self) {
+        self.cut_off.send_replace(true);
+    }
+
+    /// What a handler reads its request's events through, so that [`ServeState::cut_off`] ends them.
+    pub fn cut_off_watch(&self) -> CutOff {
+        CutOff(self.cut_off.subscribe())
     }
 
     /// Whether `presented` (a bearer token, or none) is allowed in.

@@ -109,7 +109,9 @@ impl Fixture {
             .expect("bind");
         let addr = listener.local_addr().expect("address");
         self.rt.spawn(async move {
-            axum::serve(listener, router(state)).await.expect("serve");
+            axum::serve(listener, router(state, addr, "127.0.0.1"))
+                .await
+                .expect("serve");
         });
         format!("http://{addr}")
     }

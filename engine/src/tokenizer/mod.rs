@@ -31,7 +31,17 @@ pub struct Tokenizer {
     add_bos_token: Option<bool>,
     chat_template: Option<Arc<ChatTemplate>>,
     named_templates: BTreeMap<String, String>,
+    /// The strings of the special added tokens (`<|im_start|>`, ...), which [`Tokenizer::encode_chat`] keeps as text
+    /// inside message contents.
+    special_strings: Arc<Vec<String>>,
+    /// A copy of `inner` that encodes special token strings as text, made the first time a message needs it.
+    plain: Arc<std::sync::OnceLock<tokenizers::Tokenizer>>,
 }
+
+/// What [`Tokenizer::encode_chat`] wraps a message's content in to find it in the rendered text: private-use
+/// characters, which no tokenizer gives a meaning and no template tests for.
+const CONTENT_OPEN: char = '\u{F8F0}';
+const CONTENT_CLOSE: char = '\u{F8F1}';
 
 /// Special token strings and their ids (an id is `None` when the string is not in the vocabulary).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -211,6 +221,12 @@ impl Tokenizer {
             pad: lookup("pad_token", config.pad_token.clone()),
             unk: lookup("unk_token", config.unk_token.clone()),
         };
+        let special_strings: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
         let chat_template = match &config.chat_template {
             Some(src) => Some(Arc::new(ChatTemplate::new(
                 src.clone(),
@@ -227,6 +243,8 @@ impl Tokenizer {
             add_bos_token: config.add_bos_token,
             chat_template,
             named_templates: config.named_templates,
+            special_strings: Arc::new(special_strings),
+            plain: Arc::new(std::sync::OnceLock::new()),
         })
     }
 
@@ -254,6 +272,76 @@ impl Tokenizer {
                     ids.insert(0, bos);
                 }
             }
+        }
+        Ok(ids)
+    }
+
+    /// Encodes a chat that the template rendered as `rendered` from `messages` (with `add_generation_prompt`), the
+    /// way vLLM does: the template's own markers are special tokens, while a message content's text is text even
+    /// where it spells a special token (a user who writes `<|im_start|>` gets those characters, not a role marker).
+    /// Contents without special token strings tokenize exactly as [`Tokenizer::encode`] would.
+    ///
+    /// An error when a content that holds a special token string cannot be told apart from the template's text (the
+    /// template rewrote it in a way that depends on its exact characters).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        rendered: &str,
+    ) -> Result<Vec<u32>> {
+        let holds_special = |c: &str| self.special_strings.iter().any(|s| c.contains(s.as_str()));
+        if !messages.iter().any(|m| holds_special(&m.content)) {
+            return self.encode(rendered, false);
+        }
+        let marker = |c: char| c == CONTENT_OPEN || c == CONTENT_CLOSE;
+        let unclear = |why: &str| {
+            EngineError::InvalidInput(format!(
+                "a message's content spells a special token of this tokenizer, and {why}, so its text cannot be kept \
+                 apart from the chat template's markers"
+            ))
+        };
+        if messages.iter().any(|m| m.content.contains(marker)) {
+            return Err(unclear(
+                "a content also holds the private-use characters U+F8F0 / U+F8F1",
+            ));
+        }
+        let wrapped: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| match holds_special(&m.content) {
+                true => ChatMessage::new(m.role.clone(), format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", m.content)),
+                false => m.clone(),
+            })
+            .collect();
+        let marked = self.render(&wrapped, add_generation_prompt)?;
+        if marked.replace(marker, "") != rendered {
+            return Err(unclear("the chat template renders it differently once it is marked"));
+        }
+        let plain = self.plain.get_or_init(|| {
+            let mut t = (*self.inner).clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        // A piece of the marked text is content (plain text) when a marker opened it or one closes it: a template
+        // may keep only part of a content (an earlier turn's reasoning dropped), leaving one marker of the pair.
+        let mut ids = Vec::new();
+        let mut start = 0;
+        let mut opened = false;
+        let ends = marked
+            .match_indices(marker)
+            .map(|(i, m)| (i, m.starts_with(CONTENT_CLOSE)));
+        for (end, closes) in ends.map(|(i, c)| (i, Some(c))).chain([(marked.len(), None)]) {
+            let piece = &marked[start..end];
+            if !piece.is_empty() {
+                let tokenizer = if opened || closes == Some(true) {
+                    plain
+                } else {
+                    &*self.inner
+                };
+                let enc = tokenizer.encode_fast(piece, false).map_err(|e| tok_err("encode", e))?;
+                ids.extend_from_slice(enc.get_ids());
+            }
+            opened = closes == Some(false);
+            start = end + CONTENT_OPEN.len_utf8();
         }
         Ok(ids)
     }

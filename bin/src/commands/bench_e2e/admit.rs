@@ -36,6 +36,7 @@ mod gpu {
     use crate::commands::backend::{backend, Needs};
     use crate::commands::bench::tokens;
     use crate::commands::bench_steps::prefill_plan;
+    use crate::output::errln;
 
     const GIB: f64 = (1u64 << 30) as f64;
     /// Loads tried with fewer slots when a planned count does not fit.
@@ -56,7 +57,7 @@ mod gpu {
                 device: self.args.device.clone(),
                 tp: 1,
                 gpu_memory_fraction: fraction,
-                max_seqs,
+                max_seqs: Some(max_seqs),
                 // Room for the context and one verify of T drafts after it.
                 max_model_len: Some(self.context + self.window + 1),
                 prefill_chunk: 512,
@@ -207,14 +208,14 @@ mod gpu {
         let mut admitted = Vec::new();
         for ((label, form), bytes) in forms.into_iter().zip(&per_seq) {
             let planned = (args.admit_budget_gib * GIB / bytes).floor() as usize;
-            eprintln!(
+            errln!(
                 "concurrency, {label}: {:.1} MiB per sequence at {} tokens, {planned} planned in {} GiB",
                 bytes / (1u64 << 20) as f64,
                 s.context,
                 args.admit_budget_gib
             );
             let (n, tries) = s.most(form, planned, fraction)?;
-            eprintln!("concurrency, {label}: {n} admitted");
+            errln!("concurrency, {label}: {n} admitted");
             out[label] = json!({"bytes_per_sequence": bytes, "planned": planned, "admitted": n, "loads": tries});
             admitted.push(n);
         }

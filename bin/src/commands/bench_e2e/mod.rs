@@ -18,10 +18,11 @@ use clap::Parser;
 use rewind_engine::init::{init_model, InitOptions};
 use rewind_engine::model::ModelConfig;
 use rewind_engine::presets::{parse_arch, PRESETS};
+use rewind_engine::words::count;
 use serde_json::{json, Value};
 
 use crate::cli::{BenchE2eArgs, Cli, Command, Device};
-use crate::output::outln;
+use crate::output::{errln, outln};
 
 /// The forms the sweep knows, in the order they run.
 const FORMS: [&str; 4] = ["recurrent", "replay", "kv-only", "spec"];
@@ -177,10 +178,10 @@ fn models(args: &BenchE2eArgs, work: &Path) -> Result<Vec<ModelSpec>> {
                 mtp: false,
             })
             .with_context(|| format!("writing the random {name} checkpoint"))?;
-            eprintln!("wrote {} in {:.1} s", dir.display(), t0.elapsed().as_secs_f64());
+            errln!("wrote {} in {:.1} s", dir.display(), t0.elapsed().as_secs_f64());
         }
         let label = match layers {
-            Some(n) => format!("{m} ({n} layers)"),
+            Some(n) => format!("{m} ({})", count(n as u64, "layer")),
             None => m.clone(),
         };
         out.push(ModelSpec { name: label, dir });
@@ -199,7 +200,7 @@ fn bench(args: &BenchE2eArgs, dir: &Path, flags: &[String], gpu: bool) -> Result
     }
     argv.extend(flags.iter().cloned());
     argv.extend(["--json".into(), out.path().display().to_string()]);
-    eprintln!("\n$ {}", argv[1..].join(" "));
+    errln!("\n$ {}", argv[1..].join(" "));
     let cli = Cli::try_parse_from(&argv).map_err(|e| anyhow::anyhow!("{e}"))?;
     let Command::Bench(b) = cli.command else {
         bail!("internal: the sweep built a command other than bench");

@@ -23,6 +23,7 @@ use tracing::Instrument;
 pub use auth::Auth;
 pub use stream::ChunkStream;
 
+use crate::serve::http::errors::echo;
 use crate::serve::ServeState;
 
 /// The messages, server and client generated from `rewind.proto`.
@@ -72,7 +73,7 @@ impl pb::rewind_server::Rewind for RewindService {
 
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<ChunkStream>, Status> {
         let r = request.into_inner();
-        let span = tracing::info_span!("grpc", rpc = "Generate", session = %r.session_id);
+        let span = tracing::info_span!("grpc", rpc = "Generate", session = %echo(&r.session_id));
         sessions::generate(&self.state, r, span.clone())
             .instrument(span)
             .await
@@ -167,5 +168,5 @@ async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Spa
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);
     let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;
-    stream::respond(events, span).await
+    stream::respond(events, state.cut_off_watch(), span).await
 }

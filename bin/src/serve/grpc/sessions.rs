@@ -24,13 +24,27 @@ fn info(s: SessionInfo) -> pb::SessionInfo {
     }
 }
 
-/// INVALID_ARGUMENT for an empty id (rather than NOT_FOUND for a session named "").
+/// INVALID_ARGUMENT for an empty id (rather than NOT_FOUND for a session named "") or one longer than any session's.
 fn require_id(id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(invalid("session_id", "is required"));
     }
+    // Not echoed: an id of any size would otherwise come back in the error, and a status message over the peer's
+    // header limit turns the answer into RESOURCE_EXHAUSTED.
+    if id.len() > MAX_SESSION_ID_BYTES {
+        return Err(invalid(
+            "session_id",
+            format!(
+                "is {} bytes long; session ids are at most {MAX_SESSION_ID_BYTES} bytes",
+                id.len()
+            ),
+        ));
+    }
     Ok(())
 }
+
+/// The longest session id a request may name (the server's own are far shorter).
+const MAX_SESSION_ID_BYTES: usize = 128;
 
 /// CreateSession: the model's defaults with the request's overrides become the session's.
 pub async fn create(state: &ServeState, r: &pb::CreateSessionRequest) -> Result<pb::SessionInfo, Status> {
@@ -97,5 +111,5 @@ pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing:
     request.session = Some(r.session_id);
     request.speculate = s.speculate;
     let events = state.engine.submit(request).map_err(|e| actors(&e))?;
-    respond(events, span).await
+    respond(events, state.cut_off_watch(), span).await
 }

@@ -17,9 +17,30 @@ pub fn code(kind: FailureKind) -> Code {
     }
 }
 
+/// The most bytes of a status message: it travels as a header (`grpc-message`), and one over the client's header
+/// limit turns the answer into RESOURCE_EXHAUSTED. Messages can hold what a client sent.
+const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message` cut to [`MAX_MESSAGE_BYTES`] (at a character boundary, `…` marking the cut).
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
+/// A status of `code` whose message is [`bounded`]; every status this API makes goes through it.
+pub fn status(code: Code, message: impl Into<String>) -> Status {
+    Status::new(code, bounded(message.into()))
+}
+
 /// A request's failure as a status.
 pub fn failure(kind: FailureKind, message: impl Into<String>) -> Status {
-    Status::new(code(kind), message)
+    status(code(kind), message)
 }
 
 /// An engine error as a status (a bad parameter is INVALID_ARGUMENT, a failed rank group UNAVAILABLE).
@@ -31,9 +52,9 @@ pub fn engine(e: &EngineError) -> Status {
 pub fn actors(e: &ActorsError) -> Status {
     match e {
         // A stopped engine, or one that did not start, may come back (a restart): retrying later can succeed.
-        ActorsError::Stopped | ActorsError::Start(_) => Status::unavailable(e.to_string()),
+        ActorsError::Stopped | ActorsError::Start(_) => status(Code::Unavailable, e.to_string()),
         ActorsError::Engine(e) => engine(e),
-        ActorsError::Session(s) => Status::new(session_code(s), s.to_string()),
+        ActorsError::Session(s) => status(session_code(s), s.to_string()),
     }
 }
 
@@ -48,7 +69,7 @@ fn session_code(e: &SessionError) -> Code {
 
 /// INVALID_ARGUMENT for `field`: the message starts with the field's name.
 pub fn invalid(field: &str, why: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{field}: {why}"))
+    status(Code::InvalidArgument, format!("{field}: {why}"))
 }
 
 /// What a request gets while the server shuts down.
@@ -59,6 +80,22 @@ pub fn draining() -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_bounded() {
+        let gone = ActorsError::Session(SessionError::NotFound {
+            id: "é".repeat(20_000),
+            reason: "no session has this id".into(),
+        });
+        let s = actors(&gone);
+        assert_eq!(s.code(), Code::NotFound);
+        assert!(
+            s.message().len() <= MAX_MESSAGE_BYTES && s.message().ends_with('…'),
+            "{}",
+            s.message().len()
+        );
+        assert_eq!(failure(FailureKind::Internal, "short").message(), "short");
+    }
 
     #[test]
     fn failure_kinds_map_to_their_codes() {

@@ -13,15 +13,17 @@ use tracing::Instrument;
 
 use super::pb;
 use super::status::failure;
+use crate::serve::state::CutOff;
 
 /// What Generate and Complete return.
 pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateChunk, Status>> + Send + 'static>>;
 
 /// The chunks of `events`. The first chunk is awaited here, so a request the engine refuses (a bad parameter, a
 /// prompt too long, a busy session) fails the call itself with its status rather than a stream that errs at once.
-pub async fn respond(events: EventStream, span: tracing::Span) -> Result<ChunkStream, Status> {
+pub async fn respond(events: EventStream, cut: CutOff, span: tracing::Span) -> Result<ChunkStream, Status> {
     let mut chunker = Chunker {
         events,
+        cut,
         pending: None,
         last_step: None,
         done: false,
@@ -42,6 +44,8 @@ pub async fn respond(events: EventStream, span: tracing::Span) -> Result<ChunkSt
 /// Groups a request's events into chunks; see the module docs.
 struct Chunker {
     events: EventStream,
+    /// Ends the stream with an UNAVAILABLE status when the server stops without waiting.
+    cut: CutOff,
     /// An event read ahead that belongs to the next chunk.
     pending: Option<Event>,
     /// The engine step of the latest token: a later token of the same step is an accepted draft.
@@ -57,7 +61,7 @@ impl Chunker {
         }
         let mut event = match self.pending.take() {
             Some(e) => e,
-            None => self.events.next().await?,
+            None => self.cut.next(&mut self.events).await?,
         };
         let mut chunk = pb::GenerateChunk::default();
         loop {

@@ -10,7 +10,7 @@ use axum::response::Response;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use serde_json::{json, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::{Api, RequestContext};
@@ -56,6 +56,10 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
+/// The roles of OpenAI's chat API. Another role would reach the template as is, where it either fails obscurely or
+/// renders a turn the model was never trained on.
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+
 /// `messages`: a non-empty array of `{role, content}` objects.
 fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match f.get("messages") {
@@ -82,7 +86,17 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
             let role = match m.get("role") {
-                Some(Value::String(r)) if !r.is_empty() => r.clone(),
+                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+                Some(Value::String(r)) if !r.is_empty() => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.role"),
+                        format!(
+                            "{at}.role `{}` is not a chat role: expected one of {}",
+                            echo(r),
+                            ROLES.join(", ")
+                        ),
+                    ));
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         format!("{at}.role"),
@@ -95,7 +109,8 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-/// The rendered conversation's token ids (the template adds its own special tokens, so none are added here).
+/// The rendered conversation's token ids (the template adds its own special tokens, so none are added here; a
+/// content's text never becomes one).
 fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
     let tokenizer = &state.model.tokenizer;
     if tokenizer.chat_template().is_none() {
@@ -115,8 +130,9 @@ fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: b
     state
         .check_text_len("conversation", rendered.len())
         .map_err(|m| ApiError::invalid("messages", m).with_code("context_length_exceeded"))?;
+    // Contents are text even where they spell a special token; only the template's markers are special.
     tokenizer
-        .encode(&rendered, false)
+        .encode_chat(&messages, generation_prompt, &rendered)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 
@@ -128,7 +144,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let (api, ctx) = (api.as_ref(), &ctx);
     let state = &api.state;
-    let (f, streaming) = openai::read(body, state, Endpoint::Chat)?;
+    let (f, streaming) = openai::read(body, api, Endpoint::Chat)?;
     let messages = parse_messages(&f)?;
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let mut params = openai::sampling(&f, state)?;
@@ -187,6 +203,11 @@ mod tests {
                 r#"{"messages": [{"content": "x"}]}"#,
                 "messages[0].role",
                 "non-empty string",
+            ),
+            (
+                r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+                "messages[0].role",
+                "`wizard` is not a chat role",
             ),
             (
                 r#"{"messages": [{"role": "user", "content": 5}]}"#,

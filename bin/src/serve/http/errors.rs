@@ -21,6 +21,18 @@ pub struct ApiError {
     pub code: Option<&'static str>,
 }
 
+/// The most characters of a client's value an error message repeats: enough to recognise it, while a client cannot
+/// make an error as large as its request.
+pub const ECHO_CHARS: usize = 64;
+
+/// A client's value as an error message repeats it: at most [`ECHO_CHARS`] characters, `…` marking a cut.
+pub fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO_CHARS) {
+        Some((at, _)) => format!("{}…", &value[..at]),
+        None => value.to_string(),
+    }
+}
+
 impl ApiError {
     /// A 400 about the field `param`.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
@@ -48,6 +60,7 @@ impl ApiError {
 
     /// The 404 for a `model` this server does not serve.
     pub fn model_not_found(requested: &str, served: &str) -> Self {
+        let requested = echo(requested);
         ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!("The model `{requested}` does not exist; this server serves `{served}`."),
@@ -175,6 +188,17 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn echoed_values_are_cut() {
+        assert_eq!(echo("wizard"), "wizard");
+        let long = "é".repeat(1000);
+        let cut = echo(&long);
+        assert_eq!(cut.chars().count(), ECHO_CHARS + 1, "{cut}");
+        assert!(cut.ends_with('…'));
+        let e = ApiError::model_not_found(&"m".repeat(20_000), "served");
+        assert!(e.message.len() < 200, "{}", e.message);
+    }
 
     #[test]
     fn failure_kinds_map_to_their_statuses() {

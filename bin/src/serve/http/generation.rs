@@ -19,12 +19,15 @@ use super::metrics::HttpMetrics;
 use super::openai::Streaming;
 use super::sse::{self, ChunkShape};
 use super::{Api, RequestContext};
+use crate::serve::state::CutOff;
 use crate::serve::ServeState;
 
 /// A request the engine took: its events, the first one already read. Dropping it cancels the request (the
 /// [`EventStream`] inside does), which is what happens when the client goes away.
 pub struct Admitted {
     events: EventStream,
+    /// Ends the request with a failure when the server stops without waiting.
+    cut: CutOff,
     first: Option<Event>,
     /// Where the time to the first token goes, until it has been recorded.
     ttft: Option<(Arc<HttpMetrics>, &'static str, Instant)>,
@@ -58,6 +61,7 @@ async fn submit(
     };
     let mut admitted = Admitted {
         events,
+        cut: api.state.cut_off_watch(),
         first: None,
         ttft: Some((api.metrics.clone(), ctx.endpoint, ctx.start)),
     };
@@ -72,7 +76,7 @@ impl Admitted {
         if let Some(e) = self.first.take() {
             return Some(e);
         }
-        let e = self.events.next().await;
+        let e = self.cut.next(&mut self.events).await;
         if let Some(e) = &e {
             self.saw(e);
         }

@@ -70,6 +70,8 @@ pub struct HttpMetrics {
     latency: Mutex<BTreeMap<&'static str, Histogram>>,
     ttft: Mutex<BTreeMap<&'static str, Histogram>>,
     in_flight: AtomicI64,
+    /// Unknown top-level request fields ignored, by endpoint (the names are the client's, so not labels).
+    unknown_fields: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// A lock that a panic elsewhere cannot make unusable: the metrics are plain counters, valid at any point.
@@ -95,6 +97,11 @@ impl HttpMetrics {
             .entry(endpoint)
             .or_insert_with(|| Histogram::new(TTFT_BUCKETS))
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records `n` unknown fields ignored in a request to `endpoint`.
+    pub fn unknown_fields(&self, endpoint: &'static str, n: usize) {
+        *lock(&self.unknown_fields).entry(endpoint).or_default() += n as u64;
     }
 
     fn finished(&self, endpoint: &'static str, status: u16, elapsed: Duration) {
@@ -133,6 +140,13 @@ impl HttpMetrics {
             for (endpoint, h) in lock(map).iter() {
                 h.render(&mut out, name, &format!("endpoint=\"{endpoint}\""));
             }
+        }
+        out.push_str(
+            "# HELP rewind_http_unknown_fields_total Unknown top-level request fields ignored, by endpoint.\n",
+        );
+        out.push_str("# TYPE rewind_http_unknown_fields_total counter\n");
+        for (endpoint, n) in lock(&self.unknown_fields).iter() {
+            let _ = writeln!(out, "rewind_http_unknown_fields_total{{endpoint=\"{endpoint}\"}} {n}");
         }
         out.push_str("# HELP rewind_http_requests_in_flight HTTP requests being answered (streams included).\n");
         out.push_str("# TYPE rewind_http_requests_in_flight gauge\n");
@@ -214,6 +228,8 @@ mod tests {
         drop(a);
         drop(b);
         m.first_token("/v1/completions", Duration::from_millis(3));
+        m.unknown_fields("/v1/completions", 2);
+        m.unknown_fields("/v1/completions", 1);
         let text = m.prometheus();
         assert!(text.contains("rewind_http_requests_in_flight 0\n"), "{text}");
         assert!(text.contains("rewind_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n"));
@@ -222,5 +238,9 @@ mod tests {
         assert!(text
             .contains("rewind_http_time_to_first_token_seconds_bucket{endpoint=\"/v1/completions\",le=\"0.005\"} 1\n"));
         assert!(text.contains("# TYPE rewind_http_time_to_first_token_seconds histogram\n"));
+        assert!(
+            text.contains("rewind_http_unknown_fields_total{endpoint=\"/v1/completions\"} 3\n"),
+            "{text}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible HTTP API over the shared engine ([`ServeState`]):
 //!
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (streamed as server-sent events with `stream: true`),
-//! - `GET /v1/models`,
+//! - `GET /v1/models`, `GET /v1/models/{id}`,
 //! - `GET /health` (open even with an API key: load balancers probe it), `GET /metrics` (Prometheus).
 //!
 //! Every `/v1/*` route and `/metrics` need `Authorization: Bearer K` when the server has a key; while the server
@@ -18,6 +18,7 @@ mod ops;
 mod sse;
 
 use std::hash::{BuildHasher, RandomState};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,7 @@ use axum::Router;
 use futures::StreamExt;
 use tracing::Instrument;
 
+pub use self::auth::AllowedHosts;
 use self::metrics::HttpMetrics;
 use super::ServeState;
 
@@ -42,6 +44,8 @@ const BODY_LIMIT: usize = 64 << 20;
 pub struct Api {
     pub state: Arc<ServeState>,
     pub metrics: Arc<HttpMetrics>,
+    /// The `Host` names a server without an API key answers to (see [`auth`]).
+    pub hosts: AllowedHosts,
 }
 
 /// Who a request is, set by the outermost middleware for the handlers: its id (also in `x-request-id` and the
@@ -56,6 +60,7 @@ pub struct RequestContext {
 const COMPLETIONS: &str = "/v1/completions";
 const CHAT: &str = "/v1/chat/completions";
 const MODELS: &str = "/v1/models";
+const MODEL: &str = "/v1/models/{*id}";
 const HEALTH: &str = "/health";
 const METRICS: &str = "/metrics";
 
@@ -65,22 +70,26 @@ fn endpoint_label(path: Option<&MatchedPath>) -> &'static str {
         Some(COMPLETIONS) => COMPLETIONS,
         Some(CHAT) => CHAT,
         Some(MODELS) => MODELS,
+        Some(MODEL) => MODEL,
         Some(HEALTH) => HEALTH,
         Some(METRICS) => METRICS,
         _ => "other",
     }
 }
 
-/// The HTTP API over `state`'s engine.
-pub fn router(state: Arc<ServeState>) -> Router {
+/// The HTTP API over `state`'s engine, listening on `bound` from `--host host`: without an API key it answers only
+/// requests whose `Host` names it (see [`AllowedHosts`]).
+pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
     let api = Arc::new(Api {
         state,
         metrics: Arc::new(HttpMetrics::default()),
+        hosts: AllowedHosts::new(bound, host),
     });
     let guarded = Router::new()
         .route(COMPLETIONS, post(completions::handle))
         .route(CHAT, post(chat::handle))
         .route(MODELS, get(ops::models))
+        .route(MODEL, get(ops::model))
         .route(METRICS, get(ops::metrics))
         .route_layer(middleware::from_fn_with_state(api.clone(), auth::guard));
     Router::new()

@@ -10,7 +10,8 @@ use axum::extract::rejection::BytesRejection;
 use rewind_engine::sample::SamplingParams;
 use serde_json::{Map, Value};
 
-use super::errors::ApiError;
+use super::errors::{echo, ApiError};
+use super::Api;
 use crate::serve::ServeState;
 
 /// A request body: a JSON object.
@@ -176,17 +177,42 @@ pub fn token_ids(name: &str, v: &Value, vocab: usize) -> Result<Vec<u32>, ApiErr
 
 /// What both endpoints read first: the body's fields, checked for the served model and for values this server refuses,
 /// and the streaming options.
+///
+/// Unknown top-level fields are refused under `--strict-fields`; otherwise, as vLLM does, they are ignored with a
+/// warning and counted in `/metrics`, so clients that send newer fields keep working.
 pub fn read(
     body: Result<Bytes, BytesRejection>,
-    state: &ServeState,
+    api: &Api,
     endpoint: Endpoint,
 ) -> Result<(Fields, Streaming), ApiError> {
+    let state = &api.state;
     let body = body.map_err(|r| ApiError::unreadable_body(&r))?;
     let f = Fields::parse(&body)?;
+    let unknown = unknown_fields(&f, endpoint);
+    if !unknown.is_empty() {
+        let list = field_list(&unknown);
+        if state.strict_fields {
+            return Err(ApiError::invalid(
+                unknown[0],
+                format!("unknown field(s) {list} (the server runs with --strict-fields)"),
+            )
+            .with_code("unknown_parameter"));
+        }
+        tracing::warn!(fields = %list, "ignoring unknown request fields");
+        api.metrics.unknown_fields(api_endpoint(endpoint), unknown.len());
+    }
     check_model(&f, state)?;
     refuse_unsupported(&f, endpoint)?;
     let s = streaming(&f)?;
     Ok((f, s))
+}
+
+/// The metrics label of `endpoint`.
+fn api_endpoint(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Completions => super::COMPLETIONS,
+        Endpoint::Chat => super::CHAT,
+    }
 }
 
 /// A 404 unless `model` (when given) is the served model.
@@ -247,12 +273,80 @@ const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
     ("response_format", "response_format other than text", |v| {
         v.get("type").is_some_and(|t| t == "text")
     }),
-    ("guided_json", "guided_json", is_empty),
-    ("guided_regex", "guided_regex", is_empty),
-    ("guided_choice", "guided_choice", is_empty),
-    ("guided_grammar", "guided_grammar", is_empty),
-    ("structured_outputs", "structured_outputs", is_empty),
+    // Structured outputs: any value, even an empty one (`"guided_json": {}`), asks for a constraint this server
+    // cannot apply, so only `null` (absent) passes.
+    ("guided_json", STRUCTURED, refuse_any),
+    ("guided_regex", STRUCTURED, refuse_any),
+    ("guided_choice", STRUCTURED, refuse_any),
+    ("guided_grammar", STRUCTURED, refuse_any),
+    ("guided_decoding_backend", STRUCTURED, refuse_any),
+    ("structured_outputs", STRUCTURED, refuse_any),
 ];
+
+/// What a structured-output field asks for.
+const STRUCTURED: &str = "structured outputs (guided decoding)";
+
+fn refuse_any(_: &Value) -> bool {
+    false
+}
+
+/// Fields both endpoints know besides those of [`UNSUPPORTED`]: read, or harmless to ignore (`user`, `metadata`).
+const KNOWN: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+];
+
+/// Fields only `/v1/completions` knows.
+const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo"];
+
+/// Fields only `/v1/chat/completions` knows besides those of [`UNSUPPORTED_CHAT`].
+const KNOWN_CHAT: &[&str] = &["messages", "max_completion_tokens", "parallel_tool_calls"];
+
+/// The body's top-level fields that `endpoint` does not know.
+pub fn unknown_fields(f: &Fields, endpoint: Endpoint) -> Vec<&str> {
+    let (own, unsupported): (&[&str], &[(&str, &str, Accepts)]) = match endpoint {
+        Endpoint::Completions => (KNOWN_COMPLETIONS, &[]),
+        Endpoint::Chat => (KNOWN_CHAT, UNSUPPORTED_CHAT),
+    };
+    let known = |name: &str| {
+        KNOWN.contains(&name)
+            || own.contains(&name)
+            || UNSUPPORTED.iter().chain(unsupported).any(|(n, _, _)| *n == name)
+    };
+    f.0.keys().map(String::as_str).filter(|n| !known(n)).collect()
+}
+
+/// How many unknown field names a message or log line lists (they come from the client).
+const SHOWN_FIELDS: usize = 8;
+
+/// `names` for a message: at most [`SHOWN_FIELDS`] of them, each cut as [`echo`] cuts.
+pub fn field_list(names: &[&str]) -> String {
+    let mut shown: Vec<String> = names
+        .iter()
+        .take(SHOWN_FIELDS)
+        .map(|n| format!("`{}`", echo(n)))
+        .collect();
+    if names.len() > SHOWN_FIELDS {
+        shown.push(format!("and {} more", names.len() - SHOWN_FIELDS));
+    }
+    shown.join(", ")
+}
 
 /// Chat-only fields of vLLM's API that change the prompt or the answer; the chat template is the model's own
 /// (`tokenizer_config.json`), so a request's template is refused rather than ignored.
@@ -517,6 +611,8 @@ mod tests {
             (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
             (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),
+            (r#"{"guided_json": {}}"#, "guided_json"),
+            (r#"{"guided_regex": ""}"#, "guided_regex"),
             (r#"{"guided_grammar": "root ::= x"}"#, "guided_grammar"),
             (r#"{"structured_outputs": {"choice": ["a"]}}"#, "structured_outputs"),
             (r#"{"chat_template": "{{ messages }}"}"#, "chat_template"),
@@ -534,6 +630,25 @@ mod tests {
         // Completions' logprobs is a count: any number asks for them.
         let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
         assert_eq!(e.message, "logprobs is not supported");
+    }
+
+    #[test]
+    fn unknown_fields_are_told_from_known_and_refused_ones() {
+        let f = fields(r#"{"model": "m", "prompt": "x", "frobnicate": true, "n": 1, "messages": [], "zz": 0}"#);
+        assert_eq!(
+            unknown_fields(&f, Endpoint::Completions),
+            vec!["frobnicate", "messages", "zz"]
+        );
+        let mut chat_unknown = unknown_fields(&f, Endpoint::Chat);
+        chat_unknown.sort_unstable();
+        assert_eq!(chat_unknown, vec!["frobnicate", "prompt", "zz"]);
+        let chat = fields(r#"{"messages": [], "chat_template": null, "max_completion_tokens": 3}"#);
+        assert!(unknown_fields(&chat, Endpoint::Chat).is_empty());
+        let long = "x".repeat(100);
+        let many: Vec<&str> = std::iter::repeat_n(long.as_str(), 10).collect();
+        let list = field_list(&many);
+        assert!(list.ends_with("and 2 more"), "{list}");
+        assert!(list.len() < 8 * 70 + 20, "{list}");
     }
 
     #[test]

@@ -1,35 +1,45 @@
-//! The routes that generate nothing: `/v1/models`, `/health`, `/metrics`; and the 404 of every other path and the 405
+//! The routes that generate nothing: `/v1/models` (and `/v1/models/{id}`), `/health`, `/metrics`; and the 404 of every other path and the 405
 //! of a wrong method.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::errors::ApiError;
 use super::generation::unix_now;
 use super::Api;
 
-/// `GET /v1/models`: the one served model.
-pub async fn models(State(api): State<Arc<Api>>) -> Response {
+/// The model object of the served model (an entry of `/v1/models`, and `/v1/models/{id}`).
+fn model_object(api: &Api) -> Value {
     let s = &api.state;
     let created = unix_now().saturating_sub(s.started.elapsed().as_secs());
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "rewind",
-            "root": s.model_name,
-            "parent": null,
-            "max_model_len": s.engine.info().max_context,
-        }],
-    }))
-    .into_response()
+    json!({
+        "id": s.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "rewind",
+        "root": s.model_name,
+        "parent": null,
+        "max_model_len": s.engine.info().max_context,
+    })
+}
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(api): State<Arc<Api>>) -> Response {
+    Json(json!({"object": "list", "data": [model_object(&api)]})).into_response()
+}
+
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): the served model's object, or a 404 for any other id. The id
+/// is the rest of the path, since model names may hold slashes (`org/name`).
+pub async fn model(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Response {
+    if id != api.state.model_name {
+        return ApiError::model_not_found(&id, &api.state.model_name).into_response();
+    }
+    Json(model_object(&api)).into_response()
 }
 
 /// `GET /health`: 200 with every rank's health and the scheduler's counts; 503 while draining or when the engine

@@ -202,9 +202,9 @@ impl ModelConfig {
         }
         let parts: Vec<String> = counts.iter().map(|(l, n)| format!("{n} {l}")).collect();
         format!(
-            "{} ({} layers: {}), hidden {}, vocab {}",
+            "{} ({}: {}), hidden {}, vocab {}",
             self.model_type,
-            self.layers.len(),
+            crate::words::count(self.layers.len() as u64, "layer"),
             parts.join(", "),
             self.hidden_size,
             self.vocab_size
