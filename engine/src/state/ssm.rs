@@ -36,7 +36,7 @@ pub struct RingField {
     pub name: &'static str,
     /// Values per entry.
     pub width: usize,
-    /// Element type in the GPU layout ([`super::memory::ring_elem_bytes`] gives its size).
+    /// Element type in the GPU layout ([`super::memory::LayerValues::ring_entry_bytes`] counts its size).
     pub elem: RingElem,
 }
 
