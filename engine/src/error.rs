@@ -43,7 +43,7 @@ pub enum EngineError {
     /// A state-pool operation failed (pool full, double free, ring or KV bounds).
     // Transparent, so a printed error chain states the pool's message once.
     #[error(transparent)]
-    Pool(#[from] crate::state::PoolError),
+    Pool(#[from] PoolError),
     /// The forward pass produced NaN or infinite logits.
     #[error("non-finite logits at position {position} (a NaN or infinity came out of the model)")]
     NonFinite { position: usize },
@@ -100,4 +100,57 @@ impl EngineError {
             message: message.into(),
         }
     }
+}
+
+/// What went wrong in a state-pool operation. The scheduler matches on the variant (a full pool is a reason to
+/// wait, a double free is a bug); the messages are complete sentences for logs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// Every slot is in use.
+    #[error("all {capacity} sequence slots are in use")]
+    SlotsFull { capacity: usize },
+    /// A slot index beyond the pool.
+    #[error("slot {slot} is out of range (the pool has {capacity} slots)")]
+    SlotOutOfRange { slot: usize, capacity: usize },
+    /// `free` of a slot that is not allocated.
+    #[error("slot {slot} freed twice (it is not allocated)")]
+    DoubleFree { slot: usize },
+    /// Taking a slot that is already allocated.
+    #[error("slot {slot} is already in use")]
+    InUse { slot: usize },
+    /// Access to a slot that is not allocated.
+    #[error("slot {slot} is not allocated")]
+    NotAllocated { slot: usize },
+    /// Growing a KV cache needs more free blocks than the pool has.
+    #[error("KV blocks exhausted: slot {slot} needs {needed} more block(s), {free} free")]
+    KvBlocksFull { slot: usize, needed: usize, free: usize },
+    /// A KV length beyond what a slot's block table can map.
+    #[error("slot {slot}: KV length {len} exceeds the per-slot limit of {max} tokens")]
+    KvTooLong { slot: usize, len: usize, max: usize },
+    /// A KV growth that would shorten the cache, or a truncation that would lengthen it.
+    #[error("slot {slot}: cannot {op} KV length {len} to {new_len}")]
+    KvLength {
+        slot: usize,
+        op: &'static str,
+        len: usize,
+        new_len: usize,
+    },
+    /// A ring operation that would overfill or underflow a slot's input ring.
+    #[error("slot {slot}: input ring holds {len} of {capacity} entries; {op} {n} is not possible")]
+    Ring {
+        slot: usize,
+        op: &'static str,
+        n: usize,
+        len: usize,
+        capacity: usize,
+    },
+    /// A conv-ring advance longer than the speculative room of the ring.
+    #[error("slot {slot}: conv ring can advance at most {max} entries at once, asked {n}")]
+    ConvAdvance { slot: usize, n: usize, max: usize },
+    /// A layer index beyond the pool, or of the wrong kind.
+    #[error("layer {layer}: {message}")]
+    Layer { layer: usize, message: String },
+    /// A pool configuration that cannot work.
+    #[error("invalid pool configuration: {0}")]
+    Config(String),
 }

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::checkpoint::writer::{write_streaming, WriteDtype};
 use crate::error::{EngineError, Result};
-use crate::model::tensors::TensorSource;
+use crate::model::tensors::ShapeRecorder;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
 use crate::shard::ShardedModel;
@@ -63,33 +63,6 @@ pub struct InitReport {
     pub parameters: u64,
     pub tensors: usize,
     pub config: ModelConfig,
-}
-
-/// A [`TensorSource`] that records every requested tensor and hands back zeros (allocated lazily by the OS).
-#[derive(Default)]
-pub struct ShapeRecorder {
-    pub tensors: BTreeMap<String, Vec<usize>>,
-}
-
-impl TensorSource for ShapeRecorder {
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        if self.tensors.insert(name.to_string(), shape.to_vec()).is_some() {
-            return Err(EngineError::Checkpoint(format!("tensor `{name}` requested twice")));
-        }
-        Ok(vec![0.0; shape.iter().product()])
-    }
-
-    fn contains(&self, _name: &str) -> bool {
-        false
-    }
-
-    fn shape_of(&self, _name: &str) -> Option<Vec<usize>> {
-        None
-    }
-
-    fn finish(&mut self, _keep: &[&str], _ignore: &[&str]) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Every tensor (name → shape) a checkpoint of `config` holds.

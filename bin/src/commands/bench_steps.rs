@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use rewind_engine::decode::FormChoice;
 use rewind_engine::model::ModelConfig;
 use rewind_engine::plan::projection::{tokens_per_verify, Batch};
-use rewind_engine::plan::PlanForm;
+use rewind_engine::plan::FormRow;
 use rewind_engine::plan::{project, GpuProfile, PlanInput};
 use rewind_engine::rank::{ChainedDecode, Commit, RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
 use rewind_engine::state::memory::kv_only_threshold;
@@ -247,12 +247,12 @@ pub(super) fn copy_bandwidth(_devices: &[usize]) -> Result<f64> {
 }
 
 /// The plan's form for the engine's form at `context` tokens (`auto` is kv-only below the threshold, then replay).
-fn plan_form(config: &ModelConfig, form: FormChoice, context: usize, verify: bool) -> PlanForm {
-    let replay = if verify { PlanForm::ReplaySpec } else { PlanForm::Replay };
+fn plan_form(config: &ModelConfig, form: FormChoice, context: usize, verify: bool) -> FormRow {
+    let replay = if verify { FormRow::REPLAY_SPEC } else { FormRow::REPLAY };
     match form {
-        FormChoice::Recurrent => PlanForm::Recurrent,
-        FormChoice::KvOnly => PlanForm::KvOnly,
-        FormChoice::Auto if context < kv_only_threshold(config) => PlanForm::KvOnly,
+        FormChoice::Recurrent => FormRow::RECURRENT,
+        FormChoice::KvOnly => FormRow::KV_ONLY,
+        FormChoice::Auto if context < kv_only_threshold(config) => FormRow::KV_ONLY,
         FormChoice::Replay | FormChoice::Auto => replay,
     }
 }
@@ -274,7 +274,7 @@ fn acceptance_for(window: usize, kept: f64) -> f64 {
 
 /// What the byte model says one step must move, and the FLOPs it computes.
 pub(super) struct StepBytes {
-    pub form: PlanForm,
+    pub form: FormRow,
     pub bytes: f64,
     pub flops: f64,
 }

@@ -7,8 +7,9 @@ use anyhow::{bail, Context, Result};
 use rewind_engine::model::ModelConfig;
 use rewind_engine::plan::calibration::{self, Applied};
 use rewind_engine::plan::projection::{Batch, StepTerms};
-use rewind_engine::plan::{project, GpuProfile, Plan, PlanForm, PlanInput};
+use rewind_engine::plan::{project, FormRow, GpuProfile, Plan, PlanInput};
 use rewind_engine::state::memory::ACT_BYTES;
+use rewind_engine::state::DecodeForm;
 
 use super::plan_memory::model_config;
 use crate::cli::PlanArgs;
@@ -72,11 +73,7 @@ fn input(args: &PlanArgs, context: usize) -> Result<PlanInput> {
         kv_block_size: args.kv_block_size,
         memory_fraction: args.memory_fraction,
         act_bytes: ACT_BYTES,
-        forms: args
-            .forms
-            .iter()
-            .map(|f| PlanForm::parse(f))
-            .collect::<Result<_, _>>()?,
+        forms: args.forms.iter().map(|f| FormRow::parse(f)).collect::<Result<_, _>>()?,
         batches: batches(args)?,
         prefill_chunk: args.prefill_chunk,
     })
@@ -110,7 +107,7 @@ fn calibration_table() -> Result<String> {
             m.file,
             m.gpu,
             m.tp,
-            m.form.map_or("prefill", PlanForm::name),
+            m.form.map_or("prefill", DecodeForm::name),
             m.batch,
             m.context,
             m.measured,
@@ -267,7 +264,7 @@ fn format_plan(config: &ModelConfig, plan: &Plan) -> Result<String> {
 /// Deployment rows: per context, max sequences and calibrated tokens/s at the largest batch that fits, per form.
 fn markdown(name: &str, plans: &[Plan]) -> Result<String> {
     let mut out = String::new();
-    let forms: Vec<PlanForm> = plans
+    let forms: Vec<FormRow> = plans
         .first()
         .map_or(Vec::new(), |p| p.forms.iter().map(|f| f.form).collect());
     write!(out, "| model | GPUs | layout | context |")?;

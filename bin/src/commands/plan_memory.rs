@@ -70,7 +70,7 @@ fn format_table(config: &ModelConfig, plan: &MemoryPlan) -> Result<String> {
         writeln!(
             out,
             "{:<14} {:>3} {:>16} {:>12} {:>12} {:>12} {:>10}",
-            f.form.name(),
+            f.name(),
             f.spec_window,
             format_bytes(f.bytes_per_sequence),
             format_bytes(f.ssm_bytes),

@@ -111,7 +111,7 @@ impl Banner<'_> {
                     writeln!(
                         out,
                         "            {:<14} {:>12} per sequence, {} sequences fit",
-                        format!("{}{t}", f.form.name()),
+                        format!("{}{t}", f.name()),
                         format_bytes(f.bytes_per_sequence),
                         f.max_sequences
                     )?;

@@ -1,6 +1,7 @@
 //! The multi-token-prediction (MTP) module that Qwen3-Next, Qwen3.5(-MoE) and Nemotron-3 (Super) checkpoints carry
-//! beside the model: its weights (everything under `mtp.`, plus the embedding, the LM head and the main model's final
-//! norm it shares) and its CPU forward pass. The drafter that runs it is [`crate::spec::mtp`].
+//! beside the model: the layout of its weights (everything under `mtp.`) and its CPU forward pass ([`MtpHead`]). The
+//! drafter that runs it, and the loader of the weights it shares with the model (the embedding, the LM head and the
+//! final norm), is [`crate::spec::mtp`].
 //!
 //! Qwen layout (vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py`, `Qwen3NextMultiTokenPredictor`):
 //! `mtp.fc.weight` `[hidden, 2·hidden]` (no bias), `mtp.pre_fc_norm_embedding.weight`, `mtp.pre_fc_norm_hidden.weight`,
@@ -26,8 +27,6 @@
 //! `num_nextn_predict_layers` > 1 the first step's layers are the ones read.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
 
 use rewind_kernels::cpu::gemm::linear;
 use rewind_kernels::cpu::norm::rms_norm_vec;
@@ -36,10 +35,8 @@ use serde_json::{json, Value};
 use super::config::{BlockKind, BlockPlan, Family, ModelConfig};
 use super::mixers::attention::{AttentionMixer, KvCache};
 use super::mixers::ffn::{Mlp, Moe};
-use super::tensors::TensorSource;
-use crate::checkpoint::SafetensorsSource;
+use super::tensors::{ShapeRecorder, TensorSource};
 use crate::error::{EngineError, Result};
-use crate::shard::RankPlan;
 
 /// The prefix of every MTP tensor in a checkpoint.
 pub const MTP_PREFIX: &str = "mtp.";
@@ -165,26 +162,6 @@ fn attention_then_ffn(layer: Vec<BlockPlan>, model_type: &str) -> Result<Vec<Blo
     }
 }
 
-/// Fails unless `config` describes a checkpoint whose MTP layers rewind can run; `dir` names it in the message.
-fn check_mtp_config(config: &ModelConfig, dir: &Path) -> Result<()> {
-    if config.mtp_layers == 0 {
-        let field = match config.family {
-            Family::NemotronH => "num_nextn_predict_layers",
-            _ => "mtp_num_hidden_layers",
-        };
-        return Err(no_mtp(dir, &format!("its config.json sets no {field}")));
-    }
-    Ok(())
-}
-
-fn no_mtp(dir: &Path, why: &str) -> EngineError {
-    EngineError::InvalidInput(format!(
-        "the checkpoint in {} has no MTP weights (mtp.* tensors; {why}); --spec mtp needs them \
-         (init-model --mtp writes random ones)",
-        dir.display()
-    ))
-}
-
 /// The FFN block of an MTP layer.
 /// Both boxed: the layers differ widely in size (an MoE with a latent MoE's projections, a dense MLP).
 enum MtpFfn {
@@ -269,8 +246,13 @@ impl MtpHead {
         rms_norm_vec(x, w, self.eps, self.offset)
     }
 
+    /// An empty KV cache for the layer's attention.
+    pub fn new_cache(&self) -> KvCache {
+        self.attn.new_cache()
+    }
+
     /// The decoder layer and output norm over `t` rows of embeddings `emb` and hidden inputs `hidden`.
-    fn forward(&self, emb: &[f32], hidden: &[f32], t: usize, cache: &mut KvCache) -> Vec<f32> {
+    pub fn forward(&self, emb: &[f32], hidden: &[f32], t: usize, cache: &mut KvCache) -> Vec<f32> {
         let h = self.hidden;
         let e = self.rms(emb, &self.pre_fc_norm_embedding);
         let g = self.rms(hidden, &self.pre_fc_norm_hidden);
@@ -297,123 +279,7 @@ impl MtpHead {
 /// published per-expert layout: what `init-model --mtp` writes.
 pub fn plan_mtp_tensors(config_json: &Value, config: &ModelConfig) -> Result<BTreeMap<String, Vec<usize>>> {
     let layout = mtp_layout(config_json)?;
-    let mut rec = crate::init::ShapeRecorder::default();
+    let mut rec = ShapeRecorder::default();
     MtpHead::load(config, &layout, &mut rec)?;
     Ok(rec.tensors)
-}
-
-/// Everything the MTP drafter reads, shared by every request's drafter: the MTP head plus the embedding, the LM head
-/// (or the tied embedding) and the main model's final norm, all f32 on the host.
-pub struct MtpWeights {
-    config: ModelConfig,
-    /// `[vocab, hidden]`.
-    embed: Vec<f32>,
-    /// `[vocab, hidden]`; `None` when the LM head is the tied embedding.
-    lm_head: Option<Vec<f32>>,
-    /// The main model's final norm, applied to the target's hidden rows (which come before it).
-    final_norm: Vec<f32>,
-    head: MtpHead,
-}
-
-impl MtpWeights {
-    /// Loads the MTP weights of the checkpoint in `dir` (config.json and its safetensors), and only those: the
-    /// `mtp.` tensors, the embedding, the LM head and the final norm.
-    ///
-    /// A checkpoint without MTP layers (`mtp_num_hidden_layers` / `num_nextn_predict_layers` absent or 0, or no
-    /// `mtp.*` tensors) is [`EngineError::InvalidInput`]; an MTP layer other than attention then FFN is
-    /// [`EngineError::NotSupported`].
-    pub fn load(dir: &Path) -> Result<Arc<Self>> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-        let json = super::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        let config = ModelConfig::from_json(&json)?;
-        check_mtp_config(&config, dir)?;
-        let mut src = SafetensorsSource::open(dir)?;
-        if !src.names().iter().any(|n| n.starts_with(MTP_PREFIX)) {
-            return Err(no_mtp(
-                dir,
-                &format!(
-                    "its config.json says {} MTP layer(s), but its safetensors hold none",
-                    config.mtp_layers
-                ),
-            ));
-        }
-        Ok(Arc::new(Self::from_source(config, &json, &mut src)?))
-    }
-
-    /// Loads from any tensor source; `config_json` is the config `config` was parsed from.
-    pub fn from_source(config: ModelConfig, config_json: &Value, src: &mut dyn TensorSource) -> Result<Self> {
-        // The one-rank plan names the embedding, final norm and LM head exactly as the model loader does.
-        let plan = {
-            let view: &dyn TensorSource = src;
-            RankPlan::new(&config, 1, 0, &|n| view.contains(n))?
-        };
-        let (vocab, h) = (config.vocab_size, config.hidden_size);
-        let embed = src.take(&plan.embed.name, &[vocab, h])?;
-        let final_norm = src.take(&plan.final_norm.name, &[h])?;
-        let lm_head = match &plan.lm_head {
-            Some(t) => Some(src.take(&t.name, &[vocab, h])?),
-            None => None,
-        };
-        let head = MtpHead::load(&config, &mtp_layout(config_json)?, src)?;
-        Ok(MtpWeights {
-            config,
-            embed,
-            lm_head,
-            final_norm,
-            head,
-        })
-    }
-
-    /// The main model's config.
-    pub fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    /// The LM head `[vocab, hidden]` (the embedding when tied).
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
-    }
-
-    /// An empty KV cache for the MTP layer's attention.
-    pub fn new_cache(&self) -> KvCache {
-        self.head.attn.new_cache()
-    }
-
-    /// The target's hidden rows `[t, hidden]` (before the final norm, as the ranks return them) under the main
-    /// model's final norm: the `hidden` input of an MTP step.
-    pub fn normalise_target(&self, rows: &[f32]) -> Vec<f32> {
-        rms_norm_vec(rows, &self.final_norm, self.config.norm_eps, self.config.norm_offset)
-    }
-
-    /// One MTP step over `tokens.len()` rows, appending their keys and values to `cache`: `hidden` `[t, hidden]` is
-    /// each row's hidden input ([`MtpWeights::normalise_target`] of the target's rows, or a previous step's output)
-    /// and `tokens` the token that followed it. Returns the outputs `[t, hidden]` (after `mtp.norm`): the LM head's
-    /// input, and the next step's `hidden`. RoPE positions are `cache.len()..`.
-    pub fn forward(&self, hidden: &[f32], tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-        let (h, vocab, t) = (self.config.hidden_size, self.config.vocab_size, tokens.len());
-        if hidden.len() != t * h {
-            return Err(EngineError::InvalidInput(format!(
-                "MTP step: {} hidden values for {t} rows of {h}",
-                hidden.len()
-            )));
-        }
-        let mut emb = Vec::with_capacity(t * h);
-        for &tok in tokens {
-            let id = tok as usize;
-            if id >= vocab {
-                return Err(EngineError::InvalidInput(format!(
-                    "MTP step: token id {tok} is out of range (vocab size {vocab})"
-                )));
-            }
-            emb.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
-        }
-        if t == 0 {
-            return Ok(Vec::new());
-        }
-        Ok(self.head.forward(&emb, hidden, t, cache))
-    }
 }

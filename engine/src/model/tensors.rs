@@ -1,5 +1,7 @@
 //! Where a model's weights come from: a [`TensorSource`] hands out named tensors as f32 after checking their shapes.
 
+use std::collections::BTreeMap;
+
 use crate::error::{EngineError, Result};
 
 /// A source of named weight tensors (a safetensors checkpoint, or the random initialiser of `init-model`).
@@ -96,5 +98,33 @@ pub(crate) mod test_support {
                 Err(EngineError::UnexpectedTensors(format!("{left:?}")))
             }
         }
+    }
+}
+
+/// A [`TensorSource`] that records every requested tensor and hands back zeros (allocated lazily by the OS).
+#[derive(Default)]
+pub struct ShapeRecorder {
+    /// Every tensor requested so far, name → shape.
+    pub tensors: BTreeMap<String, Vec<usize>>,
+}
+
+impl TensorSource for ShapeRecorder {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        if self.tensors.insert(name.to_string(), shape.to_vec()).is_some() {
+            return Err(EngineError::Checkpoint(format!("tensor `{name}` requested twice")));
+        }
+        Ok(vec![0.0; shape.iter().product()])
+    }
+
+    fn contains(&self, _name: &str) -> bool {
+        false
+    }
+
+    fn shape_of(&self, _name: &str) -> Option<Vec<usize>> {
+        None
+    }
+
+    fn finish(&mut self, _keep: &[&str], _ignore: &[&str]) -> Result<()> {
+        Ok(())
     }
 }

@@ -15,10 +15,11 @@ use serde::Serialize;
 use super::profiles::GpuProfile;
 use super::projection::{project_ranks, Batch, PlanInput};
 use super::rank::RankModel;
-use super::PlanForm;
+use super::FormRow;
 use crate::model::{Family, ModelConfig};
 use crate::presets::{preset_config, tokenizer_vocab};
 use crate::state::memory::ACT_BYTES;
+use crate::state::DecodeForm;
 
 /// One measured number.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -29,7 +30,7 @@ pub struct Measurement {
     pub gpu: &'static str,
     pub tp: usize,
     /// Decode form; `None` for a prefill rate.
-    pub form: Option<PlanForm>,
+    pub form: Option<DecodeForm>,
     pub batch: usize,
     /// Mean context of the timed steps (decode), or the prompt length (prefill).
     pub context: usize,
@@ -51,7 +52,7 @@ const fn decode(
     file: &'static str,
     gpu: &'static str,
     tp: usize,
-    form: PlanForm,
+    form: DecodeForm,
     batch: usize,
     steps: usize,
     measured: f64,
@@ -89,24 +90,24 @@ const fn prefill(file: &'static str, gpu: &'static str, tp: usize, measured: f64
 /// stays below the kv-only threshold of 128) from the replay-kernels run, whose replay kernels replaced the ones
 /// the replay-forms run timed.
 pub const MEASUREMENTS: &[Measurement] = &[
-    decode(FORMS, "h100", 1, PlanForm::Recurrent, 1, 32, 7.592, true),
-    decode(FORMS, "h100", 1, PlanForm::Recurrent, 64, 32, 13.080, true),
-    decode(FORMS, "h100", 1, PlanForm::Recurrent, 256, 32, 30.312, true),
-    decode(KERNELS, "h100", 1, PlanForm::Recurrent, 1, 32, 7.668, false),
-    decode(KERNELS, "h100", 1, PlanForm::Recurrent, 64, 32, 13.139, false),
-    decode(KERNELS, "h100", 1, PlanForm::Recurrent, 256, 32, 30.487, false),
-    decode(KERNELS, "h100", 1, PlanForm::Replay, 1, 32, 7.807, true),
-    decode(KERNELS, "h100", 1, PlanForm::Replay, 64, 32, 12.824, true),
-    decode(KERNELS, "h100", 1, PlanForm::Replay, 256, 32, 27.332, true),
-    decode(KERNELS, "h100", 1, PlanForm::KvOnly, 1, 32, 7.978, true),
-    decode(KERNELS, "h100", 1, PlanForm::KvOnly, 64, 32, 12.53, true),
-    decode(KERNELS, "h100", 1, PlanForm::KvOnly, 256, 32, 26.61, true),
-    decode(BENCH_24, "h100", 1, PlanForm::Recurrent, 1, 64, 7.62, false),
-    decode(BENCH_24, "h100", 1, PlanForm::Recurrent, 64, 64, 13.16, false),
-    decode(BENCH_21, "h200", 1, PlanForm::Recurrent, 1, 64, 5.90, false),
-    decode(BENCH_21, "h200", 1, PlanForm::Recurrent, 64, 64, 9.88, false),
-    decode(BENCH_21, "h200", 2, PlanForm::Recurrent, 1, 64, 4.64, false),
-    decode(BENCH_21, "h200", 2, PlanForm::Recurrent, 64, 64, 6.87, false),
+    decode(FORMS, "h100", 1, DecodeForm::Recurrent, 1, 32, 7.592, true),
+    decode(FORMS, "h100", 1, DecodeForm::Recurrent, 64, 32, 13.080, true),
+    decode(FORMS, "h100", 1, DecodeForm::Recurrent, 256, 32, 30.312, true),
+    decode(KERNELS, "h100", 1, DecodeForm::Recurrent, 1, 32, 7.668, false),
+    decode(KERNELS, "h100", 1, DecodeForm::Recurrent, 64, 32, 13.139, false),
+    decode(KERNELS, "h100", 1, DecodeForm::Recurrent, 256, 32, 30.487, false),
+    decode(KERNELS, "h100", 1, DecodeForm::Replay, 1, 32, 7.807, true),
+    decode(KERNELS, "h100", 1, DecodeForm::Replay, 64, 32, 12.824, true),
+    decode(KERNELS, "h100", 1, DecodeForm::Replay, 256, 32, 27.332, true),
+    decode(KERNELS, "h100", 1, DecodeForm::KvOnly, 1, 32, 7.978, true),
+    decode(KERNELS, "h100", 1, DecodeForm::KvOnly, 64, 32, 12.53, true),
+    decode(KERNELS, "h100", 1, DecodeForm::KvOnly, 256, 32, 26.61, true),
+    decode(BENCH_24, "h100", 1, DecodeForm::Recurrent, 1, 64, 7.62, false),
+    decode(BENCH_24, "h100", 1, DecodeForm::Recurrent, 64, 64, 13.16, false),
+    decode(BENCH_21, "h200", 1, DecodeForm::Recurrent, 1, 64, 5.90, false),
+    decode(BENCH_21, "h200", 1, DecodeForm::Recurrent, 64, 64, 9.88, false),
+    decode(BENCH_21, "h200", 2, DecodeForm::Recurrent, 1, 64, 4.64, false),
+    decode(BENCH_21, "h200", 2, DecodeForm::Recurrent, 64, 64, 6.87, false),
     prefill(BENCH_21, "h100", 1, 4207.0, true),
     prefill(BENCH_21, "h200", 1, 4273.0, false),
     prefill(BENCH_21, "h200", 2, 7656.0, false),
@@ -153,7 +154,7 @@ pub fn calibration_model() -> crate::Result<ModelConfig> {
 fn model_of(config: &ModelConfig, m: &Measurement) -> crate::Result<f64> {
     let profile = GpuProfile::builtin(m.gpu)?;
     let ranks = RankModel::all(config, m.tp)?;
-    let form = m.form.unwrap_or(PlanForm::Recurrent);
+    let form = FormRow::decoding(m.form.unwrap_or(DecodeForm::Recurrent));
     let input = PlanInput {
         tp: m.tp,
         nodes: 1,
@@ -206,13 +207,8 @@ pub fn table() -> Result<&'static [CalibrationRow], String> {
         .map_err(Clone::clone)
 }
 
-/// The applied row of `basis` nearest to `batch` (log scale); replay+spec takes replay's (verify is not measured).
-fn nearest(basis: PlanForm, batch: u64) -> Option<&'static CalibrationRow> {
-    let basis = if basis == PlanForm::ReplaySpec {
-        PlanForm::Replay
-    } else {
-        basis
-    };
+/// The applied row of `basis` nearest to `batch` (log scale).
+fn nearest(basis: DecodeForm, batch: u64) -> Option<&'static CalibrationRow> {
     let distance = |r: &CalibrationRow| ((r.measurement.batch as f64).ln() - (batch.max(1) as f64).ln()).abs();
     table()
         .ok()?
@@ -221,14 +217,15 @@ fn nearest(basis: PlanForm, batch: u64) -> Option<&'static CalibrationRow> {
         .min_by(|a, b| distance(a).total_cmp(&distance(b)))
 }
 
-/// The calibration of a decode projection of `form` (priced like `basis`) of `step_ms` producing `tokens` per step.
-pub fn apply(form: PlanForm, basis: PlanForm, batch: u64, step_ms: f64, tokens: f64) -> Option<Applied> {
+/// The calibration of a decode projection of `form` (priced like plain decoding in `basis`; a verifying row takes its
+/// form's, since verify steps are not measured) of `step_ms` producing `tokens` per step.
+pub fn apply(form: FormRow, basis: DecodeForm, batch: u64, step_ms: f64, tokens: f64) -> Option<Applied> {
     let row = nearest(basis, batch)?;
     let m = &row.measurement;
     let calibrated = step_ms * row.ratio;
-    let spec = match (form, basis) {
-        (PlanForm::ReplaySpec, _) => ", replay's ratio (verify steps not measured)",
-        (PlanForm::KvOnly, PlanForm::Replay) => ", replay's ratio (past the kv-only threshold)",
+    let spec = match (form.verifies(), form.form(), basis) {
+        (true, ..) => ", replay's ratio (verify steps not measured)",
+        (false, DecodeForm::KvOnly, DecodeForm::Replay) => ", replay's ratio (past the kv-only threshold)",
         _ => "",
     };
     Some(Applied {
@@ -236,7 +233,7 @@ pub fn apply(form: PlanForm, basis: PlanForm, batch: u64, step_ms: f64, tokens: 
         file: m.file,
         basis: format!(
             "{} at batch {} on {} (Nemotron-H-8B){spec}",
-            m.form.map_or("prefill", PlanForm::name),
+            m.form.map_or("prefill", DecodeForm::name),
             m.batch,
             m.gpu
         ),

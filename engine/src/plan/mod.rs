@@ -18,9 +18,9 @@ mod tests;
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
-use crate::state::memory::MemoryForm;
+use crate::state::DecodeForm;
 
 pub use profiles::GpuProfile;
 pub use projection::{project, Plan, PlanInput};
@@ -66,42 +66,72 @@ impl From<PlanError> for crate::EngineError {
     }
 }
 
-/// A decode form as the projection prices it: the memory model's forms, with speculation as its own row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlanForm {
-    /// Full state read and written every token.
-    Recurrent,
-    /// Checkpoint + input ring, no speculation.
-    Replay,
-    /// No state below the kv-only threshold, replay past it.
-    KvOnly,
-    /// Replay verifying `T` drafts per step.
-    ReplaySpec,
+/// A row the projection prices: slots decoded in a [`DecodeForm`], verifying `T` drafts a step or not. Only the rows
+/// of [`FormRow::ALL`] exist (the fields are private): speculation is priced for replay alone, the form rewind
+/// verifies drafts in, as `replay+spec`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FormRow {
+    form: DecodeForm,
+    verifies: bool,
 }
 
-impl PlanForm {
-    /// Every form, in table order.
-    pub const ALL: [PlanForm; 4] = [
-        PlanForm::Recurrent,
-        PlanForm::Replay,
-        PlanForm::KvOnly,
-        PlanForm::ReplaySpec,
+impl FormRow {
+    /// Full state read and written every token.
+    pub const RECURRENT: FormRow = FormRow::decoding(DecodeForm::Recurrent);
+    /// Checkpoint + input ring, no speculation.
+    pub const REPLAY: FormRow = FormRow::decoding(DecodeForm::Replay);
+    /// No state below the kv-only threshold, replay past it.
+    pub const KV_ONLY: FormRow = FormRow::decoding(DecodeForm::KvOnly);
+    /// Replay verifying `T` drafts per step.
+    pub const REPLAY_SPEC: FormRow = FormRow {
+        form: DecodeForm::Replay,
+        verifies: true,
+    };
+
+    /// Every row, in table order.
+    pub const ALL: [FormRow; 4] = [
+        FormRow::RECURRENT,
+        FormRow::REPLAY,
+        FormRow::KV_ONLY,
+        FormRow::REPLAY_SPEC,
     ];
+
+    /// Plain decoding in `form`, one token a step.
+    pub const fn decoding(form: DecodeForm) -> Self {
+        FormRow { form, verifies: false }
+    }
+
+    /// The decode form the row's slots run in.
+    pub fn form(self) -> DecodeForm {
+        self.form
+    }
+
+    /// Whether the row's steps verify drafts.
+    pub fn verifies(self) -> bool {
+        self.verifies
+    }
+
+    /// The speculative window a slot of this row holds room for when the plan's window is `spec_window`.
+    pub fn spec_window(self, spec_window: usize) -> usize {
+        if self.verifies {
+            spec_window
+        } else {
+            0
+        }
+    }
 
     /// The name printed in tables and taken by `--forms`.
     pub fn name(self) -> &'static str {
-        match self {
-            PlanForm::Recurrent => "recurrent",
-            PlanForm::Replay => "replay",
-            PlanForm::KvOnly => "kv-only",
-            PlanForm::ReplaySpec => "replay+spec",
+        if self.verifies {
+            "replay+spec"
+        } else {
+            self.form.name()
         }
     }
 
     /// Parses a `--forms` entry.
     pub fn parse(text: &str) -> Result<Self, PlanError> {
-        PlanForm::ALL
+        FormRow::ALL
             .into_iter()
             .find(|f| f.name() == text.trim())
             .ok_or_else(|| {
@@ -110,14 +140,11 @@ impl PlanForm {
                 ))
             })
     }
+}
 
-    /// The memory model's form and the speculative window a slot of this form holds room for.
-    pub fn memory(self, spec_window: usize) -> (MemoryForm, usize) {
-        match self {
-            PlanForm::Recurrent => (MemoryForm::Recurrent, 0),
-            PlanForm::Replay => (MemoryForm::Replay, 0),
-            PlanForm::KvOnly => (MemoryForm::KvOnly, 0),
-            PlanForm::ReplaySpec => (MemoryForm::Replay, spec_window),
-        }
+// JSON names are the tables' in kebab case (`replay-spec`), as `rewind plan --json` has always written them.
+impl Serialize for FormRow {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(if self.verifies { "replay-spec" } else { self.form.name() })
     }
 }

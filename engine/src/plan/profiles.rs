@@ -137,11 +137,6 @@ impl GpuProfile {
         })
     }
 
-    /// Every built-in profile.
-    pub fn builtins() -> Vec<GpuProfile> {
-        BUILTIN_GPUS.iter().filter_map(|n| builtin(n)).collect()
-    }
-
     /// Reads a `--gpu-spec` JSON file and checks it.
     pub fn from_file(path: &Path) -> Result<Self, PlanError> {
         let text = std::fs::read_to_string(path).map_err(|e| PlanError::ProfileFile {

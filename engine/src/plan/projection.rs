@@ -26,10 +26,10 @@ use serde::Serialize;
 use super::calibration::{self, Applied};
 use super::profiles::GpuProfile;
 use super::rank::RankModel;
-use super::{PlanError, PlanForm};
+use super::{FormRow, PlanError};
 use crate::model::ModelConfig;
-use crate::state::memory::{kv_only_threshold, MemoryForm, SsmLayerBytes};
-use crate::state::SsmDims;
+use crate::state::memory::{kv_only_threshold, LayerValues, MemoryShare, PlanOptions, RowFit};
+use crate::state::DecodeForm;
 
 /// Bytes of one f32 all-reduced value.
 const REDUCE_BYTES: f64 = 4.0;
@@ -66,7 +66,7 @@ pub struct PlanInput {
     pub memory_fraction: f64,
     /// Bytes per activation value (2: bf16).
     pub act_bytes: u64,
-    pub forms: Vec<PlanForm>,
+    pub forms: Vec<FormRow>,
     pub batches: Vec<Batch>,
     /// Prefill chunk (tokens per step), to spread collective latency over.
     pub prefill_chunk: usize,
@@ -75,7 +75,7 @@ pub struct PlanInput {
 /// One rank's memory for one form.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FormMemory {
-    pub form: PlanForm,
+    pub form: FormRow,
     pub spec_window: usize,
     pub ssm_bytes_per_seq: u64,
     pub kv_bytes_per_seq: u64,
@@ -96,7 +96,7 @@ pub struct RankMemory {
 /// Every term of one projected decode step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepTerms {
-    pub form: PlanForm,
+    pub form: FormRow,
     pub batch: u64,
     /// Whether the row was asked as `max`.
     pub is_max: bool,
@@ -164,30 +164,42 @@ pub fn tokens_per_verify(t: usize, p: f64) -> f64 {
     (0..=t).map(|i| p.powi(i as i32)).sum()
 }
 
-/// Per-sequence SSM bytes a step of `rows_per_seq` rows moves in one layer (module docs).
-#[allow(clippy::too_many_arguments)]
-pub fn ssm_step_bytes(
-    b: &SsmLayerBytes,
-    form: PlanForm,
-    rows_per_seq: u64,
-    window: u64,
-    kept: f64,
-    buffer_len: u64,
-    context: u64,
-    threshold: u64,
-) -> f64 {
-    let conv = ((b.conv_window + rows_per_seq) * b.conv_row) as f64;
-    let (state, entry, t) = (b.state as f64, b.ring_entry as f64, rows_per_seq as f64);
+/// One decode or verify step as a sequence's SSM layers see it (module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SsmStep {
+    /// Rows the step computes per sequence: 1, or `1 + T` when verifying.
+    pub rows: u64,
+    /// The window the flush keeps free: `T` when verifying, else 0.
+    pub window: u64,
+    /// Tokens each sequence keeps per step on average.
+    pub kept: f64,
+    /// Input-ring capacity `L`.
+    pub buffer_len: u64,
+    /// Tokens of context.
+    pub context: u64,
+    /// The kv-only threshold.
+    pub threshold: u64,
+}
+
+/// Per-sequence SSM bytes `step` moves in one layer of `values` (activations of `act_bytes`) decoded in `form`
+/// (module docs).
+pub fn ssm_step_bytes(values: &LayerValues, act_bytes: u64, form: DecodeForm, step: &SsmStep) -> f64 {
+    let conv = (values.conv_history_bytes(act_bytes) + step.rows * values.conv_row_bytes(act_bytes)) as f64;
+    let (state, entry, t) = (
+        values.state_bytes() as f64,
+        values.ring_entry_bytes(act_bytes) as f64,
+        step.rows as f64,
+    );
     let replay = || {
-        let w = window.max(rows_per_seq);
-        let free = buffer_len.saturating_sub(rows_per_seq + w) as f64;
-        let m = (free / kept.max(1.0)).floor() + 1.0;
-        state + kept * m / 2.0 * entry + t * entry + state / (m + 1.0) + conv
+        let w = step.window.max(step.rows);
+        let free = step.buffer_len.saturating_sub(step.rows + w) as f64;
+        let m = (free / step.kept.max(1.0)).floor() + 1.0;
+        state + step.kept * m / 2.0 * entry + t * entry + state / (m + 1.0) + conv
     };
     match form {
-        PlanForm::Recurrent => 2.0 * state + conv,
-        PlanForm::KvOnly if context < threshold => (context as f64 + t) * entry + conv,
-        PlanForm::Replay | PlanForm::KvOnly | PlanForm::ReplaySpec => replay(),
+        DecodeForm::Recurrent => 2.0 * state + conv,
+        DecodeForm::KvOnly if step.context < step.threshold => (step.context as f64 + t) * entry + conv,
+        DecodeForm::Replay | DecodeForm::KvOnly => replay(),
     }
 }
 
@@ -227,7 +239,7 @@ fn check(input: &PlanInput, config: &ModelConfig, profile: &GpuProfile) -> Resul
         ));
     }
     let t = input.spec_window;
-    if input.forms.contains(&PlanForm::ReplaySpec) && (t == 0 || input.buffer_len < 1 + 2 * t) {
+    if input.forms.iter().any(|f| f.verifies()) && (t == 0 || input.buffer_len < 1 + 2 * t) {
         return bad(format!(
             "replay+spec needs --spec-window T ≥ 1 and --buffer-len ≥ 1 + 2T (a verify of 1 + T rows and a free \
              window of T); got T = {t}, L = {}",
@@ -269,10 +281,10 @@ fn rank_step(
     profile: &GpuProfile,
     input: &PlanInput,
     threshold: u64,
-    form: PlanForm,
+    form: FormRow,
     batch: u64,
 ) -> StepTerms {
-    let verify = form == PlanForm::ReplaySpec;
+    let verify = form.verifies();
     let t = if verify { 1 + input.spec_window as u64 } else { 1 };
     let window = if verify { input.spec_window as u64 } else { 0 };
     let kept = if verify {
@@ -282,13 +294,18 @@ fn rank_step(
     };
     let rows = batch * t;
     let ctx = input.context as u64;
+    let step = SsmStep {
+        rows: t,
+        window,
+        kept,
+        buffer_len: input.buffer_len as u64,
+        context: ctx,
+        threshold,
+    };
     let ssm: f64 = r
         .ssm
         .iter()
-        .map(|d| {
-            let b = SsmLayerBytes::new(d, input.act_bytes);
-            ssm_step_bytes(&b, form, t, window, kept, input.buffer_len as u64, ctx, threshold)
-        })
+        .map(|d| ssm_step_bytes(&LayerValues::ssm(d), input.act_bytes, form.form(), &step))
         .sum::<f64>()
         * batch as f64;
     let kv_token = (r.kv_values_per_token * input.act_bytes) as f64;
@@ -364,29 +381,44 @@ pub(crate) fn project_ranks(
     let threshold = kv_only_threshold(config) as u64;
     let budget = profile.memory_bytes() * input.memory_fraction;
     let ctx = input.context;
-    let kv_tokens = ctx.div_ceil(input.kv_block_size) * input.kv_block_size;
-    let ssm_per_seq = |r: &RankModel, form: PlanForm| -> u64 {
-        let (mf, t): (MemoryForm, usize) = form.memory(input.spec_window);
-        r.ssm
-            .iter()
-            .map(|d: &SsmDims| {
-                SsmLayerBytes::new(d, input.act_bytes).form_bytes(
-                    mf,
-                    t as u64,
-                    input.buffer_len as u64,
-                    ctx as u64,
-                    threshold,
-                )
-            })
-            .sum()
+    let opts = PlanOptions {
+        spec_window: input.spec_window,
+        buffer_len: input.buffer_len,
+        context: ctx,
+        kv_block_size: input.kv_block_size,
+        kv_only_threshold: Some(threshold as usize),
+        act_bytes: input.act_bytes,
     };
+    // Sequences are counted in whole bytes of the budget: no sequence fits in a fraction of one.
+    let whole_budget = budget.floor() as u64;
+    let shares: Vec<MemoryShare> = ranks.iter().map(RankModel::memory_share).collect();
+    let fits: Vec<Vec<RowFit>> = shares
+        .iter()
+        .map(|share| {
+            input
+                .forms
+                .iter()
+                .map(|f| {
+                    share.fit(
+                        f.form(),
+                        f.spec_window(input.spec_window),
+                        whole_budget,
+                        &opts,
+                        threshold as usize,
+                    )
+                })
+                .collect()
+        })
+        .collect();
     let rank_memory: Vec<RankMemory> = ranks
         .iter()
-        .map(|r| RankMemory {
+        .zip(&shares)
+        .zip(&fits)
+        .map(|((r, share), fits)| RankMemory {
             rank: r.rank,
-            weight_bytes: r.weight_bytes,
-            ssm_bytes_per_seq: input.forms.iter().map(|&f| ssm_per_seq(r, f)).collect(),
-            kv_bytes_per_seq: kv_tokens as u64 * r.kv_values_per_token * input.act_bytes,
+            weight_bytes: share.weight_bytes,
+            ssm_bytes_per_seq: fits.iter().map(|f| f.ssm_bytes).collect(),
+            kv_bytes_per_seq: share.kv_bytes(&opts),
         })
         .collect();
     let heaviest = rank_memory.iter().map(|m| m.weight_bytes).max().unwrap_or(0);
@@ -406,22 +438,12 @@ pub(crate) fn project_ranks(
         .forms
         .iter()
         .enumerate()
-        .map(|(i, &form)| {
-            let fits = rank_memory
-                .iter()
-                .map(|m| {
-                    let per_seq = m.ssm_bytes_per_seq[i] + m.kv_bytes_per_seq;
-                    ((budget - m.weight_bytes as f64) / per_seq.max(1) as f64).floor() as u64
-                })
-                .min()
-                .unwrap_or(0);
-            FormMemory {
-                form,
-                spec_window: form.memory(input.spec_window).1,
-                ssm_bytes_per_seq: rank_memory[0].ssm_bytes_per_seq[i],
-                kv_bytes_per_seq: rank_memory[0].kv_bytes_per_seq,
-                max_sequences: fits,
-            }
+        .map(|(i, &form)| FormMemory {
+            form,
+            spec_window: form.spec_window(input.spec_window),
+            ssm_bytes_per_seq: rank_memory[0].ssm_bytes_per_seq[i],
+            kv_bytes_per_seq: rank_memory[0].kv_bytes_per_seq,
+            max_sequences: fits.iter().map(|f| f[i].max_sequences).min().unwrap_or(0),
         })
         .collect();
     if forms.iter().all(|f| f.max_sequences == 0) {
@@ -464,10 +486,10 @@ pub(crate) fn project_ranks(
             if calibrate {
                 // Past the threshold a kv-only sequence runs as replay, so replay's ratio prices it (the kv-only
                 // ratio was measured on short contexts, where its ring is the whole history).
-                let basis = if f.form == PlanForm::KvOnly && ctx as u64 >= threshold {
-                    PlanForm::Replay
+                let basis = if f.form == FormRow::KV_ONLY && ctx as u64 >= threshold {
+                    DecodeForm::Replay
                 } else {
-                    f.form
+                    f.form.form()
                 };
                 let tokens = step.tokens_per_seq * batch as f64;
                 step.calibrated = calibration::apply(f.form, basis, batch, step.step_ms, tokens);
@@ -477,7 +499,7 @@ pub(crate) fn project_ranks(
     }
     let prefill = prefill(config, profile, input, ranks, calibrate);
     let mut notes = Vec::new();
-    if threshold > 0 && (ctx as u64) >= threshold && input.forms.contains(&PlanForm::KvOnly) {
+    if threshold > 0 && (ctx as u64) >= threshold && input.forms.contains(&FormRow::KV_ONLY) {
         notes.push(format!(
             "kv-only keeps no state only below {threshold} tokens; at {ctx} tokens its rows are replay's"
         ));

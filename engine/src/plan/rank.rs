@@ -6,7 +6,7 @@
 use crate::model::spec::AttentionSpec;
 use crate::model::{BlockKind, ModelConfig};
 use crate::shard::{RankPlan, ShardKind};
-use crate::state::memory::{LayerValues, WEIGHT_BYTES};
+use crate::state::memory::{LayerValues, MemoryShare, WEIGHT_BYTES};
 use crate::state::SsmDims;
 
 use super::PlanError;
@@ -144,6 +144,15 @@ impl RankModel {
             return Err(PlanError::Invalid("--tp must be at least 1".into()));
         }
         (0..tp).map(|r| RankModel::new(config, tp, r)).collect()
+    }
+
+    /// What the memory planner prices on this rank: its weights, SSM pools and attention KV width.
+    pub fn memory_share(&self) -> MemoryShare {
+        MemoryShare {
+            weight_bytes: self.weight_bytes,
+            ssm: self.ssm.clone(),
+            kv_values_per_token: self.kv_values_per_token,
+        }
     }
 
     /// Weights a step reads whatever the batch: everything but the embedding table and the routed experts, plus

@@ -2,14 +2,14 @@
 
 use super::calibration::{self, MEASUREMENTS};
 use super::projection::{project, tokens_per_verify, Batch, PlanInput};
-use super::{GpuProfile, PlanError, PlanForm, RankModel};
+use super::{FormRow, GpuProfile, PlanError, RankModel};
 use crate::model::ModelConfig;
 use crate::presets::{preset_config, tokenizer_vocab, PRESETS};
 use crate::shard::RankPlan;
 use crate::state::memory::{
-    kv_bytes, kv_only_threshold, pool_bytes, ssm_bytes, weight_bytes, LayerValues, MemoryForm, PlanOptions, SlotRows,
-    ACT_BYTES,
+    kv_only_threshold, pool_bytes, weight_bytes, LayerValues, MemoryShare, PlanOptions, SlotRows, ACT_BYTES,
 };
+use crate::state::DecodeForm;
 
 fn preset(family: crate::model::Family, name: &str) -> ModelConfig {
     let json = preset_config(family, name, None, tokenizer_vocab(name), 1, 2).expect("preset");
@@ -35,7 +35,7 @@ fn input(tp: usize, context: usize) -> PlanInput {
         kv_block_size: 16,
         memory_fraction: 0.9,
         act_bytes: ACT_BYTES,
-        forms: PlanForm::ALL.to_vec(),
+        forms: FormRow::ALL.to_vec(),
         batches: vec![Batch::Fixed(1), Batch::Fixed(64), Batch::Fixed(256), Batch::Max],
         prefill_chunk: 512,
     }
@@ -83,18 +83,18 @@ fn byte_terms_equal_the_allocators_sizes_for_every_preset_and_tp() {
                     .map(LayerValues::ssm)
                     .chain(r.attention.iter().map(LayerValues::attention));
                 let (per_slot, per_block) = pool_bytes(layers, 16, ACT_BYTES, rows);
+                let past_threshold = PlanOptions {
+                    spec_window: t,
+                    buffer_len: 16,
+                    context: threshold + 1,
+                    kv_block_size: 16,
+                    kv_only_threshold: Some(threshold),
+                    act_bytes: ACT_BYTES,
+                };
                 let ssm_at_t: u64 = r
                     .ssm
                     .iter()
-                    .map(|d| {
-                        crate::state::memory::SsmLayerBytes::new(d, ACT_BYTES).form_bytes(
-                            MemoryForm::KvOnly,
-                            t as u64,
-                            16,
-                            (threshold + 1) as u64,
-                            threshold as u64,
-                        )
-                    })
+                    .map(|d| LayerValues::ssm(d).sequence_bytes(DecodeForm::KvOnly, t, &past_threshold, threshold))
                     .sum();
                 assert_eq!(per_slot, ssm_at_t, "{name} tp {tp} rank {}: pool slot", r.rank);
                 assert_eq!(
@@ -114,20 +114,16 @@ fn byte_terms_equal_the_allocators_sizes_for_every_preset_and_tp() {
                     kv_only_threshold: None,
                     act_bytes: ACT_BYTES,
                 };
+                let whole = MemoryShare::whole(&c);
                 for (i, f) in plan.forms.iter().enumerate() {
-                    let (mf, w) = f.form.memory(4);
                     assert_eq!(
                         plan.ranks[0].ssm_bytes_per_seq[i],
-                        ssm_bytes(&c, mf, w, &opts),
+                        whole.ssm_bytes(f.form.form(), f.form.spec_window(4), &opts, threshold),
                         "{name} {:?}",
                         f.form
                     );
                 }
-                assert_eq!(
-                    plan.ranks[0].kv_bytes_per_seq,
-                    kv_bytes(&c, context, 16, ACT_BYTES),
-                    "{name} kv"
-                );
+                assert_eq!(plan.ranks[0].kv_bytes_per_seq, whole.kv_bytes(&opts), "{name} kv");
             }
         }
     }
@@ -222,14 +218,14 @@ fn step_terms_add_up() {
         assert!(s.all_reduce_ms > 0.0 && s.all_reduces == 1 + c.num_blocks());
     }
     // Replay moves fewer state bytes than recurrent at any batch.
-    let at = |f: PlanForm| {
+    let at = |f: FormRow| {
         plan.decode
             .iter()
             .find(|s| s.form == f && s.batch == 64)
             .expect("row")
             .ssm_bytes
     };
-    assert!(at(PlanForm::Replay) < at(PlanForm::Recurrent));
+    assert!(at(FormRow::REPLAY) < at(FormRow::RECURRENT));
     assert!((tokens_per_verify(4, 0.5) - 1.9375).abs() < 1e-12);
     assert_eq!(tokens_per_verify(0, 0.7), 1.0);
 }
@@ -259,9 +255,9 @@ fn calibration_ratios_are_computed_for_every_measurement() {
         // The engine is slower than its roofline, never faster by more than noise.
         assert!(row.ratio > 0.9, "{row:?}");
     }
-    let a = calibration::apply(PlanForm::Recurrent, PlanForm::Recurrent, 200, 10.0, 200.0).expect("applied");
+    let a = calibration::apply(FormRow::RECURRENT, DecodeForm::Recurrent, 200, 10.0, 200.0).expect("applied");
     assert!(a.basis.contains("batch 256"), "{}", a.basis);
-    let s = calibration::apply(PlanForm::ReplaySpec, PlanForm::ReplaySpec, 1, 10.0, 2.0).expect("spec");
+    let s = calibration::apply(FormRow::REPLAY_SPEC, DecodeForm::Replay, 1, 10.0, 2.0).expect("spec");
     assert!(
         s.basis.contains("replay") && s.basis.contains("not measured"),
         "{}",

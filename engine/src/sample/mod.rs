@@ -1,5 +1,5 @@
-//! Token sampling on the CPU: parameters and their validation, a seeded sampler (greedy, repetition penalty,
-//! temperature, top-k, top-p, min-p), and stop-string detection for streaming.
+//! Token sampling parameters and their validation, a request's seeded draw stream, the repetition penalty the ranks
+//! apply before sampling (`rank::SampleRow::sample`), and stop-string detection for streaming.
 
 mod stop;
 
@@ -126,51 +126,20 @@ impl SamplingParams {
         }
         Ok(())
     }
-
-    /// Whether generating `token` ends the sequence: a stop token, or an EOS token unless `ignore_eos`.
-    pub fn stops_on(&self, token: u32, eos_token_ids: &[u32]) -> bool {
-        self.stop_token_ids.contains(&token) || (!self.ignore_eos && eos_token_ids.contains(&token))
-    }
 }
 
-/// Samples one token per call from a row of logits, reproducibly for a given seed.
+/// A request's draw stream: the seed its sampling draws come from, reproducibly.
 pub struct Sampler {
-    params: SamplingParams,
     seed: u64,
-    rng: ChaCha20Rng,
-    work: Vec<f32>,
-    cand: Vec<u32>,
-    weights: Vec<f32>,
-    seen: Vec<u32>,
 }
 
 impl Sampler {
-    /// A sampler for `params` (validated with [`SamplingParams::validate_ranges`]); ChaCha20 seeded from
+    /// The stream for `params` (validated with [`SamplingParams::validate_ranges`]): ChaCha20 seeded from
     /// `params.seed`, or from a random seed when it is `None`.
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate_ranges()?;
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
-        Ok(Self {
-            params,
-            seed,
-            rng: ChaCha20Rng::seed_from_u64(seed),
-            work: Vec::new(),
-            cand: Vec::new(),
-            weights: Vec::new(),
-            seen: Vec::new(),
-        })
-    }
-
-    /// The parameters this sampler uses.
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
-    /// The next uniform draw in `[0, 1)` from this sampler's stream: what a device-side sampler consumes in place of
-    /// [`Sampler::sample`]'s own draw, so a seeded generation stays reproducible.
-    pub fn uniform(&mut self) -> f32 {
-        // `random::<f32>()` is in [0, 1); keep it strictly below 1 after any rounding.
-        self.rng.random::<f32>().min(1.0 - f32::EPSILON)
+        Ok(Self { seed })
     }
 
     /// Draw number `index` of seed `seed`'s stream, in `[0, 1)`, without drawing the ones before it: the serving
@@ -179,138 +148,13 @@ impl Sampler {
     pub fn draw_at(seed: u64, index: u64) -> f32 {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         rng.set_word_pos(u128::from(index));
+        // `random::<f32>()` is in [0, 1); keep it strictly below 1 after any rounding.
         rng.random::<f32>().min(1.0 - f32::EPSILON)
     }
 
     /// The seed actually in use (drawn at random when the parameters had none).
     pub fn seed(&self) -> u64 {
         self.seed
-    }
-
-    /// Picks the next token from `logits` (one row, `[vocab]`). `previous_tokens` (the context, prompt included, as HF
-    /// does) feeds the repetition penalty; its length is reported as the position of a non-finite logit.
-    ///
-    /// Order, as in HF: repetition penalty, then temperature 0 → argmax (lowest id on ties), else temperature,
-    /// top-k (exactly k tokens, ties broken by lower id), top-p (keeps at least one), min-p, and a draw.
-    pub fn sample(&mut self, logits: &[f32], previous_tokens: &[u32]) -> Result<u32> {
-        if logits.is_empty() {
-            return Err(EngineError::InvalidInput(
-                "cannot sample from an empty row of logits".into(),
-            ));
-        }
-        if logits.iter().any(|x| !x.is_finite()) {
-            return Err(EngineError::NonFinite {
-                position: previous_tokens.len(),
-            });
-        }
-        let mut work = std::mem::take(&mut self.work);
-        let scores: &[f32] = if self.params.repetition_penalty != 1.0 && !previous_tokens.is_empty() {
-            work.clear();
-            work.extend_from_slice(logits);
-            if let Err(e) = self.penalize(&mut work, previous_tokens) {
-                self.work = work;
-                return Err(e);
-            }
-            &work
-        } else {
-            logits
-        };
-        let token = if self.params.temperature == 0.0 {
-            argmax(scores)
-        } else {
-            self.draw(scores)
-        };
-        self.work = work;
-        Ok(token)
-    }
-
-    /// HF `RepetitionPenaltyLogitsProcessor`: each distinct previous token's logit is divided by the penalty when
-    /// positive and multiplied by it otherwise.
-    fn penalize(&mut self, scores: &mut [f32], previous: &[u32]) -> Result<()> {
-        distinct_ids(previous, &mut self.seen);
-        if let Some(&last) = self.seen.last() {
-            if last as usize >= scores.len() {
-                return Err(EngineError::InvalidInput(format!(
-                    "previous token id {last} is out of range for {} logits",
-                    scores.len()
-                )));
-            }
-        }
-        apply_repetition_penalty(scores, &self.seen, self.params.repetition_penalty);
-        Ok(())
-    }
-
-    fn draw(&mut self, scores: &[f32]) -> u32 {
-        let p = &self.params;
-        let vocab = scores.len();
-        let by_score = |a: &u32, b: &u32| {
-            scores[*b as usize]
-                .total_cmp(&scores[*a as usize])
-                .then_with(|| a.cmp(b))
-        };
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(0..vocab as u32);
-        let mut sorted = false;
-        if p.top_k > 0 && p.top_k < vocab {
-            cand.select_nth_unstable_by(p.top_k - 1, by_score);
-            cand.truncate(p.top_k);
-        }
-        if p.top_p < 1.0 {
-            cand.sort_unstable_by(by_score);
-            sorted = true;
-        }
-        // The maximum survives every filter, so weights relative to it are ≤ 1 and the top weight is exactly 1.
-        let max = cand
-            .iter()
-            .map(|&i| scores[i as usize])
-            .fold(f32::NEG_INFINITY, f32::max);
-        // Divide rather than multiply by 1/t: for a tiny temperature 1/t overflows to infinity and `0 · inf` is NaN,
-        // while `0 / t` stays 0 (the top token keeps weight 1) and the rest go to `exp(−inf) = 0`.
-        let t = p.temperature;
-        let weights = &mut self.weights;
-        weights.clear();
-        weights.extend(cand.iter().map(|&i| ((scores[i as usize] - max) / t).exp()));
-
-        if sorted {
-            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-            let target = f64::from(p.top_p) * total;
-            let mut cum = 0.0f64;
-            let mut keep = 0;
-            for &w in weights.iter() {
-                if keep > 0 && cum >= target {
-                    break;
-                }
-                cum += f64::from(w);
-                keep += 1;
-            }
-            cand.truncate(keep);
-            weights.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let mut j = 0;
-            for i in 0..cand.len() {
-                if weights[i] >= p.min_p {
-                    cand[j] = cand[i];
-                    weights[j] = weights[i];
-                    j += 1;
-                }
-            }
-            cand.truncate(j);
-            weights.truncate(j);
-        }
-
-        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-        let u = self.rng.random::<f64>() * total;
-        let mut cum = 0.0f64;
-        for (&id, &w) in cand.iter().zip(weights.iter()) {
-            cum += f64::from(w);
-            if u < cum {
-                return id;
-            }
-        }
-        // Rounding can leave u == total; the last kept token then owns the remainder.
-        *cand.last().expect("the top token always survives filtering")
     }
 }
 
@@ -331,16 +175,9 @@ pub fn apply_repetition_penalty(scores: &mut [f32], distinct: &[u32], penalty: f
     }
 }
 
-/// Index of the largest value, the lowest index on ties.
-pub fn argmax(values: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in values.iter().enumerate().skip(1) {
-        if v > values[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Index of the largest value, the lowest index on ties: the kernels' CPU twin of the device argmax, which every
+/// greedy pick in the engine uses.
+pub use rewind_kernels::cpu::sample::argmax;
 
 #[cfg(test)]
 mod tests;

@@ -31,7 +31,7 @@ use rewind_kernels::cpu::gemm::matmul_nt;
 use super::{Draft, DraftInput, Drafter, HiddenRows};
 use crate::error::{EngineError, Result};
 use crate::model::mixers::attention::KvCache;
-pub use crate::model::mtp::MtpWeights;
+pub use weights::MtpWeights;
 
 /// Vocabulary ids per tile of [`tiled_argmax`]: one tile's logits fit on the stack.
 pub const ARGMAX_TILE: usize = 256;
@@ -254,3 +254,4 @@ impl Drafter for MtpDrafter {
 
 #[cfg(test)]
 mod tests;
+mod weights;

@@ -3,11 +3,14 @@
 //! sequence, since all its layers advance in lockstep.
 
 use rewind_kernels::cpu::ring::RingIndex;
+use serde::Serialize;
 
 use super::PoolError;
 
 /// How a sequence is decoded (see the README, "Input replay and decode forms"); stored per slot as a `u8` so a batch can mix forms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Serialized by its [`DecodeForm::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum DecodeForm {
     /// Read and write the full state every step (the baseline).

@@ -1,14 +1,15 @@
-//! Memory accounting: bytes per sequence slot for each decode form and speculative window, weight bytes, and how
-//! many sequences fit a memory budget.
+//! Memory accounting, the one memory planner: bytes per sequence slot for each decode form and speculative window,
+//! weight bytes, and how many sequences fit a memory budget on one GPU's share of a model ([`MemoryShare`]: the whole
+//! model for `rewind plan-memory`, one tensor-parallel rank's shard for `rewind plan`).
 //!
 //! Bytes are those of the GPU layout, not of the f32 CPU pools: fp32 SSM state and ring scalars (`dt`, `g`); conv
 //! inputs, ring vectors and attention KV in the activation type (bf16, or f32 under `--dtype f32`: the element size
-//! is [`PlanOptions::act_bytes`]); bf16 weights. One GPU, no tensor parallelism. The element counts come from
+//! is [`PlanOptions::act_bytes`]); bf16 weights. The element counts come from
 //! [`LayerValues`], the same function the GPU pools are planned and allocated with (`gpu::state`), so the plan and
 //! the allocator cannot disagree on a layer's size. Per SSM layer, with `S` the state, `C` one conv input row, `E`
 //! one ring entry, `K` the conv width, `T` the speculative window and `L` the ring capacity:
 //! - `recurrent`: `S + (K−1)·C` (no speculation);
-//! - `spec-baseline`, one state snapshot per draft: `(1 + T)·(S + (K−1)·C)`;
+//! - `spec-baseline` (the recurrent form at a window `T`), one state snapshot per draft: `(1 + T)·(S + (K−1)·C)`;
 //! - `replay`: `S + L·E + (K−1+T)·C`;
 //! - `kv-only`: below the threshold (≈ the state's key dim, KVBuffer §3.4) no state at all, a ring of
 //!   `N + T` entries for a context of `N` tokens, plus the conv ring. A sequence whose context reaches the threshold
@@ -22,8 +23,10 @@
 //! Each form adds the attention KV of `N` tokens, paged: `⌈N / block⌉·block` tokens of `2·kv_heads·head_dim` bf16
 //! values per attention layer. The per-slot counters and block tables (a few bytes per slot) are not counted.
 
-use serde::Serialize;
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
 
+use super::counters::DecodeForm;
 use super::ssm::{RingElem, SsmDims};
 use crate::error::{EngineError, Result};
 use crate::model::spec::{Activation, AttentionSpec, RouterSpec};
@@ -35,32 +38,6 @@ pub const STATE_BYTES: u64 = 4;
 pub const ACT_BYTES: u64 = 2;
 /// Bytes per bf16 weight.
 pub const WEIGHT_BYTES: u64 = 2;
-
-/// A row of the plan: how a sequence's SSM state is kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MemoryForm {
-    /// State and conv state, updated in place; no speculation.
-    Recurrent,
-    /// Speculative decoding with one state and conv snapshot per draft (vLLM's path).
-    SpecBaseline,
-    /// Checkpoint, input ring of `L`, conv ring of `K − 1 + T`.
-    Replay,
-    /// No state while the context is below the threshold.
-    KvOnly,
-}
-
-impl MemoryForm {
-    /// The name printed in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryForm::Recurrent => "recurrent",
-            MemoryForm::SpecBaseline => "spec-baseline",
-            MemoryForm::Replay => "replay",
-            MemoryForm::KvOnly => "kv-only",
-        }
-    }
-}
 
 /// What the plan assumes besides the model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +132,48 @@ impl LayerValues {
     pub fn kv_bytes_per_token(&self, act_bytes: u64) -> u64 {
         self.kv_per_token as u64 * act_bytes
     }
+
+    /// Bytes of the fp32 recurrent state of one slot.
+    pub fn state_bytes(&self) -> u64 {
+        self.state as u64 * STATE_BYTES
+    }
+
+    /// Bytes of one conv input row with activations of `act_bytes`.
+    pub fn conv_row_bytes(&self, act_bytes: u64) -> u64 {
+        self.conv_row as u64 * act_bytes
+    }
+
+    /// Bytes of the `K − 1` rows of conv history with activations of `act_bytes`.
+    pub fn conv_history_bytes(&self, act_bytes: u64) -> u64 {
+        self.conv as u64 * act_bytes
+    }
+
+    /// Bytes of one input-ring entry (every field) with activations of `act_bytes`.
+    pub fn ring_entry_bytes(&self, act_bytes: u64) -> u64 {
+        self.ring_act as u64 * act_bytes + self.ring_f32 as u64 * STATE_BYTES
+    }
+
+    /// Bytes one sequence keeps in this layer when decoded in `form` with room to verify `spec_window` drafts, under
+    /// `opts` (ring `L`, context, activation size) and the kv-only `threshold` (module docs). The recurrent form at a
+    /// window is the speculative baseline: one state and conv snapshot per draft.
+    pub fn sequence_bytes(&self, form: DecodeForm, spec_window: usize, opts: &PlanOptions, threshold: usize) -> u64 {
+        let act = opts.act_bytes;
+        let (t, l, context, threshold) = (
+            spec_window as u64,
+            opts.buffer_len as u64,
+            opts.context as u64,
+            threshold as u64,
+        );
+        let (state, entry) = (self.state_bytes(), self.ring_entry_bytes(act));
+        let conv = self.conv_history_bytes(act);
+        let conv_ring = conv + t * self.conv_row_bytes(act);
+        match form {
+            DecodeForm::Recurrent => (1 + t) * (state + conv),
+            DecodeForm::Replay => state + l * entry + conv_ring,
+            DecodeForm::KvOnly if context < threshold => (context + t) * entry + conv_ring,
+            DecodeForm::KvOnly => state + l.max(threshold + t) * entry + conv_ring,
+        }
+    }
 }
 
 /// What GPU pool planning reserves for `layers` (one rank's blocks): bytes per sequence slot (recurrent state and its
@@ -172,59 +191,6 @@ pub fn pool_bytes(
             kv + block as u64 * l.kv_bytes_per_token(act_bytes),
         )
     })
-}
-
-/// Bytes per value of a ring field with activations of `act_bytes`.
-pub fn ring_elem_bytes(elem: RingElem, act_bytes: u64) -> u64 {
-    match elem {
-        RingElem::Act => act_bytes,
-        RingElem::F32 => STATE_BYTES,
-    }
-}
-
-/// Bytes of one SSM layer's per-sequence tensors in the GPU layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SsmLayerBytes {
-    /// The fp32 state.
-    pub state: u64,
-    /// One pre-conv input row.
-    pub conv_row: u64,
-    /// `K − 1`.
-    pub conv_window: u64,
-    /// One ring entry (all fields).
-    pub ring_entry: u64,
-}
-
-impl SsmLayerBytes {
-    /// The byte sizes of a layer with these pool dims and activations of `act_bytes`; the state and the conv window
-    /// are [`LayerValues::ssm`]'s.
-    pub fn new(d: &SsmDims, act_bytes: u64) -> Self {
-        let values = LayerValues::ssm(d);
-        SsmLayerBytes {
-            state: values.state as u64 * STATE_BYTES,
-            conv_row: d.conv_dim as u64 * act_bytes,
-            conv_window: d.conv_window as u64,
-            ring_entry: d
-                .ring_fields
-                .iter()
-                .map(|f| f.width as u64 * ring_elem_bytes(f.elem, act_bytes))
-                .sum(),
-        }
-    }
-
-    /// Bytes one sequence needs in this layer for `form` with window `t`, ring `l`, `context` tokens and the
-    /// kv-only `threshold`.
-    pub fn form_bytes(&self, form: MemoryForm, t: u64, l: u64, context: u64, threshold: u64) -> u64 {
-        let conv = self.conv_window * self.conv_row;
-        let conv_ring = (self.conv_window + t) * self.conv_row;
-        match form {
-            MemoryForm::Recurrent => self.state + conv,
-            MemoryForm::SpecBaseline => (1 + t) * (self.state + conv),
-            MemoryForm::Replay => self.state + l * self.ring_entry + conv_ring,
-            MemoryForm::KvOnly if context < threshold => (context + t) * self.ring_entry + conv_ring,
-            MemoryForm::KvOnly => self.state + l.max(threshold + t) * self.ring_entry + conv_ring,
-        }
-    }
 }
 
 /// The pool dims of every SSM layer of `config`, in model order.
@@ -247,36 +213,74 @@ pub fn kv_only_threshold(config: &ModelConfig) -> usize {
     ssm_layers(config).iter().map(|d| d.key_dim).max().unwrap_or(0)
 }
 
-/// Attention KV bytes per token, all attention layers, with activations of `act_bytes`.
-pub fn kv_bytes_per_token(config: &ModelConfig, act_bytes: u64) -> u64 {
-    config
-        .layers
-        .iter()
-        .flatten()
-        .map(|b| LayerValues::of_block(&b.kind).kv_bytes_per_token(act_bytes))
-        .sum()
+/// One GPU's share of a model as the memory planner prices it: the whole model on one GPU for `plan-memory`
+/// ([`MemoryShare::whole`]), one tensor-parallel rank's shard for `plan` (`plan::RankModel::memory_share`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryShare {
+    /// Bytes of the weights the GPU holds.
+    pub weight_bytes: u64,
+    /// The pool dims of its SSM layers, as the GPU allocates them.
+    pub ssm: Vec<SsmDims>,
+    /// K and V values per token over its attention layers.
+    pub kv_values_per_token: u64,
 }
 
-/// Attention KV bytes of `context` tokens, paged: rounded up to whole blocks of `block` tokens.
-pub fn kv_bytes(config: &ModelConfig, context: usize, block: usize, act_bytes: u64) -> u64 {
-    (context.div_ceil(block.max(1)) * block.max(1)) as u64 * kv_bytes_per_token(config, act_bytes)
+/// What one sequence of a plan row keeps on a [`MemoryShare`], and how many such sequences fit next to its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowFit {
+    /// Bytes of its SSM layers' state, rings and snapshots.
+    pub ssm_bytes: u64,
+    /// Bytes of its attention KV, in whole blocks.
+    pub kv_bytes: u64,
+    /// [`max_sequences`] of the budget.
+    pub max_sequences: u64,
 }
 
-/// SSM bytes of one sequence in `form` at window `spec_window`.
-pub fn ssm_bytes(config: &ModelConfig, form: MemoryForm, spec_window: usize, opts: &PlanOptions) -> u64 {
-    let threshold = opts.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(config)) as u64;
-    ssm_layers(config)
-        .iter()
-        .map(|d| {
-            SsmLayerBytes::new(d, opts.act_bytes).form_bytes(
-                form,
-                spec_window as u64,
-                opts.buffer_len as u64,
-                opts.context as u64,
-                threshold,
-            )
-        })
-        .sum()
+impl MemoryShare {
+    /// The whole main stack of `config` on one GPU (bf16 weights from [`weight_bytes`]).
+    pub fn whole(config: &ModelConfig) -> Self {
+        MemoryShare {
+            weight_bytes: weight_bytes(config),
+            ssm: ssm_layers(config),
+            kv_values_per_token: config
+                .layers
+                .iter()
+                .flatten()
+                .map(|b| LayerValues::of_block(&b.kind).kv_per_token as u64)
+                .sum(),
+        }
+    }
+
+    /// SSM bytes of one sequence in `form` with room for `spec_window` drafts (see [`LayerValues::sequence_bytes`]).
+    pub fn ssm_bytes(&self, form: DecodeForm, spec_window: usize, opts: &PlanOptions, threshold: usize) -> u64 {
+        self.ssm
+            .iter()
+            .map(|d| LayerValues::ssm(d).sequence_bytes(form, spec_window, opts, threshold))
+            .sum()
+    }
+
+    /// Attention KV bytes of one sequence of `opts.context` tokens, paged: rounded up to whole KV blocks.
+    pub fn kv_bytes(&self, opts: &PlanOptions) -> u64 {
+        let block = opts.kv_block_size.max(1);
+        (opts.context.div_ceil(block) * block) as u64 * self.kv_values_per_token * opts.act_bytes
+    }
+
+    /// One row of a plan on this share: a sequence in `form` with room for `spec_window` drafts, in `budget` bytes.
+    pub fn fit(
+        &self,
+        form: DecodeForm,
+        spec_window: usize,
+        budget: u64,
+        opts: &PlanOptions,
+        threshold: usize,
+    ) -> RowFit {
+        let (ssm_bytes, kv_bytes) = (self.ssm_bytes(form, spec_window, opts, threshold), self.kv_bytes(opts));
+        RowFit {
+            ssm_bytes,
+            kv_bytes,
+            max_sequences: max_sequences(budget, self.weight_bytes, ssm_bytes + kv_bytes),
+        }
+    }
 }
 
 /// Parameters of the model's main stack (embedding, decoder layers, final norm, LM head unless tied). MTP layers
@@ -372,10 +376,10 @@ pub fn max_sequences(budget: u64, weights: u64, per_sequence: u64) -> u64 {
     budget.saturating_sub(weights).checked_div(per_sequence).unwrap_or(0)
 }
 
-/// One row of a memory plan.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One row of a memory plan: sequences decoded in `form` with room to verify `spec_window` drafts.
+#[derive(Clone, Debug, PartialEq)]
 pub struct FormPlan {
-    pub form: MemoryForm,
+    pub form: DecodeForm,
     pub spec_window: usize,
     pub bytes_per_sequence: u64,
     /// The SSM part of `bytes_per_sequence`.
@@ -386,6 +390,32 @@ pub struct FormPlan {
     /// `max_sequences` over the spec-baseline's at the plan's window (recurrent's when the window is 0); `None`
     /// when the baseline fits no sequence.
     pub vs_baseline: Option<f64>,
+}
+
+impl FormPlan {
+    /// The row's name in tables and JSON: the form's, except that the recurrent form with a window is
+    /// `spec-baseline` (speculation by one state snapshot per draft, vLLM's path).
+    pub fn name(&self) -> &'static str {
+        match self.form {
+            DecodeForm::Recurrent if self.spec_window > 0 => "spec-baseline",
+            form => form.name(),
+        }
+    }
+}
+
+// By hand so that `form` is the row's name (`spec-baseline` is a row, not a decode form).
+impl Serialize for FormPlan {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut row = serializer.serialize_struct("FormPlan", 7)?;
+        row.serialize_field("form", self.name())?;
+        row.serialize_field("spec_window", &self.spec_window)?;
+        row.serialize_field("bytes_per_sequence", &self.bytes_per_sequence)?;
+        row.serialize_field("ssm_bytes", &self.ssm_bytes)?;
+        row.serialize_field("kv_bytes", &self.kv_bytes)?;
+        row.serialize_field("max_sequences", &self.max_sequences)?;
+        row.serialize_field("vs_baseline", &self.vs_baseline)?;
+        row.end()
+    }
 }
 
 /// How many sequences of each form fit a budget.
@@ -404,13 +434,14 @@ pub struct MemoryPlan {
     pub notes: Vec<String>,
 }
 
-/// The rows of a plan at window `t`: recurrent, then spec-baseline, replay and kv-only at window 0 and at `t`.
-fn rows(t: usize) -> Vec<(MemoryForm, usize)> {
-    let mut rows = vec![(MemoryForm::Recurrent, 0)];
+/// The rows of a plan at window `t`: recurrent, then spec-baseline (recurrent at `t`), replay and kv-only at window 0
+/// and at `t`.
+fn rows(t: usize) -> Vec<(DecodeForm, usize)> {
+    let mut rows = vec![(DecodeForm::Recurrent, 0)];
     if t > 0 {
-        rows.push((MemoryForm::SpecBaseline, t));
+        rows.push((DecodeForm::Recurrent, t));
     }
-    for form in [MemoryForm::Replay, MemoryForm::KvOnly] {
+    for form in [DecodeForm::Replay, DecodeForm::KvOnly] {
         rows.push((form, 0));
         if t > 0 {
             rows.push((form, t));
@@ -440,35 +471,34 @@ pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Res
             "the activation element size must be at least 1 byte".into(),
         ));
     }
-    if ssm_layers(config).is_empty() && kv_bytes_per_token(config, opts.act_bytes) == 0 {
+    let share = MemoryShare::whole(config);
+    if share.ssm.is_empty() && share.kv_values_per_token == 0 {
         return Err(EngineError::InvalidInput(
             "the model has no SSM or attention layer: it keeps no per-sequence state".into(),
         ));
     }
     let threshold = opts.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(config));
-    let weights = weight_bytes(config);
-    let kv = kv_bytes(config, opts.context, opts.kv_block_size, opts.act_bytes);
+    let weights = share.weight_bytes;
     let mut forms: Vec<FormPlan> = rows(t)
         .into_iter()
         .map(|(form, w)| {
-            let ssm = ssm_bytes(config, form, w, opts);
+            let fit = share.fit(form, w, budget, opts, threshold);
             FormPlan {
                 form,
                 spec_window: w,
-                bytes_per_sequence: ssm + kv,
-                ssm_bytes: ssm,
-                kv_bytes: kv,
-                max_sequences: max_sequences(budget, weights, ssm + kv),
+                bytes_per_sequence: fit.ssm_bytes + fit.kv_bytes,
+                ssm_bytes: fit.ssm_bytes,
+                kv_bytes: fit.kv_bytes,
+                max_sequences: fit.max_sequences,
                 vs_baseline: None,
             }
         })
         .collect();
-    let baseline = if t > 0 {
-        MemoryForm::SpecBaseline
-    } else {
-        MemoryForm::Recurrent
-    };
-    let base = forms.iter().find(|f| f.form == baseline).map_or(0, |f| f.max_sequences);
+    // The baseline is the spec-baseline row at the plan's window (recurrent's when the window is 0).
+    let base = forms
+        .iter()
+        .find(|f| f.form == DecodeForm::Recurrent && f.spec_window == t)
+        .map_or(0, |f| f.max_sequences);
     for f in &mut forms {
         f.vs_baseline = (base > 0).then(|| f.max_sequences as f64 / base as f64);
     }

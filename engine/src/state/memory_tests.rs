@@ -31,6 +31,27 @@ fn tiny_qwen() -> ModelConfig {
     .expect("tiny qwen")
 }
 
+/// SSM bytes of one sequence of the whole model `c` on one GPU (a `plan-memory` row's).
+fn ssm_bytes(c: &ModelConfig, form: DecodeForm, t: usize, o: &PlanOptions) -> u64 {
+    let threshold = o.kv_only_threshold.unwrap_or_else(|| kv_only_threshold(c));
+    MemoryShare::whole(c).ssm_bytes(form, t, o, threshold)
+}
+
+/// Attention KV bytes of `context` tokens of the whole model `c` in blocks of `block`, activations of `act` bytes.
+fn kv_bytes(c: &ModelConfig, context: usize, block: usize, act: u64) -> u64 {
+    let o = PlanOptions {
+        kv_block_size: block,
+        act_bytes: act,
+        ..opts(0, context)
+    };
+    MemoryShare::whole(c).kv_bytes(&o)
+}
+
+/// Attention KV bytes per token of the whole model `c`, activations of `act` bytes.
+fn kv_bytes_per_token(c: &ModelConfig, act: u64) -> u64 {
+    MemoryShare::whole(c).kv_values_per_token * act
+}
+
 fn opts(t: usize, context: usize) -> PlanOptions {
     PlanOptions {
         spec_window: t,
@@ -48,21 +69,21 @@ fn mamba2_bytes_by_hand() {
     // State 2·4·8 fp32 = 256 B. Conv row (8 + 2·8) bf16 = 48 B, K − 1 = 3 rows = 144 B.
     // Ring entry: x 8 bf16 (16) + dt 2 fp32 (8) + B 8 bf16 (16) = 40 B.
     let o = opts(2, 20);
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 256 + 144);
-    assert_eq!(ssm_bytes(&c, MemoryForm::SpecBaseline, 2, &o), 3 * 400);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &o), 256 + 144);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 2, &o), 3 * 400);
     // Replay, L = 4, T = 2: 256 + 4·40 + (3 + 2)·48.
-    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 2, &o), 656);
-    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 0, &o), 256 + 160 + 144);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Replay, 2, &o), 656);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Replay, 0, &o), 256 + 160 + 144);
     // kv-only, threshold = state dim 8. Context 20 ≥ 8: 256 + (8 + 2)·40 + 240. Context 5: (5 + 2)·40 + 240.
     assert_eq!(kv_only_threshold(&c), 8);
-    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &o), 896);
-    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &opts(2, 5)), 520);
+    assert_eq!(ssm_bytes(&c, DecodeForm::KvOnly, 2, &o), 896);
+    assert_eq!(ssm_bytes(&c, DecodeForm::KvOnly, 2, &opts(2, 5)), 520);
     // A ring L = 16 longer than threshold + T = 10: the switch continues in replay with L entries.
     let long = PlanOptions {
         buffer_len: 16,
         ..opts(2, 20)
     };
-    assert_eq!(ssm_bytes(&c, MemoryForm::KvOnly, 2, &long), 256 + 16 * 40 + 240);
+    assert_eq!(ssm_bytes(&c, DecodeForm::KvOnly, 2, &long), 256 + 16 * 40 + 240);
     // KV: 1 head × 4, K and V bf16 = 16 B per token; 20 tokens take 2 blocks of 16.
     assert_eq!(kv_bytes_per_token(&c, ACT_BYTES), 16);
     assert_eq!(kv_bytes(&c, 20, 16, ACT_BYTES), 512);
@@ -80,9 +101,9 @@ fn gdn_bytes_by_hand() {
     // State 2·3·4 fp32 = 96 B. Conv row (2·4 + 6) bf16 = 28 B, 3 rows = 84 B.
     // Ring entry: u 6 bf16 (12) + k 4 bf16 (8) + g 2 fp32 (8) = 28 B.
     let o = opts(4, 100);
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 180);
-    assert_eq!(ssm_bytes(&c, MemoryForm::SpecBaseline, 4, &o), 5 * 180);
-    assert_eq!(ssm_bytes(&c, MemoryForm::Replay, 4, &o), 96 + 4 * 28 + 7 * 28);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &o), 180);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 4, &o), 5 * 180);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Replay, 4, &o), 96 + 4 * 28 + 7 * 28);
     // KV: 1 head × 8 → 32 B per token; 100 tokens → 112.
     assert_eq!(kv_bytes(&c, 100, 16, ACT_BYTES), 112 * 32);
     // Weights: embed 80 (tied) + final norm 8; GDN block 8 + (14 + 6 + 4)·8 + 14·4 + 2·2 + 3 + 8·6;
@@ -101,10 +122,10 @@ fn f32_activations_widen_conv_rows_ring_vectors_and_kv() {
     };
     let c = tiny_nemotron();
     // State 256 B either way. Conv row 24 f32 = 96 B, 3 rows = 288 B.
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &f32_opts(2, 20)), 256 + 288);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &f32_opts(2, 20)), 256 + 288);
     // Ring entry: x 8 f32 (32) + dt 2 fp32 (8, as in bf16) + B 8 f32 (32) = 72 B. Replay, L = 4, T = 2.
     assert_eq!(
-        ssm_bytes(&c, MemoryForm::Replay, 2, &f32_opts(2, 20)),
+        ssm_bytes(&c, DecodeForm::Replay, 2, &f32_opts(2, 20)),
         256 + 4 * 72 + 5 * 96
     );
     // KV: 1 head × 4, K and V f32 = 32 B per token.
@@ -112,9 +133,9 @@ fn f32_activations_widen_conv_rows_ring_vectors_and_kv() {
     assert_eq!(kv_bytes(&c, 20, 16, 4), 2 * kv_bytes(&c, 20, 16, ACT_BYTES));
     let c = tiny_qwen();
     // State 96 B; conv row 14 f32 = 56 B, 3 rows = 168 B; ring entry u 6 f32 (24) + k 4 f32 (16) + g 2 fp32 (8).
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &f32_opts(4, 100)), 96 + 168);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &f32_opts(4, 100)), 96 + 168);
     assert_eq!(
-        ssm_bytes(&c, MemoryForm::Replay, 4, &f32_opts(4, 100)),
+        ssm_bytes(&c, DecodeForm::Replay, 4, &f32_opts(4, 100)),
         96 + 4 * 48 + 7 * 56
     );
     // The weights do not depend on the activation type.
@@ -163,7 +184,7 @@ fn gpu_pool_planning_agrees_with_the_plan() {
             let (per_slot, per_block) = pool_bytes(layers.iter().copied(), block, act, SlotRows::default());
             assert_eq!(
                 per_slot,
-                ssm_bytes(&c, MemoryForm::Recurrent, 0, &o),
+                ssm_bytes(&c, DecodeForm::Recurrent, 0, &o),
                 "{} act {act}",
                 c.summary()
             );
@@ -180,7 +201,7 @@ fn gpu_pool_planning_agrees_with_the_plan() {
             };
             assert_eq!(
                 pool_bytes(layers.iter().copied(), block, act, rows).0,
-                ssm_bytes(&c, MemoryForm::KvOnly, t, &past),
+                ssm_bytes(&c, DecodeForm::KvOnly, t, &past),
                 "{} act {act}, every form",
                 c.summary()
             );
@@ -198,14 +219,18 @@ fn gpu_pool_planning_agrees_with_the_plan() {
         for d in ssm_layers(&c) {
             let v = LayerValues::ssm(&d);
             for act in [ACT_BYTES, 4] {
-                let bytes = SsmLayerBytes::new(&d, act);
+                let o = PlanOptions {
+                    buffer_len: 0,
+                    act_bytes: act,
+                    ..opts(0, 0)
+                };
                 assert_eq!(
                     v.state as u64 * STATE_BYTES + v.conv as u64 * act,
-                    bytes.form_bytes(MemoryForm::Recurrent, 0, 0, 0, 0)
+                    v.sequence_bytes(DecodeForm::Recurrent, 0, &o, 0)
                 );
                 assert_eq!(
                     v.slot_bytes(act, SlotRows::default()),
-                    bytes.state + bytes.conv_window * bytes.conv_row
+                    v.state_bytes() + v.conv_history_bytes(act)
                 );
             }
         }
@@ -269,13 +294,13 @@ fn plan_counts_sequences_and_ratios() {
     // Replay at T = 2, context 20: 656 + 512 = 1168 B per sequence; leave room for 10 and a bit.
     let budget = 2220 + 10 * 1168 + 1000;
     let p = plan_memory(&c, budget, &opts(2, 20)).expect("plan");
-    let row = |f: MemoryForm, t: usize| {
+    let row = |f: DecodeForm, t: usize| {
         p.forms
             .iter()
             .find(|r| r.form == f && r.spec_window == t)
             .unwrap_or_else(|| panic!("row {f:?} {t}"))
     };
-    let names: Vec<_> = p.forms.iter().map(|r| (r.form.name(), r.spec_window)).collect();
+    let names: Vec<_> = p.forms.iter().map(|r| (r.name(), r.spec_window)).collect();
     assert_eq!(
         names,
         [
@@ -287,9 +312,9 @@ fn plan_counts_sequences_and_ratios() {
             ("kv-only", 2)
         ]
     );
-    let replay = row(MemoryForm::Replay, 2);
+    let replay = row(DecodeForm::Replay, 2);
     assert_eq!((replay.bytes_per_sequence, replay.max_sequences), (1168, 10));
-    let base = row(MemoryForm::SpecBaseline, 2);
+    let base = row(DecodeForm::Recurrent, 2);
     assert_eq!(base.bytes_per_sequence, 1200 + 512);
     assert_eq!(base.max_sequences, (10 * 1168 + 1000) / 1712);
     assert_eq!(base.vs_baseline, Some(1.0));
@@ -350,14 +375,14 @@ fn real_shapes_state_sizes() {
         .expect("parse");
     let o = opts(0, 0);
     let conv = 24 * 3 * (8192 + 2 * 8 * 128) * 2;
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 24 * (4 << 20) + conv);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &o), 24 * (4 << 20) + conv);
     let params = parameter_count(&c) as f64 / 1e9;
     assert!((7.5..8.5).contains(&params), "{params}B parameters");
     // Qwen3.5-4B: 24 GDN layers of 32 × 128 × 128 fp32 = 2 MiB each.
     let c = ModelConfig::from_json(&preset_config(Family::Qwen35, "qwen3.5-4b", None, 0, 1, 2).expect("4b"))
         .expect("parse");
     let conv = 24 * 3 * (2 * 16 * 128 + 32 * 128) * 2;
-    assert_eq!(ssm_bytes(&c, MemoryForm::Recurrent, 0, &o), 24 * (2 << 20) + conv);
+    assert_eq!(ssm_bytes(&c, DecodeForm::Recurrent, 0, &o), 24 * (2 << 20) + conv);
 }
 
 #[test]

@@ -247,10 +247,6 @@ impl StatePools {
     pub fn ssm_layer(&self, i: usize) -> Option<&SsmLayerPool> {
         self.ssm.get(i)
     }
-    /// SSM layer `i`'s pools, mutable (batched kernels run over every slot; the counters say which rows are live).
-    pub fn ssm_layer_mut(&mut self, i: usize) -> Option<&mut SsmLayerPool> {
-        self.ssm.get_mut(i)
-    }
     /// f32 values the pools hold in all.
     pub fn storage_values(&self) -> usize {
         self.ssm.iter().map(SsmLayerPool::len_values).sum::<usize>()

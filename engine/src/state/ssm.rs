@@ -36,7 +36,7 @@ pub struct RingField {
     pub name: &'static str,
     /// Values per entry.
     pub width: usize,
-    /// Element type in the GPU layout ([`super::memory::ring_elem_bytes`] gives its size).
+    /// Element type in the GPU layout ([`super::memory::LayerValues::ring_entry_bytes`] counts its size).
     pub elem: RingElem,
 }
 
@@ -210,11 +210,6 @@ impl SsmLayerPool {
         &self.state
     }
 
-    /// Every slot's checkpoint, mutable.
-    pub fn states_mut(&mut self) -> &mut [f32] {
-        &mut self.state
-    }
-
     /// Input-ring rows per slot (the stride between slots in the ring fields).
     pub fn ring_rows(&self) -> usize {
         self.ring_rows
@@ -225,19 +220,9 @@ impl SsmLayerPool {
         &self.ring[f]
     }
 
-    /// Ring field `f` for every slot, mutable.
-    pub fn ring_field_mut(&mut self, f: usize) -> &mut [f32] {
-        &mut self.ring[f]
-    }
-
     /// Every slot's conv ring, `[slots, K − 1 + T, conv_dim]`.
     pub fn conv_rings(&self) -> &[f32] {
         &self.conv
-    }
-
-    /// Every slot's conv ring, mutable.
-    pub fn conv_rings_mut(&mut self) -> &mut [f32] {
-        &mut self.conv
     }
 
     /// Values of storage this pool holds (all slots, all tensors).

@@ -1,7 +1,7 @@
-//! CPU twins of the device token-selection kernels: [`argmax`] (greedy) and [`sample_row`] (filtered sampling), with
-//! the semantics of the engine's `Sampler` (engine/src/sample/mod.rs) written on a sorted vocabulary.
+//! CPU twins of the device token-selection kernels: [`argmax`] (greedy) and [`sample_row`] (filtered sampling, HF's
+//! filter order), which the engine's CPU ranks sample with.
 
-/// Index of the largest value, the lowest index on ties (−0 and +0 are equal), as the engine's `sample::argmax`.
+/// Index of the largest value, the lowest index on ties (−0 and +0 are equal).
 pub fn argmax(values: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &v) in values.iter().enumerate().skip(1) {
@@ -12,9 +12,9 @@ pub fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
-/// The tokens the Sampler's filters keep, in ascending id order, with their weights `exp((l − max) / t)` (f32).
+/// The tokens the sampling filters keep, in ascending id order, with their weights `exp((l − max) / t)` (f32).
 ///
-/// Order (engine Sampler): sort by logit descending (total order, so −0 below +0), ties by lower id; keep the first
+/// Order: sort by logit descending (total order, so −0 below +0), ties by lower id; keep the first
 /// `top_k` (0 or ≥ vocab: off); with `top_p < 1`, keep the shortest prefix of those whose weight mass (f64, in sorted
 /// order) reaches `top_p` × their mass (at least one token); with `min_p > 0`, keep the weights ≥ `min_p` (the top
 /// token's weight is 1). `temperature` must be > 0 and the logits finite.
@@ -82,9 +82,6 @@ fn weigh(logits: &[f32], order: &[u32], temperature: f32, top_p: f32, min_p: f32
 /// Samples one id from a row of finite logits with uniform `u` in `[0, 1)`: greedy ([`argmax`]) when `temperature` is
 /// 0, else the first id of [`kept_weights`] (ascending id order) whose cumulative weight (f64) exceeds `u · total`,
 /// or the last kept id when rounding leaves none.
-///
-/// The engine Sampler draws over the same kept set and weights but walks it in its internal candidate order; the
-/// distribution is the same, the id a given `u` maps to is not.
 pub fn sample_row(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p: f32, u: f32) -> u32 {
     if temperature <= 0.0 {
         return argmax(logits);
