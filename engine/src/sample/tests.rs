@@ -49,7 +49,6 @@ impl Draws {
             repetition_penalty: p.repetition_penalty,
             history: previous_tokens.to_vec(),
             uniform,
-            chained_uniforms: Vec::new(),
         }
     }
 
