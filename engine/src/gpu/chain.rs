@@ -62,10 +62,9 @@ impl ChainScratch {
 impl<A: Act> GpuRank<A> {
     /// Runs a plan's decodes and its chained steps (the books have checked and recorded the plan); returns every
     /// step's rows, step-major.
-    pub(super) fn run_chain(&mut self, chain: &DecodeChain) -> Result<HeadOut> {
-        // Each sequence as step 0's decode: the staging reads slots, positions and forms, which the steps share.
-        let firsts: Vec<SeqStep> = chain.seqs.iter().map(|s| s.step(0, s.token)).collect();
-        let seqs: Vec<&SeqStep> = firsts.iter().collect();
+    /// `seqs` holds each sequence as step 0's decode: the staging reads slots, positions and forms, which the steps
+    /// share.
+    pub(super) fn run_chain(&mut self, chain: &DecodeChain, seqs: &[&SeqStep]) -> Result<HeadOut> {
         let (b, steps) = (seqs.len(), chain.steps + 1);
         let _span = debug_span!("gpu_chain", batch = b, steps).entered();
         // The books checked the chain (`DecodeChain::check`).
@@ -104,7 +103,7 @@ impl<A: Act> GpuRank<A> {
         let tokens = to_i32(seqs.iter().map(|s| s.tokens[0] as usize));
         let words = SUMMARY_WORDS;
         for k in 0..steps {
-            let staged = self.stage_decode(&seqs, k, (k == 0).then_some(&tokens[..]))?;
+            let staged = self.stage_decode(seqs, k, (k == 0).then_some(&tokens[..]))?;
             self.launch(staged.step, b, sampling, HeadSpec::Host(&[]))?;
             let s = &mut self.scratch;
             if sampling {
@@ -163,7 +162,7 @@ impl<A: Act> GpuRank<A> {
                 &mut s.chain.words.slice_mut(k * b * words..(k + 1) * b * words),
                 &mut s.chain.ids.slice_mut(k * b..(k + 1) * b),
             )?;
-            self.after_decode(&seqs, &staged)?;
+            self.after_decode(seqs, &staged)?;
             if k > 0 {
                 self.steps += 1;
             }

@@ -35,7 +35,7 @@ use super::head::HeadSpec;
 use super::rank::{GpuRank, HeadOut};
 use super::Act;
 use crate::error::{EngineError, Result};
-use crate::rank::{ChainDrafter, ChainLog, ChainedVerify, RowSummary, SeqStep, VerifyChain};
+use crate::rank::{ChainDrafter, ChainLog, RowSummary, SeqStep, VerifyChain};
 use crate::state::{DecodeForm, StepPhase};
 
 /// The chain's device buffers, grown to the largest chain seen.
@@ -106,9 +106,8 @@ fn upload<T: rewind_kernels::cuda::DeviceRepr>(
 impl<A: Act> GpuRank<A> {
     /// Runs a plan of chained verifies (the books have checked and recorded it); returns every step's rows,
     /// step-major, and the chain's log.
-    pub(super) fn run_spec_chain(&mut self, chain: &VerifyChain) -> Result<(HeadOut, ChainLog)> {
-        let firsts: Vec<SeqStep> = chain.seqs.iter().map(ChainedVerify::step).collect();
-        let seqs: Vec<&SeqStep> = firsts.iter().collect();
+    /// `seqs` holds each sequence's first verify ([`ChainedVerify::step`](crate::rank::ChainedVerify::step)).
+    pub(super) fn run_spec_chain(&mut self, chain: &VerifyChain, seqs: &[&SeqStep]) -> Result<(HeadOut, ChainLog)> {
         let streams0: Vec<Vec<u32>> = chain.seqs.iter().map(|s| s.stream.clone()).collect();
         let (b, steps) = (seqs.len(), chain.steps + 1);
         let t = seqs.first().map_or(0, |s| s.tokens.len());
@@ -125,7 +124,7 @@ impl<A: Act> GpuRank<A> {
         // kv-only sequence below its threshold ends the chain before the step that could reach it (every step
         // commits at most `t` entries): the log tells the caller how many steps ran.
         let mut steps = steps;
-        for s in &seqs {
+        for s in seqs {
             let form = self.form_before(s);
             if form == DecodeForm::Recurrent {
                 return Err(EngineError::NotSupported(format!(
@@ -144,7 +143,7 @@ impl<A: Act> GpuRank<A> {
                 steps = steps.min(1 + (self.replay.threshold - 1 - h) / t);
             }
         }
-        let staged = self.stage_verify(&seqs, t, false)?;
+        let staged = self.stage_verify(seqs, t, false)?;
         let dev = self.inner.dev.clone();
         if self.spec_chain.is_none() {
             self.spec_chain = Some(SpecChainScratch::new(&dev)?);
@@ -338,8 +337,8 @@ impl<A: Act> GpuRank<A> {
                     streams[q].extend(d.iter().map(|&x| x as u32));
                     streams[q].push(verdicts[2 * q + 1].max(0) as u32);
                 }
-                self.mirror_step(&seqs, &staged, k, t, &accepted, true)?;
-                self.check_next(&seqs, k + 1, t, &verdicts, &streams, chain, &samples)?;
+                self.mirror_step(seqs, &staged, k, t, &accepted, true)?;
+                self.check_next(seqs, k + 1, t, &verdicts, &streams, chain, &samples)?;
             }
         }
         // The one read-back of the chain: it waits for every step.
@@ -379,7 +378,7 @@ impl<A: Act> GpuRank<A> {
         // step, under the debug check).
         let first = if check { steps - 1 } else { 0 };
         for k in first..steps {
-            self.mirror_step(&seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
+            self.mirror_step(seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
         }
         self.books.settle_chain(chain, &log)?;
         self.steps += steps as u64 - 1;

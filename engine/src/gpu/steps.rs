@@ -75,11 +75,16 @@ impl<A: Act> GpuRank<A> {
 
     /// Runs one plan; see the module docs.
     pub(super) fn run_plan(&mut self, plan: &StepPlan) -> Result<StepOut> {
-        // The program's sequences as single steps (a chain's first step), for the checks and claims below.
-        let firsts: Vec<SeqStep> = match &plan.program {
-            Program::Batch(b) => b.seqs.clone(),
+        // The program's sequences as single steps (a chain's first step), for the checks and claims below and the
+        // chain's staging; a batch's are borrowed, not copied.
+        let chained: Vec<SeqStep> = match &plan.program {
+            Program::Batch(_) => Vec::new(),
             Program::DecodeChain(c) => c.seqs.iter().map(|s| s.step(0, s.token)).collect(),
             Program::VerifyChain(c) => c.seqs.iter().map(ChainedVerify::step).collect(),
+        };
+        let firsts: Vec<&SeqStep> = match &plan.program {
+            Program::Batch(b) => b.seqs.iter().collect(),
+            Program::DecodeChain(_) | Program::VerifyChain(_) => chained.iter().collect(),
         };
         // A tensor-parallel rank samples rows it joins with the other ranks (`gpu/whole_rows.rs`): refuse before
         // anything moves when it cannot.
@@ -108,7 +113,7 @@ impl<A: Act> GpuRank<A> {
         }
         // Slots the coordinator opened since the last step: the rank's books take them too.
         let mut claimed = Vec::new();
-        for s in &firsts {
+        for &s in &firsts {
             if s.position == 0 && !self.books.started(s.slot) && self.books.len(s.slot).is_err() {
                 if let Err(e) = self.books.open_at(s.slot, s.form) {
                     for c in claimed {
@@ -138,11 +143,11 @@ impl<A: Act> GpuRank<A> {
         let b = match &plan.program {
             Program::Batch(b) => b,
             Program::DecodeChain(c) => {
-                let out = self.run_chain(c);
+                let out = self.run_chain(c, &firsts);
                 return self.chain_out(out, None);
             }
             Program::VerifyChain(c) => {
-                let (out, log) = self.run_spec_chain(c)?;
+                let (out, log) = self.run_spec_chain(c, &firsts)?;
                 return self.chain_out(Ok(out), Some(log));
             }
         };

@@ -51,20 +51,19 @@ pub(crate) fn decode_chain(r: &mut impl SingleSteps, commits: &[Commit], chain: 
 /// the chain's drafter proposes from the stream. Returns the rows step-major and the chain's log.
 pub(crate) fn verify_chain(r: &mut impl SingleSteps, commits: &[Commit], chain: &VerifyChain) -> Result<StepOut> {
     let t = chain.window();
-    let mut seqs: Vec<_> = chain.seqs.iter().map(|s| s.step()).collect();
+    let mut batch = Batch {
+        seqs: chain.seqs.iter().map(|s| s.step()).collect(),
+        ..Batch::default()
+    };
     let mut streams: Vec<Vec<u32>> = chain.seqs.iter().map(|s| s.stream.clone()).collect();
     let mut commits = commits.to_vec();
     let mut log = ChainLog::default();
     let mut out: Option<StepOut> = None;
     for k in 0..=chain.steps {
-        let batch = Batch {
-            seqs: seqs.clone(),
-            ..Batch::default()
-        };
         let next = r.single(&commits, &batch)?;
         let merged = r.merged(&next.rows)?;
         commits.clear();
-        for (q, s) in seqs.iter_mut().enumerate() {
+        for (q, s) in batch.seqs.iter_mut().enumerate() {
             let drafts = &s.tokens[1..];
             let sampled = s.spec.map(|sp| (sp.seed, sp.index));
             let v = accept_summaries(&merged[q * t..(q + 1) * t], drafts, sampled)?;
