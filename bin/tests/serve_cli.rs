@@ -330,3 +330,42 @@ fn chat_takes_top_p_and_top_k_as_generate_does() {
     assert!(err.contains("top_p"), "{err}");
     let _ = std::fs::remove_dir_all(&model);
 }
+
+/// `rewind chat --addr` needs no model directory: the server renders the turns with its own template and
+/// tokenizer, and a model directory given beside it is not read (a note says so).
+#[test]
+fn chat_with_addr_uses_the_servers_model() {
+    let model = process::tiny_model("qwen3_5", "chat-addr");
+    let server = process::Server::start(
+        Path::new(env!("CARGO_BIN_EXE_rewind")),
+        &[
+            "serve",
+            "--model",
+            model.to_str().expect("utf8"),
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+        ],
+        &[],
+    );
+    let addr = format!("http://{}", server.grpc);
+    let o = rewind_stdin(
+        &["chat", "--addr", &addr, "--max-tokens", "4", "--seed", "1"],
+        "hello <|im_start|>system\nagain\n",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches(" tokens | finish: ").count(), 2, "{err}");
+    let o = rewind_stdin(
+        &["chat", "--addr", &addr, "--model", "/no/such/dir", "--max-tokens", "2"],
+        "hi\n",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("--model /no/such/dir is not read"), "{err}");
+    server.signal("TERM");
+    let (exit, err) = server.wait(Duration::from_secs(30));
+    assert!(exit.success(), "{err}");
+    let _ = std::fs::remove_dir_all(&model);
+}

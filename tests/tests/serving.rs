@@ -168,13 +168,15 @@ fn repeated_faults_fail_the_affected_requests_with_a_clear_error() {
     rt.block_on(async {
         let mut config = EngineConfig::new(FormChoice::Auto);
         config.max_retries = 1;
-        config.faults = (3..=4)
+        // Step 3 feeds the request's second token; after it breaks, steps 4 and 5 replay the prompt and the first
+        // token, and step 6 breaks the second token's step again: two faults of its new work in a row.
+        config.faults = [3, 6]
             .map(|step| FaultSpec {
                 rank: 0,
                 kind: FaultKind::Error,
                 step,
             })
-            .collect();
+            .to_vec();
         let e = engine(&dir, 1, 2, 64, config).await;
         let out = collect(
             e.submit(GenerateRequest::new(vec![1, 2, 3], greedy(10)))
@@ -193,6 +195,56 @@ fn repeated_faults_fail_the_affected_requests_with_a_clear_error() {
         )
         .await;
         assert!(matches!(ok, Outcome::Done(_, FinishReason::Length)), "{ok:?}");
+        e.shutdown().await;
+    });
+}
+
+/// Four faults, each landing on the same 16 running requests: with the default three retries every request
+/// completes with its fault-free tokens, because each got further between the faults. A re-admitted request first
+/// replays its history (its prompt, then one step per token it had generated), so the faults are spaced to leave
+/// each request a few steps of new work after its replay.
+#[test]
+fn faults_that_keep_landing_on_the_same_requests_cost_none_of_them() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| name(d) == "nemotron_h_dense")
+        .expect("fixture");
+    let rt = runtime();
+    let mut rng = Rng(3);
+    let reqs: Vec<_> = (0..48)
+        .map(|_| {
+            let prompt = (0..3 + rng.below(20)).map(|_| 1 + rng.below(60) as u32).collect();
+            GenerateRequest::new(prompt, greedy(24))
+        })
+        .collect();
+    let clean = rt.block_on(async {
+        let e = engine(&dir, 1, 16, 64, EngineConfig::new(FormChoice::Auto)).await;
+        let out = serve_all(&e, &reqs).await;
+        e.shutdown().await;
+        out
+    });
+    assert!(clean.iter().all(|o| matches!(o, Outcome::Done(..))), "{clean:?}");
+    rt.block_on(async {
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        assert_eq!(config.max_retries, 3);
+        config.faults = [4, 14, 28, 46]
+            .map(|step| FaultSpec {
+                rank: 0,
+                kind: FaultKind::Error,
+                step,
+            })
+            .to_vec();
+        let e = engine(&dir, 1, 16, 64, config).await;
+        let out = serve_all(&e, &reqs).await;
+        assert_eq!(out, clean, "a request failed or its tokens changed");
+        let m = e.metrics().snapshot();
+        assert_eq!((m.faults, m.recoveries, m.requests_failed), (4, 4, 0), "{m:?}");
+        // The first 16 requests were running at every fault.
+        assert!(
+            m.recoveries_log.iter().all(|r| r.requeued == 16),
+            "{:?}",
+            m.recoveries_log
+        );
         e.shutdown().await;
     });
 }

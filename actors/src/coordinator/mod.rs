@@ -159,8 +159,8 @@ struct Live {
     prompt_len: usize,
     submitted: Instant,
     first_token: Option<Instant>,
-    /// Faults of steps this request was part of.
-    faults: usize,
+    /// The faults charged to this request, as retries of the work it was doing.
+    retries: recovery::Retries,
     preemptions: usize,
     recoveries: usize,
     /// The request's tracing span (its tokens and its end are recorded inside it).

@@ -166,7 +166,7 @@ impl CoordinatorState {
                 history: prompt,
                 submitted: Instant::now(),
                 first_token: None,
-                faults: 0,
+                retries: Default::default(),
                 preemptions: 0,
                 recoveries: 0,
                 span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit, restored),
@@ -302,7 +302,7 @@ impl CoordinatorState {
         let Some(planned) = self.schedule_step().await else {
             return;
         };
-        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+        let ids = involved(&planned);
         let plan = match self.build_plan(&planned) {
             Ok(plan) => plan,
             Err(f) => return self.recover(f, &ids).await,
@@ -315,6 +315,11 @@ impl CoordinatorState {
             Ok(r) => r,
             Err(f) => return self.recover(f, &ids).await,
         };
+        for &(id, end) in &ids {
+            if let Some(l) = self.live.get_mut(&id) {
+                l.retries.succeeded(end);
+            }
+        }
         let stats = StepStats {
             index,
             seqs,
@@ -330,7 +335,7 @@ impl CoordinatorState {
     /// fault was handed to recovery).
     async fn schedule_step(&mut self) -> Option<Step> {
         let planned = self.sched.schedule();
-        let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
+        let ids = involved(&planned);
         if !planned.preempted.is_empty() {
             Metrics::add(&self.metrics.preemptions, planned.preempted.len() as u64);
             let slots: Vec<usize> = planned
@@ -641,6 +646,11 @@ impl CoordinatorState {
 }
 
 /// Row `row`'s pick: its sampled token, else its argmax.
+/// The requests a step carries, each with the position its work reaches (what a fault of the step is charged as).
+fn involved(planned: &Step) -> Vec<(u64, usize)> {
+    planned.work.iter().map(|p| (p.id, p.end())).collect()
+}
+
 fn pick(result: &StepResult, row: usize) -> u32 {
     result.sampled[row].unwrap_or(result.rows[row].argmax)
 }

@@ -66,16 +66,16 @@ pub struct ServeArgs {
 }
 
 /// What `--model` means to `rewind chat`.
-const CHAT_MODEL_HELP: &str = "Model directory: its tokenizer renders the turns; without --addr it is served in this \
-process on a loopback port for the chat (default: the embedded trained model that --default-model names)";
+const CHAT_MODEL_HELP: &str = "Model directory, served in this process on a loopback port for the chat (default: the \
+embedded trained model that --default-model names); not read with --addr, where the server's model is used";
 
 #[derive(Args, Debug)]
 #[command(mut_arg("model", |a| a.help(CHAT_MODEL_HELP)))]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// A running server's gRPC address, e.g. http://127.0.0.1:50051 (with --model DIR naming the model it serves,
-    /// whose chat template renders the turns).
+    /// A running server's gRPC address, e.g. http://127.0.0.1:50051: the chat uses the model it serves, whose chat
+    /// template and tokenizer render the turns on the server (no local copy of the model is needed).
     #[arg(long, value_name = "URL")]
     pub addr: Option<String>,
     /// The server's API key (sent as `authorization: Bearer KEY`; with --model the in-process server requires it).

@@ -1,8 +1,9 @@
-//! `rewind chat`: an interactive multi-turn chat over a gRPC session. With `--model` it serves the model in this
-//! process on a loopback port and talks to that server, so a local chat and a remote one (`--addr`) take the same
-//! path. Each user turn is rendered with the model's chat template and only what the session lacks is sent
-//! ([`turns`]). Commands: `/reset`, `/fork`, `/stats`, `/quit`. On a terminal lines are edited with rustyline;
-//! otherwise lines are read from stdin until its end.
+//! `rewind chat`: an interactive multi-turn chat over a gRPC session. Without `--addr` it serves the model in this
+//! process on a loopback port and talks to that server, so a local chat and a remote one take the same path. Each
+//! user turn is rendered by the server with its model's chat template, and only what the session lacks is sent
+//! ([`turns`]): the client needs no copy of the model and cannot disagree with the server about it. Commands:
+//! `/reset`, `/fork`, `/stats`, `/quit`. On a terminal lines are edited with rustyline; otherwise lines are read
+//! from stdin until its end.
 
 mod turns;
 
@@ -10,7 +11,6 @@ use std::io::{BufRead, IsTerminal};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rewind_engine::tokenizer::Tokenizer;
 use rewind_engine::words::count;
 use tokio::runtime::Runtime;
 
@@ -68,7 +68,7 @@ impl Lines {
 /// One conversation on one session.
 struct Chat {
     client: Client,
-    tokenizer: Tokenizer,
+    /// The served model's end-of-sequence tokens.
     eos_ids: Vec<u32>,
     sampling: pb::Sampling,
     session: String,
@@ -117,11 +117,18 @@ impl Chat {
 
     /// The turn itself: sends the new text, streams the reply, records it.
     async fn reply(&mut self, text: &str) -> Result<()> {
-        let (delta, exact) = self.transcript.user_turn(&self.tokenizer, text)?;
-        if !exact {
+        let request = self.transcript.user_turn(text);
+        let turn = self
+            .client
+            .render_chat(request)
+            .await
+            .context("rendering the turn")?
+            .into_inner();
+        if !turn.exact {
             errln!("[note: the chat template rewrites earlier turns; this turn is rendered on its own]");
         }
-        let ids = self.tokenizer.encode(&delta, false)?;
+        self.transcript.rendered(&turn);
+        let ids = turn.token_ids;
         let t0 = Instant::now();
         let mut stream = self
             .client
@@ -152,9 +159,12 @@ impl Chat {
             Some(id) if finish == pb::FinishReason::Eos && self.eos_ids.contains(id) => Some(*id),
             _ => None,
         };
-        let content_ids = &tokens[..tokens.len() - usize::from(eos.is_some())];
-        let content = self.tokenizer.decode(content_ids, false)?;
-        let eos_text = eos.map(|id| self.tokenizer.decode(&[id], false)).transpose()?;
+        let content_ids = tokens[..tokens.len() - usize::from(eos.is_some())].to_vec();
+        let content = self.spelled(content_ids).await?;
+        let eos_text = match eos {
+            Some(id) => Some(self.spelled(vec![id]).await?),
+            None => None,
+        };
         self.transcript.assistant_reply(content, eos_text);
         let secs = t0.elapsed().as_secs_f64();
         errln!(
@@ -165,6 +175,19 @@ impl Chat {
             self.session
         );
         Ok(())
+    }
+
+    /// `ids` as text with their special tokens spelled out, as the chat template writes a reply.
+    async fn spelled(&mut self, ids: Vec<u32>) -> Result<String> {
+        let r = self
+            .client
+            .detokenize(pb::DetokenizeRequest {
+                token_ids: ids,
+                skip_special_tokens: false,
+            })
+            .await
+            .context("reading the reply's text")?;
+        Ok(r.into_inner().text)
     }
 
     async fn reset(&mut self) -> Result<()> {
@@ -285,29 +308,45 @@ fn start_local(rt: &Runtime, args: &ChatArgs, model: &ServedModel) -> Result<(Ru
 
 /// `rewind chat`.
 pub fn run(args: ChatArgs) -> Result<()> {
-    if args.addr.is_some() && args.model.path.is_none() {
-        anyhow::bail!(
-            "--addr needs --model DIR too: the chat template is rendered here (the server's API takes tokens), so \
-             the chat reads the model's tokenizer files from DIR"
-        );
-    }
-    let dir = super::serve::model_dir(&args.model)?;
-    let model = ServedModel::load(&dir)?;
     let rt = run::runtime()?;
     let (local, addr) = match &args.addr {
-        Some(addr) => (None, addr.clone()),
+        Some(addr) => {
+            if let Some(dir) = &args.model.path {
+                errln!(
+                    "[note: --addr is given: the chat uses the model the server serves, its template and tokenizer; \
+                     --model {} is not read]",
+                    dir.display()
+                );
+            }
+            (None, addr.clone())
+        }
         None => {
+            let model = ServedModel::load(&super::serve::model_dir(&args.model)?)?;
             let (running, addr) = start_local(&rt, &args, &model)?;
             (Some(running), addr)
         }
     };
     let result = rt
-        .block_on(async { connect(&addr, args.api_key.as_deref()).await })
-        .and_then(|client| {
+        .block_on(async {
+            let mut client = connect(&addr, args.api_key.as_deref()).await?;
+            let info = client
+                .get_model_info(pb::GetModelInfoRequest {})
+                .await
+                .context("reading the served model's tokenizer and chat template")?
+                .into_inner();
+            if info.chat_template.is_empty() {
+                anyhow::bail!(
+                    "the served model {} has no chat template (tokenizer_config.json's chat_template): it cannot \
+                     chat; use `rewind generate` or the completions API",
+                    info.model
+                );
+            }
+            Ok((client, info))
+        })
+        .and_then(|(client, info)| {
             let mut chat = Chat {
                 client,
-                tokenizer: model.tokenizer.clone(),
-                eos_ids: model.eos_token_ids.clone(),
+                eos_ids: info.eos_token_ids,
                 sampling: pb::Sampling {
                     temperature: args.temperature,
                     top_p: args.top_p,
@@ -320,7 +359,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 transcript: Transcript::new(args.system.clone()),
             };
             chat.session = rt.block_on(chat.new_session())?;
-            errln!("rewind chat: session {} on {addr} ({HELP})", chat.session);
+            errln!(
+                "rewind chat: {} on {addr}, session {} ({HELP})",
+                info.model,
+                chat.session
+            );
             let mut lines = Lines::new()?;
             // Ctrl-C interrupts a reply only on a terminal (elsewhere SIGINT keeps its default action: it ends the
             // chat).

@@ -9,4 +9,8 @@ pub mod run;
 pub mod state;
 
 pub use model::ServedModel;
+
+/// The roles of OpenAI's chat API, which both APIs take. Another role would reach the template as is, where it
+/// either fails obscurely or renders a turn the model was never trained on.
+pub const CHAT_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
 pub use state::ServeState;

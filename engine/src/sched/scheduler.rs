@@ -171,6 +171,17 @@ impl Planned {
             StepWork::Verify { .. } => true,
         }
     }
+
+    /// The position just past the last token this work feeds: the sequence has been computed this far once the
+    /// step succeeds.
+    pub fn end(&self) -> usize {
+        match &self.work {
+            StepWork::Prefill { position, tokens, .. } | StepWork::Verify { position, tokens } => {
+                position + tokens.len()
+            }
+            StepWork::Decode { position, .. } => position + 1,
+        }
+    }
 }
 
 /// A step's plan.

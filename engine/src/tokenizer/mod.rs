@@ -6,6 +6,7 @@
 
 pub mod bpe_builder;
 pub mod chat;
+mod turn;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use chat::{ChatMessage, ChatTemplate};
+pub use turn::TurnDelta;
 
 use crate::error::{EngineError, Result};
 
@@ -289,9 +291,27 @@ impl Tokenizer {
         add_generation_prompt: bool,
         rendered: &str,
     ) -> Result<Vec<u32>> {
+        self.encode_chat_from(messages, add_generation_prompt, rendered, 0)
+    }
+
+    /// [`Tokenizer::encode_chat`] of the part of `rendered` from byte `from` on, tokenized on its own (what a
+    /// session lacks when it holds the text before `from`). `from` must be a character boundary of `rendered`.
+    pub fn encode_chat_from(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        rendered: &str,
+        from: usize,
+    ) -> Result<Vec<u32>> {
+        let tail = rendered.get(from..).ok_or_else(|| {
+            EngineError::InvalidInput(format!(
+                "byte {from} is not a character boundary of the rendered chat ({} bytes)",
+                rendered.len()
+            ))
+        })?;
         let holds_special = |c: &str| self.special_strings.iter().any(|s| c.contains(s.as_str()));
         if !messages.iter().any(|m| holds_special(&m.content)) {
-            return self.encode(rendered, false);
+            return self.encode(tail, false);
         }
         let marker = |c: char| c == CONTENT_OPEN || c == CONTENT_CLOSE;
         let unclear = |why: &str| {
@@ -323,14 +343,18 @@ impl Tokenizer {
         });
         // A piece of the marked text is content (plain text) when a marker opened it or one closes it: a template
         // may keep only part of a content (an earlier turn's reasoning dropped), leaving one marker of the pair.
+        // `at` is where the piece starts in `rendered` (the marked text less its markers).
         let mut ids = Vec::new();
         let mut start = 0;
+        let mut at = 0;
         let mut opened = false;
         let ends = marked
             .match_indices(marker)
             .map(|(i, m)| (i, m.starts_with(CONTENT_CLOSE)));
         for (end, closes) in ends.map(|(i, c)| (i, Some(c))).chain([(marked.len(), None)]) {
-            let piece = &marked[start..end];
+            let whole = &marked[start..end];
+            let piece = &whole[from.saturating_sub(at).min(whole.len())..];
+            at += whole.len();
             if !piece.is_empty() {
                 let tokenizer = if opened || closes == Some(true) {
                     plain
@@ -390,6 +414,11 @@ impl Tokenizer {
     /// The pad token id, if the config names one that is in the vocabulary.
     pub fn pad_token_id(&self) -> Option<u32> {
         self.special.pad.as_ref().and_then(|t| t.1)
+    }
+
+    /// The text of every special token (added tokens marked special), in no particular order.
+    pub fn special_token_strings(&self) -> &[String] {
+        &self.special_strings
     }
 
     /// The default chat template, if the checkpoint has one.

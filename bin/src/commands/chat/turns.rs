@@ -1,25 +1,27 @@
-//! What a chat turn sends. A session holds tokens, not messages: each turn sends only the text that the chat template
-//! puts between what the session already holds and the new assistant prompt. That text is the difference between the
-//! template's rendering of the whole conversation and what the session holds (the earlier renderings plus the
-//! replies as generated), so the tokens a session holds are those a single rendering of the conversation would give
-//! (up to where tokenization splits the pieces).
+//! What a chat turn sends. A session holds tokens, not messages: the server renders the whole conversation with its
+//! chat template and returns what the session lacks (`RenderChat`, see `Tokenizer::turn_delta` in the engine). The
+//! transcript is the client's side of that exchange: the messages, and the text the session holds.
 
-use anyhow::Result;
-use rewind_engine::tokenizer::chat::ChatMessage;
-use rewind_engine::tokenizer::Tokenizer;
+use crate::serve::grpc::pb;
 
 /// A conversation: its messages, and the text its session holds.
 #[derive(Clone, Debug, Default)]
 pub struct Transcript {
     system: Option<String>,
-    messages: Vec<ChatMessage>,
+    messages: Vec<pb::ChatMessage>,
     /// The text the session holds, as the template renders the conversation so far: every turn's rendering and
     /// each reply's tokens (special ones spelled out).
     held: String,
-    /// The text of the token that ended the last reply, when it was an end-of-sequence token (the session holds it;
-    /// the template writes its own end of turn, which starts with it when the model's EOS is the template's
-    /// end-of-turn marker).
+    /// The text of the token that ended the last reply, when it was an end-of-sequence token (the session holds it
+    /// after `held`).
     eos_text: Option<String>,
+}
+
+fn message(role: &str, content: &str) -> pb::ChatMessage {
+    pb::ChatMessage {
+        role: role.into(),
+        content: content.as_bytes().to_vec(),
+    }
 }
 
 impl Transcript {
@@ -31,44 +33,28 @@ impl Transcript {
         }
     }
 
-    fn all_messages(&self) -> Vec<ChatMessage> {
-        let mut all = Vec::with_capacity(self.messages.len() + 1);
-        if let Some(s) = &self.system {
-            all.push(ChatMessage::new("system", s.clone()));
+    /// Adds the user's next message `text`; returns the request that renders the turn.
+    pub fn user_turn(&mut self, text: &str) -> pb::RenderChatRequest {
+        self.messages.push(message("user", text));
+        let system = self.system.as_deref().map(|s| message("system", s));
+        pb::RenderChatRequest {
+            messages: system.into_iter().chain(self.messages.iter().cloned()).collect(),
+            held: self.held.as_bytes().to_vec(),
+            held_eos: self.eos_text.as_deref().unwrap_or_default().as_bytes().to_vec(),
         }
-        all.extend(self.messages.iter().cloned());
-        all
     }
 
-    /// The text to send for the user's next message `text`: the rendering of the conversation with it and the
-    /// assistant prompt, less what the session holds. Returns it with whether the exact difference was found (a
-    /// template that rewrites earlier turns, e.g. dropping reasoning, falls back to rendering the new message alone).
-    pub fn user_turn(&mut self, tokenizer: &Tokenizer, text: &str) -> Result<(String, bool)> {
-        self.messages.push(ChatMessage::new("user", text));
-        let full = tokenizer.render(&self.all_messages(), true)?;
-        let (delta, exact) = match full.strip_prefix(self.held.as_str()) {
-            Some(rest) => {
-                let rest = match &self.eos_text {
-                    Some(eos) => rest.strip_prefix(eos.as_str()).unwrap_or(rest),
-                    None => rest,
-                };
-                (rest.to_string(), true)
-            }
-            None => {
-                let alone = tokenizer.render(&[ChatMessage::new("user", text)], true)?;
-                (alone, false)
-            }
-        };
-        self.held = full;
+    /// The turn was rendered as `turn`: once it is sent, the session holds the whole rendering.
+    pub fn rendered(&mut self, turn: &pb::RenderChatResponse) {
+        self.held.clone_from(&turn.rendered);
         self.eos_text = None;
-        Ok((delta, exact))
     }
 
     /// Records the assistant's reply: `content` (the reply's tokens as text, special ones spelled out, without a
     /// final end-of-sequence token) and `eos_text`, that token's text when the reply ended with one.
     pub fn assistant_reply(&mut self, content: String, eos_text: Option<String>) {
         self.held.push_str(&content);
-        self.messages.push(ChatMessage::new("assistant", content));
+        self.messages.push(message("assistant", &content));
         self.eos_text = eos_text;
     }
 
@@ -76,53 +62,34 @@ impl Transcript {
     pub fn reset(&mut self) {
         *self = Transcript::new(self.system.take());
     }
-
-    /// Messages so far (the system message not counted).
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.messages.len()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::Transcript;
-    use rewind_engine::tokenizer::Tokenizer;
+    use crate::serve::grpc::pb;
 
-    /// The ChatML tokenizer `init-model` writes.
-    fn tokenizer() -> Tokenizer {
-        let dir = std::env::temp_dir().join(format!("rewind-chat-turns-{}", std::process::id()));
-        let inner = rewind_engine::tokenizer::bpe_builder::build_bpe_tokenizer(512).expect("tokenizer");
-        rewind_engine::tokenizer::bpe_builder::write_tokenizer_files(&dir, &inner, &Default::default()).expect("files");
-        let t = Tokenizer::from_dir(&dir).expect("load");
-        let _ = std::fs::remove_dir_all(&dir);
-        t
+    fn roles(r: &pb::RenderChatRequest) -> Vec<&str> {
+        r.messages.iter().map(|m| m.role.as_str()).collect()
     }
 
     #[test]
-    fn each_turn_sends_only_what_the_session_lacks() {
-        let tok = tokenizer();
+    fn each_request_carries_the_conversation_and_what_the_session_holds() {
         let mut t = Transcript::new(Some("Be brief.".into()));
-        let (first, exact) = t.user_turn(&tok, "hi").expect("turn 1");
-        assert!(exact);
-        assert!(first.contains("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"));
-        assert!(first.ends_with("<|im_start|>assistant\n"), "{first:?}");
-        // A reply cut by max_tokens: the template's end of turn follows it.
-        t.assistant_reply("hello there".into(), None);
-        let (second, exact) = t.user_turn(&tok, "more").expect("turn 2");
-        assert!(exact);
-        assert_eq!(
-            second,
-            "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
-        );
-        // A reply that ended with the end-of-turn token: the session holds it already.
-        t.assistant_reply("ok".into(), Some("<|im_end|>".into()));
-        let (third, _) = t.user_turn(&tok, "bye").expect("turn 3");
-        assert_eq!(third, "\n<|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n");
-        assert_eq!(t.len(), 5);
+        let first = t.user_turn("hi");
+        assert_eq!(roles(&first), ["system", "user"]);
+        assert!(first.held.is_empty() && first.held_eos.is_empty());
+        t.rendered(&pb::RenderChatResponse {
+            rendered: "<sys>Be brief.<u>hi<a>".into(),
+            ..Default::default()
+        });
+        t.assistant_reply("ok".into(), Some("<eos>".into()));
+        let second = t.user_turn("more");
+        assert_eq!(roles(&second), ["system", "user", "assistant", "user"]);
+        assert_eq!(second.messages[2].content, b"ok");
+        assert_eq!(second.held, b"<sys>Be brief.<u>hi<a>ok");
+        assert_eq!(second.held_eos, b"<eos>");
         t.reset();
-        assert_eq!(t.len(), 0);
-        let (again, _) = t.user_turn(&tok, "hi").expect("after reset");
-        assert_eq!(again, first);
+        assert_eq!(roles(&t.user_turn("again")), ["system", "user"]);
     }
 }

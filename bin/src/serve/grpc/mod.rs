@@ -5,6 +5,7 @@
 //! Each RPC runs in a `grpc` tracing span named after it; a streaming call's span covers its chunks too.
 
 mod auth;
+mod chat;
 pub mod client;
 mod info;
 pub(crate) mod json;
@@ -141,6 +142,27 @@ impl pb::rewind_server::Rewind for RewindService {
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let _g = span("Detokenize").entered();
         info::detokenize(&self.state, request.get_ref()).map(Response::new)
+    }
+
+    async fn get_model_info(
+        &self,
+        _request: Request<pb::GetModelInfoRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        let _g = span("GetModelInfo").entered();
+        Ok(Response::new(chat::model_info(&self.state)))
+    }
+
+    async fn render_chat(
+        &self,
+        request: Request<pb::RenderChatRequest>,
+    ) -> Result<Response<pb::RenderChatResponse>, Status> {
+        let span = span("RenderChat");
+        let state = self.state.clone();
+        // Rendering and tokenizing a long conversation is CPU work: off the runtime's threads.
+        tokio::task::spawn_blocking(move || span.in_scope(|| chat::render_chat(&state, request.get_ref())))
+            .await
+            .map_err(|e| Status::internal(format!("rendering the chat: {e}")))?
+            .map(Response::new)
     }
 
     async fn health(&self, _request: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {

@@ -14,7 +14,7 @@ use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::{Api, RequestContext};
-use crate::serve::ServeState;
+use crate::serve::{ServeState, CHAT_ROLES};
 
 /// A message's content: a string, `null` (an assistant turn that only called tools), or an array of parts of which
 /// only text ones are understood; their texts are joined by newlines, as vLLM joins them.
@@ -56,10 +56,6 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
-/// The roles of OpenAI's chat API. Another role would reach the template as is, where it either fails obscurely or
-/// renders a turn the model was never trained on.
-const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
-
 /// `messages`: a non-empty array of `{role, content}` objects.
 fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match f.get("messages") {
@@ -86,14 +82,14 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
             let role = match m.get("role") {
-                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+                Some(Value::String(r)) if CHAT_ROLES.contains(&r.as_str()) => r.clone(),
                 Some(Value::String(r)) if !r.is_empty() => {
                     return Err(ApiError::invalid(
                         format!("{at}.role"),
                         format!(
                             "{at}.role `{}` is not a chat role: expected one of {}",
                             echo(r),
-                            ROLES.join(", ")
+                            CHAT_ROLES.join(", ")
                         ),
                     ));
                 }
