@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's deployment table: Nemotron-3 Super and the largest Qwen3.5 MoE on 8 × B300 and 8 × H200, at TP 8 and
+# The deployment table of docs/benchmarks.md: Nemotron-3 Super and the largest Qwen3.5 MoE on 8 × B300 and 8 × H200, at TP 8 and
 # at TP 4 × 2 replicas, for 8K / 32K / 128K tokens of context, projected by `rewind plan` (roofline × the measured /
 # model ratio of engine/src/plan/calibration.rs). Usage: bench/plan_deployment.sh [REWIND_BINARY]
 set -euo pipefail

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::PoolError;
 
-/// How a sequence is decoded (see the README, "Input replay and decode forms"); stored per slot as a `u8` so a batch can mix forms.
+/// How a sequence is decoded (see docs/decode-forms.md); stored per slot as a `u8` so a batch can mix forms.
 /// Serialized by its [`DecodeForm::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
