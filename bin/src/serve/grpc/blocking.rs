@@ -32,7 +32,7 @@ pub fn check_id_count(state: &ServeState, field: &str, n: usize) -> Result<(), S
     if n > context {
         return Err(invalid(
             field,
-            format!("{n} token ids are more than the model's maximum context length of {context} tokens"),
+            format!("{n} token ids exceed the context limit of {context} tokens"),
         ));
     }
     Ok(())
