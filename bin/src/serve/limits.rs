@@ -86,9 +86,9 @@ pub fn from_args(a: &ListenArgs) -> Result<(ConnLimits, RequestLimits)> {
 pub fn bytes(n: usize) -> String {
     const MIB: usize = 1 << 20;
     const KIB: usize = 1 << 10;
-    if n >= MIB && n % MIB == 0 {
+    if n >= MIB && n.is_multiple_of(MIB) {
         format!("{} MiB", n / MIB)
-    } else if n >= KIB && n % KIB == 0 {
+    } else if n >= KIB && n.is_multiple_of(KIB) {
         format!("{} KiB", n / KIB)
     } else {
         format!("{n} bytes")
