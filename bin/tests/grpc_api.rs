@@ -162,6 +162,24 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
         add_special_tokens: false,
     };
     assert_status(c.tokenize(tokenize).await, Code::InvalidArgument, &["text", "UTF-8"]);
+    // A text longer than the context can hold is refused before it is tokenized (issue 40: 3.9 MB of text made
+    // 1.3 M ids), naming the field and the limit; ids past the context likewise.
+    let long_text = pb::TokenizeRequest {
+        text: vec![b'a'; 1 << 20],
+        add_special_tokens: false,
+    };
+    assert_status(
+        c.tokenize(long_text).await,
+        Code::InvalidArgument,
+        &["text", "maximum context length is 256 tokens", "at most"],
+    );
+    let many_ids = complete_ids(&vec![5; 1000], greedy(2));
+    refused(
+        &mut c,
+        many_ids,
+        &["token_ids", "1000 token ids", "context limit of 256"],
+    )
+    .await;
     let detokenize = pb::DetokenizeRequest {
         token_ids: vec![vocab + 7],
         skip_special_tokens: false,

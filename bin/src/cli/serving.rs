@@ -38,6 +38,29 @@ pub struct ListenArgs {
     /// with a warning (counted in /metrics as rewind_http_unknown_fields_total).
     #[arg(long)]
     pub strict_fields: bool,
+    /// The most connections each server (HTTP, gRPC) keeps open at once; one past it is closed at once (HTTP answers
+    /// it 503 first), counted in /metrics as rewind_connections_refused_total.
+    #[arg(long, value_name = "N", default_value_t = crate::serve::limits::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// Seconds a client has to send a request's headers once it starts sending them (HTTP), or the HTTP/2 preface
+    /// after connecting (gRPC); past it the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = crate::serve::limits::DEFAULT_HEADER_TIMEOUT_SECS,
+          allow_negative_numbers = true)]
+    pub header_timeout: f64,
+    /// Seconds an HTTP request's body may take to arrive in full; past it the request gets a 408.
+    #[arg(long, value_name = "SECS", default_value_t = crate::serve::limits::DEFAULT_BODY_TIMEOUT_SECS,
+          allow_negative_numbers = true)]
+    pub body_timeout: f64,
+    /// Seconds an HTTP connection may sit idle between requests before it is closed (keep above a load balancer's
+    /// own idle timeout).
+    #[arg(long, value_name = "SECS", default_value_t = crate::serve::limits::DEFAULT_KEEP_ALIVE_TIMEOUT_SECS,
+          allow_negative_numbers = true)]
+    pub keep_alive_timeout: f64,
+    /// The largest request in bytes: an HTTP body (a 413 past it, checked before the body is read) or a gRPC message.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::serve::limits::DEFAULT_MAX_REQUEST_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub max_request_bytes: u64,
 }
 
 /// How a model runs: decode form, speculation, device and engine (shared by `generate`, `serve`, `chat` and

@@ -126,7 +126,8 @@ pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
     let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key)
         .with_default_max_tokens(p.default_max_tokens)
-        .with_strict_fields(p.strict_fields);
+        .with_strict_fields(p.strict_fields)
+        .with_limits(p.options.request.clone());
     Ok((Arc::new(state), p.options, device))
 }
 

@@ -2,8 +2,10 @@
 //! OpenAI-compatible HTTP API (`http`). `rewind serve` runs them in one process; `rewind-launch` adds GPU discovery
 //! and the TP plan on top.
 
+pub mod conn;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod model;
 pub mod run;
 pub mod state;

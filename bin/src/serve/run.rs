@@ -1,7 +1,6 @@
 //! Runs both servers over one engine until SIGINT / SIGTERM, then drains: new requests are refused, in-flight ones
 //! finish (bounded by the drain timeout), both servers shut down gracefully and the engine stops.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +10,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinError, JoinHandle};
 
+use super::conn::{self, ConnStats};
+use super::limits::{self, ConnLimits, RequestLimits};
 use super::ServeState;
 use crate::cli::ListenArgs;
 use crate::output::errln;
@@ -34,6 +35,10 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// How long a gRPC session may sit idle before the engine evicts it (`None`: never).
     pub session_idle_timeout: Option<Duration>,
+    /// Connection bounds of both servers (`--max-connections`, `--header-timeout`, `--keep-alive-timeout`).
+    pub conn: ConnLimits,
+    /// Request bounds (`--max-request-bytes`, `--body-timeout`), which the state carries to the handlers.
+    pub request: RequestLimits,
 }
 
 impl ServeOptions {
@@ -42,12 +47,15 @@ impl ServeOptions {
         let seconds = |v: f64, flag: &str| crate::cli::seconds(v, flag, true);
         anyhow::ensure!(!a.host.trim().is_empty(), "--host must not be empty");
         let idle = seconds(a.session_idle_timeout, "--session-idle-timeout")?;
+        let (conn, request) = limits::from_args(a)?;
         Ok(ServeOptions {
             host: a.host.clone(),
             grpc_port: a.grpc_port,
             http_port: a.http_port,
             drain_timeout: seconds(a.drain_timeout, "--drain-timeout")?,
             session_idle_timeout: (!idle.is_zero()).then_some(idle),
+            conn,
+            request,
         })
     }
 }
@@ -151,6 +159,7 @@ pub struct Listeners {
     http: TcpListener,
     /// `--host`, a name the HTTP server answers to without an API key.
     host: String,
+    limits: ConnLimits,
 }
 
 impl Listeners {
@@ -160,6 +169,7 @@ impl Listeners {
             grpc: bind(&opts.host, opts.grpc_port, "gRPC").await?,
             http: bind(&opts.host, opts.http_port, "HTTP").await?,
             host: opts.host.clone(),
+            limits: opts.conn.clone(),
         })
     }
 }
@@ -175,6 +185,7 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
         grpc: grpc_listener,
         http: http_listener,
         host,
+        limits,
     } = listeners;
     let bound = Bound {
         grpc: grpc_listener.local_addr()?,
@@ -182,18 +193,18 @@ pub async fn start(state: Arc<ServeState>, listeners: Listeners, announce: impl 
     };
     let (stop, stop_rx) = watch::channel(false);
     let router = super::http::router(state.clone(), bound.http, &host);
-    let http = tokio::spawn(
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    let stats: Arc<ConnStats> = state.connections.clone();
+    let http = tokio::spawn(conn::serve_http(
+        http_listener,
+        router,
+        limits.clone(),
+        stats.clone(),
+        stop_rx.clone(),
+    ));
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        conn::grpc_server()
             .add_service(super::grpc::service(state.clone()))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-                stopped(stop_rx),
-            ),
+            .serve_with_incoming_shutdown(conn::grpc_incoming(grpc_listener, limits, stats), stopped(stop_rx)),
     );
     announce(bound);
     // Tests and scripts read the ports from these lines (port 0 binds any free one); errln! does not buffer.

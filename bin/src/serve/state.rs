@@ -8,6 +8,8 @@ use rewind_actors::{EngineHandle, Event, EventStream, FailureKind};
 use rewind_engine::sample::SamplingParams;
 use tokio::sync::watch;
 
+use super::conn::ConnStats;
+use super::limits::RequestLimits;
 use super::model::ServedModel;
 
 /// What every request handler shares.
@@ -25,6 +27,10 @@ pub struct ServeState {
     /// Refuse HTTP requests with top-level fields the API does not know (`--strict-fields`), instead of ignoring them
     /// with a warning.
     pub strict_fields: bool,
+    /// How large a request may be and how long its body may take (`--max-request-bytes`, `--body-timeout`).
+    pub limits: RequestLimits,
+    /// Both servers' connection counters (`/metrics`).
+    pub connections: Arc<ConnStats>,
     /// Set on SIGINT / SIGTERM: new requests are refused (UNAVAILABLE / 503) while in-flight ones finish.
     draining: AtomicBool,
     /// Set when the server stops without waiting (a second signal, the drain timeout): every in-flight request ends
@@ -81,6 +87,8 @@ impl ServeState {
             default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
             strict_fields: false,
+            limits: RequestLimits::default(),
+            connections: Arc::new(ConnStats::default()),
             draining: AtomicBool::new(false),
             cut_off: watch::channel(false).0,
             started: Instant::now(),
@@ -96,6 +104,12 @@ impl ServeState {
     /// The same state refusing unknown HTTP request fields when `strict` (`--strict-fields`).
     pub fn with_strict_fields(mut self, strict: bool) -> Self {
         self.strict_fields = strict;
+        self
+    }
+
+    /// The same state with request `limits` (the serving flags').
+    pub fn with_limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
         self
     }
 

@@ -249,3 +249,22 @@ pub fn grpc_health(addr: SocketAddr, api_key: Option<&str>) -> Result<String, to
         Ok(h.status().as_str_name().to_string())
     })
 }
+
+/// The gRPC `Health` status of the server at `addr` without an API key, or why the connection or the call failed.
+pub fn grpc_health_result(addr: SocketAddr) -> Result<String, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut c = connect(&format!("http://{addr}"), None)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let h = c
+            .health(pb::HealthRequest {})
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        Ok(h.status().as_str_name().to_string())
+    })
+}

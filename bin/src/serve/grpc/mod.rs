@@ -5,6 +5,7 @@
 //! Each RPC runs in a `grpc` tracing span named after it; a streaming call's span covers its chunks too.
 
 mod auth;
+mod blocking;
 mod chat;
 pub mod client;
 mod info;
@@ -38,7 +39,10 @@ pub type Service = InterceptedService<pb::rewind_server::RewindServer<RewindServ
 /// The API over `state`'s engine, with the API key check (a no-op when `state.api_key` is unset). Add it to a
 /// `tonic::transport::Server`.
 pub fn service(state: Arc<ServeState>) -> Service {
-    pb::rewind_server::RewindServer::with_interceptor(RewindService { state: state.clone() }, Auth::new(state))
+    // Messages past --max-request-bytes are refused before they are decoded.
+    let server = pb::rewind_server::RewindServer::new(RewindService { state: state.clone() })
+        .max_decoding_message_size(state.limits.max_request_bytes);
+    InterceptedService::new(server, Auth::new(state))
 }
 
 /// The implementation of `rewind.v1.Rewind`.
@@ -132,16 +136,23 @@ impl pb::rewind_server::Rewind for RewindService {
     }
 
     async fn tokenize(&self, request: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
-        let _g = span("Tokenize").entered();
-        info::tokenize(&self.state, request.get_ref()).map(Response::new)
+        let r = request.into_inner();
+        blocking::check_text(&self.state, "text", r.text.len())?;
+        blocking::run(&self.state, move |s| info::tokenize(s, &r))
+            .instrument(span("Tokenize"))
+            .await
+            .map(Response::new)
     }
 
     async fn detokenize(
         &self,
         request: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
-        let _g = span("Detokenize").entered();
-        info::detokenize(&self.state, request.get_ref()).map(Response::new)
+        let r = request.into_inner();
+        blocking::run(&self.state, move |s| info::detokenize(s, &r))
+            .instrument(span("Detokenize"))
+            .await
+            .map(Response::new)
     }
 
     async fn get_model_info(
@@ -156,12 +167,10 @@ impl pb::rewind_server::Rewind for RewindService {
         &self,
         request: Request<pb::RenderChatRequest>,
     ) -> Result<Response<pb::RenderChatResponse>, Status> {
-        let span = span("RenderChat");
-        let state = self.state.clone();
-        // Rendering and tokenizing a long conversation is CPU work: off the runtime's threads.
-        tokio::task::spawn_blocking(move || span.in_scope(|| chat::render_chat(&state, request.get_ref())))
+        let r = request.into_inner();
+        blocking::run(&self.state, move |s| chat::render_chat(s, &r))
+            .instrument(span("RenderChat"))
             .await
-            .map_err(|e| Status::internal(format!("rendering the chat: {e}")))?
             .map(Response::new)
     }
 
@@ -177,7 +186,7 @@ impl pb::rewind_server::Rewind for RewindService {
 }
 
 /// Complete: a stateless generation from the whole prompt.
-async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Span) -> Result<ChunkStream, Status> {
+async fn complete(state: &Arc<ServeState>, r: pb::CompleteRequest, span: tracing::Span) -> Result<ChunkStream, Status> {
     if state.draining() {
         return Err(status::draining());
     }
@@ -185,7 +194,7 @@ async fn complete(state: &ServeState, r: pb::CompleteRequest, span: tracing::Spa
         return Err(no_logprobs());
     }
     let mut params = params::merge(state, &params::base(state), r.sampling.as_ref())?;
-    let prompt = params::input_ids(state, r.input, true)?;
+    let prompt = params::input_ids(state, r.input, true).await?;
     params::default_max_tokens(state, &mut params, prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);

@@ -1,6 +1,8 @@
 //! What a request asks for, checked: sampling settings merged over their defaults (the model's, or a session's) and
 //! the input as token ids. Every error is INVALID_ARGUMENT and names the field.
 
+use std::sync::Arc;
+
 use rewind_engine::sample::SamplingParams;
 use tonic::Status;
 
@@ -94,23 +96,28 @@ pub fn utf8(field: &str, bytes: &[u8]) -> Result<String, Status> {
     String::from_utf8(bytes.to_vec()).map_err(|e| invalid(field, format!("is not valid UTF-8 ({})", e.utf8_error())))
 }
 
-/// A request's input as token ids: text is encoded (with the tokenizer's special tokens when `add_special`), ids are
-/// checked against the vocabulary.
-pub fn input_ids<I: Into<Input>>(state: &ServeState, input: Option<I>, add_special: bool) -> Result<Vec<u32>, Status> {
+/// A request's input as token ids: text is encoded on the blocking pool (with the tokenizer's special tokens when
+/// `add_special`), ids are checked against the vocabulary; either is refused when longer than the context holds.
+pub async fn input_ids<I: Into<Input>>(
+    state: &Arc<ServeState>,
+    input: Option<I>,
+    add_special: bool,
+) -> Result<Vec<u32>, Status> {
     match input.map(Into::into) {
         None => Err(invalid("input", "set `text` or `token_ids`")),
         Some(Input::Text(bytes)) => {
-            let text = utf8("text", &bytes)?;
-            state
-                .check_text_len("text", text.len())
-                .map_err(|m| invalid("text", m))?;
-            state
-                .model
-                .tokenizer
-                .encode(&text, add_special)
-                .map_err(|e| invalid("text", format!("cannot be tokenized: {e}")))
+            super::blocking::check_text(state, "text", bytes.len())?;
+            super::blocking::run(state, move |s| {
+                let text = utf8("text", &bytes)?;
+                s.model
+                    .tokenizer
+                    .encode(&text, add_special)
+                    .map_err(|e| invalid("text", format!("cannot be tokenized: {e}")))
+            })
+            .await
         }
         Some(Input::Ids(ids)) => {
+            super::blocking::check_id_count(state, "token_ids", ids.len())?;
             check_ids(state, "token_ids", &ids)?;
             Ok(ids)
         }

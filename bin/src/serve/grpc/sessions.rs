@@ -1,6 +1,8 @@
 //! The session RPCs: create, fork, close, inspect, and Generate — one turn, whose input holds only the new tokens
 //! (the engine continues the session's state rather than prefilling the earlier turns again).
 
+use std::sync::Arc;
+
 use rewind_actors::{GenerateRequest, SessionInfo, SessionOptions};
 use tonic::Status;
 
@@ -93,7 +95,11 @@ pub async fn list(state: &ServeState) -> Result<Vec<pb::SessionInfo>, Status> {
 }
 
 /// Generate: one turn of session `r.session_id`, sampled with the session's defaults and the request's overrides.
-pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing::Span) -> Result<ChunkStream, Status> {
+pub async fn generate(
+    state: &Arc<ServeState>,
+    r: pb::GenerateRequest,
+    span: tracing::Span,
+) -> Result<ChunkStream, Status> {
     if state.draining() {
         return Err(draining());
     }
@@ -105,7 +111,7 @@ pub async fn generate(state: &ServeState, r: pb::GenerateRequest, span: tracing:
     // is gone is NOT_FOUND here already.
     let s = state.engine.session(&r.session_id).await.map_err(|e| actors(&e))?;
     let mut params = merge(state, &s.defaults, r.sampling.as_ref())?;
-    let prompt = input_ids(state, r.input, s.tokens == 0)?;
+    let prompt = input_ids(state, r.input, s.tokens == 0).await?;
     default_max_tokens(state, &mut params, s.tokens + prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.session = Some(r.session_id);

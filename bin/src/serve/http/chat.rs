@@ -140,7 +140,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let (api, ctx) = (api.as_ref(), &ctx);
     let state = &api.state;
-    let (f, streaming) = openai::read(body, api, Endpoint::Chat)?;
+    let (f, streaming) = openai::read(body, api, Endpoint::Chat).await?;
     let messages = parse_messages(&f)?;
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let mut params = openai::sampling(&f, state)?;

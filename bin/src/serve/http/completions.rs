@@ -97,7 +97,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let (api, ctx) = (api.as_ref(), &ctx);
     let state = &api.state;
-    let (f, streaming) = openai::read(body, api, Endpoint::Completions)?;
+    let (f, streaming) = openai::read(body, api, Endpoint::Completions).await?;
     let echo = f.bool("echo")?.unwrap_or(false);
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;

@@ -72,6 +72,10 @@ pub struct HttpMetrics {
     in_flight: AtomicI64,
     /// Unknown top-level request fields ignored, by endpoint (the names are the client's, so not labels).
     unknown_fields: Mutex<BTreeMap<&'static str, u64>>,
+    /// Request bodies refused before parsing, by reason (`too_large`, `timeout`).
+    bodies_refused: Mutex<BTreeMap<&'static str, u64>>,
+    /// Large bodies being parsed on the blocking pool.
+    parsing: Arc<AtomicI64>,
 }
 
 /// A lock that a panic elsewhere cannot make unusable: the metrics are plain counters, valid at any point.
@@ -102,6 +106,17 @@ impl HttpMetrics {
     /// Records `n` unknown fields ignored in a request to `endpoint`.
     pub fn unknown_fields(&self, endpoint: &'static str, n: usize) {
         *lock(&self.unknown_fields).entry(endpoint).or_default() += n as u64;
+    }
+
+    /// Records a request body refused for `reason` (`too_large`, `timeout`).
+    pub fn body_refused(&self, reason: &'static str) {
+        *lock(&self.bodies_refused).entry(reason).or_default() += 1;
+    }
+
+    /// Counts a body being parsed off the async workers until the guard drops.
+    pub fn parsing(&self) -> Parsing {
+        self.parsing.fetch_add(1, Ordering::Relaxed);
+        Parsing(self.parsing.clone())
     }
 
     fn finished(&self, endpoint: &'static str, status: u16, elapsed: Duration) {
@@ -148,6 +163,23 @@ impl HttpMetrics {
         for (endpoint, n) in lock(&self.unknown_fields).iter() {
             let _ = writeln!(out, "rewind_http_unknown_fields_total{{endpoint=\"{endpoint}\"}} {n}");
         }
+        out.push_str(
+            "# HELP rewind_http_bodies_refused_total Request bodies refused unread: too_large (over \
+             --max-request-bytes) or timeout (slower than --body-timeout).\n",
+        );
+        out.push_str("# TYPE rewind_http_bodies_refused_total counter\n");
+        for (reason, n) in lock(&self.bodies_refused).iter() {
+            let _ = writeln!(out, "rewind_http_bodies_refused_total{{reason=\"{reason}\"}} {n}");
+        }
+        out.push_str(
+            "# HELP rewind_http_body_parses_in_flight Large request bodies being parsed off the async workers.\n",
+        );
+        out.push_str("# TYPE rewind_http_body_parses_in_flight gauge\n");
+        let _ = writeln!(
+            out,
+            "rewind_http_body_parses_in_flight {}",
+            self.parsing.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP rewind_http_requests_in_flight HTTP requests being answered (streams included).\n");
         out.push_str("# TYPE rewind_http_requests_in_flight gauge\n");
         let _ = writeln!(
@@ -156,6 +188,15 @@ impl HttpMetrics {
             self.in_flight.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+/// A body being parsed (see [`HttpMetrics::parsing`]).
+pub struct Parsing(Arc<AtomicI64>);
+
+impl Drop for Parsing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

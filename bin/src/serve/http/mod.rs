@@ -8,6 +8,7 @@
 //! drains they answer 503. Errors have OpenAI's shape ([`errors::ApiError`]). [`router`] is all a server binds.
 
 mod auth;
+mod body;
 mod chat;
 mod completions;
 pub mod errors;
@@ -37,15 +38,14 @@ pub use self::auth::AllowedHosts;
 use self::metrics::HttpMetrics;
 use super::ServeState;
 
-/// The largest request body: a prompt of a long context as token ids, with room to spare.
-const BODY_LIMIT: usize = 64 << 20;
-
 /// What the handlers share: the engine's state and the HTTP metrics.
 pub struct Api {
     pub state: Arc<ServeState>,
     pub metrics: Arc<HttpMetrics>,
     /// The `Host` names a server without an API key answers to (see [`auth`]).
     pub hosts: AllowedHosts,
+    /// Large bodies parsed at once on the blocking pool (see [`body::parse`]).
+    pub parses: tokio::sync::Semaphore,
 }
 
 /// Who a request is, set by the outermost middleware for the handlers: its id (also in `x-request-id` and the
@@ -80,10 +80,14 @@ fn endpoint_label(path: Option<&MatchedPath>) -> &'static str {
 /// The HTTP API over `state`'s engine, listening on `bound` from `--host host`: without an API key it answers only
 /// requests whose `Host` names it (see [`AllowedHosts`]).
 pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
+    let body_limit = state.limits.max_request_bytes;
+    // One parse per core: more would only add memory, not speed.
+    let parses = std::thread::available_parallelism().map_or(1, usize::from);
     let api = Arc::new(Api {
         state,
         metrics: Arc::new(HttpMetrics::default()),
         hosts: AllowedHosts::new(bound, host),
+        parses: tokio::sync::Semaphore::new(parses),
     });
     let guarded = Router::new()
         .route(COMPLETIONS, post(completions::handle))
@@ -91,6 +95,8 @@ pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
         .route(MODELS, get(ops::models))
         .route(MODEL, get(ops::model))
         .route(METRICS, get(ops::metrics))
+        // Bodies are read after the key check: a client without the key cannot make the server buffer 16 MiB.
+        .route_layer(middleware::from_fn_with_state(api.clone(), body::read_body))
         .route_layer(middleware::from_fn_with_state(api.clone(), auth::guard));
     Router::new()
         .route(HEALTH, get(ops::health))
@@ -98,7 +104,7 @@ pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
         .route_layer(middleware::from_fn_with_state(api.clone(), observe))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::wrong_method)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(DefaultBodyLimit::max(body_limit))
         .with_state(api)
 }
 

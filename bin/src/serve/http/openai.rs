@@ -180,14 +180,14 @@ pub fn token_ids(name: &str, v: &Value, vocab: usize) -> Result<Vec<u32>, ApiErr
 ///
 /// Unknown top-level fields are refused under `--strict-fields`; otherwise, as vLLM does, they are ignored with a
 /// warning and counted in `/metrics`, so clients that send newer fields keep working.
-pub fn read(
+pub async fn read(
     body: Result<Bytes, BytesRejection>,
     api: &Api,
     endpoint: Endpoint,
 ) -> Result<(Fields, Streaming), ApiError> {
     let state = &api.state;
     let body = body.map_err(|r| ApiError::unreadable_body(&r))?;
-    let f = Fields::parse(&body)?;
+    let f = super::body::parse(api, body).await?;
     let unknown = unknown_fields(&f, endpoint);
     if !unknown.is_empty() {
         let list = field_list(&unknown);

@@ -65,10 +65,11 @@ pub async fn health(State(api): State<Arc<Api>>) -> Response {
     }
 }
 
-/// `GET /metrics`: the engine's metrics and the HTTP API's, in Prometheus' text format.
+/// `GET /metrics`: the engine's metrics, the HTTP API's and both servers' connections, in Prometheus' text format.
 pub async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let mut text = api.state.engine.metrics().prometheus();
     text.push_str(&api.metrics.prometheus());
+    text.push_str(&api.state.connections.prometheus());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,
