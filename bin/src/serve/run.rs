@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// How long a gRPC session may sit idle before the engine evicts it (`None`: never).
     pub session_idle_timeout: Option<Duration>,
+    /// The most host bytes the sessions' saved states may hold together.
+    pub session_memory: usize,
 }
 
 impl ServeOptions {
@@ -48,6 +50,8 @@ impl ServeOptions {
             http_port: a.http_port,
             drain_timeout: seconds(a.drain_timeout, "--drain-timeout")?,
             session_idle_timeout: (!idle.is_zero()).then_some(idle),
+            session_memory: usize::try_from(a.session_memory)
+                .map_err(|_| anyhow::anyhow!("--session-memory {} is more than this host can address", a.session_memory))?,
         })
     }
 }
