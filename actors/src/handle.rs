@@ -96,7 +96,11 @@ impl EngineHandle {
     /// Opens a session of `owner` (see `session.rs`): its turns are requests with [`GenerateRequest::session`] and
     /// [`GenerateRequest::owner`] set. Every session call names its caller's owner; another owner's sessions behave
     /// as if they did not exist.
-    pub async fn create_session(&self, owner: SessionOwner, options: SessionOptions) -> Result<SessionInfo, ActorsError> {
+    pub async fn create_session(
+        &self,
+        owner: SessionOwner,
+        options: SessionOptions,
+    ) -> Result<SessionInfo, ActorsError> {
         Ok(self.session_call(|r| SessionMsg::Create(owner, options, r)).await??)
     }
 

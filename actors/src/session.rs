@@ -53,7 +53,7 @@ pub struct SessionOwner(u128);
 
 impl SessionOwner {
     /// The owner a key fingerprint names (the front end fingerprints its keys; the key itself is never stored).
-    pub fn new(fingerprint: u128) -> Self {
+    pub const fn new(fingerprint: u128) -> Self {
         SessionOwner(fingerprint)
     }
 }
@@ -477,7 +477,10 @@ mod tests {
         // A session whose turn is live cannot be forked; once the turn's request is gone it can.
         s.close(ANYONE, &f).unwrap();
         s.owned_mut(ANYONE, &a).unwrap().turn = Some(7);
-        assert_eq!(s.fork(ANYONE, &a, |id| id == 7), Err(SessionError::Busy { id: a.clone() }));
+        assert_eq!(
+            s.fork(ANYONE, &a, |id| id == 7),
+            Err(SessionError::Busy { id: a.clone() })
+        );
         assert!(s.fork(ANYONE, &a, |_| false).is_ok());
     }
 
@@ -567,7 +570,12 @@ mod tests {
         // A session replacing its own state needs room only for the difference.
         assert_eq!(s.save_state(&recent, state(MB / 4), 2, |q| q == 9), Ok(0));
         // More than the budget leaves beside the busy state: refused, nothing evicted, the former state kept.
-        let before = s.owned(ANYONE, &new).unwrap().state.as_ref().map(|(st, n)| (Arc::as_ptr(st), *n));
+        let before = s
+            .owned(ANYONE, &new)
+            .unwrap()
+            .state
+            .as_ref()
+            .map(|(st, n)| (Arc::as_ptr(st), *n));
         match s.save_state(&new, state(5 * MB / 2 / 4), 2, |q| q == 9) {
             Err(e @ SessionError::Memory { needed, pinned, .. }) => {
                 assert_eq!((needed, pinned), (5 * MB / 2, MB));
@@ -576,7 +584,12 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(s.len(), 3);
-        let after = s.owned(ANYONE, &new).unwrap().state.as_ref().map(|(st, n)| (Arc::as_ptr(st), *n));
+        let after = s
+            .owned(ANYONE, &new)
+            .unwrap()
+            .state
+            .as_ref()
+            .map(|(st, n)| (Arc::as_ptr(st), *n));
         assert_eq!(before, after);
         // Once the busy session's turn is over its state may go too.
         assert_eq!(s.save_state(&new, state(5 * MB / 2 / 4), 2, |_| false), Ok(2));

@@ -12,13 +12,17 @@ use tracing::warn;
 use super::{CoordinatorState, Fault};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
-use crate::request::FailureKind;
 use crate::request::Event;
+use crate::request::FailureKind;
 use crate::session::{Saved, SavedState, SessionError, SessionInfo, SessionOptions, SessionOwner};
 
 /// A session operation, on the sessions of the owner it names.
 pub enum SessionMsg {
-    Create(SessionOwner, SessionOptions, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    Create(
+        SessionOwner,
+        SessionOptions,
+        RpcReplyPort<Result<SessionInfo, SessionError>>,
+    ),
     Fork(SessionOwner, String, RpcReplyPort<Result<SessionInfo, SessionError>>),
     Close(SessionOwner, String, RpcReplyPort<Result<(), SessionError>>),
     Get(SessionOwner, String, RpcReplyPort<Result<SessionInfo, SessionError>>),
@@ -65,7 +69,8 @@ impl CoordinatorState {
         |request| self.live.contains_key(&request)
     }
 
-    /// Answers a session operation.
+    /// Answers a session operation (the gauges updated first, so a client that reads them after the answer sees the
+    /// operation's effect).
     pub(super) fn session_msg(&mut self, msg: SessionMsg) {
         self.evict_idle();
         match msg {
@@ -74,15 +79,25 @@ impl CoordinatorState {
                     .sessions
                     .create(owner, options)
                     .and_then(|id| self.session_info(owner, &id));
+                self.session_gauges();
                 drop(reply.send(r));
             }
             SessionMsg::Fork(owner, id, reply) => {
                 let live = &self.live;
                 let r = self.sessions.fork(owner, &id, |q| live.contains_key(&q));
-                drop(reply.send(r.and_then(|new| self.session_info(owner, &new))));
+                let r = r.and_then(|new| self.session_info(owner, &new));
+                self.session_gauges();
+                drop(reply.send(r));
             }
-            SessionMsg::Close(owner, id, reply) => drop(reply.send(self.sessions.close(owner, &id).map(drop))),
-            SessionMsg::Get(owner, id, reply) => drop(reply.send(self.session_info(owner, &id))),
+            SessionMsg::Close(owner, id, reply) => {
+                let r = self.sessions.close(owner, &id).map(drop);
+                self.session_gauges();
+                drop(reply.send(r));
+            }
+            SessionMsg::Get(owner, id, reply) => {
+                self.session_gauges();
+                drop(reply.send(self.session_info(owner, &id)));
+            }
             SessionMsg::List(owner, reply) => {
                 let all = self
                     .sessions
@@ -90,11 +105,11 @@ impl CoordinatorState {
                     .iter()
                     .filter_map(|id| self.session_info(owner, id).ok())
                     .collect();
+                self.session_gauges();
                 drop(reply.send(all));
             }
-            SessionMsg::EvictIdle => {}
+            SessionMsg::EvictIdle => self.session_gauges(),
         }
-        self.session_gauges();
     }
 
     fn session_info(&self, owner: SessionOwner, id: &str) -> Result<SessionInfo, SessionError> {
@@ -211,6 +226,8 @@ impl CoordinatorState {
     /// as a fault. A turn whose state does not fit the memory budget, even after evicting every idle session's,
     /// fails (resource exhausted) and leaves its session as it was before the turn.
     pub(super) async fn save(&mut self, saves: Vec<Save>) {
+        // Told after the gauges are updated, so a client that reads them after its turn sees the turn's state.
+        let mut told = Vec::with_capacity(saves.len());
         for s in saves {
             let taken = self.save_one(&s).await;
             let live = &self.live;
@@ -253,9 +270,12 @@ impl CoordinatorState {
                 Some(e) => Event::failed(FailureKind::ResourceExhausted, e.to_string()),
                 None => s.finished,
             };
-            let _ = s.events.send(event);
+            told.push((s.events, event));
         }
         self.session_gauges();
+        for (events, event) in told {
+            let _ = events.send(event);
+        }
     }
 
     async fn save_one(&mut self, s: &Save) -> Result<(SavedState, usize), Fault> {

@@ -4,9 +4,7 @@
 /// `GiB`, `TiB` (or `K`, `M`, `G`, `T`: the same binary units), or `KB`, `MB`, `GB`, `TB` (decimal), in any case.
 pub fn byte_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,

@@ -50,8 +50,12 @@ impl ServeOptions {
             http_port: a.http_port,
             drain_timeout: seconds(a.drain_timeout, "--drain-timeout")?,
             session_idle_timeout: (!idle.is_zero()).then_some(idle),
-            session_memory: usize::try_from(a.session_memory)
-                .map_err(|_| anyhow::anyhow!("--session-memory {} is more than this host can address", a.session_memory))?,
+            session_memory: usize::try_from(a.session_memory).map_err(|_| {
+                anyhow::anyhow!(
+                    "--session-memory {} is more than this host can address",
+                    a.session_memory
+                )
+            })?,
         })
     }
 }

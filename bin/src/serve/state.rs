@@ -186,15 +186,13 @@ impl ApiKeys {
             return Some(SessionOwner::default());
         }
         let p = presented?;
-        self.keys
-            .iter()
-            .fold(None, |found, (k, owner)| {
-                if constant_time_eq(p.as_bytes(), k.as_bytes()) {
-                    Some(*owner)
-                } else {
-                    found
-                }
-            })
+        self.keys.iter().fold(None, |found, (k, owner)| {
+            if constant_time_eq(p.as_bytes(), k.as_bytes()) {
+                Some(*owner)
+            } else {
+                found
+            }
+        })
     }
 }
 

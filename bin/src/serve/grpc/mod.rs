@@ -120,7 +120,9 @@ impl pb::rewind_server::Rewind for RewindService {
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = sessions::list(&self.state, auth::owner(&request)?).instrument(span("ListSessions")).await?;
+        let sessions = sessions::list(&self.state, auth::owner(&request)?)
+            .instrument(span("ListSessions"))
+            .await?;
         Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
 

@@ -63,7 +63,11 @@ pub async fn create(
         defaults,
         speculate: r.speculate.unwrap_or(true),
     };
-    let s = state.engine.create_session(owner, options).await.map_err(|e| actors(&e))?;
+    let s = state
+        .engine
+        .create_session(owner, options)
+        .await
+        .map_err(|e| actors(&e))?;
     tracing::info!(session = %s.id, "session created");
     Ok(info(s))
 }
@@ -113,7 +117,11 @@ pub async fn generate(
     require_id(&r.session_id)?;
     // The session's defaults, and whether the turn starts its sequence (only then does text get BOS); a session that
     // is gone is NOT_FOUND here already.
-    let s = state.engine.session(owner, &r.session_id).await.map_err(|e| actors(&e))?;
+    let s = state
+        .engine
+        .session(owner, &r.session_id)
+        .await
+        .map_err(|e| actors(&e))?;
     let mut params = merge(state, &s.defaults, r.sampling.as_ref())?;
     let prompt = input_ids(state, r.input, s.tokens == 0)?;
     default_max_tokens(state, &mut params, s.tokens + prompt.len());

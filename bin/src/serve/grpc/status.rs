@@ -63,7 +63,7 @@ fn session_code(e: &SessionError) -> Code {
     match e {
         SessionError::NotFound { .. } => Code::NotFound,
         SessionError::Busy { .. } => Code::FailedPrecondition,
-        SessionError::Limit { .. } => Code::ResourceExhausted,
+        SessionError::Limit { .. } | SessionError::Memory { .. } => Code::ResourceExhausted,
     }
 }
 
