@@ -366,7 +366,7 @@ impl Sessions {
             id: id.to_string(),
             reason: "it went while its turn ran".into(),
         })?;
-        let old = std::mem::replace(&mut s.state, Some((state, tokens)));
+        let old = s.state.replace((state, tokens));
         self.count_freed(old.as_ref().map(|(st, _)| st));
         Ok(evicted)
     }
