@@ -2,8 +2,10 @@
 //! the length (plus the attention layers' KV), so instead of re-prefilling a conversation every turn the coordinator
 //! keeps, per session, the tokens so far and a host copy of the slot's state taken through the rank interface's
 //! snapshot when a turn ends ([`Sessions`]). The next turn restores it into whatever slot is free and prefills only
-//! the new tokens; a fork copies it. Idle sessions hold no slot (only host memory), so they do not limit batching;
-//! since the copies live in the coordinator they also survive a rank-fault recovery.
+//! the new tokens; a fork shares it (copy-on-write: a state is never changed, a turn saves a new one). Idle sessions
+//! hold no slot, only host memory, capped by a budget that evicts the least recently used idle states; since the
+//! copies live in the coordinator they also survive a rank-fault recovery. Each session belongs to an owner (the API
+//! key that created it), and to anyone else it does not exist.
 //!
 //! A session's tokens are the prompt and generated tokens of every turn, in order: the token a turn ended with is
 //! fed at the start of the next turn (it was sampled, never run), so a turn may even send no new tokens and simply

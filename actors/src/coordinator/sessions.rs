@@ -2,6 +2,7 @@
 //! (the session's tokens before the turn's, its saved state restored instead of prefilled), restoring that state into
 //! the slot a turn starts in, and saving the slot's state when a turn finishes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,8 +13,7 @@ use tracing::warn;
 use super::{CoordinatorState, Fault};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
-use crate::request::Event;
-use crate::request::FailureKind;
+use crate::request::{Event, FailureKind};
 use crate::session::{Saved, SavedState, SessionError, SessionInfo, SessionOptions, SessionOwner};
 
 /// A session operation, on the sessions of the owner it names.
@@ -228,10 +228,13 @@ impl CoordinatorState {
     pub(super) async fn save(&mut self, saves: Vec<Save>) {
         // Told after the gauges are updated, so a client that reads them after its turn sees the turn's state.
         let mut told = Vec::with_capacity(saves.len());
+        // Turns finished but not yet saved are still running as far as eviction goes: their requests have left
+        // `live`, and their sessions must not be evicted before their own saves.
+        let unsaved: HashSet<u64> = saves.iter().map(|s| s.request).collect();
         for s in saves {
             let taken = self.save_one(&s).await;
             let live = &self.live;
-            let busy = |q: u64| live.contains_key(&q);
+            let busy = |q: u64| live.contains_key(&q) || unsaved.contains(&q);
             // Whether the new state is kept, or the error that fails the turn.
             let (kept, failed) = match taken {
                 Err(f) => {
