@@ -308,6 +308,22 @@ fn the_api_key_guards_v1_and_metrics_but_not_health() {
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(curl(&format!("{url}/health"), &[]).0, 200);
+
+    // Several keys (`--api-key` repeated): each one lets a request in, nothing else does.
+    let keys = vec!["first".to_string(), "second".to_string()];
+    let url = f.serve(Arc::new(ServeState::new(
+        f.engine.clone(),
+        f.model.clone(),
+        MODEL_NAME.into(),
+        keys,
+    )));
+    for (key, want) in [("first", 200), ("second", 200), ("third", 401)] {
+        let (status, _) = curl(
+            &format!("{url}/v1/models"),
+            &["-H", &format!("Authorization: Bearer {key}")],
+        );
+        assert_eq!(status, want, "{key}");
+    }
 }
 
 #[test]
