@@ -4,7 +4,7 @@
 /// `GiB`, `TiB` (or `K`, `M`, `G`, `T`: the same binary units), or `KB`, `MB`, `GB`, `TB` (decimal), in any case.
 pub fn byte_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
@@ -23,6 +23,7 @@ pub fn byte_size(s: &str) -> Result<u64, String> {
         }
     };
     let n: f64 = number
+        .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not an amount of memory: give bytes, or a number with a unit (e.g. 8GiB)"))?;
     let bytes = (n * scale).round();
@@ -47,7 +48,7 @@ mod tests {
         for (bad, says) in [
             ("0", "at least 1 byte"),
             ("0.1", "at least 1 byte"),
-            ("-1GiB", "not an amount of memory"),
+            ("-1GiB", "at least 1 byte"),
             ("GiB", "not an amount of memory"),
             ("1.2.3", "not an amount of memory"),
             ("8 gigs", "unknown unit `gigs`"),
