@@ -516,7 +516,7 @@ mod tests {
 
     const MB: usize = 1 << 20;
 
-    /// A session of `owner` holding a saved state of `bytes`, last used `ago` ago.
+    /// A new session of `owner` holding a saved state of `bytes`.
     fn with_state(s: &mut Sessions, owner: SessionOwner, bytes: usize) -> String {
         let id = s.create(owner, options()).unwrap();
         s.save_state(&id, state(bytes / 4), 1, |_| false).unwrap();

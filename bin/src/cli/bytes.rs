@@ -6,6 +6,10 @@ pub fn byte_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not an amount of memory: give bytes, or a number with a unit (e.g. 8GiB)"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => (1u64 << 10) as f64,
@@ -22,10 +26,6 @@ pub fn byte_size(s: &str) -> Result<u64, String> {
             ))
         }
     };
-    let n: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not an amount of memory: give bytes, or a number with a unit (e.g. 8GiB)"))?;
     let bytes = (n * scale).round();
     // 2^63: far above any host's memory, and exact in both f64 and u64.
     if bytes < 1.0 || bytes > (1u64 << 63) as f64 {
@@ -50,6 +50,7 @@ mod tests {
             ("0.1", "at least 1 byte"),
             ("-1GiB", "at least 1 byte"),
             ("GiB", "not an amount of memory"),
+            ("lots", "not an amount of memory"),
             ("1.2.3", "not an amount of memory"),
             ("8 gigs", "unknown unit `gigs`"),
             ("99999999999TiB", "at most 8 EiB"),
