@@ -15,7 +15,7 @@ use crate::coordinator::{
 use crate::error::ActorsError;
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
-use crate::session::{SessionInfo, SessionOptions};
+use crate::session::{SessionInfo, SessionOptions, SessionOwner};
 
 /// A running engine: the coordinator actor and its rank actors.
 pub struct EngineHandle {
@@ -93,29 +93,42 @@ impl EngineHandle {
         ractor::call!(self.coordinator, |reply| CoordinatorMsg::Session(make(reply))).map_err(|_| ActorsError::Stopped)
     }
 
-    /// Opens a session (see `session.rs`): its turns are requests with [`GenerateRequest::session`] set.
-    pub async fn create_session(&self, options: SessionOptions) -> Result<SessionInfo, ActorsError> {
-        Ok(self.session_call(|r| SessionMsg::Create(options, r)).await??)
+    /// Opens a session of `owner` (see `session.rs`): its turns are requests with [`GenerateRequest::session`] and
+    /// [`GenerateRequest::owner`] set. Every session call names its caller's owner; another owner's sessions behave
+    /// as if they did not exist.
+    pub async fn create_session(
+        &self,
+        owner: SessionOwner,
+        options: SessionOptions,
+    ) -> Result<SessionInfo, ActorsError> {
+        Ok(self.session_call(|r| SessionMsg::Create(owner, options, r)).await??)
     }
 
-    /// A new session holding a copy of session `id`'s tokens and saved state (refused while `id` runs a turn).
-    pub async fn fork_session(&self, id: &str) -> Result<SessionInfo, ActorsError> {
-        Ok(self.session_call(|r| SessionMsg::Fork(id.to_string(), r)).await??)
+    /// A new session of `owner` sharing their session `id`'s tokens and saved state (refused while `id` runs a
+    /// turn); the state is copied only when one of them saves a new one.
+    pub async fn fork_session(&self, owner: SessionOwner, id: &str) -> Result<SessionInfo, ActorsError> {
+        Ok(self
+            .session_call(|r| SessionMsg::Fork(owner, id.to_string(), r))
+            .await??)
     }
 
-    /// Removes session `id` (a turn it is running finishes, but is not saved).
-    pub async fn close_session(&self, id: &str) -> Result<(), ActorsError> {
-        Ok(self.session_call(|r| SessionMsg::Close(id.to_string(), r)).await??)
+    /// Removes `owner`'s session `id` (a turn it is running finishes, but is not saved).
+    pub async fn close_session(&self, owner: SessionOwner, id: &str) -> Result<(), ActorsError> {
+        Ok(self
+            .session_call(|r| SessionMsg::Close(owner, id.to_string(), r))
+            .await??)
     }
 
-    /// Session `id`.
-    pub async fn session(&self, id: &str) -> Result<SessionInfo, ActorsError> {
-        Ok(self.session_call(|r| SessionMsg::Get(id.to_string(), r)).await??)
+    /// `owner`'s session `id`.
+    pub async fn session(&self, owner: SessionOwner, id: &str) -> Result<SessionInfo, ActorsError> {
+        Ok(self
+            .session_call(|r| SessionMsg::Get(owner, id.to_string(), r))
+            .await??)
     }
 
-    /// Every session, by id.
-    pub async fn list_sessions(&self) -> Result<Vec<SessionInfo>, ActorsError> {
-        self.session_call(SessionMsg::List).await
+    /// Every session of `owner`, by id.
+    pub async fn list_sessions(&self, owner: SessionOwner) -> Result<Vec<SessionInfo>, ActorsError> {
+        self.session_call(|r| SessionMsg::List(owner, r)).await
     }
 
     /// Stops the engine: live requests fail with "the engine stopped", the ranks end.

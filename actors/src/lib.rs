@@ -7,14 +7,15 @@
 pub mod coordinator;
 mod error;
 mod handle;
+mod memory;
 pub mod metrics;
 pub mod rank_actor;
 mod request;
 mod session;
 
-pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec};
+pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec, DEFAULT_SESSION_MEMORY};
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};
 pub use request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
-pub use session::{SessionError, SessionInfo, SessionOptions};
+pub use session::{SessionError, SessionInfo, SessionOptions, SessionOwner};

@@ -88,7 +88,10 @@ metrics! {
     restored_tokens: "counter", "Prompt tokens restored from a session's saved state instead of prefilled.";
     sessions: "gauge", "Sessions held.";
     sessions_evicted: "counter", "Sessions evicted after sitting idle past the timeout.";
-    session_state_bytes: "gauge", "Host bytes of the sessions' saved states.";
+    session_state_bytes: "gauge", "Host bytes of the sessions' saved states (a state forks share counted once).";
+    session_memory_budget: "gauge", "The most host bytes the sessions' saved states may hold (--session-memory).";
+    sessions_evicted_memory: "counter", "Idle sessions evicted to keep the saved states within the session memory budget.";
+    session_saves_refused: "counter", "Session turns failed because their state did not fit the session memory budget even after evicting every idle session.";
     requests_refused: "counter", "Requests refused as back-pressure (the waiting queue at its limit).";
 }
 

@@ -5,6 +5,8 @@ use rewind_engine::sched::FinishReason;
 use rewind_engine::spec::SpecStats;
 use serde::Serialize;
 
+use crate::session::SessionOwner;
+
 /// One generation request: prompt ids and sampling parameters (`max_tokens`, stop strings and stop ids included).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateRequest {
@@ -20,6 +22,8 @@ pub struct GenerateRequest {
     /// A turn of this session (see `session.rs`): `prompt` holds only the turn's new tokens, which continue the
     /// session's state; the session holds the turn's tokens when it finishes.
     pub session: Option<String>,
+    /// Who sends the request: a turn must name a session of this owner (see [`SessionOwner`]).
+    pub owner: SessionOwner,
 }
 
 impl GenerateRequest {
@@ -32,6 +36,7 @@ impl GenerateRequest {
             reference: None,
             speculate: true,
             session: None,
+            owner: SessionOwner::default(),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The gRPC API end to end over real loopback sockets, on the CPU with a tiny random model: session turns continue
 //! the saved state (no re-prefill) and match a stateless completion of the whole conversation, forks diverge
 //! independently, a dropped stream frees its slot, 200 concurrent streams complete, every malformed request gets its
-//! status and a message naming the field while other streams go on, the API key, closed sessions, and the
-//! `rewind client` binary against a server started here.
+//! status and a message naming the field while other streams go on, the API key (sessions belong to the key that made
+//! them), closed sessions, and the `rewind client` binary against a server started here.
 
 use rewind_bin::serve::grpc::client::{connect, Client};
 use rewind_bin::serve::grpc::pb;
@@ -229,7 +229,7 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_frees_its_slot() {
-    let server = Server::start_in(1, LONG_CONTEXT, None, |_| {}).await;
+    let server = Server::start_in(1, LONG_CONTEXT, &[], |_| {}).await;
     let mut c = server.client().await;
     let mut stream = c
         .complete(complete_ids(&[5, 6, 7], greedy(LONG_REQUEST)))
@@ -312,6 +312,46 @@ async fn the_api_key_is_required_and_busy_sessions_are_refused() {
         n += chunk.token_ids.len();
     }
     assert_eq!(n, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_belong_to_the_key_that_created_them() {
+    let server = Server::start_with_keys(2, &["alice-key", "bob-key"]).await;
+    let mut alice = connect(&server.addr, Some("alice-key")).await.expect("connect");
+    let mut bob = connect(&server.addr, Some("bob-key")).await.expect("connect");
+    let mine = alice.create(greedy(3)).await;
+    alice.turn(&mine.id, &[5, 6], None).await.expect("alice's turn");
+    let closed = alice.create(greedy(3)).await;
+    alice.close(&closed.id).await.expect("close");
+    let theirs = bob.create(greedy(3)).await;
+
+    // Bob gets for Alice's sessions, live or closed, exactly the answer for an id never used.
+    let never = "sess-00000000000000000000000000000000";
+    let unknown = bob.get(never).await.expect_err("an unknown id");
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    for id in [&mine.id, &closed.id] {
+        let same = |s: tonic::Status| {
+            assert_eq!(s.code(), Code::NotFound, "{s:?}");
+            assert_eq!(s.message(), unknown.message().replace(never, id), "{id}");
+        };
+        same(bob.get(id).await.expect_err("get"));
+        same(bob.fork(id).await.expect_err("fork"));
+        same(bob.turn(id, &[7], None).await.expect_err("generate"));
+        same(bob.close(id).await.expect_err("close"));
+    }
+    let listed = |r: pb::ListSessionsResponse| r.sessions.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    let bobs = bob.list_sessions(pb::ListSessionsRequest {}).await.expect("list");
+    assert_eq!(listed(bobs.into_inner()), vec![theirs.id.clone()]);
+
+    // Alice's session is untouched by Bob's attempts, and hers alone to list, fork and use.
+    let alices = alice.list_sessions(pb::ListSessionsRequest {}).await.expect("list");
+    assert_eq!(listed(alices.into_inner()), vec![mine.id.clone()]);
+    let info = alice.get(&mine.id).await.expect("alice's session");
+    assert_eq!((info.turns, info.tokens), (1, 5));
+    let fork = alice.fork(&mine.id).await.expect("fork");
+    assert_status(bob.get(&fork.id).await, Code::NotFound, &["no session has this id"]);
+    alice.turn(&fork.id, &[7], None).await.expect("the fork's turn");
+    assert_status(alice.get(&closed.id).await, Code::NotFound, &["closed"]);
 }
 
 /// Runs `rewind client` with `args` (and `env`) against a server (off the runtime's threads, which serve it); its
@@ -422,7 +462,7 @@ async fn the_client_binary_drives_a_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_and_the_session_limit_are_resource_exhausted() {
-    let server = Server::start_in(1, LONG_CONTEXT, None, |c| {
+    let server = Server::start_in(1, LONG_CONTEXT, &[], |c| {
         c.max_waiting = 1;
         c.max_sessions = 1;
     })

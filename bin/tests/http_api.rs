@@ -261,7 +261,7 @@ fn chat_needs_a_chat_template() {
     let model = ServedModel::load(&dir).expect("model");
     let _ = std::fs::remove_dir_all(&dir);
     assert!(model.tokenizer.chat_template().is_none());
-    let state = ServeState::new(f.engine.clone(), model, MODEL_NAME.into(), None);
+    let state = ServeState::new(f.engine.clone(), model, MODEL_NAME.into(), Vec::new());
     let url = f.serve(Arc::new(state));
     let (status, v) = post(
         &format!("{url}/v1/chat/completions"),
@@ -308,6 +308,22 @@ fn the_api_key_guards_v1_and_metrics_but_not_health() {
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(curl(&format!("{url}/health"), &[]).0, 200);
+
+    // Several keys (`--api-key` repeated): each one lets a request in, nothing else does.
+    let keys = vec!["first".to_string(), "second".to_string()];
+    let url = f.serve(Arc::new(ServeState::new(
+        f.engine.clone(),
+        f.model.clone(),
+        MODEL_NAME.into(),
+        keys,
+    )));
+    for (key, want) in [("first", 200), ("second", 200), ("third", 401)] {
+        let (status, _) = curl(
+            &format!("{url}/v1/models"),
+            &["-H", &format!("Authorization: Bearer {key}")],
+        );
+        assert_eq!(status, want, "{key}");
+    }
 }
 
 #[test]
@@ -417,7 +433,7 @@ fn unknown_roles_fields_and_structured_outputs_are_not_silently_taken() {
     );
 
     let strict = f.serve(Arc::new(
-        ServeState::new(f.engine.clone(), f.model.clone(), MODEL_NAME.into(), None).with_strict_fields(true),
+        ServeState::new(f.engine.clone(), f.model.clone(), MODEL_NAME.into(), Vec::new()).with_strict_fields(true),
     ));
     let (status, v) = post(&format!("{strict}/v1/completions"), &lenient.to_string(), &[]);
     assert_eq!(status, 400, "{v}");

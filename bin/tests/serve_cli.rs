@@ -229,6 +229,32 @@ fn an_empty_api_key_is_refused() {
     assert!(err.contains("--api-key is empty"), "{err}");
 }
 
+/// A session memory budget that is not a positive amount of memory is refused by the flag, saying why.
+#[test]
+fn a_bad_session_memory_is_refused() {
+    for (value, says) in [
+        ("0", "at least 1 byte"),
+        ("lots", "not an amount of memory"),
+        ("8 gigs", "unknown unit"),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .args([
+                "serve",
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                "--session-memory",
+                value,
+            ])
+            .output()
+            .expect("run rewind serve");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(err.contains("--session-memory") && err.contains(says), "{value}: {err}");
+    }
+}
+
 /// `rewind serve` on the embedded default model with `extra` flags, a long stream opened on it (its first event
 /// read), and the reader of the rest of that stream.
 fn serve_with_a_stream_in_flight(extra: &[&str]) -> (process::Server, std::thread::JoinHandle<String>) {

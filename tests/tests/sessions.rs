@@ -1,14 +1,15 @@
 //! Sessions on CPU ranks: a turn continues the session's saved state (only its new tokens are prefilled) and gives
 //! exactly the tokens of one sequence run through the same prefills and decodes; forks diverge independently; a
 //! session survives a rank fault mid-turn; a turn that ends inside a speculative verify saves the right state;
-//! busy, closed and unknown sessions are refused with their reason.
+//! busy, closed and unknown sessions are refused with their reason; forks share their saved state, and the memory
+//! budget evicts idle sessions or fails a turn whose state cannot fit.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rewind_actors::{
-    EngineConfig, EngineHandle, EngineSpec, Event, FailureKind, GenerateRequest, SessionOptions, Usage,
+    EngineConfig, EngineHandle, EngineSpec, Event, FailureKind, GenerateRequest, SessionOptions, SessionOwner, Usage,
 };
 use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::rank::{CpuLauncher, CpuOptions, FaultKind, FaultSpec, GroupSequence, Rows, SeqKind};
@@ -18,6 +19,9 @@ use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy};
 use rewind_tests::{argmax, fixtures, group, name, runtime, tokens};
 
 const CONTEXT: usize = 96;
+
+/// The one owner of an engine whose front end has no API keys.
+const ANYONE: SessionOwner = SessionOwner::new(0);
 
 async fn engine(dir: &Path, tp: usize, config: EngineConfig) -> EngineHandle {
     let mut decoder = DecoderConfig::new(2, CONTEXT);
@@ -109,11 +113,11 @@ fn turns_continue_the_saved_state_and_forks_diverge_independently() {
         for tp in [1, 2] {
             rt.block_on(async {
                 let e = engine(&dir, tp, EngineConfig::new(FormChoice::Auto)).await;
-                let s = e.create_session(options()).await.expect("create").id;
+                let s = e.create_session(ANYONE, options()).await.expect("create").id;
                 let (t1, u1) = run(&e, turn(&s, a, 6)).await.expect("turn 1");
                 assert_eq!(t1, want_ab[0], "{} tp {tp}: turn 1", name(&dir));
                 assert_eq!(u1.cached_tokens, 0);
-                let fork = e.fork_session(&s).await.expect("fork");
+                let fork = e.fork_session(ANYONE, &s).await.expect("fork");
                 assert_eq!(fork.tokens, a.len() + 6);
                 assert_eq!(fork.forked_from.as_deref(), Some(s.as_str()));
 
@@ -135,12 +139,12 @@ fn turns_continue_the_saved_state_and_forks_diverge_independently() {
                     name(&dir)
                 );
 
-                let info = e.session(&s).await.expect("info");
+                let info = e.session(ANYONE, &s).await.expect("info");
                 assert_eq!(
                     (info.turns, info.tokens, info.busy),
                     (3, a.len() + 6 + b.len() + 5 + c.len() + 3, false)
                 );
-                assert_eq!(e.list_sessions().await.expect("list").len(), 2);
+                assert_eq!(e.list_sessions(ANYONE).await.expect("list").len(), 2);
                 let h = e.health().await.expect("health");
                 assert_eq!((h.running, h.waiting), (0, 0), "idle sessions hold no slot");
                 e.shutdown().await;
@@ -165,7 +169,7 @@ fn a_session_survives_a_rank_fault_mid_turn() {
             step: 7,
         }];
         let e = engine(dir, 2, config).await;
-        let s = e.create_session(options()).await.expect("create").id;
+        let s = e.create_session(ANYONE, options()).await.expect("create").id;
         assert_eq!(run(&e, turn(&s, a, 4)).await.expect("turn 1").0, want[0]);
         let (t2, u2) = run(&e, turn(&s, b, 6)).await.expect("turn 2 across the fault");
         assert_eq!(t2, want[1]);
@@ -207,7 +211,7 @@ fn a_turn_ending_inside_a_verify_saves_the_state_before_its_last_token() {
                 factory,
             });
             let e = engine(&dir, 1, config).await;
-            let s = e.create_session(options()).await.expect("create").id;
+            let s = e.create_session(ANYONE, options()).await.expect("create").id;
             let mut r1 = turn(&s, a, 7);
             r1.reference = Some(want[0].clone());
             assert_eq!(run(&e, r1).await.expect("turn 1").0, want[0], "{}", name(&dir));
@@ -238,20 +242,23 @@ fn busy_closed_and_unknown_sessions_are_refused_with_their_reason() {
     let a = &toks[..prefill];
     rt.block_on(async {
         let e = engine(dir, 1, EngineConfig::new(FormChoice::Auto)).await;
-        let s = e.create_session(options()).await.expect("create").id;
+        let s = e.create_session(ANYONE, options()).await.expect("create").id;
         let long = e.submit(turn(&s, a, 40)).expect("submit");
         let busy = run(&e, turn(&s, a, 2)).await.expect_err("a second turn while one runs");
         assert_eq!(busy.0, FailureKind::FailedPrecondition, "{busy:?}");
         assert!(busy.1.contains("running a turn"), "{}", busy.1);
-        assert!(e.fork_session(&s).await.is_err(), "a busy session cannot be forked");
+        assert!(
+            e.fork_session(ANYONE, &s).await.is_err(),
+            "a busy session cannot be forked"
+        );
         // Cancelling the turn leaves the session as it was, and free.
         drop(long);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let info = e.session(&s).await.expect("info");
+        let info = e.session(ANYONE, &s).await.expect("info");
         assert_eq!((info.tokens, info.turns), (0, 0));
         assert!(run(&e, turn(&s, a, 2)).await.is_ok());
 
-        e.close_session(&s).await.expect("close");
+        e.close_session(ANYONE, &s).await.expect("close");
         let gone = run(&e, turn(&s, a, 2)).await.expect_err("a closed session");
         assert_eq!(gone.0, FailureKind::NotFound);
         assert!(gone.1.contains("closed"), "{}", gone.1);
@@ -273,7 +280,7 @@ fn idle_sessions_are_evicted() {
         let mut config = EngineConfig::new(FormChoice::Auto);
         config.session_idle_timeout = Some(Duration::from_millis(200));
         let e = engine(dir, 1, config).await;
-        let s = e.create_session(options()).await.expect("create").id;
+        let s = e.create_session(ANYONE, options()).await.expect("create").id;
         run(&e, turn(&s, &toks[..prefill], 2)).await.expect("turn");
         tokio::time::sleep(Duration::from_millis(600)).await;
         // The timer evicted it without any session call in between.
@@ -281,6 +288,70 @@ fn idle_sessions_are_evicted() {
         let gone = run(&e, turn(&s, &toks[..1], 2)).await.expect_err("an evicted session");
         assert_eq!(gone.0, FailureKind::NotFound);
         assert!(gone.1.contains("evicted"), "{}", gone.1);
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn forks_share_state_and_the_memory_budget_evicts_or_refuses() {
+    let rt = runtime();
+    let dir = &fixtures()[0];
+    let (toks, prefill) = tokens(dir);
+    let a = &toks[..prefill];
+    let bytes = |e: &EngineHandle| e.metrics().snapshot().session_state_bytes;
+    let one = rt.block_on(async {
+        let e = engine(dir, 1, EngineConfig::new(FormChoice::Auto)).await;
+        let s = e.create_session(ANYONE, options()).await.expect("create").id;
+        run(&e, turn(&s, a, 2)).await.expect("turn");
+        let one = bytes(&e);
+        assert!(one > 0);
+        // Forks share the saved state: counted (and held) once, until one of them saves its own.
+        let forks = [
+            e.fork_session(ANYONE, &s).await.expect("fork").id,
+            e.fork_session(ANYONE, &s).await.expect("fork").id,
+        ];
+        assert_eq!(bytes(&e), one);
+        run(&e, turn(&forks[0], &a[..1], 2)).await.expect("the fork's turn");
+        assert!(bytes(&e) > one, "the fork saved a state of its own");
+        for id in [&s, &forks[0], &forks[1]] {
+            e.close_session(ANYONE, id).await.expect("close");
+        }
+        assert_eq!(bytes(&e), 0);
+        e.shutdown().await;
+        one
+    });
+    rt.block_on(async {
+        // Room for one such state, not two: the second session's save evicts the idle first one.
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.session_memory = one as usize * 3 / 2;
+        let e = engine(dir, 1, config).await;
+        let first = e.create_session(ANYONE, options()).await.expect("create").id;
+        run(&e, turn(&first, a, 2)).await.expect("turn");
+        let second = e.create_session(ANYONE, options()).await.expect("create").id;
+        run(&e, turn(&second, a, 2)).await.expect("turn");
+        let m = e.metrics().snapshot();
+        assert_eq!(
+            (m.sessions, m.sessions_evicted_memory, m.session_state_bytes),
+            (1, 1, one)
+        );
+        let gone = run(&e, turn(&first, a, 2)).await.expect_err("an evicted session");
+        assert_eq!(gone.0, FailureKind::NotFound);
+        assert!(gone.1.contains("memory budget"), "{}", gone.1);
+        e.shutdown().await;
+    });
+    rt.block_on(async {
+        // No room for even one: the turn fails, the session stays as it was.
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.session_memory = one as usize / 2;
+        let e = engine(dir, 1, config).await;
+        let s = e.create_session(ANYONE, options()).await.expect("create").id;
+        let refused = run(&e, turn(&s, a, 2)).await.expect_err("a state over the budget");
+        assert_eq!(refused.0, FailureKind::ResourceExhausted, "{refused:?}");
+        assert!(refused.1.contains("--session-memory"), "{}", refused.1);
+        let info = e.session(ANYONE, &s).await.expect("info");
+        assert_eq!((info.tokens, info.turns, info.busy), (0, 0, false));
+        let m = e.metrics().snapshot();
+        assert_eq!((m.session_saves_refused, m.session_state_bytes), (1, 0));
         e.shutdown().await;
     });
 }

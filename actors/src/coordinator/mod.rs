@@ -63,6 +63,9 @@ pub struct EngineConfig {
     /// Sessions held at once, and how long one may sit idle before it is evicted (`None`: never).
     pub max_sessions: usize,
     pub session_idle_timeout: Option<Duration>,
+    /// The most host bytes the sessions' saved states may hold together (shared states counted once): saving past it
+    /// evicts the least recently used idle sessions (`--session-memory`).
+    pub session_memory: usize,
     /// The most decode steps one engine step may chain on the ranks with no host round trip between them (1: none;
     /// `--decode-steps`, like vLLM's `--num-scheduler-steps`). See `rewind_engine::sched` for when a step chains.
     pub decode_steps: usize,
@@ -74,6 +77,10 @@ pub struct EngineSpec {
     pub config: SpecConfig,
     pub factory: Arc<dyn DrafterFactory>,
 }
+
+/// The sessions' saved states' default host-memory budget: 8 GiB (some 900 sessions of 4K tokens of a small hybrid
+/// model; `--session-memory`).
+pub const DEFAULT_SESSION_MEMORY: usize = 8 << 30;
 
 impl EngineConfig {
     /// Defaults for a model decoded in `form`: a 2048-token step budget, a 60 s step deadline, 3 retries.
@@ -91,6 +98,7 @@ impl EngineConfig {
             max_waiting: 4096,
             max_sessions: 4096,
             session_idle_timeout: Some(Duration::from_secs(1800)),
+            session_memory: DEFAULT_SESSION_MEMORY,
             decode_steps: 1,
         }
     }
@@ -201,6 +209,8 @@ pub struct CoordinatorState {
     sessions: Sessions,
     /// Turns that finished in the step being run, saved before their slots are released.
     saves: Vec<Save>,
+    /// Saved-state bytes freed since the allocator last handed free memory back to the OS.
+    freed_state_bytes: usize,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -296,7 +306,13 @@ impl Actor for Coordinator {
             let period = (t / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
             myself.send_interval(period, || CoordinatorMsg::Session(SessionMsg::EvictIdle));
         }
-        let sessions = Sessions::new(c.max_sessions, c.session_idle_timeout);
+        if c.session_memory == 0 {
+            return Err(Box::new(EngineError::InvalidInput(
+                "the session memory budget must be positive".into(),
+            )));
+        }
+        let sessions = Sessions::new(c.max_sessions, c.session_idle_timeout, c.session_memory);
+        Metrics::set(&args.metrics.session_memory_budget, c.session_memory as u64);
         let window = c
             .spec
             .as_ref()
@@ -321,6 +337,7 @@ impl Actor for Coordinator {
             window,
             sessions,
             saves: Vec::new(),
+            freed_state_bytes: 0,
         })
     }
 

@@ -2,6 +2,7 @@
 //! (the session's tokens before the turn's, its saved state restored instead of prefilled), restoring that state into
 //! the slot a turn starts in, and saving the slot's state when a turn finishes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,16 +13,20 @@ use tracing::warn;
 use super::{CoordinatorState, Fault};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
-use crate::request::FailureKind;
-use crate::session::{SavedState, SessionError, SessionInfo, SessionOptions};
+use crate::request::{Event, FailureKind};
+use crate::session::{Saved, SavedState, SessionError, SessionInfo, SessionOptions, SessionOwner};
 
-/// A session operation.
+/// A session operation, on the sessions of the owner it names.
 pub enum SessionMsg {
-    Create(SessionOptions, RpcReplyPort<Result<SessionInfo, SessionError>>),
-    Fork(String, RpcReplyPort<Result<SessionInfo, SessionError>>),
-    Close(String, RpcReplyPort<Result<(), SessionError>>),
-    Get(String, RpcReplyPort<Result<SessionInfo, SessionError>>),
-    List(RpcReplyPort<Vec<SessionInfo>>),
+    Create(
+        SessionOwner,
+        SessionOptions,
+        RpcReplyPort<Result<SessionInfo, SessionError>>,
+    ),
+    Fork(SessionOwner, String, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    Close(SessionOwner, String, RpcReplyPort<Result<(), SessionError>>),
+    Get(SessionOwner, String, RpcReplyPort<Result<SessionInfo, SessionError>>),
+    List(SessionOwner, RpcReplyPort<Vec<SessionInfo>>),
     /// Evict idle sessions (sent by a timer).
     EvictIdle,
 }
@@ -42,7 +47,14 @@ pub(super) struct Save {
     /// The position of the verify the turn finished in, if it did: the slot's state then holds every drafted token
     /// until a commit keeps those before the turn's last token.
     pub verify_at: Option<usize>,
+    /// The turn's `Finished` event, sent once the state is saved: a turn whose state does not fit the memory budget
+    /// fails instead, leaving its session as it was.
+    pub finished: Event,
+    pub events: tokio::sync::mpsc::UnboundedSender<Event>,
 }
+
+/// Freed saved-state bytes after which the coordinator asks the allocator to hand free memory back to the OS.
+const TRIM_AFTER_FREED: usize = 64 << 20;
 
 /// What a turn starts from.
 pub(super) struct Turn {
@@ -57,37 +69,51 @@ impl CoordinatorState {
         |request| self.live.contains_key(&request)
     }
 
-    /// Answers a session operation.
+    /// Answers a session operation (the gauges updated first, so a client that reads them after the answer sees the
+    /// operation's effect).
     pub(super) fn session_msg(&mut self, msg: SessionMsg) {
         self.evict_idle();
         match msg {
-            SessionMsg::Create(options, reply) => {
-                let r = self.sessions.create(options).and_then(|id| self.session_info(&id));
+            SessionMsg::Create(owner, options, reply) => {
+                let r = self
+                    .sessions
+                    .create(owner, options)
+                    .and_then(|id| self.session_info(owner, &id));
+                self.session_gauges();
                 drop(reply.send(r));
             }
-            SessionMsg::Fork(id, reply) => {
+            SessionMsg::Fork(owner, id, reply) => {
                 let live = &self.live;
-                let r = self.sessions.fork(&id, |q| live.contains_key(&q));
-                drop(reply.send(r.and_then(|new| self.session_info(&new))));
+                let r = self.sessions.fork(owner, &id, |q| live.contains_key(&q));
+                let r = r.and_then(|new| self.session_info(owner, &new));
+                self.session_gauges();
+                drop(reply.send(r));
             }
-            SessionMsg::Close(id, reply) => drop(reply.send(self.sessions.close(&id).map(drop))),
-            SessionMsg::Get(id, reply) => drop(reply.send(self.session_info(&id))),
-            SessionMsg::List(reply) => {
+            SessionMsg::Close(owner, id, reply) => {
+                let r = self.sessions.close(owner, &id).map(drop);
+                self.session_gauges();
+                drop(reply.send(r));
+            }
+            SessionMsg::Get(owner, id, reply) => {
+                self.session_gauges();
+                drop(reply.send(self.session_info(owner, &id)));
+            }
+            SessionMsg::List(owner, reply) => {
                 let all = self
                     .sessions
-                    .ids()
+                    .ids(owner)
                     .iter()
-                    .filter_map(|id| self.session_info(id).ok())
+                    .filter_map(|id| self.session_info(owner, id).ok())
                     .collect();
+                self.session_gauges();
                 drop(reply.send(all));
             }
-            SessionMsg::EvictIdle => {}
+            SessionMsg::EvictIdle => self.session_gauges(),
         }
-        self.session_gauges();
     }
 
-    fn session_info(&self, id: &str) -> Result<SessionInfo, SessionError> {
-        self.sessions.info(id, self.busy())
+    fn session_info(&self, owner: SessionOwner, id: &str) -> Result<SessionInfo, SessionError> {
+        self.sessions.info(owner, id, self.busy())
     }
 
     pub(super) fn evict_idle(&mut self) {
@@ -98,14 +124,23 @@ impl CoordinatorState {
         }
     }
 
-    fn session_gauges(&self) {
+    /// Updates the session gauges, and hands the memory of freed saved states back to the OS once enough went.
+    fn session_gauges(&mut self) {
         Metrics::set(&self.metrics.sessions, self.sessions.len() as u64);
         Metrics::set(&self.metrics.session_state_bytes, self.sessions.state_bytes() as u64);
+        self.freed_state_bytes += self.sessions.take_freed();
+        if self.freed_state_bytes >= TRIM_AFTER_FREED {
+            self.freed_state_bytes = 0;
+            // Off the coordinator's thread: a trim walks the allocator's arenas.
+            tokio::task::spawn_blocking(crate::memory::release_free_memory);
+        }
     }
 
-    /// Starts a turn of session `id` with the turn's new tokens `prompt`, marking the session busy with `request`.
+    /// Starts a turn of `owner`'s session `id` with the turn's new tokens `prompt`, marking the session busy with
+    /// `request`.
     pub(super) fn begin_turn(
         &mut self,
+        owner: SessionOwner,
         id: &str,
         request: u64,
         prompt: &[u32],
@@ -115,7 +150,7 @@ impl CoordinatorState {
         let busy = {
             let live = &self.live;
             self.sessions
-                .get(id)
+                .owned(owner, id)
                 .map(|s| s.turn.is_some_and(|q| live.contains_key(&q)))
         };
         match busy {
@@ -130,7 +165,7 @@ impl CoordinatorState {
         }
         let s = self
             .sessions
-            .get_mut(id)
+            .owned_mut(owner, id)
             .map_err(|e| (FailureKind::NotFound, e.to_string()))?;
         let mut full = s.tokens.clone();
         full.extend_from_slice(prompt);
@@ -163,20 +198,19 @@ impl CoordinatorState {
                 ));
             };
             let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
-            if state.len() != g.ranks.len() {
+            if state.ranks.len() != g.ranks.len() {
                 return Err(Fault::Rank(
                     0,
                     format!(
                         "a saved state of {} ranks cannot be restored on {}",
-                        state.len(),
+                        state.ranks.len(),
                         g.ranks.len()
                     ),
                     false,
                 ));
             }
-            let parts = state.clone();
             g.call_each(
-                |r, reply| RankActorMsg::Restore(slot, Box::new(parts[r].clone()), reply),
+                |r, reply| RankActorMsg::Restore(slot, Box::new(state.ranks[r].clone()), reply),
                 self.config.step_deadline,
             )
             .await?;
@@ -187,31 +221,64 @@ impl CoordinatorState {
         Ok(())
     }
 
-    /// Saves the state of each turn that finished (before its slot is released). A turn whose state cannot be
-    /// saved keeps its tokens, so its session's next turn prefills them all; the failure counts as a fault.
+    /// Saves the state of each turn that finished (before its slot is released), then tells its client. A turn
+    /// whose state cannot be taken keeps its tokens, so its session's next turn prefills them all; the failure counts
+    /// as a fault. A turn whose state does not fit the memory budget, even after evicting every idle session's,
+    /// fails (resource exhausted) and leaves its session as it was before the turn.
     pub(super) async fn save(&mut self, saves: Vec<Save>) {
+        // Told after the gauges are updated, so a client that reads them after its turn sees the turn's state.
+        let mut told = Vec::with_capacity(saves.len());
+        // Turns finished but not yet saved are still running as far as eviction goes: their requests have left
+        // `live`, and their sessions must not be evicted before their own saves.
+        let unsaved: HashSet<u64> = saves.iter().map(|s| s.request).collect();
         for s in saves {
-            let state = match self.save_one(&s).await {
-                Ok(state) => Some(state),
+            let taken = self.save_one(&s).await;
+            let live = &self.live;
+            let busy = |q: u64| live.contains_key(&q) || unsaved.contains(&q);
+            // Whether the new state is kept, or the error that fails the turn.
+            let (kept, failed) = match taken {
                 Err(f) => {
                     warn!(session = %s.session, fault = %f, "saving the session's state failed; its next turn re-prefills");
                     self.pending_fault.get_or_insert(f);
-                    None
+                    (false, None)
                 }
+                Ok((state, n)) => match self.sessions.save_state(&s.session, state, n, busy) {
+                    Ok(evicted) => {
+                        Metrics::add(&self.metrics.sessions_evicted_memory, evicted as u64);
+                        (true, None)
+                    }
+                    Err(e @ SessionError::Memory { .. }) => {
+                        Metrics::inc(&self.metrics.session_saves_refused);
+                        warn!(session = %s.session, error = %e, "a session's turn failed: its state does not fit");
+                        (false, Some(e))
+                    }
+                    // Closed or evicted during the turn: nothing to keep.
+                    Err(_) => (false, None),
+                },
             };
-            let Ok(session) = self.sessions.get_mut(&s.session) else {
-                // Closed or evicted during the turn.
-                continue;
-            };
-            if session.turn == Some(s.request) {
-                session.turn = None;
+            if let Some(session) = self.sessions.get_mut(&s.session) {
+                if session.turn == Some(s.request) {
+                    session.turn = None;
+                }
+                if failed.is_none() {
+                    if !kept {
+                        session.state = None;
+                    }
+                    session.tokens = s.tokens;
+                    session.turns += 1;
+                    session.touched = Instant::now();
+                }
             }
-            session.tokens = s.tokens;
-            session.state = state;
-            session.turns += 1;
-            session.touched = Instant::now();
+            let event = match failed {
+                Some(e) => Event::failed(FailureKind::ResourceExhausted, e.to_string()),
+                None => s.finished,
+            };
+            told.push((s.events, event));
         }
         self.session_gauges();
+        for (events, event) in told {
+            let _ = events.send(event);
+        }
     }
 
     async fn save_one(&mut self, s: &Save) -> Result<(SavedState, usize), Fault> {
@@ -242,6 +309,6 @@ impl CoordinatorState {
                 false,
             ));
         }
-        Ok((Arc::new(parts), keep))
+        Ok((Arc::new(Saved::new(parts)), keep))
     }
 }

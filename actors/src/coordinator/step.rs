@@ -63,7 +63,7 @@ impl CoordinatorState {
         // idle: it is busy only while its request is live.
         let (request, turn) = match request.session.take() {
             Some(sid) => {
-                let t = self.begin_turn(&sid, id, &request.prompt, request.speculate)?;
+                let t = self.begin_turn(request.owner, &sid, id, &request.prompt, request.speculate)?;
                 let request = GenerateRequest {
                     prompt: t.prompt,
                     speculate: t.speculate,
@@ -91,6 +91,7 @@ impl CoordinatorState {
             reference,
             speculate,
             session: _,
+            owner: _,
         } = request;
         params.validate(self.info.vocab)?;
         let (session, restored) = match turn {
@@ -612,16 +613,7 @@ impl CoordinatorState {
                 recoveries = l.recoveries,
                 "finished"
             );
-            if let (Some(s), Some(slot)) = (&l.session, slot) {
-                self.saves.push(Save {
-                    session: s.id.clone(),
-                    request: id,
-                    slot,
-                    tokens: l.history.clone(),
-                    verify_at,
-                });
-            }
-            let _ = l.events.send(Event::Finished {
+            let finished = Event::Finished {
                 reason,
                 usage: Usage {
                     prompt_tokens: l.prompt_len,
@@ -636,7 +628,22 @@ impl CoordinatorState {
                 },
                 seed: l.seed,
                 spec: l.spec.as_ref().map(|s| s.stats),
-            });
+            };
+            match (&l.session, slot) {
+                // A session's turn is finished once its state is saved (or fails if it cannot be).
+                (Some(s), Some(slot)) => self.saves.push(Save {
+                    session: s.id.clone(),
+                    request: id,
+                    slot,
+                    tokens: l.history.clone(),
+                    verify_at,
+                    finished,
+                    events: l.events.clone(),
+                }),
+                _ => {
+                    let _ = l.events.send(finished);
+                }
+            }
         } else if client_gone {
             self.live.remove(&id);
             Metrics::inc(&self.metrics.requests_cancelled);

@@ -18,14 +18,21 @@ pub struct ListenArgs {
     #[arg(long, default_value_t = 8000)]
     pub http_port: u16,
     /// Require `Authorization: Bearer KEY` (HTTP) / `authorization: Bearer KEY` metadata (gRPC) on every request.
+    /// Repeat it to accept several keys: a gRPC session belongs to the key that created it, and other keys cannot
+    /// see or use it.
     #[arg(long, value_name = "KEY")]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
     /// The model id both APIs report and accept (default: the model directory's name).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// Seconds a gRPC session may stay idle before it is closed and its state freed (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 1800.0, allow_negative_numbers = true)]
     pub session_idle_timeout: f64,
+    /// Host memory the gRPC sessions' saved states may hold together (bytes, or with a unit: 512MiB, 8GiB); a fork
+    /// shares its parent's state until one of them runs a turn. Past it the least recently used idle sessions are
+    /// evicted; a turn whose state cannot fit even then fails with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "BYTES", default_value = "8GiB", value_parser = super::byte_size)]
+    pub session_memory: u64,
     /// Seconds SIGINT / SIGTERM waits for in-flight requests before the servers stop anyway.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, allow_negative_numbers = true)]
     pub drain_timeout: f64,

@@ -30,7 +30,8 @@ pub struct Prepared {
     pub model: ServedModel,
     /// The id both APIs serve the model under.
     pub name: String,
-    pub api_key: Option<String>,
+    /// `--api-key`s (none: no key required).
+    pub api_keys: Vec<String>,
     /// `max_tokens` of a request that sets none (`--default-max-tokens`), before the room cap.
     pub default_max_tokens: usize,
     /// `--strict-fields`: unknown HTTP request fields are refused.
@@ -85,6 +86,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     engine_config.eos_token_ids = model.eos_token_ids.clone();
     engine_config.tokenizer = Some(model.tokenizer.clone());
     engine_config.session_idle_timeout = options.session_idle_timeout;
+    engine_config.session_memory = options.session_memory;
     if let Some(s) = &spec {
         engine_config.spec = Some(super::spec::engine_spec(
             s,
@@ -103,13 +105,13 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     };
     // An empty key would quietly serve without one: refused, since whoever set it meant to require a key.
     anyhow::ensure!(
-        args.listen.api_key.as_deref().is_none_or(|k| !k.trim().is_empty()),
+        args.listen.api_key.iter().all(|k| !k.trim().is_empty()),
         "--api-key is empty: give a key, or leave it out to serve without one"
     );
     Ok(Prepared {
         model,
         name,
-        api_key: args.listen.api_key.clone(),
+        api_keys: args.listen.api_key.clone(),
         default_max_tokens: args.listen.default_max_tokens as usize,
         strict_fields: args.listen.strict_fields,
         backend,
@@ -124,7 +126,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
 /// Starts the engine of `p` (loading the model); returns the state both servers share and the device in words.
 pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String)> {
     let (engine, device) = backend::start_engine(&p.backend, p.engine_config).await?;
-    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_key)
+    let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_keys)
         .with_default_max_tokens(p.default_max_tokens)
         .with_strict_fields(p.strict_fields)
         .with_limits(p.options.request.clone());
@@ -143,7 +145,7 @@ pub fn summary(state: &ServeState, device: &str, dir: &Path) -> String {
         info.tp,
         info.slots,
         info.max_context,
-        if state.api_key.is_some() { "required" } else { "off" }
+        if state.api_keys.required() { "required" } else { "off" }
     )
 }
 

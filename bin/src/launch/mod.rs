@@ -174,7 +174,7 @@ pub fn run(launch: Launch) -> Result<()> {
             slots,
             context,
             plan,
-            api_key: state.api_key.is_some(),
+            api_key: state.api_keys.required(),
         };
         // The state goes to the servers whole: the engine stops once they let go of it.
         run::serve_with(state, listeners, &options, move |bound| match banner.render(bound) {

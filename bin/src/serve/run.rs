@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub conn: ConnLimits,
     /// Request bounds (`--max-request-bytes`, `--body-timeout`), which the state carries to the handlers.
     pub request: RequestLimits,
+    /// The most host bytes the sessions' saved states may hold together.
+    pub session_memory: usize,
 }
 
 impl ServeOptions {
@@ -56,6 +58,12 @@ impl ServeOptions {
             session_idle_timeout: (!idle.is_zero()).then_some(idle),
             conn,
             request,
+            session_memory: usize::try_from(a.session_memory).map_err(|_| {
+                anyhow::anyhow!(
+                    "--session-memory {} is more than this host can address",
+                    a.session_memory
+                )
+            })?,
         })
     }
 }

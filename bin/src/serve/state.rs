@@ -1,10 +1,11 @@
 //! [`ServeState`]: the engine and everything both APIs read about the served model, shared by every connection.
 
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rewind_actors::{EngineHandle, Event, EventStream, FailureKind};
+use rewind_actors::{EngineHandle, Event, EventStream, FailureKind, SessionOwner};
 use rewind_engine::sample::SamplingParams;
 use tokio::sync::watch;
 
@@ -18,9 +19,9 @@ pub struct ServeState {
     pub model: ServedModel,
     /// The model id both APIs report and accept (`/v1/models`, the `model` field).
     pub model_name: String,
-    /// When set, every request must present it (gRPC `authorization: Bearer K` metadata, HTTP
+    /// When there are any, every request must present one (gRPC `authorization: Bearer K` metadata, HTTP
     /// `Authorization: Bearer K`); health checks too, except HTTP `/health`.
-    pub api_key: Option<String>,
+    pub api_keys: ApiKeys,
     /// `max_tokens` when a request gives none, and the most a request may ask for.
     pub default_max_tokens: usize,
     pub max_tokens_limit: usize,
@@ -77,13 +78,13 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 impl ServeState {
     /// The state for `engine` serving `model` under `model_name`.
-    pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_key: Option<String>) -> Self {
+    pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_keys: Vec<String>) -> Self {
         let context = engine.info().max_context;
         ServeState {
             engine,
             model,
             model_name,
-            api_key,
+            api_keys: ApiKeys::new(api_keys),
             default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
             strict_fields: false,
@@ -147,12 +148,9 @@ impl ServeState {
         CutOff(self.cut_off.subscribe())
     }
 
-    /// Whether `presented` (a bearer token, or none) is allowed in.
-    pub fn authorized(&self, presented: Option<&str>) -> bool {
-        match &self.api_key {
-            None => true,
-            Some(k) => presented.is_some_and(|p| constant_time_eq(p.as_bytes(), k.as_bytes())),
-        }
+    /// Who `presented` (a bearer token, or none) lets in, or `None` when it is refused.
+    pub fn authorized(&self, presented: Option<&str>) -> Option<SessionOwner> {
+        self.api_keys.owner(presented)
     }
 
     /// The sampling parameters a request starts from (generation_config.json's) with this server's default
@@ -164,6 +162,54 @@ impl ServeState {
     }
 }
 
+/// The API keys a server accepts, each with the session owner it stands for.
+pub struct ApiKeys {
+    keys: Vec<(String, SessionOwner)>,
+}
+
+impl ApiKeys {
+    /// `keys`, each fingerprinted as its sessions' owner: SipHash under a key drawn at random for this process, so
+    /// the sessions store no key, and a fingerprint says nothing about its key (nor matches another process's).
+    pub fn new(keys: Vec<String>) -> Self {
+        let secret = RandomState::new();
+        let half = |k: &str, part: u8| {
+            let mut h = secret.build_hasher();
+            part.hash(&mut h);
+            k.hash(&mut h);
+            h.finish()
+        };
+        let keys = keys
+            .into_iter()
+            .map(|k| {
+                let owner = SessionOwner::new((u128::from(half(&k, 0)) << 64) | u128::from(half(&k, 1)));
+                (k, owner)
+            })
+            .collect();
+        ApiKeys { keys }
+    }
+
+    /// Whether requests must present a key.
+    pub fn required(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The owner whose key `presented` is (every key compared, in time independent of which matched); without keys,
+    /// the one owner every client is; `None` for a missing or wrong key.
+    pub fn owner(&self, presented: Option<&str>) -> Option<SessionOwner> {
+        if self.keys.is_empty() {
+            return Some(SessionOwner::default());
+        }
+        let p = presented?;
+        self.keys.iter().fold(None, |found, (k, owner)| {
+            if constant_time_eq(p.as_bytes(), k.as_bytes()) {
+                Some(*owner)
+            } else {
+                found
+            }
+        })
+    }
+}
+
 /// Compares two secrets in time that depends only on their lengths.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -171,7 +217,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{constant_time_eq, ApiKeys};
+    use rewind_actors::SessionOwner;
+
+    #[test]
+    fn each_key_is_its_own_session_owner() {
+        let open = ApiKeys::new(Vec::new());
+        assert!(!open.required());
+        assert_eq!(open.owner(None), Some(SessionOwner::default()));
+        assert_eq!(open.owner(Some("anything")), Some(SessionOwner::default()));
+        let keys = ApiKeys::new(vec!["alpha".into(), "beta".into()]);
+        let (a, b) = (keys.owner(Some("alpha")), keys.owner(Some("beta")));
+        assert!(a.is_some() && b.is_some() && a != b);
+        assert_ne!(a, Some(SessionOwner::default()));
+        assert_eq!(keys.owner(Some("alpha")), a, "the same key is the same owner");
+        assert_eq!(keys.owner(Some("gamma")), None);
+        assert_eq!(keys.owner(Some("alph")), None);
+        assert_eq!(keys.owner(None), None);
+    }
 
     #[test]
     fn secrets_compare_exactly() {

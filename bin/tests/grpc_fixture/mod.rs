@@ -52,6 +52,8 @@ pub fn model_dir() -> &'static Path {
 pub struct Server {
     pub addr: String,
     pub state: Arc<ServeState>,
+    /// The API keys it accepts ([`Server::client`] presents the first).
+    pub keys: Vec<String>,
     pub _stop: oneshot::Sender<()>,
 }
 
@@ -62,16 +64,16 @@ impl Server {
 
     /// A server whose engine settings `tune` changes.
     pub async fn start_with(slots: usize, api_key: Option<&str>, tune: impl FnOnce(&mut EngineConfig)) -> Server {
-        Self::start_in(slots, CONTEXT, api_key, tune).await
+        Self::start_in(slots, CONTEXT, api_key.as_slice(), tune).await
+    }
+
+    /// A server accepting each of `keys`.
+    pub async fn start_with_keys(slots: usize, keys: &[&str]) -> Server {
+        Self::start_in(slots, CONTEXT, keys, |_| {}).await
     }
 
     /// A server with pools of `context` tokens whose engine settings `tune` changes.
-    pub async fn start_in(
-        slots: usize,
-        context: usize,
-        api_key: Option<&str>,
-        tune: impl FnOnce(&mut EngineConfig),
-    ) -> Server {
+    pub async fn start_in(slots: usize, context: usize, keys: &[&str], tune: impl FnOnce(&mut EngineConfig)) -> Server {
         let dir = model_dir();
         let model = ServedModel::load(dir).expect("model");
         let launcher = CpuLauncher::new(
@@ -91,7 +93,7 @@ impl Server {
             Arc::new(engine),
             model,
             "tiny".into(),
-            api_key.map(String::from),
+            keys.iter().map(|k| k.to_string()).collect(),
         ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = format!("http://{}", listener.local_addr().expect("addr"));
@@ -105,12 +107,13 @@ impl Server {
         Server {
             addr,
             state,
+            keys: keys.iter().map(|k| k.to_string()).collect(),
             _stop: stop,
         }
     }
 
     pub async fn client(&self) -> Client {
-        connect(&self.addr, self.state.api_key.as_deref())
+        connect(&self.addr, self.keys.first().map(String::as_str))
             .await
             .expect("connect")
     }

@@ -97,7 +97,7 @@ impl Fixture {
             self.engine.clone(),
             self.model.clone(),
             MODEL_NAME.into(),
-            api_key.map(str::to_string),
+            api_key.into_iter().map(str::to_string).collect(),
         ))
     }
 

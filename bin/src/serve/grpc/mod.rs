@@ -36,7 +36,7 @@ pub mod pb {
 /// The gRPC server type: the API behind its API key check.
 pub type Service = InterceptedService<pb::rewind_server::RewindServer<RewindService>, Auth>;
 
-/// The API over `state`'s engine, with the API key check (a no-op when `state.api_key` is unset). Add it to a
+/// The API over `state`'s engine, with the API key check (a no-op when `state.api_keys` has none). Add it to a
 /// `tonic::transport::Server`.
 pub fn service(state: Arc<ServeState>) -> Service {
     // Messages past --max-request-bytes are refused before they are decoded.
@@ -67,8 +67,9 @@ impl pb::rewind_server::Rewind for RewindService {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
+        let owner = auth::owner(&request)?;
         let r = request.into_inner();
-        sessions::create(&self.state, &r)
+        sessions::create(&self.state, owner, &r)
             .instrument(span("CreateSession"))
             .await
             .map(Response::new)
@@ -77,9 +78,10 @@ impl pb::rewind_server::Rewind for RewindService {
     type GenerateStream = ChunkStream;
 
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<ChunkStream>, Status> {
+        let owner = auth::owner(&request)?;
         let r = request.into_inner();
         let span = tracing::info_span!("grpc", rpc = "Generate", session = %echo(&r.session_id));
-        sessions::generate(&self.state, r, span.clone())
+        sessions::generate(&self.state, owner, r, span.clone())
             .instrument(span)
             .await
             .map(Response::new)
@@ -89,9 +91,10 @@ impl pb::rewind_server::Rewind for RewindService {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
+        let owner = auth::owner(&request)?;
         let id = request.into_inner().session_id;
         let span = tracing::info_span!("grpc", rpc = "ForkSession", session = %id);
-        sessions::fork(&self.state, &id)
+        sessions::fork(&self.state, owner, &id)
             .instrument(span)
             .await
             .map(Response::new)
@@ -101,16 +104,18 @@ impl pb::rewind_server::Rewind for RewindService {
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let owner = auth::owner(&request)?;
         let id = request.into_inner().session_id;
         let span = tracing::info_span!("grpc", rpc = "CloseSession", session = %id);
-        sessions::close(&self.state, &id).instrument(span).await?;
+        sessions::close(&self.state, owner, &id).instrument(span).await?;
         Ok(Response::new(pb::CloseSessionResponse {}))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let owner = auth::owner(&request)?;
         let id = request.into_inner().session_id;
         let span = tracing::info_span!("grpc", rpc = "GetSession", session = %id);
-        sessions::get(&self.state, &id)
+        sessions::get(&self.state, owner, &id)
             .instrument(span)
             .await
             .map(Response::new)
@@ -118,9 +123,11 @@ impl pb::rewind_server::Rewind for RewindService {
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = sessions::list(&self.state).instrument(span("ListSessions")).await?;
+        let sessions = sessions::list(&self.state, auth::owner(&request)?)
+            .instrument(span("ListSessions"))
+            .await?;
         Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
 

@@ -1,9 +1,10 @@
 //! The session RPCs: create, fork, close, inspect, and Generate — one turn, whose input holds only the new tokens
-//! (the engine continues the session's state rather than prefilling the earlier turns again).
+//! (the engine continues the session's state rather than prefilling the earlier turns again). Each names its caller's
+//! owner (the API key's, see `auth.rs`): another key's sessions answer exactly as ids never used.
 
 use std::sync::Arc;
 
-use rewind_actors::{GenerateRequest, SessionInfo, SessionOptions};
+use rewind_actors::{GenerateRequest, SessionInfo, SessionOptions, SessionOwner};
 use tonic::Status;
 
 use super::params::{base, default_max_tokens, input_ids, merge, resolved};
@@ -49,7 +50,11 @@ fn require_id(id: &str) -> Result<(), Status> {
 const MAX_SESSION_ID_BYTES: usize = 128;
 
 /// CreateSession: the model's defaults with the request's overrides become the session's.
-pub async fn create(state: &ServeState, r: &pb::CreateSessionRequest) -> Result<pb::SessionInfo, Status> {
+pub async fn create(
+    state: &ServeState,
+    owner: SessionOwner,
+    r: &pb::CreateSessionRequest,
+) -> Result<pb::SessionInfo, Status> {
     if state.draining() {
         return Err(draining());
     }
@@ -60,43 +65,48 @@ pub async fn create(state: &ServeState, r: &pb::CreateSessionRequest) -> Result<
         defaults,
         speculate: r.speculate.unwrap_or(true),
     };
-    let s = state.engine.create_session(options).await.map_err(|e| actors(&e))?;
+    let s = state
+        .engine
+        .create_session(owner, options)
+        .await
+        .map_err(|e| actors(&e))?;
     tracing::info!(session = %s.id, "session created");
     Ok(info(s))
 }
 
-/// ForkSession: a new session with a copy of `id`'s state.
-pub async fn fork(state: &ServeState, id: &str) -> Result<pb::SessionInfo, Status> {
+/// ForkSession: a new session sharing `id`'s state (copied only when one of them runs a turn).
+pub async fn fork(state: &ServeState, owner: SessionOwner, id: &str) -> Result<pb::SessionInfo, Status> {
     if state.draining() {
         return Err(draining());
     }
     require_id(id)?;
-    let s = state.engine.fork_session(id).await.map_err(|e| actors(&e))?;
+    let s = state.engine.fork_session(owner, id).await.map_err(|e| actors(&e))?;
     tracing::info!(session = %s.id, from = id, "session forked");
     Ok(info(s))
 }
 
 /// CloseSession. Allowed while draining: it frees memory.
-pub async fn close(state: &ServeState, id: &str) -> Result<(), Status> {
+pub async fn close(state: &ServeState, owner: SessionOwner, id: &str) -> Result<(), Status> {
     require_id(id)?;
-    state.engine.close_session(id).await.map_err(|e| actors(&e))
+    state.engine.close_session(owner, id).await.map_err(|e| actors(&e))
 }
 
 /// GetSession.
-pub async fn get(state: &ServeState, id: &str) -> Result<pb::SessionInfo, Status> {
+pub async fn get(state: &ServeState, owner: SessionOwner, id: &str) -> Result<pb::SessionInfo, Status> {
     require_id(id)?;
-    state.engine.session(id).await.map(info).map_err(|e| actors(&e))
+    state.engine.session(owner, id).await.map(info).map_err(|e| actors(&e))
 }
 
-/// ListSessions.
-pub async fn list(state: &ServeState) -> Result<Vec<pb::SessionInfo>, Status> {
-    let all = state.engine.list_sessions().await.map_err(|e| actors(&e))?;
+/// ListSessions: the caller's sessions.
+pub async fn list(state: &ServeState, owner: SessionOwner) -> Result<Vec<pb::SessionInfo>, Status> {
+    let all = state.engine.list_sessions(owner).await.map_err(|e| actors(&e))?;
     Ok(all.into_iter().map(info).collect())
 }
 
 /// Generate: one turn of session `r.session_id`, sampled with the session's defaults and the request's overrides.
 pub async fn generate(
     state: &Arc<ServeState>,
+    owner: SessionOwner,
     r: pb::GenerateRequest,
     span: tracing::Span,
 ) -> Result<ChunkStream, Status> {
@@ -109,12 +119,17 @@ pub async fn generate(
     require_id(&r.session_id)?;
     // The session's defaults, and whether the turn starts its sequence (only then does text get BOS); a session that
     // is gone is NOT_FOUND here already.
-    let s = state.engine.session(&r.session_id).await.map_err(|e| actors(&e))?;
+    let s = state
+        .engine
+        .session(owner, &r.session_id)
+        .await
+        .map_err(|e| actors(&e))?;
     let mut params = merge(state, &s.defaults, r.sampling.as_ref())?;
     let prompt = input_ids(state, r.input, s.tokens == 0).await?;
     default_max_tokens(state, &mut params, s.tokens + prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.session = Some(r.session_id);
+    request.owner = owner;
     request.speculate = s.speculate;
     let events = state.engine.submit(request).map_err(|e| actors(&e))?;
     respond(events, state.cut_off_watch(), span).await

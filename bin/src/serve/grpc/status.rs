@@ -63,7 +63,7 @@ fn session_code(e: &SessionError) -> Code {
     match e {
         SessionError::NotFound { .. } => Code::NotFound,
         SessionError::Busy { .. } => Code::FailedPrecondition,
-        SessionError::Limit { .. } => Code::ResourceExhausted,
+        SessionError::Limit { .. } | SessionError::Memory { .. } => Code::ResourceExhausted,
     }
 }
 
@@ -117,6 +117,14 @@ mod tests {
             actors(&ActorsError::Session(SessionError::Limit { max: 2 })).code(),
             Code::ResourceExhausted
         );
+        let memory = ActorsError::Session(SessionError::Memory {
+            id: "sess-1".into(),
+            needed: 3 << 20,
+            budget: 2 << 20,
+            pinned: 0,
+        });
+        assert_eq!(actors(&memory).code(), Code::ResourceExhausted);
+        assert!(actors(&memory).message().contains("--session-memory"));
         let s = engine(&EngineError::InvalidInput("temperature must be >= 0".into()));
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("temperature"), "{}", s.message());
