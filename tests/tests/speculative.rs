@@ -337,7 +337,7 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
         let out = rank
             .step(&step(SeqKind::Verify, &toks[6..11], 6, spec, false))
             .expect("verify");
-        assert!(out.rows.iter().all(|r| r.spec.is_some()), "{}", name(&dir));
+        assert!(out.rows.iter().all(|r| r.pass.spec.is_some()), "{}", name(&dir));
         let one_pass = rank.last_head_traffic().outputs;
         assert_eq!(one_pass % 5, 0);
         per_row.push(one_pass / 5);

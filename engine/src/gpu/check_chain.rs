@@ -57,19 +57,11 @@ fn chain_sample(sampled: bool, draws: Vec<f32>) -> Option<ChainSample> {
 }
 
 /// The rows of a step result (or a chain's, step-major) as [`Row`]s.
-fn rows_of(out: &StepResult) -> Result<Vec<Row>> {
+fn rows_of(out: &StepResult) -> Vec<Row> {
     out.rows
         .iter()
         .zip(&out.sampled)
-        .map(|(r, s)| {
-            let (max, lse) = (r.max_logit, r.log_sum_exp);
-            match (max, lse) {
-                (Some(m), Some(l)) => Ok((s.unwrap_or(r.argmax), m, l)),
-                _ => Err(EngineError::Gpu(
-                    "a decode row came back without its max logit or log-sum-exp".into(),
-                )),
-            }
-        })
+        .map(|(r, s)| (s.unwrap_or(r.argmax), r.max, r.lse))
         .collect()
 }
 
@@ -128,7 +120,7 @@ fn decode(
                 joined.1 += 1;
             }
         }
-        let rows = rows_of(&result)?;
+        let rows = rows_of(&result);
         for step in rows.chunks_exact(slots.len()) {
             out.push(step.to_vec());
         }

@@ -276,7 +276,7 @@ impl<A: Act> GpuRank<A> {
 pub(super) fn mark_sampled(row: &mut RowSummary, id: i32) {
     match u32::try_from(id) {
         Ok(id) => row.sampled = Some(id),
-        Err(_) => row.max_logit = Some(f32::NAN),
+        Err(_) => row.pass.max = f32::NAN,
     }
 }
 
@@ -329,19 +329,18 @@ mod tests {
 
     #[test]
     fn a_sampled_minus_one_poisons_the_row() {
-        let mut row = RowSummary {
+        let mut row = RowSummary::from(rewind_kernels::cpu::lm_head::RowPass {
             argmax: 3,
-            max_logit: Some(1.5),
-            log_sum_exp: Some(2.0),
-            sampled: None,
+            max: 1.5,
+            lse: 2.0,
             spec: None,
-        };
+        });
         mark_sampled(&mut row, 7);
-        assert_eq!((row.sampled, row.max_logit), (Some(7), Some(1.5)));
+        assert_eq!((row.sampled, row.pass.max), (Some(7), 1.5));
         let mut bad = RowSummary { sampled: None, ..row };
         mark_sampled(&mut bad, -1);
         assert_eq!(bad.sampled, None);
-        assert!(bad.max_logit.is_some_and(f32::is_nan), "the step fails on this row");
+        assert!(bad.pass.poisoned(), "the step fails on this row");
     }
 
     #[test]

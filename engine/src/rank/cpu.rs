@@ -13,8 +13,9 @@ use super::executor::{self, SingleSteps};
 use super::plan::{
     Batch, Commit, Program, RankHealth, RankInfo, RowSummary, Rows, SeqKind, SeqStep, SlotSnapshot, StepOut, StepPlan,
 };
-use super::vocab::{merge_rows, summarise_row, VocabSummary};
+use super::vocab::{merge_rows, summarise_row};
 use super::Rank;
+use super::RowPass;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
 use crate::shard::{LocalComm, ShardedModel};
@@ -228,7 +229,7 @@ impl SingleSteps for Decoder {
         self.step_batch(commits, b)
     }
 
-    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<VocabSummary>> {
+    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<RowPass>> {
         Decoder::merged(self, rows)
     }
 }
@@ -321,7 +322,7 @@ impl Decoder {
                 .collect();
             if spec.iter().any(Option::is_some) {
                 for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec)) {
-                    row.spec = pass.spec;
+                    row.pass.spec = pass.spec;
                 }
             }
             (rows, Some(logits))
@@ -434,31 +435,28 @@ impl Decoder {
     /// Each row's summary over the whole vocabulary, one-pass speculative part included: under tensor parallelism
     /// every rank's slice summaries are gathered (as words, so ids and values come through exactly) and merged in
     /// rank order as the coordinator merges them, so every rank reaches the same picks and verdicts.
-    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<VocabSummary>> {
+    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<RowPass>> {
         let comm = self.comm();
         if comm.size() == 1 {
             return rows.iter().map(|r| merge_rows(std::slice::from_ref(r))).collect();
         }
-        // Per row: max logit, argmax, log-sum-exp, then the speculative summary, each option with its flag.
-        const WORDS: usize = 11;
-        let opt_bits = |v: Option<f32>| [u32::from(v.is_some()), v.unwrap_or(0.0).to_bits()];
+        // Per row: max logit, argmax, log-sum-exp, then the speculative summary (with its flag, and its drafted
+        // logit's).
+        const WORDS: usize = 9;
         let send: Vec<f32> = rows
             .iter()
             .flat_map(|r| {
-                let sp = r.spec;
-                let [hm, m] = opt_bits(r.max_logit);
-                let [hl, l] = opt_bits(r.log_sum_exp);
-                let [hd, d] = opt_bits(sp.and_then(|x| x.drafted));
+                let p = r.pass;
+                let sp = p.spec;
+                let drafted = sp.and_then(|x| x.drafted);
                 let words: [u32; WORDS] = [
-                    hm,
-                    m,
-                    r.argmax,
-                    hl,
-                    l,
+                    p.max.to_bits(),
+                    p.argmax,
+                    p.lse.to_bits(),
                     u32::from(sp.is_some()),
                     sp.map_or(0, |x| x.lse.to_bits()),
-                    hd,
-                    d,
+                    u32::from(drafted.is_some()),
+                    drafted.unwrap_or(0.0).to_bits(),
                     sp.map_or(0, |x| x.candidate),
                     sp.map_or(0, |x| x.score.to_bits()),
                 ];
@@ -473,19 +471,17 @@ impl Decoder {
                     .chunks_exact(send.len())
                     .map(|rank| {
                         let w: Vec<u32> = rank[i * WORDS..(i + 1) * WORDS].iter().map(|v| v.to_bits()).collect();
-                        let opt = |h: u32, v: u32| (h != 0).then(|| f32::from_bits(v));
-                        RowSummary {
-                            argmax: w[2],
-                            max_logit: opt(w[0], w[1]),
-                            log_sum_exp: opt(w[3], w[4]),
-                            sampled: None,
-                            spec: (w[5] != 0).then(|| lm_head::SpecSummary {
-                                lse: f32::from_bits(w[6]),
-                                drafted: opt(w[7], w[8]),
-                                candidate: w[9],
-                                score: f32::from_bits(w[10]),
+                        RowSummary::from(RowPass {
+                            max: f32::from_bits(w[0]),
+                            argmax: w[1],
+                            lse: f32::from_bits(w[2]),
+                            spec: (w[3] != 0).then(|| lm_head::SpecSummary {
+                                lse: f32::from_bits(w[4]),
+                                drafted: (w[5] != 0).then(|| f32::from_bits(w[6])),
+                                candidate: w[7],
+                                score: f32::from_bits(w[8]),
                             }),
-                        }
+                        })
                     })
                     .collect();
                 merge_rows(&parts)

@@ -8,7 +8,7 @@
 
 use super::plan::{Batch, Commit, DecodeChain, RowSummary, StepOut, VerifyChain};
 use super::spec_chain::ChainLog;
-use super::vocab::VocabSummary;
+use super::RowPass;
 use crate::error::{EngineError, Result};
 use crate::spec::accept::accept_summaries;
 
@@ -18,7 +18,7 @@ pub(crate) trait SingleSteps {
     fn single(&mut self, commits: &[Commit], batch: &Batch) -> Result<StepOut>;
 
     /// Each row's summary over the whole vocabulary (gathered from every rank of a tensor-parallel group).
-    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<VocabSummary>>;
+    fn merged(&self, rows: &[RowSummary]) -> Result<Vec<RowPass>>;
 }
 
 /// Runs a chain of decodes as `1 + steps` single steps, each fed the tokens the one before picked (sampled, else

@@ -12,14 +12,15 @@ use std::sync::Arc;
 use super::books::Books;
 use super::plan::{Program, StepOut, StepPlan};
 use super::spec_chain::ChainLog;
-use super::vocab::{merge_step, VocabSummary};
+use super::vocab::merge_step;
 use crate::error::{EngineError, Result};
+use rewind_kernels::cpu::lm_head::RowPass;
 
 /// The whole-vocabulary answer to one step: per reported row (in plan order) its summary, the token chosen for it
 /// when the plan asked to sample, and the logits `[rows, vocab]` when the plan asked for them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepResult {
-    pub rows: Vec<VocabSummary>,
+    pub rows: Vec<RowPass>,
     pub sampled: Vec<Option<u32>>,
     pub logits: Option<Vec<f32>>,
     /// `[rows, hidden]` final hidden states, when the plan asked for them (the rows [`Batch::hidden`](super::Batch::hidden) names).
@@ -57,7 +58,7 @@ pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize
         }
     };
     let merged = merge_step(outs, vocab)?;
-    if let Some(row) = merged.rows.iter().position(VocabSummary::poisoned) {
+    if let Some(row) = merged.rows.iter().position(RowPass::poisoned) {
         return Err(EngineError::NonFinite {
             position: row_position(plan, row),
         });

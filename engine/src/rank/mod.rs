@@ -47,11 +47,12 @@ pub use plan::{
     RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample, SsmSnapshot, StageTime,
     StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED,
 };
+pub use rewind_kernels::cpu::lm_head::RowPass;
 pub use sequence::GroupSequence;
 pub use spec_chain::{ChainDrafter, ChainLog};
 pub use spec_chain_check::{spec_chain_check, SpecChainReport};
 pub use thread::{RankMsg, RankThread, Reply};
-pub use vocab::{MergedStep, VocabSummary};
+pub use vocab::MergedStep;
 
 use crate::error::Result;
 

@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use rewind_kernels::cpu::lm_head::SpecRequest;
+use rewind_kernels::cpu::lm_head::{RowPass, SpecRequest};
 
 use crate::decode::FormChoice;
 
@@ -514,32 +514,20 @@ impl DecodeChain {
     }
 }
 
-/// A rank's summary of one reported row over its vocabulary slice.
+/// A rank's answer for one reported row: the pass over its vocabulary slice (greedy token as a global id, its
+/// logit, the slice's log-sum-exp, and the one-pass speculative summary when [`SeqStep::spec`] asked for it; a NaN
+/// max when the row holds a NaN, which the coordinator turns into an error), and the token it sampled when the plan
+/// asked it to sample the row.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowSummary {
-    /// The slice's greedy token (a global id): the lowest id among the largest logits.
-    pub argmax: u32,
-    /// Its logit; `Some(NaN)` when the row holds a NaN (the coordinator turns that into an error); `None` when the
-    /// backend did not compute it.
-    pub max_logit: Option<f32>,
-    /// `log Σ exp(logit)` over the slice, where the backend computes it (both the CPU and GPU ranks do).
-    pub log_sum_exp: Option<f32>,
-    /// The sampled token, when the plan asked the rank to sample this row.
+    pub pass: RowPass,
     pub sampled: Option<u32>,
-    /// The one-pass speculative summary over the slice, when the plan asked for it ([`SeqStep::spec`]).
-    pub spec: Option<rewind_kernels::cpu::lm_head::SpecSummary>,
 }
 
-impl From<rewind_kernels::cpu::lm_head::RowPass> for RowSummary {
-    /// A one-pass summary of a row (no draw).
-    fn from(p: rewind_kernels::cpu::lm_head::RowPass) -> Self {
-        RowSummary {
-            argmax: p.argmax,
-            max_logit: Some(p.max),
-            log_sum_exp: Some(p.lse),
-            sampled: None,
-            spec: p.spec,
-        }
+impl From<RowPass> for RowSummary {
+    /// A row's pass, not sampled.
+    fn from(pass: RowPass) -> Self {
+        RowSummary { pass, sampled: None }
     }
 }
 

@@ -176,8 +176,8 @@ fn merged_summaries_equal_one_rank() {
             let vocab = g.vocab_size();
             for (row, l) in out.rows.iter().zip(logits.chunks_exact(vocab)) {
                 let whole = vocab::summarise_row(l, 0);
-                assert_eq!(row.argmax, whole.argmax);
-                let (a, b) = (row.log_sum_exp.expect("cpu lse"), whole.log_sum_exp.expect("lse"));
+                assert_eq!(row.argmax, whole.pass.argmax);
+                let (a, b) = (row.lse, whole.pass.lse);
                 assert!((a - b).abs() < 1e-4 * b.abs().max(1.0), "tp {tp}: lse {a} vs {b}");
             }
             match &want {

@@ -181,7 +181,7 @@ fn run_step(
         Some(FaultKind::Nan) => {
             let mut out = rank.step(plan)?;
             for r in &mut out.rows {
-                r.max_logit = Some(f32::NAN);
+                r.pass.max = f32::NAN;
             }
             if let Some(l) = &mut out.logits {
                 l.fill(f32::NAN);

@@ -1,121 +1,31 @@
 //! Merging the ranks' vocabulary slices: the one place where per-rank LM-head outputs become whole-vocabulary
-//! answers. Ranks hold contiguous, ascending id ranges ([`crate::shard::even_split`] of the vocabulary), so the
-//! first rank reaching the maximum holds the lowest id among the largest logits.
+//! answers. Ranks hold contiguous, ascending id ranges ([`crate::shard::even_split`] of the vocabulary); a row's
+//! answer is the [`RowPass`] merge of the ranks' passes, which breaks ties to the lowest id whatever the split.
 //!
 //! - [`summarise_row`]: one rank's [`RowSummary`] of one row of its slice (what a CPU rank reports);
-//! - [`merge_rows`]: the ranks' summaries of one row into a [`VocabSummary`] (what every rank's coordinator sees);
+//! - [`merge_rows`]: the ranks' summaries of one row into the whole vocabulary's [`RowPass`];
 //! - [`join_slices`]: the ranks' `[rows, slice]` logits into `[rows, vocab]`.
 
 use std::ops::Range;
 
-use rewind_kernels::cpu::lm_head::SpecSummary;
+use rewind_kernels::cpu::lm_head::{summarise_logits, RowPass};
 
 use super::plan::{RowSummary, StepOut};
 use crate::error::{EngineError, Result};
 
-/// One position's whole-vocabulary summary.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct VocabSummary {
-    /// The greedy token: the lowest id among the largest logits.
-    pub argmax: u32,
-    /// Its logit (`None` when a single rank did not read it back; `Some(NaN)` for a row holding a NaN).
-    pub max_logit: Option<f32>,
-    /// `log Σ exp(logit)` over the whole vocabulary (`None` when a rank did not compute its part).
-    pub log_sum_exp: Option<f32>,
-    /// The one-pass speculative summary over the whole vocabulary, when the plan asked for it.
-    pub spec: Option<SpecSummary>,
-}
-
-/// Summarises one row of a rank's slice, whose first id is `first_id`. A NaN anywhere gives a NaN `max_logit`.
+/// Summarises one row of a rank's slice, whose first id is `first_id`. A NaN anywhere gives a NaN max.
 pub fn summarise_row(row: &[f32], first_id: usize) -> RowSummary {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    let mut nan = false;
-    for (i, &v) in row.iter().enumerate() {
-        nan |= v.is_nan();
-        if v > best.1 {
-            best = (i, v);
-        }
-    }
-    let max = if nan { f32::NAN } else { best.1 };
-    let lse = if max.is_finite() {
-        max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
-    } else {
-        max
-    };
-    RowSummary {
-        argmax: (first_id + best.0) as u32,
-        max_logit: Some(max),
-        log_sum_exp: Some(lse),
-        sampled: None,
-        spec: None,
-    }
+    RowSummary::from(summarise_logits(row, first_id as u32, None))
 }
 
-impl VocabSummary {
-    /// Whether the row held a NaN (or an infinity) wherever a rank looked.
-    pub fn poisoned(&self) -> bool {
-        self.max_logit.is_some_and(|v| !v.is_finite())
-    }
-}
-
-/// Merges the ranks' summaries of one row (in rank order). A NaN from any rank gives a NaN `max_logit`. With more
-/// than one rank every rank must report its best logit: the winner is decided by value.
-pub fn merge_rows(parts: &[RowSummary]) -> Result<VocabSummary> {
-    match parts {
-        [] => Err(EngineError::InvalidInput("no rank summarised the row".into())),
-        [one] => Ok(VocabSummary {
-            argmax: one.argmax,
-            max_logit: one.max_logit,
-            log_sum_exp: one.log_sum_exp,
-            spec: one.spec,
-        }),
-        _ => {
-            let values = parts
-                .iter()
-                .enumerate()
-                .map(|(r, p)| {
-                    p.max_logit.ok_or_else(|| {
-                        EngineError::InvalidInput(format!(
-                            "rank {r} reported no logit for a row; merging vocabulary slices needs every rank's best"
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<f32>>>()?;
-            let nan = values.iter().any(|v| v.is_nan());
-            // Ranks hold ascending id ranges: the first rank reaching the maximum has the lowest id.
-            let mut best = 0;
-            for (r, &v) in values.iter().enumerate() {
-                if v > values[best] {
-                    best = r;
-                }
-            }
-            let max = if nan { f32::NAN } else { values[best] };
-            let lse = parts
-                .iter()
-                .map(|p| p.log_sum_exp)
-                .collect::<Option<Vec<f32>>>()
-                .map(|l| {
-                    if !max.is_finite() {
-                        return max;
-                    }
-                    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    m + l.iter().map(|v| (v - m).exp()).sum::<f32>().ln()
-                });
-            // Every rank summarised its slice or none did; the merge is associative, so slices in rank order give
-            // the whole vocabulary's candidate (ties to the lowest id) whatever the split.
-            let spec = parts
-                .iter()
-                .map(|p| p.spec)
-                .collect::<Option<Vec<SpecSummary>>>()
-                .and_then(|s| s.into_iter().reduce(SpecSummary::merge));
-            Ok(VocabSummary {
-                argmax: parts[best].argmax,
-                max_logit: Some(max),
-                log_sum_exp: lse,
-                spec,
-            })
-        }
-    }
+/// Merges the ranks' summaries of one row (in rank order) into the whole vocabulary's. A NaN from any rank gives a
+/// NaN max; a speculative summary is the merge of the ranks' that computed one.
+pub fn merge_rows(parts: &[RowSummary]) -> Result<RowPass> {
+    parts
+        .iter()
+        .map(|p| p.pass)
+        .reduce(RowPass::merge)
+        .ok_or_else(|| EngineError::InvalidInput("no rank summarised the row".into()))
 }
 
 /// Joins the ranks' `[rows, slice]` logits (slices `ranges`, in rank order, covering `0..vocab`) into
@@ -162,7 +72,7 @@ pub fn join_slices(parts: &[&[f32]], ranges: &[Range<usize>], rows: usize, vocab
 /// when the plan asked for them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MergedStep {
-    pub rows: Vec<VocabSummary>,
+    pub rows: Vec<RowPass>,
     /// Per row, the token the ranks sampled (every rank samples alike).
     pub sampled: Vec<Option<u32>>,
     /// `[rows, vocab]`.
@@ -229,7 +139,7 @@ mod tests {
 
     fn whole(row: &[f32]) -> (u32, f32, f32) {
         let s = summarise_row(row, 0);
-        (s.argmax, s.max_logit.expect("cpu max"), s.log_sum_exp.expect("cpu lse"))
+        (s.pass.argmax, s.pass.max, s.pass.lse)
     }
 
     #[test]
@@ -267,8 +177,8 @@ mod tests {
             for (r, row) in logits.chunks_exact(vocab).enumerate() {
                 let (arg, max, lse) = whole(row);
                 let m = merged.rows[r];
-                assert_eq!((m.argmax, m.max_logit), (arg, Some(max)), "tp {tp} row {r}");
-                let got = m.log_sum_exp.expect("lse");
+                assert_eq!((m.argmax, m.max), (arg, max), "tp {tp} row {r}");
+                let got = m.lse;
                 assert!((got - lse).abs() < 1e-5, "tp {tp} row {r}: {got} vs {lse}");
             }
             assert_eq!(merged.rows[0].argmax, 5, "ties go to the lowest id");
@@ -278,17 +188,11 @@ mod tests {
     #[test]
     fn nan_poisons_the_row_and_bad_shapes_are_errors() {
         let row = [1.0, f32::NAN, 0.5];
-        assert!(summarise_row(&row, 0).max_logit.is_some_and(f32::is_nan));
+        assert!(summarise_row(&row, 0).pass.max.is_nan());
         let a = summarise_row(&[1.0, 2.0], 0);
         let b = summarise_row(&[f32::NAN, 0.0], 2);
         assert!(merge_rows(&[a, b]).expect("merge").poisoned());
-        let greedy = RowSummary { max_logit: None, ..a };
-        assert_eq!(
-            merge_rows(&[greedy]).expect("one rank").argmax,
-            1,
-            "one rank needs no value"
-        );
-        assert!(merge_rows(&[greedy, b]).is_err(), "several ranks need every value");
+        assert!(merge_rows(&[]).is_err(), "no rank");
         let whole: [Range<usize>; 1] = [Range { start: 0, end: 3 }];
         assert!(join_slices(&[&[0.0; 4]], &whole, 2, 3).is_err(), "wrong length");
         assert!(
@@ -297,8 +201,6 @@ mod tests {
         );
         let short: [Range<usize>; 1] = [Range { start: 0, end: 1 }];
         assert!(join_slices(&[&[0.0; 2]], &short, 2, 3).is_err(), "short");
-        let gpu = RowSummary { log_sum_exp: None, ..a };
-        assert_eq!(merge_rows(&[gpu, b]).expect("merge").log_sum_exp, None);
     }
 
     /// Every rank samples a sampled row itself (from the row it joins): the merged step carries their common id, and

@@ -181,10 +181,10 @@ fn check(label: &str, json: &Value, fused: bool, tps: &[usize]) {
                 .collect();
             let merged = merge_rows(&summaries).expect("merge");
             let whole = summarise_row(w, 0);
-            assert_eq!(merged.argmax, whole.argmax, "{label} tp {tp} row {row}: argmax");
-            let (m, w) = (merged.max_logit.expect("max"), whole.max_logit.expect("max"));
+            assert_eq!(merged.argmax, whole.pass.argmax, "{label} tp {tp} row {row}: argmax");
+            let (m, w) = (merged.max, whole.pass.max);
             assert!((m - w).abs() <= 1e-4 * w.abs().max(1.0));
-            let (lse, want_lse) = (merged.log_sum_exp.expect("lse"), whole.log_sum_exp.expect("lse"));
+            let (lse, want_lse) = (merged.lse, whole.pass.lse);
             assert!(
                 (lse - want_lse).abs() <= 1e-4 * want_lse.abs().max(1.0),
                 "{label} tp {tp} row {row}: log-sum-exp {lse} vs {want_lse}"

@@ -21,8 +21,8 @@ use rewind_kernels::cpu::accept::{judge, JudgedRow};
 use rewind_kernels::cpu::sample::{argmax, kept_weights};
 
 use crate::error::{EngineError, Result};
-use crate::rank::VocabSummary;
 use crate::sample::{apply_repetition_penalty, distinct_ids, Sampler, SamplingParams};
+use rewind_kernels::cpu::lm_head::RowPass;
 
 pub use rewind_kernels::cpu::accept::accept_uniform;
 
@@ -44,7 +44,7 @@ pub struct Acceptance {
 /// `None`, else sampling at the temperature the summaries were made with, keyed by `(seed, index)` where `index`
 /// is the output index of row 0's token. The rule is `rewind_kernels::cpu::accept::judge`, the twin of the device's
 /// `spec_accept`.
-pub fn accept_summaries(rows: &[VocabSummary], drafts: &[u32], sampled: Option<(u64, u64)>) -> Result<Acceptance> {
+pub fn accept_summaries(rows: &[RowPass], drafts: &[u32], sampled: Option<(u64, u64)>) -> Result<Acceptance> {
     let judged: Vec<JudgedRow> = rows
         .iter()
         .map(|r| JudgedRow {

@@ -4,8 +4,8 @@
 use rewind_kernels::cpu::lm_head::{head_pass, SpecRequest};
 
 use super::accept::{accept_rows, accept_summaries, RowSampling};
-use crate::rank::VocabSummary;
 use crate::sample::SamplingParams;
+use rewind_kernels::cpu::lm_head::RowPass;
 
 /// Pearson's chi-square statistic of `counts` against probabilities `p` (bins with p = 0 must be empty).
 pub(crate) fn chi_square(counts: &[usize], p: &[f64]) -> f64 {
@@ -40,7 +40,7 @@ fn softmax(l: &[f32], t: f32) -> Vec<f64> {
 }
 
 /// Summaries of logit rows through an identity head (hidden = vocab), as a rank would compute them.
-fn summaries(rows: &[Vec<f32>], drafts: &[u32], t: f32, seed: u64, index: u64) -> Vec<VocabSummary> {
+fn summaries(rows: &[Vec<f32>], drafts: &[u32], t: f32, seed: u64, index: u64) -> Vec<RowPass> {
     let v = rows[0].len();
     let mut eye = vec![0.0f32; v * v];
     for i in 0..v {
@@ -58,14 +58,6 @@ fn summaries(rows: &[Vec<f32>], drafts: &[u32], t: f32, seed: u64, index: u64) -
         })
         .collect();
     head_pass(&x, &eye, v, 0, &spec)
-        .into_iter()
-        .map(|p| VocabSummary {
-            argmax: p.argmax,
-            max_logit: Some(p.max),
-            log_sum_exp: Some(p.lse),
-            spec: p.spec,
-        })
-        .collect()
 }
 
 #[test]

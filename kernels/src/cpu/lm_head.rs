@@ -39,7 +39,8 @@ pub struct SpecSummary {
     pub score: f32,
 }
 
-/// A row's summary over the ids a pass saw.
+/// A row's summary over the ids a pass saw: what every backend reports per row (over its vocabulary slice), and,
+/// merged over the slices, the whole vocabulary's answer the coordinator reads. The one row summary of the project.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowPass {
     /// The lowest id among the largest logits, and that logit (NaN when the row held a NaN).
@@ -94,6 +95,11 @@ impl RowPass {
             lse: f32::NEG_INFINITY,
             spec: spec.then(SpecSummary::empty),
         }
+    }
+
+    /// Whether the row held a NaN (or an infinity) among the ids seen.
+    pub fn poisoned(&self) -> bool {
+        !self.max.is_finite()
     }
 
     /// Merges the summaries of two disjoint id sets (a NaN in either stays a NaN maximum).
