@@ -32,7 +32,6 @@ use tracing::debug_span;
 use std::sync::Arc;
 
 use crate::error::{EngineError, Result};
-use crate::rank::Rows;
 use crate::shard::{Communicator, LocalComm, ShardedModel};
 use crate::state::{memory, DecodeForm, PoolConfig, StatePools, StateRef, DEFAULT_BUFFER_LEN};
 
@@ -40,6 +39,20 @@ mod advance;
 mod snapshot;
 mod ssm;
 mod step;
+
+pub use snapshot::{SlotSnapshot, SsmSnapshot};
+
+/// Which positions of a sequence's tokens a step reports on (its LM-head rows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Rows {
+    /// None (an intermediate prompt chunk).
+    None,
+    /// The last position only.
+    #[default]
+    Last,
+    /// Every position (verification, `rewind logits`).
+    All,
+}
 
 #[cfg(test)]
 mod tests;

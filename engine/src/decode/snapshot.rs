@@ -2,10 +2,40 @@
 //! turns) and fork (branch a sequence) need. Rings and conv history are copied in logical order, so a restore into
 //! any free slot rebuilds them from row 0 without caring where the source slot's rows physically sat.
 
-use super::Decoder;
+use super::{Decoder, FormChoice};
 use crate::error::{EngineError, Result};
-use crate::rank::{SlotSnapshot, SsmSnapshot};
 use crate::state::{RingIndex, StateRef};
+
+/// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:
+/// the SSM checkpoint, input ring and conv ring per SSM layer, the KV rows per attention layer, and the counters.
+/// Rings are stored in logical order (oldest first), so a restore needs no particular physical layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotSnapshot {
+    pub form_choice: FormChoice,
+    /// The slot's current form (`recurrent`, `replay` or `kv-only`).
+    pub form: crate::state::DecodeForm,
+    /// Committed tokens.
+    pub position: usize,
+    /// The slot's ring capacity (`L`, or `threshold + T` in the kv-only form).
+    pub ring_capacity: usize,
+    /// Committed ring entries (the same in every SSM layer).
+    pub ring_len: usize,
+    /// Per SSM layer.
+    pub ssm: Vec<SsmSnapshot>,
+    /// Per attention layer: keys and values of positions `0..position`, `[position, kv row]` each.
+    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+/// One SSM layer of a [`SlotSnapshot`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsmSnapshot {
+    /// The checkpoint state.
+    pub state: Vec<f32>,
+    /// The committed ring entries, oldest first, per ring field (`[entries, field width]` each).
+    pub ring: Vec<Vec<f32>>,
+    /// The `K − 1` committed conv rows, oldest first.
+    pub conv: Vec<f32>,
+}
 
 /// Rows `0..n` of a ring in logical order, `width` values each.
 fn gather(storage: &[f32], idx: RingIndex, n: usize, width: usize) -> Vec<f32> {

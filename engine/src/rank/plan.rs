@@ -9,6 +9,7 @@ use std::ops::Range;
 use rewind_kernels::cpu::lm_head::{RowPass, SpecRequest};
 
 use crate::decode::FormChoice;
+pub use crate::decode::{Rows, SlotSnapshot, SsmSnapshot};
 
 /// What a sequence does in a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,18 +21,6 @@ pub enum SeqKind {
     Decode,
     /// `1 + T` tokens whose outputs are computed but not committed until a later plan's [`Commit`].
     Verify,
-}
-
-/// Which positions of a sequence's tokens the rank reports on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Rows {
-    /// None (an intermediate prompt chunk).
-    None,
-    /// The last position only.
-    #[default]
-    Last,
-    /// Every position (verification, `rewind logits`).
-    All,
 }
 
 /// One row's sampling on the rank: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`), the
@@ -544,37 +533,6 @@ pub struct StepOut {
     pub hidden: Option<Vec<f32>>,
     /// What a chain of verifies drafted and judged ([`Program::VerifyChain`]; `None` otherwise).
     pub chain: Option<super::spec_chain::ChainLog>,
-}
-
-/// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:
-/// the SSM checkpoint, input ring and conv ring per SSM layer, the KV rows per attention layer, and the counters.
-/// Rings are stored in logical order (oldest first), so a restore needs no particular physical layout.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SlotSnapshot {
-    pub form_choice: FormChoice,
-    /// The slot's current form (`recurrent`, `replay` or `kv-only`).
-    pub form: crate::state::DecodeForm,
-    /// Committed tokens.
-    pub position: usize,
-    /// The slot's ring capacity (`L`, or `threshold + T` in the kv-only form).
-    pub ring_capacity: usize,
-    /// Committed ring entries (the same in every SSM layer).
-    pub ring_len: usize,
-    /// Per SSM layer.
-    pub ssm: Vec<SsmSnapshot>,
-    /// Per attention layer: keys and values of positions `0..position`, `[position, kv row]` each.
-    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
-}
-
-/// One SSM layer of a [`SlotSnapshot`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct SsmSnapshot {
-    /// The checkpoint state.
-    pub state: Vec<f32>,
-    /// The committed ring entries, oldest first, per ring field (`[entries, field width]` each).
-    pub ring: Vec<Vec<f32>>,
-    /// The `K − 1` committed conv rows, oldest first.
-    pub conv: Vec<f32>,
 }
 
 /// What a rank reports about itself.

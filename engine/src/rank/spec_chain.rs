@@ -20,20 +20,11 @@
 //! ([`super::Books::settle_chain`]); the last step's verify waits for the next plan's commit, as a single verify does.
 
 pub use rewind_kernels::cpu::chain::chain_drafts;
-use rewind_kernels::cpu::chain::{ngram_lookup, table_proposal};
+
+pub use crate::spec::ChainDrafter;
 
 use super::plan::VerifyChain;
 use crate::error::{EngineError, Result};
-
-/// How the ranks draft the chained steps' windows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChainDrafter {
-    /// Prompt lookup over the stream: the tokens after the latest earlier occurrence of its last `n` tokens (the
-    /// longest `n` in `min_n ..= max_n` first), as [`crate::spec::NgramDrafter`].
-    Ngram { min_n: usize, max_n: usize },
-    /// Each sequence's proposals by stream position ([`ChainedVerify::table`](super::ChainedVerify::table)).
-    Table,
-}
 
 /// What the ranks did in a chain, step-major: per step and sequence the drafts verified and the verdict.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,18 +49,6 @@ impl ChainLog {
                     .sum()
             })
             .collect()
-    }
-}
-
-impl ChainDrafter {
-    /// The drafts after `stream` (ending with a step's input token), `count` of them: the proposal, padded. `table`
-    /// is the sequence's proposals by position ([`ChainDrafter::Table`]; ignored by the n-gram drafter).
-    pub fn draft(&self, table: &[i32], stream: &[u32], count: usize) -> Vec<u32> {
-        let proposed = match *self {
-            ChainDrafter::Ngram { min_n, max_n } => ngram_lookup(stream, min_n, max_n, count),
-            ChainDrafter::Table => table_proposal(table, stream.len(), count),
-        };
-        chain_drafts(stream, proposed, count)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod factory;
 pub mod mtp;
 pub mod ngram;
 pub mod oracle;
+pub mod rank_drafter;
 pub mod window;
 
 #[cfg(test)]
@@ -27,6 +28,7 @@ mod tests;
 
 pub use accept::{accept_rows, accept_summaries, Acceptance, RowSampling};
 pub use config::{DrafterKind, SpecConfig, SpecPolicy};
+pub use rank_drafter::ChainDrafter;
 pub use window::{AcceptanceMeter, WindowPolicy};
 
 use crate::error::Result;
@@ -97,7 +99,7 @@ pub trait Drafter: Send + Sync {
     /// The same proposals as the ranks make them in a chain of verifies ([`crate::rank::VerifyChain`]), for a
     /// sequence whose stream may reach `context` tokens: the rule, and for a table its proposal per stream
     /// position. `None` (the default) for drafters whose proposals need more than the stream (a model's state).
-    fn on_ranks(&self, _context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+    fn on_ranks(&self, _context: usize) -> Option<(ChainDrafter, Vec<i32>)> {
         None
     }
 }

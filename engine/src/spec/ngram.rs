@@ -40,9 +40,9 @@ impl Drafter for NgramDrafter {
         })
     }
 
-    fn on_ranks(&self, _context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+    fn on_ranks(&self, _context: usize) -> Option<(super::ChainDrafter, Vec<i32>)> {
         Some((
-            crate::rank::ChainDrafter::Ngram {
+            super::ChainDrafter::Ngram {
                 min_n: self.min_n,
                 max_n: self.max_n,
             },

@@ -70,11 +70,11 @@ impl Drafter for OracleDrafter {
         Ok(Draft { tokens, probs: None })
     }
 
-    fn on_ranks(&self, context: usize) -> Option<(crate::rank::ChainDrafter, Vec<i32>)> {
+    fn on_ranks(&self, context: usize) -> Option<(super::ChainDrafter, Vec<i32>)> {
         let table = (0..context)
             .map(|pos| self.token_at(pos).map_or(-1, |t| t as i32))
             .collect();
-        Some((crate::rank::ChainDrafter::Table, table))
+        Some((super::ChainDrafter::Table, table))
     }
 }
 

@@ -9,8 +9,8 @@ use rewind_kernels::cpu::sample::kept_weights;
 use super::worker::pick;
 use super::*;
 use crate::decode::FormChoice;
+use crate::decode::Rows;
 use crate::model::Family;
-use crate::rank::Rows;
 use crate::sample::argmax;
 
 fn tiny(family: Family, seed: u64) -> tempfile::TempDir {

@@ -5,9 +5,9 @@ use rewind_kernels::cpu::sample::kept_weights;
 use tracing::warn;
 
 use super::DraftSampling;
+use crate::decode::Rows;
 use crate::decode::{Decoder, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
-use crate::rank::Rows;
 use crate::sample::{argmax, Sampler};
 use crate::spec::Draft;
 use crate::state::PoolError;
