@@ -214,54 +214,13 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         Some(BenchCommand::Plot(p)) => return super::bench_plot::run(p),
         None => {}
     }
-    // The flags are checked before any model is built or loaded.
-    anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
-    anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
-    anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
-    anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
-    if let Some(path) = &args.json {
-        check_writable(path, "--json")?;
-    }
-    // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
-    anyhow::ensure!(
-        args.concurrency.is_some() || super::spec::config(&args.run.spec, &args.run.decode)?.is_none(),
-        "--spec {} needs --concurrency N: speculative decoding is measured through the serving engine, plain and \
-         speculative passes side by side (the batched-step measures time verify steps with --verify-window T)",
-        args.run.spec.spec
-    );
-    let device = args.run.device.check()?;
-    let cpu = device == Device::Cpu;
-    let batches = args
-        .batch
-        .clone()
-        .unwrap_or_else(|| if cpu { vec![1] } else { vec![1, 64] });
-    anyhow::ensure!(batches.iter().all(|&b| b > 0), "--batch sizes must be positive");
-    let serving = match (args.concurrency, args.requests) {
-        (Some(n), m) => {
-            anyhow::ensure!(n > 0, "--concurrency must be at least 1");
-            anyhow::ensure!(m != Some(0), "--requests must be at least 1");
-            Some((n, m.unwrap_or(4 * n)))
-        }
-        (None, _) => None,
-    };
-    super::serve_bench::check_flags(&args)?;
-    let ratio = args.random_range_ratio;
+    let flags = Flags::check(&args)?;
     let dir = super::generate::model_dir(&args.model)?;
     let config = rewind_engine::model::ModelConfig::from_dir(&dir)?;
-    // Checked before anything is allocated for the prompt.
-    check_context(&args, config.max_position_embeddings)?;
-    if serving.is_some() && ratio > 0.0 {
-        let (p, d) = super::serve_bench::longest(args.prompt_len, args.decode_tokens, ratio);
-        let limit = config.max_position_embeddings;
-        anyhow::ensure!(
-            p.saturating_add(d) <= limit,
-            "with --random-range-ratio {ratio} the longest request is {p} + {d} tokens, more than the model's context \
-             limit of {limit} tokens (max_position_embeddings); lower --prompt-len, --decode-tokens or the ratio"
-        );
-    }
+    flags.check_model(&args, &config)?;
     let progress = Progress::new();
     if args.serving_only {
-        let (n, m) = serving.context("--serving-only needs --concurrency")?;
+        let (n, m) = flags.serving.context("--serving-only needs --concurrency")?;
         let mut result = header(&args, &config);
         outln!("| measure | value |")?;
         outln!("|---|---|")?;
@@ -269,27 +228,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
         return write_json(&args, &result);
     }
-    let biggest = batches.iter().copied().max().unwrap_or(1);
-    let window = args.verify_window.unwrap_or(0);
-    // `--decode-steps N`: the decode rows are measured again in chains of N steps.
-    let chain = args.run.engine.decode_steps;
-    anyhow::ensure!(
-        (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&chain),
-        "--decode-steps must be 1 to {}, got {chain}",
-        rewind_engine::rank::MAX_CHAINED + 1
-    );
-    anyhow::ensure!(args.verify_window != Some(0), "--verify-window must be at least 1");
-    let verify_steps = (args.decode_tokens / (window + 1)).max(4);
-    let verify_context = args.step_prompt
-        + ((3 + verify_steps) * (window + 1)).max(super::bench_spec_chain::context_needed(window, chain, verify_steps));
-    anyhow::ensure!(
-        window == 0 || verify_context <= config.max_position_embeddings,
-        "--verify-window {window}: {verify_steps} verify steps reach {verify_context} tokens, beyond the model's \
-         context limit of {} (max_position_embeddings)",
-        config.max_position_embeddings
-    );
+    let steps = Steps::check(&args, &config)?;
     // The roofline's copy bandwidth is measured before the model takes the device's memory.
-    let copy_gbs = match &device {
+    let copy_gbs = match &flags.device {
         Device::Cuda(gpus) => Some(progress.timed(
             "copy bandwidth (1 GiB device-to-device)",
             || bench_steps::copy_bandwidth(gpus),
@@ -297,18 +238,19 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         )?),
         Device::Cpu => None,
     };
+    let biggest = flags.batches.iter().copied().max().unwrap_or(1);
     let needs = Needs {
         slots: biggest,
         context: args
             .prompt_len
-            .max(args.step_prompt + 3 * chain + args.decode_tokens.div_ceil(chain) * chain)
-            .max(verify_context),
-        verify: window + 1,
+            .max(args.step_prompt + 3 * steps.chain + args.decode_tokens.div_ceil(steps.chain) * steps.chain)
+            .max(steps.verify_context),
+        verify: steps.window + 1,
     };
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(biggest));
     progress.line(&format!("loading {} ...", dir.display()));
-    let mut loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
+    let loaded = backend::open(&dir, &dargs, Some(&args.run.decode), needs)?;
     let prompt = tokens(args.prompt_len, config.vocab_size, PROMPT_SEED);
     errln!(
         "model: {} | {} | prompt {} tokens | {} form | {} repeats",
@@ -318,42 +260,198 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         loaded.form,
         args.repeats
     );
-
-    // A first, untimed run warms caches, allocators and (on a GPU) cuBLAS's heuristics.
-    let n = prompt.len();
-    let rate = |(secs, _): &(f64, Vec<f32>), _| format!("{secs:.3} s ({:.0} tok/s)", n as f64 / secs);
-    progress.timed(
-        &format!("prefill {n} tokens, warm-up (untimed)"),
-        || prefill(&mut loaded, &prompt, false),
-        rate,
-    )?;
-    let (mut chunked, mut stepwise) = (Vec::new(), Vec::new());
-    let mut max_rel_diff = 0.0f64;
-    for r in 1..=args.repeats {
-        let how = if cpu { " (chunked)" } else { "" };
-        let (c, a) = progress.timed(
-            &format!("prefill {n} tokens{how}, repeat {r}/{}", args.repeats),
-            || prefill(&mut loaded, &prompt, false),
-            rate,
-        )?;
-        chunked.push(c);
-        if cpu {
-            let (s, b) = progress.timed(
-                &format!("prefill {n} tokens (token by token), repeat {r}/{}", args.repeats),
-                || prefill(&mut loaded, &prompt, true),
-                rate,
-            )?;
-            stepwise.push(s);
-            let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
-            let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
-            max_rel_diff = max_rel_diff.max((num / den.max(1e-30)).sqrt());
-        }
-    }
-    let c = median(chunked.clone());
-
+    let mut bench = Bench {
+        args: &args,
+        progress: &progress,
+        loaded,
+        steps,
+        cpu: flags.device == Device::Cpu,
+        copy_gbs,
+    };
+    let prefill = bench.prefill(&prompt)?;
     let mut rows = Vec::new();
     let mut verify_rows = Vec::new();
-    for &b in &batches {
+    for &b in &flags.batches {
+        let (row, step_ms) = bench.decode(b)?;
+        rows.push(row);
+        verify_rows.extend(bench.verifies(b, step_ms)?);
+    }
+    let mut result = bench.report(&config, &prompt, &prefill, &rows, &verify_rows)?;
+    if let Some((n, m)) = flags.serving {
+        // The batched-step group is dropped first: the engine loads its own ranks.
+        drop(bench);
+        result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
+    }
+    write_json(&args, &result)
+}
+
+/// What the flags ask for, checked before any model is built or loaded.
+struct Flags {
+    device: Device,
+    batches: Vec<usize>,
+    /// `--concurrency` and `--requests`: the serving pass.
+    serving: Option<(usize, usize)>,
+}
+
+impl Flags {
+    fn check(args: &BenchArgs) -> Result<Flags> {
+        anyhow::ensure!(args.repeats > 0, "--repeats must be at least 1");
+        anyhow::ensure!(args.prompt_len > 1, "--prompt-len must be at least 2");
+        anyhow::ensure!(args.decode_tokens > 0, "--decode-tokens must be at least 1");
+        anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
+        if let Some(path) = &args.json {
+            check_writable(path, "--json")?;
+        }
+        // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
+        anyhow::ensure!(
+            args.concurrency.is_some() || super::spec::config(&args.run.spec, &args.run.decode)?.is_none(),
+            "--spec {} needs --concurrency N: speculative decoding is measured through the serving engine, plain and \
+             speculative passes side by side (the batched-step measures time verify steps with --verify-window T)",
+            args.run.spec.spec
+        );
+        let device = args.run.device.check()?;
+        let batches = args
+            .batch
+            .clone()
+            .unwrap_or_else(|| if device == Device::Cpu { vec![1] } else { vec![1, 64] });
+        anyhow::ensure!(batches.iter().all(|&b| b > 0), "--batch sizes must be positive");
+        let serving = match (args.concurrency, args.requests) {
+            (Some(n), m) => {
+                anyhow::ensure!(n > 0, "--concurrency must be at least 1");
+                anyhow::ensure!(m != Some(0), "--requests must be at least 1");
+                Some((n, m.unwrap_or(4 * n)))
+            }
+            (None, _) => None,
+        };
+        super::serve_bench::check_flags(args)?;
+        Ok(Flags {
+            device,
+            batches,
+            serving,
+        })
+    }
+
+    /// The checks that need the model's config, before anything is allocated for the prompt.
+    fn check_model(&self, args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> Result<()> {
+        check_context(args, config.max_position_embeddings)?;
+        let ratio = args.random_range_ratio;
+        if self.serving.is_some() && ratio > 0.0 {
+            let (p, d) = super::serve_bench::longest(args.prompt_len, args.decode_tokens, ratio);
+            let limit = config.max_position_embeddings;
+            anyhow::ensure!(
+                p.saturating_add(d) <= limit,
+                "with --random-range-ratio {ratio} the longest request is {p} + {d} tokens, more than the model's \
+                 context limit of {limit} tokens (max_position_embeddings); lower --prompt-len, --decode-tokens or \
+                 the ratio"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The shape of the batched-step measures: the verify window, the chains of `--decode-steps` and the verifies each
+/// run makes.
+struct Steps {
+    window: usize,
+    chain: usize,
+    verify_steps: usize,
+    verify_context: usize,
+}
+
+impl Steps {
+    fn check(args: &BenchArgs, config: &rewind_engine::model::ModelConfig) -> Result<Steps> {
+        let window = args.verify_window.unwrap_or(0);
+        // `--decode-steps N`: the decode rows are measured again in chains of N steps.
+        let chain = args.run.engine.decode_steps;
+        anyhow::ensure!(
+            (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&chain),
+            "--decode-steps must be 1 to {}, got {chain}",
+            rewind_engine::rank::MAX_CHAINED + 1
+        );
+        anyhow::ensure!(args.verify_window != Some(0), "--verify-window must be at least 1");
+        let verify_steps = (args.decode_tokens / (window + 1)).max(4);
+        let verify_context = args.step_prompt
+            + ((3 + verify_steps) * (window + 1)).max(super::bench_spec_chain::context_needed(
+                window,
+                chain,
+                verify_steps,
+            ));
+        anyhow::ensure!(
+            window == 0 || verify_context <= config.max_position_embeddings,
+            "--verify-window {window}: {verify_steps} verify steps reach {verify_context} tokens, beyond the model's \
+             context limit of {} (max_position_embeddings)",
+            config.max_position_embeddings
+        );
+        Ok(Steps {
+            window,
+            chain,
+            verify_steps,
+            verify_context,
+        })
+    }
+}
+
+/// The prefill's timed runs: chunked, and on the CPU token by token with the last logits' largest difference.
+struct PrefillRuns {
+    chunked: Vec<f64>,
+    stepwise: Vec<f64>,
+    max_rel_diff: f64,
+}
+
+/// The batched-step measures over one loaded model.
+struct Bench<'a> {
+    args: &'a BenchArgs,
+    progress: &'a Progress,
+    loaded: Loaded,
+    steps: Steps,
+    cpu: bool,
+    /// The device's copy bandwidth (GB/s), the roofline's reference; `None` on the CPU.
+    copy_gbs: Option<f64>,
+}
+
+impl Bench<'_> {
+    /// The prompt's prefill after an untimed warm-up (caches, allocators and, on a GPU, cuBLAS's heuristics); on the
+    /// CPU also token by token, with the difference of the last logits.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<PrefillRuns> {
+        let (args, progress, cpu) = (self.args, self.progress, self.cpu);
+        let n = prompt.len();
+        let rate = |(secs, _): &(f64, Vec<f32>), _| format!("{secs:.3} s ({:.0} tok/s)", n as f64 / secs);
+        progress.timed(
+            &format!("prefill {n} tokens, warm-up (untimed)"),
+            || prefill(&mut self.loaded, prompt, false),
+            rate,
+        )?;
+        let mut runs = PrefillRuns {
+            chunked: Vec::new(),
+            stepwise: Vec::new(),
+            max_rel_diff: 0.0,
+        };
+        for r in 1..=args.repeats {
+            let how = if cpu { " (chunked)" } else { "" };
+            let (c, a) = progress.timed(
+                &format!("prefill {n} tokens{how}, repeat {r}/{}", args.repeats),
+                || prefill(&mut self.loaded, prompt, false),
+                rate,
+            )?;
+            runs.chunked.push(c);
+            if cpu {
+                let (s, b) = progress.timed(
+                    &format!("prefill {n} tokens (token by token), repeat {r}/{}", args.repeats),
+                    || prefill(&mut self.loaded, prompt, true),
+                    rate,
+                )?;
+                runs.stepwise.push(s);
+                let num: f64 = a.iter().zip(&b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+                let den: f64 = b.iter().map(|q| (*q as f64).powi(2)).sum();
+                runs.max_rel_diff = runs.max_rel_diff.max((num / den.max(1e-30)).sqrt());
+            }
+        }
+        Ok(runs)
+    }
+
+    /// Batch `b`'s decode row (and, with `--decode-steps`, the same decode in chains), with its median step time.
+    fn decode(&mut self, b: usize) -> Result<(serde_json::Value, f64)> {
+        let (args, progress, chain) = (self.args, self.progress, self.steps.chain);
         // Run 0 is an untimed warm-up: it meets every step shape the timed runs meet (the replay ring's fills), so
         // the CUDA graphs are captured there and not inside a timed run.
         let mut runs = (0..=args.repeats)
@@ -366,7 +464,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                     ),
                     || {
                         let (p, n) = (args.step_prompt, args.decode_tokens);
-                        decode_rate(&mut loaded.group, loaded.form, b, p, n, 1, 7919 * rep as u64)
+                        decode_rate(&mut self.loaded.group, self.loaded.form, b, p, n, 1, 7919 * rep as u64)
                     },
                     |(rate, _), secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                 )
@@ -390,7 +488,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             step_ms,
         );
         let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
-        bench_steps::roofline(&mut row, &loaded, &args, copy_gbs, b, context, 0, 0, step_ms)?;
+        bench_steps::roofline(&mut row, &self.loaded, args, self.copy_gbs, b, context, 0, 0, step_ms)?;
         if chain > 1 {
             // The same decode in chains of `--decode-steps` steps, side by side with the single steps above.
             let mut rates = (0..=args.repeats)
@@ -402,8 +500,16 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                         ),
                         || {
                             let (p, n) = (args.step_prompt, args.decode_tokens);
-                            decode_rate(&mut loaded.group, loaded.form, b, p, n, chain, 7919 * rep as u64)
-                                .map(|(rate, _)| rate)
+                            decode_rate(
+                                &mut self.loaded.group,
+                                self.loaded.form,
+                                b,
+                                p,
+                                n,
+                                chain,
+                                7919 * rep as u64,
+                            )
+                            .map(|(rate, _)| rate)
                         },
                         |rate, secs| format!("{secs:.3} s ({rate:.1} tok/s)"),
                     )
@@ -422,159 +528,181 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             row["chained_step_ms_median"] = json!(chained_ms);
             row["chained_vs_single_step"] = json!(chained_ms / step_ms);
         }
-        rows.push(row);
-        if window > 0 {
-            for k in 0..=window {
-                let mut runs = (0..=args.repeats)
-                    .map(|rep| {
-                        progress.timed(
-                            &format!(
-                                "verify batch {b}, T = {window}, {k} kept, {}",
-                                run_label(rep, args.repeats)
-                            ),
-                            || {
-                                let shape = bench_steps::StepShape {
-                                    batch: b,
-                                    prompt: args.step_prompt,
-                                    window,
-                                    accepted: k,
-                                    chain: 1,
-                                };
-                                bench_steps::step_secs(
-                                    &mut loaded.group,
-                                    loaded.form,
-                                    shape,
-                                    verify_steps,
-                                    7919 * rep as u64,
-                                )
-                            },
-                            |(s, _), _| format!("{:.2} ms per step", 1e3 * s),
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                runs.remove(0);
-                let secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
-                let ms = 1e3 * median(secs.clone());
-                let mut v = json!({
-                    "batch": b,
-                    "window": window,
-                    "kept_drafts": k,
-                    "step_ms": secs.iter().map(|s| 1e3 * s).collect::<Vec<_>>(),
-                    "step_ms_median": ms,
-                    "tokens_per_s": (b * (k + 1)) as f64 / ms * 1e3,
-                    "vs_decode_step": ms / step_ms,
-                    "speedup_over_decode": (k + 1) as f64 * step_ms / ms,
-                });
-                report_stages(
-                    &mut v,
-                    &format!("verify batch {b}, T = {window}, {k} kept"),
-                    sum_stages(runs.iter().map(|r| r.1.as_ref())),
-                    ms,
-                );
-                let context = bench_steps::mean_context(args.step_prompt, verify_steps * (k + 1), k + 1);
-                bench_steps::roofline(&mut v, &loaded, &args, copy_gbs, b, context, window, k, ms)?;
-                if chain > 1 {
-                    // The same verifies in chains of `--decode-steps` steps, side by side with the single steps above.
-                    let shape = bench_steps::StepShape {
-                        batch: b,
-                        prompt: args.step_prompt,
-                        window,
-                        accepted: k,
-                        chain,
-                    };
-                    super::bench_spec_chain::measure(
-                        &mut v,
-                        &mut loaded,
-                        &progress,
-                        shape,
-                        verify_steps,
-                        args.repeats,
-                        ms,
-                    )?;
-                }
-                verify_rows.push(v);
-            }
-        }
+        Ok((row, step_ms))
     }
 
-    outln!("| measure | value |")?;
-    outln!("|---|---|")?;
-    outln!("| cpu | {} |", cpu_model())?;
-    outln!(
-        "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
-        prompt.len(),
-        c,
-        prompt.len() as f64 / c
-    )?;
-    let mut result = header(&args, &config);
-    let more = json!({
-        "device": loaded.device,
-        "tp": loaded.group.tp(),
-        "prompt_tokens": prompt.len(),
-        "prefill_s": chunked,
-        "prefill_median_s": c,
-        "prefill_tok_per_s": prompt.len() as f64 / c,
-        "decode_tokens_per_sequence": args.decode_tokens,
-        "decode_form": loaded.form.name(),
-        "sampling": "greedy, each row's argmax from the ranks' summaries",
-        "decode": rows,
-    });
-    for (k, v) in more.as_object().into_iter().flatten() {
-        result[k] = v.clone();
-    }
-    if cpu {
-        let s = median(stepwise.clone());
-        outln!(
-            "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
-            s,
-            prompt.len() as f64 / s
-        )?;
-        outln!("| chunked speed-up | {:.1}× |", s / c)?;
-        outln!("| last-logit difference chunked vs token-by-token | {max_rel_diff:.2e} (relative L2) |")?;
-        result["prefill_token_by_token_s"] = json!(stepwise);
-        result["prefill_token_by_token_median_s"] = json!(s);
-        result["prefill_speedup"] = json!(s / c);
-        result["chunked_vs_stepwise_rel_diff"] = json!(max_rel_diff);
-    } else {
-        result["dtype"] = json!(args.run.device.dtype);
-        // How the decode and verify steps ran: replays of captured CUDA graphs, or eagerly (--no-cuda-graphs).
-        let graphs = loaded.group.health()?.first().and_then(|h| h.graphs);
-        if let Some(g) = graphs {
-            outln!(
-                "| CUDA graphs | {} |",
-                if g.enabled {
-                    format!(
-                        "{} captured, {} replays, {} eager steps",
-                        g.captured, g.replayed, g.eager
+    /// Batch `b`'s verify rows, one per kept count `0 ..= T` (none without `--verify-window`), each against the
+    /// decode step's `step_ms`.
+    fn verifies(&mut self, b: usize, step_ms: f64) -> Result<Vec<serde_json::Value>> {
+        let (args, progress) = (self.args, self.progress);
+        let Steps {
+            window,
+            chain,
+            verify_steps,
+            ..
+        } = self.steps;
+        let mut rows = Vec::new();
+        for k in (0..=window).filter(|_| window > 0) {
+            let mut runs = (0..=args.repeats)
+                .map(|rep| {
+                    progress.timed(
+                        &format!(
+                            "verify batch {b}, T = {window}, {k} kept, {}",
+                            run_label(rep, args.repeats)
+                        ),
+                        || {
+                            let shape = bench_steps::StepShape {
+                                batch: b,
+                                prompt: args.step_prompt,
+                                window,
+                                accepted: k,
+                                chain: 1,
+                            };
+                            bench_steps::step_secs(
+                                &mut self.loaded.group,
+                                self.loaded.form,
+                                shape,
+                                verify_steps,
+                                7919 * rep as u64,
+                            )
+                        },
+                        |(s, _), _| format!("{:.2} ms per step", 1e3 * s),
                     )
-                } else {
-                    "off (every step launched eagerly)".to_string()
-                }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            runs.remove(0);
+            let secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+            let ms = 1e3 * median(secs.clone());
+            let mut v = json!({
+                "batch": b,
+                "window": window,
+                "kept_drafts": k,
+                "step_ms": secs.iter().map(|s| 1e3 * s).collect::<Vec<_>>(),
+                "step_ms_median": ms,
+                "tokens_per_s": (b * (k + 1)) as f64 / ms * 1e3,
+                "vs_decode_step": ms / step_ms,
+                "speedup_over_decode": (k + 1) as f64 * step_ms / ms,
+            });
+            report_stages(
+                &mut v,
+                &format!("verify batch {b}, T = {window}, {k} kept"),
+                sum_stages(runs.iter().map(|r| r.1.as_ref())),
+                ms,
+            );
+            let context = bench_steps::mean_context(args.step_prompt, verify_steps * (k + 1), k + 1);
+            bench_steps::roofline(&mut v, &self.loaded, args, self.copy_gbs, b, context, window, k, ms)?;
+            if chain > 1 {
+                // The same verifies in chains of `--decode-steps` steps, side by side with the single steps above.
+                let shape = bench_steps::StepShape {
+                    batch: b,
+                    prompt: args.step_prompt,
+                    window,
+                    accepted: k,
+                    chain,
+                };
+                super::bench_spec_chain::measure(
+                    &mut v,
+                    &mut self.loaded,
+                    progress,
+                    shape,
+                    verify_steps,
+                    args.repeats,
+                    ms,
+                )?;
+            }
+            rows.push(v);
+        }
+        Ok(rows)
+    }
+
+    /// The table on stdout and the JSON result of the batched-step measures.
+    fn report(
+        &self,
+        config: &rewind_engine::model::ModelConfig,
+        prompt: &[u32],
+        prefill: &PrefillRuns,
+        rows: &[serde_json::Value],
+        verify_rows: &[serde_json::Value],
+    ) -> Result<serde_json::Value> {
+        let (args, loaded) = (self.args, &self.loaded);
+        let c = median(prefill.chunked.clone());
+        outln!("| measure | value |")?;
+        outln!("|---|---|")?;
+        outln!("| cpu | {} |", cpu_model())?;
+        outln!(
+            "| prefill, chunked ({} tokens, one sequence) | {:.3} s ({:.0} tok/s) |",
+            prompt.len(),
+            c,
+            prompt.len() as f64 / c
+        )?;
+        let mut result = header(args, config);
+        let more = json!({
+            "device": loaded.device,
+            "tp": loaded.group.tp(),
+            "prompt_tokens": prompt.len(),
+            "prefill_s": prefill.chunked,
+            "prefill_median_s": c,
+            "prefill_tok_per_s": prompt.len() as f64 / c,
+            "decode_tokens_per_sequence": args.decode_tokens,
+            "decode_form": loaded.form.name(),
+            "sampling": "greedy, each row's argmax from the ranks' summaries",
+            "decode": rows,
+        });
+        for (k, v) in more.as_object().into_iter().flatten() {
+            result[k] = v.clone();
+        }
+        if self.cpu {
+            let s = median(prefill.stepwise.clone());
+            outln!(
+                "| prefill, token by token | {:.3} s ({:.0} tok/s) |",
+                s,
+                prompt.len() as f64 / s
+            )?;
+            outln!("| chunked speed-up | {:.1}× |", s / c)?;
+            outln!(
+                "| last-logit difference chunked vs token-by-token | {:.2e} (relative L2) |",
+                prefill.max_rel_diff
+            )?;
+            result["prefill_token_by_token_s"] = json!(prefill.stepwise);
+            result["prefill_token_by_token_median_s"] = json!(s);
+            result["prefill_speedup"] = json!(s / c);
+            result["chunked_vs_stepwise_rel_diff"] = json!(prefill.max_rel_diff);
+        } else {
+            result["dtype"] = json!(args.run.device.dtype);
+            // How the decode and verify steps ran: replays of captured CUDA graphs, or eagerly (--no-cuda-graphs).
+            let graphs = loaded.group.health()?.first().and_then(|h| h.graphs);
+            if let Some(g) = graphs {
+                outln!(
+                    "| CUDA graphs | {} |",
+                    if g.enabled {
+                        format!(
+                            "{} captured, {} replays, {} eager steps",
+                            g.captured, g.replayed, g.eager
+                        )
+                    } else {
+                        "off (every step launched eagerly)".to_string()
+                    }
+                )?;
+            }
+            result["cuda_graphs"] = json!(graphs);
+        }
+        for r in rows {
+            outln!(
+                "| decode, batch {} | {:.1} tok/s ({:.2} ms per step) |",
+                r["batch"],
+                r["decode_tok_per_s_median"].as_f64().unwrap_or(f64::NAN),
+                r["step_ms_median"].as_f64().unwrap_or(f64::NAN)
             )?;
         }
-        result["cuda_graphs"] = json!(graphs);
+        bench_steps::print_steps(rows, verify_rows)?;
+        if let Some(gbs) = self.copy_gbs {
+            result["copy_gb_s"] = json!(gbs);
+        }
+        if self.steps.window > 0 {
+            result["verify"] = json!(verify_rows);
+        }
+        Ok(result)
     }
-    for r in &rows {
-        outln!(
-            "| decode, batch {} | {:.1} tok/s ({:.2} ms per step) |",
-            r["batch"],
-            r["decode_tok_per_s_median"].as_f64().unwrap_or(f64::NAN),
-            r["step_ms_median"].as_f64().unwrap_or(f64::NAN)
-        )?;
-    }
-    bench_steps::print_steps(&rows, &verify_rows)?;
-    if let Some(gbs) = copy_gbs {
-        result["copy_gb_s"] = json!(gbs);
-    }
-    if window > 0 {
-        result["verify"] = json!(verify_rows);
-    }
-    if let Some((n, m)) = serving {
-        // The batched-step group is dropped first: the engine loads its own ranks.
-        drop(loaded);
-        result["serving"] = super::serve_bench::run(&args, &dir, n, m, &progress)?;
-    }
-    write_json(&args, &result)
 }
 
 /// What every bench result records: the command, date, commit and model.
