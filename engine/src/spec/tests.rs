@@ -146,6 +146,7 @@ fn whole_row_sampling_is_exact_with_filters_and_sampled_drafts() {
             let s = RowSampling {
                 params: &params,
                 history: &[],
+                eos: &[],
                 seed,
                 index: 0,
             };
@@ -176,6 +177,7 @@ fn whole_row_greedy_applies_the_penalty_with_accepted_drafts() {
     let s = RowSampling {
         params: &params,
         history: &[0],
+        eos: &[],
         seed: 1,
         index: 0,
     };
