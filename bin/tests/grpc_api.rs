@@ -147,16 +147,36 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
     )
     .await;
     refused(&mut c, complete_ids(&[5; CONTEXT + 10], greedy(2)), &["context limit"]).await;
-    refused(&mut c, with(|s| s.presence_penalty = Some(2.5)), &["presence_penalty", "[-2, 2]"]).await;
-    refused(&mut c, with(|s| s.frequency_penalty = Some(f32::NAN)), &["frequency_penalty"]).await;
-    refused(&mut c, with(|s| s.logit_bias = [(5, 100.5)].into()), &["logit_bias[5]", "[-100, 100]"]).await;
+    refused(
+        &mut c,
+        with(|s| s.presence_penalty = Some(2.5)),
+        &["presence_penalty", "[-2, 2]"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.frequency_penalty = Some(f32::NAN)),
+        &["frequency_penalty"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.logit_bias = [(5, 100.5)].into()),
+        &["logit_bias[5]", "[-100, 100]"],
+    )
+    .await;
     refused(
         &mut c,
         with(|s| s.logit_bias = [(u32::MAX, 1.0)].into()),
         &["logit_bias", "out of range"],
     )
     .await;
-    refused(&mut c, with(|s| s.min_tokens = Some(3)), &["min_tokens", "at most max_tokens (2)"]).await;
+    refused(
+        &mut c,
+        with(|s| s.min_tokens = Some(3)),
+        &["min_tokens", "at most max_tokens (2)"],
+    )
+    .await;
     let no_input = pb::CompleteRequest {
         input: None,
         ..complete_ids(&[], greedy(2))
@@ -695,7 +715,10 @@ async fn logit_bias_penalties_and_min_tokens_steer_greedy_output() {
         .await
         .expect("repetitive");
     let nines = |v: &[u32]| v.iter().filter(|&&t| t == 9).count();
-    assert!(nines(&penalised) < nines(&repetitive), "{penalised:?} vs {repetitive:?}");
+    assert!(
+        nines(&penalised) < nines(&repetitive),
+        "{penalised:?} vs {repetitive:?}"
+    );
     assert_ne!(penalised, repetitive);
 
     // EOS forced by a bias ends the request at once, unless min_tokens holds it back.

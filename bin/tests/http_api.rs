@@ -161,7 +161,10 @@ fn stop_strings_end_the_text_before_them() {
     req["stream"] = json!(false);
     req["min_tokens"] = json!(at.min(24));
     let v = ok(&url, req);
-    assert!(v["choices"][0]["text"].as_str().is_some_and(|t| t.len() > kept.len()), "{v}");
+    assert!(
+        v["choices"][0]["text"].as_str().is_some_and(|t| t.len() > kept.len()),
+        "{v}"
+    );
 }
 
 /// `logit_bias` over HTTP (completions and chat): +100 on a token makes greedy decoding emit it every step, -100 on
@@ -180,7 +183,11 @@ fn logit_bias_penalties_and_min_tokens_over_http() {
         }
         let v = ok(&url, req);
         let t = v["choices"][0]["text"].as_str().expect("text").to_string();
-        (t, v["usage"]["completion_tokens"].as_u64().expect("count"), v["choices"][0]["finish_reason"].clone())
+        (
+            t,
+            v["usage"]["completion_tokens"].as_u64().expect("count"),
+            v["choices"][0]["finish_reason"].clone(),
+        )
     };
     let forced = tok.encode(" fox", false).expect("encode")[0];
     let want = tok.decode(&[forced; 8], true).expect("decode");
@@ -264,18 +271,38 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         (r#""min_p": 2"#, "min_p", "min_p must be in [0, 1]"),
         (r#""repetition_penalty": 0"#, "repetition_penalty", "must be a finite"),
         (r#""top_k": -2"#, "top_k", "top_k must be -1"),
-        (r#""presence_penalty": 2.5"#, "presence_penalty", "presence_penalty must be in [-2, 2]"),
-        (r#""frequency_penalty": -3"#, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+        (
+            r#""presence_penalty": 2.5"#,
+            "presence_penalty",
+            "presence_penalty must be in [-2, 2]",
+        ),
+        (
+            r#""frequency_penalty": -3"#,
+            "frequency_penalty",
+            "frequency_penalty must be in [-2, 2]",
+        ),
         (r#""frequency_penalty": "x""#, "frequency_penalty", "must be a number"),
-        (r#""logit_bias": {"5": 101}"#, "logit_bias", "logit_bias[5] must be in [-100, 100], got 101"),
+        (
+            r#""logit_bias": {"5": 101}"#,
+            "logit_bias",
+            "logit_bias[5] must be in [-100, 100], got 101",
+        ),
         (r#""logit_bias": {"5": -1e300}"#, "logit_bias", "must be in [-100, 100]"),
         (&bias_id, "logit_bias", "is not a token id of a vocabulary"),
         (r#""logit_bias": {"x": 1}"#, "logit_bias", "key \"x\" is not a token id"),
         (r#""logit_bias": {"5": "up"}"#, "logit_bias[5]", "must be a number"),
         (r#""logit_bias": [5]"#, "logit_bias", "must be an object"),
         (r#""min_tokens": -1"#, "min_tokens", "non-negative integer"),
-        (r#""min_tokens": 5, "max_tokens": 4"#, "min_tokens", "min_tokens must be at most max_tokens (4), got 5"),
-        (r#""include_stop_str_in_output": 1"#, "include_stop_str_in_output", "must be a boolean"),
+        (
+            r#""min_tokens": 5, "max_tokens": 4"#,
+            "min_tokens",
+            "min_tokens must be at most max_tokens (4), got 5",
+        ),
+        (
+            r#""include_stop_str_in_output": 1"#,
+            "include_stop_str_in_output",
+            "must be a boolean",
+        ),
         (r#""model": "gpt-4""#, "model", "`gpt-4` does not exist"),
     ];
     // Chat bodies: these fields, after one user message unless they have their own messages.

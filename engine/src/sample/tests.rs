@@ -382,18 +382,15 @@ fn additive_adjustments_follow_openai_and_vllm() {
     // Token 1 generated once: -(0.5 + 0.25) + 2; token 3 three times: -(0.5 + 0.75); 4 only biased; EOS 0 and stop
     // id 6 masked (its bias is dropped) while fewer than 5 tokens are generated.
     p.logit_bias_at(&[3, 1, 3, 3], &[0], &mut bias);
-    assert_eq!(
-        bias,
-        [(0, MASKED), (1, 1.25), (3, -1.25), (4, -100.0), (6, MASKED)]
-    );
+    assert_eq!(bias, [(0, MASKED), (1, 1.25), (3, -1.25), (4, -100.0), (6, MASKED)]);
     // From the 5th generated token on, nothing is masked.
     p.logit_bias_at(&[3, 1, 3, 3, 2], &[0], &mut bias);
-    assert_eq!(
-        bias,
-        [(1, 1.25), (2, -0.75), (3, -1.25), (4, -100.0), (6, 3.0)]
-    );
+    assert_eq!(bias, [(1, 1.25), (2, -0.75), (3, -1.25), (4, -100.0), (6, 3.0)]);
     // ignore_eos leaves EOS unmasked; stop ids still are.
-    let ignore = SamplingParams { ignore_eos: true, ..p.clone() };
+    let ignore = SamplingParams {
+        ignore_eos: true,
+        ..p.clone()
+    };
     ignore.logit_bias_at(&[], &[0], &mut bias);
     assert_eq!(bias, [(1, 2.0), (4, -100.0), (6, MASKED)]);
     // Nothing to add by default; any of them makes the request adjust its logits.
@@ -416,15 +413,36 @@ fn penalties_and_bias_change_the_greedy_pick() {
     };
     // Token 1 generated twice: frequency 0.3 takes 0.6 (2.0 -> 1.4 < 1.5); presence 0.3 takes 0.3 once (1.7 > 1.5).
     let logits = [0.0, 2.0, 1.5];
-    assert_eq!(greedy(|p| p.frequency_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(), 2);
-    assert_eq!(greedy(|p| p.presence_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(), 1);
+    assert_eq!(
+        greedy(|p| p.frequency_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(),
+        2
+    );
+    assert_eq!(
+        greedy(|p| p.presence_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(),
+        1
+    );
     // A negative penalty encourages repetition.
-    assert_eq!(greedy(|p| p.presence_penalty = -1.0).sample(&[0.0, 1.0, 1.5], &[1]).unwrap(), 1);
+    assert_eq!(
+        greedy(|p| p.presence_penalty = -1.0)
+            .sample(&[0.0, 1.0, 1.5], &[1])
+            .unwrap(),
+        1
+    );
     // Only generated tokens count (the rank's context is the row's): nothing generated, nothing taken.
     assert_eq!(greedy(|p| p.frequency_penalty = 2.0).sample(&logits, &[]).unwrap(), 1);
     // +100 forces a token, -100 bans one.
-    assert_eq!(greedy(|p| p.logit_bias = [(0, 100.0)].into()).sample(&logits, &[]).unwrap(), 0);
-    assert_eq!(greedy(|p| p.logit_bias = [(1, -100.0)].into()).sample(&logits, &[]).unwrap(), 2);
+    assert_eq!(
+        greedy(|p| p.logit_bias = [(0, 100.0)].into())
+            .sample(&logits, &[])
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        greedy(|p| p.logit_bias = [(1, -100.0)].into())
+            .sample(&logits, &[])
+            .unwrap(),
+        2
+    );
     // min_tokens masks EOS (id 0 here) even when it is far ahead; not once enough tokens are generated.
     let eos_first = [9.0, 2.0, 1.5];
     assert_eq!(greedy(|p| p.min_tokens = 2).sample(&eos_first, &[1]).unwrap(), 1);

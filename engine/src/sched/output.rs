@@ -279,6 +279,9 @@ mod tests {
         };
         let mut s = OutputStream::new(Some(&tok), &stop, &[], 1000);
         let (text, finish, _) = run(&mut s, &ids);
-        assert_eq!((text.as_str(), finish), ("hello world, ", Some(FinishReason::StopString)));
+        assert_eq!(
+            (text.as_str(), finish),
+            ("hello world, ", Some(FinishReason::StopString))
+        );
     }
 }

@@ -117,7 +117,9 @@ pub fn accept_rows(
             apply_repetition_penalty(&mut row, &seen, p.repetition_penalty);
         }
         let index = s.index + i as u64;
-        let generated = &context[context.len().saturating_sub(usize::try_from(index).unwrap_or(usize::MAX))..];
+        let generated = &context[context
+            .len()
+            .saturating_sub(usize::try_from(index).unwrap_or(usize::MAX))..];
         p.logit_bias_at(generated, s.eos, &mut bias);
         if let Some(&(id, _)) = bias.iter().find(|&&(id, _)| id as usize >= vocab) {
             return Err(EngineError::InvalidInput(format!(

@@ -66,8 +66,7 @@ pub fn merge(
             p.logit_bias = s.logit_bias.iter().map(|(&id, &b)| (id, b)).collect();
         }
         if let Some(v) = s.min_tokens {
-            p.min_tokens =
-                usize::try_from(v).map_err(|_| invalid("min_tokens", format!("{v} is out of range")))?;
+            p.min_tokens = usize::try_from(v).map_err(|_| invalid("min_tokens", format!("{v} is out of range")))?;
         }
         if let Some(v) = s.include_stop_str_in_output {
             p.include_stop_str_in_output = v;

@@ -154,15 +154,19 @@ impl Fields {
         let max = f64::from(rewind_engine::sample::MAX_LOGIT_BIAS);
         map.iter()
             .map(|(key, v)| {
-                let id = key.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| {
-                    ApiError::invalid(
-                        NAME,
-                        format!(
-                            "logit_bias: key \"{}\" is not a token id of a vocabulary of {vocab} tokens",
-                            echo(key)
-                        ),
-                    )
-                })?;
+                let id = key
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&id| (id as usize) < vocab)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            NAME,
+                            format!(
+                                "logit_bias: key \"{}\" is not a token id of a vocabulary of {vocab} tokens",
+                                echo(key)
+                            ),
+                        )
+                    })?;
                 let b = match v {
                     Value::Number(n) => n.as_f64().filter(|b| (-max..=max).contains(b)).ok_or_else(|| {
                         ApiError::invalid(NAME, format!("logit_bias[{id}] must be in [-100, 100], got {n}"))

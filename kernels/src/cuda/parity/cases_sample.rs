@@ -160,7 +160,9 @@ fn logit_bias(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize, per_row: usize
     }
     let got = cx.dev.download(&dl)?;
     let temps = [0.0f32, 1.0, 0.7, 0.0];
-    let params: Vec<f32> = (0..rows).flat_map(|r| [temps[r % temps.len()], 0.0, 1.0, 0.0]).collect();
+    let params: Vec<f32> = (0..rows)
+        .flat_map(|r| [temps[r % temps.len()], 0.0, 1.0, 0.0])
+        .collect();
     let uniforms: Vec<f32> = (0..rows).map(|_| rng.unit()).collect();
     let (dp, du) = (cx.dev.upload(&params)?, cx.dev.upload(&uniforms)?);
     let mut out = cx.dev.upload(&vec![-7i32; rows])?;
