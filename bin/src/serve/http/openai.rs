@@ -677,11 +677,15 @@ mod tests {
 
     #[test]
     fn unsupported_values_are_refused_and_defaults_pass() {
-        let ok = fields(r#"{"n": 1, "presence_penalty": 0, "logit_bias": {}, "logprobs": false, "tools": []}"#);
+        let ok = fields(r#"{"n": 1, "top_logprobs": 0, "logprobs": false, "tools": []}"#);
         assert!(refuse_unsupported(&ok, Endpoint::Chat).is_ok());
+        // Sampling fields this server applies are no longer refused, whatever their value.
+        let sampling =
+            fields(r#"{"presence_penalty": 1, "frequency_penalty": 0.5, "logit_bias": {"3": 5}, "min_tokens": 2}"#);
+        assert!(refuse_unsupported(&sampling, Endpoint::Chat).is_ok());
         for (body, param) in [
             (r#"{"n": 2}"#, "n"),
-            (r#"{"frequency_penalty": 0.5}"#, "frequency_penalty"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
             (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
             (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),
