@@ -147,6 +147,36 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
     )
     .await;
     refused(&mut c, complete_ids(&[5; CONTEXT + 10], greedy(2)), &["context limit"]).await;
+    refused(
+        &mut c,
+        with(|s| s.presence_penalty = Some(2.5)),
+        &["presence_penalty", "[-2, 2]"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.frequency_penalty = Some(f32::NAN)),
+        &["frequency_penalty"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.logit_bias = [(5, 100.5)].into()),
+        &["logit_bias[5]", "[-100, 100]"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.logit_bias = [(u32::MAX, 1.0)].into()),
+        &["logit_bias", "out of range"],
+    )
+    .await;
+    refused(
+        &mut c,
+        with(|s| s.min_tokens = Some(3)),
+        &["min_tokens", "at most max_tokens (2)"],
+    )
+    .await;
     let no_input = pb::CompleteRequest {
         input: None,
         ..complete_ids(&[], greedy(2))
@@ -641,4 +671,69 @@ async fn the_server_renders_chat_turns_with_its_own_template() {
     assert_status(bad, Code::InvalidArgument, &["messages[0].role", "wizard"]);
     let empty = c.render_chat(pb::RenderChatRequest::default()).await;
     assert_status(empty, Code::InvalidArgument, &["messages"]);
+}
+
+/// The sampling fields users send, on the greedy path over gRPC: `logit_bias` +100 makes every token the biased one
+/// and -100 bans the argmax, a frequency penalty changes a repetitive output, and `min_tokens` keeps generating past
+/// an EOS (here forced by a bias) until it is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_penalties_and_min_tokens_steer_greedy_output() {
+    let server = Server::start(4, None).await;
+    let mut c = server.client().await;
+    let prompt = [5, 17, 42, 7];
+    let sampling = |f: &dyn Fn(&mut pb::Sampling)| {
+        let mut s = greedy(12).expect("sampling");
+        f(&mut s);
+        Some(s)
+    };
+    let (base, _) = c.complete_all(&prompt, greedy(12)).await.expect("greedy");
+    let (forced, _) = c
+        .complete_all(&prompt, sampling(&|s| s.logit_bias = [(9, 100.0)].into()))
+        .await
+        .expect("forced");
+    assert_eq!(forced, vec![9; 12]);
+    let (banned, _) = c
+        .complete_all(&prompt, sampling(&|s| s.logit_bias = [(base[0], -100.0)].into()))
+        .await
+        .expect("banned");
+    assert!(!banned.contains(&base[0]), "{banned:?} has the banned {}", base[0]);
+
+    // Forcing one token makes the output as repetitive as it gets; a frequency penalty breaks it up once the repeats
+    // cost more than the bias.
+    let (penalised, _) = c
+        .complete_all(
+            &prompt,
+            sampling(&|s| {
+                s.logit_bias = [(9, 3.0)].into();
+                s.frequency_penalty = Some(2.0);
+            }),
+        )
+        .await
+        .expect("penalised");
+    let (repetitive, _) = c
+        .complete_all(&prompt, sampling(&|s| s.logit_bias = [(9, 3.0)].into()))
+        .await
+        .expect("repetitive");
+    let nines = |v: &[u32]| v.iter().filter(|&&t| t == 9).count();
+    assert!(
+        nines(&penalised) < nines(&repetitive),
+        "{penalised:?} vs {repetitive:?}"
+    );
+    assert_ne!(penalised, repetitive);
+
+    // EOS forced by a bias ends the request at once, unless min_tokens holds it back.
+    let eos = server.state.model.eos_token_ids[0];
+    let ends = |min: Option<u64>| {
+        sampling(&move |s| {
+            s.ignore_eos = Some(false);
+            s.logit_bias = [(eos, 100.0)].into();
+            s.min_tokens = min;
+        })
+    };
+    let (first, last) = c.complete_all(&prompt, ends(None)).await.expect("eos");
+    assert_eq!((first.len(), last.finish_reason), (1, pb::FinishReason::Eos as i32));
+    let (held, last) = c.complete_all(&prompt, ends(Some(5))).await.expect("min_tokens");
+    assert_eq!(held.len(), 6, "{held:?}");
+    assert!(!held[..5].contains(&eos), "{held:?}");
+    assert_eq!(last.finish_reason, pb::FinishReason::Eos as i32);
 }

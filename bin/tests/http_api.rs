@@ -144,9 +144,81 @@ fn stop_strings_end_the_text_before_them() {
     let want = &full[..full.find(&stop).expect("in the text")];
     let mut req = base;
     req["stop"] = json!([stop, "\u{1}never"]);
-    let v = ok(&url, req);
+    let v = ok(&url, req.clone());
     assert_eq!(v["choices"][0]["text"], want, "stop {stop:?} in {full:?}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // include_stop_str_in_output keeps the stop string, streamed or not.
+    req["include_stop_str_in_output"] = json!(true);
+    let kept = format!("{want}{stop}");
+    assert_eq!(ok(&url, req.clone())["choices"][0]["text"], kept);
+    req["stream"] = json!(true);
+    let (status, events) = stream(&url, &req);
+    assert_eq!(status, 200);
+    let streamed: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, kept);
+    // min_tokens past the stop string's first occurrence: it is text, and the request runs on.
+    let at = f.model.tokenizer.encode(&full, false).expect("encode").len();
+    req["stream"] = json!(false);
+    req["min_tokens"] = json!(at.min(24));
+    let v = ok(&url, req);
+    assert!(
+        v["choices"][0]["text"].as_str().is_some_and(|t| t.len() > kept.len()),
+        "{v}"
+    );
+}
+
+/// `logit_bias` over HTTP (completions and chat): +100 on a token makes greedy decoding emit it every step, -100 on
+/// the first greedy token bans it; a frequency penalty changes an output made repetitive by a bias; `min_tokens`
+/// keeps generating past an EOS that a bias forces.
+#[test]
+fn logit_bias_penalties_and_min_tokens_over_http() {
+    let f = shared();
+    let tok = &f.model.tokenizer;
+    let url = format!("{}/v1/completions", f.url);
+    let base = json!({"prompt": "the quick brown fox", "max_tokens": 8, "ignore_eos": true, "temperature": 0});
+    let text = |extra: Value| {
+        let mut req = base.clone();
+        for (k, v) in extra.as_object().expect("fields") {
+            req[k] = v.clone();
+        }
+        let v = ok(&url, req);
+        let t = v["choices"][0]["text"].as_str().expect("text").to_string();
+        (
+            t,
+            v["usage"]["completion_tokens"].as_u64().expect("count"),
+            v["choices"][0]["finish_reason"].clone(),
+        )
+    };
+    let forced = tok.encode(" fox", false).expect("encode")[0];
+    let want = tok.decode(&[forced; 8], true).expect("decode");
+    assert_eq!(text(json!({"logit_bias": {forced.to_string(): 100}})).0, want);
+    let chat = ok(
+        &format!("{}/v1/chat/completions", f.url),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": true,
+               "temperature": 0, "logit_bias": {forced.to_string(): 100}}),
+    );
+    assert_eq!(chat["choices"][0]["message"]["content"], want.as_str());
+
+    let (first, _, _) = text(json!({"max_tokens": 1}));
+    let first_id = tok.encode(&first, false).expect("encode");
+    if let [id] = first_id[..] {
+        let (banned, _, _) = text(json!({"max_tokens": 1, "logit_bias": {id.to_string(): -100}}));
+        assert_ne!(banned, first, "token {id} was banned");
+    }
+
+    let biased = json!({forced.to_string(): 3});
+    let (repetitive, _, _) = text(json!({"logit_bias": biased}));
+    let (penalised, _, _) = text(json!({"logit_bias": biased, "frequency_penalty": 2, "presence_penalty": 0.5}));
+    assert_ne!(penalised, repetitive);
+
+    let eos = f.model.eos_token_ids[0];
+    let force_eos = json!({"ignore_eos": false, "logit_bias": {eos.to_string(): 100}});
+    let (_, n, finish) = text(force_eos.clone());
+    assert_eq!((n, finish), (1, json!("stop")));
+    let mut held = force_eos;
+    held["min_tokens"] = json!(5);
+    let (_, n, finish) = text(held);
+    assert_eq!((n, finish), (6, json!("stop")));
 }
 
 /// Every malformed request's status, `param` and message, while a long stream runs beside them and still ends well.
@@ -181,6 +253,7 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
     ];
     // Completions with `"prompt": "x", ` and these fields: (fields, param, message).
     let stop_ids = format!(r#""stop_token_ids": [{vocab}]"#);
+    let bias_id = format!(r#""logit_bias": {{"{vocab}": 1}}"#);
     let completions: Vec<(&str, &str, &str)> = vec![
         (r#""temperature": "hot""#, "temperature", "temperature must be a number"),
         (r#""temperature": -0.5"#, "temperature", "temperature must be"),
@@ -198,6 +271,38 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         (r#""min_p": 2"#, "min_p", "min_p must be in [0, 1]"),
         (r#""repetition_penalty": 0"#, "repetition_penalty", "must be a finite"),
         (r#""top_k": -2"#, "top_k", "top_k must be -1"),
+        (
+            r#""presence_penalty": 2.5"#,
+            "presence_penalty",
+            "presence_penalty must be in [-2, 2]",
+        ),
+        (
+            r#""frequency_penalty": -3"#,
+            "frequency_penalty",
+            "frequency_penalty must be in [-2, 2]",
+        ),
+        (r#""frequency_penalty": "x""#, "frequency_penalty", "must be a number"),
+        (
+            r#""logit_bias": {"5": 101}"#,
+            "logit_bias",
+            "logit_bias[5] must be in [-100, 100], got 101",
+        ),
+        (r#""logit_bias": {"5": -1e300}"#, "logit_bias", "must be in [-100, 100]"),
+        (&bias_id, "logit_bias", "is not a token id of a vocabulary"),
+        (r#""logit_bias": {"x": 1}"#, "logit_bias", "key \"x\" is not a token id"),
+        (r#""logit_bias": {"5": "up"}"#, "logit_bias[5]", "must be a number"),
+        (r#""logit_bias": [5]"#, "logit_bias", "must be an object"),
+        (r#""min_tokens": -1"#, "min_tokens", "non-negative integer"),
+        (
+            r#""min_tokens": 5, "max_tokens": 4"#,
+            "min_tokens",
+            "min_tokens must be at most max_tokens (4), got 5",
+        ),
+        (
+            r#""include_stop_str_in_output": 1"#,
+            "include_stop_str_in_output",
+            "must be a boolean",
+        ),
         (r#""model": "gpt-4""#, "model", "`gpt-4` does not exist"),
     ];
     // Chat bodies: these fields, after one user message unless they have their own messages.

@@ -162,7 +162,8 @@ struct Live {
     output: OutputStream,
     params: SamplingParams,
     seed: u64,
-    /// The prompt, then every generated token (the repetition penalty's context).
+    /// The prompt, then every generated token (the repetition penalty's context; the last `output.generated()` are
+    /// the presence and frequency penalties').
     history: Vec<u32>,
     prompt_len: usize,
     submitted: Instant,

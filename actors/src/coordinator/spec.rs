@@ -4,8 +4,8 @@
 //! slot commits them at the start of the next step (a pointer move in the replay and kv-only forms).
 //!
 //! How a verify is judged depends on the request's sampling: greedy from the rows' argmax; a plain temperature
-//! from the ranks' one-pass summaries (nothing of the vocabulary's size leaves a rank); the filters, the repetition
-//! penalty or drafts sampled from a draft model from whole logit rows.
+//! from the ranks' one-pass summaries (nothing of the vocabulary's size leaves a rank); the filters, adjusted logits
+//! (penalties, a bias, `min_tokens`) or drafts sampled from a draft model from whole logit rows.
 
 use std::sync::Arc;
 
@@ -73,7 +73,7 @@ pub(super) fn check_ranks(spec: &EngineSpec, books: &Books) -> Result<()> {
 }
 
 fn plain_temperature(p: &SamplingParams) -> bool {
-    p.temperature > 0.0 && p.top_k == 0 && p.top_p >= 1.0 && p.min_p == 0.0 && p.repetition_penalty == 1.0
+    p.temperature > 0.0 && p.top_k == 0 && p.top_p >= 1.0 && p.min_p == 0.0 && !p.adjusts_logits()
 }
 
 impl LiveSpec {
@@ -254,7 +254,7 @@ impl CoordinatorState {
             .spec
             .as_ref()
             .is_some_and(|s| s.drafts.as_ref().is_some_and(|d| d.probs.is_some()));
-        if p.temperature == 0.0 && p.repetition_penalty == 1.0 {
+        if p.temperature == 0.0 && !p.adjusts_logits() {
             Judge::Greedy
         } else if plain_temperature(p) && !sampled_drafts && self.books.spec_summaries() {
             Judge::OnePass
@@ -377,6 +377,7 @@ impl CoordinatorState {
                 let sampling = RowSampling {
                     params: &l.params,
                     history: &l.history,
+                    eos: &self.config.eos_token_ids,
                     seed: l.seed,
                     index,
                 };
@@ -403,7 +404,8 @@ impl CoordinatorState {
     /// How far a request's steps may chain on the ranks ([`rewind_engine::sched::Request::chain`]).
     ///
     /// Chained steps keep every pick on the ranks: none for a session's turn (its saved state must end at its last
-    /// token, and a chain may run past a stop) or a repetition penalty (its history needs each token on the host).
+    /// token, and a chain may run past a stop) or adjusted logits (a penalty, a bias, `min_tokens`: their history needs
+    /// each token on the host).
     /// Decodes chain, greedy or sampled: the ranks draw a sampled row themselves, under tensor parallelism from the
     /// row they join from every rank's slice. A speculating request chains where its drafter's proposals can be made
     /// on the ranks (n-gram, oracle) and the form's verify commits by pointer moves (not the recurrent form's
@@ -413,7 +415,7 @@ impl CoordinatorState {
         chain_rule(&ChainAsk {
             greedy: params.temperature == 0.0,
             one_pass: plain_temperature(params) && self.books.spec_summaries(),
-            pinned: session || params.repetition_penalty != 1.0,
+            pinned: session || params.adjusts_logits(),
             speculates: speculate && self.config.spec.is_some(),
             verifies_chain: self.config.decode_steps > 1
                 && self.config.form != FormChoice::Recurrent
@@ -573,7 +575,7 @@ struct ChainAsk {
     greedy: bool,
     /// Plain temperature sampling, and ranks that give one-pass summaries: its verifies are judged from them.
     one_pass: bool,
-    /// A session's turn or a repetition penalty: every token must reach the host before the next step.
+    /// A session's turn or adjusted logits: every token must reach the host before the next step.
     pinned: bool,
     /// It speculates.
     speculates: bool,

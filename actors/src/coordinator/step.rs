@@ -221,13 +221,16 @@ impl CoordinatorState {
         Metrics::set(&m.free_kv_blocks, blocks as u64);
     }
 
-    /// The sampling row of `id`'s next token; `None` for greedy decoding without a penalty (the argmax).
+    /// The sampling row of `id`'s next token; `None` for greedy decoding that changes no logit (the argmax).
     fn sample_row(&self, id: u64) -> Option<SampleRow> {
         let l = self.live.get(&id)?;
         let p = &l.params;
-        if p.temperature == 0.0 && p.repetition_penalty == 1.0 {
+        if p.temperature == 0.0 && !p.adjusts_logits() {
             return None;
         }
+        let generated = &l.history[l.history.len().saturating_sub(l.output.generated())..];
+        let mut bias = Vec::new();
+        p.logit_bias_at(generated, &self.config.eos_token_ids, &mut bias);
         Some(SampleRow {
             temperature: p.temperature,
             top_k: p.top_k,
@@ -239,12 +242,14 @@ impl CoordinatorState {
             } else {
                 Vec::new()
             },
+            bias,
             uniform: Sampler::draw_at(l.seed, l.output.generated() as u64),
         })
     }
 
     /// The sampling of `id`'s next `1 + steps` tokens in a chain of decodes; `None` for greedy decoding. The
-    /// scheduler chains no request with a repetition penalty (its history would need every chained token here).
+    /// scheduler chains no request that adjusts its logits (a penalty, a bias, `min_tokens`: their history would need
+    /// every chained token here).
     fn chain_sample(&self, id: u64, steps: usize) -> Option<ChainSample> {
         let l = self.live.get(&id)?;
         let p = &l.params;

@@ -226,9 +226,10 @@ fn chain_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<ChainReport, S
             } else {
                 String::new()
             };
+            let biased = format!(", biased draws {} / {} differ", r.biased_mismatches, r.biased_rows);
             println!(
-                "{:<20} tp {}  {:<4}  chain  {:<9} {} × {} steps: {} rows, {} tokens differ{joined}, worst rel vs \
-                 single steps {:.2e} (≤ {:.0e})  {}",
+                "{:<20} tp {}  {:<4}  chain  {:<9} {} × {} steps: {} rows, {} tokens differ{joined}{biased}, worst rel \
+                 vs single steps {:.2e} (≤ {:.0e})  {}",
                 case,
                 tp,
                 dtype,

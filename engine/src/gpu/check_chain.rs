@@ -8,6 +8,11 @@
 //! Under tensor parallelism the ranks sample rows they join from every rank's vocabulary slice
 //! (`gpu/whole_rows.rs`); the single steps then also return their logits, joined on the host, and every sampled id
 //! must be the CPU twin's draw from that row (`SampleRow::sample`).
+//!
+//! A last pass of sampled single steps carries an additive bias on every row (a `min_tokens`-masked id, a
+//! `logit_bias` ban, a forced or nudged id, as the coordinator sends for presence / frequency penalties, `logit_bias`
+//! and `min_tokens`): at every tensor-parallel size each pick must be the CPU twin's draw from the unbiased row the
+//! step returns, biased on the host.
 
 use serde::Serialize;
 
@@ -36,6 +41,10 @@ pub struct ChainReport {
     /// joined on the host (must be 0), and the rows so compared.
     pub joined_mismatches: usize,
     pub joined_rows: usize,
+    /// The biased pass: single-step rows whose device pick (the `logit_bias` kernel, then the sampler) differs from
+    /// the CPU twin's on the returned row (must be 0), and the rows so compared.
+    pub biased_mismatches: usize,
+    pub biased_rows: usize,
     /// Worst relative difference of a row's max logit or log-sum-exp, chained against single steps.
     pub worst_rel: f64,
     pub tolerance: f64,
@@ -65,10 +74,23 @@ fn rows_of(out: &StepResult) -> Vec<Row> {
         .collect()
 }
 
+/// The biased pass's additive bias of sequence `i` at step `k`, ascending ids below `vocab`: a masked id
+/// ([`MASKED`](crate::sample::MASKED)), a banned one, and one forced every third step and nudged otherwise.
+fn check_bias(vocab: usize, k: usize, i: usize) -> Vec<(u32, f32)> {
+    let ids = [3, 11 + i % 64, 100 + k];
+    let forced = if k.is_multiple_of(3) { 100.0 } else { 1.5 };
+    ids.into_iter()
+        .zip([crate::sample::MASKED, -100.0, forced])
+        .filter(|&(id, _)| id < vocab)
+        .map(|(id, b)| (id as u32, b))
+        .collect()
+}
+
 /// Decodes `steps` steps after each prompt: `chain = 1` one plan per step, else plans chaining `chain` steps.
 /// `draws[k][i]` is sequence `i`'s draw at step `k`. Returns per step the rows of every sequence. `joined`: the
-/// sampled single steps' draws checked against the CPU twin on the whole logit rows (tensor parallelism), counted
-/// as (mismatches, rows).
+/// sampled single steps' draws checked against the CPU twin on the whole logit rows (tensor parallelism, or every
+/// size when `biased`: single sampled steps whose rows carry [`check_bias`]), counted as (mismatches, rows).
+#[allow(clippy::too_many_arguments)]
 fn decode(
     gpu: &mut RankGroup,
     prompts: &[Vec<u32>],
@@ -76,9 +98,11 @@ fn decode(
     sampled: bool,
     draws: &[Vec<f32>],
     chain: usize,
+    biased: bool,
     joined: &mut (usize, usize),
 ) -> Result<Vec<Vec<Row>>> {
-    let check_joined = sampled && chain == 1 && gpu.tp() > 1;
+    let check_joined = sampled && chain == 1 && (gpu.tp() > 1 || biased);
+    let vocab = gpu.vocab_size();
     let (slots, first) = gpu.prefill_prompts(prompts, form)?;
     let mut tokens = first;
     let mut out: Vec<Vec<Row>> = Vec::with_capacity(draws.len());
@@ -95,7 +119,18 @@ fn decode(
             })
             .collect();
         let plan = if chain == 1 {
-            StepPlan::batch(seqs.iter().map(|s| s.step(0, s.token)).collect()).with_logits(check_joined)
+            let steps = seqs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let mut step = s.step(0, s.token);
+                    if let (true, Some(r)) = (biased, step.sample.as_mut()) {
+                        r.bias = check_bias(vocab, start, i);
+                    }
+                    step
+                })
+                .collect();
+            StepPlan::batch(steps).with_logits(check_joined)
         } else {
             StepPlan {
                 commits: Vec::new(),
@@ -158,8 +193,17 @@ pub fn chain_forced(
         let draws: Vec<Vec<f32>> = (0..steps)
             .map(|_| (0..prompts.len()).map(|_| rng.unit().min(0.999_999)).collect())
             .collect();
-        let single = decode(&mut gpu, prompts, form, sampled, &draws, 1, &mut joined)?;
-        let chain = decode(&mut gpu, prompts, form, sampled, &draws, chained + 1, &mut joined)?;
+        let single = decode(&mut gpu, prompts, form, sampled, &draws, 1, false, &mut joined)?;
+        let chain = decode(
+            &mut gpu,
+            prompts,
+            form,
+            sampled,
+            &draws,
+            chained + 1,
+            false,
+            &mut joined,
+        )?;
         for (a, b) in single.iter().flatten().zip(chain.iter().flatten()) {
             rows += 1;
             mismatches += usize::from(a.0 != b.0);
@@ -172,6 +216,11 @@ pub fn chain_forced(
             mismatches += 1;
         }
     }
+    let draws: Vec<Vec<f32>> = (0..steps)
+        .map(|_| (0..prompts.len()).map(|_| rng.unit().min(0.999_999)).collect())
+        .collect();
+    let mut biased = (0, 0);
+    decode(&mut gpu, prompts, form, true, &draws, 1, true, &mut biased)?;
     Ok(ChainReport {
         form: form.name().to_string(),
         dtype: opts.dtype.to_string(),
@@ -183,12 +232,15 @@ pub fn chain_forced(
         token_mismatches: mismatches,
         joined_mismatches: joined.0,
         joined_rows: joined.1,
+        biased_mismatches: biased.0,
+        biased_rows: biased.1,
         worst_rel: worst,
         tolerance,
         pass: mismatches == 0
             && worst <= tolerance
             && rows == modes.len() * steps * prompts.len()
             && joined.0 == 0
-            && joined.1 == if gpu.tp() > 1 { steps * prompts.len() } else { 0 },
+            && joined.1 == if gpu.tp() > 1 { steps * prompts.len() } else { 0 }
+            && biased == (0, steps * prompts.len()),
     })
 }

@@ -287,7 +287,7 @@ pub(super) fn sample_params(rows: &[SampleRow]) -> Vec<f32> {
         .collect()
 }
 
-/// The repetition penalty and the draw for `rows` (whole rows of `vocab` logits) on the device; the ids land in
+/// The repetition penalty, the bias and the draw for `rows` (whole rows of `vocab` logits) on the device; the ids land in
 /// `ids` (one a row).
 pub(super) fn sample_on_device(
     dev: &CudaDevice,
@@ -315,6 +315,18 @@ pub(super) fn sample_on_device(
         let penalty: Vec<f32> = rows.iter().map(|r| r.repetition_penalty).collect();
         let (rows_of, tokens, penalty) = (dev.upload(&rows_of)?, dev.upload(&tokens)?, dev.upload(&penalty)?);
         ops::repetition_penalty(dev, logits, vocab, &rows_of, &tokens, &penalty)?;
+    }
+    if rows.iter().any(|r| !r.bias.is_empty()) {
+        let (mut rows_of, mut tokens, mut bias) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, r) in rows.iter().enumerate() {
+            for &(t, b) in &r.bias {
+                rows_of.push(i as i32);
+                tokens.push(t as i32);
+                bias.push(b);
+            }
+        }
+        let (rows_of, tokens, bias) = (dev.upload(&rows_of)?, dev.upload(&tokens)?, dev.upload(&bias)?);
+        ops::logit_bias(dev, logits, b, vocab, &rows_of, &tokens, &bias)?;
     }
     let params = sample_params(rows);
     let uniforms: Vec<f32> = rows.iter().map(|r| r.uniform).collect();

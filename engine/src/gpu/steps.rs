@@ -40,6 +40,7 @@ pub(super) fn greedy() -> SampleRow {
         top_p: 1.0,
         min_p: 0.0,
         repetition_penalty: 1.0,
+        bias: Vec::new(),
         history: Vec::new(),
         uniform: 0.0,
     }

@@ -24,7 +24,7 @@ pub enum SeqKind {
 }
 
 /// One row's sampling on the rank: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`), the
-/// repetition penalty over `history`, and the draw `uniform`. Under tensor parallelism every rank joins the row from
+/// repetition penalty over `history`, the additive `bias`, and the draw `uniform`. Under tensor parallelism every rank joins the row from
 /// every rank's vocabulary slice and samples the whole row, so every rank draws the same token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleRow {
@@ -35,12 +35,17 @@ pub struct SampleRow {
     pub repetition_penalty: f32,
     /// The context the penalty applies to (ignored when the penalty is 1).
     pub history: Vec<u32>,
+    /// Added to the logits after the repetition penalty, ascending distinct ids: the presence and frequency
+    /// penalties, `logit_bias` and the `min_tokens` mask of this step
+    /// ([`SamplingParams::logit_bias_at`](crate::sample::SamplingParams::logit_bias_at)). Under tensor parallelism
+    /// every rank adds them to the row it joined from every rank's vocabulary slice.
+    pub bias: Vec<(u32, f32)>,
     /// Uniform in `[0, 1)`.
     pub uniform: f32,
 }
 
 impl SampleRow {
-    /// Checks the draw and the history against a vocabulary of `vocab` ids.
+    /// Checks the draw, the history and the bias against a vocabulary of `vocab` ids.
     pub fn validate(&self, vocab: usize) -> crate::Result<()> {
         check_draw(self.uniform)?;
         if let Some(&t) = self.history.iter().find(|&&t| t as usize >= vocab) {
@@ -48,11 +53,22 @@ impl SampleRow {
                 "previous token id {t} is out of range (vocab size {vocab})"
             )));
         }
+        if let Some(&(t, b)) = self.bias.iter().find(|&&(t, b)| t as usize >= vocab || !b.is_finite()) {
+            return Err(crate::EngineError::InvalidInput(format!(
+                "logit bias {b} of token id {t} is not a finite bias of a token (vocab size {vocab})"
+            )));
+        }
+        if self.bias.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(crate::EngineError::InvalidInput(
+                "logit bias ids are not ascending and distinct".into(),
+            ));
+        }
         Ok(())
     }
 
-    /// Samples a whole-vocabulary logit row: the repetition penalty, then the filters and the draw (the device
-    /// kernel's CPU twin, so CPU and GPU ranks pick the same token, from whole rows or rows joined across ranks).
+    /// Samples a whole-vocabulary logit row: the repetition penalty, the bias, then the filters and the draw (the
+    /// device kernels' CPU twin, so CPU and GPU ranks pick the same token, from whole rows or rows joined across
+    /// ranks).
     pub fn sample(&self, row: &[f32]) -> u32 {
         let mut row = row.to_vec();
         if self.repetition_penalty != 1.0 {
@@ -60,6 +76,7 @@ impl SampleRow {
             crate::sample::distinct_ids(&self.history, &mut seen);
             crate::sample::apply_repetition_penalty(&mut row, &seen, self.repetition_penalty);
         }
+        crate::sample::apply_logit_bias(&mut row, &self.bias);
         rewind_kernels::cpu::sample::sample_row(
             &row,
             self.temperature,
@@ -212,7 +229,7 @@ pub struct ChainedDecode {
     pub sample: Option<ChainSample>,
 }
 
-/// A chained sequence's sampling: the filters of [`SampleRow`] (no repetition penalty: its history would need every
+/// A chained sequence's sampling: the filters of [`SampleRow`] (no penalty or bias: their history would need every
 /// chained token on the host) and one draw per step of the chain.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChainSample {
@@ -250,6 +267,7 @@ impl ChainSample {
             min_p: self.min_p,
             repetition_penalty: 1.0,
             history: Vec::new(),
+            bias: Vec::new(),
             uniform: self.draws.get(k).copied().unwrap_or(0.0),
         }
     }

@@ -483,6 +483,53 @@ fn a_sampled_chain_over_tensor_parallel_ranks_draws_what_single_steps_draw() {
     assert_ne!(other, tokens);
 }
 
+/// Under tensor parallelism the additive bias (logit_bias, the presence / frequency penalties, the min_tokens mask)
+/// uses whole-vocabulary ids on the row every rank joins: +100 forces an id of either rank's slice, a ban moves the
+/// greedy pick off the argmax, and every pick is the CPU twin's from the joined row; a bias outside the vocabulary is
+/// refused before any rank computes.
+#[test]
+fn a_logit_bias_steers_the_pick_across_tensor_parallel_slices() {
+    let dir = tiny(Family::NemotronH);
+    let f = FormChoice::Replay;
+    let mut g = cpu(dir.path(), 2, 2);
+    let vocab = g.vocab_size() as u32;
+    let greedy = |bias: Vec<(u32, f32)>, temperature: f32| SampleRow {
+        temperature,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: Vec::new(),
+        bias,
+        uniform: 0.5,
+    };
+    // Each step on a fresh slot that took the same prompt.
+    let step = |g: &mut RankGroup, sample: SampleRow| {
+        let (a, t) = prefilled(g, f);
+        let mut s = seq(a, SeqKind::Decode, PROMPT.len(), &[t], f, Rows::Last);
+        s.sample = Some(sample.clone());
+        let out = g.step(StepPlan::batch(vec![s]).with_logits(true)).expect("step");
+        let got = out.sampled[0].expect("sampled");
+        let joined = out.logits.as_deref().expect("the joined row");
+        assert_eq!(got, sample.sample(joined), "{sample:?}");
+        g.release(a).expect("release");
+        (got, out.rows[0].argmax)
+    };
+    for forced in [1, vocab / 2 + 3, vocab - 2] {
+        assert_eq!(step(&mut g, greedy(vec![(forced, 100.0)], 0.0)).0, forced);
+    }
+    let (_, argmax) = step(&mut g, greedy(Vec::new(), 0.0));
+    let (banned, _) = step(&mut g, greedy(vec![(argmax, -100.0)], 0.0));
+    assert_ne!(banned, argmax);
+    let masked = vec![(argmax, crate::sample::MASKED), (vocab - 1, -1.5)];
+    assert_ne!(step(&mut g, greedy(masked, 1.0)).0, argmax);
+    let (a, t) = prefilled(&mut g, f);
+    let mut s = seq(a, SeqKind::Decode, PROMPT.len(), &[t], f, Rows::Last);
+    s.sample = Some(greedy(vec![(vocab, 1.0)], 0.0));
+    let e = g.step(StepPlan::batch(vec![s])).expect_err("out of range").to_string();
+    assert!(e.contains("logit bias"), "{e}");
+}
+
 #[test]
 fn chained_plans_are_checked_and_count_every_step() {
     let dir = tiny(Family::Qwen35);

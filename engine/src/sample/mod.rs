@@ -1,9 +1,12 @@
-//! Token sampling parameters and their validation, a request's seeded draw stream, the repetition penalty the ranks
-//! apply before sampling (`rank::SampleRow::sample`), and stop-string detection for streaming.
+//! Token sampling parameters and their validation, a request's seeded draw stream, the logit adjustments the ranks
+//! apply before sampling (`rank::SampleRow::sample`: the repetition penalty, then the additive presence / frequency
+//! penalties, `logit_bias` and the `min_tokens` mask), and stop-string detection for streaming.
 
 mod stop;
 
 pub use stop::{StopChecker, StopOutcome};
+
+use std::collections::BTreeMap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -24,12 +27,26 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// HF repetition penalty over the set of previous tokens; 1 = off. Finite and > 0.
     pub repetition_penalty: f32,
+    /// OpenAI presence penalty: subtracted once from the logit of every token generated so far (not the prompt's, as
+    /// vLLM); 0 = off. In [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted from a token's logit once per time it was generated so far; 0 = off. In
+    /// [-2, 2].
+    pub frequency_penalty: f32,
+    /// Added to the logits of these token ids before sampling. Each bias in [-100, 100]; ids below the vocabulary.
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// EOS and stop token ids cannot be sampled, and stop strings do not end the request, before this many tokens
+    /// are generated; 0 = off.
+    pub min_tokens: usize,
     /// RNG seed; `None` draws one at random (see [`Sampler::seed`]).
     pub seed: Option<u64>,
     /// Maximum number of generated tokens; `None` = until a stop condition or the context limit.
     pub max_tokens: Option<usize>,
-    /// Generation stops before any of these strings would be emitted (the string itself is not emitted).
+    /// Generation stops at any of these strings (the string itself is emitted only with
+    /// `include_stop_str_in_output`).
     pub stop_strings: Vec<String>,
+    /// Emit the stop string that ended the request.
+    pub include_stop_str_in_output: bool,
     /// Generation stops after any of these tokens (in addition to EOS unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past the model's EOS tokens.
@@ -44,9 +61,14 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: BTreeMap::new(),
+            min_tokens: 0,
             seed: None,
             max_tokens: None,
             stop_strings: Vec::new(),
+            include_stop_str_in_output: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
         }
@@ -61,6 +83,18 @@ fn invalid(name: &str, requirement: &str, value: impl std::fmt::Display) -> Engi
 /// step path, so an unbounded list would slow every other sequence of the batch (OpenAI allows 4; vLLM does not
 /// limit them).
 pub const MAX_STOP_STRINGS: usize = 64;
+
+/// The largest presence or frequency penalty, either sign (OpenAI's range).
+pub const MAX_PENALTY: f32 = 2.0;
+
+/// The largest `logit_bias` value, either sign (OpenAI's range): ±100 bans or forces a token.
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// What the `min_tokens` mask adds to an EOS or stop token's logit: the lowest finite `f32` rather than −∞, because
+/// the samplers refuse a row holding a non-finite logit (a model fault); the token's weight `exp((l − max) / t)` is
+/// still exactly 0 and it is never the argmax while any token is unmasked. Logits are far below 2^100, so the sum
+/// stays finite.
+pub const MASKED: f32 = f32::MIN;
 
 /// The longest stop string, in bytes: longer ones would be scanned on every token for nothing a model generates in one
 /// request.
@@ -109,8 +143,30 @@ impl SamplingParams {
         if !(r.is_finite() && r > 0.0) {
             return Err(invalid("repetition_penalty", "a finite number > 0", r));
         }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-MAX_PENALTY..=MAX_PENALTY).contains(&v) {
+                return Err(invalid(name, "in [-2, 2]", v));
+            }
+        }
+        if let Some((id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(*b))
+        {
+            return Err(invalid(&format!("logit_bias[{id}]"), "in [-100, 100]", b));
+        }
         if self.max_tokens == Some(0) {
             return Err(invalid("max_tokens", "at least 1", 0));
+        }
+        if let Some(max) = self.max_tokens.filter(|&m| self.min_tokens > m) {
+            return Err(invalid(
+                "min_tokens",
+                &format!("at most max_tokens ({max})"),
+                self.min_tokens,
+            ));
         }
         check_stop_strings(&self.stop_strings, "stop_strings").map_err(EngineError::InvalidInput)?;
         Ok(())
@@ -124,7 +180,54 @@ impl SamplingParams {
                 "stop_token_ids: token id {id} is out of range for a vocabulary of {vocab_size} tokens"
             )));
         }
+        if let Some(&id) = self.logit_bias.keys().find(|&&id| id as usize >= vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "logit_bias: token id {id} is out of range for a vocabulary of {vocab_size} tokens"
+            )));
+        }
         Ok(())
+    }
+
+    /// Whether the logits are changed before sampling (a repetition, presence or frequency penalty, a logit bias,
+    /// `min_tokens`): such a request's picks need its history on the host, so it samples on the penalised path even
+    /// when greedy, and none of its decodes chain.
+    pub fn adjusts_logits(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
+            || self.min_tokens > 0
+    }
+
+    /// The additive logit adjustments of the step after `generated` (the request's generated tokens so far, not its
+    /// prompt), into `out` as ascending distinct `(id, amount)`: minus the presence and frequency penalties of each
+    /// generated token, plus `logit_bias`, plus [`MASKED`] for the `eos` ids (unless `ignore_eos`) and the stop ids
+    /// while fewer than `min_tokens` are generated. Applied after the repetition penalty by [`apply_logit_bias`]; the
+    /// coordinator computes them once, so every rank and device adds the same numbers.
+    pub fn logit_bias_at(&self, generated: &[u32], eos: &[u32], out: &mut Vec<(u32, f32)>) {
+        out.clear();
+        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
+            let mut ids = generated.to_vec();
+            ids.sort_unstable();
+            for run in ids.chunk_by(|a, b| a == b) {
+                let count = run.len() as f32;
+                out.push((run[0], -(self.presence_penalty + self.frequency_penalty * count)));
+            }
+        }
+        out.extend(self.logit_bias.iter().map(|(&id, &b)| (id, b)));
+        if generated.len() < self.min_tokens {
+            let eos = if self.ignore_eos { &[][..] } else { eos };
+            out.extend(eos.iter().chain(&self.stop_token_ids).map(|&id| (id, MASKED)));
+        }
+        // A stable sort keeps each id's parts in the order above, so the sums are the same on every call.
+        out.sort_by_key(|&(id, _)| id);
+        out.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same && kept.1 != MASKED {
+                kept.1 = if later.1 == MASKED { MASKED } else { kept.1 + later.1 };
+            }
+            same
+        });
     }
 }
 
@@ -172,6 +275,14 @@ pub fn apply_repetition_penalty(scores: &mut [f32], distinct: &[u32], penalty: f
     for &id in distinct {
         let s = &mut scores[id as usize];
         *s = if *s > 0.0 { *s / penalty } else { *s * penalty };
+    }
+}
+
+/// Adds `bias` (ascending distinct in-range ids, as [`SamplingParams::logit_bias_at`] gives) to `scores`: the CPU
+/// twin of the device kernel `logit_bias`.
+pub fn apply_logit_bias(scores: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        scores[id as usize] += b;
     }
 }
 

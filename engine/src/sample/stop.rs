@@ -41,6 +41,16 @@ impl StopChecker {
 
     /// Adds newly decoded text. After a stop, further pushes are ignored and report the same stop with nothing to emit.
     pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.push_checked(text, true)
+    }
+
+    /// Adds newly decoded text that may not end generation yet (`min_tokens`): a stop string inside it is emitted as
+    /// text, while a tail that may start one is still held back, so a stop string completed by a later push counts.
+    pub fn push_unchecked(&mut self, text: &str) -> StopOutcome {
+        self.push_checked(text, false)
+    }
+
+    fn push_checked(&mut self, text: &str, check: bool) -> StopOutcome {
         if let Some(stop) = &self.matched {
             return StopOutcome::Stopped {
                 emit: String::new(),
@@ -52,6 +62,7 @@ impl StopChecker {
         let found = self
             .stops
             .iter()
+            .filter(|_| check)
             .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
             .min_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.len().cmp(&a.1.len())));
         if let Some((at, stop)) = found {
@@ -128,6 +139,20 @@ mod tests {
         assert_eq!(c.matched(), Some("</end>"));
         assert!(matches!(c.push("more"), StopOutcome::Stopped { ref emit, .. } if emit.is_empty()));
         assert_eq!(c.finish(), "");
+    }
+
+    #[test]
+    fn unchecked_text_emits_stop_strings_but_holds_a_started_one() {
+        let mut c = StopChecker::new(&stops(&["ab"]));
+        assert_eq!(c.push_unchecked("xab a"), StopOutcome::Continue("xab ".into()));
+        assert_eq!(
+            c.push("b!"),
+            StopOutcome::Stopped {
+                emit: String::new(),
+                stop: "ab".into()
+            }
+        );
+        assert_eq!(c.text(), "xab ");
     }
 
     #[test]

@@ -39,8 +39,12 @@ impl Draws {
         Ok(Draws { params, seed, index: 0 })
     }
 
+    /// The row of a step after `previous_tokens`, all of them generated ones (the additive penalties' context too),
+    /// with EOS id 0.
     fn row(&self, uniform: f32, previous_tokens: &[u32]) -> SampleRow {
         let p = &self.params;
+        let mut bias = Vec::new();
+        p.logit_bias_at(previous_tokens, &[0], &mut bias);
         SampleRow {
             temperature: p.temperature,
             top_k: p.top_k,
@@ -48,6 +52,7 @@ impl Draws {
             min_p: p.min_p,
             repetition_penalty: p.repetition_penalty,
             history: previous_tokens.to_vec(),
+            bias,
             uniform,
         }
     }
@@ -105,6 +110,29 @@ fn validate_names_the_parameter_and_value() {
         (
             params(|p| p.max_tokens = Some(0)),
             "max_tokens must be at least 1, got 0",
+        ),
+        (
+            params(|p| p.presence_penalty = 2.5),
+            "presence_penalty must be in [-2, 2], got 2.5",
+        ),
+        (
+            params(|p| p.frequency_penalty = f32::NAN),
+            "frequency_penalty must be in [-2, 2], got NaN",
+        ),
+        (
+            params(|p| p.logit_bias = [(3, 1.0), (5, -101.0)].into()),
+            "logit_bias[5] must be in [-100, 100], got -101",
+        ),
+        (
+            params(|p| p.logit_bias = [(10, 1.0)].into()),
+            "logit_bias: token id 10 is out of range",
+        ),
+        (
+            params(|p| {
+                p.min_tokens = 5;
+                p.max_tokens = Some(4);
+            }),
+            "min_tokens must be at most max_tokens (4), got 5",
         ),
         (
             params(|p| p.stop_strings = vec!["a".into(), String::new()]),
@@ -338,4 +366,98 @@ fn stop_strings_are_bounded_in_number_and_length() {
     assert!(params(|p| p.stop_strings = vec!["q".repeat(MAX_STOP_BYTES)])
         .validate(10)
         .is_ok());
+}
+
+#[test]
+fn additive_adjustments_follow_openai_and_vllm() {
+    let p = SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        logit_bias: [(1, 2.0), (4, -100.0), (6, 3.0)].into(),
+        min_tokens: 5,
+        stop_token_ids: vec![6],
+        ..SamplingParams::greedy()
+    };
+    let mut bias = Vec::new();
+    // Token 1 generated once: -(0.5 + 0.25) + 2; token 3 three times: -(0.5 + 0.75); 4 only biased; EOS 0 and stop
+    // id 6 masked (its bias is dropped) while fewer than 5 tokens are generated.
+    p.logit_bias_at(&[3, 1, 3, 3], &[0], &mut bias);
+    assert_eq!(bias, [(0, MASKED), (1, 1.25), (3, -1.25), (4, -100.0), (6, MASKED)]);
+    // From the 5th generated token on, nothing is masked.
+    p.logit_bias_at(&[3, 1, 3, 3, 2], &[0], &mut bias);
+    assert_eq!(bias, [(1, 1.25), (2, -0.75), (3, -1.25), (4, -100.0), (6, 3.0)]);
+    // ignore_eos leaves EOS unmasked; stop ids still are.
+    let ignore = SamplingParams {
+        ignore_eos: true,
+        ..p.clone()
+    };
+    ignore.logit_bias_at(&[], &[0], &mut bias);
+    assert_eq!(bias, [(1, 2.0), (4, -100.0), (6, MASKED)]);
+    // Nothing to add by default; any of them makes the request adjust its logits.
+    SamplingParams::greedy().logit_bias_at(&[1, 2], &[0], &mut bias);
+    assert!(bias.is_empty());
+    assert!(!SamplingParams::greedy().adjusts_logits());
+    assert!(p.adjusts_logits());
+    // Applied as sums.
+    let mut row = [1.0f32, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+    apply_logit_bias(&mut row, &[(1, 1.25), (3, -1.25)]);
+    assert_eq!(row, [1.0, 2.25, 1.0, -0.25, 1.0, 1.0, 1.0]);
+}
+
+#[test]
+fn penalties_and_bias_change_the_greedy_pick() {
+    let greedy = |f: fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::greedy();
+        f(&mut p);
+        Draws::new(p).unwrap()
+    };
+    // Token 1 generated twice: frequency 0.3 takes 0.6 (2.0 -> 1.4 < 1.5); presence 0.3 takes 0.3 once (1.7 > 1.5).
+    let logits = [0.0, 2.0, 1.5];
+    assert_eq!(
+        greedy(|p| p.frequency_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(),
+        2
+    );
+    assert_eq!(
+        greedy(|p| p.presence_penalty = 0.3).sample(&logits, &[1, 1]).unwrap(),
+        1
+    );
+    // A negative penalty encourages repetition.
+    assert_eq!(
+        greedy(|p| p.presence_penalty = -1.0)
+            .sample(&[0.0, 1.0, 1.5], &[1])
+            .unwrap(),
+        1
+    );
+    // Only generated tokens count (the rank's context is the row's): nothing generated, nothing taken.
+    assert_eq!(greedy(|p| p.frequency_penalty = 2.0).sample(&logits, &[]).unwrap(), 1);
+    // +100 forces a token, -100 bans one.
+    assert_eq!(
+        greedy(|p| p.logit_bias = [(0, 100.0)].into())
+            .sample(&logits, &[])
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        greedy(|p| p.logit_bias = [(1, -100.0)].into())
+            .sample(&logits, &[])
+            .unwrap(),
+        2
+    );
+    // min_tokens masks EOS (id 0 here) even when it is far ahead; not once enough tokens are generated.
+    let eos_first = [9.0, 2.0, 1.5];
+    assert_eq!(greedy(|p| p.min_tokens = 2).sample(&eos_first, &[1]).unwrap(), 1);
+    assert_eq!(greedy(|p| p.min_tokens = 2).sample(&eos_first, &[1, 2]).unwrap(), 0);
+    // The same with the repetition penalty first: 2.0 / 2 = 1.0, then -0.6 = 0.4 < 0.5.
+    let mut both = greedy(|p| {
+        p.repetition_penalty = 2.0;
+        p.frequency_penalty = 0.3;
+    });
+    assert_eq!(both.sample(&[0.0, 2.0, 0.5], &[1, 1]).unwrap(), 2);
+    // A masked token is never drawn, however hot the sampling.
+    let mut hot = Draws::new(params(|p| {
+        p.temperature = 5.0;
+        p.min_tokens = 1;
+    }))
+    .unwrap();
+    assert!((0..2000).all(|_| hot.sample(&[3.0, 0.0, 0.0], &[]).unwrap() != 0));
 }

@@ -1,5 +1,6 @@
 //! What a request's sampled tokens become for its client: text released as it becomes complete UTF-8, stop strings
-//! held back and cut, and the finish rule (EOS, stop ids, stop strings, `max_tokens`, the context limit) — the
+//! held back and cut (or kept, `include_stop_str_in_output`), and the finish rule (EOS, stop ids, stop strings, none
+//! of them before `min_tokens`; `max_tokens`, the context limit) — the
 //! coordinator runs one [`OutputStream`] per request.
 
 use serde::Serialize;
@@ -66,6 +67,9 @@ pub struct OutputStream {
     stops: StopChecker,
     eos: Vec<u32>,
     stop_ids: Vec<u32>,
+    /// Tokens generated before EOS, stop ids or stop strings may end the request.
+    min_tokens: usize,
+    include_stop: bool,
     /// Tokens to generate at most, and whether that limit is the context's (not the request's `max_tokens`).
     limit: usize,
     limit_is_context: bool,
@@ -86,6 +90,8 @@ impl OutputStream {
             stops: StopChecker::new(&params.stop_strings),
             eos: if params.ignore_eos { Vec::new() } else { eos.to_vec() },
             stop_ids: params.stop_token_ids.clone(),
+            min_tokens: params.min_tokens,
+            include_stop: params.include_stop_str_in_output,
             limit,
             limit_is_context,
             generated: 0,
@@ -116,16 +122,27 @@ impl OutputStream {
         self.generated += 1;
         let mut out = Pushed::default();
         let mut finish = None;
-        if self.eos.contains(&token) {
+        // vLLM's rule: the sampler masks EOS and stop ids while fewer than `min_tokens` are generated, so the first
+        // that may end the request is token `min_tokens + 1`; a stop string may end with token `min_tokens`.
+        let ids_end = self.generated > self.min_tokens;
+        if ids_end && self.eos.contains(&token) {
             finish = Some(FinishReason::Eos);
-        } else if self.stop_ids.contains(&token) {
+        } else if ids_end && self.stop_ids.contains(&token) {
             finish = Some(FinishReason::StopToken);
         } else if let Some(stream) = &mut self.text {
             if let Some(piece) = stream.step(token)? {
-                match self.stops.push(&piece) {
+                let outcome = if self.generated >= self.min_tokens {
+                    self.stops.push(&piece)
+                } else {
+                    self.stops.push_unchecked(&piece)
+                };
+                match outcome {
                     StopOutcome::Continue(t) => out.text = t,
-                    StopOutcome::Stopped { emit, .. } => {
+                    StopOutcome::Stopped { emit, stop } => {
                         out.text = emit;
+                        if self.include_stop {
+                            out.text.push_str(&stop);
+                        }
                         finish = Some(FinishReason::StopString);
                     }
                 }
@@ -224,5 +241,47 @@ mod tests {
         let mut s = OutputStream::new(Some(&tok), &p, &[], 1000);
         let (text, finish, _) = run(&mut s, &ids);
         assert_eq!((text.as_str(), finish), ("hello world", Some(FinishReason::StopString)));
+        // include_stop_str_in_output keeps it.
+        let keep = SamplingParams {
+            include_stop_str_in_output: true,
+            ..p.clone()
+        };
+        let mut s = OutputStream::new(Some(&tok), &keep, &[], 1000);
+        let (text, finish, _) = run(&mut s, &ids);
+        assert_eq!(
+            (text.as_str(), finish),
+            ("hello world, hello", Some(FinishReason::StopString))
+        );
+    }
+
+    #[test]
+    fn nothing_ends_a_request_before_min_tokens() {
+        let (_d, tok) = tokenizer();
+        let ids = tok.encode("hello world, hello there", false).expect("encode");
+        let p = SamplingParams {
+            min_tokens: 3,
+            stop_token_ids: vec![ids[1]],
+            ..SamplingParams::greedy()
+        };
+        // EOS and stop ids among the first 3 tokens do not end it; the 4th may.
+        let eos = [ids[0], ids[2]];
+        let mut s = OutputStream::new(Some(&tok), &p, &eos, 1000);
+        let (_, finish, n) = run(&mut s, &[ids[0], ids[1], ids[2], ids[0]]);
+        assert_eq!((finish, n), (Some(FinishReason::Eos), 4));
+        // A stop string completed before token `min_tokens` is text; the next one ends it.
+        let first = (1..=ids.len())
+            .find(|&n| tok.decode(&ids[..n], true).expect("decode").contains("hello"))
+            .expect("the text holds hello");
+        let stop = SamplingParams {
+            min_tokens: first + 1,
+            stop_strings: vec!["hello".into()],
+            ..SamplingParams::greedy()
+        };
+        let mut s = OutputStream::new(Some(&tok), &stop, &[], 1000);
+        let (text, finish, _) = run(&mut s, &ids);
+        assert_eq!(
+            (text.as_str(), finish),
+            ("hello world, ", Some(FinishReason::StopString))
+        );
     }
 }

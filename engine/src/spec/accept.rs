@@ -21,7 +21,7 @@ use rewind_kernels::cpu::accept::{judge, JudgedRow};
 use rewind_kernels::cpu::sample::{argmax, kept_weights};
 
 use crate::error::{EngineError, Result};
-use crate::sample::{apply_repetition_penalty, distinct_ids, Sampler, SamplingParams};
+use crate::sample::{apply_logit_bias, apply_repetition_penalty, distinct_ids, Sampler, SamplingParams};
 use rewind_kernels::cpu::lm_head::RowPass;
 
 pub use rewind_kernels::cpu::accept::accept_uniform;
@@ -73,15 +73,18 @@ fn check_rows(rows: usize, drafts: usize) -> Result<()> {
 #[derive(Clone, Copy, Debug)]
 pub struct RowSampling<'a> {
     pub params: &'a SamplingParams,
-    /// The context before the verify's first output (prompt and generated tokens): the repetition penalty's.
+    /// The context before the verify's first output (prompt and generated tokens): the repetition penalty's; its
+    /// last `index` tokens are the generated ones (the presence and frequency penalties').
     pub history: &'a [u32],
+    /// The model's EOS ids, masked before `min_tokens`.
+    pub eos: &'a [u32],
     pub seed: u64,
     /// The output index of row 0's token.
     pub index: u64,
 }
 
-/// Judges `drafts` from whole logit rows `logits` `[drafts.len() + 1, vocab]`, with the request's filters and
-/// repetition penalty (row `i`'s penalty context is the history plus the drafts before it). `q`: per draft, the
+/// Judges `drafts` from whole logit rows `logits` `[drafts.len() + 1, vocab]`, with the request's filters, repetition
+/// penalty and additive bias (row `i`'s penalty context is the history plus the drafts before it). `q`: per draft, the
 /// drafter's probabilities when it sampled the drafts (`None`: deterministic drafts).
 pub fn accept_rows(
     logits: &[f32],
@@ -101,7 +104,7 @@ pub fn accept_rows(
     }
     let p = s.params;
     let mut context = s.history.to_vec();
-    let mut seen = Vec::new();
+    let (mut seen, mut bias) = (Vec::new(), Vec::new());
     for i in 0..=drafts.len() {
         let mut row = logits[i * vocab..(i + 1) * vocab].to_vec();
         if row.iter().any(|v| !v.is_finite()) {
@@ -114,6 +117,16 @@ pub fn accept_rows(
             apply_repetition_penalty(&mut row, &seen, p.repetition_penalty);
         }
         let index = s.index + i as u64;
+        let generated = &context[context
+            .len()
+            .saturating_sub(usize::try_from(index).unwrap_or(usize::MAX))..];
+        p.logit_bias_at(generated, s.eos, &mut bias);
+        if let Some(&(id, _)) = bias.iter().find(|&&(id, _)| id as usize >= vocab) {
+            return Err(EngineError::InvalidInput(format!(
+                "logit bias token id {id} is out of range (vocab size {vocab})"
+            )));
+        }
+        apply_logit_bias(&mut row, &bias);
         let draft = drafts.get(i).copied();
         if p.temperature == 0.0 {
             let best = argmax(&row);

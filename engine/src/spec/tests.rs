@@ -138,6 +138,7 @@ fn whole_row_sampling_is_exact_with_filters_and_sampled_drafts() {
             let s = RowSampling {
                 params: &params,
                 history: &[],
+                eos: &[],
                 seed,
                 index: 0,
             };
@@ -168,9 +169,48 @@ fn whole_row_greedy_applies_the_penalty_with_accepted_drafts() {
     let s = RowSampling {
         params: &params,
         history: &[0],
+        eos: &[],
         seed: 1,
         index: 0,
     };
     let a = accept_rows(&logits, 3, &[1, 1], None, &s).expect("accept");
     assert_eq!((a.accepted, a.token), (1, 2));
+}
+
+#[test]
+fn whole_row_greedy_applies_the_additive_bias_with_accepted_drafts() {
+    // Row 1 would pick id 1 again (2.0 > 1.7), but the frequency penalty counts the accepted draft 1 among the
+    // generated tokens (the prompt's token 1 is not): 2.0 - 0.5 = 1.5 < 1.7.
+    let logits = [
+        0.0, 3.0, 1.0, /* row 1 */ 0.0, 2.0, 1.7, /* row 2 */ 0.0, 0.0, 1.0,
+    ];
+    let params = SamplingParams {
+        temperature: 0.0,
+        frequency_penalty: 0.5,
+        ..SamplingParams::default()
+    };
+    let s = RowSampling {
+        params: &params,
+        history: &[1, 1],
+        eos: &[],
+        seed: 1,
+        index: 0,
+    };
+    let a = accept_rows(&logits, 3, &[1, 1], None, &s).expect("accept");
+    assert_eq!((a.accepted, a.token), (1, 2));
+    // min_tokens masks EOS (id 1 here) on every row before the request has that many tokens: the drafted EOS is
+    // rejected and the next best taken.
+    let masked = SamplingParams {
+        temperature: 0.0,
+        min_tokens: 3,
+        ..SamplingParams::default()
+    };
+    let s = RowSampling {
+        params: &masked,
+        eos: &[1],
+        history: &[0],
+        ..s
+    };
+    let a = accept_rows(&logits, 3, &[1, 1], None, &s).expect("accept");
+    assert_eq!((a.accepted, a.token), (0, 2));
 }

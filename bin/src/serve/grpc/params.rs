@@ -56,6 +56,21 @@ pub fn merge(
         if !s.stop_token_ids.is_empty() {
             p.stop_token_ids = s.stop_token_ids.clone();
         }
+        if let Some(v) = s.presence_penalty {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = s.frequency_penalty {
+            p.frequency_penalty = v;
+        }
+        if !s.logit_bias.is_empty() {
+            p.logit_bias = s.logit_bias.iter().map(|(&id, &b)| (id, b)).collect();
+        }
+        if let Some(v) = s.min_tokens {
+            p.min_tokens = usize::try_from(v).map_err(|_| invalid("min_tokens", format!("{v} is out of range")))?;
+        }
+        if let Some(v) = s.include_stop_str_in_output {
+            p.include_stop_str_in_output = v;
+        }
     }
     if let Some(m) = p.max_tokens {
         if m == 0 {
@@ -81,13 +96,13 @@ pub fn base(state: &ServeState) -> SamplingParams {
     p
 }
 
-/// Sets the server's default `max_tokens` where neither the request nor its session chose one, capped to what the
-/// context leaves after `used` tokens: a long prompt gets what fits, as over HTTP, instead of a refusal for a limit
+/// Sets the server's default `max_tokens` where neither the request nor its session chose one, raised to `min_tokens`
+/// and capped to what the context leaves after `used` tokens: a long prompt gets what fits, as over HTTP, instead of a refusal for a limit
 /// the client never asked for. Nothing fits: left unset, and the engine's refusal names the prompt.
 pub fn default_max_tokens(state: &ServeState, p: &mut SamplingParams, used: usize) {
     if p.max_tokens.is_none() {
         let room = state.engine.info().max_context.saturating_sub(used);
-        p.max_tokens = (room > 0).then(|| state.default_max_tokens.min(room));
+        p.max_tokens = (room > 0).then(|| state.default_max_tokens.max(p.min_tokens).min(room));
     }
 }
 

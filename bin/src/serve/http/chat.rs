@@ -150,7 +150,13 @@ pub async fn handle(
         None => f.count("max_tokens")?.map(|m| (m, "max_tokens")),
     };
     let ids = blocking(api, move |s| tokenize(s, messages, generation_prompt)).await?;
-    params.max_tokens = Some(openai::resolve_max_tokens(state, ids.len(), "messages", requested)?);
+    params.max_tokens = Some(openai::resolve_max_tokens(
+        state,
+        ids.len(),
+        "messages",
+        requested,
+        params.min_tokens,
+    )?);
 
     match answer(api, ctx, (ids, params), streaming, true, None).await? {
         Answer::Streamed(r) => Ok(r),

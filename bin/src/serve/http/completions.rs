@@ -103,7 +103,13 @@ pub async fn handle(
     let mut params = openai::sampling(&f, state)?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
-    params.max_tokens = Some(openai::resolve_max_tokens(state, ids.len(), "prompt", requested)?);
+    params.max_tokens = Some(openai::resolve_max_tokens(
+        state,
+        ids.len(),
+        "prompt",
+        requested,
+        params.min_tokens,
+    )?);
 
     match answer(api, ctx, (ids, params), streaming, false, echoed).await? {
         Answer::Streamed(r) => Ok(r),

@@ -173,7 +173,7 @@ fn engine_param(message: &str) -> Option<String> {
     let name = match first {
         "stop_strings" => "stop",
         "temperature" | "top_p" | "top_k" | "min_p" | "repetition_penalty" | "max_tokens" | "stop_token_ids"
-        | "prompt" | "seed" => first,
+        | "prompt" | "seed" | "presence_penalty" | "frequency_penalty" | "logit_bias" | "min_tokens" => first,
         _ => return None,
     };
     Some(name.to_string())

@@ -5,6 +5,8 @@
 //! Bodies are read as `serde_json::Value` and not derived structs because serde's errors for a wrong type name a
 //! column, not the field, and OpenAI clients send `null` for any field they leave unset.
 
+use std::collections::BTreeMap;
+
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use rewind_engine::sample::SamplingParams;
@@ -140,6 +142,42 @@ impl Fields {
         Ok(list)
     }
 
+    /// `logit_bias`: an object from token ids (decimal strings, as JSON keys are) below `vocab` to biases in
+    /// [-100, 100]. The range is checked here, on the number as sent (past f32 it would read as infinity).
+    fn logit_bias(&self, vocab: usize) -> Result<BTreeMap<u32, f32>, ApiError> {
+        const NAME: &str = "logit_bias";
+        let map = match self.get(NAME) {
+            None => return Ok(BTreeMap::new()),
+            Some(Value::Object(m)) => m,
+            Some(v) => return Err(wrong_type(NAME, "an object from token ids to biases", v)),
+        };
+        let max = f64::from(rewind_engine::sample::MAX_LOGIT_BIAS);
+        map.iter()
+            .map(|(key, v)| {
+                let id = key
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&id| (id as usize) < vocab)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            NAME,
+                            format!(
+                                "logit_bias: key \"{}\" is not a token id of a vocabulary of {vocab} tokens",
+                                echo(key)
+                            ),
+                        )
+                    })?;
+                let b = match v {
+                    Value::Number(n) => n.as_f64().filter(|b| (-max..=max).contains(b)).ok_or_else(|| {
+                        ApiError::invalid(NAME, format!("logit_bias[{id}] must be in [-100, 100], got {n}"))
+                    })?,
+                    v => return Err(wrong_type(&format!("logit_bias[{id}]"), "a number", v)),
+                };
+                Ok((id, b as f32))
+            })
+            .collect()
+    }
+
     /// An array of token ids, each below `vocab`.
     pub fn token_ids(&self, name: &str, vocab: usize) -> Result<Option<Vec<u32>>, ApiError> {
         match self.get(name) {
@@ -259,12 +297,8 @@ type Accepts = fn(&Value) -> bool;
 const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
     ("n", "n other than 1 (one choice per request)", is_one),
     ("best_of", "best_of other than 1", is_one),
-    ("presence_penalty", "presence_penalty", is_zero),
-    ("frequency_penalty", "frequency_penalty", is_zero),
-    ("logit_bias", "logit_bias", is_empty),
     ("top_logprobs", "top_logprobs", is_zero),
     ("prompt_logprobs", "prompt_logprobs", is_zero),
-    ("min_tokens", "min_tokens", is_zero),
     ("use_beam_search", "use_beam_search", is_false),
     ("suffix", "suffix", is_empty),
     ("tools", "tools (function calling)", is_empty),
@@ -299,8 +333,13 @@ const KNOWN: &[&str] = &[
     "top_k",
     "min_p",
     "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "min_tokens",
     "seed",
     "stop",
+    "include_stop_str_in_output",
     "stop_token_ids",
     "ignore_eos",
     "stream",
@@ -452,8 +491,21 @@ pub fn sampling(f: &Fields, state: &ServeState) -> Result<SamplingParams, ApiErr
                 .map_err(|_| ApiError::invalid("seed", format!("seed must fit in 64 bits, got {s}")))?,
         );
     }
+    if let Some(v) = f.f32("presence_penalty")? {
+        p.presence_penalty = v;
+    }
+    if let Some(v) = f.f32("frequency_penalty")? {
+        p.frequency_penalty = v;
+    }
+    if let Some(n) = f.count("min_tokens")? {
+        p.min_tokens = n;
+    }
     p.stop_strings = f.stop()?;
+    if let Some(b) = f.bool("include_stop_str_in_output")? {
+        p.include_stop_str_in_output = b;
+    }
     let vocab = state.engine.info().vocab;
+    p.logit_bias = f.logit_bias(vocab)?;
     p.stop_token_ids = f.token_ids("stop_token_ids", vocab)?.unwrap_or_default();
     p.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     p.validate(vocab).map_err(|e| {
@@ -468,8 +520,30 @@ pub fn sampling(f: &Fields, state: &ServeState) -> Result<SamplingParams, ApiErr
 
 /// The tokens to generate for a prompt of `prompt_len` tokens (named `prompt_param` in errors): the request's
 /// `max_tokens` (`requested`, with the field it came from) if it fits the context and the server's limit, else the
-/// server's default cut to what the context leaves.
+/// server's default cut to what the context leaves, raised to `min_tokens` where the context has room. A
+/// `min_tokens` above the result is refused, naming it.
 pub fn resolve_max_tokens(
+    state: &ServeState,
+    prompt_len: usize,
+    prompt_param: &str,
+    requested: Option<(usize, &str)>,
+    min_tokens: usize,
+) -> Result<usize, ApiError> {
+    let mut m = max_tokens_for(state, prompt_len, prompt_param, requested)?;
+    if requested.is_none() {
+        let room = state.engine.info().max_context - prompt_len;
+        m = m.max(min_tokens.min(room));
+    }
+    if min_tokens > m {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!("min_tokens must be at most max_tokens ({m}), got {min_tokens}"),
+        ));
+    }
+    Ok(m)
+}
+
+fn max_tokens_for(
     state: &ServeState,
     prompt_len: usize,
     prompt_param: &str,
@@ -603,11 +677,15 @@ mod tests {
 
     #[test]
     fn unsupported_values_are_refused_and_defaults_pass() {
-        let ok = fields(r#"{"n": 1, "presence_penalty": 0, "logit_bias": {}, "logprobs": false, "tools": []}"#);
+        let ok = fields(r#"{"n": 1, "top_logprobs": 0, "logprobs": false, "tools": []}"#);
         assert!(refuse_unsupported(&ok, Endpoint::Chat).is_ok());
+        // Sampling fields this server applies are no longer refused, whatever their value.
+        let sampling =
+            fields(r#"{"presence_penalty": 1, "frequency_penalty": 0.5, "logit_bias": {"3": 5}, "min_tokens": 2}"#);
+        assert!(refuse_unsupported(&sampling, Endpoint::Chat).is_ok());
         for (body, param) in [
             (r#"{"n": 2}"#, "n"),
-            (r#"{"frequency_penalty": 0.5}"#, "frequency_penalty"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
             (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
             (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),

@@ -76,6 +76,18 @@ extern "C" __global__ void repetition_penalty(float* logits, int rows, int vocab
     }
 }
 
+// Additive logit bias over distinct (row, token) pairs: l += bias[i] (the presence / frequency penalties, logit_bias and
+// the min_tokens mask, summed on the host so every device adds the same number). Pairs outside the logits are skipped.
+extern "C" __global__ void logit_bias(float* logits, int rows, int vocab, const int* rows_of, const int* tokens, int n,
+                                      const float* bias) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const int r = rows_of[i];
+        const int t = tokens[i];
+        if (r < 0 || r >= rows || t < 0 || t >= vocab) continue;
+        logits[(u64)r * vocab + t] += bias[i];
+    }
+}
+
 // ---- Filtered sampling -------------------------------------------------------------------------------------------
 //
 // The CPU Sampler sorts the row by (logit descending in total order, id ascending) and keeps: the first top_k; then

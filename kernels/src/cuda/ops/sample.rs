@@ -1,6 +1,6 @@
-//! Token selection on the device: row argmax (greedy decoding), the repetition penalty, and filtered sampling
-//! (temperature, top-k, top-p, min-p, inverse-CDF draw) with the CPU Sampler's semantics; the CPU twin is
-//! [`crate::cpu::sample::sample_row`].
+//! Token selection on the device: row argmax (greedy decoding), the repetition penalty, the additive logit bias, and
+//! filtered sampling (temperature, top-k, top-p, min-p, inverse-CDF draw) with the CPU Sampler's semantics; the CPU
+//! twin is [`crate::cpu::sample::sample_row`].
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
@@ -79,6 +79,38 @@ pub fn repetition_penalty(
     let (tp, _gt) = tokens.device_ptr(dev.stream());
     let (pp, _gp) = penalty.device_ptr(dev.stream());
     launch!(dev, "repetition_penalty", cfg, lp, rows_i, vocab_i, rp, tp, n_i, pp)
+}
+
+/// Additive logit bias on `logits` `[rows, vocab]` for each pair `i`: row `rows_of[i]`, token `tokens[i]`:
+/// `l += bias[i]` (CPU twin `rewind_engine::sample::apply_logit_bias`). The pairs must be distinct (a repeated pair
+/// would race); a pair outside the logits is skipped.
+pub fn logit_bias(
+    dev: &CudaDevice,
+    logits: &mut impl DevicePtrMut<f32>,
+    rows: usize,
+    vocab: usize,
+    rows_of: &impl DevicePtr<i32>,
+    tokens: &impl DevicePtr<i32>,
+    bias: &impl DevicePtr<f32>,
+) -> Result<()> {
+    const OP: &str = "logit_bias";
+    check_len(OP, "logits", logits.len(), rows * vocab)?;
+    check_len(OP, "tokens", tokens.len(), rows_of.len())?;
+    check_len(OP, "bias", bias.len(), rows_of.len())?;
+    ensure(OP, vocab <= i32::MAX as usize && rows <= i32::MAX as usize, || {
+        format!("[{rows}, {vocab}] exceeds i32")
+    })?;
+    fits_u32(OP, "pairs", tokens.len())?;
+    if tokens.is_empty() || rows == 0 {
+        return Ok(());
+    }
+    let (rows_i, vocab_i, n_i) = (rows as i32, vocab as i32, tokens.len() as i32);
+    let cfg = grid_1d(tokens.len());
+    let (lp, _gl) = logits.device_ptr_mut(dev.stream());
+    let (rp, _gr) = rows_of.device_ptr(dev.stream());
+    let (tp, _gt) = tokens.device_ptr(dev.stream());
+    let (bp, _gb) = bias.device_ptr(dev.stream());
+    launch!(dev, "logit_bias", cfg, lp, rows_i, vocab_i, rp, tp, n_i, bp)
 }
 
 /// Samples one id per row of `logits` `[rows, vocab]` with `params` `[rows, 4]` = (temperature, top_k as f32 (0 =

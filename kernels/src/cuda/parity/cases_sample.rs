@@ -1,4 +1,5 @@
-//! Cases for token selection on the device (argmax, repetition penalty, filtered sampling) against the CPU twins.
+//! Cases for token selection on the device (argmax, repetition penalty, logit bias, filtered sampling) against the CPU
+//! twins.
 //! Shapes are the real vocabularies (131072 / 248320 / 262144, 1 and 64 rows) plus odd ones.
 
 use super::cases_glue::verdict;
@@ -26,6 +27,12 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         let shape = format!("[{rows}, {vocab}], {per_row} tokens a row, {what}");
         cases.push(Case::new("repetition_penalty", "f32", shape, move |cx, rng| {
             repetition_penalty(cx, rng, rows, vocab, per_row)
+        }));
+    }
+    for (rows, vocab, per_row, what) in [(64, 131072, 300, "Nemotron-H vocab"), (3, 1000, 40, "odd")] {
+        let shape = format!("[{rows}, {vocab}], {per_row} tokens a row, {what}");
+        cases.push(Case::new("logit_bias", "f32", shape.clone(), move |cx, rng| {
+            logit_bias(cx, rng, rows, vocab, per_row)
         }));
     }
     for (rows, vocab, what) in [
@@ -127,6 +134,56 @@ fn repetition_penalty(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize, per_ro
         *s = if *s > 0.0 { *s / p } else { *s * p };
     }
     Ok(vec![Check::new("logits", &cx.dev.download(&dl)?, &want, 0.0)])
+}
+
+/// Biases as the engine sends them (presence / frequency penalties, `logit_bias` ±100, the `min_tokens` mask
+/// `f32::MIN`) on distinct tokens a row: the biased logits must be the CPU sum exactly, and `sample_rows` over them (a
+/// greedy row, a +100 row, sampling rows) must pick the CPU Sampler's ids: never a masked token, always a +100 one
+/// on a greedy row.
+fn logit_bias(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize, per_row: usize) -> Result<Vec<Check>> {
+    let logits = rng.uniform_vec(rows * vocab, 8.0);
+    let kinds = [f32::MIN, 100.0, -100.0, -0.5, -2.0, 1.5, -3.75];
+    let (mut rows_of, mut tokens, mut bias) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rows {
+        for t in rng.distinct(per_row, vocab) {
+            rows_of.push(r as i32);
+            tokens.push(t as i32);
+            bias.push(kinds[rng.below(0, kinds.len())]);
+        }
+    }
+    let mut dl = cx.dev.upload(&logits)?;
+    let (dr, dt, db) = (cx.dev.upload(&rows_of)?, cx.dev.upload(&tokens)?, cx.dev.upload(&bias)?);
+    ops::logit_bias(cx.dev, &mut dl, rows, vocab, &dr, &dt, &db)?;
+    let mut want = logits;
+    for ((&r, &t), &b) in rows_of.iter().zip(&tokens).zip(&bias) {
+        want[r as usize * vocab + t as usize] += b;
+    }
+    let got = cx.dev.download(&dl)?;
+    let temps = [0.0f32, 1.0, 0.7, 0.0];
+    let params: Vec<f32> = (0..rows)
+        .flat_map(|r| [temps[r % temps.len()], 0.0, 1.0, 0.0])
+        .collect();
+    let uniforms: Vec<f32> = (0..rows).map(|_| rng.unit()).collect();
+    let (dp, du) = (cx.dev.upload(&params)?, cx.dev.upload(&uniforms)?);
+    let mut out = cx.dev.upload(&vec![-7i32; rows])?;
+    ops::sample_rows(cx.dev, &dl, rows, vocab, &dp, &du, &mut out)?;
+    let ids = cx.dev.download(&out)?;
+    let mismatches = (0..rows)
+        .filter(|&r| {
+            let row = &want[r * vocab..(r + 1) * vocab];
+            let id = ids[r];
+            let masked = usize::try_from(id).map_or(true, |i| i >= vocab || row[i] == f32::MIN);
+            id != sample_want(row, &params[r * 4..r * 4 + 4], uniforms[r]) || masked
+        })
+        .count();
+    Ok(vec![
+        Check::new("logits", &got, &want, 0.0),
+        Check {
+            output: "ids (mismatched rows / rows)",
+            rel_err: mismatches as f64 / rows as f64,
+            threshold: 0.0,
+        },
+    ])
 }
 
 /// The twin of one row of `sample_rows`: −1 for a NaN row (greedy) or any non-finite logit (sampling).
