@@ -105,7 +105,7 @@ pub async fn handle(
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
     params.max_tokens = Some(openai::resolve_max_tokens(state, ids.len(), "prompt", requested)?);
 
-    match answer(api, ctx, (ids, params), streaming, false, echoed).await? {
+    match answer(api, ctx, (ids, params), streaming, false, echoed, None).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => Ok(done.response(
             "text_completion",
