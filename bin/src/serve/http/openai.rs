@@ -262,6 +262,9 @@ fn is_false(v: &Value) -> bool {
 /// Which values of a field [`refuse_unsupported`] lets through.
 type Accepts = fn(&Value) -> bool;
 
+/// A table of refused fields: the name, what a value other than the default asks for, and which values pass.
+type Refusals = [(&'static str, &'static str, Accepts)];
+
 /// The fields [`refuse_unsupported`] checks: the name, what a value other than the default asks for, and which values
 /// pass.
 const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
@@ -358,13 +361,13 @@ const KNOWN_DETOKENIZE: &[&str] = &["model", "tokens"];
 
 /// The body's top-level fields that `endpoint` does not know.
 pub fn unknown_fields(f: &Fields, endpoint: Endpoint) -> Vec<&str> {
-    let (shared, own, unsupported): (&[&str], &[&str], &[(&str, &str, Accepts)]) = match endpoint {
+    let (shared, own, unsupported): (&[&str], &[&str], &Refusals) = match endpoint {
         Endpoint::Completions => (KNOWN, KNOWN_COMPLETIONS, UNSUPPORTED),
         Endpoint::Chat => (KNOWN, KNOWN_CHAT, UNSUPPORTED),
         Endpoint::Tokenize => (&[], KNOWN_TOKENIZE, UNSUPPORTED_TOKENIZE),
         Endpoint::Detokenize => (&[], KNOWN_DETOKENIZE, &[]),
     };
-    let chat: &[(&str, &str, Accepts)] = if endpoint == Endpoint::Chat {
+    let chat: &Refusals = if endpoint == Endpoint::Chat {
         UNSUPPORTED_CHAT
     } else {
         &[]
@@ -410,7 +413,7 @@ const UNSUPPORTED_CHAT: &[(&str, &str, Accepts)] = &[
 /// defaults (`n: 1`, `logprobs: null`, `presence_penalty: 0`, ...) are accepted, since clients send them unasked.
 fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     // `null` is absent and always fine (Fields::get).
-    let (common, own): (&[(&str, &str, Accepts)], &[(&str, &str, Accepts)]) = match endpoint {
+    let (common, own): (&Refusals, &Refusals) = match endpoint {
         Endpoint::Chat => (UNSUPPORTED, UNSUPPORTED_CHAT),
         Endpoint::Completions => (UNSUPPORTED, &[]),
         Endpoint::Tokenize => (UNSUPPORTED_TOKENIZE, &[]),
