@@ -308,6 +308,15 @@ fn the_api_key_guards_v1_and_metrics_but_not_health() {
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(curl(&format!("{url}/health"), &[]).0, 200);
+    // /tokenize and /detokenize take the key as /v1/* does.
+    for (path, body) in [
+        ("/tokenize", r#"{"prompt": "x"}"#),
+        ("/detokenize", r#"{"tokens": [1]}"#),
+    ] {
+        assert_eq!(post(&format!("{url}{path}"), body, &[]).0, 401, "{path} without a key");
+        let (status, v) = post(&format!("{url}{path}"), body, &["Authorization: Bearer sekret"]);
+        assert_eq!(status, 200, "{path} with the key: {v}");
+    }
 
     // Several keys (`--api-key` repeated): each one lets a request in, nothing else does.
     let keys = vec!["first".to_string(), "second".to_string()];
