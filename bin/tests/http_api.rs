@@ -413,6 +413,15 @@ fn the_api_key_guards_v1_and_metrics_but_not_health() {
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(curl(&format!("{url}/health"), &[]).0, 200);
+    // /tokenize and /detokenize take the key as /v1/* does.
+    for (path, body) in [
+        ("/tokenize", r#"{"prompt": "x"}"#),
+        ("/detokenize", r#"{"tokens": [1]}"#),
+    ] {
+        assert_eq!(post(&format!("{url}{path}"), body, &[]).0, 401, "{path} without a key");
+        let (status, v) = post(&format!("{url}{path}"), body, &["Authorization: Bearer sekret"]);
+        assert_eq!(status, 200, "{path} with the key: {v}");
+    }
 
     // Several keys (`--api-key` repeated): each one lets a request in, nothing else does.
     let keys = vec!["first".to_string(), "second".to_string()];
@@ -715,4 +724,189 @@ fn post_args_file(at: &str) -> Vec<&str> {
         "--data-binary",
         at,
     ]
+}
+
+#[test]
+fn tokenize_and_detokenize_like_vllm() {
+    let f = shared();
+    let tok = &f.model.tokenizer;
+    let v = ok(
+        &format!("{}/tokenize", f.url),
+        json!({"model": MODEL_NAME, "prompt": "the quick brown fox"}),
+    );
+    let want = tok.encode("the quick brown fox", true).expect("encode");
+    assert_eq!(v["tokens"], json!(want));
+    assert_eq!(v["count"], want.len());
+    assert_eq!(v["max_model_len"], 1024);
+    assert!(v.get("token_strs").is_none());
+
+    // Messages tokenize as chat completions render them; token strings on request.
+    let turns = [ChatMessage::new("user", "hello there")];
+    let rendered = tok.render(&turns, true).expect("render");
+    let want_chat = tok.encode_chat(&turns, true, &rendered).expect("encode");
+    let v = ok(
+        &format!("{}/tokenize", f.url),
+        json!({"messages": [{"role": "user", "content": "hello there"}], "return_token_strs": true}),
+    );
+    assert_eq!(v["tokens"], json!(want_chat));
+    assert_eq!(v["token_strs"].as_array().map(Vec::len), Some(want_chat.len()));
+
+    let v = ok(&format!("{}/detokenize", f.url), json!({"tokens": want}));
+    assert_eq!(v["prompt"], tok.decode(&want, false).expect("decode"));
+
+    for (path, body, param) in [
+        ("/detokenize", json!({"tokens": [1, -1]}), "tokens"),
+        ("/detokenize", json!({"tokens": [1_000_000_000u64]}), "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), "tokens"),
+        ("/detokenize", json!({}), "tokens"),
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "messages": [{"role": "user", "content": "x"}]}),
+            "messages",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}),
+            "chat_template_kwargs",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": true}),
+            "add_special_tokens",
+        ),
+        ("/tokenize", json!({"prompt": "x", "model": "other"}), "model"),
+    ] {
+        let (status, v) = post(&format!("{}{path}", f.url), &body.to_string(), &[]);
+        assert!(status == 400 || status == 404, "{path} {body}: {status} {v}");
+        if status == 400 {
+            assert_eq!(v["error"]["param"], param, "{path} {body}: {v}");
+        }
+    }
+}
+
+/// The shared engine's model with `template` as its chat template, served; the server's URL and the model.
+fn serve_with_template(f: &Fixture, template: &str, reasoning: Option<bool>) -> (String, ServedModel) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("http-api-template-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for name in ["config.json", "generation_config.json", "tokenizer.json"] {
+        std::fs::copy(f.model.dir.join(name), dir.join(name)).expect("copy");
+    }
+    let mut tc: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.model.dir.join("tokenizer_config.json")).expect("read"))
+            .expect("json");
+    tc["chat_template"] = json!(template);
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).expect("write");
+    let model = ServedModel::load(&dir).expect("model");
+    let _ = std::fs::remove_dir_all(&dir);
+    let state =
+        ServeState::new(f.engine.clone(), model.clone(), MODEL_NAME.into(), Vec::new()).with_reasoning(reasoning);
+    (f.serve(Arc::new(state)), model)
+}
+
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let f = shared();
+    // A template that shows whether a variable arrived.
+    let (url, model) = serve_with_template(
+        f,
+        "{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking is defined and enable_thinking is \
+         false %} nothink{% endif %}",
+        None,
+    );
+    let tok = model.tokenizer.clone();
+    let messages = json!([{"role": "user", "content": "hello"}]);
+    let v = ok(
+        &format!("{url}/tokenize"),
+        json!({"messages": messages, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(v["tokens"], json!(tok.encode("hello nothink", false).expect("encode")));
+    let v = ok(&format!("{url}/tokenize"), json!({"messages": messages}));
+    assert_eq!(v["tokens"], json!(tok.encode("hello", false).expect("encode")));
+
+    // Chat completions render with them too: the prompt is longer by the template's extra words.
+    let chat = |kwargs: Value| {
+        ok(
+            &format!("{url}/v1/chat/completions"),
+            json!({"messages": messages, "max_tokens": 1, "chat_template_kwargs": kwargs}),
+        )["usage"]["prompt_tokens"]
+            .as_u64()
+            .expect("usage")
+    };
+    assert_eq!(
+        chat(json!({"enable_thinking": false})) as usize,
+        tok.encode("hello nothink", false).expect("encode").len()
+    );
+    assert_eq!(
+        chat(json!({})) as usize,
+        tok.encode("hello", false).expect("encode").len()
+    );
+    for (kwargs, param) in [
+        (json!("no"), "chat_template_kwargs"),
+        (json!({"messages": []}), "chat_template_kwargs.messages"),
+    ] {
+        let (status, v) = post(
+            &format!("{url}/v1/chat/completions"),
+            &json!({"messages": messages, "chat_template_kwargs": kwargs}).to_string(),
+            &[],
+        );
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+}
+
+/// A thinking model's template (Qwen3-Thinking / Nemotron style: the generation prompt opens `<think>` unless
+/// `enable_thinking` is false).
+const THINKING_TEMPLATE: &str = "{% for m in messages %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}\
+{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% else %}<think>\n{% endif %}{% endif %}";
+
+#[test]
+fn reasoning_is_split_from_the_answer_streamed_or_not() {
+    let f = shared();
+    // The template mentions <think>: the parser is on by default; the same model with --reasoning-parser none gives
+    // the raw text to compare with (greedy: the same tokens).
+    let (url, _) = serve_with_template(f, THINKING_TEMPLATE, None);
+    let (raw_url, _) = serve_with_template(f, THINKING_TEMPLATE, Some(false));
+    let request = |kwargs: Value| {
+        json!({"messages": [{"role": "user", "content": "why is the sky blue"}], "max_tokens": 10, "temperature": 0,
+               "ignore_eos": true, "chat_template_kwargs": kwargs})
+    };
+    let chat =
+        |url: &str, body: Value| ok(&format!("{url}/v1/chat/completions"), body)["choices"][0]["message"].clone();
+
+    // Thinking on: the prompt opened the block, so all the (unclosed) output is reasoning.
+    let raw = chat(&raw_url, request(json!({})));
+    assert!(raw.get("reasoning_content").is_none(), "{raw}");
+    let raw_text = raw["content"].as_str().expect("content").to_string();
+    assert!(!raw_text.is_empty() && !raw_text.contains("</think>"), "{raw_text:?}");
+    let split = chat(&url, request(json!({})));
+    assert_eq!(split["reasoning_content"], raw_text, "{split}");
+    assert!(split["content"].is_null(), "{split}");
+
+    // Streamed: reasoning_content deltas that add up to the same text, no content.
+    let mut streamed = request(json!({}));
+    streamed["stream"] = json!(true);
+    let (status, events) = stream(&format!("{url}/v1/chat/completions"), &streamed);
+    assert_eq!(status, 200);
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("choices")?.get(0)?.get("delta"))
+        .collect();
+    let reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+    let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    assert_eq!(reasoning, raw_text);
+    assert_eq!(content, "", "only the role chunk's empty content");
+
+    // Thinking off through chat_template_kwargs: the prompt closed the block, so the output is the answer.
+    let off = json!({"enable_thinking": false});
+    let raw_off = chat(&raw_url, request(off.clone()))["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    let split = chat(&url, request(off));
+    assert_eq!(split["content"], raw_off, "{split}");
+    assert!(split["reasoning_content"].is_null(), "{split}");
 }

@@ -1,8 +1,16 @@
 //! The flags of the serving commands: `rewind serve`, `rewind chat` and `rewind-launch` (which adds `--gpus`).
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::{non_negative, DecodeArgs, DeviceArgs, EngineArgs, ModelArgs, SpecArgs};
+
+/// `--reasoning-parser` (vLLM's flag and names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReasoningParserArg {
+    Auto,
+    Qwen3,
+    None,
+}
 
 /// Where and how the servers listen (shared by `rewind serve` and `rewind-launch`).
 #[derive(Args, Debug, Clone)]
@@ -45,6 +53,11 @@ pub struct ListenArgs {
     /// with a warning (counted in /metrics as rewind_http_unknown_fields_total).
     #[arg(long)]
     pub strict_fields: bool,
+    /// How chat answers are split into `reasoning_content` and `content`: `qwen3` (a `<think>...</think>` block,
+    /// also when the template's generation prompt opens it), `none` (all of it is content), or `auto`: `qwen3` when
+    /// the model's chat template mentions `<think>`.
+    #[arg(long, value_name = "PARSER", value_enum, default_value_t = ReasoningParserArg::Auto)]
+    pub reasoning_parser: ReasoningParserArg,
     /// The most connections each server (HTTP, gRPC) keeps open at once; one past it is closed at once (HTTP answers
     /// it 503 first), counted in /metrics as rewind_connections_refused_total.
     #[arg(long, value_name = "N", default_value_t = crate::serve::limits::DEFAULT_MAX_CONNECTIONS as u64,

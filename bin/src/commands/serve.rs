@@ -11,7 +11,8 @@ use rewind_actors::EngineConfig;
 use rewind_engine::spec::SpecConfig;
 
 use super::backend::{self, Backend, Needs};
-use crate::cli::{Device, ServeArgs};
+
+use crate::cli::{Device, ReasoningParserArg, ServeArgs};
 use crate::output::errln;
 use crate::serve::run::{self, ServeOptions};
 use crate::serve::{ServeState, ServedModel};
@@ -36,6 +37,8 @@ pub struct Prepared {
     pub default_max_tokens: usize,
     /// `--strict-fields`: unknown HTTP request fields are refused.
     pub strict_fields: bool,
+    /// `--reasoning-parser`: `None` leaves it to the chat template (`auto`).
+    pub reasoning: Option<bool>,
     pub backend: Backend,
     pub engine_config: EngineConfig,
     pub options: ServeOptions,
@@ -114,6 +117,11 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         api_keys: args.listen.api_key.clone(),
         default_max_tokens: args.listen.default_max_tokens as usize,
         strict_fields: args.listen.strict_fields,
+        reasoning: match args.listen.reasoning_parser {
+            ReasoningParserArg::Auto => None,
+            ReasoningParserArg::Qwen3 => Some(true),
+            ReasoningParserArg::None => Some(false),
+        },
         backend,
         engine_config,
         options,
@@ -129,6 +137,7 @@ pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String
     let state = ServeState::new(Arc::new(engine), p.model, p.name, p.api_keys)
         .with_default_max_tokens(p.default_max_tokens)
         .with_strict_fields(p.strict_fields)
+        .with_reasoning(p.reasoning)
         .with_limits(p.options.request.clone());
     Ok((Arc::new(state), p.options, device))
 }

@@ -28,6 +28,9 @@ pub struct ServeState {
     /// Refuse HTTP requests with top-level fields the API does not know (`--strict-fields`), instead of ignoring them
     /// with a warning.
     pub strict_fields: bool,
+    /// Split chat answers into `reasoning_content` and `content` at a `<think>...</think>` block (`--reasoning-parser
+    /// qwen3`; by default when the chat template mentions `<think>`).
+    pub reasoning: bool,
     /// How large a request may be and how long its body may take (`--max-request-bytes`, `--body-timeout`).
     pub limits: RequestLimits,
     /// Both servers' connection counters (`/metrics`).
@@ -80,6 +83,10 @@ impl ServeState {
     /// The state for `engine` serving `model` under `model_name`.
     pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_keys: Vec<String>) -> Self {
         let context = engine.info().max_context;
+        let reasoning = model
+            .tokenizer
+            .chat_template()
+            .is_some_and(|t| rewind_engine::tokenizer::reasoning::template_reasons(t.source()));
         ServeState {
             engine,
             model,
@@ -88,6 +95,7 @@ impl ServeState {
             default_max_tokens: DEFAULT_MAX_TOKENS.min(context),
             max_tokens_limit: context,
             strict_fields: false,
+            reasoning,
             limits: RequestLimits::default(),
             connections: Arc::new(ConnStats::default()),
             draining: AtomicBool::new(false),
@@ -105,6 +113,19 @@ impl ServeState {
     /// The same state refusing unknown HTTP request fields when `strict` (`--strict-fields`).
     pub fn with_strict_fields(mut self, strict: bool) -> Self {
         self.strict_fields = strict;
+        self
+    }
+
+    /// The same state splitting chat answers' reasoning when `reasoning` says so (`--reasoning-parser qwen3` /
+    /// `none`); `None` keeps what the chat template implies.
+    pub fn with_reasoning(mut self, reasoning: Option<bool>) -> Self {
+        if let Some(r) = reasoning {
+            self.reasoning = r;
+        }
+        tracing::info!(
+            reasoning_parser = if self.reasoning { "qwen3" } else { "none" },
+            "chat answers"
+        );
         self
     }
 

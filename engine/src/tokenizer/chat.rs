@@ -67,6 +67,11 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        // Python's `is iterable`: `None` (how transformers passes absent tools) is not, where minijinja's test says
+        // it is, and `tools is iterable and tools | length > 0` would fail on it.
+        env.add_test("iterable", |v: Value| {
+            !v.is_none() && !v.is_undefined() && v.try_iter().is_ok()
+        });
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(render_err)?;
         Ok(Self {
@@ -125,12 +130,12 @@ fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> 
 }
 
 /// `tojson` as transformers defines it: Python's `json.dumps(x, ensure_ascii=False, indent=None)`, so separators are
-/// `", "` and `": "` (`","` with an indent) and non-ASCII text is kept. Keys come out sorted (minijinja maps are
-/// ordered by key), where Python would keep insertion order.
+/// `", "` and `": "` (`","` with an indent) and non-ASCII text is kept. Keys keep their order (minijinja's and
+/// serde_json's `preserve_order`), as Python's dicts do.
 fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
     let indent = match indent {
@@ -176,6 +181,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja:
         item_sep,
         key_sep,
         ensure_ascii: ensure_ascii.unwrap_or(false),
+        sort_keys: sort_keys.unwrap_or(false),
     };
     let mut out = String::new();
     fmt.write(&json, 0, &mut out);
@@ -188,6 +194,7 @@ struct PyJson {
     item_sep: String,
     key_sep: String,
     ensure_ascii: bool,
+    sort_keys: bool,
 }
 
 impl PyJson {
@@ -223,7 +230,11 @@ impl PyJson {
             }
             J::Object(map) => {
                 out.push('{');
-                for (i, (k, item)) in map.iter().enumerate() {
+                let mut entries: Vec<_> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                for (i, (k, item)) in entries.into_iter().enumerate() {
                     if i > 0 {
                         out.push_str(&self.item_sep);
                     }

@@ -220,3 +220,54 @@ fn strftime_formats_known_dates() {
     let t = ChatTemplate::new("{{ strftime_now('%Y') | length }}", None, None).unwrap();
     assert_eq!(t.render(&[], false).unwrap(), "4");
 }
+
+/// The published templates of the target models (tests/fixtures/chat_templates, sources in its README) render every
+/// conversation of `scripts/reference/chat_templates.py` exactly as transformers' renderer does: plain, system,
+/// multi-turn with reasoning, tool calls and results, thinking on and off through the template's variables.
+#[test]
+fn published_templates_render_like_transformers() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat_templates");
+    let mut checked = 0;
+    for model in ["qwen3", "nemotron-nano-v2", "nemotron-3-nano"] {
+        let source = std::fs::read_to_string(dir.join(format!("{model}.jinja"))).unwrap();
+        let text = std::fs::read_to_string(dir.join(format!("{model}.expected.json"))).unwrap();
+        let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let special = &expected["special_tokens"];
+        let token = |k: &str| special[k].as_str().map(str::to_string);
+        let t = ChatTemplate::new(source, token("bos_token"), token("eos_token")).unwrap();
+        for case in expected["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            // Messages with tool calls and tools go in as template variables, as a front end that has them passes
+            // them: the same render path, the JSON as the client sent it.
+            let mut extra = case["chat_template_kwargs"].as_object().cloned().unwrap_or_default();
+            extra.insert("messages".into(), case["messages"].clone());
+            extra.insert("tools".into(), case["tools"].clone());
+            let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap();
+            let got = t
+                .render_with(&[], add_generation_prompt, &extra)
+                .unwrap_or_else(|e| panic!("{model}/{name}: {e}"));
+            assert_eq!(got, case["expected"].as_str().unwrap(), "{model}/{name}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30, "only {checked} cases");
+}
+
+#[test]
+fn tojson_keeps_key_order_unless_sorted_and_none_is_not_iterable() {
+    let t = ChatTemplate::new(
+        "{{ x | tojson }}|{{ x | tojson(sort_keys=true) }}|{{ tools is iterable }}|{{ x.b is iterable }}",
+        None,
+        None,
+    )
+    .unwrap();
+    let mut extra = serde_json::Map::new();
+    extra.insert(
+        "x".into(),
+        serde_json::from_str(r#"{"z": 1, "a": {"y": 2, "b": []}, "b": "s"}"#).unwrap(),
+    );
+    assert_eq!(
+        t.render_with(&[], false, &extra).unwrap(),
+        r#"{"z": 1, "a": {"y": 2, "b": []}, "b": "s"}|{"a": {"b": [], "y": 2}, "b": "s", "z": 1}|False|True"#
+    );
+}

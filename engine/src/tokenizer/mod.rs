@@ -6,6 +6,7 @@
 
 pub mod bpe_builder;
 pub mod chat;
+pub mod reasoning;
 mod turn;
 
 use std::collections::BTreeMap;
@@ -294,12 +295,35 @@ impl Tokenizer {
         self.encode_chat_from(messages, add_generation_prompt, rendered, 0)
     }
 
+    /// [`Tokenizer::encode_chat`] of a chat rendered with extra template variables (`chat_template_kwargs`, see
+    /// [`Tokenizer::render_with`]): the same variables must be given here.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        rendered: &str,
+    ) -> Result<Vec<u32>> {
+        self.encode_chat_impl(messages, add_generation_prompt, extra, rendered, 0)
+    }
+
     /// [`Tokenizer::encode_chat`] of the part of `rendered` from byte `from` on, tokenized on its own (what a
     /// session lacks when it holds the text before `from`). `from` must be a character boundary of `rendered`.
     pub fn encode_chat_from(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        rendered: &str,
+        from: usize,
+    ) -> Result<Vec<u32>> {
+        self.encode_chat_impl(messages, add_generation_prompt, &serde_json::Map::new(), rendered, from)
+    }
+
+    fn encode_chat_impl(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
         rendered: &str,
         from: usize,
     ) -> Result<Vec<u32>> {
@@ -332,7 +356,7 @@ impl Tokenizer {
                 false => m.clone(),
             })
             .collect();
-        let marked = self.render(&wrapped, add_generation_prompt)?;
+        let marked = self.render_with(&wrapped, add_generation_prompt, extra)?;
         if marked.replace(marker, "") != rendered {
             return Err(unclear("the chat template renders it differently once it is marked"));
         }
@@ -433,10 +457,21 @@ impl Tokenizer {
 
     /// Renders `messages` with the default chat template.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders `messages` with the default chat template and `extra` template variables (a request's
+    /// `chat_template_kwargs`, e.g. `enable_thinking`); see [`ChatTemplate::render_with`].
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         self.chat_template
             .as_ref()
             .ok_or_else(|| EngineError::Tokenizer("this tokenizer has no chat template".into()))?
-            .render(messages, add_generation_prompt)
+            .render_with(messages, add_generation_prompt, extra)
     }
 
     /// The underlying `tokenizers` tokenizer.

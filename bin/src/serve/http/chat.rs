@@ -8,7 +8,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::response::Response;
 use rewind_engine::tokenizer::chat::ChatMessage;
-use serde_json::{json, Value};
+use rewind_engine::tokenizer::reasoning::{prompt_opens_reasoning, ReasoningSplitter};
+use serde_json::{json, Map, Value};
 
 use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
@@ -57,7 +58,7 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 }
 
 /// `messages`: a non-empty array of `{role, content}` objects.
-fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match f.get("messages") {
         None => return Err(ApiError::invalid("messages", "messages is required")),
         Some(Value::Array(a)) if a.is_empty() => {
@@ -105,9 +106,21 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
+/// A conversation rendered and tokenized.
+pub(super) struct Prompt {
+    pub ids: Vec<u32>,
+    /// The template's generation prompt left a `<think>` block open: the answer starts inside it.
+    pub opens_reasoning: bool,
+}
+
 /// The rendered conversation's token ids (the template adds its own special tokens, so none are added here; a
-/// content's text never becomes one).
-fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+/// content's text never becomes one), with `kwargs` (`chat_template_kwargs`) passed to the template.
+pub(super) fn tokenize(
+    state: &ServeState,
+    messages: Vec<ChatMessage>,
+    generation_prompt: bool,
+    kwargs: &Map<String, Value>,
+) -> Result<Prompt, ApiError> {
     let tokenizer = &state.model.tokenizer;
     if tokenizer.chat_template().is_none() {
         return Err(ApiError::invalid(
@@ -121,15 +134,19 @@ fn tokenize(state: &ServeState, messages: Vec<ChatMessage>, generation_prompt: b
     }
     // A template's own checks (`raise_exception`: roles out of order, ...) are the request's fault.
     let rendered = tokenizer
-        .render(&messages, generation_prompt)
+        .render_with(&messages, generation_prompt, kwargs)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     state
         .check_text_len("conversation", rendered.len())
         .map_err(|m| ApiError::invalid("messages", m).with_code("context_length_exceeded"))?;
     // Contents are text even where they spell a special token; only the template's markers are special.
-    tokenizer
-        .encode_chat(&messages, generation_prompt, &rendered)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+    let ids = tokenizer
+        .encode_chat_with(&messages, generation_prompt, kwargs, &rendered)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(Prompt {
+        ids,
+        opens_reasoning: generation_prompt && prompt_opens_reasoning(&rendered),
+    })
 }
 
 /// The handler.
@@ -143,28 +160,45 @@ pub async fn handle(
     let (f, streaming) = openai::read(body, api, Endpoint::Chat).await?;
     let messages = parse_messages(&f)?;
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let kwargs = openai::template_kwargs(&f)?;
     let mut params = openai::sampling(&f, state)?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),
         None => f.count("max_tokens")?.map(|m| (m, "max_tokens")),
     };
-    let ids = blocking(api, move |s| tokenize(s, messages, generation_prompt)).await?;
+    let prompt = blocking(api, move |s| tokenize(s, messages, generation_prompt, &kwargs)).await?;
     params.max_tokens = Some(openai::resolve_max_tokens(
         state,
-        ids.len(),
+        prompt.ids.len(),
         "messages",
         requested,
         params.min_tokens,
     )?);
+    let reasoning = state.reasoning.then(|| ReasoningSplitter::new(prompt.opens_reasoning));
+    tracing::debug!(
+        reasoning = state.reasoning,
+        opens_reasoning = prompt.opens_reasoning,
+        "chat prompt"
+    );
 
-    match answer(api, ctx, (ids, params), streaming, true, None).await? {
+    match answer(api, ctx, (prompt.ids, params), streaming, true, None, reasoning).await? {
         Answer::Streamed(r) => Ok(r),
-        Answer::Completed(done) => Ok(done.response(
-            "chat.completion",
-            json!({"index": 0, "message": {"role": "assistant", "content": done.text}, "logprobs": null,
-                   "finish_reason": done.reason.openai()}),
-        )),
+        Answer::Completed(done) => {
+            let message = if state.reasoning {
+                let split = ReasoningSplitter::split_all(prompt.opens_reasoning, &done.text);
+                let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
+                // An answer that is all reasoning (cut short, or only thought) has no content, as vLLM says it.
+                let content = (!split.content.is_empty() || reasoning.is_none()).then_some(split.content);
+                json!({"role": "assistant", "content": content, "reasoning_content": reasoning})
+            } else {
+                json!({"role": "assistant", "content": done.text})
+            };
+            Ok(done.response(
+                "chat.completion",
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.reason.openai()}),
+            ))
+        }
     }
 }
 

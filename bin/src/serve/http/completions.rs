@@ -111,7 +111,7 @@ pub async fn handle(
         params.min_tokens,
     )?);
 
-    match answer(api, ctx, (ids, params), streaming, false, echoed).await? {
+    match answer(api, ctx, (ids, params), streaming, false, echoed, None).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => Ok(done.response(
             "text_completion",

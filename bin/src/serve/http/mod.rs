@@ -2,9 +2,10 @@
 //!
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (streamed as server-sent events with `stream: true`),
 //! - `GET /v1/models`, `GET /v1/models/{id}`,
+//! - `POST /tokenize`, `POST /detokenize` (vLLM's),
 //! - `GET /health` (open even with an API key: load balancers probe it), `GET /metrics` (Prometheus).
 //!
-//! Every `/v1/*` route and `/metrics` need `Authorization: Bearer K` when the server has a key; while the server
+//! Every `/v1/*` route, `/tokenize`, `/detokenize` and `/metrics` need `Authorization: Bearer K` when the server has a key; while the server
 //! drains they answer 503. Errors have OpenAI's shape ([`errors::ApiError`]). [`router`] is all a server binds.
 
 mod auth;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod openai;
 mod ops;
 mod sse;
+mod tokenize;
 
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
@@ -61,6 +63,8 @@ const COMPLETIONS: &str = "/v1/completions";
 const CHAT: &str = "/v1/chat/completions";
 const MODELS: &str = "/v1/models";
 const MODEL: &str = "/v1/models/{*id}";
+const TOKENIZE: &str = "/tokenize";
+const DETOKENIZE: &str = "/detokenize";
 const HEALTH: &str = "/health";
 const METRICS: &str = "/metrics";
 
@@ -71,6 +75,8 @@ fn endpoint_label(path: Option<&MatchedPath>) -> &'static str {
         Some(CHAT) => CHAT,
         Some(MODELS) => MODELS,
         Some(MODEL) => MODEL,
+        Some(TOKENIZE) => TOKENIZE,
+        Some(DETOKENIZE) => DETOKENIZE,
         Some(HEALTH) => HEALTH,
         Some(METRICS) => METRICS,
         _ => "other",
@@ -94,6 +100,8 @@ pub fn router(state: Arc<ServeState>, bound: SocketAddr, host: &str) -> Router {
         .route(CHAT, post(chat::handle))
         .route(MODELS, get(ops::models))
         .route(MODEL, get(ops::model))
+        .route(TOKENIZE, post(tokenize::tokenize))
+        .route(DETOKENIZE, post(tokenize::detokenize))
         .route(METRICS, get(ops::metrics))
         // Bodies are read after the key check: a client without the key cannot make the server buffer 16 MiB.
         .route_layer(middleware::from_fn_with_state(api.clone(), body::read_body))

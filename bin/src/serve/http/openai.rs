@@ -241,7 +241,10 @@ pub async fn read(
     }
     check_model(&f, state)?;
     refuse_unsupported(&f, endpoint)?;
-    let s = streaming(&f)?;
+    let s = match endpoint {
+        Endpoint::Completions | Endpoint::Chat => streaming(&f)?,
+        Endpoint::Tokenize | Endpoint::Detokenize => Streaming::default(),
+    };
     Ok((f, s))
 }
 
@@ -250,6 +253,8 @@ fn api_endpoint(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::Completions => super::COMPLETIONS,
         Endpoint::Chat => super::CHAT,
+        Endpoint::Tokenize => super::TOKENIZE,
+        Endpoint::Detokenize => super::DETOKENIZE,
     }
 }
 
@@ -261,11 +266,14 @@ fn check_model(f: &Fields, state: &ServeState) -> Result<(), ApiError> {
     }
 }
 
-/// Which endpoint a body is for: the two differ in which fields they have and in what `logprobs` is.
+/// Which endpoint a body is for: they differ in which fields they have (and the two generating ones in what
+/// `logprobs` is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Completions,
     Chat,
+    Tokenize,
+    Detokenize,
 }
 
 fn is_one(v: &Value) -> bool {
@@ -291,6 +299,9 @@ fn is_false(v: &Value) -> bool {
 
 /// Which values of a field [`refuse_unsupported`] lets through.
 type Accepts = fn(&Value) -> bool;
+
+/// A table of refused fields: the name, what a value other than the default asks for, and which values pass.
+type Refusals = [(&'static str, &'static str, Accepts)];
 
 /// The fields [`refuse_unsupported`] checks: the name, what a value other than the default asks for, and which values
 /// pass.
@@ -355,18 +366,53 @@ const KNOWN: &[&str] = &[
 const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo"];
 
 /// Fields only `/v1/chat/completions` knows besides those of [`UNSUPPORTED_CHAT`].
-const KNOWN_CHAT: &[&str] = &["messages", "max_completion_tokens", "parallel_tool_calls"];
+const KNOWN_CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+];
+
+/// The fields of `/tokenize` (vLLM's: a `prompt`, or chat `messages` with their options).
+const KNOWN_TOKENIZE: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "return_token_strs",
+    "chat_template_kwargs",
+];
+
+/// What `/tokenize` refuses rather than ignores: a chat rendered differently from how `/v1/chat/completions` renders it.
+const UNSUPPORTED_TOKENIZE: &[(&str, &str, Accepts)] = &[
+    (
+        "chat_template",
+        "chat_template (the model's own template is used)",
+        is_empty,
+    ),
+    ("continue_final_message", "continue_final_message", is_false),
+    ("tools", "tools (function calling)", is_empty),
+];
+
+/// The fields of `/detokenize`.
+const KNOWN_DETOKENIZE: &[&str] = &["model", "tokens"];
 
 /// The body's top-level fields that `endpoint` does not know.
 pub fn unknown_fields(f: &Fields, endpoint: Endpoint) -> Vec<&str> {
-    let (own, unsupported): (&[&str], &[(&str, &str, Accepts)]) = match endpoint {
-        Endpoint::Completions => (KNOWN_COMPLETIONS, &[]),
-        Endpoint::Chat => (KNOWN_CHAT, UNSUPPORTED_CHAT),
+    let (shared, own, unsupported): (&[&str], &[&str], &Refusals) = match endpoint {
+        Endpoint::Completions => (KNOWN, KNOWN_COMPLETIONS, UNSUPPORTED),
+        Endpoint::Chat => (KNOWN, KNOWN_CHAT, UNSUPPORTED),
+        Endpoint::Tokenize => (&[], KNOWN_TOKENIZE, UNSUPPORTED_TOKENIZE),
+        Endpoint::Detokenize => (&[], KNOWN_DETOKENIZE, &[]),
+    };
+    let chat: &Refusals = if endpoint == Endpoint::Chat {
+        UNSUPPORTED_CHAT
+    } else {
+        &[]
     };
     let known = |name: &str| {
-        KNOWN.contains(&name)
-            || own.contains(&name)
-            || UNSUPPORTED.iter().chain(unsupported).any(|(n, _, _)| *n == name)
+        shared.contains(&name) || own.contains(&name) || unsupported.iter().chain(chat).any(|(n, _, _)| *n == name)
     };
     f.0.keys().map(String::as_str).filter(|n| !known(n)).collect()
 }
@@ -395,7 +441,6 @@ const UNSUPPORTED_CHAT: &[(&str, &str, Accepts)] = &[
         "chat_template (the model's own template is used)",
         is_empty,
     ),
-    ("chat_template_kwargs", "chat_template_kwargs", is_empty),
     ("echo", "echo on chat completions", is_false),
     ("continue_final_message", "continue_final_message", is_false),
     ("add_generation_prompt", "add_generation_prompt other than true", |v| {
@@ -407,11 +452,13 @@ const UNSUPPORTED_CHAT: &[(&str, &str, Accepts)] = &[
 /// defaults (`n: 1`, `logprobs: null`, `presence_penalty: 0`, ...) are accepted, since clients send them unasked.
 fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     // `null` is absent and always fine (Fields::get).
-    let chat: &[(&str, &str, Accepts)] = match endpoint {
-        Endpoint::Chat => UNSUPPORTED_CHAT,
-        Endpoint::Completions => &[],
+    let (common, own): (&Refusals, &Refusals) = match endpoint {
+        Endpoint::Chat => (UNSUPPORTED, UNSUPPORTED_CHAT),
+        Endpoint::Completions => (UNSUPPORTED, &[]),
+        Endpoint::Tokenize => (UNSUPPORTED_TOKENIZE, &[]),
+        Endpoint::Detokenize => (&[], &[]),
     };
-    for (name, what, accepts) in UNSUPPORTED.iter().chain(chat) {
+    for (name, what, accepts) in common.iter().chain(own) {
         if let Some(v) = f.get(name) {
             if !accepts(v) {
                 return Err(ApiError::unsupported(name, what));
@@ -422,6 +469,7 @@ fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     let logprobs_ok = match endpoint {
         Endpoint::Completions => f.get("logprobs").is_none(),
         Endpoint::Chat => f.get("logprobs").is_none_or(is_false),
+        Endpoint::Tokenize | Endpoint::Detokenize => true,
     };
     if !logprobs_ok {
         return Err(ApiError::unsupported("logprobs", "logprobs"));
@@ -429,8 +477,40 @@ fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The template variables the server sets itself: a request's `chat_template_kwargs` may not replace them.
+const RESERVED_TEMPLATE_VARS: &[&str] = &[
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// `chat_template_kwargs`: an object of extra variables for the chat template (e.g. `{"enable_thinking": false}`);
+/// empty when absent. A non-object, or a key the server sets itself, is a 400 naming it.
+pub fn template_kwargs(f: &Fields) -> Result<Map<String, Value>, ApiError> {
+    const NAME: &str = "chat_template_kwargs";
+    let kwargs = match f.get(NAME) {
+        None => return Ok(Map::new()),
+        Some(Value::Object(m)) => m,
+        Some(v) => return Err(wrong_type(NAME, "an object", v)),
+    };
+    if let Some(k) = kwargs.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            format!("{NAME}.{k}"),
+            format!(
+                "{NAME}.{} cannot be set: the server passes `{}` to the template itself",
+                echo(k),
+                echo(k)
+            ),
+        ));
+    }
+    Ok(kwargs.clone())
+}
+
 /// Whether to stream, and whether a stream ends with a usage chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Streaming {
     pub stream: bool,
     pub include_usage: bool,
@@ -727,6 +807,24 @@ mod tests {
         let list = field_list(&many);
         assert!(list.ends_with("and 2 more"), "{list}");
         assert!(list.len() < 8 * 70 + 20, "{list}");
+    }
+
+    #[test]
+    fn template_kwargs_are_an_object_without_reserved_names() {
+        assert!(template_kwargs(&fields("{}")).expect("absent").is_empty());
+        let k = template_kwargs(&fields(r#"{"chat_template_kwargs": {"enable_thinking": false}}"#)).expect("object");
+        assert_eq!(k.get("enable_thinking"), Some(&Value::Bool(false)));
+        let e = template_kwargs(&fields(r#"{"chat_template_kwargs": "x"}"#)).expect_err("string");
+        assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
+        assert!(e.message.contains("must be an object, got a string"), "{}", e.message);
+        let e = template_kwargs(&fields(r#"{"chat_template_kwargs": {"messages": []}}"#)).expect_err("reserved");
+        assert_eq!(e.param.as_deref(), Some("chat_template_kwargs.messages"));
+        let f = fields(r#"{"prompt": "x", "add_special_tokens": true, "stream": true, "tokens": [1]}"#);
+        assert_eq!(unknown_fields(&f, Endpoint::Tokenize), vec!["stream", "tokens"]);
+        assert_eq!(
+            unknown_fields(&f, Endpoint::Detokenize),
+            vec!["prompt", "add_special_tokens", "stream"]
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use rewind_actors::{Event, Usage};
+use rewind_engine::tokenizer::reasoning::{ReasoningSplitter, Split};
 use serde_json::{json, Value};
 use tracing::Instrument;
 
@@ -70,6 +71,22 @@ impl ChunkShape {
         self.chunk(vec![choice], None)
     }
 
+    /// A chat chunk of an answer split by a reasoning parser: `reasoning_content` and / or `content`, whichever has
+    /// text.
+    pub fn split(&self, split: &Split) -> Value {
+        let mut delta = serde_json::Map::new();
+        if !split.reasoning.is_empty() {
+            delta.insert("reasoning_content".into(), Value::String(split.reasoning.clone()));
+        }
+        if !split.content.is_empty() {
+            delta.insert("content".into(), Value::String(split.content.clone()));
+        }
+        self.chunk(
+            vec![json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})],
+            None,
+        )
+    }
+
     /// The chunk that ends the choice.
     fn finish(&self, reason: &str) -> Value {
         let choice = if self.chat {
@@ -87,6 +104,8 @@ struct Streaming {
     /// `None` once the request ended (so dropping the body cancels nothing).
     admitted: Option<Admitted>,
     queue: VecDeque<SseEvent>,
+    /// Splits a chat answer's text into reasoning and content deltas, when the server has a reasoning parser.
+    reasoning: Option<ReasoningSplitter>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -100,11 +119,22 @@ impl Streaming {
             Some(Event::Token { text, .. }) => {
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
                 // nothing; the text comes with a later token.
-                if !text.is_empty() {
+                if let Some(splitter) = &mut self.reasoning {
+                    // A piece that may be the start of `</think>` is held back until the next one decides it.
+                    let split = splitter.push(&text);
+                    if !split.is_empty() {
+                        self.queue.push_back(data(&self.shape.split(&split)));
+                    }
+                } else if !text.is_empty() {
                     self.queue.push_back(data(&self.shape.text(&text)));
                 }
             }
             Some(Event::Finished { reason, usage, .. }) => {
+                if let Some(split) = self.reasoning.as_mut().map(ReasoningSplitter::finish) {
+                    if !split.is_empty() {
+                        self.queue.push_back(data(&self.shape.split(&split)));
+                    }
+                }
                 self.queue.push_back(data(&self.shape.finish(reason.openai())));
                 if self.shape.include_usage {
                     self.queue.push_back(data(&self.shape.chunk(Vec::new(), Some(&usage))));
@@ -126,13 +156,20 @@ impl Streaming {
     }
 }
 
-/// The streamed response for `admitted`, starting with `opening` chunks (the chat role, an echoed prompt).
-pub fn respond(shape: ChunkShape, admitted: Admitted, opening: Vec<Value>) -> Response {
+/// The streamed response for `admitted`, starting with `opening` chunks (the chat role, an echoed prompt), its text
+/// split by `reasoning` when given.
+pub fn respond(
+    shape: ChunkShape,
+    admitted: Admitted,
+    opening: Vec<Value>,
+    reasoning: Option<ReasoningSplitter>,
+) -> Response {
     let span = tracing::Span::current();
     let state = Streaming {
         queue: opening.iter().map(data).collect(),
         shape,
         admitted: Some(admitted),
+        reasoning,
     };
     let body = futures::stream::unfold(state, move |mut st| {
         async move {
@@ -177,6 +214,19 @@ mod tests {
         let f = s.finish("stop");
         assert_eq!(f["choices"][0]["finish_reason"], "stop");
         assert_eq!(f["choices"][0]["delta"], json!({}));
+        let both = Split {
+            reasoning: "r".into(),
+            content: "c".into(),
+        };
+        assert_eq!(
+            s.split(&both)["choices"][0]["delta"],
+            json!({"reasoning_content": "r", "content": "c"})
+        );
+        let only = Split {
+            reasoning: "r".into(),
+            content: String::new(),
+        };
+        assert_eq!(s.split(&only)["choices"][0]["delta"], json!({"reasoning_content": "r"}));
     }
 
     #[test]
