@@ -737,3 +737,31 @@ async fn logit_bias_penalties_and_min_tokens_steer_greedy_output() {
     assert!(!held[..5].contains(&eos), "{held:?}");
     assert_eq!(last.finish_reason, pb::FinishReason::Eos as i32);
 }
+
+/// A session reports the new sampling fields it resolved, as it reports the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reports_its_penalties_bias_and_min_tokens() {
+    let server = Server::start(2, None).await;
+    let mut c = server.client().await;
+    let info = c
+        .create_session(pb::CreateSessionRequest {
+            defaults: Some(pb::Sampling {
+                presence_penalty: Some(0.5),
+                frequency_penalty: Some(-0.25),
+                logit_bias: [(7, 3.0), (9, -100.0)].into_iter().collect(),
+                min_tokens: Some(4),
+                include_stop_str_in_output: Some(true),
+                ..Default::default()
+            }),
+            speculate: None,
+        })
+        .await
+        .expect("create")
+        .into_inner();
+    let d = info.defaults.expect("defaults");
+    assert_eq!((d.presence_penalty, d.frequency_penalty), (0.5, -0.25));
+    let mut bias: Vec<(u32, f32)> = d.logit_bias.into_iter().collect();
+    bias.sort_by_key(|b| b.0);
+    assert_eq!(bias, vec![(7, 3.0), (9, -100.0)]);
+    assert_eq!((d.min_tokens, d.include_stop_str_in_output), (4, true));
+}

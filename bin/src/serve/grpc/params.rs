@@ -188,5 +188,10 @@ pub fn resolved(p: &SamplingParams) -> pb::ResolvedSampling {
         max_tokens: p.max_tokens.map(|m| m as u64),
         stop: p.stop_strings.clone(),
         stop_token_ids: p.stop_token_ids.clone(),
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias: p.logit_bias.iter().map(|(&id, &b)| (id, b)).collect(),
+        min_tokens: p.min_tokens as u64,
+        include_stop_str_in_output: p.include_stop_str_in_output,
     }
 }
