@@ -200,6 +200,34 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// OpenAI presence penalty over the tokens generated so far, in [-2, 2] (0 = off).
+    #[arg(long, allow_hyphen_values = true)]
+    pub presence_penalty: Option<f32>,
+    /// OpenAI frequency penalty over the tokens generated so far, per occurrence, in [-2, 2] (0 = off).
+    #[arg(long, allow_hyphen_values = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Add BIAS (in [-100, 100]) to token ID's logit, as ID=BIAS (repeatable).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", allow_hyphen_values = true, value_parser = logit_bias_entry)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// End-of-sequence and stop tokens cannot end the output, nor stop strings, before this many tokens.
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
+    pub min_tokens: Option<usize>,
+    /// Keep the stop string that ended the output in the text.
+    #[arg(long)]
+    pub include_stop_str_in_output: bool,
+}
+
+/// `--logit-bias ID=BIAS`: the pair (its ranges are checked with the other sampling parameters).
+fn logit_bias_entry(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=BIAS (e.g. 42=-100), got `{s}`"))?;
+    let id = non_negative::<u32>(id.trim())?;
+    let bias = bias
+        .trim()
+        .parse::<f32>()
+        .map_err(|e| format!("the bias of `{s}` is not a number ({e})"))?;
+    Ok((id, bias))
 }
 
 #[derive(Args, Debug)]

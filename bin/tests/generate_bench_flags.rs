@@ -386,3 +386,54 @@ fn huge_tp_and_timeouts_are_clear_errors() {
         &["--step-timeout must be at most 31536000 seconds (a year), got 1e300"],
     );
 }
+
+/// The OpenAI sampling fields are flags of `generate` too: a logit bias forces or bans a token, `--min-tokens`
+/// keeps a forced end-of-sequence token from ending the output, and bad values are clear errors naming the field.
+#[test]
+fn generate_takes_logit_bias_penalties_and_min_tokens() {
+    let model = tiny_model("logit-bias");
+    let tokens = |v: &serde_json::Value| -> Vec<u64> {
+        v["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter_map(|t| t.as_u64())
+            .collect()
+    };
+    let (forced, _) = generate_json(&model, &["--ignore-eos", "--logit-bias", "5=100", "hello"], None);
+    assert_eq!(tokens(&forced), vec![5; 6], "{forced}");
+    let (plain, _) = generate_json(&model, &["--ignore-eos", "hello"], None);
+    let first = tokens(&plain)[0];
+    let ban = format!("{first}=-100");
+    let (banned, _) = generate_json(&model, &["--ignore-eos", "--logit-bias", &ban, "hello"], None);
+    assert!(!tokens(&banned).contains(&first), "{banned}");
+    let (penalised, _) = generate_json(
+        &model,
+        &[
+            "--ignore-eos",
+            "--presence-penalty",
+            "2",
+            "--frequency-penalty",
+            "2",
+            "hello",
+        ],
+        None,
+    );
+    assert_eq!(tokens(&penalised).len(), 6, "{penalised}");
+    // The end-of-sequence token (2 in the tiny preset) forced: it ends the output at once, or after 3 tokens.
+    let (at_once, _) = generate_json(&model, &["--logit-bias", "2=100", "hello"], None);
+    assert_eq!(tokens(&at_once), vec![2], "{at_once}");
+    let (held, _) = generate_json(&model, &["--logit-bias", "2=100", "--min-tokens", "3", "hello"], None);
+    let held = tokens(&held);
+    assert_eq!((held.len(), held[3]), (4, 2), "{held:?}");
+    assert!(!held[..3].contains(&2), "{held:?}");
+    for (flag, value, want) in [
+        ("--logit-bias", "5=300", "logit_bias[5]"),
+        ("--logit-bias", "5", "ID=BIAS"),
+        ("--presence-penalty", "3", "presence_penalty"),
+        ("--frequency-penalty", "-2.5", "frequency_penalty"),
+    ] {
+        let o = rewind(&["generate", "--model", s(&model), flag, value, "hello"]);
+        assert_fails(&o, &[want]);
+    }
+}

@@ -95,6 +95,19 @@ pub fn sampling_params(defaults: &GenerationDefaults, args: &SamplingArgs) -> Sa
     p.stop_strings = args.stop.clone();
     p.stop_token_ids = args.stop_token_ids.clone();
     p.ignore_eos = args.ignore_eos;
+    if let Some(v) = args.presence_penalty {
+        p.presence_penalty = v;
+    }
+    if let Some(v) = args.frequency_penalty {
+        p.frequency_penalty = v;
+    }
+    if !args.logit_bias.is_empty() {
+        p.logit_bias = args.logit_bias.iter().copied().collect();
+    }
+    if let Some(v) = args.min_tokens {
+        p.min_tokens = v;
+    }
+    p.include_stop_str_in_output = args.include_stop_str_in_output;
     p
 }
 
