@@ -341,7 +341,6 @@ impl CoordinatorState {
     /// fault was handed to recovery).
     async fn schedule_step(&mut self) -> Option<Step> {
         let planned = self.sched.schedule();
-        let ids = involved(&planned);
         if !planned.preempted.is_empty() {
             Metrics::add(&self.metrics.preemptions, planned.preempted.len() as u64);
             let slots: Vec<usize> = planned
@@ -359,7 +358,7 @@ impl CoordinatorState {
                 .collect();
             self.release(&slots).await;
             if let Some(f) = self.pending_fault.take() {
-                self.recover(f, &ids).await;
+                self.recover(f, &involved(&planned)).await;
                 return None;
             }
         }
@@ -370,8 +369,11 @@ impl CoordinatorState {
         for p in planned.work.iter().filter(|p| p.fresh) {
             if let Err(e) = self.books.open_at(p.slot, self.config.form) {
                 // The scheduler and the books disagree: a bug, charged to the whole step as a fault.
-                self.recover(Fault::Rank(0, format!("opening slot {}: {e}", p.slot), false), &ids)
-                    .await;
+                self.recover(
+                    Fault::Rank(0, format!("opening slot {}: {e}", p.slot), false),
+                    &involved(&planned),
+                )
+                .await;
                 return None;
             }
         }
@@ -382,7 +384,7 @@ impl CoordinatorState {
             .map(|p| (p.id, p.slot))
             .collect();
         if let Err(f) = self.restore(&restores).await {
-            self.recover(f, &ids).await;
+            self.recover(f, &involved(&planned)).await;
             return None;
         }
         let restored: usize = planned.work.iter().filter(|p| p.fresh).map(|p| p.restored).sum();
