@@ -438,6 +438,12 @@ pub struct InitModelArgs {
     /// nemotron_h an attention then a MoE layer (`mtp_hybrid_override_pattern: "*E"`, as Nemotron-3 Super).
     #[arg(long)]
     pub mtp: bool,
+    /// Quantize the linear layers' weights in a published layout: fp8-block (fine-grained FP8, 128×128 blocks, as
+    /// the Qwen3-Next / Qwen3.5 FP8 checkpoints), modelopt-fp8 (per-tensor FP8, as NVIDIA's ModelOpt exports) or
+    /// nvfp4 (ModelOpt NVFP4: E2M1 weights, an E4M3 scale per 16 elements). Embeddings, the LM head, norms,
+    /// convolutions and MoE routers stay in --dtype.
+    #[arg(long, value_name = "LAYOUT")]
+    pub quant: Option<String>,
 }
 
 #[derive(Args, Debug)]

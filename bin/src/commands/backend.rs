@@ -12,6 +12,7 @@ use rewind_engine::model::ModelConfig;
 use rewind_engine::rank::{CpuLauncher, CpuOptions, FaultSpec, Launcher, RankGroup};
 
 use crate::cli::{DecodeArgs, Device, DeviceArgs, EngineArgs};
+use crate::output::errln;
 
 /// What a command needs of the pools.
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +72,15 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
     // Before any rank (a thread on the CPU, a GPU) starts: a size the model cannot split is refused with the reason.
     crate::launch::tp::check(&config, device.tp)?;
     let context = needs.context.clamp(1, config.max_position_embeddings);
+    if let Some(q) = rewind_engine::checkpoint::quant::Quantization::read(dir)? {
+        // Said every time: the memory and speed of a quantized checkpoint are not what its format promises yet.
+        errln!(
+            "rewind: {} holds {} weights: they are dequantized when loaded (f32 on the CPU, bf16 on GPUs); \
+             quantized GEMMs are not built yet",
+            dir.display(),
+            q.describe()
+        );
+    }
     match which {
         Device::Cpu => {
             let mut dc = DecoderConfig::new(needs.slots.max(1), context);

@@ -1,6 +1,8 @@
 //! `rewind init-model`: a complete HF checkpoint with seeded random weights.
 
 use anyhow::{bail, Result};
+use rewind_engine::checkpoint::quant::quantize::{quantize_in_place, FP8_BLOCK};
+use rewind_engine::checkpoint::quant::{Method, NVFP4_GROUP};
 use rewind_engine::checkpoint::writer::WriteDtype;
 use rewind_engine::init::{check_out_dir, init_model, InitOptions};
 use rewind_engine::presets::parse_arch;
@@ -16,6 +18,13 @@ pub fn run(args: InitModelArgs) -> Result<()> {
         Some("bf16" | "bfloat16") => Some(WriteDtype::BF16),
         Some(other) => bail!("unknown --dtype `{other}`; expected f32 or bf16"),
     };
+    let quant = match args.quant.as_deref() {
+        None => None,
+        Some("fp8-block") => Some(Method::Fp8 { block: Some(FP8_BLOCK) }),
+        Some("modelopt-fp8") => Some(Method::ModelOptFp8),
+        Some("nvfp4") => Some(Method::Nvfp4 { group: NVFP4_GROUP }),
+        Some(other) => bail!("unknown --quant `{other}`; expected fp8-block, modelopt-fp8 or nvfp4"),
+    };
     check_out_dir(&args.out, args.force)?;
     let start = std::time::Instant::now();
     let report = init_model(&InitOptions {
@@ -27,6 +36,15 @@ pub fn run(args: InitModelArgs) -> Result<()> {
         dtype,
         mtp: args.mtp,
     })?;
+    if let Some(method) = quant {
+        let q = quantize_in_place(&args.out, method)?;
+        errln!(
+            "quantized {} weights to {:?}, kept {} tensors as they were",
+            q.quantized,
+            method,
+            q.kept
+        );
+    }
     errln!(
         "wrote {} ({}): {} tensors, {:.1}M parameters, in {:.1} s",
         report.dir.display(),

@@ -27,13 +27,6 @@ pub enum WriteDtype {
 }
 
 impl WriteDtype {
-    fn bytes(self) -> u64 {
-        match self {
-            WriteDtype::F32 => 4,
-            WriteDtype::BF16 => 2,
-        }
-    }
-
     fn dtype(self) -> Dtype {
         match self {
             WriteDtype::F32 => Dtype::F32,
@@ -106,9 +99,13 @@ impl CheckpointWriter {
     /// `model.safetensors.index.json`. Checkpoint files from an earlier write into `dir` that the new layout does not
     /// use are removed, so the directory never holds two conflicting checkpoints.
     pub fn write(&self, dir: &Path, dtype: WriteDtype, max_shard_bytes: Option<u64>) -> Result<()> {
-        let specs: Vec<(String, Vec<usize>)> = self.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
-        write_planned(dir, dtype, max_shard_bytes, &specs, &mut |i, sink| {
-            sink(&self.tensors[i].data)
+        let specs: Vec<Spec> = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone(), dtype.dtype()))
+            .collect();
+        write_planned(dir, max_shard_bytes, &specs, &mut |i, sink| {
+            sink(Payload::Values(&self.tensors[i].data))
         })
     }
 }
@@ -124,17 +121,52 @@ pub fn write_streaming(
     mut fill: impl FnMut(&str, &mut [f32]) -> Result<()>,
 ) -> Result<()> {
     let mut buffer = Vec::new();
-    write_planned(dir, dtype, max_shard_bytes, specs, &mut |i, sink| {
+    let stored: Vec<Spec> = specs
+        .iter()
+        .map(|(n, s)| (n.clone(), s.clone(), dtype.dtype()))
+        .collect();
+    write_planned(dir, max_shard_bytes, &stored, &mut |i, sink| {
         let (name, shape) = &specs[i];
         buffer.clear();
         buffer.resize(shape.iter().product(), 0.0);
         fill(name, &mut buffer)?;
-        sink(&buffer)
+        sink(Payload::Values(&buffer))
     })
 }
 
+/// A tensor already in its stored form: its dtype (any safetensors dtype, e.g. `F8_E4M3` or packed `U8`), its shape
+/// as stored, and its little-endian bytes. What [`write_stored`] writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// Writes tensors already in their stored form (a quantized checkpoint: FP8 or packed FP4 weights beside their f32
+/// scales), laid out in shards exactly as [`CheckpointWriter::write`] lays out float tensors.
+pub fn write_stored(dir: &Path, max_shard_bytes: Option<u64>, tensors: &[StoredTensor]) -> Result<()> {
+    let specs: Vec<Spec> = tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone(), t.dtype))
+        .collect();
+    write_planned(dir, max_shard_bytes, &specs, &mut |i, sink| {
+        sink(Payload::Bytes(&tensors[i].bytes))
+    })
+}
+
+/// A tensor to write: name, stored shape, stored dtype.
+type Spec = (String, Vec<usize>, Dtype);
+
+/// One tensor's data as handed to the writer: f32 values converted to its (float) dtype, or its stored bytes.
+enum Payload<'a> {
+    Values(&'a [f32]),
+    Bytes(&'a [u8]),
+}
+
 /// Receives one tensor's data and writes it.
-type Sink<'a> = dyn FnMut(&[f32]) -> Result<()> + 'a;
+type Sink<'a> = dyn FnMut(Payload<'_>) -> Result<()> + 'a;
 /// Hands tensor `i`'s data to the sink.
 type Provide<'a> = dyn FnMut(usize, &mut Sink<'_>) -> Result<()> + 'a;
 
@@ -163,16 +195,15 @@ fn is_checkpoint_file(name: &str) -> bool {
         .is_some_and(|(k, n)| digits(k) && digits(n))
 }
 
-fn write_planned(
-    dir: &Path,
-    dtype: WriteDtype,
-    max_shard_bytes: Option<u64>,
-    specs: &[(String, Vec<usize>)],
-    provide: &mut Provide<'_>,
-) -> Result<()> {
+/// The stored size of one element of `dtype`, in bits (packed 4-bit types count 4).
+fn element_bits(dtype: Dtype) -> u64 {
+    dtype.bitsize() as u64
+}
+
+fn write_planned(dir: &Path, max_shard_bytes: Option<u64>, specs: &[Spec], provide: &mut Provide<'_>) -> Result<()> {
     let mut seen = HashSet::with_capacity(specs.len());
     let mut sizes = Vec::with_capacity(specs.len());
-    for (name, shape) in specs {
+    for (name, shape, dtype) in specs {
         if name.is_empty() || name == "__metadata__" {
             return Err(EngineError::Checkpoint(format!("`{name}` is not a valid tensor name")));
         }
@@ -180,8 +211,9 @@ fn write_planned(
             return Err(EngineError::Checkpoint(format!("tensor `{name}` is listed twice")));
         }
         let bytes = element_count(name, shape)?
-            .checked_mul(dtype.bytes())
-            .ok_or_else(|| EngineError::Checkpoint(format!("tensor `{name}` is too large")))?;
+            .checked_mul(element_bits(*dtype))
+            .ok_or_else(|| EngineError::Checkpoint(format!("tensor `{name}` is too large")))?
+            .div_ceil(8);
         sizes.push(bytes);
     }
     let total: u64 = sizes.iter().sum();
@@ -211,7 +243,7 @@ fn write_planned(
     };
     let mut weight_map = BTreeMap::new();
     for (file, members) in names.iter().zip(&shards) {
-        write_shard(&dir.join(file), dtype, specs, members, &sizes, provide)?;
+        write_shard(&dir.join(file), specs, members, &sizes, provide)?;
         for &i in members {
             weight_map.insert(specs[i].0.clone(), file.clone());
         }
@@ -229,14 +261,7 @@ fn write_planned(
 }
 
 /// Writes one shard: the 8-byte header length, the JSON header padded to 8 bytes, then each tensor in turn.
-fn write_shard(
-    path: &Path,
-    dtype: WriteDtype,
-    specs: &[(String, Vec<usize>)],
-    members: &[usize],
-    sizes: &[u64],
-    provide: &mut Provide<'_>,
-) -> Result<()> {
+fn write_shard(path: &Path, specs: &[Spec], members: &[usize], sizes: &[u64], provide: &mut Provide<'_>) -> Result<()> {
     let bad = |what: String| EngineError::Checkpoint(format!("{}: {what}", path.display()));
     let mut infos = Vec::with_capacity(members.len());
     let mut offset = 0usize;
@@ -244,7 +269,7 @@ fn write_shard(
         let end =
             offset + usize::try_from(sizes[i]).map_err(|_| bad(format!("tensor `{}` is too large", specs[i].0)))?;
         let info = TensorInfo {
-            dtype: dtype.dtype(),
+            dtype: specs[i].2,
             shape: specs[i].1.clone(),
             data_offsets: (offset, end),
         };
@@ -260,11 +285,29 @@ fn write_shard(
     write_atomic(path, |w| {
         w.write_all(&(header.len() as u64).to_le_bytes())?;
         w.write_all(&header)?;
-        let mut bytes = Vec::with_capacity(CHUNK * dtype.bytes() as usize);
+        let mut bytes = Vec::with_capacity(CHUNK * 4);
         for &i in members {
-            let name = &specs[i].0;
-            let expected = sizes[i] / dtype.bytes();
-            let mut sink = |data: &[f32]| -> Result<()> {
+            let (name, _, dtype) = &specs[i];
+            let mut sink = |payload: Payload<'_>| -> Result<()> {
+                let data = match payload {
+                    Payload::Bytes(b) => {
+                        if b.len() as u64 != sizes[i] {
+                            return Err(bad(format!(
+                                "tensor `{name}` has {} bytes, expected {}",
+                                b.len(),
+                                sizes[i]
+                            )));
+                        }
+                        return w.write_all(b).map_err(|e| EngineError::io(path, e));
+                    }
+                    Payload::Values(data) => data,
+                };
+                let width = match dtype {
+                    Dtype::F32 => 4,
+                    Dtype::BF16 => 2,
+                    other => return Err(bad(format!("tensor `{name}`: f32 values cannot be stored as {other}"))),
+                };
+                let expected = sizes[i] / width;
                 if data.len() as u64 != expected {
                     return Err(bad(format!(
                         "tensor `{name}` has {} values, expected {expected}",
@@ -273,11 +316,12 @@ fn write_shard(
                 }
                 for chunk in data.chunks(CHUNK) {
                     bytes.clear();
-                    match dtype {
-                        WriteDtype::F32 => chunk.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
-                        WriteDtype::BF16 => chunk
+                    if *dtype == Dtype::F32 {
+                        chunk.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+                    } else {
+                        chunk
                             .iter()
-                            .for_each(|&x| bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())),
+                            .for_each(|&x| bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()));
                     }
                     w.write_all(&bytes).map_err(|e| EngineError::io(path, e))?;
                 }

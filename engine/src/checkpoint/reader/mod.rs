@@ -2,10 +2,12 @@
 //! checkpoint (one file or index + shards), memory-mapped, converting each tensor to f32 when it is taken.
 //!
 //! `source.rs` finds the shards (single file, index or lone file) and hands tensors out once each; `header.rs` maps a
-//! shard and parses its header into byte ranges; `convert.rs` widens the stored dtypes to f32.
+//! shard and parses its header into byte ranges; `convert.rs` widens the stored dtypes to f32; `quantized.rs` checks a
+//! quantized weight's scales and dequantizes it (`crate::checkpoint::quant`).
 
 mod convert;
 mod header;
+mod quantized;
 mod source;
 #[cfg(test)]
 mod tests;

@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use safetensors::tensor::Dtype;
+
 use super::convert::to_f32;
 use super::header::{map_file, parse_header, Entry};
 use super::{INDEX_FILE, SINGLE_FILE};
+use crate::checkpoint::quant::{Method, Quantization};
 use crate::error::{EngineError, Result};
 use crate::model::tensors::{shape_error, TensorSource};
 
@@ -17,9 +20,9 @@ const LIST_MAX: usize = 10;
 
 /// One memory-mapped safetensors file.
 #[derive(Debug)]
-struct Shard {
-    path: PathBuf,
-    mmap: Mmap,
+pub(super) struct Shard {
+    pub(super) path: PathBuf,
+    pub(super) mmap: Mmap,
 }
 
 /// A safetensors checkpoint directory opened for loading.
@@ -29,10 +32,12 @@ struct Shard {
 #[derive(Debug)]
 pub struct SafetensorsSource {
     dir: PathBuf,
-    shards: Vec<Shard>,
-    entries: BTreeMap<String, Entry>,
-    taken: HashSet<String>,
+    pub(super) shards: Vec<Shard>,
+    pub(super) entries: BTreeMap<String, Entry>,
+    pub(super) taken: HashSet<String>,
     kept: Vec<String>,
+    /// How the checkpoint's quantized weights are stored (from its configuration), if it has any.
+    pub(super) quant: Option<Quantization>,
 }
 
 impl SafetensorsSource {
@@ -71,6 +76,12 @@ impl SafetensorsSource {
                 found.iter().map(|p| file_name(p)).collect::<Vec<_>>().join(", ")
             ))),
         }
+    }
+
+    /// Opens one safetensors file on its own (its directory's configuration still says how it is quantized).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::from_files(dir, vec![path.to_path_buf()], None)
     }
 
     /// Opens a sharded checkpoint through its index's `weight_map`.
@@ -154,6 +165,7 @@ impl SafetensorsSource {
             entries,
             taken: HashSet::new(),
             kept: Vec::new(),
+            quant: Quantization::read(dir)?,
         })
     }
 
@@ -178,6 +190,23 @@ impl SafetensorsSource {
         self.kept.iter().filter(|n| !self.taken.contains(*n)).cloned().collect()
     }
 
+    /// The checkpoint's quantization, if its configuration declares one.
+    pub fn quantization(&self) -> Option<&Quantization> {
+        self.quant.as_ref()
+    }
+
+    /// Whether `entry` holds a quantized weight to dequantize (rather than a float tensor to widen).
+    fn is_quantized(&self, entry: &Entry) -> bool {
+        match entry.dtype {
+            Dtype::F8_E4M3 => true,
+            Dtype::U8 => self
+                .quant
+                .as_ref()
+                .is_some_and(|q| matches!(q.method, Method::Nvfp4 { .. })),
+            _ => false,
+        }
+    }
+
     fn untaken(&self, name: &str) -> Option<&Entry> {
         self.entries.get(name).filter(|_| !self.taken.contains(name))
     }
@@ -194,6 +223,11 @@ impl TensorSource for SafetensorsSource {
         if self.taken.contains(name) {
             return Err(EngineError::Checkpoint(format!("tensor `{name}` was taken twice")));
         }
+        if self.is_quantized(entry) {
+            let data = self.dequantize(name, shape)?;
+            self.taken.insert(name.to_string());
+            return Ok(data);
+        }
         if entry.shape != shape {
             return Err(shape_error(name, &entry.shape, shape));
         }
@@ -201,7 +235,8 @@ impl TensorSource for SafetensorsSource {
         let bytes = &shard.mmap[entry.start..entry.end];
         let data = to_f32(bytes, entry.dtype).ok_or_else(|| {
             EngineError::Checkpoint(format!(
-                "tensor `{name}` in {} has dtype {}, which rewind cannot load (supported: BF16, F16, F32, F64)",
+                "tensor `{name}` in {} has dtype {}, which rewind cannot load (supported: BF16, F16, F32, F64, and the \
+                 quantized weights of an fp8 or ModelOpt checkpoint)",
                 shard.path.display(),
                 entry.dtype
             ))
@@ -215,7 +250,7 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
-        self.untaken(name).map(|e| e.shape.clone())
+        self.untaken(name).map(|e| self.logical_shape(e))
     }
 
     fn finish(&mut self, keep_prefixes: &[&str], ignore_prefixes: &[&str]) -> Result<()> {
@@ -224,7 +259,9 @@ impl TensorSource for SafetensorsSource {
         for name in self.entries.keys().filter(|n| !self.taken.contains(*n)) {
             if keep_prefixes.iter().any(|p| name.starts_with(p)) {
                 kept.push(name.clone());
-            } else if !ignore_prefixes.iter().any(|p| name.starts_with(p)) {
+            } else if !ignore_prefixes.iter().any(|p| name.starts_with(p))
+                && !self.quant.as_ref().is_some_and(|q| q.sets_aside(name))
+            {
                 left.push(name.as_str());
             }
         }
