@@ -673,7 +673,8 @@ async fn the_server_renders_chat_turns_with_its_own_template() {
     // Tools and tool turns: checked as the HTTP API checks them, and rendered (this ChatML template shows a tool
     // result's content; the tools and the call's arguments it leaves out).
     let weather = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]"#;
-    let call = r#"[{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]"#;
+    let call = r#"[{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]"#;
     let tool_turns = vec![
         message("user", "weather?"),
         pb::ChatMessage {

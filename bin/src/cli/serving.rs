@@ -30,15 +30,15 @@ pub enum ToolCallParserArg {
 }
 
 impl ToolCallParserArg {
-    /// The format asked for: `Ok(None)` for `none`, `Err(())` for `auto` (the template decides).
-    pub fn format(self) -> Result<Option<rewind_engine::tools::ToolFormat>, ()> {
+    /// The format asked for: `Some(None)` for `none`, `None` for `auto` (the template decides).
+    pub fn format(self) -> Option<Option<rewind_engine::tools::ToolFormat>> {
         use rewind_engine::tools::ToolFormat;
         match self {
-            ToolCallParserArg::Auto => Err(()),
-            ToolCallParserArg::Hermes => Ok(Some(ToolFormat::Hermes)),
-            ToolCallParserArg::Qwen3Xml => Ok(Some(ToolFormat::Qwen3Xml)),
-            ToolCallParserArg::NemotronJson => Ok(Some(ToolFormat::NemotronJson)),
-            ToolCallParserArg::None => Ok(None),
+            ToolCallParserArg::Auto => None,
+            ToolCallParserArg::Hermes => Some(Some(ToolFormat::Hermes)),
+            ToolCallParserArg::Qwen3Xml => Some(Some(ToolFormat::Qwen3Xml)),
+            ToolCallParserArg::NemotronJson => Some(Some(ToolFormat::NemotronJson)),
+            ToolCallParserArg::None => Some(None),
         }
     }
 }

@@ -147,7 +147,7 @@ impl ServeState {
 
     /// The same state reading tool calls as `--tool-call-parser` says (`auto` keeps the template's format).
     pub fn with_tool_call_parser(mut self, parser: ToolCallParserArg) -> Self {
-        if let Ok(format) = parser.format() {
+        if let Some(format) = parser.format() {
             self.tool_format = format.ok_or(NoToolFormat::Disabled);
         }
         tracing::info!(

@@ -18,8 +18,8 @@ use super::openai::{self, Endpoint};
 use super::Api;
 
 /// `POST /tokenize`: `{"prompt": str}` (with `add_special_tokens`, default true) or `{"messages": [...]}` (with
-/// `add_generation_prompt`, default true, `chat_template_kwargs` and `tools`) to `{"count", "max_model_len", "tokens"}`, plus
-/// `token_strs` when `return_token_strs` asks for them.
+/// `add_generation_prompt`, default true, `chat_template_kwargs` and `tools`) to `{"count", "max_model_len",
+/// "tokens"}`, plus `token_strs` when `return_token_strs` asks for them.
 pub async fn tokenize(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (f, _) = openai::read(body, &api, Endpoint::Tokenize).await?;
     let token_strs = f.bool("return_token_strs")?.unwrap_or(false);
