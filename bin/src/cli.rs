@@ -26,7 +26,9 @@ pub use duration::{seconds, MAX_SECONDS};
 pub use model::ModelArgs;
 pub use plan::{PlanArgs, ShapeArgs};
 pub use selftest::SelftestArgs;
-pub use serving::{env_for_every_flag, ChatArgs, ListenArgs, ReasoningParserArg, RunArgs, ServeArgs};
+pub use serving::{
+    env_for_every_flag, ChatArgs, ListenArgs, ReasoningParserArg, RunArgs, ServeArgs, ToolCallParserArg,
+};
 
 /// rewind — a serving engine for hybrid SSM language models (Nemotron-H, Qwen3-Next, Qwen3.5).
 #[derive(Parser, Debug)]

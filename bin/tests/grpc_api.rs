@@ -589,6 +589,7 @@ fn message(role: &str, content: &str) -> pb::ChatMessage {
     pb::ChatMessage {
         role: role.into(),
         content: content.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 
@@ -650,7 +651,7 @@ async fn the_server_renders_chat_turns_with_its_own_template() {
         .render_chat(pb::RenderChatRequest {
             messages: conv,
             held: held.into_bytes(),
-            held_eos: Vec::new(),
+            ..Default::default()
         })
         .await
         .expect("turn 2")
@@ -669,6 +670,57 @@ async fn the_server_renders_chat_turns_with_its_own_template() {
         })
         .await;
     assert_status(bad, Code::InvalidArgument, &["messages[0].role", "wizard"]);
+    // Tools and tool turns: checked as the HTTP API checks them, and rendered (this ChatML template shows a tool
+    // result's content; the tools and the call's arguments it leaves out).
+    let weather = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]"#;
+    let call = r#"[{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]"#;
+    let tool_turns = vec![
+        message("user", "weather?"),
+        pb::ChatMessage {
+            tool_calls_json: call.into(),
+            ..message("assistant", "")
+        },
+        pb::ChatMessage {
+            tool_call_id: "call_1".into(),
+            ..message("tool", "-3 degrees")
+        },
+    ];
+    let t = c
+        .render_chat(pb::RenderChatRequest {
+            messages: tool_turns.clone(),
+            tools_json: weather.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tool turns")
+        .into_inner();
+    assert!(t.rendered.contains("<|im_start|>tool\n-3 degrees<|im_end|>"), "{t:?}");
+    for (tools, messages, words) in [
+        (
+            r#"[{"type": "function", "function": {}}]"#,
+            tool_turns.clone(),
+            &["tools[0].function.name"][..],
+        ),
+        ("[", tool_turns.clone(), &["tools_json", "not valid JSON"][..]),
+        (
+            weather,
+            vec![pb::ChatMessage {
+                tool_calls_json: r#"[{"function": {"name": "f", "arguments": "{"}}]"#.into(),
+                ..message("assistant", "")
+            }],
+            &["messages[0].tool_calls[0].function.arguments"][..],
+        ),
+    ] {
+        let r = c
+            .render_chat(pb::RenderChatRequest {
+                messages,
+                tools_json: tools.into(),
+                ..Default::default()
+            })
+            .await;
+        assert_status(r, Code::InvalidArgument, words);
+    }
     let empty = c.render_chat(pb::RenderChatRequest::default()).await;
     assert_status(empty, Code::InvalidArgument, &["messages"]);
 }

@@ -313,7 +313,7 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         (r#""logprobs": true"#, "logprobs", "logprobs is not supported"),
         (r#""max_completion_tokens": 0"#, "max_completion_tokens", "at least 1"),
         (r#""model": "other""#, "model", "does not exist"),
-        (r#""tools": [{"type": "function"}]"#, "tools", "not supported"),
+        (r#""tools": [{"type": "function"}]"#, "tools[0].function", "is required"),
     ];
     let mut cases: Vec<(&str, String, Option<&str>, &str)> =
         raw.into_iter().map(|(b, p, m)| (&*cmpl, b, p, m)).collect();
@@ -788,6 +788,15 @@ fn tokenize_and_detokenize_like_vllm() {
 
 /// The shared engine's model with `template` as its chat template, served; the server's URL and the model.
 fn serve_with_template(f: &Fixture, template: &str, reasoning: Option<bool>) -> (String, ServedModel) {
+    serve_with_template_as(f, template, |s| s.with_reasoning(reasoning))
+}
+
+/// [`serve_with_template`] with the serving state set up by `setup` (the serving flags).
+fn serve_with_template_as(
+    f: &Fixture,
+    template: &str,
+    setup: impl FnOnce(ServeState) -> ServeState,
+) -> (String, ServedModel) {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("http-api-template-{}-{n}", std::process::id()));
@@ -802,8 +811,12 @@ fn serve_with_template(f: &Fixture, template: &str, reasoning: Option<bool>) -> 
     std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).expect("write");
     let model = ServedModel::load(&dir).expect("model");
     let _ = std::fs::remove_dir_all(&dir);
-    let state =
-        ServeState::new(f.engine.clone(), model.clone(), MODEL_NAME.into(), Vec::new()).with_reasoning(reasoning);
+    let state = setup(ServeState::new(
+        f.engine.clone(),
+        model.clone(),
+        MODEL_NAME.into(),
+        Vec::new(),
+    ));
     (f.serve(Arc::new(state)), model)
 }
 
@@ -909,4 +922,244 @@ fn reasoning_is_split_from_the_answer_streamed_or_not() {
     let split = chat(&url, request(off));
     assert_eq!(split["content"], raw_off, "{split}");
     assert!(split["reasoning_content"].is_null(), "{split}");
+}
+
+/// A published chat template with a tool format (tests/fixtures/chat_templates) and its reference renders.
+fn published(model: &str) -> (String, Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat_templates");
+    let template = std::fs::read_to_string(dir.join(format!("{model}.jinja"))).expect("template");
+    let expected = std::fs::read_to_string(dir.join(format!("{model}.expected.json"))).expect("expected");
+    (template, serde_json::from_str(&expected).expect("json"))
+}
+
+/// A reference case's messages as a client sends them: tool call arguments as JSON text.
+fn api_messages(case: &Value) -> Value {
+    let mut messages = case["messages"].clone();
+    for m in messages.as_array_mut().expect("messages") {
+        for call in m
+            .get_mut("tool_calls")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let args = call["function"]["arguments"].to_string();
+            call["function"]["arguments"] = Value::String(args);
+        }
+    }
+    messages
+}
+
+#[test]
+fn tools_and_tool_turns_are_rendered_by_the_template() {
+    let f = shared();
+    let (template, expected) = published("qwen3");
+    let (url, model) = serve_with_template(f, &template, None);
+    let tok = model.tokenizer.clone();
+    let mut checked = 0;
+    for case in expected["cases"].as_array().expect("cases") {
+        if case["tools"].is_null() || !case["chat_template_kwargs"].as_object().is_some_and(|k| k.is_empty()) {
+            continue;
+        }
+        let body = json!({"messages": api_messages(case), "tools": case["tools"],
+                          "add_generation_prompt": case["add_generation_prompt"]});
+        let v = ok(&format!("{url}/tokenize"), body.clone());
+        let want = tok
+            .encode(case["expected"].as_str().expect("text"), false)
+            .expect("encode");
+        assert_eq!(v["tokens"], json!(want), "{}", case["name"]);
+        // The chat endpoint renders the same prompt (tool_choice none: the tools are shown, nothing is parsed).
+        let mut chat = body;
+        chat.as_object_mut().expect("object").remove("add_generation_prompt");
+        if case["add_generation_prompt"] == true {
+            chat["max_tokens"] = json!(1);
+            chat["tool_choice"] = json!("none");
+            let v = ok(&format!("{url}/v1/chat/completions"), chat);
+            assert_eq!(v["usage"]["prompt_tokens"], json!(want.len()), "{}", case["name"]);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} tool cases");
+}
+
+#[test]
+fn bad_tools_and_tool_choices_get_400s_naming_the_field() {
+    let f = shared();
+    let (template, _) = published("qwen3");
+    let (url, _) = serve_with_template(f, &template, None);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+    let cases = [
+        (
+            json!({"tools": [weather, weather, {"type": "function", "function": {"description": "x"}}]}),
+            "tools[1].function.name",
+            "already named",
+        ),
+        (
+            json!({"tools": [weather, {"type": "function", "function": {"description": "x"}}]}),
+            "tools[1].function.name",
+            "is required",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}),
+            "tools[0].function.parameters",
+            "JSON schema object",
+        ),
+        (json!({"tools": "all"}), "tools", "must be an array"),
+        (
+            json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice.function.name",
+            "not one of the request's tools",
+        ),
+        (
+            json!({"tools": [weather], "tool_choice": "always"}),
+            "tool_choice",
+            "is not one of",
+        ),
+        (
+            json!({"tools": [weather], "tool_choice": "required"}),
+            "tool_choice",
+            "constrained decoding",
+        ),
+        (
+            json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            "tool_choice",
+            "constrained decoding",
+        ),
+        (
+            json!({"tools": [weather], "parallel_tool_calls": "yes"}),
+            "parallel_tool_calls",
+            "must be a boolean",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+                 "function": {"name": "get_weather", "arguments": "{not json"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+            "not valid JSON",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "1", "tool_call_id": 5}]}),
+            "messages[0].tool_call_id",
+            "must be a string",
+        ),
+    ];
+    for (fields, param, want) in cases {
+        let mut body = json!({"messages": user, "max_tokens": 1});
+        for (k, v) in fields.as_object().expect("fields") {
+            body[k] = v.clone();
+        }
+        let (status, v) = post(&format!("{url}/v1/chat/completions"), &body.to_string(), &[]);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+        assert!(message(&v).contains(want), "{body}: {v}");
+    }
+    // /tokenize reads tools the same way; completions have none.
+    let (status, v) = post(
+        &format!("{url}/tokenize"),
+        &json!({"messages": user, "tools": [{"type": "function", "function": {}}]}).to_string(),
+        &[],
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("tools[0].function.name")),
+        "{v}"
+    );
+    let (status, v) = post(
+        &format!("{url}/v1/completions"),
+        &json!({"prompt": "x", "tools": [weather]}).to_string(),
+        &[],
+    );
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
+
+    // A model whose template writes no tool format: tools with auto are refused, tools with none are rendered.
+    let (status, v) = post(
+        &format!("{}/v1/chat/completions", f.url),
+        &json!({"messages": user, "tools": [weather], "max_tokens": 1}).to_string(),
+        &[],
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tools");
+    assert!(message(&v).contains("has no tool-call format"), "{v}");
+    let v = ok(
+        &format!("{}/v1/chat/completions", f.url),
+        json!({"messages": user, "tools": [weather], "tool_choice": "none", "max_tokens": 1}),
+    );
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+}
+
+#[test]
+fn tool_choice_auto_answers_are_well_formed_streamed_or_not() {
+    let f = shared();
+    let (template, _) = published("qwen3");
+    let (url, _) = serve_with_template(f, &template, None);
+    // Forcing the hermes parser on a template without tools works too: the flag names the format.
+    let (forced, _) = serve_with_template_as(f, rewind_engine::tokenizer::bpe_builder::CHATML_TEMPLATE, |s| {
+        s.with_tool_call_parser(rewind_bin::cli::ToolCallParserArg::Hermes)
+    });
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    for url in [url, forced] {
+        let request = |choice: &str| {
+            json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [weather],
+                   "tool_choice": choice, "parallel_tool_calls": true, "max_tokens": 24, "temperature": 0,
+                   "chat_template_kwargs": {"enable_thinking": false}})
+        };
+        let chat = format!("{url}/v1/chat/completions");
+        let v = ok(&chat, request("auto"));
+        let choice = &v["choices"][0];
+        let m = &choice["message"];
+        assert_eq!(m["role"], "assistant", "{v}");
+        let calls = m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let reason = choice["finish_reason"].as_str().expect("finish_reason");
+        assert_eq!(reason == "tool_calls", !calls.is_empty(), "{v}");
+        assert!(["stop", "length", "tool_calls"].contains(&reason), "{v}");
+        for c in &calls {
+            assert!(c["id"].as_str().is_some_and(|id| id.starts_with("call_")), "{c}");
+            assert_eq!(c["type"], "function");
+            let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().expect("args")).expect("json");
+            assert!(args.is_object(), "{c}");
+        }
+        assert!(
+            m["content"].is_string() || (m["content"].is_null() && !calls.is_empty()),
+            "{v}"
+        );
+        // Greedy: tool_choice none gives the same text unparsed; without calls it is the content itself.
+        let raw = ok(&chat, request("none"))["choices"][0]["message"]["content"].clone();
+        if calls.is_empty() {
+            assert_eq!(m["content"], raw, "{v}");
+        }
+
+        // Streamed: the deltas add up to the same content and calls.
+        let mut streamed = request("auto");
+        streamed["stream"] = json!(true);
+        let (status, events) = stream(&chat, &streamed);
+        assert_eq!(status, 200);
+        let (content, finish) = chat_stream_content(&events);
+        assert_eq!(finish, reason);
+        assert_eq!(content, m["content"].as_str().unwrap_or_default());
+        let mut got: Vec<Value> = Vec::new();
+        for e in events
+            .iter()
+            .filter_map(|e| e.get("choices")?.get(0)?.get("delta")?.get("tool_calls"))
+        {
+            for d in e.as_array().expect("tool_calls") {
+                let i = d["index"].as_u64().expect("index") as usize;
+                if i == got.len() {
+                    got.push(json!({"id": d["id"], "type": d["type"],
+                                    "function": {"name": d["function"]["name"], "arguments": ""}}));
+                }
+                if let Some(a) = d["function"]["arguments"].as_str() {
+                    let s = format!("{}{a}", got[i]["function"]["arguments"].as_str().unwrap_or_default());
+                    got[i]["function"]["arguments"] = json!(s);
+                }
+            }
+        }
+        assert_eq!(got.len(), calls.len());
+        for (g, c) in got.iter().zip(&calls) {
+            assert_eq!(g["function"], c["function"]);
+        }
+    }
 }

@@ -20,6 +20,7 @@ pub mod shard;
 pub mod spec;
 pub mod state;
 pub mod tokenizer;
+pub mod tools;
 pub mod words;
 
 pub use error::{EngineError, Result};

@@ -51,6 +51,37 @@ TOOL_CALL = {
     "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
 }
 
+CLOCK_TOOL = {"type": "function", "function": {"name": "now"}}
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 1},
+                "filters": {"type": "object", "properties": {"site": {"type": "string"}}},
+                "exact": {"type": "boolean"},
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+# Two calls in one turn, with arguments of every JSON kind the templates write differently (a string, an integer, an
+# object, an empty argument list), as a front end passes them: arguments parsed from the API's JSON strings.
+PARALLEL_CALLS = [
+    {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "search", "arguments": {"query": "rust \"minijinja\"", "limit": 3, "filters": {"site": "docs.rs"}, "exact": True}},
+    },
+    {"id": "call_b", "type": "function", "function": {"name": "now", "arguments": {}}},
+]
+
 # Each case: name, messages, tools (or None), add_generation_prompt, extra template variables (chat_template_kwargs).
 CASES = [
     ("plain", [{"role": "user", "content": "Hello!"}], None, True, {}),
@@ -108,6 +139,43 @@ CASES = [
         [WEATHER_TOOL],
         True,
         {},
+    ),
+    (
+        "tools_offered_no_calls_yet",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What time is it?"}],
+        [WEATHER_TOOL, CLOCK_TOOL, SEARCH_TOOL],
+        True,
+        {},
+    ),
+    (
+        "parallel_calls_and_results",
+        [
+            {"role": "user", "content": "Find minijinja docs and tell me the time."},
+            {"role": "assistant", "content": "Doing both.", "tool_calls": PARALLEL_CALLS},
+            {"role": "tool", "tool_call_id": "call_a", "content": "[\"https://docs.rs/minijinja\"]"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "12:00"},
+        ],
+        [SEARCH_TOOL, CLOCK_TOOL],
+        True,
+        {},
+    ),
+    (
+        "tool_call_with_reasoning_then_thinking_off",
+        [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "The user wants the weather.",
+                "tool_calls": [
+                    {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_9", "content": "-3 degrees"},
+        ],
+        [WEATHER_TOOL],
+        True,
+        {"enable_thinking": False},
     ),
     ("thinking_on", [{"role": "user", "content": "Think about it."}], None, True, {"enable_thinking": True}),
     ("thinking_off", [{"role": "user", "content": "Answer fast."}], None, True, {"enable_thinking": False}),

@@ -12,6 +12,37 @@ pub enum ReasoningParserArg {
     None,
 }
 
+/// `--tool-call-parser` (vLLM's flag; the names of its parsers for the same formats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ToolCallParserArg {
+    /// The format the model's chat template writes tool calls in (none when it writes none).
+    Auto,
+    /// `<tool_call>` JSON (Qwen3).
+    Hermes,
+    /// `<tool_call><function=...><parameter=...>` (Nemotron-3, Qwen3.5, Qwen3-Coder).
+    #[value(name = "qwen3_xml")]
+    Qwen3Xml,
+    /// `<TOOLCALL>[...]` (Nemotron-Nano-v2).
+    #[value(name = "nemotron_json")]
+    NemotronJson,
+    /// Tools are rendered into the prompt but calls are never parsed out of the answer.
+    None,
+}
+
+impl ToolCallParserArg {
+    /// The format asked for: `Some(None)` for `none`, `None` for `auto` (the template decides).
+    pub fn format(self) -> Option<Option<rewind_engine::tools::ToolFormat>> {
+        use rewind_engine::tools::ToolFormat;
+        match self {
+            ToolCallParserArg::Auto => None,
+            ToolCallParserArg::Hermes => Some(Some(ToolFormat::Hermes)),
+            ToolCallParserArg::Qwen3Xml => Some(Some(ToolFormat::Qwen3Xml)),
+            ToolCallParserArg::NemotronJson => Some(Some(ToolFormat::NemotronJson)),
+            ToolCallParserArg::None => Some(None),
+        }
+    }
+}
+
 /// Where and how the servers listen (shared by `rewind serve` and `rewind-launch`).
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Serving")]
@@ -58,6 +89,11 @@ pub struct ListenArgs {
     /// the model's chat template mentions `<think>`.
     #[arg(long, value_name = "PARSER", value_enum, default_value_t = ReasoningParserArg::Auto)]
     pub reasoning_parser: ReasoningParserArg,
+    /// How tool calls are read out of chat answers when a request sends `tools`: `hermes`, `qwen3_xml`,
+    /// `nemotron_json`, `none` (tools are shown to the model, calls stay text), or `auto`: the format the model's chat
+    /// template writes (a request with tools to a model whose template has none is refused).
+    #[arg(long, value_name = "PARSER", value_enum, default_value_t = ToolCallParserArg::Auto)]
+    pub tool_call_parser: ToolCallParserArg,
     /// The most connections each server (HTTP, gRPC) keeps open at once; one past it is closed at once (HTTP answers
     /// it 503 first), counted in /metrics as rewind_connections_refused_total.
     #[arg(long, value_name = "N", default_value_t = crate::serve::limits::DEFAULT_MAX_CONNECTIONS as u64,

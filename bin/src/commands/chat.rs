@@ -290,6 +290,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             default_max_tokens: crate::serve::state::DEFAULT_MAX_TOKENS as u64,
             strict_fields: false,
             reasoning_parser: crate::cli::ReasoningParserArg::Auto,
+            tool_call_parser: crate::cli::ToolCallParserArg::Auto,
             max_connections: crate::serve::limits::DEFAULT_MAX_CONNECTIONS as u64,
             header_timeout: crate::serve::limits::DEFAULT_HEADER_TIMEOUT_SECS,
             body_timeout: crate::serve::limits::DEFAULT_BODY_TIMEOUT_SECS,

@@ -12,7 +12,7 @@ use rewind_engine::spec::SpecConfig;
 
 use super::backend::{self, Backend, Needs};
 
-use crate::cli::{Device, ReasoningParserArg, ServeArgs};
+use crate::cli::{Device, ReasoningParserArg, ServeArgs, ToolCallParserArg};
 use crate::output::errln;
 use crate::serve::run::{self, ServeOptions};
 use crate::serve::{ServeState, ServedModel};
@@ -39,6 +39,8 @@ pub struct Prepared {
     pub strict_fields: bool,
     /// `--reasoning-parser`: `None` leaves it to the chat template (`auto`).
     pub reasoning: Option<bool>,
+    /// `--tool-call-parser`.
+    pub tool_call_parser: ToolCallParserArg,
     pub backend: Backend,
     pub engine_config: EngineConfig,
     pub options: ServeOptions,
@@ -122,6 +124,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
             ReasoningParserArg::Qwen3 => Some(true),
             ReasoningParserArg::None => Some(false),
         },
+        tool_call_parser: args.listen.tool_call_parser,
         backend,
         engine_config,
         options,
@@ -138,6 +141,7 @@ pub async fn start(p: Prepared) -> Result<(Arc<ServeState>, ServeOptions, String
         .with_default_max_tokens(p.default_max_tokens)
         .with_strict_fields(p.strict_fields)
         .with_reasoning(p.reasoning)
+        .with_tool_call_parser(p.tool_call_parser)
         .with_limits(p.options.request.clone());
     Ok((Arc::new(state), p.options, device))
 }

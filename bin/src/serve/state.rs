@@ -7,11 +7,13 @@ use std::time::Instant;
 
 use rewind_actors::{EngineHandle, Event, EventStream, FailureKind, SessionOwner};
 use rewind_engine::sample::SamplingParams;
+use rewind_engine::tools::ToolFormat;
 use tokio::sync::watch;
 
 use super::conn::ConnStats;
 use super::limits::RequestLimits;
 use super::model::ServedModel;
+use crate::cli::ToolCallParserArg;
 
 /// What every request handler shares.
 pub struct ServeState {
@@ -31,6 +33,9 @@ pub struct ServeState {
     /// Split chat answers into `reasoning_content` and `content` at a `<think>...</think>` block (`--reasoning-parser
     /// qwen3`; by default when the chat template mentions `<think>`).
     pub reasoning: bool,
+    /// The format tool calls are read out of chat answers in (`--tool-call-parser`; by default the one the chat
+    /// template writes), and why there is none when there is none.
+    pub tool_format: Result<ToolFormat, NoToolFormat>,
     /// How large a request may be and how long its body may take (`--max-request-bytes`, `--body-timeout`).
     pub limits: RequestLimits,
     /// Both servers' connection counters (`/metrics`).
@@ -41,6 +46,15 @@ pub struct ServeState {
     /// with a failure event, so its stream gets a final error instead of being cut off.
     cut_off: watch::Sender<bool>,
     pub started: Instant,
+}
+
+/// Why a server reads no tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoToolFormat {
+    /// The chat template writes no tool-call format this server knows.
+    NotInTemplate,
+    /// `--tool-call-parser none`.
+    Disabled,
 }
 
 /// What an in-flight request is told when the server stops without waiting for it.
@@ -83,10 +97,11 @@ impl ServeState {
     /// The state for `engine` serving `model` under `model_name`.
     pub fn new(engine: Arc<EngineHandle>, model: ServedModel, model_name: String, api_keys: Vec<String>) -> Self {
         let context = engine.info().max_context;
-        let reasoning = model
-            .tokenizer
-            .chat_template()
-            .is_some_and(|t| rewind_engine::tokenizer::reasoning::template_reasons(t.source()));
+        let template = model.tokenizer.chat_template();
+        let reasoning = template.is_some_and(|t| rewind_engine::tokenizer::reasoning::template_reasons(t.source()));
+        let tool_format = template
+            .and_then(|t| ToolFormat::detect(t.source()))
+            .ok_or(NoToolFormat::NotInTemplate);
         ServeState {
             engine,
             model,
@@ -96,6 +111,7 @@ impl ServeState {
             max_tokens_limit: context,
             strict_fields: false,
             reasoning,
+            tool_format,
             limits: RequestLimits::default(),
             connections: Arc::new(ConnStats::default()),
             draining: AtomicBool::new(false),
@@ -124,6 +140,18 @@ impl ServeState {
         }
         tracing::info!(
             reasoning_parser = if self.reasoning { "qwen3" } else { "none" },
+            "chat answers"
+        );
+        self
+    }
+
+    /// The same state reading tool calls as `--tool-call-parser` says (`auto` keeps the template's format).
+    pub fn with_tool_call_parser(mut self, parser: ToolCallParserArg) -> Self {
+        if let Some(format) = parser.format() {
+            self.tool_format = format.ok_or(NoToolFormat::Disabled);
+        }
+        tracing::info!(
+            tool_call_parser = self.tool_format.map_or("none", ToolFormat::name),
             "chat answers"
         );
         self

@@ -12,13 +12,46 @@ use crate::error::{EngineError, Result};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// One chat message. Serialized as `{"role": ..., "content": ...}`, which is what HF templates index.
+/// One chat message. Serialized as `{"role": ..., "content": ...}` plus the optional fields that are set, which is
+/// what HF templates index (a field left out is undefined to the template, as in a message dict without it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant turn's tool calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A tool result's call id (role `tool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name (role `tool`), as some clients send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant turn's reasoning, given apart from its content (templates such as Nemotron-3's render it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+/// A tool call in an assistant message, as templates read it: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}` with the arguments an object (as transformers documents and vLLM passes them; the API's arguments
+/// are a JSON string, parsed before rendering).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: MessageFunctionCall,
+}
+
+/// The function part of a [`MessageToolCall`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageFunctionCall {
+    pub name: String,
+    /// The arguments as a JSON value (an object).
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
@@ -27,6 +60,10 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
         }
     }
 }
@@ -93,7 +130,8 @@ impl ChatTemplate {
     }
 
     /// Like [`ChatTemplate::render`] with extra template variables (e.g. `enable_thinking`); `extra` overrides the
-    /// standard variables of the same name.
+    /// standard variables of the same name, which is how a request's `tools` (transformers' `tools` argument: the
+    /// list of `{"type": "function", "function": {...}}` as the client sent it) reach the template.
     pub fn render_with(
         &self,
         messages: &[ChatMessage],

@@ -237,20 +237,23 @@ fn published_templates_render_like_transformers() {
         let t = ChatTemplate::new(source, token("bos_token"), token("eos_token")).unwrap();
         for case in expected["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
-            // Messages with tool calls and tools go in as template variables, as a front end that has them passes
-            // them: the same render path, the JSON as the client sent it.
+            // Messages (tool calls, tool results and reasoning included) as the server holds them, and the tools
+            // as the server passes them: a template variable, the JSON as the client sent it.
+            let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone())
+                .unwrap_or_else(|e| panic!("{model}/{name}: messages: {e}"));
             let mut extra = case["chat_template_kwargs"].as_object().cloned().unwrap_or_default();
-            extra.insert("messages".into(), case["messages"].clone());
-            extra.insert("tools".into(), case["tools"].clone());
+            if !case["tools"].is_null() {
+                extra.insert("tools".into(), case["tools"].clone());
+            }
             let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap();
             let got = t
-                .render_with(&[], add_generation_prompt, &extra)
+                .render_with(&messages, add_generation_prompt, &extra)
                 .unwrap_or_else(|e| panic!("{model}/{name}: {e}"));
             assert_eq!(got, case["expected"].as_str().unwrap(), "{model}/{name}");
             checked += 1;
         }
     }
-    assert!(checked >= 30, "only {checked} cases");
+    assert!(checked >= 39, "only {checked} cases");
 }
 
 #[test]
@@ -269,5 +272,24 @@ fn tojson_keeps_key_order_unless_sorted_and_none_is_not_iterable() {
     assert_eq!(
         t.render_with(&[], false, &extra).unwrap(),
         r#"{"z": 1, "a": {"y": 2, "b": []}, "b": "s"}|{"a": {"b": [], "y": 2}, "b": "s", "z": 1}|False|True"#
+    );
+}
+
+#[test]
+fn booleans_and_none_print_as_python_prints_them() {
+    // Templates write argument values with `| string` and `~` (Nemotron-3's XML tool calls): Python's str().
+    let t = ChatTemplate::new(
+        "{{ x | string }}|{{ y | string }}|{{ z | string }}|{{ x ~ '' }}|{{ x }}|{{ 'a' | string }}|{{ 3 | string }}",
+        None,
+        None,
+    )
+    .unwrap();
+    let mut extra = serde_json::Map::new();
+    extra.insert("x".into(), serde_json::Value::Bool(true));
+    extra.insert("y".into(), serde_json::Value::Bool(false));
+    extra.insert("z".into(), serde_json::Value::Null);
+    assert_eq!(
+        t.render_with(&[], false, &extra).unwrap(),
+        "True|False|None|True|True|a|3"
     );
 }

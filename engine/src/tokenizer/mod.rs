@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, MessageFunctionCall, MessageToolCall};
 pub use turn::TurnDelta;
 
 use crate::error::{EngineError, Result};

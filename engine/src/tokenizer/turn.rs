@@ -29,16 +29,28 @@ impl Tokenizer {
     /// did: the template writes its own end of turn, which starts with it when the model's EOS is the template's
     /// end-of-turn marker). `messages` is the whole conversation, ending with the new message.
     pub fn turn_delta(&self, messages: &[ChatMessage], held: &str, held_eos: Option<&str>) -> Result<TurnDelta> {
+        self.turn_delta_with(messages, held, held_eos, &serde_json::Map::new())
+    }
+
+    /// [`Tokenizer::turn_delta`] with extra template variables (`tools`, `chat_template_kwargs`; see
+    /// [`Tokenizer::render_with`]).
+    pub fn turn_delta_with(
+        &self,
+        messages: &[ChatMessage],
+        held: &str,
+        held_eos: Option<&str>,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<TurnDelta> {
         let last = messages
             .last()
             .ok_or_else(|| EngineError::InvalidInput("messages is empty: a turn needs its new message".into()))?;
-        let rendered = self.render(messages, true)?;
+        let rendered = self.render_with(messages, true, extra)?;
         if let Some(rest) = rendered.strip_prefix(held) {
             let eos = held_eos
                 .filter(|e| !e.is_empty() && rest.starts_with(e))
                 .map_or(0, str::len);
             let from = held.len() + eos;
-            let token_ids = self.encode_chat_from(messages, true, &rendered, from)?;
+            let token_ids = self.encode_chat_impl(messages, true, extra, &rendered, from)?;
             return Ok(TurnDelta {
                 delta: rendered[from..].to_string(),
                 rendered,
@@ -47,8 +59,8 @@ impl Tokenizer {
             });
         }
         let alone = std::slice::from_ref(last);
-        let delta = self.render(alone, true)?;
-        let token_ids = self.encode_chat(alone, true, &delta)?;
+        let delta = self.render_with(alone, true, extra)?;
+        let token_ids = self.encode_chat_impl(alone, true, extra, &delta, 0)?;
         Ok(TurnDelta {
             rendered,
             delta,
@@ -105,6 +117,51 @@ mod tests {
         assert!(!other.exact);
         assert_eq!(other.delta, "<|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n");
         assert!(tok.turn_delta(&[], "", None).is_err(), "no message");
+    }
+
+    #[test]
+    fn a_turn_renders_the_tools_and_tool_calls_it_is_given() {
+        let inner = super::super::bpe_builder::build_bpe_tokenizer(512).expect("tokenizer");
+        let config = super::super::TokenizerConfig {
+            chat_template: Some(
+                concat!(
+                    r"{% if tools %}tools: {{ tools[0].function.name }}{{ '\n' }}{% endif %}",
+                    r"{% for m in messages %}{{ m.role }}: {{ m.content }}",
+                    r"{% if m.tool_calls %}call {{ m.tool_calls[0].function.name }}",
+                    r"({{ m.tool_calls[0].function.arguments.city }}){% endif %}",
+                    r"{% if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}{{ '\n' }}{% endfor %}",
+                )
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let tok = Tokenizer::from_parts(inner, config).expect("tokenizer");
+        let mut assistant = ChatMessage::new("assistant", "");
+        assistant.tool_calls = Some(vec![crate::tokenizer::MessageToolCall {
+            id: Some("call_1".into()),
+            kind: "function".into(),
+            function: crate::tokenizer::MessageFunctionCall {
+                name: "get_weather".into(),
+                arguments: serde_json::json!({"city": "Oslo"}),
+            },
+        }]);
+        let mut result = ChatMessage::new("tool", "-3");
+        result.tool_call_id = Some("call_1".into());
+        let conv = [ChatMessage::new("user", "weather?"), assistant, result];
+        let mut vars = serde_json::Map::new();
+        vars.insert(
+            "tools".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]),
+        );
+        let turn = tok.turn_delta_with(&conv, "", None, &vars).expect("turn");
+        assert_eq!(
+            turn.delta,
+            "tools: get_weather\nuser: weather?\nassistant: call get_weather(Oslo)\ntool: -3 [call_1]\n"
+        );
+        assert_eq!(turn.token_ids, tok.encode(&turn.delta, false).expect("encode"));
+        // Without the tools the template says nothing of them.
+        let plain = tok.turn_delta(&conv, "", None).expect("turn");
+        assert!(!plain.delta.contains("tools:"), "{plain:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn message(role: &str, content: &str) -> pb::ChatMessage {
     pb::ChatMessage {
         role: role.into(),
         content: content.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 
@@ -41,6 +42,7 @@ impl Transcript {
             messages: system.into_iter().chain(self.messages.iter().cloned()).collect(),
             held: self.held.as_bytes().to_vec(),
             held_eos: self.eos_text.as_deref().unwrap_or_default().as_bytes().to_vec(),
+            tools_json: String::new(),
         }
     }
 

@@ -9,12 +9,16 @@ use axum::extract::{Extension, State};
 use axum::response::Response;
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::reasoning::{prompt_opens_reasoning, ReasoningSplitter};
+use rewind_engine::tools::{parse_message_tool_calls, parse_tool_choice, parse_tools, ToolCallParser, ToolChoice};
+use rewind_engine::tools::{ToolFormat, ToolSpec, ToolsError};
 use serde_json::{json, Map, Value};
 
+use super::chat_parse::{self, ChatParser};
 use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::{Api, RequestContext};
+use crate::serve::state::NoToolFormat;
 use crate::serve::{ServeState, CHAT_ROLES};
 
 /// A message's content: a string, `null` (an assistant turn that only called tools), or an array of parts of which
@@ -57,7 +61,25 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
-/// `messages`: a non-empty array of `{role, content}` objects.
+/// A bad `tools` / `tool_choice` / `tool_calls` as a 400 naming the field.
+fn tools_error(e: ToolsError) -> ApiError {
+    ApiError::invalid(e.field, e.message)
+}
+
+/// An optional string field of message `at`.
+fn message_str(m: &Value, at: &str, name: &str) -> Result<Option<String>, ApiError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ApiError::invalid(
+            format!("{at}.{name}"),
+            format!("{at}.{name} must be a string, got {}", type_name(other)),
+        )),
+    }
+}
+
+/// `messages`: a non-empty array of `{role, content}` objects; an assistant's may carry `tool_calls` (their arguments
+/// JSON text, parsed for the template) and `reasoning_content`, a tool result its `tool_call_id` and `name`.
 pub(super) fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match f.get("messages") {
         None => return Err(ApiError::invalid("messages", "messages is required")),
@@ -101,9 +123,73 @@ pub(super) fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, content(m.get("content"), &at)?))
+            let mut message = ChatMessage::new(role, content(m.get("content"), &at)?);
+            if let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null()) {
+                message.tool_calls = Some(parse_message_tool_calls(calls, &at).map_err(tools_error)?);
+            }
+            message.tool_call_id = message_str(m, &at, "tool_call_id")?;
+            message.name = message_str(m, &at, "name")?;
+            message.reasoning_content = message_str(m, &at, "reasoning_content")?;
+            Ok(message)
         })
         .collect()
+}
+
+/// The chat template's variables of a request: its `chat_template_kwargs`, and its `tools` (as the client sent them,
+/// once checked) when it has any; and the tools read.
+pub(super) fn template_vars(f: &Fields) -> Result<(Map<String, Value>, Vec<ToolSpec>), ApiError> {
+    let mut vars = openai::template_kwargs(f)?;
+    let Some(v) = f.get("tools") else {
+        return Ok((vars, Vec::new()));
+    };
+    let tools = parse_tools(v).map_err(tools_error)?;
+    if !tools.is_empty() {
+        vars.insert("tools".into(), v.clone());
+    }
+    Ok((vars, tools))
+}
+
+/// The tool-call reader of a chat request: none unless it has tools and lets the model choose (`auto`). A choice
+/// that forces a call needs a grammar, which this server does not apply to a request yet: refused rather than
+/// hoped for.
+fn tool_parser(
+    state: &ServeState,
+    tools: Vec<ToolSpec>,
+    choice: &ToolChoice,
+) -> Result<Option<ToolCallParser>, ApiError> {
+    match choice {
+        ToolChoice::None => Ok(None),
+        ToolChoice::Auto if tools.is_empty() => Ok(None),
+        ToolChoice::Auto => {
+            let format = state.tool_format.map_err(|why| no_tool_format(state, why))?;
+            Ok(Some(ToolCallParser::new(format, tools)))
+        }
+        ToolChoice::Required | ToolChoice::Named(_) => Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice \"required\" or a named function makes the model call a tool, which needs constrained \
+             decoding (a grammar over the tool's arguments) that this server does not apply yet; send \"auto\" (the \
+             model decides, its calls are parsed) or \"none\"",
+        )
+        .with_code("unsupported_value")),
+    }
+}
+
+/// Why a request with tools cannot have its calls read.
+fn no_tool_format(state: &ServeState, why: NoToolFormat) -> ApiError {
+    let formats: Vec<&str> = ToolFormat::ALL.iter().map(|f| f.name()).collect();
+    let message = match why {
+        NoToolFormat::NotInTemplate => format!(
+            "The model `{}` has no tool-call format: its chat template writes none of the formats this server reads \
+             ({}). Start the server with --tool-call-parser to name the model's format, or send tool_choice \"none\" \
+             (the tools are shown to the model, its answer is not parsed).",
+            state.model_name,
+            formats.join(", ")
+        ),
+        NoToolFormat::Disabled => "The server runs with --tool-call-parser none, so tool calls cannot be read; send \
+                                   tool_choice \"none\" or no tools."
+            .to_string(),
+    };
+    ApiError::invalid("tools", message)
 }
 
 /// A conversation rendered and tokenized.
@@ -160,7 +246,11 @@ pub async fn handle(
     let (f, streaming) = openai::read(body, api, Endpoint::Chat).await?;
     let messages = parse_messages(&f)?;
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let kwargs = openai::template_kwargs(&f)?;
+    let (kwargs, tools) = template_vars(&f)?;
+    let choice = parse_tool_choice(f.get("tool_choice"), &tools).map_err(tools_error)?;
+    // Every call block is read, however many; the flag matters to a grammar that forces calls.
+    f.bool("parallel_tool_calls")?;
+    let tool_calls = tool_parser(state, tools, &choice)?;
     let mut params = openai::sampling(&f, state)?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
@@ -179,24 +269,25 @@ pub async fn handle(
     tracing::debug!(
         reasoning = state.reasoning,
         opens_reasoning = prompt.opens_reasoning,
+        tool_format = tool_calls.as_ref().map(|t| t.format().name()),
         "chat prompt"
     );
+    let parser = ChatParser::new(reasoning, tool_calls);
 
-    match answer(api, ctx, (prompt.ids, params), streaming, true, None, reasoning).await? {
+    match answer(api, ctx, (prompt.ids, params), streaming, true, None, parser.clone()).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => {
-            let message = if state.reasoning {
-                let split = ReasoningSplitter::split_all(prompt.opens_reasoning, &done.text);
-                let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
-                // An answer that is all reasoning (cut short, or only thought) has no content, as vLLM says it.
-                let content = (!split.content.is_empty() || reasoning.is_none()).then_some(split.content);
-                json!({"role": "assistant", "content": content, "reasoning_content": reasoning})
-            } else {
-                json!({"role": "assistant", "content": done.text})
+            let (message, called) = match parser {
+                Some(p) => {
+                    let read = p.parse_all(&done.text);
+                    (chat_parse::message(&read, state.reasoning), !read.calls.is_empty())
+                }
+                None => (json!({"role": "assistant", "content": done.text}), false),
             };
+            let reason = if called { "tool_calls" } else { done.reason.openai() };
             Ok(done.response(
                 "chat.completion",
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.reason.openai()}),
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": reason}),
             ))
         }
     }

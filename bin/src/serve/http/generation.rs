@@ -12,9 +12,9 @@ use axum::Json;
 use rewind_actors::{Event, EventStream, GenerateRequest, Usage};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::FinishReason;
-use rewind_engine::tokenizer::reasoning::ReasoningSplitter;
 use serde_json::{json, Value};
 
+use super::chat_parse::ChatParser;
 use super::errors::ApiError;
 use super::metrics::HttpMetrics;
 use super::openai::Streaming;
@@ -150,8 +150,8 @@ pub enum Answer {
 }
 
 /// Runs `prompt` for an endpoint (`chat` or completions): streamed when `streaming` says so, the stream opening with
-/// the chat role and `echo` (the prompt's text, for completions that want it back), its text split by `reasoning`
-/// (chat with a reasoning parser) into `reasoning_content` and `content` deltas; else collected.
+/// the chat role and `echo` (the prompt's text, for completions that want it back), its text read by `parser` (chat
+/// with a reasoning parser or tools) into `reasoning_content`, `content` and `tool_calls` deltas; else collected.
 pub async fn answer(
     api: &Api,
     ctx: &RequestContext,
@@ -159,7 +159,7 @@ pub async fn answer(
     streaming: Streaming,
     chat: bool,
     echo: Option<String>,
-    reasoning: Option<ReasoningSplitter>,
+    parser: Option<ChatParser>,
 ) -> Result<Answer, ApiError> {
     let admitted = submit(api, ctx, prompt, params).await?;
     let shape = ChunkShape {
@@ -181,7 +181,7 @@ pub async fn answer(
         .into_iter()
         .chain(echo.filter(|t| !t.is_empty()).map(|t| shape.text(&t)))
         .collect();
-    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, reasoning)))
+    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, parser)))
 }
 
 impl Completed {

@@ -11,6 +11,7 @@
 mod auth;
 mod body;
 mod chat;
+mod chat_parse;
 mod completions;
 pub mod errors;
 mod generation;

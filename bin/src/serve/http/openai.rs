@@ -312,9 +312,11 @@ const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
     ("prompt_logprobs", "prompt_logprobs", is_zero),
     ("use_beam_search", "use_beam_search", is_false),
     ("suffix", "suffix", is_empty),
-    ("tools", "tools (function calling)", is_empty),
-    ("functions", "functions (function calling)", is_empty),
-    ("tool_choice", "tool_choice", |v| v == "none" || v == "auto"),
+    (
+        "functions",
+        "functions (the legacy function calling; send tools)",
+        is_empty,
+    ),
     ("response_format", "response_format other than text", |v| {
         v.get("type").is_some_and(|t| t == "text")
     }),
@@ -369,8 +371,22 @@ const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo"];
 const KNOWN_CHAT: &[&str] = &[
     "messages",
     "max_completion_tokens",
+    "tools",
+    "tool_choice",
     "parallel_tool_calls",
     "chat_template_kwargs",
+];
+
+/// What `/v1/completions` refuses rather than ignores: tools belong to chats.
+const UNSUPPORTED_COMPLETIONS: &[(&str, &str, Accepts)] = &[
+    (
+        "tools",
+        "tools on completions (send them to /v1/chat/completions)",
+        is_empty,
+    ),
+    ("tool_choice", "tool_choice on completions", |v| {
+        v == "none" || v == "auto"
+    }),
 ];
 
 /// The fields of `/tokenize` (vLLM's: a `prompt`, or chat `messages` with their options).
@@ -382,6 +398,7 @@ const KNOWN_TOKENIZE: &[&str] = &[
     "add_generation_prompt",
     "return_token_strs",
     "chat_template_kwargs",
+    "tools",
 ];
 
 /// What `/tokenize` refuses rather than ignores: a chat rendered differently from how `/v1/chat/completions` renders it.
@@ -392,7 +409,6 @@ const UNSUPPORTED_TOKENIZE: &[(&str, &str, Accepts)] = &[
         is_empty,
     ),
     ("continue_final_message", "continue_final_message", is_false),
-    ("tools", "tools (function calling)", is_empty),
 ];
 
 /// The fields of `/detokenize`.
@@ -406,10 +422,10 @@ pub fn unknown_fields(f: &Fields, endpoint: Endpoint) -> Vec<&str> {
         Endpoint::Tokenize => (&[], KNOWN_TOKENIZE, UNSUPPORTED_TOKENIZE),
         Endpoint::Detokenize => (&[], KNOWN_DETOKENIZE, &[]),
     };
-    let chat: &Refusals = if endpoint == Endpoint::Chat {
-        UNSUPPORTED_CHAT
-    } else {
-        &[]
+    let chat: &Refusals = match endpoint {
+        Endpoint::Chat => UNSUPPORTED_CHAT,
+        Endpoint::Completions => UNSUPPORTED_COMPLETIONS,
+        Endpoint::Tokenize | Endpoint::Detokenize => &[],
     };
     let known = |name: &str| {
         shared.contains(&name) || own.contains(&name) || unsupported.iter().chain(chat).any(|(n, _, _)| *n == name)
@@ -454,7 +470,7 @@ fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     // `null` is absent and always fine (Fields::get).
     let (common, own): (&Refusals, &Refusals) = match endpoint {
         Endpoint::Chat => (UNSUPPORTED, UNSUPPORTED_CHAT),
-        Endpoint::Completions => (UNSUPPORTED, &[]),
+        Endpoint::Completions => (UNSUPPORTED, UNSUPPORTED_COMPLETIONS),
         Endpoint::Tokenize => (UNSUPPORTED_TOKENIZE, &[]),
         Endpoint::Detokenize => (&[], &[]),
     };

@@ -12,10 +12,11 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use rewind_actors::{Event, Usage};
-use rewind_engine::tokenizer::reasoning::{ReasoningSplitter, Split};
+use rewind_engine::tokenizer::reasoning::Split;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use super::chat_parse::{ChatDelta, ChatParser, NumberedCall};
 use super::errors::ApiError;
 use super::generation::{usage_json, Admitted};
 
@@ -87,6 +88,25 @@ impl ChunkShape {
         )
     }
 
+    /// The chunks of a call the model made, as vLLM streams them: one opening it (index, id, type, name), one with
+    /// its arguments.
+    pub fn tool_call(&self, call: &NumberedCall) -> [Value; 2] {
+        let delta = |call_delta: Value| {
+            self.chunk(
+                vec![
+                    json!({"index": 0, "delta": {"tool_calls": [call_delta]}, "logprobs": null,
+                            "finish_reason": null}),
+                ],
+                None,
+            )
+        };
+        [
+            delta(json!({"index": call.index, "id": call.id, "type": "function",
+                         "function": {"name": call.call.name}})),
+            delta(json!({"index": call.index, "function": {"arguments": call.call.arguments}})),
+        ]
+    }
+
     /// The chunk that ends the choice.
     fn finish(&self, reason: &str) -> Value {
         let choice = if self.chat {
@@ -104,8 +124,9 @@ struct Streaming {
     /// `None` once the request ended (so dropping the body cancels nothing).
     admitted: Option<Admitted>,
     queue: VecDeque<SseEvent>,
-    /// Splits a chat answer's text into reasoning and content deltas, when the server has a reasoning parser.
-    reasoning: Option<ReasoningSplitter>,
+    /// Splits a chat answer's text into reasoning, content and tool-call deltas, when the server splits reasoning or
+    /// the request has tools.
+    parser: Option<ChatParser>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -119,23 +140,25 @@ impl Streaming {
             Some(Event::Token { text, .. }) => {
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
                 // nothing; the text comes with a later token.
-                if let Some(splitter) = &mut self.reasoning {
-                    // A piece that may be the start of `</think>` is held back until the next one decides it.
-                    let split = splitter.push(&text);
-                    if !split.is_empty() {
-                        self.queue.push_back(data(&self.shape.split(&split)));
-                    }
+                if let Some(parser) = &mut self.parser {
+                    // A piece that may be the start of `</think>` or of a call is held back until the next one
+                    // decides it.
+                    let delta = parser.push(&text);
+                    self.send(delta);
                 } else if !text.is_empty() {
                     self.queue.push_back(data(&self.shape.text(&text)));
                 }
             }
             Some(Event::Finished { reason, usage, .. }) => {
-                if let Some(split) = self.reasoning.as_mut().map(ReasoningSplitter::finish) {
-                    if !split.is_empty() {
-                        self.queue.push_back(data(&self.shape.split(&split)));
+                let mut reason = reason.openai();
+                if let Some(parser) = &mut self.parser {
+                    let delta = parser.finish();
+                    if parser.called() {
+                        reason = "tool_calls";
                     }
+                    self.send(delta);
                 }
-                self.queue.push_back(data(&self.shape.finish(reason.openai())));
+                self.queue.push_back(data(&self.shape.finish(reason)));
                 if self.shape.include_usage {
                     self.queue.push_back(data(&self.shape.chunk(Vec::new(), Some(&usage))));
                 }
@@ -150,6 +173,19 @@ impl Streaming {
         }
     }
 
+    /// Queues a parsed piece: its text parts, then its calls.
+    fn send(&mut self, delta: ChatDelta) {
+        let split = delta.text();
+        if !split.is_empty() {
+            self.queue.push_back(data(&self.shape.split(&split)));
+        }
+        for call in &delta.calls {
+            for chunk in self.shape.tool_call(call) {
+                self.queue.push_back(data(&chunk));
+            }
+        }
+    }
+
     fn end(&mut self) {
         self.admitted = None;
         self.queue.push_back(SseEvent::default().data("[DONE]"));
@@ -157,19 +193,14 @@ impl Streaming {
 }
 
 /// The streamed response for `admitted`, starting with `opening` chunks (the chat role, an echoed prompt), its text
-/// split by `reasoning` when given.
-pub fn respond(
-    shape: ChunkShape,
-    admitted: Admitted,
-    opening: Vec<Value>,
-    reasoning: Option<ReasoningSplitter>,
-) -> Response {
+/// read by `parser` when given.
+pub fn respond(shape: ChunkShape, admitted: Admitted, opening: Vec<Value>, parser: Option<ChatParser>) -> Response {
     let span = tracing::Span::current();
     let state = Streaming {
         queue: opening.iter().map(data).collect(),
         shape,
         admitted: Some(admitted),
-        reasoning,
+        parser,
     };
     let body = futures::stream::unfold(state, move |mut st| {
         async move {

@@ -11,15 +11,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::chat::{parse_messages, tokenize as tokenize_chat};
+use super::chat::{parse_messages, template_vars, tokenize as tokenize_chat};
 use super::errors::ApiError;
 use super::generation::blocking;
 use super::openai::{self, Endpoint};
 use super::Api;
 
 /// `POST /tokenize`: `{"prompt": str}` (with `add_special_tokens`, default true) or `{"messages": [...]}` (with
-/// `add_generation_prompt`, default true, and `chat_template_kwargs`) to `{"count", "max_model_len", "tokens"}`, plus
-/// `token_strs` when `return_token_strs` asks for them.
+/// `add_generation_prompt`, default true, `chat_template_kwargs` and `tools`) to `{"count", "max_model_len",
+/// "tokens"}`, plus `token_strs` when `return_token_strs` asks for them.
 pub async fn tokenize(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (f, _) = openai::read(body, &api, Endpoint::Tokenize).await?;
     let token_strs = f.bool("return_token_strs")?.unwrap_or(false);
@@ -32,12 +32,8 @@ pub async fn tokenize(State(api): State<Arc<Api>>, body: Result<Bytes, BytesReje
         }
         (None, None) => return Err(ApiError::invalid("prompt", "prompt or messages is required")),
         (Some(_), None) => {
-            if f.get("add_generation_prompt").is_some() || f.get("chat_template_kwargs").is_some() {
-                let name = if f.get("add_generation_prompt").is_some() {
-                    "add_generation_prompt"
-                } else {
-                    "chat_template_kwargs"
-                };
+            let chat_only = ["add_generation_prompt", "chat_template_kwargs", "tools"];
+            if let Some(name) = chat_only.into_iter().find(|n| f.get(n).is_some()) {
                 return Err(ApiError::invalid(name, format!("{name} only applies to messages")));
             }
             let prompt = f.str("prompt")?.unwrap_or_default().to_string();
@@ -63,7 +59,7 @@ pub async fn tokenize(State(api): State<Arc<Api>>, body: Result<Bytes, BytesReje
             }
             let messages = parse_messages(&f)?;
             let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            let kwargs = openai::template_kwargs(&f)?;
+            let (kwargs, _) = template_vars(&f)?;
             blocking(&api, move |s| tokenize_chat(s, messages, generation_prompt, &kwargs))
                 .await?
                 .ids
