@@ -162,6 +162,7 @@ pub async fn handle(
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let kwargs = openai::template_kwargs(&f)?;
     let mut params = openai::sampling(&f, state)?;
+    let n = openai::choices(&f, state.engine.info().slots)?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),
@@ -182,23 +183,20 @@ pub async fn handle(
         "chat prompt"
     );
 
-    match answer(api, ctx, (prompt.ids, params), streaming, true, None, reasoning).await? {
+    match answer(api, ctx, (prompt.ids, params, n), streaming, true, None, reasoning).await? {
         Answer::Streamed(r) => Ok(r),
-        Answer::Completed(done) => {
+        Answer::Completed(done) => Ok(done.response("chat.completion", |i, c| {
             let message = if state.reasoning {
-                let split = ReasoningSplitter::split_all(prompt.opens_reasoning, &done.text);
+                let split = ReasoningSplitter::split_all(prompt.opens_reasoning, &c.text);
                 let reasoning = (!split.reasoning.is_empty()).then_some(split.reasoning);
                 // An answer that is all reasoning (cut short, or only thought) has no content, as vLLM says it.
                 let content = (!split.content.is_empty() || reasoning.is_none()).then_some(split.content);
                 json!({"role": "assistant", "content": content, "reasoning_content": reasoning})
             } else {
-                json!({"role": "assistant", "content": done.text})
+                json!({"role": "assistant", "content": c.text})
             };
-            Ok(done.response(
-                "chat.completion",
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.reason.openai()}),
-            ))
-        }
+            json!({"index": i, "message": message, "logprobs": null, "finish_reason": c.finish_reason()})
+        })),
     }
 }
 
