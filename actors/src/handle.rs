@@ -63,6 +63,7 @@ impl EngineHandle {
     /// parameters, a prompt too long) gets a single `Failed` event.
     pub fn submit(&self, request: GenerateRequest) -> Result<EventStream, ActorsError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let open = request.n.max(1);
         let (tx, rx) = unbounded_channel();
         self.coordinator
             .send_message(CoordinatorMsg::Submit {
@@ -75,6 +76,7 @@ impl EngineHandle {
             id,
             rx,
             coordinator: self.coordinator.clone(),
+            open,
             ended: false,
         })
     }
@@ -151,11 +153,13 @@ impl Drop for EngineHandle {
     }
 }
 
-/// The events of one request; see [`Event`]. Dropped before its end, it cancels the request.
+/// The events of one request; see [`Event`]. Dropped before its end, it cancels the request (every choice).
 pub struct EventStream {
     id: u64,
     rx: UnboundedReceiver<Event>,
     coordinator: ActorRef<CoordinatorMsg>,
+    /// Choices not yet finished: the stream ends with the last one's `Finished`.
+    open: usize,
     ended: bool,
 }
 
@@ -165,14 +169,23 @@ impl EventStream {
         self.id
     }
 
-    /// The next event; `None` after the last one.
+    /// Whether the last event came (every choice's `Finished`, or a `Failed`).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The next event; `None` after the last one (every choice's `Finished`, or a `Failed`).
     pub async fn next(&mut self) -> Option<Event> {
         if self.ended {
             return None;
         }
         let e = self.rx.recv().await;
         match &e {
-            Some(Event::Finished { .. } | Event::Failed { .. }) | None => self.ended = true,
+            Some(Event::Finished { .. }) => {
+                self.open = self.open.saturating_sub(1);
+                self.ended = self.open == 0;
+            }
+            Some(Event::Failed { .. }) | None => self.ended = true,
             Some(Event::Token { .. }) => {}
         }
         if e.is_none() {

@@ -24,6 +24,10 @@ pub struct GenerateRequest {
     pub session: Option<String>,
     /// Who sends the request: a turn must name a session of this owner (see [`SessionOwner`]).
     pub owner: SessionOwner,
+    /// Choices to generate (OpenAI's `n`; at least 1, at most the engine's sequence slots). The prompt is prefilled
+    /// once and its state forked into `n` sequences, each sampled with its own seed ([`choice_seed`]); the events of
+    /// every choice come on the one stream, tagged with their choice's index. A session turn takes only 1.
+    pub n: usize,
 }
 
 impl GenerateRequest {
@@ -37,8 +41,15 @@ impl GenerateRequest {
             speculate: true,
             session: None,
             owner: SessionOwner::default(),
+            n: 1,
         }
     }
+}
+
+/// The seed of choice `choice` of a request whose seed is `seed`: `seed + choice` (wrapping), as vLLM derives its
+/// choices' seeds, so a seeded request's choices are reproducible (choice 0 draws with the request's own seed).
+pub fn choice_seed(seed: u64, choice: usize) -> u64 {
+    seed.wrapping_add(choice as u64)
 }
 
 /// The engine step that produced a token.
@@ -75,7 +86,8 @@ pub struct RequestTiming {
     pub recoveries: usize,
 }
 
-/// One event of a request's stream. A stream ends with exactly one `Finished` or `Failed`.
+/// One event of a request's stream. A stream ends with one `Finished` per choice (the request's `n`, in any order;
+/// the choices' tokens interleave) or with one `Failed`, which ends every choice.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
@@ -84,9 +96,11 @@ pub enum Event {
     Token {
         token: u32,
         text: String,
-        /// The token's index among the generated ones (from 0).
+        /// The token's index among its choice's generated ones (from 0).
         index: usize,
         step: StepStats,
+        /// The choice it belongs to (0 ..< the request's `n`).
+        choice: usize,
     },
     /// The request ended (its last token's event came just before, with any held-back text).
     Finished {
@@ -97,6 +111,8 @@ pub enum Event {
         seed: u64,
         /// Speculation's counters, when the engine speculates.
         spec: Option<SpecStats>,
+        /// The choice that ended (its `usage` counts the prompt and that choice's tokens).
+        choice: usize,
     },
     /// The request failed (bad parameters, or faults beyond the retry limit); nothing more comes.
     Failed { error: String, kind: FailureKind },

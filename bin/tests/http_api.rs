@@ -263,7 +263,7 @@ fn malformed_requests_get_4xx_naming_the_field_while_a_stream_runs() {
         (r#""max_tokens": 5000"#, "max_tokens", "at most 1024"),
         (r#""max_tokens": -1"#, "max_tokens", "non-negative integer"),
         (r#""max_tokens": 1024"#, "max_tokens", "maximum context length"),
-        (r#""n": 2"#, "n", "not supported"),
+        (r#""n": 99"#, "n", "n must be between 1 and"),
         (r#""logprobs": 1"#, "logprobs", "logprobs is not supported"),
         (r#""stop": [""]"#, "stop", "must not be empty"),
         (&stop_ids, "stop_token_ids", "out of range"),

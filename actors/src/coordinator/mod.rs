@@ -6,6 +6,7 @@
 //! Steps run inside the actor's message handler, one at a time; the coordinator sends itself [`CoordinatorMsg::Step`]
 //! while there is work, so submissions and cancellations queued meanwhile are taken between steps.
 
+mod choices;
 mod ranks;
 mod recovery;
 mod sessions;
@@ -30,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
-use crate::session::Sessions;
+use crate::session::{SavedState, Sessions};
 pub use ranks::Fault;
 use ranks::Generation;
 pub use sessions::SessionMsg;
@@ -178,6 +179,15 @@ struct Live {
     spec: Option<LiveSpec>,
     /// The session this request is a turn of.
     session: Option<LiveSession>,
+    /// The request this sequence answers (the key of its events and of its cancellation) and which of its choices
+    /// it is: the sequence's own id and 0 unless the request asked for `n > 1` (see `choices.rs`).
+    request: u64,
+    choice: usize,
+    /// The forked prompt state a choice starts from, and its tokens: restored at every (re)start of the sequence,
+    /// like a session's saved state.
+    fork: Option<(SavedState, usize)>,
+    /// When this sequence is a request's fork prefill: the choices to start from its state.
+    forking: Option<Box<choices::Forking>>,
 }
 
 /// The coordinator's state.
@@ -212,6 +222,12 @@ pub struct CoordinatorState {
     saves: Vec<Save>,
     /// Saved-state bytes freed since the allocator last handed free memory back to the OS.
     freed_state_bytes: usize,
+    /// Fork prefills that finished in the step being run (`(sequence, slot)`), forked before their slots are released.
+    forks: Vec<(u64, usize)>,
+    /// The id of the next choice sequence (see `choices.rs`).
+    next_choice: u64,
+    /// Slots of sequences ended in the step being run because another choice of their request failed.
+    dropped: Vec<usize>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -339,6 +355,9 @@ impl Actor for Coordinator {
             sessions,
             saves: Vec::new(),
             freed_state_bytes: 0,
+            forks: Vec::new(),
+            next_choice: choices::FIRST_CHOICE_ID,
+            dropped: Vec::new(),
         })
     }
 

@@ -69,8 +69,11 @@ impl CoordinatorState {
                 let error = format!("{count}; the last: {why}");
                 Metrics::inc(&self.metrics.requests_failed);
                 let _ = l.events.send(Event::failed(FailureKind::Unavailable, error));
+                let request = l.request;
                 self.live.remove(&id);
                 self.sched.cancel(id);
+                // The request's other choices end with it (the ranks restart, so no slot needs releasing).
+                self.drop_choices(request);
             }
         }
         let requeued = self.sched.requeue_all();

@@ -182,15 +182,16 @@ impl CoordinatorState {
         })
     }
 
-    /// Restores the saved state of every turn starting afresh in this step (`(request, slot)`) into its slot.
+    /// Restores the saved state of every sequence starting afresh in this step (`(request, slot)`: a session's
+    /// turn, a forked choice) into its slot.
     pub(super) async fn restore(&mut self, starts: &[(u64, usize)]) -> Result<(), Fault> {
         for &(request, slot) in starts {
-            let Some((state, n)) = self
-                .live
-                .get(&request)
-                .and_then(|l| l.session.as_ref())
-                .and_then(|s| s.state.clone())
-            else {
+            let Some((state, n)) = self.live.get(&request).and_then(|l| {
+                l.session
+                    .as_ref()
+                    .and_then(|s| s.state.clone())
+                    .or_else(|| l.fork.clone())
+            }) else {
                 return Err(Fault::Rank(
                     0,
                     format!("request {request} starts from a restored state it does not have"),
@@ -297,18 +298,22 @@ impl CoordinatorState {
             self.index += 1;
             self.run(self.index, &plan).await?;
         }
+        self.snapshot(s.slot, keep).await.map(|state| (state, keep))
+    }
+
+    /// A host copy of `slot`'s state on every rank, which must hold `keep` tokens (a session's turn, a fork's prompt).
+    pub(super) async fn snapshot(&mut self, slot: usize, keep: usize) -> Result<SavedState, Fault> {
         let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
-        let slot = s.slot;
         let parts = g
             .call(|reply| RankActorMsg::Snapshot(slot, reply), self.config.step_deadline)
             .await?;
         if let Some(p) = parts.iter().find(|p| p.position != keep) {
             return Err(Fault::Rank(
                 0,
-                format!("slot {slot}'s state holds {} tokens, the session {keep}", p.position),
+                format!("slot {slot}'s state holds {} tokens, the sequence {keep}", p.position),
                 false,
             ));
         }
-        Ok((Arc::new(Saved::new(parts)), keep))
+        Ok(Arc::new(Saved::new(parts)))
     }
 }

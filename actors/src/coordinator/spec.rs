@@ -331,13 +331,15 @@ impl CoordinatorState {
 
     /// Fails request `id` alone (its slot is released).
     pub(super) async fn fail(&mut self, id: u64, error: String) {
+        let mut slots = Vec::new();
         if let Some(l) = self.live.remove(&id) {
             Metrics::inc(&self.metrics.requests_failed);
             let _ = l.events.send(Event::failed(FailureKind::Internal, error));
+            // The request's other choices end with it.
+            slots = self.drop_choices(l.request);
         }
-        if let Some(slot) = self.sched.cancel(id) {
-            self.release(&[slot]).await;
-        }
+        slots.extend(self.sched.cancel(id));
+        self.release(&slots).await;
     }
 
     /// Judges request `id`'s verify of `tokens` at `position` from its rows `row..` of `result`: the accepted

@@ -15,6 +15,7 @@ use rewind_engine::EngineError;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info_span, warn, Instrument};
 
+use super::choices::Sequence;
 use super::spec::{HiddenLayout, Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
@@ -59,6 +60,7 @@ impl CoordinatorState {
                 self.info.vocab
             ))));
         }
+        self.check_choices(&request).map_err(refused)?;
         // A turn runs on the session's tokens and starts from its saved state. A refused turn leaves the session
         // idle: it is busy only while its request is live.
         let (request, turn) = match request.session.take() {
@@ -92,6 +94,7 @@ impl CoordinatorState {
             speculate,
             session: _,
             owner: _,
+            n,
         } = request;
         params.validate(self.info.vocab)?;
         let (session, restored) = match turn {
@@ -120,6 +123,55 @@ impl CoordinatorState {
                 self.info.max_context
             )));
         }
+        let seq = Sequence {
+            request: id,
+            choice: 0,
+            prompt,
+            params,
+            seed: None,
+            priority,
+            reference,
+            speculate,
+            restored,
+            session,
+            fork: None,
+            forking: None,
+            submitted: Instant::now(),
+        };
+        if n > 1 {
+            return self.admit_choices(id, n, seq, events);
+        }
+        let seed = seq.params.seed;
+        self.queue(id, Sequence { seed, ..seq }, events)?;
+        Metrics::inc(&self.metrics.requests_submitted);
+        self.gauges();
+        Ok(())
+    }
+
+    /// Queues sequence `id` with the scheduler and makes it live: a request's only choice, one of its `n`
+    /// choices, or its fork's prefill (see `choices.rs`).
+    pub(super) fn queue(
+        &mut self,
+        id: u64,
+        seq: Sequence,
+        events: &UnboundedSender<Event>,
+    ) -> rewind_engine::Result<()> {
+        let Sequence {
+            request,
+            choice,
+            prompt,
+            params,
+            seed,
+            priority,
+            reference,
+            speculate,
+            restored,
+            session,
+            fork,
+            forking,
+            submitted,
+        } = seq;
+        let room = self.info.max_context.saturating_sub(prompt.len());
         let chain = self.may_chain(&params, speculate, session.is_some());
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
@@ -138,8 +190,8 @@ impl CoordinatorState {
             })
             .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let (prompt_len, limit) = (prompt.len(), output.limit());
-        let seed = params.seed.unwrap_or_else(|| {
-            // A fresh seed per request, reproducible from the event stream (it is reported at the end).
+        let seed = seed.unwrap_or_else(|| {
+            // A fresh seed per sequence, reproducible from the event stream (it is reported at the end).
             Sampler::new(params.clone()).map(|s| s.seed()).unwrap_or(id)
         });
         let spec = match self.config.spec.as_ref().filter(|_| speculate) {
@@ -155,7 +207,14 @@ impl CoordinatorState {
             )?),
             None => None,
         };
-        Metrics::inc(&self.metrics.requests_submitted);
+        let span = info_span!(
+            "request",
+            id = request,
+            choice,
+            prompt_tokens = prompt_len,
+            max_tokens = limit,
+            restored
+        );
         self.live.insert(
             id,
             Live {
@@ -165,29 +224,32 @@ impl CoordinatorState {
                 seed,
                 prompt_len: prompt.len(),
                 history: prompt,
-                submitted: Instant::now(),
+                submitted,
                 first_token: None,
                 retries: Default::default(),
                 preemptions: 0,
                 recoveries: 0,
-                span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit, restored),
+                span,
                 spec,
                 session,
+                request,
+                choice,
+                fork,
+                forking,
             },
         );
-        self.gauges();
         Ok(())
     }
 
     /// Drops a request wherever it is (its client went away).
+    /// Every choice of it ends.
     pub(super) async fn cancel(&mut self, id: u64) {
-        if self.live.remove(&id).is_none() {
+        if !self.choices_left(id) {
             return;
         }
         Metrics::inc(&self.metrics.requests_cancelled);
-        if let Some(slot) = self.sched.cancel(id) {
-            self.release(&[slot]).await;
-        }
+        let slots = self.drop_choices(id);
+        self.release(&slots).await;
         self.gauges();
     }
 
@@ -211,7 +273,7 @@ impl CoordinatorState {
         }
     }
 
-    fn gauges(&self) {
+    pub(super) fn gauges(&self) {
         let m = &self.metrics;
         let (waiting, running) = self.sched.counts();
         let (slots, blocks) = self.sched.free();
@@ -542,6 +604,9 @@ impl CoordinatorState {
         }
         let saves = std::mem::take(&mut self.saves);
         self.save(saves).await;
+        let forks = std::mem::take(&mut self.forks);
+        self.fork(forks).await;
+        finished.append(&mut self.dropped);
         self.release(&finished).await;
         for (id, error) in failed {
             self.fail(id, error).await;
@@ -576,6 +641,9 @@ impl CoordinatorState {
             // Cancelled while the step ran: the scheduler let it go already.
             return None;
         };
+        if l.forking.is_some() {
+            return self.prefilled(id, token);
+        }
         Metrics::inc(&self.metrics.generated_tokens);
         let span = l.span.clone();
         let _entered = span.enter();
@@ -590,8 +658,13 @@ impl CoordinatorState {
                 warn!(request = id, %e, "detokenizing failed");
                 Metrics::inc(&self.metrics.requests_failed);
                 let _ = l.events.send(Event::failed(FailureKind::Internal, e.to_string()));
+                let request = l.request;
                 self.live.remove(&id);
-                return self.sched.cancel(id);
+                // The request's other choices end with it (released with this step's finished slots).
+                let slot = self.sched.cancel(id);
+                let others = self.drop_choices(request);
+                self.dropped.extend(others);
+                return slot;
             }
         };
         let client_gone = l
@@ -601,6 +674,7 @@ impl CoordinatorState {
                 text,
                 index,
                 step,
+                choice: l.choice,
             })
             .is_err();
         let slot = match self.sched.sampled(id, token, finish.is_some() || client_gone) {
@@ -612,7 +686,9 @@ impl CoordinatorState {
         };
         if let Some(reason) = finish {
             let l = self.live.remove(&id)?;
-            Metrics::inc(&self.metrics.requests_finished);
+            if !self.choices_left(l.request) {
+                Metrics::inc(&self.metrics.requests_finished);
+            }
             debug!(
                 ?reason,
                 tokens = l.output.generated(),
@@ -635,6 +711,7 @@ impl CoordinatorState {
                 },
                 seed: l.seed,
                 spec: l.spec.as_ref().map(|s| s.stats),
+                choice: l.choice,
             };
             match (&l.session, slot) {
                 // A session's turn is finished once its state is saved (or fails if it cannot be).
@@ -652,8 +729,11 @@ impl CoordinatorState {
                 }
             }
         } else if client_gone {
-            self.live.remove(&id);
-            Metrics::inc(&self.metrics.requests_cancelled);
+            if let Some(l) = self.live.remove(&id) {
+                if !self.choices_left(l.request) {
+                    Metrics::inc(&self.metrics.requests_cancelled);
+                }
+            }
         }
         slot
     }

@@ -20,6 +20,8 @@ mod plan;
 mod plan_memory;
 mod selftest;
 #[cfg(feature = "cuda")]
+mod selftest_choices;
+#[cfg(feature = "cuda")]
 mod selftest_model;
 #[cfg(feature = "cuda")]
 mod selftest_spec_chain;

@@ -515,6 +515,12 @@ pub fn section(
                     all_ok &= ok;
                     rows.push(v);
                 }
+                // A request's n choices from one forked prefill, in f32 (see `selftest_choices`).
+                if dtype == GpuDtype::F32 {
+                    let (v, ok) = super::selftest_choices::rows(&m.name, dir, prompts, &opts, *tp);
+                    all_ok &= ok;
+                    rows.push(v);
+                }
             }
         }
     }

@@ -259,8 +259,27 @@ impl Scheduler {
         tokens.div_ceil(self.config.kv_block_size)
     }
 
-    /// Queues a request after checking that it can ever run.
+    /// Queues a request after checking that it can ever run ([`Scheduler::check`]).
     pub fn submit(&mut self, request: Request) -> Result<(), SchedError> {
+        self.check(&request)?;
+        let arrival = self.arrivals;
+        self.arrivals += 1;
+        let key = (-i64::from(request.priority), arrival);
+        self.waiting.insert(
+            key,
+            Waiting {
+                request,
+                arrival,
+                generated: Vec::new(),
+                chunks: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether `request` could be queued: it has a prompt to prefill and tokens to generate, its id is not queued
+    /// or running, and its whole context fits the context limit and the KV pool.
+    pub fn check(&self, request: &Request) -> Result<(), SchedError> {
         let id = request.id;
         if request.prompt.is_empty() {
             return Err(SchedError::EmptyPrompt { id });
@@ -294,18 +313,6 @@ impl Scheduler {
                 total: self.config.kv_blocks,
             });
         }
-        let arrival = self.arrivals;
-        self.arrivals += 1;
-        let key = (-i64::from(request.priority), arrival);
-        self.waiting.insert(
-            key,
-            Waiting {
-                request,
-                arrival,
-                generated: Vec::new(),
-                chunks: Vec::new(),
-            },
-        );
         Ok(())
     }
 

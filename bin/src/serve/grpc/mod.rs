@@ -205,6 +205,7 @@ async fn complete(state: &Arc<ServeState>, r: pb::CompleteRequest, span: tracing
     params::default_max_tokens(state, &mut params, prompt.len());
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);
+    request.n = r.n.map_or(1, |n| n as usize);
     let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;
     stream::respond(events, state.cut_off_watch(), span).await
 }

@@ -131,6 +131,7 @@ pub async fn generate(
     request.session = Some(r.session_id);
     request.owner = owner;
     request.speculate = s.speculate;
+    request.n = r.n.map_or(1, |n| n as usize);
     let events = state.engine.submit(request).map_err(|e| actors(&e))?;
     respond(events, state.cut_off_watch(), span).await
 }

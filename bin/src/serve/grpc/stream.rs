@@ -1,6 +1,6 @@
-//! A request's engine events as a stream of [`pb::GenerateChunk`]s: the tokens one engine step produced become one
-//! chunk (several when speculation accepted drafts), the last chunk carries the finish reason and usage, and a failure
-//! becomes the stream's error status. The response stream owns the request's [`EventStream`], so a client that goes
+//! A request's engine events as a stream of [`pb::GenerateChunk`]s: the tokens one engine step produced for one choice
+//! become one chunk (several when speculation accepted drafts), each choice's last chunk carries its finish reason and
+//! usage, and a failure becomes the stream's error status. The response stream owns the request's [`EventStream`], so a client that goes
 //! away (the stream dropped) cancels the request and frees its slot.
 
 use std::pin::Pin;
@@ -25,7 +25,7 @@ pub async fn respond(events: EventStream, cut: CutOff, span: tracing::Span) -> R
         events,
         cut,
         pending: None,
-        last_step: None,
+        last: None,
         done: false,
     };
     let first = chunker.next_chunk().instrument(span.clone()).await;
@@ -48,8 +48,8 @@ struct Chunker {
     cut: CutOff,
     /// An event read ahead that belongs to the next chunk.
     pending: Option<Event>,
-    /// The engine step of the latest token: a later token of the same step is an accepted draft.
-    last_step: Option<u64>,
+    /// The engine step and choice of the latest token: a later token of both is an accepted draft.
+    last: Option<(u64, usize)>,
     done: bool,
 }
 
@@ -63,14 +63,23 @@ impl Chunker {
             Some(e) => e,
             None => self.cut.next(&mut self.events).await?,
         };
-        let mut chunk = pb::GenerateChunk::default();
+        let mut chunk = pb::GenerateChunk {
+            choice_index: choice_of(&event).unwrap_or(0) as u32,
+            ..Default::default()
+        };
         loop {
             match event {
-                Event::Token { token, text, step, .. } => {
-                    if self.last_step == Some(step.index) {
+                Event::Token {
+                    token,
+                    text,
+                    step,
+                    choice,
+                    ..
+                } => {
+                    if self.last == Some((step.index, choice)) {
                         chunk.accepted_draft_tokens += 1;
                     }
-                    self.last_step = Some(step.index);
+                    self.last = Some((step.index, choice));
                     chunk.token_ids.push(token);
                     chunk.text.push_str(&text);
                 }
@@ -80,8 +89,10 @@ impl Chunker {
                     timing,
                     seed,
                     spec,
+                    choice: _,
                 } => {
-                    self.done = true;
+                    // Other choices may still run.
+                    self.done = self.events.ended();
                     chunk.finish_reason = finish_reason(reason) as i32;
                     chunk.usage = Some(pb::Usage {
                         prompt_tokens: usage.prompt_tokens as u64,
@@ -113,8 +124,10 @@ impl Chunker {
             // cancel-safe (a channel receive), so not waiting loses nothing.
             match self.events.next().now_or_never() {
                 Some(Some(e)) => {
-                    let later_step = matches!(&e, Event::Token { step, .. } if Some(step.index) != self.last_step);
-                    if later_step {
+                    let later_step =
+                        matches!(&e, Event::Token { step, .. } if Some(step.index) != self.last.map(|l| l.0));
+                    let other_choice = choice_of(&e).is_some_and(|c| c as u32 != chunk.choice_index);
+                    if later_step || other_choice {
                         self.pending = Some(e);
                         return Some(Ok(chunk));
                     }
@@ -123,6 +136,14 @@ impl Chunker {
                 Some(None) | None => return Some(Ok(chunk)),
             }
         }
+    }
+}
+
+/// The choice an event belongs to (`None` for a failure, which ends every choice).
+fn choice_of(e: &Event) -> Option<usize> {
+    match e {
+        Event::Token { choice, .. } | Event::Finished { choice, .. } => Some(*choice),
+        Event::Failed { .. } => None,
     }
 }
 

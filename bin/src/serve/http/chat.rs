@@ -252,6 +252,7 @@ pub async fn handle(
     f.bool("parallel_tool_calls")?;
     let tool_calls = tool_parser(state, tools, &choice)?;
     let mut params = openai::sampling(&f, state)?;
+    let n = openai::choices(&f, state.engine.info().slots)?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),
@@ -274,22 +275,19 @@ pub async fn handle(
     );
     let parser = ChatParser::new(reasoning, tool_calls);
 
-    match answer(api, ctx, (prompt.ids, params), streaming, true, None, parser.clone()).await? {
+    match answer(api, ctx, (prompt.ids, params, n), streaming, true, None, parser.clone()).await? {
         Answer::Streamed(r) => Ok(r),
-        Answer::Completed(done) => {
-            let (message, called) = match parser {
+        Answer::Completed(done) => Ok(done.response("chat.completion", |i, c| {
+            let (message, called) = match parser.clone() {
                 Some(p) => {
-                    let read = p.parse_all(&done.text);
+                    let read = p.parse_all(&c.text);
                     (chat_parse::message(&read, state.reasoning), !read.calls.is_empty())
                 }
-                None => (json!({"role": "assistant", "content": done.text}), false),
+                None => (json!({"role": "assistant", "content": c.text}), false),
             };
-            let reason = if called { "tool_calls" } else { done.reason.openai() };
-            Ok(done.response(
-                "chat.completion",
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": reason}),
-            ))
-        }
+            let reason = if called { Some("tool_calls") } else { c.finish_reason() };
+            json!({"index": i, "message": message, "logprobs": null, "finish_reason": reason})
+        })),
     }
 }
 

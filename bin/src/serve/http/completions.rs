@@ -101,6 +101,7 @@ pub async fn handle(
     let echo = f.bool("echo")?.unwrap_or(false);
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;
+    let n = openai::choices(&f, state.engine.info().slots)?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
     params.max_tokens = Some(openai::resolve_max_tokens(
@@ -111,11 +112,11 @@ pub async fn handle(
         params.min_tokens,
     )?);
 
-    match answer(api, ctx, (ids, params), streaming, false, echoed, None).await? {
+    match answer(api, ctx, (ids, params, n), streaming, false, echoed, None).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => Ok(done.response(
             "text_completion",
-            json!({"index": 0, "text": done.text, "logprobs": null, "finish_reason": done.reason.openai()}),
+            |i, c| json!({"index": i, "text": c.text, "logprobs": null, "finish_reason": c.finish_reason()}),
         )),
     }
 }

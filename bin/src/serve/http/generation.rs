@@ -41,12 +41,16 @@ async fn submit(
     ctx: &RequestContext,
     prompt: Vec<u32>,
     params: SamplingParams,
+    n: usize,
 ) -> Result<Admitted, ApiError> {
     let prompt_tokens = prompt.len();
     let mut events = api
         .state
         .engine
-        .submit(GenerateRequest::new(prompt, params))
+        .submit(GenerateRequest {
+            n,
+            ..GenerateRequest::new(prompt, params)
+        })
         .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     tracing::Span::current().record("engine_request", events.id());
     tracing::debug!(prompt_tokens, "submitted");
@@ -115,24 +119,60 @@ pub async fn blocking<T: Send + 'static>(
 pub struct Completed {
     /// The response's id, creation time and model (what a stream's chunks would have carried).
     pub shape: ChunkShape,
-    pub text: String,
-    pub reason: FinishReason,
+    /// Every choice, by index.
+    pub choices: Vec<Choice>,
+    /// The prompt counted once, the choices' tokens summed (as OpenAI counts `n`).
     pub usage: Usage,
 }
 
-/// Reads `admitted` to its end; its response will have `shape`'s id, time and model.
-async fn collect(mut admitted: Admitted, shape: ChunkShape) -> Result<Completed, ApiError> {
-    let mut text = String::new();
+/// One choice of a completed generation.
+#[derive(Clone, Debug, Default)]
+pub struct Choice {
+    pub text: String,
+    /// `None` until the choice finished.
+    pub reason: Option<FinishReason>,
+}
+
+impl Choice {
+    /// OpenAI's `finish_reason` of the choice.
+    pub fn finish_reason(&self) -> Option<&'static str> {
+        self.reason.map(FinishReason::openai)
+    }
+}
+
+/// `usage` with a finished choice's own usage added: the prompt counted once, completion tokens summed.
+pub fn add_usage(total: &mut Usage, choice: &Usage) {
+    total.prompt_tokens = choice.prompt_tokens;
+    total.cached_tokens = choice.cached_tokens;
+    total.completion_tokens += choice.completion_tokens;
+}
+
+/// Reads `admitted` (of `n` choices) to its end; its response will have `shape`'s id, time and model.
+async fn collect(mut admitted: Admitted, shape: ChunkShape, n: usize) -> Result<Completed, ApiError> {
+    let mut choices = vec![Choice::default(); n];
+    let mut usage = Usage::default();
+    let mut open = n;
+    let unknown = |c: usize| {
+        ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the engine answered for choice {c} of {n}"),
+        )
+    };
     while let Some(e) = admitted.next().await {
         match e {
-            Event::Token { text: piece, .. } => text.push_str(&piece),
-            Event::Finished { reason, usage, .. } => {
-                return Ok(Completed {
-                    shape,
-                    text,
-                    reason,
-                    usage,
-                })
+            Event::Token { text, choice, .. } => choices.get_mut(choice).ok_or_else(|| unknown(choice))?.text += &text,
+            Event::Finished {
+                reason,
+                usage: u,
+                choice,
+                ..
+            } => {
+                choices.get_mut(choice).ok_or_else(|| unknown(choice))?.reason = Some(reason);
+                add_usage(&mut usage, &u);
+                open -= 1;
+                if open == 0 {
+                    return Ok(Completed { shape, choices, usage });
+                }
             }
             Event::Failed { error, kind } => return Err(ApiError::from_failure(kind, error)),
         }
@@ -155,13 +195,13 @@ pub enum Answer {
 pub async fn answer(
     api: &Api,
     ctx: &RequestContext,
-    (prompt, params): (Vec<u32>, SamplingParams),
+    (prompt, params, n): (Vec<u32>, SamplingParams, usize),
     streaming: Streaming,
     chat: bool,
     echo: Option<String>,
     parser: Option<ChatParser>,
 ) -> Result<Answer, ApiError> {
-    let admitted = submit(api, ctx, prompt, params).await?;
+    let admitted = submit(api, ctx, prompt, params, n).await?;
     let shape = ChunkShape {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, ctx.id),
         created: unix_now(),
@@ -170,29 +210,35 @@ pub async fn answer(
         include_usage: streaming.include_usage,
     };
     if !streaming.stream {
-        let mut done = collect(admitted, shape).await?;
+        let mut done = collect(admitted, shape, n).await?;
         if let Some(prefix) = echo {
-            done.text.insert_str(0, &prefix);
+            for c in &mut done.choices {
+                c.text.insert_str(0, &prefix);
+            }
         }
         return Ok(Answer::Completed(done));
     }
-    let opening = chat
-        .then(|| shape.role())
-        .into_iter()
-        .chain(echo.filter(|t| !t.is_empty()).map(|t| shape.text(&t)))
+    // Each choice opens as a stream of one would (OpenAI sends every choice its role).
+    let echo = echo.filter(|t| !t.is_empty());
+    let opening = (0..n)
+        .flat_map(|i| {
+            let role = chat.then(|| shape.role(i));
+            role.into_iter().chain(echo.as_ref().map(|t| shape.text(i, t)))
+        })
         .collect();
-    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, parser)))
+    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, parser, n)))
 }
 
 impl Completed {
-    /// The endpoint's response: `object` with its one `choice`.
-    pub fn response(&self, object: &str, choice: Value) -> Response {
+    /// The endpoint's response: `object` with its `choices`, each made by `choice` from its index and itself.
+    pub fn response(&self, object: &str, choice: impl Fn(usize, &Choice) -> Value) -> Response {
+        let choices: Vec<Value> = self.choices.iter().enumerate().map(|(i, c)| choice(i, c)).collect();
         Json(json!({
             "id": self.shape.id,
             "object": object,
             "created": self.shape.created,
             "model": self.shape.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(&self.usage),
         }))
         .into_response()

@@ -276,10 +276,6 @@ pub enum Endpoint {
     Detokenize,
 }
 
-fn is_one(v: &Value) -> bool {
-    v.as_u64() == Some(1)
-}
-
 fn is_zero(v: &Value) -> bool {
     v.as_f64() == Some(0.0)
 }
@@ -306,8 +302,6 @@ type Refusals = [(&'static str, &'static str, Accepts)];
 /// The fields [`refuse_unsupported`] checks: the name, what a value other than the default asks for, and which values
 /// pass.
 const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
-    ("n", "n other than 1 (one choice per request)", is_one),
-    ("best_of", "best_of other than 1", is_one),
     ("top_logprobs", "top_logprobs", is_zero),
     ("prompt_logprobs", "prompt_logprobs", is_zero),
     ("use_beam_search", "use_beam_search", is_false),
@@ -355,6 +349,8 @@ const KNOWN: &[&str] = &[
     "include_stop_str_in_output",
     "stop_token_ids",
     "ignore_eos",
+    "n",
+    "best_of",
     "stream",
     "stream_options",
     "logprobs",
@@ -614,6 +610,27 @@ pub fn sampling(f: &Fields, state: &ServeState) -> Result<SamplingParams, ApiErr
     Ok(p)
 }
 
+/// `n`, the choices to generate: 1 to `max` (the engine's sequence slots, `--max-seqs`), default 1. `best_of` (the
+/// server would rank more candidates than it returns) is accepted only when it asks for nothing more: absent, 1 or
+/// `n`.
+pub fn choices(f: &Fields, max: usize) -> Result<usize, ApiError> {
+    let n = f.count("n")?.unwrap_or(1);
+    if n == 0 || n > max {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be between 1 and {max} (the sequences this server runs at once, --max-seqs), got {n}"),
+        ));
+    }
+    match f.count("best_of")? {
+        None => Ok(n),
+        Some(b) if b == 1 || b == n => Ok(n),
+        Some(b) => Err(ApiError::unsupported(
+            "best_of",
+            &format!("best_of {b} (ranking more candidates than the n = {n} returned)"),
+        )),
+    }
+}
+
 /// The tokens to generate for a prompt of `prompt_len` tokens (named `prompt_param` in errors): the request's
 /// `max_tokens` (`requested`, with the field it came from) if it fits the context and the server's limit, else the
 /// server's default cut to what the context leaves, raised to `min_tokens` where the context has room. A
@@ -780,7 +797,6 @@ mod tests {
             fields(r#"{"presence_penalty": 1, "frequency_penalty": 0.5, "logit_bias": {"3": 5}, "min_tokens": 2}"#);
         assert!(refuse_unsupported(&sampling, Endpoint::Chat).is_ok());
         for (body, param) in [
-            (r#"{"n": 2}"#, "n"),
             (r#"{"top_logprobs": 2}"#, "top_logprobs"),
             (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
@@ -804,6 +820,25 @@ mod tests {
         // Completions' logprobs is a count: any number asks for them.
         let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
         assert_eq!(e.message, "logprobs is not supported");
+    }
+
+    #[test]
+    fn n_is_bounded_by_the_sequences_and_best_of_asks_for_no_more() {
+        assert_eq!(choices(&fields("{}"), 4), Ok(1));
+        assert_eq!(choices(&fields(r#"{"n": 4, "best_of": 4}"#), 4), Ok(4));
+        assert_eq!(choices(&fields(r#"{"n": 3, "best_of": 1}"#), 4), Ok(3));
+        assert_eq!(choices(&fields(r#"{"n": null}"#), 4), Ok(1));
+        for (body, param, want) in [
+            (r#"{"n": 0}"#, "n", "between 1 and 4"),
+            (r#"{"n": 5}"#, "n", "got 5"),
+            (r#"{"n": -1}"#, "n", "non-negative"),
+            (r#"{"n": 2, "best_of": 3}"#, "best_of", "best_of 3"),
+        ] {
+            let e = choices(&fields(body), 4).expect_err(body);
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(want), "{body}: {}", e.message);
+            assert_eq!(e.status.as_u16(), 400);
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Streamed answers as server-sent events, the way OpenAI streams them: one `data: {chunk}` per piece of text, a
 //! chunk with the `finish_reason`, a usage chunk when `stream_options.include_usage` asked for one, then
-//! `data: [DONE]`. A request that fails after its stream started sends `data: {"error": ...}` before `[DONE]`.
+//! `data: [DONE]`. A request that fails after its stream started sends `data: {"error": ...}` before `[DONE]`. With
+//! `n` choices their chunks interleave, each naming its choice's `index`; each choice ends with its own
+//! `finish_reason` chunk, and the usage chunk (the prompt once, every choice's tokens) and `[DONE]` follow the last.
 //!
 //! The engine's event stream lives inside the response body: when the client disconnects, the server drops the body
 //! and with it the request, which the engine then cancels.
@@ -18,7 +20,7 @@ use tracing::Instrument;
 
 use super::chat_parse::{ChatDelta, ChatParser, NumberedCall};
 use super::errors::ApiError;
-use super::generation::{usage_json, Admitted};
+use super::generation::{add_usage, usage_json, Admitted};
 
 /// How often an idle stream (a long prefill, a queued request) sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -51,30 +53,30 @@ impl ChunkShape {
         c
     }
 
-    /// The chat stream's first chunk: the assistant's role.
-    pub fn role(&self) -> Value {
+    /// A chat choice's first chunk: the assistant's role.
+    pub fn role(&self, index: usize) -> Value {
         self.chunk(
             vec![
-                json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+                json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
                         "finish_reason": null}),
             ],
             None,
         )
     }
 
-    /// A chunk of text.
-    pub fn text(&self, text: &str) -> Value {
+    /// A chunk of choice `index`'s text.
+    pub fn text(&self, index: usize, text: &str) -> Value {
         let choice = if self.chat {
-            json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+            json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
         } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
+            json!({"index": index, "text": text, "logprobs": null, "finish_reason": null})
         };
         self.chunk(vec![choice], None)
     }
 
     /// A chat chunk of an answer split by a reasoning parser: `reasoning_content` and / or `content`, whichever has
     /// text.
-    pub fn split(&self, split: &Split) -> Value {
+    pub fn split(&self, index: usize, split: &Split) -> Value {
         let mut delta = serde_json::Map::new();
         if !split.reasoning.is_empty() {
             delta.insert("reasoning_content".into(), Value::String(split.reasoning.clone()));
@@ -83,18 +85,18 @@ impl ChunkShape {
             delta.insert("content".into(), Value::String(split.content.clone()));
         }
         self.chunk(
-            vec![json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})],
+            vec![json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})],
             None,
         )
     }
 
-    /// The chunks of a call the model made, as vLLM streams them: one opening it (index, id, type, name), one with
-    /// its arguments.
-    pub fn tool_call(&self, call: &NumberedCall) -> [Value; 2] {
+    /// The chunks of a call the model made in choice `choice`, as vLLM streams them: one opening it (index, id,
+    /// type, name), one with its arguments.
+    pub fn tool_call(&self, choice: usize, call: &NumberedCall) -> [Value; 2] {
         let delta = |call_delta: Value| {
             self.chunk(
                 vec![
-                    json!({"index": 0, "delta": {"tool_calls": [call_delta]}, "logprobs": null,
+                    json!({"index": choice, "delta": {"tool_calls": [call_delta]}, "logprobs": null,
                             "finish_reason": null}),
                 ],
                 None,
@@ -107,12 +109,12 @@ impl ChunkShape {
         ]
     }
 
-    /// The chunk that ends the choice.
-    fn finish(&self, reason: &str) -> Value {
+    /// The chunk that ends choice `index`.
+    fn finish(&self, index: usize, reason: &str) -> Value {
         let choice = if self.chat {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason})
+            json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason})
         } else {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason})
+            json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason})
         };
         self.chunk(vec![choice], None)
     }
@@ -124,9 +126,12 @@ struct Streaming {
     /// `None` once the request ended (so dropping the body cancels nothing).
     admitted: Option<Admitted>,
     queue: VecDeque<SseEvent>,
-    /// Splits a chat answer's text into reasoning, content and tool-call deltas, when the server splits reasoning or
-    /// the request has tools.
-    parser: Option<ChatParser>,
+    /// Per choice, splits its chat text into reasoning, content and tool-call deltas, when the server splits
+    /// reasoning or the request has tools.
+    parsers: Option<Vec<ChatParser>>,
+    /// Choices not yet finished, and the usage of those that did.
+    open: usize,
+    usage: Usage,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -137,30 +142,38 @@ impl Streaming {
     /// Queues what `event` sends; ends the stream on the request's last event.
     fn on(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Token { text, .. }) => {
+            Some(Event::Token { text, choice, .. }) => {
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
                 // nothing; the text comes with a later token.
-                if let Some(parser) = &mut self.parser {
+                if let Some(parser) = self.parsers.as_mut().and_then(|p| p.get_mut(choice)) {
                     // A piece that may be the start of `</think>` or of a call is held back until the next one
                     // decides it.
                     let delta = parser.push(&text);
-                    self.send(delta);
+                    self.send(choice, delta);
                 } else if !text.is_empty() {
-                    self.queue.push_back(data(&self.shape.text(&text)));
+                    self.queue.push_back(data(&self.shape.text(choice, &text)));
                 }
             }
-            Some(Event::Finished { reason, usage, .. }) => {
+            Some(Event::Finished {
+                reason, usage, choice, ..
+            }) => {
                 let mut reason = reason.openai();
-                if let Some(parser) = &mut self.parser {
+                if let Some(parser) = self.parsers.as_mut().and_then(|p| p.get_mut(choice)) {
                     let delta = parser.finish();
                     if parser.called() {
                         reason = "tool_calls";
                     }
-                    self.send(delta);
+                    self.send(choice, delta);
                 }
-                self.queue.push_back(data(&self.shape.finish(reason)));
+                self.queue.push_back(data(&self.shape.finish(choice, reason)));
+                add_usage(&mut self.usage, &usage);
+                self.open = self.open.saturating_sub(1);
+                if self.open > 0 {
+                    return;
+                }
                 if self.shape.include_usage {
-                    self.queue.push_back(data(&self.shape.chunk(Vec::new(), Some(&usage))));
+                    self.queue
+                        .push_back(data(&self.shape.chunk(Vec::new(), Some(&self.usage))));
                 }
                 self.end();
             }
@@ -173,14 +186,14 @@ impl Streaming {
         }
     }
 
-    /// Queues a parsed piece: its text parts, then its calls.
-    fn send(&mut self, delta: ChatDelta) {
+    /// Queues a parsed piece of choice `choice`: its text parts, then its calls.
+    fn send(&mut self, choice: usize, delta: ChatDelta) {
         let split = delta.text();
         if !split.is_empty() {
-            self.queue.push_back(data(&self.shape.split(&split)));
+            self.queue.push_back(data(&self.shape.split(choice, &split)));
         }
         for call in &delta.calls {
-            for chunk in self.shape.tool_call(call) {
+            for chunk in self.shape.tool_call(choice, call) {
                 self.queue.push_back(data(&chunk));
             }
         }
@@ -192,15 +205,23 @@ impl Streaming {
     }
 }
 
-/// The streamed response for `admitted`, starting with `opening` chunks (the chat role, an echoed prompt), its text
-/// read by `parser` when given.
-pub fn respond(shape: ChunkShape, admitted: Admitted, opening: Vec<Value>, parser: Option<ChatParser>) -> Response {
+/// The streamed response for `admitted` (of `n` choices), starting with `opening` chunks (the chat role, an echoed
+/// prompt), each choice's text read by a copy of `parser` when given.
+pub fn respond(
+    shape: ChunkShape,
+    admitted: Admitted,
+    opening: Vec<Value>,
+    parser: Option<ChatParser>,
+    n: usize,
+) -> Response {
     let span = tracing::Span::current();
     let state = Streaming {
         queue: opening.iter().map(data).collect(),
         shape,
         admitted: Some(admitted),
-        parser,
+        parsers: parser.map(|p| vec![p; n]),
+        open: n,
+        usage: Usage::default(),
     };
     let body = futures::stream::unfold(state, move |mut st| {
         async move {
@@ -237,12 +258,14 @@ mod tests {
     #[test]
     fn chat_chunks_carry_deltas() {
         let s = shape(true, false);
-        let r = s.role();
+        let r = s.role(0);
         assert_eq!(r["object"], "chat.completion.chunk");
         assert_eq!(r["choices"][0]["delta"]["role"], "assistant");
         assert!(r.get("usage").is_none(), "no usage field unless asked for");
-        assert_eq!(s.text("hi")["choices"][0]["delta"]["content"], "hi");
-        let f = s.finish("stop");
+        assert_eq!(s.text(0, "hi")["choices"][0]["delta"]["content"], "hi");
+        assert_eq!(s.text(2, "hi")["choices"][0]["index"], 2);
+        let f = s.finish(1, "stop");
+        assert_eq!(f["choices"][0]["index"], 1);
         assert_eq!(f["choices"][0]["finish_reason"], "stop");
         assert_eq!(f["choices"][0]["delta"], json!({}));
         let both = Split {
@@ -250,20 +273,23 @@ mod tests {
             content: "c".into(),
         };
         assert_eq!(
-            s.split(&both)["choices"][0]["delta"],
+            s.split(0, &both)["choices"][0]["delta"],
             json!({"reasoning_content": "r", "content": "c"})
         );
         let only = Split {
             reasoning: "r".into(),
             content: String::new(),
         };
-        assert_eq!(s.split(&only)["choices"][0]["delta"], json!({"reasoning_content": "r"}));
+        assert_eq!(
+            s.split(0, &only)["choices"][0]["delta"],
+            json!({"reasoning_content": "r"})
+        );
     }
 
     #[test]
     fn completion_chunks_carry_text_and_null_usage_until_the_end() {
         let s = shape(false, true);
-        let t = s.text("a");
+        let t = s.text(0, "a");
         assert_eq!(t["object"], "text_completion");
         assert_eq!(t["choices"][0]["text"], "a");
         assert!(t["usage"].is_null());
