@@ -331,9 +331,14 @@ impl CoordinatorState {
 
     /// Fails request `id` alone (its slot is released).
     pub(super) async fn fail(&mut self, id: u64, error: String) {
+        self.fail_as(id, FailureKind::Internal, error).await
+    }
+
+    /// Ends request `id` with a failure of `kind`, releasing its slot.
+    pub(super) async fn fail_as(&mut self, id: u64, kind: FailureKind, error: String) {
         if let Some(l) = self.live.remove(&id) {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = l.events.send(Event::failed(FailureKind::Internal, error));
+            let _ = l.events.send(Event::failed(kind, error));
         }
         if let Some(slot) = self.sched.cancel(id) {
             self.release(&[slot]).await;

@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
+use super::structured;
 use super::{Api, RequestContext};
 use crate::serve::{ServeState, CHAT_ROLES};
 
@@ -162,6 +163,7 @@ pub async fn handle(
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let kwargs = openai::template_kwargs(&f)?;
     let mut params = openai::sampling(&f, state)?;
+    params.constraint = structured::constraint(api, &f).await?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::errors::ApiError;
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, Endpoint, Fields};
+use super::structured;
 use super::{Api, RequestContext};
 use crate::serve::ServeState;
 
@@ -101,6 +102,7 @@ pub async fn handle(
     let echo = f.bool("echo")?.unwrap_or(false);
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;
+    params.constraint = structured::constraint(api, &f).await?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
     params.max_tokens = Some(openai::resolve_max_tokens(
