@@ -77,10 +77,9 @@ fn validates(v: &Value) -> Result<(), String> {
 
 fn completion(url: &str, mut body: Value) -> (String, String) {
     body["prompt"] = json!("Describe a person as JSON:");
-    body["max_tokens"]
-        .as_u64()
-        .is_none()
-        .then(|| body["max_tokens"] = json!(300));
+    if body["max_tokens"].is_null() {
+        body["max_tokens"] = json!(300);
+    }
     let v = ok(&format!("{url}/v1/completions"), body);
     (
         v["choices"][0]["text"].as_str().expect("text").to_string(),

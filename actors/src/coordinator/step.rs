@@ -158,6 +158,7 @@ impl CoordinatorState {
             )?),
             None => None,
         };
+        let grammar = params.constraint.as_ref().map(|c| c.start());
         Metrics::inc(&self.metrics.requests_submitted);
         self.live.insert(
             id,
@@ -176,7 +177,7 @@ impl CoordinatorState {
                 span: info_span!("request", id, prompt_tokens = prompt_len, max_tokens = limit, restored),
                 spec,
                 session,
-                grammar: params.constraint.as_ref().map(|c| c.start()),
+                grammar,
             },
         );
         self.gauges();
