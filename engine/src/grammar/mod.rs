@@ -125,34 +125,37 @@ fn escape_regex(text: &str) -> String {
 /// A compiled constraint: its spec and the grammar's start state, which every request carrying it starts from
 /// ([`Constraint::start`]). Cloning shares the compiled grammar; two constraints are equal when their specs are.
 #[derive(Clone)]
-pub struct Constraint {
+pub struct Constraint(Arc<Compiled>);
+
+/// What a [`Constraint`] shares (one pointer keeps `SamplingParams`, which every message of a request carries, small).
+struct Compiled {
     spec: ConstraintSpec,
-    start: Arc<Mutex<Matcher>>,
+    start: Mutex<Matcher>,
 }
 
 impl Constraint {
     /// What the request asked for.
     pub fn spec(&self) -> &ConstraintSpec {
-        &self.spec
+        &self.0.spec
     }
 
     /// A fresh state of the grammar, for one request. Its lexer cache is the request's own copy (of the one the
     /// compile warmed), so the masks of requests of one constraint are computed in parallel, not one at a time.
     pub fn start(&self) -> GrammarState {
-        let matcher = self.start.lock().unwrap_or_else(|e| e.into_inner()).deep_clone();
+        let matcher = self.0.start.lock().unwrap_or_else(|e| e.into_inner()).deep_clone();
         GrammarState { matcher }
     }
 }
 
 impl PartialEq for Constraint {
     fn eq(&self, other: &Self) -> bool {
-        self.spec == other.spec
+        self.0.spec == other.0.spec
     }
 }
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Constraint").field(&self.spec).finish()
+        f.debug_tuple("Constraint").field(&self.0.spec).finish()
     }
 }
 
@@ -198,10 +201,10 @@ impl GrammarCompiler {
             .compute_mask()
             .map_err(|e| EngineError::InvalidInput(first_line(&e.to_string())))?;
         tracing::debug!(seconds = started.elapsed().as_secs_f64(), "compiled a constraint");
-        Ok(Constraint {
+        Ok(Constraint(Arc::new(Compiled {
             spec,
-            start: Arc::new(Mutex::new(matcher)),
-        })
+            start: Mutex::new(matcher),
+        })))
     }
 }
 
@@ -225,7 +228,7 @@ impl GrammarState {
         let have = set.as_slice();
         let n = words.len().min(have.len());
         words[..n].copy_from_slice(&have[..n]);
-        if let Some(last) = words.last_mut().filter(|_| vocab % 32 != 0) {
+        if let Some(last) = words.last_mut().filter(|_| !vocab.is_multiple_of(32)) {
             *last &= (1u32 << (vocab % 32)) - 1;
         }
         if words.iter().all(|&w| w == 0) {

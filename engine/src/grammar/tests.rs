@@ -3,6 +3,7 @@ use super::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
+use toktrie::TokTrie;
 
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
 
@@ -122,16 +123,10 @@ fn token_bytes_match_the_tokenizer() {
         }
     }
     assert!(checked > 1000, "only {checked} tokens checked");
-    for id in t.vocab_size()..vocab {
-        assert_eq!(
-            bytes[id][0],
-            TokTrie::SPECIAL_TOKEN_MARKER,
-            "padding id {id} is a placeholder"
-        );
+    for (id, b) in bytes.iter().enumerate().skip(t.vocab_size()) {
+        assert_eq!(b[0], TokTrie::SPECIAL_TOKEN_MARKER, "padding id {id} is a placeholder");
     }
 }
-
-use toktrie::TokTrie;
 
 #[test]
 fn byte_fallback_pieces_are_their_bytes() {
