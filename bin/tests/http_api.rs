@@ -530,12 +530,12 @@ fn unknown_roles_fields_and_structured_outputs_are_not_silently_taken() {
     assert!(message(&v).contains("`wizard`"), "{v}");
     let (status, v) = post(
         &chat,
-        r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "guided_json": {}}"#,
+        r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "guided_decoding_backend": "outlines"}"#,
         &[],
     );
     assert_eq!(status, 400, "{v}");
-    assert_eq!(v["error"]["param"], "guided_json", "{v}");
-    assert!(message(&v).contains("structured outputs"), "{v}");
+    assert_eq!(v["error"]["param"], "guided_decoding_backend", "{v}");
+    assert!(message(&v).contains("llguidance"), "{v}");
 
     let lenient = json!({"prompt": "hi", "max_tokens": 1, "frobnicate": true, "wibble": 2});
     ok(&format!("{url}/v1/completions"), lenient.clone());

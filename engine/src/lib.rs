@@ -8,6 +8,7 @@ pub mod generate;
 pub mod generation_config;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod grammar;
 pub mod init;
 pub mod model;
 pub mod plan;

@@ -119,6 +119,7 @@ fn reference(dir: &Path, prompt: &[u32], n: usize, params: &SamplingParams, seed
                 repetition_penalty: 1.0,
                 history: Vec::new(),
                 bias: Vec::new(),
+                mask: None,
                 uniform: Sampler::draw_at(s, out.len() as u64),
             }
             .sample(&logits),

@@ -7,6 +7,7 @@
 //! while there is work, so submissions and cancellations queued meanwhile are taken between steps.
 
 mod choices;
+mod grammar;
 mod ranks;
 mod recovery;
 mod sessions;
@@ -188,6 +189,8 @@ struct Live {
     fork: Option<(SavedState, usize)>,
     /// When this sequence is a request's fork prefill: the choices to start from its state.
     forking: Option<Box<choices::Forking>>,
+    /// Structured outputs: where the request is in its grammar (see `grammar.rs`).
+    grammar: Option<rewind_engine::grammar::GrammarState>,
 }
 
 /// The coordinator's state.

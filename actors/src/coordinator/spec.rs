@@ -331,10 +331,15 @@ impl CoordinatorState {
 
     /// Fails request `id` alone (its slot is released).
     pub(super) async fn fail(&mut self, id: u64, error: String) {
+        self.fail_as(id, FailureKind::Internal, error).await
+    }
+
+    /// Ends request `id` with a failure of `kind`, releasing its slot (and those of its other choices).
+    pub(super) async fn fail_as(&mut self, id: u64, kind: FailureKind, error: String) {
         let mut slots = Vec::new();
         if let Some(l) = self.live.remove(&id) {
             Metrics::inc(&self.metrics.requests_failed);
-            let _ = l.events.send(Event::failed(FailureKind::Internal, error));
+            let _ = l.events.send(Event::failed(kind, error));
             // The request's other choices end with it.
             slots = self.drop_choices(l.request);
         }

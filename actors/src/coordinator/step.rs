@@ -16,6 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info_span, warn, Instrument};
 
 use super::choices::Sequence;
+use super::grammar::StepMasks;
 use super::spec::{HiddenLayout, Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
@@ -97,6 +98,8 @@ impl CoordinatorState {
             n,
         } = request;
         params.validate(self.info.vocab)?;
+        // A constrained request does not speculate: its drafts are not checked against its grammar.
+        let speculate = speculate && params.constraint.is_none();
         let (session, restored) = match turn {
             Some((s, n)) => (Some(s), n),
             None => (None, 0),
@@ -215,6 +218,7 @@ impl CoordinatorState {
             max_tokens = limit,
             restored
         );
+        let grammar = params.constraint.as_ref().map(|c| c.start());
         self.live.insert(
             id,
             Live {
@@ -236,6 +240,7 @@ impl CoordinatorState {
                 choice,
                 fork,
                 forking,
+                grammar,
             },
         );
         Ok(())
@@ -284,7 +289,7 @@ impl CoordinatorState {
     }
 
     /// The sampling row of `id`'s next token; `None` for greedy decoding that changes no logit (the argmax).
-    fn sample_row(&self, id: u64) -> Option<SampleRow> {
+    fn sample_row(&self, id: u64, masks: &StepMasks) -> Option<SampleRow> {
         let l = self.live.get(&id)?;
         let p = &l.params;
         if p.temperature == 0.0 && !p.adjusts_logits() {
@@ -305,6 +310,7 @@ impl CoordinatorState {
                 Vec::new()
             },
             bias,
+            mask: masks.masks.get(&id).cloned(),
             uniform: Sampler::draw_at(l.seed, l.output.generated() as u64),
         })
     }
@@ -326,7 +332,7 @@ impl CoordinatorState {
         })
     }
 
-    fn seq_step(&self, p: &Planned) -> SeqStep {
+    fn seq_step(&self, p: &Planned, masks: &StepMasks) -> SeqStep {
         let (kind, position, tokens) = match &p.work {
             StepWork::Prefill { position, tokens, .. } => (SeqKind::Prefill, *position, tokens.clone()),
             StepWork::Decode { position, token, .. } => (SeqKind::Decode, *position, vec![*token]),
@@ -351,7 +357,7 @@ impl CoordinatorState {
             tokens,
             form: self.config.form,
             rows: if samples { Rows::Last } else { Rows::None },
-            sample: if samples { self.sample_row(p.id) } else { None },
+            sample: if samples { self.sample_row(p.id, masks) } else { None },
             spec: None,
         }
     }
@@ -371,7 +377,8 @@ impl CoordinatorState {
             return;
         };
         let ids = involved(&planned);
-        let plan = match self.build_plan(&planned) {
+        let masks = self.grammar_masks(&planned);
+        let plan = match self.build_plan(&planned, &masks) {
             Ok(plan) => plan,
             Err(f) => return self.recover(f, &ids).await,
         };
@@ -395,7 +402,7 @@ impl CoordinatorState {
             seconds: t0.elapsed().as_secs_f64(),
         };
         self.step_metrics(&planned, &plan, &result, stats);
-        self.deliver_step(&planned, &plan, &result, stats).await;
+        self.deliver_step(&planned, &plan, &result, stats, masks.failed).await;
     }
 
     /// The schedule phase: the scheduler's next step, with the preempted sequences released, the fresh ones
@@ -456,7 +463,7 @@ impl CoordinatorState {
 
     /// The build phase: the scheduler's step as the program every rank runs. A chain the ranks cannot run is the
     /// scheduler's bug, charged to the step as a fault.
-    fn build_plan(&mut self, planned: &Step) -> Result<StepPlan, Fault> {
+    fn build_plan(&mut self, planned: &Step, masks: &StepMasks) -> Result<StepPlan, Fault> {
         let commits = planned
             .commits
             .iter()
@@ -492,7 +499,7 @@ impl CoordinatorState {
             })
         } else {
             Program::Batch(Batch {
-                seqs: planned.work.iter().map(|p| self.seq_step(p)).collect(),
+                seqs: planned.work.iter().map(|p| self.seq_step(p, masks)).collect(),
                 full_logits: planned
                     .work
                     .iter()
@@ -538,7 +545,16 @@ impl CoordinatorState {
 
     /// The deliver phase: hidden rows to the drafters that read them, each sequence's new tokens to its stream, then
     /// session saves, releases of what finished and failures of what could not be judged.
-    async fn deliver_step(&mut self, planned: &Step, plan: &StepPlan, result: &StepResult, stats: StepStats) {
+    /// `grammar_failed`: constrained requests that ran unmasked because their grammar failed; they are failed, not
+    /// delivered.
+    async fn deliver_step(
+        &mut self,
+        planned: &Step,
+        plan: &StepPlan,
+        result: &StepResult,
+        stats: StepStats,
+        grammar_failed: Vec<(u64, String)>,
+    ) {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         // Hidden rows for drafters that run on them: every prefill and decode row is committed now; a verify's
@@ -557,6 +573,11 @@ impl CoordinatorState {
         let n = planned.work.len();
         let mut row = 0;
         for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
+            if grammar_failed.iter().any(|(id, _)| *id == p.id) {
+                // A constrained request reports one row a step: it neither speculates nor chains.
+                row += 1;
+                continue;
+            }
             let picked = match (&plan.program, &p.work) {
                 (Program::VerifyChain(_), StepWork::Verify { tokens, .. }) => self
                     .chain_judged(p.id, i, n, tokens.len(), result)
@@ -611,6 +632,9 @@ impl CoordinatorState {
         for (id, error) in failed {
             self.fail(id, error).await;
         }
+        for (id, error) in grammar_failed {
+            self.fail_as(id, FailureKind::InvalidArgument, error).await;
+        }
         self.gauges();
     }
 
@@ -648,6 +672,15 @@ impl CoordinatorState {
         let span = l.span.clone();
         let _entered = span.enter();
         let index = l.output.generated();
+        if let Some(Err(e)) = l.grammar.as_mut().map(|g| g.accept(token)) {
+            warn!(request = id, %e, "the output's grammar failed");
+            Metrics::inc(&self.metrics.requests_failed);
+            let _ = l
+                .events
+                .send(Event::failed(FailureKind::InvalidArgument, e.to_string()));
+            self.live.remove(&id);
+            return self.sched.cancel(id);
+        }
         let pushed = l.output.push(token);
         l.history.push(token);
         let now = Instant::now();

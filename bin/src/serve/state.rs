@@ -2,10 +2,11 @@
 
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use rewind_actors::{EngineHandle, Event, EventStream, FailureKind, SessionOwner};
+use rewind_engine::grammar::{Constraint, ConstraintSpec, GrammarCompiler};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::tools::ToolFormat;
 use tokio::sync::watch;
@@ -46,6 +47,9 @@ pub struct ServeState {
     /// with a failure event, so its stream gets a final error instead of being cut off.
     cut_off: watch::Sender<bool>,
     pub started: Instant,
+    /// Structured outputs' compiler for this model, built by the first constrained request (the token trie of a
+    /// large vocabulary takes a moment); the error says why this model's tokenizer cannot be constrained.
+    grammar: OnceLock<Result<GrammarCompiler, String>>,
 }
 
 /// Why a server reads no tool calls.
@@ -117,6 +121,7 @@ impl ServeState {
             draining: AtomicBool::new(false),
             cut_off: watch::channel(false).0,
             started: Instant::now(),
+            grammar: OnceLock::new(),
         }
     }
 
@@ -200,6 +205,20 @@ impl ServeState {
     /// Who `presented` (a bearer token, or none) lets in, or `None` when it is refused.
     pub fn authorized(&self, presented: Option<&str>) -> Option<SessionOwner> {
         self.api_keys.owner(presented)
+    }
+
+    /// Compiles a request's structured-output constraint (blocking: call it on the blocking pool). The error is the
+    /// message of a 400 / INVALID_ARGUMENT; the caller names the field.
+    pub fn compile_constraint(&self, spec: ConstraintSpec) -> Result<Constraint, String> {
+        let compiler = self.grammar.get_or_init(|| {
+            let eos = &self.model.eos_token_ids;
+            GrammarCompiler::new(&self.model.tokenizer, self.engine.info().vocab, eos).map_err(|e| e.to_string())
+        });
+        let compiler = compiler.as_ref().map_err(Clone::clone)?;
+        compiler.compile(spec).map_err(|e| match e {
+            rewind_engine::EngineError::InvalidInput(m) => m,
+            e => e.to_string(),
+        })
     }
 
     /// The sampling parameters a request starts from (generation_config.json's) with this server's default

@@ -287,7 +287,7 @@ pub(super) fn sample_params(rows: &[SampleRow]) -> Vec<f32> {
         .collect()
 }
 
-/// The repetition penalty, the bias and the draw for `rows` (whole rows of `vocab` logits) on the device; the ids land in
+/// The repetition penalty, the bias, the token mask and the draw for `rows` (whole rows of `vocab` logits) on the device; the ids land in
 /// `ids` (one a row).
 pub(super) fn sample_on_device(
     dev: &CudaDevice,
@@ -327,6 +327,22 @@ pub(super) fn sample_on_device(
         }
         let (rows_of, tokens, bias) = (dev.upload(&rows_of)?, dev.upload(&tokens)?, dev.upload(&bias)?);
         ops::logit_bias(dev, logits, b, vocab, &rows_of, &tokens, &bias)?;
+    }
+    if rows.iter().any(|r| r.mask.is_some()) {
+        // Constrained rows (structured outputs): their masks, back to back, and each row's place among them.
+        let words = vocab.div_ceil(32);
+        let (mut masks, mut mask_row) = (Vec::new(), Vec::with_capacity(b));
+        for r in rows {
+            match r.mask.as_deref() {
+                Some(m) => {
+                    mask_row.push((masks.len() / words) as i32);
+                    masks.extend((0..words).map(|w| m.get(w).copied().unwrap_or(0)));
+                }
+                None => mask_row.push(-1),
+            }
+        }
+        let (masks, mask_row) = (dev.upload(&masks)?, dev.upload(&mask_row)?);
+        ops::token_mask(dev, logits, b, vocab, &masks, words, &mask_row)?;
     }
     let params = sample_params(rows);
     let uniforms: Vec<f32> = rows.iter().map(|r| r.uniform).collect();

@@ -42,6 +42,7 @@ pub(super) fn greedy() -> SampleRow {
         repetition_penalty: 1.0,
         bias: Vec::new(),
         history: Vec::new(),
+        mask: None,
         uniform: 0.0,
     }
 }

@@ -40,6 +40,10 @@ pub struct SampleRow {
     /// ([`SamplingParams::logit_bias_at`](crate::sample::SamplingParams::logit_bias_at)). Under tensor parallelism
     /// every rank adds them to the row it joined from every rank's vocabulary slice.
     pub bias: Vec<(u32, f32)>,
+    /// A constrained row's token mask (structured outputs, [`crate::grammar`]): bit `id % 32` of word `id / 32` set
+    /// for each id the grammar allows; every other logit becomes [`MASKED`](crate::sample::MASKED) after the bias.
+    /// Every tensor-parallel rank applies it to the row it joined.
+    pub mask: Option<std::sync::Arc<[u32]>>,
     /// Uniform in `[0, 1)`.
     pub uniform: f32,
 }
@@ -63,12 +67,21 @@ impl SampleRow {
                 "logit bias ids are not ascending and distinct".into(),
             ));
         }
+        if let Some(mask) = self.mask.as_deref() {
+            if mask.len() != vocab.div_ceil(32) || mask.iter().all(|&w| w == 0) {
+                return Err(crate::EngineError::InvalidInput(format!(
+                    "a token mask of {} words allowing {} ids does not fit a vocabulary of {vocab} ids",
+                    mask.len(),
+                    mask.iter().map(|w| w.count_ones()).sum::<u32>()
+                )));
+            }
+        }
         Ok(())
     }
 
-    /// Samples a whole-vocabulary logit row: the repetition penalty, the bias, then the filters and the draw (the
-    /// device kernels' CPU twin, so CPU and GPU ranks pick the same token, from whole rows or rows joined across
-    /// ranks).
+    /// Samples a whole-vocabulary logit row: the repetition penalty, the bias, the token mask, then the filters and
+    /// the draw (the device kernels' CPU twin, so CPU and GPU ranks pick the same token, from whole rows or rows
+    /// joined across ranks).
     pub fn sample(&self, row: &[f32]) -> u32 {
         let mut row = row.to_vec();
         if self.repetition_penalty != 1.0 {
@@ -77,6 +90,9 @@ impl SampleRow {
             crate::sample::apply_repetition_penalty(&mut row, &seen, self.repetition_penalty);
         }
         crate::sample::apply_logit_bias(&mut row, &self.bias);
+        if let Some(mask) = self.mask.as_deref() {
+            rewind_kernels::cpu::sample::apply_token_mask(&mut row, mask);
+        }
         rewind_kernels::cpu::sample::sample_row(
             &row,
             self.temperature,
@@ -268,6 +284,7 @@ impl ChainSample {
             repetition_penalty: 1.0,
             history: Vec::new(),
             bias: Vec::new(),
+            mask: None,
             uniform: self.draws.get(k).copied().unwrap_or(0.0),
         }
     }

@@ -501,6 +501,7 @@ fn a_logit_bias_steers_the_pick_across_tensor_parallel_slices() {
         repetition_penalty: 1.0,
         history: Vec::new(),
         bias,
+        mask: None,
         uniform: 0.5,
     };
     // Each step on a fresh slot that took the same prompt.

@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use crate::error::{EngineError, Result};
+use crate::grammar::Constraint;
 
 /// Per-request sampling parameters. The defaults sample from the model's full distribution (temperature 1, no
 /// filtering); `temperature == 0` is greedy decoding.
@@ -51,6 +52,9 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past the model's EOS tokens.
     pub ignore_eos: bool,
+    /// Structured outputs: the output follows this compiled grammar (see [`crate::grammar`]); a constrained request
+    /// samples every token on the penalised path (greedy too), does not chain and does not speculate.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -71,6 +75,7 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            constraint: None,
         }
     }
 }
@@ -169,6 +174,23 @@ impl SamplingParams {
             ));
         }
         check_stop_strings(&self.stop_strings, "stop_strings").map_err(EngineError::InvalidInput)?;
+        if self.constraint.is_some() {
+            // A complete grammar allows only EOS: ignoring it, or masking it below `min_tokens`, would leave a row
+            // with no token to sample.
+            if self.ignore_eos {
+                return Err(EngineError::InvalidInput(
+                    "ignore_eos cannot be combined with structured outputs (the grammar ends the output with EOS)"
+                        .into(),
+                ));
+            }
+            if self.min_tokens > 0 {
+                return Err(EngineError::InvalidInput(
+                    "min_tokens cannot be combined with structured outputs (the grammar decides where the output \
+                     ends)"
+                        .into(),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -189,10 +211,11 @@ impl SamplingParams {
     }
 
     /// Whether the logits are changed before sampling (a repetition, presence or frequency penalty, a logit bias,
-    /// `min_tokens`): such a request's picks need its history on the host, so it samples on the penalised path even
-    /// when greedy, and none of its decodes chain.
+    /// `min_tokens`, a constraint's token mask): such a request's picks need its history on the host, so it samples
+    /// on the penalised path even when greedy, and none of its decodes chain.
     pub fn adjusts_logits(&self) -> bool {
-        self.repetition_penalty != 1.0
+        self.constraint.is_some()
+            || self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
             || !self.logit_bias.is_empty()

@@ -53,6 +53,7 @@ impl Draws {
             repetition_penalty: p.repetition_penalty,
             history: previous_tokens.to_vec(),
             bias,
+            mask: None,
             uniform,
         }
     }

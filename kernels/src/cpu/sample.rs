@@ -1,5 +1,5 @@
-//! CPU twins of the device token-selection kernels: [`argmax`] (greedy) and [`sample_row`] (filtered sampling, HF's
-//! filter order), which the engine's CPU ranks sample with.
+//! CPU twins of the device token-selection kernels: [`argmax`] (greedy), [`sample_row`] (filtered sampling, HF's
+//! filter order) and [`apply_token_mask`] (a constrained row's token mask), which the engine's CPU ranks sample with.
 
 /// Index of the largest value, the lowest index on ties (−0 and +0 are equal).
 pub fn argmax(values: &[f32]) -> u32 {
@@ -10,6 +10,20 @@ pub fn argmax(values: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Sets every logit whose bit is clear in `mask` (one bit a token id, LSB first in `u32` words; ids past the mask's
+/// words are clear) to `f32::MIN`: the token mask of a constrained row (structured outputs), applied after the
+/// additive bias so that no bias lifts a token the grammar forbids. `f32::MIN` rather than −∞ keeps the row finite
+/// (the samplers refuse non-finite rows) while its weight is exactly 0 and it is never the argmax beside an allowed
+/// token. The CPU twin of the device kernel `token_mask`.
+pub fn apply_token_mask(logits: &mut [f32], mask: &[u32]) {
+    for (i, l) in logits.iter_mut().enumerate() {
+        let word = mask.get(i / 32).copied().unwrap_or(0);
+        if (word >> (i % 32)) & 1 == 0 {
+            *l = f32::MIN;
+        }
+    }
 }
 
 /// The tokens the sampling filters keep, in ascending id order, with their weights `exp((l − max) / t)` (f32).

@@ -174,7 +174,7 @@ pub const MODULES: &[KernelModule] = &[
             "gated_norm_apply",
         ]
     ),
-    module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "logit_bias", "sample_rows", "chain_pick"]),
+    module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "logit_bias", "token_mask", "sample_rows", "chain_pick"]),
     module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge", "spec_accept"]),
     module!("spec_chain", typed: false, ["chain_advance", "chain_draft", "chain_spec"]),
     module!("gemv", typed: true, ["gemv"]),

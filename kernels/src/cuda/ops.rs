@@ -485,7 +485,7 @@ pub use replay::{
     gdn_replay, mamba2_replay, replay_geometry, ReplayGeometry, ReplayKind, ReplayRow, ReplayShape, REPLAY_MAX_T,
     REPLAY_META,
 };
-pub use sample::{argmax_rows, chain_pick, logit_bias, repetition_penalty, sample_rows};
+pub use sample::{argmax_rows, chain_pick, logit_bias, repetition_penalty, sample_rows, token_mask};
 pub use scan::{
     gdn_chunked, gdn_chunked_using, gdn_chunked_workspace, gdn_tensor_cores, mamba2_chunked, mamba2_chunked_using,
     mamba2_chunked_workspace, mamba2_tensor_cores, ScanKernel, MAX_CHUNK,

@@ -14,6 +14,7 @@ mod params;
 mod sessions;
 mod status;
 mod stream;
+mod structured;
 
 use std::sync::Arc;
 
@@ -201,6 +202,7 @@ async fn complete(state: &Arc<ServeState>, r: pb::CompleteRequest, span: tracing
         return Err(no_logprobs());
     }
     let mut params = params::merge(state, &params::base(state), r.sampling.as_ref())?;
+    structured::constrain(state, r.sampling.as_ref(), &mut params).await?;
     let prompt = params::input_ids(state, r.input, true).await?;
     params::default_max_tokens(state, &mut params, prompt.len());
     let mut request = GenerateRequest::new(prompt, params);

@@ -51,7 +51,7 @@ const MAX_SESSION_ID_BYTES: usize = 128;
 
 /// CreateSession: the model's defaults with the request's overrides become the session's.
 pub async fn create(
-    state: &ServeState,
+    state: &Arc<ServeState>,
     owner: SessionOwner,
     r: &pb::CreateSessionRequest,
 ) -> Result<pb::SessionInfo, Status> {
@@ -60,7 +60,8 @@ pub async fn create(
     }
     // A session's max_tokens stays unset unless chosen: each turn then gets the server's default, capped to the room
     // its context leaves.
-    let defaults = merge(state, &base(state), r.defaults.as_ref())?;
+    let mut defaults = merge(state, &base(state), r.defaults.as_ref())?;
+    super::structured::constrain(state, r.defaults.as_ref(), &mut defaults).await?;
     let options = SessionOptions {
         defaults,
         speculate: r.speculate.unwrap_or(true),
@@ -125,6 +126,7 @@ pub async fn generate(
         .await
         .map_err(|e| actors(&e))?;
     let mut params = merge(state, &s.defaults, r.sampling.as_ref())?;
+    super::structured::constrain(state, r.sampling.as_ref(), &mut params).await?;
     let prompt = input_ids(state, r.input, s.tokens == 0).await?;
     default_max_tokens(state, &mut params, s.tokens + prompt.len());
     let mut request = GenerateRequest::new(prompt, params);

@@ -17,6 +17,7 @@ use super::chat_parse::{self, ChatParser};
 use super::errors::{echo, ApiError};
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, type_name, Endpoint, Fields};
+use super::structured;
 use super::{Api, RequestContext};
 use crate::serve::state::NoToolFormat;
 use crate::serve::{ServeState, CHAT_ROLES};
@@ -253,6 +254,7 @@ pub async fn handle(
     let tool_calls = tool_parser(state, tools, &choice)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
+    params.constraint = structured::constraint(api, &f).await?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),

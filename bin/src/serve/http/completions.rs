@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::errors::ApiError;
 use super::generation::{answer, blocking, Answer};
 use super::openai::{self, Endpoint, Fields};
+use super::structured;
 use super::{Api, RequestContext};
 use crate::serve::ServeState;
 
@@ -102,6 +103,7 @@ pub async fn handle(
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
+    params.constraint = structured::constraint(api, &f).await?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
     params.max_tokens = Some(openai::resolve_max_tokens(

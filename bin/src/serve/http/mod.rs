@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod openai;
 mod ops;
 mod sse;
+mod structured;
 mod tokenize;
 
 use std::hash::{BuildHasher, RandomState};

@@ -311,25 +311,7 @@ const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
         "functions (the legacy function calling; send tools)",
         is_empty,
     ),
-    ("response_format", "response_format other than text", |v| {
-        v.get("type").is_some_and(|t| t == "text")
-    }),
-    // Structured outputs: any value, even an empty one (`"guided_json": {}`), asks for a constraint this server
-    // cannot apply, so only `null` (absent) passes.
-    ("guided_json", STRUCTURED, refuse_any),
-    ("guided_regex", STRUCTURED, refuse_any),
-    ("guided_choice", STRUCTURED, refuse_any),
-    ("guided_grammar", STRUCTURED, refuse_any),
-    ("guided_decoding_backend", STRUCTURED, refuse_any),
-    ("structured_outputs", STRUCTURED, refuse_any),
 ];
-
-/// What a structured-output field asks for.
-const STRUCTURED: &str = "structured outputs (guided decoding)";
-
-fn refuse_any(_: &Value) -> bool {
-    false
-}
 
 /// Fields both endpoints know besides those of [`UNSUPPORTED`]: read, or harmless to ignore (`user`, `metadata`).
 const KNOWN: &[&str] = &[
@@ -358,6 +340,14 @@ const KNOWN: &[&str] = &[
     "metadata",
     "store",
     "service_tier",
+    // Structured outputs, read by `super::structured`.
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "structured_outputs",
 ];
 
 /// Fields only `/v1/completions` knows.
@@ -799,12 +789,6 @@ mod tests {
         for (body, param) in [
             (r#"{"top_logprobs": 2}"#, "top_logprobs"),
             (r#"{"logprobs": true}"#, "logprobs"),
-            (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
-            (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),
-            (r#"{"guided_json": {}}"#, "guided_json"),
-            (r#"{"guided_regex": ""}"#, "guided_regex"),
-            (r#"{"guided_grammar": "root ::= x"}"#, "guided_grammar"),
-            (r#"{"structured_outputs": {"choice": ["a"]}}"#, "structured_outputs"),
             (r#"{"chat_template": "{{ messages }}"}"#, "chat_template"),
             (r#"{"echo": true}"#, "echo"),
             (r#"{"add_generation_prompt": false}"#, "add_generation_prompt"),

@@ -88,6 +88,24 @@ extern "C" __global__ void logit_bias(float* logits, int rows, int vocab, const 
     }
 }
 
+// Token mask of constrained rows (structured outputs): logits[r, t] = FLT_MIN-of-f32 (-FLT_MAX) where bit t of row
+// r's mask is clear; words[r] < 0 leaves row r as it is. Masks are `mask_words` u32 words a row, LSB first; ids past
+// them are clear. -FLT_MAX rather than -inf keeps the row finite (a weight of exactly 0, never the argmax beside an
+// allowed token), as the CPU twin `rewind_kernels::cpu::sample::apply_token_mask` does.
+extern "C" __global__ void token_mask(float* logits, int rows, int vocab, const u32* masks, int mask_words,
+                                      const int* words) {
+    const u64 n = (u64)rows * vocab;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const int r = (int)(i / vocab);
+        const int t = (int)(i % vocab);
+        const int at = words[r];
+        if (at < 0) continue;
+        const int w = t >> 5;
+        const u32 word = w < mask_words ? masks[(u64)at * mask_words + w] : 0u;
+        if (((word >> (t & 31)) & 1u) == 0u) logits[i] = -3.402823466e+38f;
+    }
+}
+
 // ---- Filtered sampling -------------------------------------------------------------------------------------------
 //
 // The CPU Sampler sorts the row by (logit descending in total order, id ascending) and keeps: the first top_k; then

@@ -113,6 +113,41 @@ pub fn logit_bias(
     launch!(dev, "logit_bias", cfg, lp, rows_i, vocab_i, rp, tp, n_i, bp)
 }
 
+/// The token mask of constrained rows on `logits` `[rows, vocab]`: row `r` with `mask_row[r] >= 0` reads mask row
+/// `mask_row[r]` of `masks` `[n, mask_words]` (one bit a token id, LSB first in each word; ids past the words are
+/// clear) and every logit whose bit is clear becomes `f32::MIN`; a row with `mask_row[r] < 0` is left as it is (CPU
+/// twin [`crate::cpu::sample::apply_token_mask`]). Applied after [`logit_bias`], before [`sample_rows`].
+pub fn token_mask(
+    dev: &CudaDevice,
+    logits: &mut impl DevicePtrMut<f32>,
+    rows: usize,
+    vocab: usize,
+    masks: &impl DevicePtr<u32>,
+    mask_words: usize,
+    mask_row: &impl DevicePtr<i32>,
+) -> Result<()> {
+    const OP: &str = "token_mask";
+    check_len(OP, "logits", logits.len(), rows * vocab)?;
+    check_len(OP, "mask_row", mask_row.len(), rows)?;
+    ensure(OP, mask_words > 0 && masks.len() % mask_words == 0, || {
+        format!("{} mask words are not whole rows of {mask_words}", masks.len())
+    })?;
+    ensure(
+        OP,
+        vocab <= i32::MAX as usize && rows <= i32::MAX as usize && mask_words <= i32::MAX as usize,
+        || format!("[{rows}, {vocab}] or {mask_words} words exceed i32"),
+    )?;
+    if rows == 0 || vocab == 0 {
+        return Ok(());
+    }
+    let (rows_i, vocab_i, words_i) = (rows as i32, vocab as i32, mask_words as i32);
+    let cfg = grid_1d(rows * vocab);
+    let (lp, _gl) = logits.device_ptr_mut(dev.stream());
+    let (mp, _gm) = masks.device_ptr(dev.stream());
+    let (rp, _gr) = mask_row.device_ptr(dev.stream());
+    launch!(dev, "token_mask", cfg, lp, rows_i, vocab_i, mp, words_i, rp)
+}
+
 /// Samples one id per row of `logits` `[rows, vocab]` with `params` `[rows, 4]` = (temperature, top_k as f32 (0 =
 /// off), top_p (1 = off), min_p (0 = off)) and `uniforms` `[rows]` in `[0, 1)`; a temperature ≤ 0 is greedy
 /// ([`argmax_rows`]). The filters and tie rules are the CPU Sampler's (see [`crate::cpu::sample::sample_row`]); the

@@ -1,5 +1,5 @@
-//! Cases for token selection on the device (argmax, repetition penalty, logit bias, filtered sampling) against the CPU
-//! twins.
+//! Cases for token selection on the device (argmax, repetition penalty, logit bias, token mask, filtered sampling)
+//! against the CPU twins.
 //! Shapes are the real vocabularies (131072 / 248320 / 262144, 1 and 64 rows) plus odd ones.
 
 use super::cases_glue::verdict;
@@ -33,6 +33,12 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         let shape = format!("[{rows}, {vocab}], {per_row} tokens a row, {what}");
         cases.push(Case::new("logit_bias", "f32", shape.clone(), move |cx, rng| {
             logit_bias(cx, rng, rows, vocab, per_row)
+        }));
+    }
+    for (rows, vocab, what) in [(64, 131072, "Nemotron-H vocab"), (5, 1000, "odd")] {
+        let shape = format!("[{rows}, {vocab}] constrained and free rows, {what}");
+        cases.push(Case::new("token_mask", "f32", shape, move |cx, rng| {
+            token_mask(cx, rng, rows, vocab)
         }));
     }
     for (rows, vocab, what) in [
@@ -174,6 +180,76 @@ fn logit_bias(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize, per_row: usize
             let id = ids[r];
             let masked = usize::try_from(id).map_or(true, |i| i >= vocab || row[i] == f32::MIN);
             id != sample_want(row, &params[r * 4..r * 4 + 4], uniforms[r]) || masked
+        })
+        .count();
+    Ok(vec![
+        Check::new("logits", &got, &want, 0.0),
+        Check {
+            output: "ids (mismatched rows / rows)",
+            rel_err: mismatches as f64 / rows as f64,
+            threshold: 0.0,
+        },
+    ])
+}
+
+/// Token masks as structured outputs send them: free rows (no mask), dense and sparse masks, a mask allowing one
+/// token (a forced EOS), and masks shorter than the vocabulary (ids past them are forbidden). The masked logits must
+/// be the CPU twin's exactly, and `sample_rows` over them (greedy and sampling rows) must pick the CPU Sampler's ids,
+/// never a forbidden one.
+fn token_mask(cx: &Ctx, rng: &mut Rng, rows: usize, vocab: usize) -> Result<Vec<Check>> {
+    let logits = rng.uniform_vec(rows * vocab, 8.0);
+    let words = vocab.div_ceil(32);
+    let (mut masks, mut mask_row) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        if r % 4 == 3 {
+            mask_row.push(-1i32);
+            continue;
+        }
+        mask_row.push((masks.len() / words) as i32);
+        let mut mask = vec![0u32; words];
+        let allowed = match r % 4 {
+            0 => vec![rng.below(0, vocab)],
+            1 => rng.distinct(vocab / 50 + 1, vocab),
+            _ => rng.distinct(vocab / 2, vocab),
+        };
+        // The tokenizer's vocabulary below the model's: the ids past it are never allowed.
+        let limit = if r % 8 == 2 { vocab / 2 } else { vocab };
+        for t in allowed.into_iter().filter(|&t| t < limit) {
+            mask[t / 32] |= 1 << (t % 32);
+        }
+        if mask.iter().all(|&w| w == 0) {
+            mask[0] = 1;
+        }
+        masks.extend(mask);
+    }
+    let mut dl = cx.dev.upload(&logits)?;
+    let (dm, dr) = (cx.dev.upload(&masks)?, cx.dev.upload(&mask_row)?);
+    ops::token_mask(cx.dev, &mut dl, rows, vocab, &dm, words, &dr)?;
+    let mut want = logits;
+    for (r, &at) in mask_row.iter().enumerate() {
+        if let Ok(at) = usize::try_from(at) {
+            cpu::sample::apply_token_mask(
+                &mut want[r * vocab..(r + 1) * vocab],
+                &masks[at * words..(at + 1) * words],
+            );
+        }
+    }
+    let got = cx.dev.download(&dl)?;
+    let temps = [0.0f32, 1.0, 0.7, 0.0, 1.3];
+    let params: Vec<f32> = (0..rows)
+        .flat_map(|r| [temps[r % temps.len()], 0.0, 1.0, 0.0])
+        .collect();
+    let uniforms: Vec<f32> = (0..rows).map(|_| rng.unit()).collect();
+    let (dp, du) = (cx.dev.upload(&params)?, cx.dev.upload(&uniforms)?);
+    let mut out = cx.dev.upload(&vec![-7i32; rows])?;
+    ops::sample_rows(cx.dev, &dl, rows, vocab, &dp, &du, &mut out)?;
+    let ids = cx.dev.download(&out)?;
+    let mismatches = (0..rows)
+        .filter(|&r| {
+            let row = &want[r * vocab..(r + 1) * vocab];
+            let id = ids[r];
+            let forbidden = usize::try_from(id).map_or(true, |i| i >= vocab || row[i] == f32::MIN);
+            id != sample_want(row, &params[r * 4..r * 4 + 4], uniforms[r]) || forbidden
         })
         .count();
     Ok(vec![
