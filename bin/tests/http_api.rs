@@ -1016,14 +1016,9 @@ fn bad_tools_and_tool_choices_get_400s_naming_the_field() {
             "is not one of",
         ),
         (
-            json!({"tools": [weather], "tool_choice": "required"}),
+            json!({"tools": [weather], "tool_choice": "required", "response_format": {"type": "json_object"}}),
             "tool_choice",
-            "constrained decoding",
-        ),
-        (
-            json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            "tool_choice",
-            "constrained decoding",
+            "cannot be combined",
         ),
         (
             json!({"tools": [weather], "parallel_tool_calls": "yes"}),
@@ -1160,6 +1155,78 @@ fn tool_choice_auto_answers_are_well_formed_streamed_or_not() {
         assert_eq!(got.len(), calls.len());
         for (g, c) in got.iter().zip(&calls) {
             assert_eq!(g["function"], c["function"]);
+        }
+    }
+}
+
+/// `tool_choice` `"required"` or a named function: whatever the (tiny, untrained) model would say, the grammar makes
+/// it call the allowed tools with arguments that hold to their schemas, streamed or not.
+#[test]
+fn forced_tool_calls_always_parse_and_validate() {
+    let f = shared();
+    let (template, _) = published("qwen3");
+    let (url, _) = serve_with_template(f, &template, None);
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "days"], "additionalProperties": false}}});
+    let time = json!({"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
+                       "required": ["zone"], "additionalProperties": false}}});
+    let chat = format!("{url}/v1/chat/completions");
+    let check = |call: &Value, only: Option<&str>| {
+        let name = call["function"]["name"].as_str().expect("name");
+        assert!(only.is_none_or(|o| o == name), "{call}");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments"))
+            .unwrap_or_else(|e| panic!("{call}: {e}"));
+        match name {
+            "get_weather" => {
+                assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{args}");
+                assert!(args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)), "{args}");
+                assert!(args.get("unit").is_none_or(|u| u == "c" || u == "f"), "{args}");
+            }
+            "get_time" => assert!(args["zone"].as_str().is_some_and(|z| z.chars().count() <= 8), "{args}"),
+            other => panic!("a call of {other}, which is not a tool"),
+        }
+    };
+    for seed in 0..3 {
+        for (choice, only, parallel) in [
+            (json!("required"), None, true),
+            (json!("required"), None, false),
+            (
+                json!({"type": "function", "function": {"name": "get_time"}}),
+                Some("get_time"),
+                true,
+            ),
+        ] {
+            let mut request = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [weather, time], "tool_choice": choice, "parallel_tool_calls": parallel,
+                "max_tokens": 400, "temperature": 1, "seed": seed,
+                "chat_template_kwargs": {"enable_thinking": false}});
+            let v = ok(&chat, request.clone());
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+            let calls = c["message"]["tool_calls"].as_array().expect("tool_calls");
+            assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{v}");
+            for call in calls {
+                check(call, only);
+            }
+            // Streamed, the same request gives the same calls (same seed).
+            request["stream"] = json!(true);
+            let (status, events) = stream(&chat, &request);
+            assert_eq!(status, 200);
+            let streamed: Vec<&Value> = events
+                .iter()
+                .filter_map(|e| e.get("choices")?.get(0)?.get("delta")?.get("tool_calls"))
+                .flat_map(|t| t.as_array().expect("tool_calls").iter())
+                .filter(|d| d["function"].get("arguments").is_some())
+                .collect();
+            assert_eq!(streamed.len(), calls.len(), "{events:?}");
+            for (s, c) in streamed.iter().zip(calls) {
+                assert_eq!(s["function"]["arguments"], c["function"]["arguments"]);
+            }
         }
     }
 }

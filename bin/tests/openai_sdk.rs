@@ -25,7 +25,18 @@ fn the_openai_python_sdk_gets_what_it_expects() {
     let bin = Path::new(env!("CARGO_BIN_EXE_rewind"));
     let server = process::Server::start(
         bin,
-        &["serve", "--served-model-name", "rewind-default", "--max-seqs", "8"],
+        &[
+            "serve",
+            "--served-model-name",
+            "rewind-default",
+            "--max-seqs",
+            "8",
+            // The default model's template has no tool or reasoning format of its own: name the ones to read.
+            "--tool-call-parser",
+            "hermes",
+            "--reasoning-parser",
+            "qwen3",
+        ],
         &[("REWIND_GRPC_PORT", "0"), ("REWIND_HTTP_PORT", "0")],
     );
     let out = Command::new(root.join("target/sdk-venv/bin/python"))

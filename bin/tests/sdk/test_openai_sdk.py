@@ -8,6 +8,8 @@ import json
 import os
 import unittest
 
+import jsonschema
+
 import urllib.request
 
 import openai
@@ -127,6 +129,142 @@ class Endpoints(unittest.TestCase):
         self.assertEqual(t["count"], len(t["tokens"]))
         d = post("/detokenize", {"model": MODEL, "tokens": t["tokens"]})
         self.assertEqual(d["prompt"], "hello world")
+
+
+class Choices(unittest.TestCase):
+    def test_n_greedy_choices_are_equal_and_seeded_ones_differ_and_repeat(self):
+        c = client()
+        r = c.completions.create(model=MODEL, prompt="The sea", max_tokens=8, temperature=0, n=3)
+        self.assertEqual(sorted(ch.index for ch in r.choices), [0, 1, 2])
+        self.assertEqual(len({ch.text for ch in r.choices}), 1)
+        self.assertEqual(r.usage.completion_tokens, 24)
+        ask = dict(model=MODEL, messages=[{"role": "user", "content": "Say something."}], max_tokens=12,
+                   temperature=1.0, n=3, seed=11)
+        a = c.chat.completions.create(**ask)
+        b = c.chat.completions.create(**ask)
+        texts = [ch.message.content for ch in sorted(a.choices, key=lambda ch: ch.index)]
+        self.assertGreater(len(set(texts)), 1, texts)
+        self.assertEqual(texts, [ch.message.content for ch in sorted(b.choices, key=lambda ch: ch.index)])
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["king", "prophet", "scribe"]},
+        "home": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "years": {"type": "integer", "minimum": 1,
+                                                                               "maximum": 99}},
+            "required": ["city", "years"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "role", "home"],
+    "additionalProperties": False,
+}
+
+
+class StructuredOutputs(unittest.TestCase):
+    def test_a_json_schema_always_yields_output_that_validates(self):
+        c = client()
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        for seed in range(4):
+            r = c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=300,
+                temperature=1.0, seed=seed, response_format=fmt,
+            )
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+    def test_guided_choice_and_regex_hold(self):
+        c = client()
+        r = c.completions.create(model=MODEL, prompt="Pick:", max_tokens=20, temperature=1.0, seed=3,
+                                 extra_body={"guided_choice": ["sun", "moon", "stars"]})
+        self.assertIn(r.choices[0].text, ["sun", "moon", "stars"])
+        r = c.completions.create(model=MODEL, prompt="Number:", max_tokens=20, temperature=1.0, seed=3,
+                                 extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"})
+        self.assertRegex(r.choices[0].text, r"^[0-9]{3}-[a-z]{2}$")
+
+    def test_a_schema_that_does_not_compile_is_a_400_naming_the_field(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().completions.create(model=MODEL, prompt="x", max_tokens=4,
+                                        extra_body={"guided_regex": "([a-z"})
+        self.assertIn("guided_regex", str(e.exception))
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+class Tools(unittest.TestCase):
+    MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def test_tool_choice_required_always_yields_arguments_that_validate(self):
+        c = client()
+        for seed in range(3):
+            r = c.chat.completions.create(model=MODEL, messages=self.MESSAGES, tools=[WEATHER],
+                                          tool_choice="required", max_tokens=200, temperature=1.0, seed=seed)
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+            calls = r.choices[0].message.tool_calls
+            self.assertTrue(calls)
+            for call in calls:
+                self.assertEqual(call.function.name, "get_weather")
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+    def test_streamed_tool_call_deltas_reassemble_to_the_same_call(self):
+        c = client()
+        ask = dict(model=MODEL, messages=self.MESSAGES, tools=[WEATHER], max_tokens=200, temperature=1.0, seed=5,
+                   tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
+        whole = c.chat.completions.create(**ask).choices[0].message.tool_calls
+        calls = {}
+        finish = None
+        for chunk in c.chat.completions.create(stream=True, **ask):
+            for ch in chunk.choices:
+                finish = ch.finish_reason or finish
+                for d in ch.delta.tool_calls or []:
+                    call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                    call["id"] = d.id or call["id"]
+                    if d.function and d.function.name:
+                        call["name"] += d.function.name
+                    if d.function and d.function.arguments:
+                        call["arguments"] += d.function.arguments
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(len(whole), 1)
+        self.assertEqual(list(calls), [0])
+        self.assertEqual(calls[0]["name"], whole[0].function.name)
+        self.assertEqual(calls[0]["arguments"], whole[0].function.arguments)
+        self.assertTrue(calls[0]["id"].startswith("call_"))
+
+
+class Reasoning(unittest.TestCase):
+    def test_reasoning_is_split_out_of_the_content(self):
+        # The grammar makes the tiny model write a reasoning block, which the server's reasoning parser splits off.
+        ask = dict(model=MODEL, messages=[{"role": "user", "content": "Think first."}], max_tokens=60,
+                   temperature=1.0, seed=2, extra_body={"guided_regex": "<think>[a-z ]{1,12}</think>[a-z]{1,8}"})
+        c = client()
+        m = c.chat.completions.create(**ask).choices[0].message
+        self.assertRegex(m.model_extra["reasoning_content"], r"^[a-z ]{1,12}$")
+        self.assertRegex(m.content, r"^[a-z]{1,8}$")
+        reasoning, content = "", ""
+        for chunk in c.chat.completions.create(stream=True, **ask):
+            for ch in chunk.choices:
+                reasoning += (ch.delta.model_extra or {}).get("reasoning_content") or ""
+                content += ch.delta.content or ""
+        self.assertEqual((reasoning, content), (m.model_extra["reasoning_content"], m.content))
 
 
 if __name__ == "__main__":

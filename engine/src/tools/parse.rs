@@ -69,6 +69,11 @@ impl ToolCallParser {
         self.format
     }
 
+    /// The request's tools.
+    pub fn tools(&self) -> &[ToolSpec] {
+        &self.tools
+    }
+
     /// The next piece of the answer: what of it (and of what was held back) is now known to be text or calls.
     pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
         let mut out = Vec::new();

@@ -7,8 +7,10 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::response::Response;
+use rewind_engine::grammar::{Constraint, ConstraintSpec};
 use rewind_engine::tokenizer::chat::ChatMessage;
 use rewind_engine::tokenizer::reasoning::{prompt_opens_reasoning, ReasoningSplitter};
+use rewind_engine::tools::grammar::{tool_call_grammar, ReasoningPrefix};
 use rewind_engine::tools::{parse_message_tool_calls, parse_tool_choice, parse_tools, ToolCallParser, ToolChoice};
 use rewind_engine::tools::{ToolFormat, ToolSpec, ToolsError};
 use serde_json::{json, Map, Value};
@@ -161,18 +163,42 @@ fn tool_parser(
     match choice {
         ToolChoice::None => Ok(None),
         ToolChoice::Auto if tools.is_empty() => Ok(None),
-        ToolChoice::Auto => {
+        ToolChoice::Auto | ToolChoice::Required | ToolChoice::Named(_) => {
             let format = state.tool_format.map_err(|why| no_tool_format(state, why))?;
             Ok(Some(ToolCallParser::new(format, tools)))
         }
-        ToolChoice::Required | ToolChoice::Named(_) => Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice \"required\" or a named function makes the model call a tool, which needs constrained \
-             decoding (a grammar over the tool's arguments) that this server does not apply yet; send \"auto\" (the \
-             model decides, its calls are parsed) or \"none\"",
-        )
-        .with_code("unsupported_value")),
     }
+}
+
+/// The constraint that makes the model call a tool, for `tool_choice` `"required"` or a named function: a grammar
+/// (`engine/src/tools/grammar.rs`) of one call (several with `parallel_tool_calls`) of the allowed tools in the model's
+/// format, each call's arguments held to its function's JSON schema, so the calls always parse and validate. Compiled
+/// on the blocking pool like any structured-output constraint; `None` for `auto` and `none`.
+async fn forced_tool_call(
+    api: &Api,
+    parser: Option<&ToolCallParser>,
+    choice: &ToolChoice,
+    parallel: bool,
+    opens_reasoning: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let (ToolChoice::Required | ToolChoice::Named(_), Some(parser)) = (choice, parser) else {
+        return Ok(None);
+    };
+    let state = &api.state;
+    let reasoning = match (state.reasoning, opens_reasoning) {
+        (false, _) => ReasoningPrefix::None,
+        (true, true) => ReasoningPrefix::Open,
+        (true, false) => ReasoningPrefix::Optional,
+    };
+    let special = state.model.tokenizer.special_token_strings().to_vec();
+    let lark = tool_call_grammar(parser.tools(), choice, parallel, parser.format(), &special, reasoning)
+        .map_err(|e| ApiError::invalid("tool_choice", format!("tool_choice: {e}")))?;
+    let compiled = blocking(api, move |s| {
+        s.compile_constraint(ConstraintSpec::Lark(lark))
+            .map_err(|m| ApiError::invalid("tools", format!("the tools' call grammar does not compile: {m}")))
+    })
+    .await?;
+    Ok(Some(compiled))
 }
 
 /// Why a request with tools cannot have its calls read.
@@ -249,12 +275,20 @@ pub async fn handle(
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let (kwargs, tools) = template_vars(&f)?;
     let choice = parse_tool_choice(f.get("tool_choice"), &tools).map_err(tools_error)?;
-    // Every call block is read, however many; the flag matters to a grammar that forces calls.
-    f.bool("parallel_tool_calls")?;
+    // Every call block is read, however many; the flag limits a grammar that forces calls to one call.
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
     let tool_calls = tool_parser(state, tools, &choice)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
     params.constraint = structured::constraint(api, &f).await?;
+    let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
+    if forced && params.constraint.is_some() {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice \"required\" or a named function constrains the answer to a tool call, so it cannot be \
+             combined with response_format or guided decoding",
+        ));
+    }
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),
@@ -268,6 +302,10 @@ pub async fn handle(
         requested,
         params.min_tokens,
     )?);
+    if forced {
+        params.constraint =
+            forced_tool_call(api, tool_calls.as_ref(), &choice, parallel, prompt.opens_reasoning).await?;
+    }
     let reasoning = state.reasoning.then(|| ReasoningSplitter::new(prompt.opens_reasoning));
     tracing::debug!(
         reasoning = state.reasoning,
