@@ -57,6 +57,9 @@ pub enum Command {
     /// Write a complete HF-format checkpoint with seeded random weights.
     #[command(after_help = INIT_MODEL_EXAMPLES)]
     InitModel(InitModelArgs),
+    /// Copy a float checkpoint with its linear layers' weights quantized in a published layout (fp8-block,
+    /// modelopt-fp8 or nvfp4), e.g. to measure a model's perplexity quantized.
+    Quantize(QuantizeArgs),
     /// Benchmarks: chunked vs token-by-token prefill, decode tokens per second; `bench kernels`: the SSM decode
     /// kernels alone.
     #[command(after_help = BENCH_EXAMPLES)]
@@ -446,6 +449,20 @@ pub struct InitModelArgs {
     /// convolutions and MoE routers stay in --dtype.
     #[arg(long, value_name = "LAYOUT")]
     pub quant: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// The float checkpoint (a directory; it is read, never changed).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Output directory: must not exist or be empty. Every file of --model is copied there, then its weights are
+    /// quantized in place.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// fp8-block, modelopt-fp8 or nvfp4 (as `init-model --quant`).
+    #[arg(long, value_name = "LAYOUT")]
+    pub quant: String,
 }
 
 #[derive(Args, Debug)]

@@ -23,26 +23,21 @@ fn the_openai_python_sdk_gets_what_it_expects() {
         String::from_utf8_lossy(&venv.stderr)
     );
     let bin = Path::new(env!("CARGO_BIN_EXE_rewind"));
-    let server = process::Server::start(
-        bin,
-        &[
-            "serve",
-            "--served-model-name",
-            "rewind-default",
-            "--max-seqs",
-            "8",
-            // The default model's template has no tool or reasoning format of its own: name the ones to read.
-            "--tool-call-parser",
-            "hermes",
-            "--reasoning-parser",
-            "qwen3",
-        ],
-        &[("REWIND_GRPC_PORT", "0"), ("REWIND_HTTP_PORT", "0")],
-    );
+    // The default model's template has no tool or reasoning format of its own: the flags name the ones to read. A
+    // second server splits reasoning: a reasoning parser also lets a forced tool call open with a reasoning block,
+    // which an untrained model may never close.
+    let start = |extra: &[&str]| {
+        let mut args = vec!["serve", "--served-model-name", "rewind-default", "--max-seqs", "8"];
+        args.extend_from_slice(extra);
+        process::Server::start(bin, &args, &[("REWIND_GRPC_PORT", "0"), ("REWIND_HTTP_PORT", "0")])
+    };
+    let server = start(&["--tool-call-parser", "hermes", "--reasoning-parser", "none"]);
+    let reasoning = start(&["--reasoning-parser", "qwen3"]);
     let out = Command::new(root.join("target/sdk-venv/bin/python"))
         .args(["-m", "unittest", "-v", "test_openai_sdk"])
         .current_dir(root.join("bin/tests/sdk"))
         .env("REWIND_BASE_URL", format!("http://{}/v1", server.http))
+        .env("REWIND_REASONING_URL", format!("http://{}/v1", reasoning.http))
         .env("REWIND_BIN", bin)
         .env("REWIND_MODEL_NAME", "rewind-default")
         .output()

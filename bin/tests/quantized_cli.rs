@@ -93,3 +93,60 @@ fn an_unknown_layout_is_refused_before_anything_is_written() {
     assert!(stderr(&o).contains("unknown --quant `int3`"), "{}", stderr(&o));
     assert!(!out.exists());
 }
+
+#[test]
+fn quantize_copies_a_checkpoint_and_leaves_the_original_alone() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let float = tmp.path().join("float");
+    let o = rewind(&[
+        "init-model",
+        "--arch",
+        "nemotron_h",
+        "--preset",
+        "tiny",
+        "--out",
+        float.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read(float.join("config.json")).expect("config");
+    let out = tmp.path().join("q");
+    let o = rewind(&[
+        "quantize",
+        "--model",
+        float.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quant",
+        "nvfp4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(float.join("config.json")).expect("config"), before);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).expect("config")).expect("json");
+    assert_eq!(config["quantization_config"]["quant_algo"], "NVFP4");
+    assert!(out.join("tokenizer.json").is_file());
+    let o = rewind(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--max-tokens",
+        "4",
+        "hello",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A second quantization of the same output is refused: it is not empty.
+    let o = rewind(&[
+        "quantize",
+        "--model",
+        float.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quant",
+        "nvfp4",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("not empty"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -46,6 +46,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logits(a) => logits::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::InitModel(a) => init_model::run(a),
+        Command::Quantize(a) => init_model::quantize(a),
         Command::Bench(a) => bench::run(a),
         Command::PlanMemory(a) => plan_memory::run(a),
         Command::Plan(a) => plan::run(a),

@@ -1,7 +1,8 @@
 """The OpenAI-compatible API through the official `openai` SDK, as agent frameworks and evaluation harnesses call it.
 
 Run by `bin/tests/openai_sdk.rs` against a CPU server of the embedded default model: REWIND_BASE_URL is the server's
-`/v1` address, REWIND_MODEL_NAME its served model name, REWIND_BIN the `rewind` binary (for `rewind logits`).
+`/v1` address (REWIND_REASONING_URL: a second one whose reasoning parser is on), REWIND_MODEL_NAME its served model
+name, REWIND_BIN the `rewind` binary (for `rewind logits`).
 """
 
 import json
@@ -28,8 +29,8 @@ def post(path: str, body: dict) -> dict:
         return json.load(r)
 
 
-def client() -> openai.OpenAI:
-    return openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
+def client(base: str = BASE) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
 
 
 class Completions(unittest.TestCase):
@@ -255,7 +256,7 @@ class Reasoning(unittest.TestCase):
         # The grammar makes the tiny model write a reasoning block, which the server's reasoning parser splits off.
         ask = dict(model=MODEL, messages=[{"role": "user", "content": "Think first."}], max_tokens=60,
                    temperature=1.0, seed=2, extra_body={"guided_regex": "<think>[a-z ]{1,12}</think>[a-z]{1,8}"})
-        c = client()
+        c = client(os.environ["REWIND_REASONING_URL"])
         m = c.chat.completions.create(**ask).choices[0].message
         self.assertRegex(m.model_extra["reasoning_content"], r"^[a-z ]{1,12}$")
         self.assertRegex(m.content, r"^[a-z]{1,8}$")

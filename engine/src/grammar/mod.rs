@@ -100,9 +100,10 @@ impl ConstraintSpec {
 }
 
 /// `schema` generating compact JSON (no whitespace between tokens) unless it sets llguidance's own `x-guidance`
-/// options: with free whitespace a model can spend its whole budget on blanks and never close the value (vLLM's
+/// options (the schemas of structured outputs, and those of tool arguments inside a forced call's grammar): with free
+/// whitespace a model can spend its whole budget on blanks and never close the value (vLLM's
 /// `disable_any_whitespace`, on by default here).
-fn compact(mut schema: Value) -> Value {
+pub fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));

@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use super::parse::is_string_schema;
 use super::{ToolChoice, ToolFormat, ToolSpec};
 use crate::error::{EngineError, Result};
+use crate::grammar::compact;
 use crate::tokenizer::reasoning::{THINK_END, THINK_START};
 
 /// How the answer may start with reasoning before its calls.
@@ -72,12 +73,15 @@ pub fn tool_call_grammar(
         }
     };
     g.rules.push(format!("start: {prefix}WS? calls"));
-    g.rules.push(r"WS: /[ \t\r\n]+/".into());
+    // A few blanks before the calls, as templates and models write them; unbounded, an untrained or wandering model
+    // can spend its whole budget on newlines without ever calling.
+    g.rules.push(r"WS: /[ \t\r\n]{1,8}/".into());
     let (start, end) = (g.marker(format.start_marker()), g.marker(format.end_marker()));
     match format {
         ToolFormat::Hermes => {
             let alternatives: Vec<Value> = chosen.iter().map(|t| named_call_schema(t)).collect();
-            g.rules.push(format!("call_json: %json {}", any_of(alternatives)));
+            g.rules
+                .push(format!("call_json: %json {}", compact(any_of(alternatives))));
             g.rules.push(format!(r#"call: {start} "\n" call_json "\n" {end}"#));
             g.rules.push(repeated("calls", "call", r#""\n""#, parallel_tool_calls));
         }
@@ -87,7 +91,7 @@ pub fn tool_call_grammar(
             if !parallel_tool_calls {
                 list["maxItems"] = json!(1);
             }
-            g.rules.push(format!("call_list: %json {list}"));
+            g.rules.push(format!("call_list: %json {}", compact(list)));
             g.rules.push(format!("calls: {start} call_list {end}"));
         }
         ToolFormat::Qwen3Xml => {
@@ -198,7 +202,8 @@ impl Lark<'_> {
             let value = if is_string_schema(schema) {
                 self.xml_string(tool, name, schema, &rule)?
             } else {
-                self.rules.push(format!("{rule}_json: %json {schema}"));
+                self.rules
+                    .push(format!("{rule}_json: %json {}", compact(schema.clone())));
                 format!("{rule}_json {close}")
             };
             self.rules.push(format!("{rule}: {open} {value}"));

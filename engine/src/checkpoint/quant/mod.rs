@@ -186,9 +186,11 @@ impl Quantization {
     }
 }
 
+/// Reads a configuration file as transformers writes them: Python's `json` module spells non-finite floats
+/// `Infinity` / `NaN` (Nemotron-H's `time_step_limit`), which strict JSON refuses.
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| EngineError::Json {
+    crate::model::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
@@ -249,7 +251,12 @@ mod tests {
     #[test]
     fn modelopt_side_file_is_read_when_config_has_none() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.json"), "{}").unwrap();
+        // Python's `Infinity`, as published Nemotron-H configs hold it, is read.
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"time_step_limit": [0.0, Infinity]}"#,
+        )
+        .unwrap();
         assert_eq!(Quantization::read(dir.path()).unwrap(), None);
         std::fs::write(
             dir.path().join(MODELOPT_FILE),

@@ -169,7 +169,7 @@ pub fn quantize_in_place(dir: &Path, method: Method) -> Result<QuantizeReport> {
     }
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| EngineError::io(&config_path, e))?;
-    let mut config: Value = serde_json::from_str(&text).map_err(|e| EngineError::Json {
+    let config: Value = crate::model::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
         path: config_path.clone(),
         message: e.to_string(),
     })?;
@@ -217,11 +217,40 @@ pub fn quantize_in_place(dir: &Path, method: Method) -> Result<QuantizeReport> {
         }
     }
     write_stored(dir, Some(4 << 30), &stored)?;
-    config["quantization_config"] = quantization_config(method, &kept_modules);
-    let text = serde_json::to_string_pretty(&config).map_err(|e| EngineError::Json {
-        path: config_path.clone(),
-        message: e.to_string(),
-    })?;
-    std::fs::write(&config_path, text + "\n").map_err(|e| EngineError::io(&config_path, e))?;
+    let text = with_entry(
+        &text,
+        "quantization_config",
+        &quantization_config(method, &kept_modules),
+    )
+    .ok_or_else(|| EngineError::Checkpoint(format!("{} is not a JSON object", config_path.display())))?;
+    std::fs::write(&config_path, text).map_err(|e| EngineError::io(&config_path, e))?;
     Ok(QuantizeReport { quantized, kept })
+}
+
+/// `config` (a JSON object's text) with `key: value` added as its first entry. The rest of the text is kept as it is:
+/// a published config may hold Python's `Infinity`, which a round trip through a JSON value would lose.
+fn with_entry(config: &str, key: &str, value: &Value) -> Option<String> {
+    let open = config.find('{')?;
+    let (head, rest) = config.split_at(open + 1);
+    let sep = if rest.trim_start().starts_with('}') { "" } else { "," };
+    Some(format!("{head}\n  {}: {value}{sep}{rest}", Value::String(key.into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entry_goes_first_and_the_rest_of_the_text_is_kept() {
+        let config = "{\n  \"time_step_limit\": [0.0, Infinity]\n}\n";
+        let out = with_entry(config, "quantization_config", &json!({"quant_method": "fp8"})).unwrap();
+        assert_eq!(
+            out,
+            "{\n  \"quantization_config\": {\"quant_method\":\"fp8\"},\n  \"time_step_limit\": [0.0, Infinity]\n}\n"
+        );
+        let parsed = crate::model::json::parse_relaxed(&out).unwrap();
+        assert_eq!(parsed["quantization_config"]["quant_method"], "fp8");
+        assert_eq!(with_entry("{}", "k", &json!(1)).unwrap(), "{\n  \"k\": 1}");
+        assert_eq!(with_entry("[1]", "k", &json!(1)), None);
+    }
 }
