@@ -173,7 +173,7 @@ impl EventStream {
         let e = self.rx.recv().await;
         match &e {
             Some(Event::Finished { .. } | Event::Failed { .. }) | None => self.ended = true,
-            Some(Event::Token { .. }) => {}
+            Some(Event::Token { .. } | Event::PromptLogprobs { .. }) => {}
         }
         if e.is_none() {
             return Some(Event::failed(FailureKind::Unavailable, "the engine stopped"));

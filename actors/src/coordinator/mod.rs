@@ -6,6 +6,7 @@
 //! Steps run inside the actor's message handler, one at a time; the coordinator sends itself [`CoordinatorMsg::Step`]
 //! while there is work, so submissions and cancellations queued meanwhile are taken between steps.
 
+mod logprobs;
 mod ranks;
 mod recovery;
 mod sessions;
@@ -178,6 +179,8 @@ struct Live {
     spec: Option<LiveSpec>,
     /// The session this request is a turn of.
     session: Option<LiveSession>,
+    /// What the request asked for its log-probabilities.
+    logprobs: Option<logprobs::LiveLogprobs>,
 }
 
 /// The coordinator's state.

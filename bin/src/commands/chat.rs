@@ -137,6 +137,7 @@ impl Chat {
                 input: Some(pb::generate_request::Input::TokenIds(pb::TokenIds { ids })),
                 sampling: None,
                 logprobs: false,
+                top_logprobs: None,
             })
             .await
             .context("starting the turn")?

@@ -180,6 +180,7 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
                 input: Some(pb::generate_request::Input::Text(text)),
                 sampling,
                 logprobs: false,
+                top_logprobs: None,
             })
             .await
         }
@@ -189,6 +190,8 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
                 sampling,
                 speculate: None,
                 logprobs: false,
+                top_logprobs: None,
+                prompt_logprobs: None,
             })
             .await
         }

@@ -142,6 +142,8 @@ pub fn complete_ids(ids: &[u32], sampling: Option<pb::Sampling>) -> pb::Complete
         sampling,
         speculate: None,
         logprobs: false,
+        top_logprobs: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -151,6 +153,7 @@ pub fn turn_ids(session: &str, ids: &[u32], sampling: Option<pb::Sampling>) -> p
         input: Some(pb::generate_request::Input::TokenIds(ids_input(ids))),
         sampling,
         logprobs: false,
+        top_logprobs: None,
     }
 }
 

@@ -6,7 +6,7 @@
 use std::pin::Pin;
 
 use futures::{FutureExt, Stream, StreamExt};
-use rewind_actors::{Event, EventStream};
+use rewind_actors::{Event, EventStream, TokenLogprob};
 use rewind_engine::sched::FinishReason;
 use tonic::Status;
 use tracing::Instrument;
@@ -66,13 +66,34 @@ impl Chunker {
         let mut chunk = pb::GenerateChunk::default();
         loop {
             match event {
-                Event::Token { token, text, step, .. } => {
+                Event::Token {
+                    token,
+                    text,
+                    step,
+                    logprob,
+                    ..
+                } => {
                     if self.last_step == Some(step.index) {
                         chunk.accepted_draft_tokens += 1;
                     }
                     self.last_step = Some(step.index);
                     chunk.token_ids.push(token);
                     chunk.text.push_str(&text);
+                    chunk.logprobs.extend(logprob.as_ref().map(token_logprob));
+                }
+                Event::PromptLogprobs { first_token, entries } => {
+                    chunk.prompt_logprobs = entries
+                        .iter()
+                        .map(|e| match e {
+                            Some(e) => token_logprob(e),
+                            // Nothing predicts the first token: its entry has no value.
+                            None => pb::TokenLogprob {
+                                token_id: first_token,
+                                logprob: None,
+                                top: Vec::new(),
+                            },
+                        })
+                        .collect();
                 }
                 Event::Finished {
                     reason,
@@ -123,6 +144,19 @@ impl Chunker {
                 Some(None) | None => return Some(Ok(chunk)),
             }
         }
+    }
+}
+
+/// A token's log-probability as the API writes it.
+fn token_logprob(e: &TokenLogprob) -> pb::TokenLogprob {
+    pb::TokenLogprob {
+        token_id: e.token,
+        logprob: Some(e.logprob),
+        top: e
+            .top
+            .iter()
+            .map(|&(token_id, logprob)| pb::TopLogprob { token_id, logprob })
+            .collect(),
     }
 }
 

@@ -12,7 +12,8 @@ use rewind_engine::tokenizer::reasoning::{prompt_opens_reasoning, ReasoningSplit
 use serde_json::{json, Map, Value};
 
 use super::errors::{echo, ApiError};
-use super::generation::{answer, blocking, Answer};
+use super::generation::{answer, blocking, Answer, Logprobs};
+use super::logprobs;
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::{Api, RequestContext};
 use crate::serve::{ServeState, CHAT_ROLES};
@@ -162,6 +163,7 @@ pub async fn handle(
     let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let kwargs = openai::template_kwargs(&f)?;
     let mut params = openai::sampling(&f, state)?;
+    let ask = logprobs::chat(&f)?;
     // OpenAI renamed max_tokens to max_completion_tokens; the new name wins when a client sends both.
     let requested = match f.count("max_completion_tokens")? {
         Some(m) => Some((m, "max_completion_tokens")),
@@ -182,7 +184,12 @@ pub async fn handle(
         "chat prompt"
     );
 
-    match answer(api, ctx, (prompt.ids, params), streaming, true, None, reasoning).await? {
+    let lp = (ask != logprobs::Ask::default()).then(|| Logprobs {
+        ask,
+        render: logprobs::Render::new(api.state.clone(), true),
+        echoed: None,
+    });
+    match answer(api, ctx, (prompt.ids, params), streaming, true, None, reasoning, lp).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => {
             let message = if state.reasoning {
@@ -196,7 +203,7 @@ pub async fn handle(
             };
             Ok(done.response(
                 "chat.completion",
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": done.reason.openai()}),
+                json!({"index": 0, "message": message, "finish_reason": done.reason.openai()}),
             ))
         }
     }

@@ -16,6 +16,7 @@ use rewind_engine::tokenizer::reasoning::ReasoningSplitter;
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
+use super::logprobs::{self, Ask, Render};
 use super::metrics::HttpMetrics;
 use super::openai::Streaming;
 use super::sse::{self, ChunkShape};
@@ -41,12 +42,16 @@ async fn submit(
     ctx: &RequestContext,
     prompt: Vec<u32>,
     params: SamplingParams,
+    ask: Ask,
 ) -> Result<Admitted, ApiError> {
     let prompt_tokens = prompt.len();
+    let mut request = GenerateRequest::new(prompt, params);
+    request.logprobs = ask.generated;
+    request.prompt_logprobs = ask.prompt;
     let mut events = api
         .state
         .engine
-        .submit(GenerateRequest::new(prompt, params))
+        .submit(request)
         .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     tracing::Span::current().record("engine_request", events.id());
     tracing::debug!(prompt_tokens, "submitted");
@@ -118,21 +123,65 @@ pub struct Completed {
     pub text: String,
     pub reason: FinishReason,
     pub usage: Usage,
+    /// The choice's `logprobs` (`null` unless asked for).
+    pub logprobs: Value,
+    /// vLLM's `prompt_logprobs` list, when the request gave that field.
+    pub prompt_logprobs: Option<Value>,
+}
+
+/// What a request's log-probabilities are written with: what it asked, the writer, and an echoed prompt's ids (whose
+/// entries open a completion's legacy object).
+pub struct Logprobs {
+    pub ask: Ask,
+    pub render: Render,
+    pub echoed: Option<Vec<u32>>,
 }
 
 /// Reads `admitted` to its end; its response will have `shape`'s id, time and model.
-async fn collect(mut admitted: Admitted, shape: ChunkShape) -> Result<Completed, ApiError> {
+async fn collect(mut admitted: Admitted, shape: ChunkShape, lp: Option<Logprobs>) -> Result<Completed, ApiError> {
     let mut text = String::new();
+    let mut generated = Vec::new();
+    let mut prompt = None;
     while let Some(e) = admitted.next().await {
         match e {
-            Event::Token { text: piece, .. } => text.push_str(&piece),
+            Event::Token {
+                text: piece, logprob, ..
+            } => {
+                text.push_str(&piece);
+                generated.extend(logprob);
+            }
+            Event::PromptLogprobs { entries, .. } => prompt = Some(entries),
             Event::Finished { reason, usage, .. } => {
+                let (logprobs, prompt_logprobs) = match lp {
+                    None => (Value::Null, None),
+                    Some(mut lp) => {
+                        let vllm = prompt
+                            .as_deref()
+                            .filter(|_| lp.ask.prompt_field)
+                            .map(|e| lp.render.vllm_prompt(e));
+                        let echoed = match (&lp.echoed, &prompt) {
+                            (Some(ids), Some(entries)) if lp.ask.generated.is_some() => {
+                                Some(lp.render.prompt(ids, entries))
+                            }
+                            _ => None,
+                        };
+                        let tokens = lp.ask.generated.map(|_| lp.render.generated(&generated));
+                        let value = match (echoed, tokens) {
+                            (Some(p), Some(t)) => logprobs::join_legacy(p, &t),
+                            (_, Some(t)) => t,
+                            (_, None) => Value::Null,
+                        };
+                        (value, vllm)
+                    }
+                };
                 return Ok(Completed {
                     shape,
                     text,
                     reason,
                     usage,
-                })
+                    logprobs,
+                    prompt_logprobs,
+                });
             }
             Event::Failed { error, kind } => return Err(ApiError::from_failure(kind, error)),
         }
@@ -152,6 +201,7 @@ pub enum Answer {
 /// Runs `prompt` for an endpoint (`chat` or completions): streamed when `streaming` says so, the stream opening with
 /// the chat role and `echo` (the prompt's text, for completions that want it back), its text split by `reasoning`
 /// (chat with a reasoning parser) into `reasoning_content` and `content` deltas; else collected.
+#[allow(clippy::too_many_arguments)]
 pub async fn answer(
     api: &Api,
     ctx: &RequestContext,
@@ -160,8 +210,10 @@ pub async fn answer(
     chat: bool,
     echo: Option<String>,
     reasoning: Option<ReasoningSplitter>,
+    logprobs: Option<Logprobs>,
 ) -> Result<Answer, ApiError> {
-    let admitted = submit(api, ctx, prompt, params).await?;
+    let ask = logprobs.as_ref().map_or_else(Ask::default, |l| l.ask);
+    let admitted = submit(api, ctx, prompt, params, ask).await?;
     let shape = ChunkShape {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, ctx.id),
         created: unix_now(),
@@ -170,7 +222,7 @@ pub async fn answer(
         include_usage: streaming.include_usage,
     };
     if !streaming.stream {
-        let mut done = collect(admitted, shape).await?;
+        let mut done = collect(admitted, shape, logprobs).await?;
         if let Some(prefix) = echo {
             done.text.insert_str(0, &prefix);
         }
@@ -181,12 +233,19 @@ pub async fn answer(
         .into_iter()
         .chain(echo.filter(|t| !t.is_empty()).map(|t| shape.text(&t)))
         .collect();
-    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, reasoning)))
+    Ok(Answer::Streamed(sse::respond(
+        shape, admitted, opening, reasoning, logprobs,
+    )))
 }
 
 impl Completed {
-    /// The endpoint's response: `object` with its one `choice`.
-    pub fn response(&self, object: &str, choice: Value) -> Response {
+    /// The endpoint's response: `object` with its one `choice` (given its `logprobs`, and vLLM's `prompt_logprobs`
+    /// when asked for).
+    pub fn response(&self, object: &str, mut choice: Value) -> Response {
+        choice["logprobs"] = self.logprobs.clone();
+        if let Some(p) = &self.prompt_logprobs {
+            choice["prompt_logprobs"] = p.clone();
+        }
         Json(json!({
             "id": self.shape.id,
             "object": object,

@@ -14,6 +14,7 @@ mod chat;
 mod completions;
 pub mod errors;
 mod generation;
+mod logprobs;
 pub mod metrics;
 pub mod openai;
 mod ops;

@@ -308,8 +308,6 @@ type Refusals = [(&'static str, &'static str, Accepts)];
 const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
     ("n", "n other than 1 (one choice per request)", is_one),
     ("best_of", "best_of other than 1", is_one),
-    ("top_logprobs", "top_logprobs", is_zero),
-    ("prompt_logprobs", "prompt_logprobs", is_zero),
     ("use_beam_search", "use_beam_search", is_false),
     ("suffix", "suffix", is_empty),
     ("tools", "tools (function calling)", is_empty),
@@ -363,12 +361,13 @@ const KNOWN: &[&str] = &[
 ];
 
 /// Fields only `/v1/completions` knows.
-const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo"];
+const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo", "prompt_logprobs"];
 
 /// Fields only `/v1/chat/completions` knows besides those of [`UNSUPPORTED_CHAT`].
 const KNOWN_CHAT: &[&str] = &[
     "messages",
     "max_completion_tokens",
+    "top_logprobs",
     "parallel_tool_calls",
     "chat_template_kwargs",
 ];
@@ -464,15 +463,6 @@ fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
                 return Err(ApiError::unsupported(name, what));
             }
         }
-    }
-    // Completions take a number of top log-probabilities, chat a boolean; either way none can be computed here.
-    let logprobs_ok = match endpoint {
-        Endpoint::Completions => f.get("logprobs").is_none(),
-        Endpoint::Chat => f.get("logprobs").is_none_or(is_false),
-        Endpoint::Tokenize | Endpoint::Detokenize => true,
-    };
-    if !logprobs_ok {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
     }
     Ok(())
 }
@@ -765,8 +755,6 @@ mod tests {
         assert!(refuse_unsupported(&sampling, Endpoint::Chat).is_ok());
         for (body, param) in [
             (r#"{"n": 2}"#, "n"),
-            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
-            (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"response_format": {"type": "json_object"}}"#, "response_format"),
             (r#"{"guided_choice": ["yes", "no"]}"#, "guided_choice"),
             (r#"{"guided_json": {}}"#, "guided_json"),
@@ -785,9 +773,17 @@ mod tests {
         let defaults = fields(r#"{"echo": false, "add_generation_prompt": true, "chat_template": null}"#);
         assert!(refuse_unsupported(&defaults, Endpoint::Chat).is_ok());
         assert!(refuse_unsupported(&fields(r#"{"echo": true}"#), Endpoint::Completions).is_ok());
-        // Completions' logprobs is a count: any number asks for them.
-        let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
-        assert_eq!(e.message, "logprobs is not supported");
+        // Log-probabilities are computed (`logprobs.rs` checks their values).
+        for body in [
+            r#"{"logprobs": 0, "prompt_logprobs": 1}"#,
+            r#"{"logprobs": true, "top_logprobs": 2}"#,
+        ] {
+            assert!(
+                refuse_unsupported(&fields(body), Endpoint::Completions).is_ok(),
+                "{body}"
+            );
+            assert!(refuse_unsupported(&fields(body), Endpoint::Chat).is_ok(), "{body}");
+        }
     }
 
     #[test]

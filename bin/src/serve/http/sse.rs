@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::errors::ApiError;
-use super::generation::{usage_json, Admitted};
+use super::generation::{usage_json, Admitted, Logprobs};
 
 /// How often an idle stream (a long prefill, a queued request) sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -63,10 +63,15 @@ impl ChunkShape {
 
     /// A chunk of text.
     pub fn text(&self, text: &str) -> Value {
+        self.text_with(text, Value::Null)
+    }
+
+    /// A chunk of text with its tokens' `logprobs`.
+    fn text_with(&self, text: &str, logprobs: Value) -> Value {
         let choice = if self.chat {
-            json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+            json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
         } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
+            json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": null})
         };
         self.chunk(vec![choice], None)
     }
@@ -74,6 +79,10 @@ impl ChunkShape {
     /// A chat chunk of an answer split by a reasoning parser: `reasoning_content` and / or `content`, whichever has
     /// text.
     pub fn split(&self, split: &Split) -> Value {
+        self.split_with(split, Value::Null)
+    }
+
+    fn split_with(&self, split: &Split, logprobs: Value) -> Value {
         let mut delta = serde_json::Map::new();
         if !split.reasoning.is_empty() {
             delta.insert("reasoning_content".into(), Value::String(split.reasoning.clone()));
@@ -82,7 +91,7 @@ impl ChunkShape {
             delta.insert("content".into(), Value::String(split.content.clone()));
         }
         self.chunk(
-            vec![json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})],
+            vec![json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null})],
             None,
         )
     }
@@ -106,6 +115,8 @@ struct Streaming {
     queue: VecDeque<SseEvent>,
     /// Splits a chat answer's text into reasoning and content deltas, when the server has a reasoning parser.
     reasoning: Option<ReasoningSplitter>,
+    /// Writes the tokens' log-probabilities, when the request asked for them.
+    logprobs: Option<Logprobs>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -116,17 +127,43 @@ impl Streaming {
     /// Queues what `event` sends; ends the stream on the request's last event.
     fn on(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Token { text, .. }) => {
+            Some(Event::Token { text, logprob, .. }) => {
+                // A token's log-probability goes with the chunk of its text; a token whose text is held back still
+                // sends a chunk for it (its text empty), so every token's entry arrives in order.
+                let lp = match (&mut self.logprobs, logprob) {
+                    (Some(l), Some(e)) => Some(l.render.generated(std::slice::from_ref(&e))),
+                    _ => None,
+                };
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
                 // nothing; the text comes with a later token.
                 if let Some(splitter) = &mut self.reasoning {
                     // A piece that may be the start of `</think>` is held back until the next one decides it.
                     let split = splitter.push(&text);
-                    if !split.is_empty() {
-                        self.queue.push_back(data(&self.shape.split(&split)));
+                    if !split.is_empty() || lp.is_some() {
+                        let chunk = self.shape.split_with(&split, lp.unwrap_or(Value::Null));
+                        self.queue.push_back(data(&chunk));
                     }
-                } else if !text.is_empty() {
-                    self.queue.push_back(data(&self.shape.text(&text)));
+                } else if !text.is_empty() || lp.is_some() {
+                    let chunk = self.shape.text_with(&text, lp.unwrap_or(Value::Null));
+                    self.queue.push_back(data(&chunk));
+                }
+            }
+            Some(Event::PromptLogprobs { entries, .. }) => {
+                // An echoed prompt's entries (completions with `echo` and `logprobs`) and vLLM's `prompt_logprobs`
+                // come in one chunk with no text, after the echoed text.
+                if let Some(l) = &mut self.logprobs {
+                    let legacy = match &l.echoed {
+                        Some(ids) if l.ask.generated.is_some() => l.render.prompt(ids, &entries),
+                        _ => Value::Null,
+                    };
+                    let vllm = l.ask.prompt_field.then(|| l.render.vllm_prompt(&entries));
+                    if !legacy.is_null() || vllm.is_some() {
+                        let mut chunk = self.shape.text_with("", legacy);
+                        if let Some(v) = vllm {
+                            chunk["choices"][0]["prompt_logprobs"] = v;
+                        }
+                        self.queue.push_back(data(&chunk));
+                    }
                 }
             }
             Some(Event::Finished { reason, usage, .. }) => {
@@ -163,6 +200,7 @@ pub fn respond(
     admitted: Admitted,
     opening: Vec<Value>,
     reasoning: Option<ReasoningSplitter>,
+    logprobs: Option<Logprobs>,
 ) -> Response {
     let span = tracing::Span::current();
     let state = Streaming {
@@ -170,6 +208,7 @@ pub fn respond(
         shape,
         admitted: Some(admitted),
         reasoning,
+        logprobs,
     };
     let body = futures::stream::unfold(state, move |mut st| {
         async move {
