@@ -280,10 +280,6 @@ fn is_one(v: &Value) -> bool {
     v.as_u64() == Some(1)
 }
 
-fn is_zero(v: &Value) -> bool {
-    v.as_f64() == Some(0.0)
-}
-
 fn is_empty(v: &Value) -> bool {
     match v {
         Value::Object(m) => m.is_empty(),
