@@ -168,7 +168,7 @@ mod tests {
         // The argmax is known without a target; a token the summary never saw is an error, not a guess.
         assert!(entry(&row(&logits, None, 0), 1, 0).is_ok());
         assert!(entry(&row(&logits, None, 0), 3, 0).is_err());
-        assert!(entry(&row(&logits, None, 1), 3, 1).expect("fewer").top.len() == 1);
+        assert!(entry(&row(&logits, None, 1), 1, 1).expect("the argmax").top.len() == 1);
     }
 
     #[test]
