@@ -186,9 +186,11 @@ impl Quantization {
     }
 }
 
+/// Reads a JSON file as the model's config is read: Python's bare `Infinity` / `NaN` (in published Nemotron-H
+/// configs' `time_step_limit`) do not make it unreadable.
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| EngineError::Json {
+    crate::model::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
