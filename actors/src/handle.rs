@@ -186,7 +186,7 @@ impl EventStream {
                 self.ended = self.open == 0;
             }
             Some(Event::Failed { .. }) | None => self.ended = true,
-            Some(Event::Token { .. }) => {}
+            Some(Event::Token { .. } | Event::PromptLogprobs { .. }) => {}
         }
         if e.is_none() {
             return Some(Event::failed(FailureKind::Unavailable, "the engine stopped"));

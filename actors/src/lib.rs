@@ -17,5 +17,5 @@ pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec, DEFAUL
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};
-pub use request::{choice_seed, Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
+pub use request::{choice_seed, Event, FailureKind, GenerateRequest, RequestTiming, StepStats, TokenLogprob, Usage};
 pub use session::{SessionError, SessionInfo, SessionOptions, SessionOwner};

@@ -28,6 +28,12 @@ pub struct GenerateRequest {
     /// once and its state forked into `n` sequences, each sampled with its own seed ([`choice_seed`]); the events of
     /// every choice come on the one stream, tagged with their choice's index. A session turn takes only 1.
     pub n: usize,
+    /// Log-probabilities of the generated tokens, each with this many top entries (0 ..= 20); `None`: none.
+    pub logprobs: Option<usize>,
+    /// Log-probabilities of the prompt's tokens ([`Event::PromptLogprobs`]), each with this many top entries
+    /// (0 ..= 20); `None`: none. With it, `params.max_tokens == Some(0)` runs the prompt and generates nothing (how
+    /// evaluation harnesses score a text).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -42,6 +48,8 @@ impl GenerateRequest {
             session: None,
             owner: SessionOwner::default(),
             n: 1,
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -101,6 +109,14 @@ pub enum Event {
         step: StepStats,
         /// The choice it belongs to (0 ..< the request's `n`).
         choice: usize,
+        /// The token's log-probability, when the request asked for them ([`GenerateRequest::logprobs`]).
+        logprob: Option<TokenLogprob>,
+    },
+    /// The prompt's log-probabilities ([`GenerateRequest::prompt_logprobs`]), one per prompt token: the first is
+    /// `None` (nothing predicts it): `first_token` is that token. Sent once, before the first token.
+    PromptLogprobs {
+        first_token: u32,
+        entries: Vec<Option<TokenLogprob>>,
     },
     /// The request ended (its last token's event came just before, with any held-back text).
     Finished {
@@ -126,6 +142,15 @@ impl Event {
             kind,
         }
     }
+}
+
+/// A token's log-probability under the model's raw distribution (`logit − logsumexp(row)` of the unprocessed logits,
+/// whatever the sampling did), and the row's most likely tokens with theirs, best first (ties to the lower id).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// What kind of failure ended a request: what the front ends map to a status code (gRPC) or an HTTP status.

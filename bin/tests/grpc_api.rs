@@ -184,9 +184,15 @@ async fn malformed_requests_get_their_status_while_other_streams_go_on() {
     refused(&mut c, no_input, &["input"]).await;
     let logprobs = pb::CompleteRequest {
         logprobs: true,
+        top_logprobs: Some(21),
         ..complete_ids(&[5], greedy(2))
     };
-    refused(&mut c, logprobs, &["logprobs is not supported"]).await;
+    refused(&mut c, logprobs, &["top_logprobs", "between 0 and 20"]).await;
+    let top_alone = pb::CompleteRequest {
+        top_logprobs: Some(2),
+        ..complete_ids(&[5], greedy(2))
+    };
+    refused(&mut c, top_alone, &["top_logprobs requires logprobs"]).await;
     let tokenize = pb::TokenizeRequest {
         text: b"\xffx".to_vec(),
         add_special_tokens: false,
@@ -816,4 +822,66 @@ async fn a_session_reports_its_penalties_bias_and_min_tokens() {
     bias.sort_by_key(|b| b.0);
     assert_eq!(bias, vec![(7, 3.0), (9, -100.0)]);
     assert_eq!((d.min_tokens, d.include_stop_str_in_output), (4, true));
+}
+
+/// Log-probabilities on the stream: one entry per token (greedy: the chosen token is the best alternative), a
+/// session turn's too, and a prompt scored with `max_tokens: 0` and `prompt_logprobs` (the first token without a
+/// value), generating nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_with_the_tokens_and_prompts_can_be_scored() {
+    let server = Server::start(2, None).await;
+    let mut c = server.client().await;
+    let prompt = [5, 17, 42, 7];
+    let asked = pb::CompleteRequest {
+        logprobs: true,
+        top_logprobs: Some(2),
+        ..complete_ids(&prompt, greedy(5))
+    };
+    let mut stream = c.complete(asked).await.expect("complete").into_inner();
+    let (mut tokens, mut entries) = (Vec::new(), Vec::new());
+    while let Some(chunk) = stream.message().await.expect("chunk") {
+        assert_eq!(chunk.logprobs.len(), chunk.token_ids.len(), "{chunk:?}");
+        tokens.extend(chunk.token_ids);
+        entries.extend(chunk.logprobs);
+    }
+    assert_eq!(tokens.len(), 5);
+    for (t, e) in tokens.iter().zip(&entries) {
+        assert_eq!(e.token_id, *t);
+        assert_eq!(e.top.len(), 2);
+        assert_eq!((e.top[0].token_id, Some(e.top[0].logprob)), (*t, e.logprob), "{e:?}");
+        assert!(e.logprob.is_some_and(|l| l <= 0.0));
+    }
+    let s = c.create(None).await;
+    let turn = pb::GenerateRequest {
+        logprobs: true,
+        ..turn_ids(&s.id, &prompt, greedy(3))
+    };
+    let mut stream = c.generate(turn).await.expect("turn").into_inner();
+    let mut n = 0;
+    while let Some(chunk) = stream.message().await.expect("chunk") {
+        assert_eq!(chunk.logprobs.len(), chunk.token_ids.len());
+        assert!(chunk.logprobs.iter().all(|e| e.top.is_empty() && e.logprob.is_some()));
+        n += chunk.token_ids.len();
+    }
+    assert_eq!(n, 3);
+    let scored = pb::CompleteRequest {
+        prompt_logprobs: Some(1),
+        ..complete_ids(&prompt, greedy(0))
+    };
+    let mut stream = c.complete(scored).await.expect("scored").into_inner();
+    let first = stream.message().await.expect("chunk").expect("a first chunk");
+    let p = &first.prompt_logprobs;
+    assert_eq!(p.len(), prompt.len(), "{first:?}");
+    assert_eq!((p[0].token_id, p[0].logprob), (prompt[0], None));
+    assert!(p[1..]
+        .iter()
+        .zip(&prompt[1..])
+        .all(|(e, &t)| e.token_id == t && e.logprob.is_some() && e.top.len() == 1));
+    let mut last = first;
+    while let Some(chunk) = stream.message().await.expect("chunk") {
+        last = chunk;
+    }
+    assert!(last.token_ids.is_empty());
+    assert_eq!(last.finish_reason, pb::FinishReason::Length as i32);
+    assert_eq!(last.usage.map(|u| u.completion_tokens), Some(0));
 }

@@ -1,6 +1,7 @@
 //! `n` choices over gRPC (the tiny model of `grpc_api.rs`): Complete streams every choice's chunks, each naming its
 //! `choice_index` and each choice ending with its own last chunk; greedy choices are equal, a seed repeats its
-//! choices; `n` past the slots, `n = 0` and `n > 1` on a session turn are INVALID_ARGUMENT.
+//! choices; `n` past the slots, `n = 0`, `n > 1` on a session turn and `n > 1` with log-probabilities are
+//! INVALID_ARGUMENT.
 
 use std::collections::BTreeMap;
 
@@ -90,6 +91,19 @@ async fn n_past_the_slots_zero_or_on_a_turn_is_invalid() {
         Code::InvalidArgument,
         &["n must be at least 1"],
     );
+    // Log-probabilities are reported for one choice.
+    for (logprobs, prompt_logprobs) in [(true, None), (false, Some(0))] {
+        let request = pb::CompleteRequest {
+            logprobs,
+            prompt_logprobs,
+            ..with_n(complete_ids(&[5, 6], greedy(2)), 2)
+        };
+        assert_status(
+            choices(&mut c, request).await,
+            Code::InvalidArgument,
+            &["n 2", "log-probabilities of n > 1 choices"],
+        );
+    }
     let s = c.create(greedy(2)).await;
     let turn = pb::GenerateRequest {
         n: Some(2),

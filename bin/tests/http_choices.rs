@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-// Shared with `http_api.rs`, which uses the helpers this file does not.
-#[allow(dead_code)]
 mod http_fixture;
 use http_fixture::*;
 

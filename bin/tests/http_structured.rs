@@ -5,8 +5,6 @@
 
 use serde_json::{json, Value};
 
-// The fixture's stream helpers serve `http_api.rs`; this file uses a part of them.
-#[allow(dead_code)]
 mod http_fixture;
 use http_fixture::*;
 

@@ -80,6 +80,8 @@ async fn choices(mut s: EventStream, n: usize) -> Result<Vec<(Vec<u32>, FinishRe
                 assert_eq!(usage.completion_tokens, out[choice].0.len());
                 out[choice].1 = Some(reason);
             }
+            // Only the one-choice requests asking for them get these; the tokens are what is compared.
+            Event::PromptLogprobs { .. } => {}
             Event::Failed { error, kind } => return Err((kind, error)),
         }
     }
@@ -325,6 +327,19 @@ fn n_past_the_slots_or_on_a_session_turn_is_refused() {
         ok.session = Some(sid);
         assert_eq!(run(&e, ok).await.expect("a turn").len(), 1);
         assert_eq!(run(&e, request(&[1, 2], greedy(2), 2)).await.expect("n = 2").len(), 2);
+        // Log-probabilities are reported for one choice: with n > 1 they are refused (the CPU ranks compute them).
+        for (logprobs, prompt_logprobs) in [(Some(2), None), (None, Some(0))] {
+            let mut r = request(&[1, 2], greedy(2), 2);
+            r.logprobs = logprobs;
+            r.prompt_logprobs = prompt_logprobs;
+            let (kind, error) = run(&e, r).await.expect_err("refused");
+            assert_eq!(kind, FailureKind::InvalidArgument);
+            assert!(error.contains("log-probabilities of n > 1 choices"), "{error}");
+            let mut one = request(&[1, 2], greedy(2), 1);
+            one.logprobs = logprobs;
+            one.prompt_logprobs = prompt_logprobs;
+            assert_eq!(run(&e, one).await.expect("one choice with log-probabilities").len(), 1);
+        }
         e.shutdown().await;
     });
 }

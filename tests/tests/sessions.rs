@@ -60,6 +60,7 @@ async fn run(e: &EngineHandle, r: GenerateRequest) -> Result<(Vec<u32>, Usage), 
     while let Some(ev) = s.next().await {
         match ev {
             Event::Token { token, .. } => out.push(token),
+            Event::PromptLogprobs { .. } => panic!("no prompt log-probabilities were asked for"),
             Event::Finished { usage, .. } => return Ok((out, usage)),
             Event::Failed { error, kind } => return Err((kind, error)),
         }

@@ -324,6 +324,7 @@ fn one_pass_verify_writes_o1_bytes_per_row() {
                 rows: if kind == SeqKind::Verify { Rows::All } else { Rows::Last },
                 sample: None,
                 spec,
+                logprobs: None,
             }])
             .with_logits(full_logits)
         };

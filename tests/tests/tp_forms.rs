@@ -51,6 +51,7 @@ fn step(
                 rows,
                 sample: None,
                 spec: None,
+                logprobs: None,
             }])
             .with_logits(true),
         )

@@ -50,6 +50,8 @@ pub(super) struct Sequence {
     pub session: Option<LiveSession>,
     pub fork: Option<(SavedState, usize)>,
     pub forking: Option<Box<Forking>>,
+    /// What the request asked for its log-probabilities (a request with them takes one choice).
+    pub logprobs: Option<super::logprobs::LiveLogprobs>,
     /// When the request arrived (its choices' time to first token counts from there).
     pub submitted: Instant,
 }
@@ -170,6 +172,7 @@ impl CoordinatorState {
                 session: None,
                 fork: fork.clone(),
                 forking: None,
+                logprobs: None,
                 submitted,
             };
             self.queue(sid, seq, events)?;

@@ -8,6 +8,7 @@
 
 mod choices;
 mod grammar;
+mod logprobs;
 mod ranks;
 mod recovery;
 mod sessions;
@@ -191,6 +192,8 @@ struct Live {
     forking: Option<Box<choices::Forking>>,
     /// Structured outputs: where the request is in its grammar (see `grammar.rs`).
     grammar: Option<rewind_engine::grammar::GrammarState>,
+    /// What the request asked for its log-probabilities.
+    logprobs: Option<logprobs::LiveLogprobs>,
 }
 
 /// The coordinator's state.

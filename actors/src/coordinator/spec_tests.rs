@@ -21,6 +21,7 @@ fn seq(kind: SeqKind, position: usize, n: usize, rows: Rows) -> SeqStep {
         rows,
         sample: None,
         spec: None,
+        logprobs: None,
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use ractor::ActorRef;
 use rewind_engine::rank::{
     finish, prepare, Batch, ChainSample, ChainedDecode, Commit, DecodeChain, Program, Rows, SampleRow, SeqKind,
-    SeqStep, StepPlan, StepResult,
+    SeqStep, StepPlan, StepResult, MAX_TOP,
 };
 use rewind_engine::sample::Sampler;
 use rewind_engine::sched::{OutputStream, Planned, Request, Step, StepWork};
@@ -17,11 +17,12 @@ use tracing::{debug, info_span, warn, Instrument};
 
 use super::choices::Sequence;
 use super::grammar::StepMasks;
+use super::logprobs::{entry, LiveLogprobs, Reporting};
 use super::spec::{HiddenLayout, Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
-use crate::request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, Usage};
+use crate::request::{Event, FailureKind, GenerateRequest, RequestTiming, StepStats, TokenLogprob, Usage};
 
 impl CoordinatorState {
     /// Takes a request, or fails it alone with a clear error.
@@ -62,6 +63,7 @@ impl CoordinatorState {
             ))));
         }
         self.check_choices(&request).map_err(refused)?;
+        check_logprobs(&request).map_err(refused)?;
         // A turn runs on the session's tokens and starts from its saved state. A refused turn leaves the session
         // idle: it is busy only while its request is live.
         let (request, turn) = match request.session.take() {
@@ -89,17 +91,40 @@ impl CoordinatorState {
     ) -> rewind_engine::Result<()> {
         let GenerateRequest {
             prompt,
-            params,
+            mut params,
             priority,
             reference,
             speculate,
             session: _,
             owner: _,
             n,
+            logprobs,
+            prompt_logprobs,
         } = request;
+        // Scoring a prompt (`max_tokens: 0` with its log-probabilities): the prefill's picking row runs as for one
+        // token, which is dropped.
+        let prompt_only = prompt_logprobs.is_some() && params.max_tokens == Some(0);
+        if prompt_only {
+            params.max_tokens = Some(1);
+        }
         params.validate(self.info.vocab)?;
-        // A constrained request does not speculate: its drafts are not checked against its grammar.
-        let speculate = speculate && params.constraint.is_none();
+        let logprobs = LiveLogprobs::new(logprobs, prompt_logprobs, prompt.len(), prompt_only);
+        if logprobs.is_some() && !self.books.logprobs() {
+            return Err(EngineError::InvalidInput(
+                "log-probabilities are not supported on this backend (its LM-head passes compute no top entries; \
+                 the CPU backend does)"
+                    .into(),
+            ));
+        }
+        if logprobs.is_some() && n > 1 {
+            return Err(EngineError::InvalidInput(
+                "log-probabilities of n > 1 choices are not supported yet: ask for one choice per request".into(),
+            ));
+        }
+        // A constrained request does not speculate: its drafts are not checked against its grammar. A request asking
+        // for log-probabilities neither chains nor speculates: each of its tokens then comes from one step's row that
+        // the plan asked about (a chained or verified token's row carries none).
+        let speculate = speculate && params.constraint.is_none() && logprobs.is_none();
         let (session, restored) = match turn {
             Some((s, n)) => (Some(s), n),
             None => (None, 0),
@@ -139,6 +164,7 @@ impl CoordinatorState {
             session,
             fork: None,
             forking: None,
+            logprobs,
             submitted: Instant::now(),
         };
         if n > 1 {
@@ -172,10 +198,11 @@ impl CoordinatorState {
             session,
             fork,
             forking,
+            logprobs,
             submitted,
         } = seq;
         let room = self.info.max_context.saturating_sub(prompt.len());
-        let chain = self.may_chain(&params, speculate, session.is_some());
+        let chain = self.may_chain(&params, speculate, session.is_some() || logprobs.is_some());
         let output = OutputStream::new(
             self.config.tokenizer.as_ref(),
             &params,
@@ -241,6 +268,7 @@ impl CoordinatorState {
                 fork,
                 forking,
                 grammar,
+                logprobs,
             },
         );
         Ok(())
@@ -346,19 +374,36 @@ impl CoordinatorState {
                     rows: Rows::All,
                     sample: None,
                     spec: self.spec_sample(p.id),
+                    logprobs: None,
                 };
             }
         };
         let samples = p.samples();
+        let lp = self
+            .live
+            .get(&p.id)
+            .and_then(|l| Some((l.logprobs.as_ref()?, &l.history)));
+        let report = match (lp, kind) {
+            (Some((lp, history)), SeqKind::Prefill) => lp.prefill(history, position, tokens.len(), samples),
+            (Some((lp, _)), _) => Reporting {
+                rows: Rows::Last,
+                logprobs: lp.decode(),
+            },
+            (None, _) => Reporting {
+                rows: if samples { Rows::Last } else { Rows::None },
+                logprobs: None,
+            },
+        };
         SeqStep {
             slot: p.slot,
             kind,
             position,
             tokens,
             form: self.config.form,
-            rows: if samples { Rows::Last } else { Rows::None },
+            rows: report.rows,
             sample: if samples { self.sample_row(p.id, masks) } else { None },
             spec: None,
+            logprobs: report.logprobs,
         }
     }
 
@@ -571,33 +616,63 @@ impl CoordinatorState {
             }
         }
         let n = planned.work.len();
-        let mut row = 0;
+        // A single step's sequences report rows in plan order: sequence `i`'s first is `firsts[i]`.
+        let firsts: Vec<usize> = plan.as_batch().map_or_else(Vec::new, |b| {
+            b.seqs
+                .iter()
+                .scan(0, |at, s| {
+                    let first = *at;
+                    *at += s.row_count();
+                    Some(first)
+                })
+                .collect()
+        });
+        for (i, p) in planned.work.iter().enumerate() {
+            if let Err(e) = self.note_prompt_rows(p, plan, result, &firsts, i) {
+                failed.push((p.id, e));
+            }
+        }
         for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
-            if grammar_failed.iter().any(|(id, _)| *id == p.id) {
-                // A constrained request reports one row a step: it neither speculates nor chains.
-                row += 1;
+            if grammar_failed.iter().any(|(id, _)| *id == p.id) || failed.iter().any(|(id, _)| *id == p.id) {
                 continue;
             }
+            let first = firsts.get(i).copied().unwrap_or(0);
             let picked = match (&plan.program, &p.work) {
                 (Program::VerifyChain(_), StepWork::Verify { tokens, .. }) => self
                     .chain_judged(p.id, i, n, tokens.len(), result)
                     .map_err(|e| format!("a chain of verifies failed: {e}")),
                 (Program::Batch(_), StepWork::Verify { position, tokens }) => {
                     let hidden = layout.as_ref().map(|l| (l, i));
-                    let judged = self
-                        .judge(p.id, *position, tokens, result, row, hidden)
-                        .map_err(|e| format!("judging the speculative verify failed: {e}"));
-                    row += tokens.len();
-                    judged
+                    self.judge(p.id, *position, tokens, result, first, hidden)
+                        .map_err(|e| format!("judging the speculative verify failed: {e}"))
                 }
                 // A chain answers step-major, one row per sequence a step. Tokens after a stop inside a chain are
                 // dropped below (the slot is released; nothing it left in the state is kept).
                 (Program::DecodeChain(c), _) => Ok((0..=c.steps).map(|k| pick(result, k * n + i)).collect()),
                 (_, StepWork::Prefill { .. } | StepWork::Decode { .. }) => {
-                    row += 1;
-                    Ok(vec![pick(result, row - 1)])
+                    let last = first + plan.as_batch().map_or(1, |b| b.seqs[i].row_count()) - 1;
+                    Ok(vec![pick(result, last)])
                 }
             };
+            // A request asking for log-probabilities runs only single steps' prefills and decodes (it neither chains
+            // nor speculates), whose picking row asked about its pick.
+            let top = self.live.get(&p.id).and_then(|l| l.logprobs.as_ref()?.generated());
+            let picked = picked.and_then(|tokens| match top {
+                None => Ok(tokens.into_iter().map(|t| (t, None)).collect::<Vec<_>>()),
+                Some(top) => match (&plan.program, &p.work, tokens.as_slice()) {
+                    (Program::Batch(b), StepWork::Prefill { .. } | StepWork::Decode { .. }, &[token]) => {
+                        let last = first + b.seqs[i].row_count() - 1;
+                        let e = entry(&result.rows[last], token, top)
+                            .map_err(|e| format!("the token's log-probability: {e}"))?;
+                        Ok(vec![(token, Some(e))])
+                    }
+                    _ => Err(
+                        "log-probabilities were asked for, but the token came from a chained or speculative step, \
+                         which reports none"
+                            .to_string(),
+                    ),
+                },
+            });
             let tokens = match picked {
                 Ok(t) => t,
                 Err(e) => {
@@ -609,8 +684,8 @@ impl CoordinatorState {
                 StepWork::Verify { position, .. } => Some(*position),
                 StepWork::Prefill { .. } | StepWork::Decode { .. } => None,
             };
-            for token in tokens {
-                if let Some(slot) = self.deliver(p.id, token, stats, verify_at) {
+            for (token, logprob) in tokens {
+                if let Some(slot) = self.deliver(p.id, token, logprob, stats, verify_at) {
                     finished.push(slot);
                     break;
                 }
@@ -638,6 +713,40 @@ impl CoordinatorState {
         self.gauges();
     }
 
+    /// Records the prompt rows a prefill chunk of request `p` (plan sequence `i`, first row `firsts[i]`) reported,
+    /// sending the prompt's log-probabilities when the chunk ends the prompt.
+    fn note_prompt_rows(
+        &mut self,
+        p: &Planned,
+        plan: &StepPlan,
+        result: &StepResult,
+        firsts: &[usize],
+        i: usize,
+    ) -> Result<(), String> {
+        let (Some(b), StepWork::Prefill { position, tokens, .. }) = (plan.as_batch(), &p.work) else {
+            return Ok(());
+        };
+        let s = &b.seqs[i];
+        if s.rows != Rows::All || s.logprobs.is_none() {
+            return Ok(());
+        }
+        let Some(l) = self.live.get_mut(&p.id) else {
+            return Ok(());
+        };
+        let Some(lp) = l.logprobs.as_mut() else {
+            return Ok(());
+        };
+        let rows = result
+            .rows
+            .get(firsts[i]..firsts[i] + tokens.len())
+            .ok_or_else(|| "the step reported fewer rows than the plan asked for".to_string())?;
+        if let Some(entries) = lp.note_prompt(&l.history, *position, rows, p.samples())? {
+            let first_token = l.history.first().copied().unwrap_or(0);
+            let _ = l.events.send(Event::PromptLogprobs { first_token, entries });
+        }
+        Ok(())
+    }
+
     /// Runs `plan` as step `index` on every rank and merges the answers.
     pub(super) async fn run(&mut self, index: u64, plan: &StepPlan) -> Result<rewind_engine::rank::StepResult, Fault> {
         let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
@@ -660,7 +769,14 @@ impl CoordinatorState {
 
     /// Streams request `id`'s new token; returns its slot when the request ended.
     /// A session turn that finishes is queued to be saved (`verify_at`: the position of the verify it ran in, if).
-    fn deliver(&mut self, id: u64, token: u32, step: StepStats, verify_at: Option<usize>) -> Option<usize> {
+    fn deliver(
+        &mut self,
+        id: u64,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+        step: StepStats,
+        verify_at: Option<usize>,
+    ) -> Option<usize> {
         let Some(l) = self.live.get_mut(&id) else {
             // Cancelled while the step ran: the scheduler let it go already.
             return None;
@@ -685,7 +801,10 @@ impl CoordinatorState {
         l.history.push(token);
         let now = Instant::now();
         l.first_token.get_or_insert(now);
+        let prompt_only = l.logprobs.as_ref().is_some_and(|lp| lp.prompt_only);
         let (text, finish) = match pushed {
+            // Scoring a prompt: the picked token is dropped and the request ends as `max_tokens: 0` asked.
+            Ok(_) if prompt_only => (String::new(), Some(rewind_engine::sched::FinishReason::Length)),
             Ok(p) => (p.text, p.finish),
             Err(e) => {
                 warn!(request = id, %e, "detokenizing failed");
@@ -700,16 +819,17 @@ impl CoordinatorState {
                 return slot;
             }
         };
-        let client_gone = l
-            .events
-            .send(Event::Token {
-                token,
-                text,
-                index,
-                step,
-                choice: l.choice,
-            })
-            .is_err();
+        let client_gone = !prompt_only
+            && l.events
+                .send(Event::Token {
+                    token,
+                    text,
+                    index,
+                    step,
+                    choice: l.choice,
+                    logprob,
+                })
+                .is_err();
         let slot = match self.sched.sampled(id, token, finish.is_some() || client_gone) {
             Ok(slot) => slot,
             Err(e) => {
@@ -733,7 +853,7 @@ impl CoordinatorState {
                 reason,
                 usage: Usage {
                     prompt_tokens: l.prompt_len,
-                    completion_tokens: l.output.generated(),
+                    completion_tokens: if prompt_only { 0 } else { l.output.generated() },
                     cached_tokens: l.session.as_ref().and_then(|s| s.state.as_ref()).map_or(0, |(_, n)| *n),
                 },
                 timing: RequestTiming {
@@ -770,6 +890,26 @@ impl CoordinatorState {
         }
         slot
     }
+}
+
+/// Refuses what a request's log-probabilities cannot be: more than [`MAX_TOP`] top entries, or a prompt's for a session
+/// turn (its earlier tokens are restored from the session's state, which keeps no rows for them).
+fn check_logprobs(r: &GenerateRequest) -> rewind_engine::Result<()> {
+    for (name, k) in [("logprobs", r.logprobs), ("prompt_logprobs", r.prompt_logprobs)] {
+        if let Some(k) = k.filter(|&k| k > MAX_TOP) {
+            return Err(EngineError::InvalidInput(format!(
+                "{name} asks for {k} top entries; at most {MAX_TOP}"
+            )));
+        }
+    }
+    if r.prompt_logprobs.is_some() && r.session.is_some() {
+        return Err(EngineError::InvalidInput(
+            "prompt_logprobs are not available for a session turn: the session's earlier tokens are restored from \
+             its saved state, which keeps no log-probabilities"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Row `row`'s pick: its sampled token, else its argmax.

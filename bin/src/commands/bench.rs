@@ -60,6 +60,7 @@ fn one(loaded: &Loaded, slot: usize, kind: SeqKind, position: usize, tokens: Vec
         rows: Rows::Last,
         sample: None,
         spec: None,
+        logprobs: None,
     }])
     .with_logits(logits)
 }

@@ -59,6 +59,7 @@ pub(super) fn prefill_plan(slot: usize, form: FormChoice, prompt: Vec<u32>) -> S
         rows: Rows::Last,
         sample: None,
         spec: None,
+        logprobs: None,
     }])
 }
 
@@ -125,6 +126,7 @@ pub(super) fn step_secs(
                     rows,
                     sample: None,
                     spec: None,
+                    logprobs: None,
                 }
             })
             .collect();

@@ -138,6 +138,7 @@ impl Chat {
                 sampling: None,
                 logprobs: false,
                 n: None,
+                top_logprobs: None,
             })
             .await
             .context("starting the turn")?

@@ -181,6 +181,7 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
                 sampling,
                 logprobs: false,
                 n: None,
+                top_logprobs: None,
             })
             .await
         }
@@ -191,6 +192,8 @@ async fn generate(c: &mut Client, g: ClientGenerateArgs, json: bool) -> Result<(
                 speculate: None,
                 logprobs: false,
                 n: None,
+                top_logprobs: None,
+                prompt_logprobs: None,
             })
             .await
         }

@@ -219,6 +219,8 @@ async fn collect(engine: &EngineHandle, request: GenerateRequest) -> Result<Vec<
     while let Some(event) = events.next().await {
         match event {
             Event::Token { token, .. } => tokens.push(token),
+            // Not asked for here.
+            Event::PromptLogprobs { .. } => {}
             Event::Finished { .. } => return Ok(tokens),
             Event::Failed { error, .. } => anyhow::bail!("{error}"),
         }
@@ -248,6 +250,8 @@ async fn stream(
                 }
                 text.push_str(&piece);
             }
+            // Not asked for here.
+            Event::PromptLogprobs { .. } => {}
             Event::Finished { reason, seed, spec, .. } => {
                 let total = t0.elapsed().as_secs_f64();
                 // The first token comes from the prompt's step; every later one costs one decode step.

@@ -35,7 +35,8 @@ async fn run(e: &EngineHandle, prompt: &[u32], params: &SamplingParams, n: usize
                 .get_mut(choice)
                 .ok_or_else(|| format!("an event of choice {choice} of {n}"))?
                 .push(token),
-            Event::Finished { .. } => {}
+            // Nothing here asks for log-probabilities.
+            Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
             Event::Failed { error, .. } => return Err(error),
         }
     }

@@ -112,6 +112,8 @@ async fn traced(engine: Arc<EngineHandle>, request: GenerateRequest, gate: Arc<S
                 trace.arrivals.push(Instant::now());
                 trace.tokens.push(token);
             }
+            // Not asked for here.
+            Event::PromptLogprobs { .. } => {}
             Event::Finished { spec, .. } => {
                 trace.spec = spec;
                 break;

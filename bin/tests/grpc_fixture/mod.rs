@@ -143,6 +143,8 @@ pub fn complete_ids(ids: &[u32], sampling: Option<pb::Sampling>) -> pb::Complete
         speculate: None,
         logprobs: false,
         n: None,
+        top_logprobs: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -153,6 +155,7 @@ pub fn turn_ids(session: &str, ids: &[u32], sampling: Option<pb::Sampling>) -> p
         sampling,
         logprobs: false,
         n: None,
+        top_logprobs: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The shared fixture of `http_api.rs`: a tiny random model served on the CPU over loopback sockets, and the curl-driven
-//! helpers the tests use (requests, SSE parsing, live streams).
+//! helpers the tests use (requests, SSE parsing, live streams). Shared by several test binaries, each using a part.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Lines};
 use std::path::{Path, PathBuf};

@@ -254,6 +254,7 @@ pub fn teacher_forced(
                     rows: Rows::All,
                     sample: None,
                     spec: None,
+                    logprobs: None,
                 }],
                 full_logits: true,
                 hidden: false,
@@ -285,6 +286,7 @@ pub fn teacher_forced(
                         rows: Rows::Last,
                         sample: None,
                         spec: None,
+                        logprobs: None,
                     })
                     .collect(),
                 full_logits: true,

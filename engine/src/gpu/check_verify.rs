@@ -96,6 +96,7 @@ pub fn verify_forced(
                             rows: Rows::Last,
                             sample: None,
                             spec: None,
+                            logprobs: None,
                         })
                         .collect(),
                     full_logits: true,
@@ -143,6 +144,7 @@ pub fn verify_forced(
                 rows: Rows::All,
                 sample: None,
                 spec: None,
+                logprobs: None,
             });
             accepts.push((k, slot, i, w, accept));
         }

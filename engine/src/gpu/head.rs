@@ -362,6 +362,7 @@ mod tests {
             max: 1.5,
             lse: 2.0,
             spec: None,
+            logprob: None,
         });
         mark_sampled(&mut row, 7);
         assert_eq!((row.sampled, row.pass.max), (Some(7), 1.5));

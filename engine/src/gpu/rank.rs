@@ -79,6 +79,8 @@ impl<A: Act> LoadedRank<A> {
             snapshots: true,
             hidden_states: true,
             spec_summaries: true,
+            // The device LM-head passes compute no top entries yet: such steps are refused (`Books::validate`).
+            logprobs: false,
             max_chained: crate::rank::MAX_CHAINED,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;

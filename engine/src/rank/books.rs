@@ -11,6 +11,7 @@ use super::spec_chain::ChainLog;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
 use crate::state::{KvBlocks, PoolError, SlotAllocator};
+use rewind_kernels::cpu::lm_head::MAX_TOP;
 
 /// One slot's record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +35,7 @@ pub struct Books {
     chunked_prefill: bool,
     forms: Vec<FormChoice>,
     spec_summaries: bool,
+    logprobs: bool,
     hidden_states: bool,
     max_chained: usize,
     /// Ranks in the group (tensor parallelism when more than one).
@@ -87,6 +89,7 @@ impl Books {
                 .filter(|f| infos.iter().all(|i| i.forms.contains(f)))
                 .collect(),
             spec_summaries: infos.iter().all(|i| i.spec_summaries),
+            logprobs: infos.iter().all(|i| i.logprobs),
             hidden_states: infos.iter().all(|i| i.hidden_states),
             max_chained: min(|i| i.max_chained),
             ranks: infos.len(),
@@ -127,6 +130,11 @@ impl Books {
     /// Whether every rank computes the one-pass speculative summaries.
     pub fn spec_summaries(&self) -> bool {
         self.spec_summaries
+    }
+
+    /// Whether every rank computes log-probability summaries ([`SeqStep::logprobs`](super::SeqStep::logprobs)).
+    pub fn logprobs(&self) -> bool {
+        self.logprobs
     }
 
     /// Whether every rank returns final hidden states.
@@ -423,6 +431,33 @@ impl Books {
                     )))
                 }
                 _ => {}
+            }
+            if let Some(l) = &s.logprobs {
+                if !self.logprobs {
+                    return Err(EngineError::NotSupported(
+                        "log-probabilities (top entries of the LM head's rows) on this backend".into(),
+                    ));
+                }
+                if l.top > MAX_TOP {
+                    return Err(invalid(format!(
+                        "slot {}: at most {MAX_TOP} top log-probabilities a row, asked for {}",
+                        s.slot, l.top
+                    )));
+                }
+                if l.targets.len() != s.row_count() {
+                    return Err(invalid(format!(
+                        "slot {}: {} log-probability targets for {} reported rows",
+                        s.slot,
+                        l.targets.len(),
+                        s.row_count()
+                    )));
+                }
+                if let Some(t) = l.targets.iter().flatten().find(|&&t| t as usize >= self.vocab) {
+                    return Err(invalid(format!(
+                        "slot {}: log-probability target id {t} is out of range (vocab size {})",
+                        s.slot, self.vocab
+                    )));
+                }
             }
             if let Some(sample) = &s.sample {
                 if s.row_count() == 0 {

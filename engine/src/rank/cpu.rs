@@ -172,6 +172,7 @@ impl Rank for Decoder {
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
             spec_summaries: true,
+            logprobs: true,
             max_chained: crate::rank::MAX_CHAINED,
             hidden_states: true,
         }
@@ -303,33 +304,38 @@ impl Decoder {
             out
         });
         let spec = spec_requests(&b.seqs);
+        let logprob: Vec<_> = b.seqs.iter().flat_map(SeqStep::logprob_requests).collect();
+        let asks_logprobs = logprob.iter().any(Option::is_some);
         let sampling = b.seqs.iter().any(|s| s.sample.is_some());
         let width = vocab.len().max(1);
         // Whole logit rows only where someone reads them (the caller, or the sampler's filters); every other row
-        // is summarised in one pass over the head, writing nothing of the vocabulary's size.
+        // is summarised in one pass over the head, writing nothing of the vocabulary's size. A step asking for
+        // log-probabilities (its prompt rows may be many) writes whole rows for its sampled rows alone.
+        let whole = b.full_logits || (sampling && !asks_logprobs);
         let n_rows = b.seqs.iter().map(SeqStep::row_count).sum::<usize>();
         let spec_rows = spec.iter().filter(|s| s.is_some()).count();
-        self.head_traffic = if b.full_logits || sampling {
+        self.head_traffic = if whole {
             lm_head::head_logits_traffic(n_rows, hidden, vocab.len())
         } else {
             lm_head::head_pass_traffic(n_rows, hidden, vocab.len(), spec_rows)
         };
-        let (mut rows, logits) = if b.full_logits || sampling {
+        let (mut rows, logits) = if whole {
             let logits = self.model().head(&picked);
             let mut rows: Vec<_> = logits
                 .chunks_exact(width)
                 .map(|r| summarise_row(r, vocab.start))
                 .collect();
-            if spec.iter().any(Option::is_some) {
-                for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec)) {
+            if spec.iter().any(Option::is_some) || asks_logprobs {
+                for (row, pass) in rows.iter_mut().zip(self.model().head_pass(&picked, &spec, &logprob)) {
                     row.pass.spec = pass.spec;
+                    row.pass.logprob = pass.logprob;
                 }
             }
             (rows, Some(logits))
         } else {
             let rows = self
                 .model()
-                .head_pass(&picked, &spec)
+                .head_pass(&picked, &spec, &logprob)
                 .into_iter()
                 .map(RowSummary::from)
                 .collect();
@@ -338,9 +344,19 @@ impl Decoder {
         let mut row = 0;
         for s in &b.seqs {
             row += s.row_count();
-            if let (Some(sample), Some(logits)) = (&s.sample, &logits) {
+            if let Some(sample) = &s.sample {
                 let last = row - 1;
-                rows[last].sampled = Some(sample.sample(&logits[last * width..(last + 1) * width]));
+                let own;
+                let logits = match &logits {
+                    Some(l) => &l[last * width..(last + 1) * width],
+                    None => {
+                        own = self.model().head(&picked[last * hidden..(last + 1) * hidden]);
+                        &own[..]
+                    }
+                };
+                let id = sample.sample(logits);
+                rows[last].sampled = Some(id);
+                note_sampled_logit(&mut rows[last], id, logits, vocab.start);
             }
         }
         Ok(StepOut {
@@ -427,7 +443,9 @@ impl Decoder {
         let part_refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
         let whole = super::vocab::join_slices(&part_refs, &ranges, wanted.len(), vocab)?;
         for ((r, sample), row) in wanted.iter().zip(whole.chunks_exact(vocab.max(1))) {
-            out.rows[*r].sampled = Some(sample.sample(row));
+            let id = sample.sample(row);
+            out.rows[*r].sampled = Some(id);
+            note_sampled_logit(&mut out.rows[*r], id, row, 0);
         }
         Ok(())
     }
@@ -481,12 +499,25 @@ impl Decoder {
                                 candidate: w[7],
                                 score: f32::from_bits(w[8]),
                             }),
+                            // Chains (the only readers of this gather) carry no log-probability requests.
+                            logprob: None,
                         })
                     })
                     .collect();
                 merge_rows(&parts)
             })
             .collect()
+    }
+}
+
+/// Records, in a row that asked for log-probabilities, the raw logit of the token sampled from it (`row`: the logits of
+/// ids `first_id ..` the sampler saw, which hold it): the sampled token is the row's log-probability target.
+fn note_sampled_logit(summary: &mut RowSummary, id: u32, row: &[f32], first_id: usize) {
+    if let Some(l) = summary.pass.logprob.as_mut() {
+        l.target = (id as usize)
+            .checked_sub(first_id)
+            .and_then(|i| row.get(i))
+            .map(|&v| (id, v));
     }
 }
 

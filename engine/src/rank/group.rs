@@ -174,6 +174,7 @@ impl RankGroup {
                 rows: Rows::Last,
                 sample: None,
                 spec: None,
+                logprobs: None,
             }]))?;
             slots.push(slot);
             next.push(out.rows.first().map_or(0, |r| r.argmax));

@@ -34,6 +34,8 @@ pub mod vocab;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_logprobs;
+#[cfg(test)]
 mod tests_spec_chain;
 
 pub use books::Books;
@@ -43,11 +45,11 @@ pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};
 pub use lockstep::{finish, prepare, StepResult};
 pub use plan::{
-    Batch, ChainSample, ChainedDecode, ChainedVerify, Commit, DecodeChain, GraphStats, Program, RankHealth, RankInfo,
-    RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample, SsmSnapshot, StageTime,
-    StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED,
+    Batch, ChainSample, ChainedDecode, ChainedVerify, Commit, DecodeChain, GraphStats, LogprobRows, Program,
+    RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample,
+    SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED,
 };
-pub use rewind_kernels::cpu::lm_head::RowPass;
+pub use rewind_kernels::cpu::lm_head::{summarise_logits_with, LogprobRequest, LogprobSummary, RowPass, TopK, MAX_TOP};
 pub use sequence::GroupSequence;
 pub use spec_chain::{ChainDrafter, ChainLog};
 pub use spec_chain_check::{spec_chain_check, SpecChainReport};

@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use rewind_kernels::cpu::lm_head::{RowPass, SpecRequest};
+use rewind_kernels::cpu::lm_head::{LogprobRequest, RowPass, SpecRequest};
 
 use crate::decode::FormChoice;
 pub use crate::decode::{Rows, SlotSnapshot, SsmSnapshot};
@@ -130,6 +130,20 @@ pub struct SeqStep {
     /// A speculative verify's sampled acceptance: every reported row also gets its one-pass summary
     /// ([`RowSummary::spec`]); row `i`'s draft is `tokens[i + 1]` (the last row has none). Needs `Rows::All`.
     pub spec: Option<SpecSample>,
+    /// Log-probabilities: every reported row also gets its top entries and a target's logit
+    /// ([`RowPass::logprob`]); `None` (the common step) costs nothing.
+    pub logprobs: Option<LogprobRows>,
+}
+
+/// What a sequence's reported rows ask for their log-probabilities: the `top` largest logits of each (0 ..=
+/// [`MAX_TOP`](rewind_kernels::cpu::lm_head::MAX_TOP)) and per reported row the id whose logit to report: the next
+/// prompt token for a prompt row, `None` for the row that picks the next token (its sampled token's logit comes from
+/// the sampler, the argmax's from the summary).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobRows {
+    pub top: usize,
+    /// One entry per reported row ([`SeqStep::row_count`]).
+    pub targets: Vec<Option<u32>>,
 }
 
 /// The temperature and noise key of a verify's one-pass summaries (FlashSpec): per row the log-sum-exp of
@@ -163,6 +177,16 @@ impl SeqStep {
             SeqKind::Prefill => self.tokens.len(),
             SeqKind::Decode | SeqKind::Verify => self.row_count(),
         }
+    }
+
+    /// The log-probability requests of the reported rows (`None` for each when the step asks for none).
+    pub fn logprob_requests(&self) -> impl Iterator<Item = Option<LogprobRequest>> + '_ {
+        (0..self.row_count()).map(move |i| {
+            self.logprobs.as_ref().map(|l| LogprobRequest {
+                top: l.top,
+                target: l.targets.get(i).copied().flatten(),
+            })
+        })
     }
 
     /// The one-pass requests of the reported rows (`None` for each when the step asks for none): row `i` asks about
@@ -269,6 +293,7 @@ impl ChainedDecode {
             rows: Rows::Last,
             sample: self.sample.as_ref().map(|s| s.row(k)),
             spec: None,
+            logprobs: None,
         }
     }
 }
@@ -329,6 +354,7 @@ impl ChainedVerify {
             rows: Rows::All,
             sample: None,
             spec: self.spec,
+            logprobs: None,
         }
     }
 }
@@ -692,6 +718,8 @@ pub struct RankInfo {
     pub snapshots: bool,
     /// Whether the rank computes the one-pass speculative summaries ([`SeqStep::spec`]).
     pub spec_summaries: bool,
+    /// Whether the rank computes the log-probability summaries ([`SeqStep::logprobs`]).
+    pub logprobs: bool,
     /// Whether the rank returns final hidden states ([`Batch::hidden`]).
     pub hidden_states: bool,
     /// The most further decode steps one plan may chain on this rank ([`DecodeChain::steps`]; 0: none).

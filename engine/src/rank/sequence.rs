@@ -52,6 +52,7 @@ impl<'g> GroupSequence<'g> {
             rows,
             sample: None,
             spec: None,
+            logprobs: None,
         }])
         .with_logits(logits);
         let out = self.group.step(plan)?;

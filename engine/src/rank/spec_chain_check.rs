@@ -106,6 +106,7 @@ fn speculate(
                         seed: mix64(0x5eed ^ q as u64),
                         index: (stream.len() - prompts[q].len()) as u64,
                     }),
+                    logprobs: None,
                 }
             })
             .collect();

@@ -42,6 +42,7 @@ fn seq(slot: usize, kind: SeqKind, position: usize, tokens: &[u32], form: FormCh
         rows,
         sample: None,
         spec: None,
+        logprobs: None,
     }
 }
 

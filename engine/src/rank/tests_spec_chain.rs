@@ -62,6 +62,7 @@ fn bad_chains_of_verifies_are_refused_and_a_chain_settles_the_books() {
             rows: Rows::Last,
             sample: None,
             spec: None,
+            logprobs: None,
         }]))
         .expect("prefill")
         .rows[0]
@@ -123,6 +124,7 @@ fn bad_chains_of_verifies_are_refused_and_a_chain_settles_the_books() {
         rows: Rows::Last,
         sample: None,
         spec: None,
+        logprobs: None,
     }])
     .with_commits(vec![Commit {
         slot: a,

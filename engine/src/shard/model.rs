@@ -255,16 +255,18 @@ impl ShardedModel {
     }
 
     /// One-pass summaries of residual rows `x` `[rows, hidden]` over this rank's vocabulary slice (the final norm,
-    /// then the head a vocabulary tile at a time; see `rewind_kernels::cpu::lm_head`): no logits are written.
+    /// then the head a vocabulary tile at a time; see `rewind_kernels::cpu::lm_head`): no logits are written. Row `r`
+    /// also gets its speculative summary when `spec[r]` asks, its log-probability part when `logprob[r]` does.
     pub fn head_pass(
         &self,
         x: &[f32],
         spec: &[Option<rewind_kernels::cpu::lm_head::SpecRequest>],
+        logprob: &[Option<rewind_kernels::cpu::lm_head::LogprobRequest>],
     ) -> Vec<rewind_kernels::cpu::lm_head::RowPass> {
         let hidden = self.config.hidden_size;
         let normed = norm::rms_norm_vec(x, &self.final_norm, self.config.norm_eps, self.config.norm_offset);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        rewind_kernels::cpu::lm_head::head_pass(&normed, head, hidden, self.plan.vocab.start as u32, spec)
+        rewind_kernels::cpu::lm_head::head_pass_with(&normed, head, hidden, self.plan.vocab.start as u32, spec, logprob)
     }
 }
 

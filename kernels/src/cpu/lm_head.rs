@@ -49,6 +49,109 @@ pub struct RowPass {
     /// `log Σ exp(logit)`.
     pub lse: f32,
     pub spec: Option<SpecSummary>,
+    /// The log-probability part, when the row asked for it ([`LogprobRequest`]).
+    pub logprob: Option<LogprobSummary>,
+}
+
+/// The most top entries a row may ask for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP: usize = 20;
+
+/// What a row asks of the pass for log-probabilities: its `top` largest logits (0 ..= [`MAX_TOP`]) and the logit of
+/// `target` (the next prompt token of a prompt row; `None` for a generated row, whose pick the sampler or the argmax
+/// gives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogprobRequest {
+    pub top: usize,
+    pub target: Option<u32>,
+}
+
+/// The `k` largest logits of the ids seen, largest first, ties to the lower id; NaNs are never entries (a NaN row is
+/// poisoned anyway). Inline and `Copy`, so a row summary stays a plain value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TopK {
+    k: u8,
+    len: u8,
+    ids: [u32; MAX_TOP],
+    logits: [f32; MAX_TOP],
+}
+
+impl TopK {
+    /// An empty list keeping the `k` best (`k` is capped at [`MAX_TOP`]).
+    pub fn new(k: usize) -> Self {
+        TopK {
+            k: k.min(MAX_TOP) as u8,
+            len: 0,
+            ids: [0; MAX_TOP],
+            logits: [f32::NEG_INFINITY; MAX_TOP],
+        }
+    }
+
+    /// How many entries the list keeps at most.
+    pub fn k(&self) -> usize {
+        usize::from(self.k)
+    }
+
+    /// The entries, best first: `(id, logit)`.
+    pub fn entries(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
+        let n = usize::from(self.len);
+        self.ids[..n].iter().copied().zip(self.logits[..n].iter().copied())
+    }
+
+    /// Whether `(id, logit)` ranks before entry `i`.
+    fn beats(&self, id: u32, logit: f32, i: usize) -> bool {
+        logit > self.logits[i] || (logit == self.logits[i] && id < self.ids[i])
+    }
+
+    /// Offers one id; kept when it is among the `k` best seen.
+    pub fn push(&mut self, id: u32, logit: f32) {
+        let (k, len) = (usize::from(self.k), usize::from(self.len));
+        if logit.is_nan() || k == 0 || (len == k && !self.beats(id, logit, len - 1)) {
+            return;
+        }
+        let mut at = len.min(k - 1);
+        while at > 0 && self.beats(id, logit, at - 1) {
+            self.ids[at] = self.ids[at - 1];
+            self.logits[at] = self.logits[at - 1];
+            at -= 1;
+        }
+        self.ids[at] = id;
+        self.logits[at] = logit;
+        self.len = (len + 1).min(k) as u8;
+    }
+
+    /// The best of two lists over disjoint id sets (keeping the larger `k`).
+    pub fn merge(self, o: TopK) -> TopK {
+        let mut out = TopK::new(self.k().max(o.k()));
+        for (id, logit) in self.entries().chain(o.entries()) {
+            out.push(id, logit);
+        }
+        out
+    }
+}
+
+/// The log-probability part of a row's summary over the ids seen: the top entries and, when the ids seen held the
+/// requested target, its logit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogprobSummary {
+    pub top: TopK,
+    pub target: Option<(u32, f32)>,
+}
+
+impl LogprobSummary {
+    fn empty(r: &LogprobRequest) -> Self {
+        LogprobSummary {
+            top: TopK::new(r.top),
+            target: None,
+        }
+    }
+
+    /// Merges the summaries of two disjoint id sets.
+    pub fn merge(self, o: LogprobSummary) -> LogprobSummary {
+        LogprobSummary {
+            top: self.top.merge(o.top),
+            target: self.target.or(o.target),
+        }
+    }
 }
 
 fn lse_merge(a: f32, b: f32) -> f32 {
@@ -88,13 +191,25 @@ impl SpecSummary {
 }
 
 impl RowPass {
-    fn empty(spec: bool) -> Self {
+    fn empty(spec: bool, logprob: Option<&LogprobRequest>) -> Self {
         RowPass {
             argmax: 0,
             max: f32::NEG_INFINITY,
             lse: f32::NEG_INFINITY,
             spec: spec.then(SpecSummary::empty),
+            logprob: logprob.map(LogprobSummary::empty),
         }
+    }
+
+    /// The raw logit of `id` as far as this (whole-vocabulary) summary knows it: the target's, the argmax's or a top
+    /// entry's; `None` when the summary holds no value for `id`.
+    pub fn logit_of(&self, id: u32) -> Option<f32> {
+        let lp = self.logprob.as_ref();
+        lp.and_then(|l| l.target)
+            .filter(|&(t, _)| t == id)
+            .map(|(_, v)| v)
+            .or_else(|| (id == self.argmax && !self.max.is_nan()).then_some(self.max))
+            .or_else(|| lp.and_then(|l| l.top.entries().find(|&(t, _)| t == id)).map(|(_, v)| v))
     }
 
     /// Whether the row held a NaN (or an infinity) among the ids seen.
@@ -119,11 +234,15 @@ impl RowPass {
                 (Some(a), Some(b)) => Some(a.merge(b)),
                 (a, b) => a.or(b),
             },
+            logprob: match (self.logprob, o.logprob) {
+                (Some(a), Some(b)) => Some(a.merge(b)),
+                (a, b) => a.or(b),
+            },
         }
     }
 
     /// Folds logits `row` of ids `first_id..` into this summary.
-    fn fold(&mut self, row: &[f32], first_id: u32, spec: Option<&SpecRequest>) {
+    fn fold(&mut self, row: &[f32], first_id: u32, spec: Option<&SpecRequest>, logprob: Option<&LogprobRequest>) {
         let mut max = f32::NEG_INFINITY;
         let mut arg = 0usize;
         let mut nan = false;
@@ -145,7 +264,19 @@ impl RowPass {
             max: if nan { f32::NAN } else { max },
             lse,
             spec: None,
+            logprob: None,
         };
+        if let Some(r) = logprob {
+            let mut l = LogprobSummary::empty(r);
+            for (i, &v) in row.iter().enumerate() {
+                l.top.push(first_id + i as u32, v);
+            }
+            l.target = r
+                .target
+                .and_then(|t| t.checked_sub(first_id))
+                .and_then(|i| row.get(i as usize).map(|&v| (first_id + i, v)));
+            part.logprob = Some(l);
+        }
         if let Some(r) = spec {
             let inv = 1.0 / r.temperature;
             let smax = max * inv;
@@ -174,8 +305,18 @@ impl RowPass {
 
 /// The summary of one whole logit row (ids `first_id ..`): the reference the device kernels are checked against.
 pub fn summarise_logits(row: &[f32], first_id: u32, spec: Option<&SpecRequest>) -> RowPass {
-    let mut out = RowPass::empty(spec.is_some());
-    out.fold(row, first_id, spec);
+    summarise_logits_with(row, first_id, spec, None)
+}
+
+/// [`summarise_logits`] with the log-probability part `logprob` asks for.
+pub fn summarise_logits_with(
+    row: &[f32],
+    first_id: u32,
+    spec: Option<&SpecRequest>,
+    logprob: Option<&LogprobRequest>,
+) -> RowPass {
+    let mut out = RowPass::empty(spec.is_some(), logprob);
+    out.fold(row, first_id, spec, logprob);
     out
 }
 
@@ -240,11 +381,30 @@ pub fn head_pass(
     first_id: u32,
     spec: &[Option<SpecRequest>],
 ) -> Vec<RowPass> {
+    head_pass_with(x, weight, hidden, first_id, spec, &[])
+}
+
+/// [`head_pass`] with per-row log-probability requests: `logprob[r]` (absent past its end: none) asks row `r` for
+/// its top entries and a target's logit. Rows that ask for none pay nothing for it.
+pub fn head_pass_with(
+    x: &[f32],
+    weight: &[f32],
+    hidden: usize,
+    first_id: u32,
+    spec: &[Option<SpecRequest>],
+    logprob: &[Option<LogprobRequest>],
+) -> Vec<RowPass> {
     let rows = spec.len();
     assert_eq!(x.len(), rows * hidden, "head_pass: x");
     assert!(hidden > 0 && weight.len().is_multiple_of(hidden), "head_pass: weight");
     let n = weight.len() / hidden;
-    let empty = || spec.iter().map(|s| RowPass::empty(s.is_some())).collect::<Vec<_>>();
+    let lp = |r: usize| logprob.get(r).and_then(Option::as_ref);
+    let empty = || {
+        spec.iter()
+            .enumerate()
+            .map(|(r, s)| RowPass::empty(s.is_some(), lp(r)))
+            .collect::<Vec<_>>()
+    };
     if rows == 0 {
         return Vec::new();
     }
@@ -256,7 +416,7 @@ pub fn head_pass(
             matmul_nt(x, &weight[lo * hidden..hi * hidden], &mut logits, rows, hidden, hi - lo);
             let mut out = empty();
             for (r, row) in logits.chunks_exact(hi - lo).enumerate() {
-                out[r].fold(row, first_id + lo as u32, spec[r].as_ref());
+                out[r].fold(row, first_id + lo as u32, spec[r].as_ref(), lp(r));
             }
             out
         })
@@ -302,7 +462,13 @@ mod tests {
                 score: best.1,
             }
         });
-        RowPass { argmax, max, lse, spec }
+        RowPass {
+            argmax,
+            max,
+            lse,
+            spec,
+            logprob: None,
+        }
     }
 
     #[test]
@@ -362,7 +528,7 @@ mod tests {
         let mut counts = [0usize; 4];
         let draws = 40_000;
         for index in 0..draws {
-            let mut p = RowPass::empty(true);
+            let mut p = RowPass::empty(true, None);
             p.fold(
                 &l,
                 0,
@@ -372,6 +538,7 @@ mod tests {
                     seed: 99,
                     index,
                 }),
+                None,
             );
             counts[p.spec.expect("spec").candidate as usize] += 1;
         }
@@ -400,11 +567,123 @@ mod tests {
 
     #[test]
     fn a_nan_poisons_the_merged_row() {
-        let mut p = RowPass::empty(false);
-        p.fold(&[1.0, f32::NAN, 0.5], 0, None);
-        let mut q = RowPass::empty(false);
-        q.fold(&[3.0], 3, None);
+        let mut p = RowPass::empty(false, None);
+        p.fold(&[1.0, f32::NAN, 0.5], 0, None, None);
+        let mut q = RowPass::empty(false, None);
+        q.fold(&[3.0], 3, None, None);
         assert!(p.merge(q).max.is_nan());
         assert!(q.merge(p).max.is_nan());
+    }
+
+    /// The top entries the straightforward way: every id sorted by logit (descending), ties to the lower id.
+    fn sorted_top(row: &[f32], first_id: u32, k: usize) -> Vec<(u32, f32)> {
+        let mut all: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (first_id + i as u32, v))
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        all
+    }
+
+    #[test]
+    fn top_entries_match_a_sort_and_merge_across_splits_with_ties_to_the_lower_id() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        // Coarse values so many ties occur, across the split points too.
+        let row: Vec<f32> = (0..700).map(|_| f32::from(rng.random_range(0u8..12)) * 0.5).collect();
+        for k in [0, 1, 5, MAX_TOP] {
+            let want = sorted_top(&row, 0, k);
+            let r = LogprobRequest {
+                top: k,
+                target: Some(650),
+            };
+            let whole = summarise_logits_with(&row, 0, None, Some(&r)).logprob.expect("asked");
+            assert_eq!(whole.top.entries().collect::<Vec<_>>(), want, "k {k}");
+            assert_eq!(whole.target, Some((650, row[650])));
+            for cut in [1, 13, 350, 699] {
+                let a = summarise_logits_with(&row[..cut], 0, None, Some(&r));
+                let b = summarise_logits_with(&row[cut..], cut as u32, None, Some(&r));
+                for m in [a.merge(b), b.merge(a)] {
+                    let l = m.logprob.expect("merged");
+                    assert_eq!(l.top.entries().collect::<Vec<_>>(), want, "k {k} cut {cut}");
+                    assert_eq!(l.target, Some((650, row[650])), "cut {cut}");
+                }
+            }
+        }
+        // Exact ties: the lower ids come first, whichever side of a merge they came from.
+        let mut a = TopK::new(3);
+        for (id, v) in [(9, 1.0), (4, 1.0), (7, 2.0)] {
+            a.push(id, v);
+        }
+        let mut b = TopK::new(3);
+        for (id, v) in [(2, 1.0), (1, 0.5)] {
+            b.push(id, v);
+        }
+        let want = vec![(7, 2.0), (2, 1.0), (4, 1.0)];
+        assert_eq!(a.merge(b).entries().collect::<Vec<_>>(), want);
+        assert_eq!(b.merge(a).entries().collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn nan_logits_are_never_top_entries_and_the_row_stays_poisoned() {
+        let row = [0.5, f32::NAN, 2.0, f32::NAN, 1.0];
+        let r = LogprobRequest {
+            top: 4,
+            target: Some(1),
+        };
+        let p = summarise_logits_with(&row, 10, None, Some(&r));
+        assert!(p.poisoned());
+        let l = p.logprob.expect("asked");
+        assert_eq!(
+            l.top.entries().collect::<Vec<_>>(),
+            vec![(12, 2.0), (14, 1.0), (10, 0.5)]
+        );
+        // The target is out of this slice (ids 10..15): the slice has no value for it.
+        assert_eq!(l.target, None);
+        let r = LogprobRequest {
+            top: 0,
+            target: Some(11),
+        };
+        let l = summarise_logits_with(&row, 10, None, Some(&r)).logprob.expect("asked");
+        assert!(l.target.is_some_and(|(id, v)| id == 11 && v.is_nan()));
+        assert_eq!(l.top.entries().count(), 0);
+    }
+
+    #[test]
+    fn the_pass_answers_logprob_rows_only_and_matches_whole_rows() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (rows, hidden, n) = (3, 16, TILE + 300);
+        let x = random(rows * hidden, &mut rng);
+        let w = random(n * hidden, &mut rng);
+        let mut logits = vec![0.0; rows * n];
+        matmul_nt(&x, &w, &mut logits, rows, hidden, n);
+        let lp = [
+            Some(LogprobRequest {
+                top: 5,
+                target: Some(17),
+            }),
+            None,
+            Some(LogprobRequest { top: 0, target: None }),
+        ];
+        let got = head_pass_with(&x, &w, hidden, 0, &[None; 3], &lp);
+        assert!(got[1].logprob.is_none(), "a row that asked nothing gets nothing");
+        let l0 = got[0].logprob.expect("row 0 asked");
+        let want = sorted_top(&logits[..n], 0, 5);
+        let top: Vec<(u32, f32)> = l0.top.entries().collect();
+        assert_eq!(
+            top.iter().map(|e| e.0).collect::<Vec<_>>(),
+            want.iter().map(|e| e.0).collect::<Vec<_>>()
+        );
+        for (g, w) in top.iter().zip(&want) {
+            assert!((g.1 - w.1).abs() < 1e-5);
+        }
+        let (id, v) = l0.target.expect("target seen");
+        assert_eq!(id, 17);
+        assert!((v - logits[17]).abs() < 1e-5);
+        assert_eq!(got[0].logit_of(17), Some(v));
+        assert_eq!(got[2].logit_of(got[2].argmax), Some(got[2].max));
+        assert_eq!(got[2].logprob.expect("asked").top.entries().count(), 0);
     }
 }

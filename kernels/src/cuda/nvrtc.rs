@@ -175,7 +175,7 @@ pub const MODULES: &[KernelModule] = &[
         ]
     ),
     module!("sample", typed: false, ["argmax_rows", "repetition_penalty", "logit_bias", "token_mask", "sample_rows", "chain_pick"]),
-    module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge", "spec_accept"]),
+    module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge", "spec_accept", "head_topk_parts", "head_topk_merge"]),
     module!("spec_chain", typed: false, ["chain_advance", "chain_draft", "chain_spec"]),
     module!("gemv", typed: true, ["gemv"]),
     module!("probe", typed: false, ["read_probe"]),

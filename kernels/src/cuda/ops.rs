@@ -473,8 +473,9 @@ pub use glue::{
     gather_cols, gdn_gates, moe_finish, sigmoid_mul, swiglu_split,
 };
 pub use lm_head::{
-    decode_summaries, encode_judge, encode_spec, head_summaries, head_summary_merge, head_summary_parts, parts_for,
-    spec_accept, JUDGE_WORDS, PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS,
+    decode_summaries, decode_topk, encode_judge, encode_logprob_requests, encode_spec, head_summaries,
+    head_summary_merge, head_summary_parts, head_topk_merge, head_topk_parts, parts_for, spec_accept, JUDGE_WORDS,
+    PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS, TOPK_WORDS,
 };
 pub use moe::{
     moe_align, moe_combine, moe_gemm, moe_gemm_using, moe_tensor_cores, route_sigmoid_grouped, route_softmax,

@@ -18,6 +18,7 @@ pub async fn collect(mut s: EventStream) -> Outcome {
                 assert_eq!(index, tokens.len(), "tokens arrive in order, none repeated or dropped");
                 tokens.push(token);
             }
+            Event::PromptLogprobs { .. } => panic!("no prompt log-probabilities were asked for"),
             Event::Finished { reason, usage, .. } => {
                 assert_eq!(usage.completion_tokens, tokens.len());
                 return Outcome::Done(tokens, reason);

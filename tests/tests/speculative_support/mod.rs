@@ -88,6 +88,7 @@ pub async fn run(mut s: rewind_actors::EventStream) -> (Vec<u32>, Option<SpecSta
                 assert_eq!(index, tokens.len(), "tokens arrive in order, none repeated or dropped");
                 tokens.push(token);
             }
+            Event::PromptLogprobs { .. } => panic!("no prompt log-probabilities were asked for"),
             Event::Finished { spec, .. } => return (tokens, spec),
             Event::Failed { error, .. } => panic!("request failed: {error}"),
         }

@@ -19,6 +19,7 @@ mod structured;
 use std::sync::Arc;
 
 use rewind_actors::GenerateRequest;
+use rewind_engine::rank::MAX_TOP;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -56,10 +57,18 @@ fn span(rpc: &'static str) -> tracing::Span {
     tracing::info_span!("grpc", rpc)
 }
 
-/// What a request asking for logprobs gets: this server computes no per-token log-probabilities, and saying so
-/// beats ignoring the flag.
-fn no_logprobs() -> Status {
-    Status::invalid_argument("logprobs is not supported (this server computes no per-token log-probabilities)")
+/// The top entries per generated token a request asks for (`logprobs` with `top_logprobs` alternatives), checked:
+/// at most [`MAX_TOP`], and `top_logprobs` only with `logprobs`.
+fn logprob_options(logprobs: bool, top: Option<u32>) -> Result<Option<usize>, Status> {
+    if let Some(k) = top.filter(|&k| k as usize > MAX_TOP) {
+        return Err(Status::invalid_argument(format!(
+            "top_logprobs must be between 0 and {MAX_TOP}, got {k}"
+        )));
+    }
+    if top.is_some_and(|k| k > 0) && !logprobs {
+        return Err(Status::invalid_argument("top_logprobs requires logprobs to be set"));
+    }
+    Ok(logprobs.then(|| top.unwrap_or(0) as usize))
 }
 
 #[tonic::async_trait]
@@ -198,16 +207,41 @@ async fn complete(state: &Arc<ServeState>, r: pb::CompleteRequest, span: tracing
     if state.draining() {
         return Err(status::draining());
     }
-    if r.logprobs {
-        return Err(no_logprobs());
+    let logprobs = logprob_options(r.logprobs, r.top_logprobs)?;
+    let prompt_logprobs = match r.prompt_logprobs {
+        Some(k) if k as usize > MAX_TOP => {
+            return Err(Status::invalid_argument(format!(
+                "prompt_logprobs must be between 0 and {MAX_TOP}, got {k}"
+            )))
+        }
+        k => k.map(|k| k as usize),
+    };
+    let n = r.n.map_or(1, |n| n as usize);
+    if n > 1 && (logprobs.is_some() || prompt_logprobs.is_some()) {
+        return Err(Status::invalid_argument(format!(
+            "n {n}: log-probabilities of n > 1 choices are not supported yet (ask for one choice per request)"
+        )));
     }
-    let mut params = params::merge(state, &params::base(state), r.sampling.as_ref())?;
-    structured::constrain(state, r.sampling.as_ref(), &mut params).await?;
+    // `max_tokens: 0` with prompt_logprobs scores the prompt: the engine runs it and generates nothing.
+    let scoring = prompt_logprobs.is_some() && r.sampling.as_ref().is_some_and(|s| s.max_tokens == Some(0));
+    let sampling = r.sampling.map(|mut s| {
+        if scoring {
+            s.max_tokens = None;
+        }
+        s
+    });
+    let mut params = params::merge(state, &params::base(state), sampling.as_ref())?;
+    structured::constrain(state, sampling.as_ref(), &mut params).await?;
     let prompt = params::input_ids(state, r.input, true).await?;
     params::default_max_tokens(state, &mut params, prompt.len());
+    if scoring {
+        params.max_tokens = Some(0);
+    }
     let mut request = GenerateRequest::new(prompt, params);
     request.speculate = r.speculate.unwrap_or(true);
-    request.n = r.n.map_or(1, |n| n as usize);
+    request.n = n;
+    request.logprobs = logprobs;
+    request.prompt_logprobs = prompt_logprobs;
     let events = state.engine.submit(request).map_err(|e| status::actors(&e))?;
     stream::respond(events, state.cut_off_watch(), span).await
 }

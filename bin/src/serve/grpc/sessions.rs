@@ -10,7 +10,7 @@ use tonic::Status;
 use super::params::{base, default_max_tokens, input_ids, merge, resolved};
 use super::status::{actors, draining, invalid};
 use super::stream::{respond, ChunkStream};
-use super::{no_logprobs, pb};
+use super::{logprob_options, pb};
 use crate::serve::ServeState;
 
 /// A session as the API reports it.
@@ -114,9 +114,7 @@ pub async fn generate(
     if state.draining() {
         return Err(draining());
     }
-    if r.logprobs {
-        return Err(no_logprobs());
-    }
+    let logprobs = logprob_options(r.logprobs, r.top_logprobs)?;
     require_id(&r.session_id)?;
     // The session's defaults, and whether the turn starts its sequence (only then does text get BOS); a session that
     // is gone is NOT_FOUND here already.
@@ -134,6 +132,7 @@ pub async fn generate(
     request.owner = owner;
     request.speculate = s.speculate;
     request.n = r.n.map_or(1, |n| n as usize);
+    request.logprobs = logprobs;
     let events = state.engine.submit(request).map_err(|e| actors(&e))?;
     respond(events, state.cut_off_watch(), span).await
 }

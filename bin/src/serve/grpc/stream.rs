@@ -6,7 +6,7 @@
 use std::pin::Pin;
 
 use futures::{FutureExt, Stream, StreamExt};
-use rewind_actors::{Event, EventStream};
+use rewind_actors::{Event, EventStream, TokenLogprob};
 use rewind_engine::sched::FinishReason;
 use tonic::Status;
 use tracing::Instrument;
@@ -74,6 +74,7 @@ impl Chunker {
                     text,
                     step,
                     choice,
+                    logprob,
                     ..
                 } => {
                     if self.last == Some((step.index, choice)) {
@@ -82,6 +83,21 @@ impl Chunker {
                     self.last = Some((step.index, choice));
                     chunk.token_ids.push(token);
                     chunk.text.push_str(&text);
+                    chunk.logprobs.extend(logprob.as_ref().map(token_logprob));
+                }
+                Event::PromptLogprobs { first_token, entries } => {
+                    chunk.prompt_logprobs = entries
+                        .iter()
+                        .map(|e| match e {
+                            Some(e) => token_logprob(e),
+                            // Nothing predicts the first token: its entry has no value.
+                            None => pb::TokenLogprob {
+                                token_id: first_token,
+                                logprob: None,
+                                top: Vec::new(),
+                            },
+                        })
+                        .collect();
                 }
                 Event::Finished {
                     reason,
@@ -139,11 +155,26 @@ impl Chunker {
     }
 }
 
-/// The choice an event belongs to (`None` for a failure, which ends every choice).
+/// The choice an event belongs to (`None` for a failure, which ends every choice). The prompt's log-probabilities
+/// come with choice 0 (a request asking for them takes one choice).
 fn choice_of(e: &Event) -> Option<usize> {
     match e {
         Event::Token { choice, .. } | Event::Finished { choice, .. } => Some(*choice),
+        Event::PromptLogprobs { .. } => Some(0),
         Event::Failed { .. } => None,
+    }
+}
+
+/// A token's log-probability as the API writes it.
+fn token_logprob(e: &TokenLogprob) -> pb::TokenLogprob {
+    pb::TokenLogprob {
+        token_id: e.token,
+        logprob: Some(e.logprob),
+        top: e
+            .top
+            .iter()
+            .map(|&(token_id, logprob)| pb::TopLogprob { token_id, logprob })
+            .collect(),
     }
 }
 

@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 
 use super::chat_parse::{self, ChatParser};
 use super::errors::{echo, ApiError};
-use super::generation::{answer, blocking, Answer};
+use super::generation::{answer, blocking, Answer, Logprobs};
+use super::logprobs;
 use super::openai::{self, type_name, Endpoint, Fields};
 use super::structured;
 use super::{Api, RequestContext};
@@ -280,6 +281,8 @@ pub async fn handle(
     let tool_calls = tool_parser(state, tools, &choice)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
+    let ask = logprobs::chat(&f)?;
+    ask.check_choices(n)?;
     params.constraint = structured::constraint(api, &f).await?;
     let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
     if forced && params.constraint.is_some() {
@@ -315,7 +318,23 @@ pub async fn handle(
     );
     let parser = ChatParser::new(reasoning, tool_calls);
 
-    match answer(api, ctx, (prompt.ids, params, n), streaming, true, None, parser.clone()).await? {
+    let lp = (ask != logprobs::Ask::default()).then(|| Logprobs {
+        ask,
+        render: logprobs::Render::new(api.state.clone(), true),
+        echoed: None,
+    });
+    match answer(
+        api,
+        ctx,
+        (prompt.ids, params, n),
+        streaming,
+        true,
+        None,
+        parser.clone(),
+        lp,
+    )
+    .await?
+    {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => Ok(done.response("chat.completion", |i, c| {
             let (message, called) = match parser.clone() {
@@ -326,7 +345,7 @@ pub async fn handle(
                 None => (json!({"role": "assistant", "content": c.text}), false),
             };
             let reason = if called { Some("tool_calls") } else { c.finish_reason() };
-            json!({"index": i, "message": message, "logprobs": null, "finish_reason": reason})
+            json!({"index": i, "message": message, "finish_reason": reason})
         })),
     }
 }

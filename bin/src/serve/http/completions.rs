@@ -10,7 +10,8 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
-use super::generation::{answer, blocking, Answer};
+use super::generation::{answer, blocking, Answer, Logprobs};
+use super::logprobs;
 use super::openai::{self, Endpoint, Fields};
 use super::structured;
 use super::{Api, RequestContext};
@@ -100,25 +101,41 @@ pub async fn handle(
     let state = &api.state;
     let (f, streaming) = openai::read(body, api, Endpoint::Completions).await?;
     let echo = f.bool("echo")?.unwrap_or(false);
+    let ask = logprobs::completions(&f, echo)?;
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
+    ask.check_choices(n)?;
     params.constraint = structured::constraint(api, &f).await?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;
-    params.max_tokens = Some(openai::resolve_max_tokens(
+    // `max_tokens: 0` scores the prompt (its log-probabilities, with `echo` its text) and generates nothing.
+    let scoring = requested.is_some_and(|(m, _)| m == 0) && ask.prompt.is_some();
+    let resolved = openai::resolve_max_tokens(
         state,
         ids.len(),
         "prompt",
-        requested,
+        requested.filter(|_| !scoring),
         params.min_tokens,
-    )?);
+    )?;
+    if scoring && params.min_tokens > 0 {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!("min_tokens must be at most max_tokens (0), got {}", params.min_tokens),
+        ));
+    }
+    params.max_tokens = Some(if scoring { 0 } else { resolved });
+    let lp = (ask != logprobs::Ask::default()).then(|| Logprobs {
+        ask,
+        render: logprobs::Render::new(api.state.clone(), false),
+        echoed: echo.then(|| ids.clone()),
+    });
 
-    match answer(api, ctx, (ids, params, n), streaming, false, echoed, None).await? {
+    match answer(api, ctx, (ids, params, n), streaming, false, echoed, None, lp).await? {
         Answer::Streamed(r) => Ok(r),
         Answer::Completed(done) => Ok(done.response(
             "text_completion",
-            |i, c| json!({"index": i, "text": c.text, "logprobs": null, "finish_reason": c.finish_reason()}),
+            |i, c| json!({"index": i, "text": c.text, "finish_reason": c.finish_reason()}),
         )),
     }
 }

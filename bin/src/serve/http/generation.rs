@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::chat_parse::ChatParser;
 use super::errors::ApiError;
+use super::logprobs::{self, Ask, Render};
 use super::metrics::HttpMetrics;
 use super::openai::Streaming;
 use super::sse::{self, ChunkShape};
@@ -42,15 +43,16 @@ async fn submit(
     prompt: Vec<u32>,
     params: SamplingParams,
     n: usize,
+    ask: Ask,
 ) -> Result<Admitted, ApiError> {
     let prompt_tokens = prompt.len();
+    let mut request = GenerateRequest::new(prompt, params);
+    request.logprobs = ask.generated;
+    request.prompt_logprobs = ask.prompt;
     let mut events = api
         .state
         .engine
-        .submit(GenerateRequest {
-            n,
-            ..GenerateRequest::new(prompt, params)
-        })
+        .submit(GenerateRequest { n, ..request })
         .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     tracing::Span::current().record("engine_request", events.id());
     tracing::debug!(prompt_tokens, "submitted");
@@ -123,6 +125,18 @@ pub struct Completed {
     pub choices: Vec<Choice>,
     /// The prompt counted once, the choices' tokens summed (as OpenAI counts `n`).
     pub usage: Usage,
+    /// The choice's `logprobs` (`null` unless asked for).
+    pub logprobs: Value,
+    /// vLLM's `prompt_logprobs` list, when the request gave that field.
+    pub prompt_logprobs: Option<Value>,
+}
+
+/// What a request's log-probabilities are written with: what it asked, the writer, and an echoed prompt's ids (whose
+/// entries open a completion's legacy object).
+pub struct Logprobs {
+    pub ask: Ask,
+    pub render: Render,
+    pub echoed: Option<Vec<u32>>,
 }
 
 /// One choice of a completed generation.
@@ -147,11 +161,19 @@ pub fn add_usage(total: &mut Usage, choice: &Usage) {
     total.completion_tokens += choice.completion_tokens;
 }
 
-/// Reads `admitted` (of `n` choices) to its end; its response will have `shape`'s id, time and model.
-async fn collect(mut admitted: Admitted, shape: ChunkShape, n: usize) -> Result<Completed, ApiError> {
+/// Reads `admitted` (of `n` choices) to its end; its response will have `shape`'s id, time and model. The
+/// log-probabilities (`lp`) are choice 0's: a request asking for them takes one choice.
+async fn collect(
+    mut admitted: Admitted,
+    shape: ChunkShape,
+    n: usize,
+    lp: Option<Logprobs>,
+) -> Result<Completed, ApiError> {
     let mut choices = vec![Choice::default(); n];
     let mut usage = Usage::default();
     let mut open = n;
+    let mut generated = Vec::new();
+    let mut prompt = None;
     let unknown = |c: usize| {
         ApiError::server(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -160,7 +182,15 @@ async fn collect(mut admitted: Admitted, shape: ChunkShape, n: usize) -> Result<
     };
     while let Some(e) = admitted.next().await {
         match e {
-            Event::Token { text, choice, .. } => choices.get_mut(choice).ok_or_else(|| unknown(choice))?.text += &text,
+            Event::Token {
+                text, choice, logprob, ..
+            } => {
+                choices.get_mut(choice).ok_or_else(|| unknown(choice))?.text += &text;
+                if choice == 0 {
+                    generated.extend(logprob);
+                }
+            }
+            Event::PromptLogprobs { entries, .. } => prompt = Some(entries),
             Event::Finished {
                 reason,
                 usage: u,
@@ -170,9 +200,38 @@ async fn collect(mut admitted: Admitted, shape: ChunkShape, n: usize) -> Result<
                 choices.get_mut(choice).ok_or_else(|| unknown(choice))?.reason = Some(reason);
                 add_usage(&mut usage, &u);
                 open -= 1;
-                if open == 0 {
-                    return Ok(Completed { shape, choices, usage });
+                if open > 0 {
+                    continue;
                 }
+                let (logprobs, prompt_logprobs) = match lp {
+                    None => (Value::Null, None),
+                    Some(mut lp) => {
+                        let vllm = prompt
+                            .as_deref()
+                            .filter(|_| lp.ask.prompt_field)
+                            .map(|e| lp.render.vllm_prompt(e));
+                        let echoed = match (&lp.echoed, &prompt) {
+                            (Some(ids), Some(entries)) if lp.ask.generated.is_some() => {
+                                Some(lp.render.prompt(ids, entries))
+                            }
+                            _ => None,
+                        };
+                        let tokens = lp.ask.generated.map(|_| lp.render.generated(&generated));
+                        let value = match (echoed, tokens) {
+                            (Some(p), Some(t)) => logprobs::join_legacy(p, &t),
+                            (_, Some(t)) => t,
+                            (_, None) => Value::Null,
+                        };
+                        (value, vllm)
+                    }
+                };
+                return Ok(Completed {
+                    shape,
+                    choices,
+                    usage,
+                    logprobs,
+                    prompt_logprobs,
+                });
             }
             Event::Failed { error, kind } => return Err(ApiError::from_failure(kind, error)),
         }
@@ -191,7 +250,9 @@ pub enum Answer {
 
 /// Runs `prompt` for an endpoint (`chat` or completions): streamed when `streaming` says so, the stream opening with
 /// the chat role and `echo` (the prompt's text, for completions that want it back), its text read by `parser` (chat
-/// with a reasoning parser or tools) into `reasoning_content`, `content` and `tool_calls` deltas; else collected.
+/// with a reasoning parser or tools) into `reasoning_content`, `content` and `tool_calls` deltas, with `logprobs`
+/// when asked for; else collected.
+#[allow(clippy::too_many_arguments)]
 pub async fn answer(
     api: &Api,
     ctx: &RequestContext,
@@ -200,8 +261,10 @@ pub async fn answer(
     chat: bool,
     echo: Option<String>,
     parser: Option<ChatParser>,
+    logprobs: Option<Logprobs>,
 ) -> Result<Answer, ApiError> {
-    let admitted = submit(api, ctx, prompt, params, n).await?;
+    let ask = logprobs.as_ref().map_or_else(Ask::default, |l| l.ask);
+    let admitted = submit(api, ctx, prompt, params, n, ask).await?;
     let shape = ChunkShape {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, ctx.id),
         created: unix_now(),
@@ -210,7 +273,7 @@ pub async fn answer(
         include_usage: streaming.include_usage,
     };
     if !streaming.stream {
-        let mut done = collect(admitted, shape, n).await?;
+        let mut done = collect(admitted, shape, n, logprobs).await?;
         if let Some(prefix) = echo {
             for c in &mut done.choices {
                 c.text.insert_str(0, &prefix);
@@ -226,13 +289,29 @@ pub async fn answer(
             role.into_iter().chain(echo.as_ref().map(|t| shape.text(i, t)))
         })
         .collect();
-    Ok(Answer::Streamed(sse::respond(shape, admitted, opening, parser, n)))
+    Ok(Answer::Streamed(sse::respond(
+        shape, admitted, opening, parser, logprobs, n,
+    )))
 }
 
 impl Completed {
-    /// The endpoint's response: `object` with its `choices`, each made by `choice` from its index and itself.
+    /// The endpoint's response: `object` with its `choices`, each made by `choice` from its index and itself, then
+    /// given its `logprobs` (choice 0's, the only one a request asking for them has; `null` for the others) and
+    /// vLLM's `prompt_logprobs` when asked for.
     pub fn response(&self, object: &str, choice: impl Fn(usize, &Choice) -> Value) -> Response {
-        let choices: Vec<Value> = self.choices.iter().enumerate().map(|(i, c)| choice(i, c)).collect();
+        let choices: Vec<Value> = self
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut value = choice(i, c);
+                value["logprobs"] = if i == 0 { self.logprobs.clone() } else { Value::Null };
+                if let Some(p) = self.prompt_logprobs.as_ref().filter(|_| i == 0) {
+                    value["prompt_logprobs"] = p.clone();
+                }
+                value
+            })
+            .collect();
         Json(json!({
             "id": self.shape.id,
             "object": object,

@@ -15,6 +15,7 @@ mod chat_parse;
 mod completions;
 pub mod errors;
 mod generation;
+mod logprobs;
 pub mod metrics;
 pub mod openai;
 mod ops;

@@ -276,10 +276,6 @@ pub enum Endpoint {
     Detokenize,
 }
 
-fn is_zero(v: &Value) -> bool {
-    v.as_f64() == Some(0.0)
-}
-
 fn is_empty(v: &Value) -> bool {
     match v {
         Value::Object(m) => m.is_empty(),
@@ -302,8 +298,6 @@ type Refusals = [(&'static str, &'static str, Accepts)];
 /// The fields [`refuse_unsupported`] checks: the name, what a value other than the default asks for, and which values
 /// pass.
 const UNSUPPORTED: &[(&str, &str, Accepts)] = &[
-    ("top_logprobs", "top_logprobs", is_zero),
-    ("prompt_logprobs", "prompt_logprobs", is_zero),
     ("use_beam_search", "use_beam_search", is_false),
     ("suffix", "suffix", is_empty),
     (
@@ -351,7 +345,7 @@ const KNOWN: &[&str] = &[
 ];
 
 /// Fields only `/v1/completions` knows.
-const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo"];
+const KNOWN_COMPLETIONS: &[&str] = &["prompt", "echo", "prompt_logprobs"];
 
 /// Fields only `/v1/chat/completions` knows besides those of [`UNSUPPORTED_CHAT`].
 const KNOWN_CHAT: &[&str] = &[
@@ -359,6 +353,7 @@ const KNOWN_CHAT: &[&str] = &[
     "max_completion_tokens",
     "tools",
     "tool_choice",
+    "top_logprobs",
     "parallel_tool_calls",
     "chat_template_kwargs",
 ];
@@ -466,15 +461,6 @@ fn refuse_unsupported(f: &Fields, endpoint: Endpoint) -> Result<(), ApiError> {
                 return Err(ApiError::unsupported(name, what));
             }
         }
-    }
-    // Completions take a number of top log-probabilities, chat a boolean; either way none can be computed here.
-    let logprobs_ok = match endpoint {
-        Endpoint::Completions => f.get("logprobs").is_none(),
-        Endpoint::Chat => f.get("logprobs").is_none_or(is_false),
-        Endpoint::Tokenize | Endpoint::Detokenize => true,
-    };
-    if !logprobs_ok {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
     }
     Ok(())
 }
@@ -787,8 +773,6 @@ mod tests {
             fields(r#"{"presence_penalty": 1, "frequency_penalty": 0.5, "logit_bias": {"3": 5}, "min_tokens": 2}"#);
         assert!(refuse_unsupported(&sampling, Endpoint::Chat).is_ok());
         for (body, param) in [
-            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
-            (r#"{"logprobs": true}"#, "logprobs"),
             (r#"{"chat_template": "{{ messages }}"}"#, "chat_template"),
             (r#"{"echo": true}"#, "echo"),
             (r#"{"add_generation_prompt": false}"#, "add_generation_prompt"),
@@ -801,9 +785,17 @@ mod tests {
         let defaults = fields(r#"{"echo": false, "add_generation_prompt": true, "chat_template": null}"#);
         assert!(refuse_unsupported(&defaults, Endpoint::Chat).is_ok());
         assert!(refuse_unsupported(&fields(r#"{"echo": true}"#), Endpoint::Completions).is_ok());
-        // Completions' logprobs is a count: any number asks for them.
-        let e = refuse_unsupported(&fields(r#"{"logprobs": 0}"#), Endpoint::Completions).expect_err("0");
-        assert_eq!(e.message, "logprobs is not supported");
+        // Log-probabilities are computed (`logprobs.rs` checks their values).
+        for body in [
+            r#"{"logprobs": 0, "prompt_logprobs": 1}"#,
+            r#"{"logprobs": true, "top_logprobs": 2}"#,
+        ] {
+            assert!(
+                refuse_unsupported(&fields(body), Endpoint::Completions).is_ok(),
+                "{body}"
+            );
+            assert!(refuse_unsupported(&fields(body), Endpoint::Chat).is_ok(), "{body}");
+        }
     }
 
     #[test]

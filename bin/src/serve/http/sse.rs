@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::chat_parse::{ChatDelta, ChatParser, NumberedCall};
 use super::errors::ApiError;
-use super::generation::{add_usage, usage_json, Admitted};
+use super::generation::{add_usage, usage_json, Admitted, Logprobs};
 
 /// How often an idle stream (a long prefill, a queued request) sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -66,17 +66,22 @@ impl ChunkShape {
 
     /// A chunk of choice `index`'s text.
     pub fn text(&self, index: usize, text: &str) -> Value {
+        self.text_with(index, text, Value::Null)
+    }
+
+    /// A chunk of choice `index`'s text with its tokens' `logprobs`.
+    fn text_with(&self, index: usize, text: &str, logprobs: Value) -> Value {
         let choice = if self.chat {
-            json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+            json!({"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
         } else {
-            json!({"index": index, "text": text, "logprobs": null, "finish_reason": null})
+            json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": null})
         };
         self.chunk(vec![choice], None)
     }
 
     /// A chat chunk of an answer split by a reasoning parser: `reasoning_content` and / or `content`, whichever has
     /// text.
-    pub fn split(&self, index: usize, split: &Split) -> Value {
+    pub fn split(&self, index: usize, split: &Split, logprobs: Value) -> Value {
         let mut delta = serde_json::Map::new();
         if !split.reasoning.is_empty() {
             delta.insert("reasoning_content".into(), Value::String(split.reasoning.clone()));
@@ -85,7 +90,7 @@ impl ChunkShape {
             delta.insert("content".into(), Value::String(split.content.clone()));
         }
         self.chunk(
-            vec![json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})],
+            vec![json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null})],
             None,
         )
     }
@@ -132,6 +137,8 @@ struct Streaming {
     /// Choices not yet finished, and the usage of those that did.
     open: usize,
     usage: Usage,
+    /// Writes the tokens' log-probabilities, when the request asked for them (it then has one choice).
+    logprobs: Option<Logprobs>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -142,16 +149,43 @@ impl Streaming {
     /// Queues what `event` sends; ends the stream on the request's last event.
     fn on(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Token { text, choice, .. }) => {
+            Some(Event::Token {
+                text, choice, logprob, ..
+            }) => {
+                // A token's log-probability goes with the chunk of its text; a token whose text is held back still
+                // sends a chunk for it (its text empty), so every token's entry arrives in order.
+                let lp = match (&mut self.logprobs, logprob) {
+                    (Some(l), Some(e)) => Some(l.render.generated(std::slice::from_ref(&e))),
+                    _ => None,
+                };
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
                 // nothing; the text comes with a later token.
                 if let Some(parser) = self.parsers.as_mut().and_then(|p| p.get_mut(choice)) {
                     // A piece that may be the start of `</think>` or of a call is held back until the next one
                     // decides it.
                     let delta = parser.push(&text);
-                    self.send(choice, delta);
-                } else if !text.is_empty() {
-                    self.queue.push_back(data(&self.shape.text(choice, &text)));
+                    self.send(choice, delta, lp);
+                } else if !text.is_empty() || lp.is_some() {
+                    let chunk = self.shape.text_with(choice, &text, lp.unwrap_or(Value::Null));
+                    self.queue.push_back(data(&chunk));
+                }
+            }
+            Some(Event::PromptLogprobs { entries, .. }) => {
+                // An echoed prompt's entries (completions with `echo` and `logprobs`) and vLLM's `prompt_logprobs`
+                // come in one chunk with no text, after the echoed text. They are choice 0's (the only one).
+                if let Some(l) = &mut self.logprobs {
+                    let legacy = match &l.echoed {
+                        Some(ids) if l.ask.generated.is_some() => l.render.prompt(ids, &entries),
+                        _ => Value::Null,
+                    };
+                    let vllm = l.ask.prompt_field.then(|| l.render.vllm_prompt(&entries));
+                    if !legacy.is_null() || vllm.is_some() {
+                        let mut chunk = self.shape.text_with(0, "", legacy);
+                        if let Some(v) = vllm {
+                            chunk["choices"][0]["prompt_logprobs"] = v;
+                        }
+                        self.queue.push_back(data(&chunk));
+                    }
                 }
             }
             Some(Event::Finished {
@@ -163,7 +197,7 @@ impl Streaming {
                     if parser.called() {
                         reason = "tool_calls";
                     }
-                    self.send(choice, delta);
+                    self.send(choice, delta, None);
                 }
                 self.queue.push_back(data(&self.shape.finish(choice, reason)));
                 add_usage(&mut self.usage, &usage);
@@ -186,11 +220,13 @@ impl Streaming {
         }
     }
 
-    /// Queues a parsed piece of choice `choice`: its text parts, then its calls.
-    fn send(&mut self, choice: usize, delta: ChatDelta) {
+    /// Queues a parsed piece of choice `choice`: its text parts (with its token's `logprobs`, sent even when the
+    /// text is held back), then its calls.
+    fn send(&mut self, choice: usize, delta: ChatDelta, logprobs: Option<Value>) {
         let split = delta.text();
-        if !split.is_empty() {
-            self.queue.push_back(data(&self.shape.split(choice, &split)));
+        if !split.is_empty() || logprobs.is_some() {
+            let chunk = self.shape.split(choice, &split, logprobs.unwrap_or(Value::Null));
+            self.queue.push_back(data(&chunk));
         }
         for call in &delta.calls {
             for chunk in self.shape.tool_call(choice, call) {
@@ -212,6 +248,7 @@ pub fn respond(
     admitted: Admitted,
     opening: Vec<Value>,
     parser: Option<ChatParser>,
+    logprobs: Option<Logprobs>,
     n: usize,
 ) -> Response {
     let span = tracing::Span::current();
@@ -222,6 +259,7 @@ pub fn respond(
         parsers: parser.map(|p| vec![p; n]),
         open: n,
         usage: Usage::default(),
+        logprobs,
     };
     let body = futures::stream::unfold(state, move |mut st| {
         async move {
@@ -273,7 +311,7 @@ mod tests {
             content: "c".into(),
         };
         assert_eq!(
-            s.split(0, &both)["choices"][0]["delta"],
+            s.split(0, &both, Value::Null)["choices"][0]["delta"],
             json!({"reasoning_content": "r", "content": "c"})
         );
         let only = Split {
@@ -281,7 +319,7 @@ mod tests {
             content: String::new(),
         };
         assert_eq!(
-            s.split(0, &only)["choices"][0]["delta"],
+            s.split(0, &only, Value::Null)["choices"][0]["delta"],
             json!({"reasoning_content": "r"})
         );
     }

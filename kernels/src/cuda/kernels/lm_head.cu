@@ -294,3 +294,145 @@ extern "C" __global__ void spec_accept(const u32* __restrict__ gathered, int wor
     out[2 * q] = accepted;
     out[2 * q + 1] = token;
 }
+
+// Log-probability rows (CPU twin: kernels/src/cpu/lm_head.rs, TopK and LogprobSummary): per asking row its k ≤ 20
+// largest logits, best first with ties to the lower id (NaNs never entries), and the logit of a target id. A stored
+// top list is TOPK_WORDS words: count, ids[20], logits[20] (f32 bits), has-target, target logit. Rows that ask for
+// nothing are not launched over: `lp_rows` lists the asking rows' indices among the chunk's rows.
+#define TOPK_MAX 20
+#define TOPK_WORDS (2 * TOPK_MAX + 3)
+
+// Whether (v, id) ranks before (w, jd): larger value, then lower id; id −1 is no entry and ranks last.
+__device__ __forceinline__ bool topk_before(float v, int id, float w, int jd) {
+    if (id < 0) return false;
+    if (jd < 0) return true;
+    return v > w || (v == w && id < jd);
+}
+
+// The block's best candidate (each thread offers one; id −1: none); every thread gets it.
+__device__ void topk_block_best(float& v, int& id) {
+    __shared__ float sv[32];
+    __shared__ int sid[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        const int jd = __shfl_xor_sync(0xffffffffu, id, o);
+        if (topk_before(w, jd, v, id)) {
+            v = w;
+            id = jd;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        sv[warp] = v;
+        sid[warp] = id;
+    }
+    __syncthreads();
+    const int warps = (int)((blockDim.x + 31) >> 5);
+    v = neg_inf_f32();
+    id = -1;
+    for (int w = 0; w < warps; ++w) {
+        if (topk_before(sv[w], sid[w], v, id)) {
+            v = sv[w];
+            id = sid[w];
+        }
+    }
+}
+
+// Grid (parts of this chunk, asking rows), HEAD_THREADS threads. Block (p, j) takes row lp_rows[j] of the chunk's
+// logits (ids first_id + lo .. first_id + hi, lo = p · width) and writes its top list into
+// parts[(j · total_parts + part_offset + p) · TOPK_WORDS]. req [asking rows, 2]: k, target id (i32, −1: none).
+// k rounds, each the block's best entry ranking after the last one taken.
+extern "C" __global__ void head_topk_parts(const float* __restrict__ logits, int ld, int len, int first_id, int width,
+                                           const int* __restrict__ lp_rows, const int* __restrict__ req,
+                                           u32* __restrict__ parts, int total_parts, int part_offset) {
+    const int p = blockIdx.x, j = blockIdx.y;
+    const int lo = p * width;
+    const int hi = min(len, lo + width);
+    const float* row = logits + (u64)lp_rows[j] * ld;
+    const int k = min(req[2 * j], TOPK_MAX);
+    const int target = req[2 * j + 1];
+    u32* out = parts + ((u64)j * total_parts + part_offset + p) * TOPK_WORDS;
+    float last_v = 0.0f;
+    int last_id = -1;
+    int n = 0;
+    for (; n < k; ++n) {
+        float v = neg_inf_f32();
+        int id = -1;
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            const float x = row[i];
+            const int xid = first_id + i;
+            if (x != x) continue;
+            if (last_id >= 0 && !topk_before(last_v, last_id, x, xid)) continue;
+            if (topk_before(x, xid, v, id)) {
+                v = x;
+                id = xid;
+            }
+        }
+        topk_block_best(v, id);
+        if (id < 0) break;
+        if (threadIdx.x == 0) {
+            out[1 + n] = (u32)id;
+            out[1 + TOPK_MAX + n] = __float_as_uint(v);
+        }
+        last_v = v;
+        last_id = id;
+    }
+    if (threadIdx.x == 0) {
+        out[0] = (u32)n;
+        const bool here = target >= first_id + lo && target < first_id + hi;
+        out[1 + 2 * TOPK_MAX] = here ? 1u : 0u;
+        out[2 + 2 * TOPK_MAX] = here ? __float_as_uint(row[target - first_id]) : 0u;
+    }
+}
+
+// One block per asking row: merges its `seen` top lists (of total_parts) into out[j · TOPK_WORDS], k rounds over the
+// lists' entries as the parts kernel runs over logits.
+extern "C" __global__ void head_topk_merge(const u32* __restrict__ parts, int total_parts, int seen,
+                                           const int* __restrict__ req, u32* __restrict__ out) {
+    const int j = blockIdx.x;
+    const int k = min(req[2 * j], TOPK_MAX);
+    const u32* base = parts + (u64)j * total_parts * TOPK_WORDS;
+    u32* o = out + (u64)j * TOPK_WORDS;
+    float last_v = 0.0f;
+    int last_id = -1;
+    int n = 0;
+    for (; n < k; ++n) {
+        float v = neg_inf_f32();
+        int id = -1;
+        for (int c = threadIdx.x; c < seen * TOPK_MAX; c += blockDim.x) {
+            const u32* part = base + (u64)(c / TOPK_MAX) * TOPK_WORDS;
+            const int e = c % TOPK_MAX;
+            if (e >= (int)part[0]) continue;
+            const int xid = (int)part[1 + e];
+            const float x = __uint_as_float(part[1 + TOPK_MAX + e]);
+            if (last_id >= 0 && !topk_before(last_v, last_id, x, xid)) continue;
+            if (topk_before(x, xid, v, id)) {
+                v = x;
+                id = xid;
+            }
+        }
+        topk_block_best(v, id);
+        if (id < 0) break;
+        if (threadIdx.x == 0) {
+            o[1 + n] = (u32)id;
+            o[1 + TOPK_MAX + n] = __float_as_uint(v);
+        }
+        last_v = v;
+        last_id = id;
+    }
+    if (threadIdx.x == 0) {
+        o[0] = (u32)n;
+        o[1 + 2 * TOPK_MAX] = 0u;
+        o[2 + 2 * TOPK_MAX] = 0u;
+        for (int p = 0; p < seen; ++p) {
+            const u32* part = base + (u64)p * TOPK_WORDS;
+            if (part[1 + 2 * TOPK_MAX]) {
+                o[1 + 2 * TOPK_MAX] = 1u;
+                o[2 + 2 * TOPK_MAX] = part[2 + 2 * TOPK_MAX];
+                break;
+            }
+        }
+    }
+}

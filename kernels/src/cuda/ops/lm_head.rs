@@ -7,7 +7,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{after_launch, fits_grid_y, fits_u32};
-use crate::cpu::lm_head::{RowPass, SpecRequest, SpecSummary};
+use crate::cpu::lm_head::{LogprobRequest, LogprobSummary, RowPass, SpecRequest, SpecSummary, TopK, MAX_TOP};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::{check_len, driver_err, ensure, Result};
 
@@ -54,6 +54,7 @@ pub fn decode_summaries(words: &[u32], spec: &[bool]) -> Vec<RowPass> {
                 candidate: w[6],
                 score: f32::from_bits(w[7]),
             }),
+            logprob: None,
         })
         .collect()
 }
@@ -169,6 +170,142 @@ pub fn head_summaries(
     let total = parts_for(vocab);
     head_summary_parts(dev, logits, vocab, rows, vocab, first_id, spec, parts, total, 0)?;
     head_summary_merge(dev, parts, rows, total, total, out)
+}
+
+/// Words (u32) per stored top list of a log-probability row: count, 20 ids, 20 logits, has-target, target logit.
+pub const TOPK_WORDS: usize = 2 * MAX_TOP + 3;
+
+/// The requests of the rows asking for log-probabilities as [`head_topk_parts`] reads them: per row its `k` and
+/// target id (−1: none; an id outside `i32` is refused by the caller's validation and encoded as none).
+pub fn encode_logprob_requests(requests: &[LogprobRequest]) -> Vec<i32> {
+    requests
+        .iter()
+        .flat_map(|r| {
+            [
+                r.top.min(MAX_TOP) as i32,
+                r.target.and_then(|t| i32::try_from(t).ok()).unwrap_or(-1),
+            ]
+        })
+        .collect()
+}
+
+/// Decodes stored top lists (`words` `[rows, TOPK_WORDS]`) of rows that asked for `requests`.
+pub fn decode_topk(words: &[u32], requests: &[LogprobRequest]) -> Vec<LogprobSummary> {
+    words
+        .chunks_exact(TOPK_WORDS)
+        .zip(requests)
+        .map(|(w, r)| {
+            let mut top = TopK::new(r.top);
+            let n = (w[0] as usize).min(MAX_TOP);
+            for e in 0..n {
+                top.push(w[1 + e], f32::from_bits(w[1 + MAX_TOP + e]));
+            }
+            let target = r
+                .target
+                .filter(|_| w[1 + 2 * MAX_TOP] != 0)
+                .map(|t| (t, f32::from_bits(w[2 + 2 * MAX_TOP])));
+            LogprobSummary { top, target }
+        })
+        .collect()
+}
+
+/// Folds logits columns `0 .. len` (row stride `ld`, ids `first_id ..`) of the rows `lp_rows` (indices into the
+/// chunk's rows) into their top lists `parts[j, part_offset ..]` (`parts` `[lp_rows, total_parts, TOPK_WORDS]`);
+/// `req` `[lp_rows, 2]` from [`encode_logprob_requests`]. Only the asking rows are launched over.
+#[allow(clippy::too_many_arguments)]
+pub fn head_topk_parts(
+    dev: &CudaDevice,
+    logits: &impl DevicePtr<f32>,
+    ld: usize,
+    rows: usize,
+    len: usize,
+    first_id: u32,
+    lp_rows: &impl DevicePtr<i32>,
+    req: &impl DevicePtr<i32>,
+    parts: &mut impl DevicePtrMut<u32>,
+    total_parts: usize,
+    part_offset: usize,
+) -> Result<()> {
+    const OP: &str = "head_topk_parts";
+    let asking = lp_rows.len();
+    ensure(OP, len <= ld, || {
+        format!("chunk of {len} ids wider than its row stride {ld}")
+    })?;
+    ensure(OP, rows == 0 || logits.len() >= (rows - 1) * ld + len, || {
+        format!("logits of {} hold no {rows} rows of stride {ld}", logits.len())
+    })?;
+    check_len(OP, "req", req.len(), asking * 2)?;
+    check_len(OP, "parts", parts.len(), asking * total_parts * TOPK_WORDS)?;
+    let n = parts_for(len);
+    ensure(OP, part_offset + n <= total_parts, || {
+        format!("parts {part_offset} + {n} exceed {total_parts}")
+    })?;
+    ensure(OP, first_id as usize + len <= i32::MAX as usize, || {
+        "ids exceed i32".into()
+    })?;
+    fits_grid_y(OP, "asking rows", asking)?;
+    fits_u32(OP, "ld", ld)?;
+    if asking == 0 || len == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, asking as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (ld_i, len_i, first_i, width_i) = (ld as i32, len as i32, first_id as i32, PART_WIDTH as i32);
+    let (total_i, offset_i) = (total_parts as i32, part_offset as i32);
+    let (lp, _gl) = logits.device_ptr(dev.stream());
+    let (rp, _gr) = lp_rows.device_ptr(dev.stream());
+    let (qp, _gq) = req.device_ptr(dev.stream());
+    let (pp, _gp) = parts.device_ptr_mut(dev.stream());
+    launch!(
+        dev,
+        "head_topk_parts",
+        cfg,
+        lp,
+        ld_i,
+        len_i,
+        first_i,
+        width_i,
+        rp,
+        qp,
+        pp,
+        total_i,
+        offset_i
+    )
+}
+
+/// Merges each asking row's first `seen` top lists of `parts` `[rows, total_parts, TOPK_WORDS]` into `out`
+/// `[rows, TOPK_WORDS]`.
+pub fn head_topk_merge(
+    dev: &CudaDevice,
+    parts: &impl DevicePtr<u32>,
+    rows: usize,
+    total_parts: usize,
+    seen: usize,
+    req: &impl DevicePtr<i32>,
+    out: &mut impl DevicePtrMut<u32>,
+) -> Result<()> {
+    const OP: &str = "head_topk_merge";
+    check_len(OP, "parts", parts.len(), rows * total_parts * TOPK_WORDS)?;
+    check_len(OP, "req", req.len(), rows * 2)?;
+    check_len(OP, "out", out.len(), rows * TOPK_WORDS)?;
+    ensure(OP, seen <= total_parts, || format!("{seen} of {total_parts} parts"))?;
+    fits_u32(OP, "rows", rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (total_i, seen_i) = (total_parts as i32, seen as i32);
+    let (pp, _gp) = parts.device_ptr(dev.stream());
+    let (qp, _gq) = req.device_ptr(dev.stream());
+    let (op, _go) = out.device_ptr_mut(dev.stream());
+    launch!(dev, "head_topk_merge", cfg, pp, total_i, seen_i, qp, op)
 }
 
 /// Words (u32) per sequence of [`spec_accept`]'s parameters ([`encode_judge`]).

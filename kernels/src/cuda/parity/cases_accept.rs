@@ -96,6 +96,7 @@ fn inputs(rng: &mut Rng, seqs: usize, t: usize, world: usize, vocab: usize) -> I
                         rng.uniform(-5.0, 20.0)
                     },
                 }),
+                logprob: None,
             });
         }
         // The drafted logit set against the merged LSE, so the acceptance probabilities spread as intended.
