@@ -6,7 +6,10 @@ name, REWIND_BIN the `rewind` binary (for `rewind logits`).
 """
 
 import json
+import math
 import os
+import subprocess
+import tempfile
 import unittest
 
 import jsonschema
@@ -266,6 +269,51 @@ class Reasoning(unittest.TestCase):
                 reasoning += (ch.delta.model_extra or {}).get("reasoning_content") or ""
                 content += ch.delta.content or ""
         self.assertEqual((reasoning, content), (m.model_extra["reasoning_content"], m.content))
+
+
+def log_softmax(row):
+    top = max(row)
+    lse = top + math.log(sum(math.exp(x - top) for x in row))
+    return [x - lse for x in row]
+
+
+class Logprobs(unittest.TestCase):
+    def test_prompt_and_generated_logprobs_equal_a_full_softmax_of_rewind_logits(self):
+        ids = post("/tokenize", {"model": MODEL, "prompt": "In the beginning God created"})["tokens"]
+        r = client().completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, echo=True, logprobs=5)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.token_logprobs), len(ids) + 1)
+        self.assertIsNone(lp.token_logprobs[0])
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "logits.json")
+            subprocess.run([os.environ["REWIND_BIN"], "logits", "--tokens", ",".join(map(str, ids)), "--prefill",
+                            str(len(ids)), "--out", out], check=True, capture_output=True)
+            with open(out) as f:
+                rows = [log_softmax(row) for row in json.load(f)["logits"]]
+        # Position i's token is predicted by row i - 1; the generated (greedy) token by the last row.
+        for i in range(1, len(ids)):
+            self.assertAlmostEqual(lp.token_logprobs[i], rows[i - 1][ids[i]], delta=1e-4)
+        last = rows[-1]
+        self.assertAlmostEqual(lp.token_logprobs[-1], max(last), delta=1e-4)
+        best = sorted(last, reverse=True)[:5]
+        for i, top in enumerate(lp.top_logprobs[1:], start=1):
+            want = sorted(rows[i - 1], reverse=True)[:5]
+            for value in top.values():
+                self.assertTrue(any(abs(value - w) <= 1e-4 for w in want), (i, top, want))
+        self.assertAlmostEqual(max(lp.top_logprobs[-1].values()), best[0], delta=1e-4)
+
+    def test_chat_logprobs_come_with_their_top_alternatives(self):
+        r = client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                             max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), 4)
+        for entry in content:
+            self.assertEqual(len(entry.top_logprobs), 3)
+            self.assertAlmostEqual(entry.logprob, max(t.logprob for t in entry.top_logprobs), delta=1e-6)
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                             logprobs=True, top_logprobs=21)
+        self.assertIn("top_logprobs", str(e.exception))
 
 
 if __name__ == "__main__":
