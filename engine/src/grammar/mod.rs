@@ -100,10 +100,9 @@ impl ConstraintSpec {
 }
 
 /// `schema` generating compact JSON (no whitespace between tokens) unless it sets llguidance's own `x-guidance`
-/// options (the schemas of structured outputs, and those of tool arguments inside a forced call's grammar): with free
-/// whitespace a model can spend its whole budget on blanks and never close the value (vLLM's
+/// options: with free whitespace a model can spend its whole budget on blanks and never close the value (vLLM's
 /// `disable_any_whitespace`, on by default here).
-pub fn compact(mut schema: Value) -> Value {
+fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));

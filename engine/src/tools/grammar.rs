@@ -12,7 +12,6 @@ use serde_json::{json, Map, Value};
 use super::parse::is_string_schema;
 use super::{ToolChoice, ToolFormat, ToolSpec};
 use crate::error::{EngineError, Result};
-use crate::grammar::compact;
 use crate::tokenizer::reasoning::{THINK_END, THINK_START};
 
 /// How the answer may start with reasoning before its calls.
@@ -81,7 +80,7 @@ pub fn tool_call_grammar(
         ToolFormat::Hermes => {
             let alternatives: Vec<Value> = chosen.iter().map(|t| named_call_schema(t)).collect();
             g.rules
-                .push(format!("call_json: %json {}", compact(any_of(alternatives))));
+                .push(format!("call_json: %json {}", python_json(any_of(alternatives))));
             g.rules.push(format!(r#"call: {start} "\n" call_json "\n" {end}"#));
             g.rules.push(repeated("calls", "call", r#""\n""#, parallel_tool_calls));
         }
@@ -91,7 +90,7 @@ pub fn tool_call_grammar(
             if !parallel_tool_calls {
                 list["maxItems"] = json!(1);
             }
-            g.rules.push(format!("call_list: %json {}", compact(list)));
+            g.rules.push(format!("call_list: %json {}", python_json(list)));
             g.rules.push(format!("calls: {start} call_list {end}"));
         }
         ToolFormat::Qwen3Xml => {
@@ -124,6 +123,17 @@ fn any_of(mut alternatives: Vec<Value>) -> Value {
     } else {
         json!({ "anyOf": alternatives })
     }
+}
+
+/// `schema` generating JSON as the chat templates write it (`tojson`, Python's `json.dumps`: `", "` between items,
+/// `": "` after keys, no other whitespace) unless it sets llguidance's own `x-guidance` options: free whitespace would
+/// let a model spend its budget on blanks inside a call and never close it.
+fn python_json(mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+    }
+    schema
 }
 
 /// `{"name": NAME, "arguments": {...}}` for one tool, its arguments validated by its schema.
@@ -202,8 +212,7 @@ impl Lark<'_> {
             let value = if is_string_schema(schema) {
                 self.xml_string(tool, name, schema, &rule)?
             } else {
-                self.rules
-                    .push(format!("{rule}_json: %json {}", compact(schema.clone())));
+                self.rules.push(format!("{rule}_json: %json {schema}"));
                 format!("{rule}_json {close}")
             };
             self.rules.push(format!("{rule}: {open} {value}"));
