@@ -64,6 +64,37 @@ pub fn parts_for(len: usize) -> usize {
     len.div_ceil(PART_WIDTH)
 }
 
+/// Checks one vocabulary chunk of a head pass (`rows` rows of `len` ids from `first_id`, row stride `ld`, in
+/// `logits_len` values) against the part slots `part_offset ..` of `total_parts`; returns how many parts it folds into.
+/// Shared by the summary and the top-k passes, which tile the chunk alike.
+#[allow(clippy::too_many_arguments)]
+fn check_chunk(
+    op: &'static str,
+    logits_len: usize,
+    ld: usize,
+    rows: usize,
+    len: usize,
+    first_id: u32,
+    total_parts: usize,
+    part_offset: usize,
+) -> Result<usize> {
+    ensure(op, len <= ld, || {
+        format!("chunk of {len} ids wider than its row stride {ld}")
+    })?;
+    ensure(op, rows == 0 || logits_len >= (rows - 1) * ld + len, || {
+        format!("logits of {logits_len} hold no {rows} rows of stride {ld}")
+    })?;
+    let n = parts_for(len);
+    ensure(op, part_offset + n <= total_parts, || {
+        format!("parts {part_offset} + {n} exceed {total_parts}")
+    })?;
+    ensure(op, first_id as usize + len <= i32::MAX as usize, || {
+        "ids exceed i32".into()
+    })?;
+    fits_u32(op, "ld", ld)?;
+    Ok(n)
+}
+
 /// Folds `logits` columns `0 .. len` (row stride `ld`, ids `first_id ..`) of `rows` rows into
 /// `parts[r, part_offset ..]` (`parts` `[rows, total_parts, 8]`); `spec` `[rows, 6]` from [`encode_spec`].
 #[allow(clippy::too_many_arguments)]
@@ -80,23 +111,10 @@ pub fn head_summary_parts(
     part_offset: usize,
 ) -> Result<()> {
     const OP: &str = "head_summary_parts";
-    ensure(OP, len <= ld, || {
-        format!("chunk of {len} ids wider than its row stride {ld}")
-    })?;
-    ensure(OP, rows == 0 || logits.len() >= (rows - 1) * ld + len, || {
-        format!("logits of {} hold no {rows} rows of stride {ld}", logits.len())
-    })?;
     check_len(OP, "spec", spec.len(), rows * SPEC_WORDS)?;
     check_len(OP, "parts", parts.len(), rows * total_parts * SUMMARY_WORDS)?;
-    let n = parts_for(len);
-    ensure(OP, part_offset + n <= total_parts, || {
-        format!("parts {part_offset} + {n} exceed {total_parts}")
-    })?;
-    ensure(OP, first_id as usize + len <= i32::MAX as usize, || {
-        "ids exceed i32".into()
-    })?;
+    let n = check_chunk(OP, logits.len(), ld, rows, len, first_id, total_parts, part_offset)?;
     fits_grid_y(OP, "rows", rows)?;
-    fits_u32(OP, "ld", ld)?;
     if rows == 0 || len == 0 {
         return Ok(());
     }
@@ -228,23 +246,10 @@ pub fn head_topk_parts(
 ) -> Result<()> {
     const OP: &str = "head_topk_parts";
     let asking = lp_rows.len();
-    ensure(OP, len <= ld, || {
-        format!("chunk of {len} ids wider than its row stride {ld}")
-    })?;
-    ensure(OP, rows == 0 || logits.len() >= (rows - 1) * ld + len, || {
-        format!("logits of {} hold no {rows} rows of stride {ld}", logits.len())
-    })?;
     check_len(OP, "req", req.len(), asking * 2)?;
     check_len(OP, "parts", parts.len(), asking * total_parts * TOPK_WORDS)?;
-    let n = parts_for(len);
-    ensure(OP, part_offset + n <= total_parts, || {
-        format!("parts {part_offset} + {n} exceed {total_parts}")
-    })?;
-    ensure(OP, first_id as usize + len <= i32::MAX as usize, || {
-        "ids exceed i32".into()
-    })?;
+    let n = check_chunk(OP, logits.len(), ld, rows, len, first_id, total_parts, part_offset)?;
     fits_grid_y(OP, "asking rows", asking)?;
-    fits_u32(OP, "ld", ld)?;
     if asking == 0 || len == 0 {
         return Ok(());
     }
