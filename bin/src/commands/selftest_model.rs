@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use rewind_engine::decode::FormChoice;
 use rewind_engine::gpu::{
-    chain_forced, teacher_forced, verify_forced, ChainReport, GpuDtype, GpuOptions, TeacherForcedReport, VerifyReport,
+    chain_forced, logprobs_forced, teacher_forced, verify_forced, ChainReport, GpuDtype, GpuOptions, LogprobReport,
+    TeacherForcedReport, VerifyReport,
 };
 use rewind_engine::init::{init_model, InitOptions};
 use rewind_engine::model::config::ModelConfig;
@@ -40,6 +41,10 @@ const CORRUPT: f64 = 0.25;
 const CHAINED: usize = 7;
 const CHAINS: usize = 3;
 const CHAIN_TOLERANCE: f64 = 1e-5;
+/// Log-probabilities from the head pass against a softmax of the same GPU's whole rows, in f32 and bf16: the rows
+/// differ only by the head GEMM's tiling (chunked or whole), so the bound is the issue's 1e-4 in f32.
+const LOGPROB_TOLERANCE_F32: f64 = 1e-4;
+const LOGPROB_TOLERANCE_BF16: f64 = 5e-4;
 /// A small ring and kv-only threshold, so the few steps of a fixture flush, compress and wrap the rings.
 const BUFFER_LEN: usize = 4;
 const KV_THRESHOLD: usize = 12;
@@ -167,6 +172,40 @@ fn prompts(dir: &Path) -> Result<Vec<Vec<u32>>, String> {
         return Err(format!("{}: bad prefill_len {n}", path.display()));
     }
     Ok(vec![tokens[..n].to_vec(), tokens[n / 2..].to_vec()])
+}
+
+fn logprob_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<LogprobReport, String>) -> (Value, bool) {
+    let case = case.name.as_str();
+    match r {
+        Ok(r) => {
+            println!(
+                "{case:<20} tp {tp}  {dtype:<4}  logprobs {:<9}: {} rows ({} sampled), worst |Δ| {:.2e} (≤ {:.0e}), \
+                 {} wrong top lists  {}",
+                r.form,
+                r.rows,
+                r.sampled_rows,
+                r.worst_abs,
+                r.tolerance,
+                r.wrong_tops,
+                if r.pass { "pass" } else { "FAIL" }
+            );
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["case"] = json!(case);
+            v["check"] = json!("logprobs");
+            v["tp"] = json!(tp);
+            if !r.worst_abs.is_finite() {
+                v["worst_abs"] = json!(r.worst_abs.to_string());
+            }
+            (v, r.pass)
+        }
+        Err(e) => {
+            println!("{case:<20} tp {tp}  {dtype:<4}  logprobs FAIL: {e}");
+            (
+                json!({ "case": case, "check": "logprobs", "tp": tp, "dtype": dtype.to_string(), "error": e }),
+                false,
+            )
+        }
+    }
 }
 
 fn verify_line(case: &Case, tp: usize, dtype: GpuDtype, r: &Result<VerifyReport, String>) -> (Value, bool) {
@@ -515,6 +554,17 @@ pub fn section(
                     all_ok &= ok;
                     rows.push(v);
                 }
+                // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
+                let bound = if dtype == GpuDtype::F32 {
+                    LOGPROB_TOLERANCE_F32
+                } else {
+                    LOGPROB_TOLERANCE_BF16
+                };
+                let r =
+                    logprobs_forced(dir, prompts, STEPS, &opts, FormChoice::Replay, bound).map_err(|e| e.to_string());
+                let (v, ok) = logprob_line(m, *tp, dtype, &r);
+                all_ok &= ok;
+                rows.push(v);
                 // A request's n choices from one forked prefill, in f32 (see `selftest_choices`).
                 if dtype == GpuDtype::F32 {
                     let (v, ok) = super::selftest_choices::rows(&m.name, dir, prompts, &opts, *tp);

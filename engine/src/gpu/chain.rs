@@ -104,7 +104,7 @@ impl<A: Act> GpuRank<A> {
         let words = SUMMARY_WORDS;
         for k in 0..steps {
             let staged = self.stage_decode(seqs, k, (k == 0).then_some(&tokens[..]))?;
-            self.launch(staged.step, b, sampling, HeadSpec::Host(&[]))?;
+            self.launch(staged.step, b, sampling, HeadSpec::Host(&[]), &[])?;
             let s = &mut self.scratch;
             if sampling {
                 let (params, uniforms) = (&s.chain.params, &s.chain.uniforms);

@@ -8,9 +8,9 @@
 //! at most, whatever the vocabulary or batch), so no `[rows, vocab]` tensor is written on the greedy and speculative
 //! paths. Whole rows are produced only where they are read: `--full-logits` callers and the filtered sampler.
 
-use rewind_kernels::cpu::lm_head::SpecRequest;
-use rewind_kernels::cuda::ops::{self, PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS};
-use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, CudaViewMut};
+use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
+use rewind_kernels::cuda::ops::{self, PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS, TOPK_WORDS};
+use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, CudaViewMut, DevicePtr};
 
 use super::rank::{GpuRank, HeadOut};
 use super::scratch::StepRows;
@@ -41,6 +41,87 @@ fn chunk_ids(rows: usize, vocab_local: usize) -> usize {
     per_row.max(PART_WIDTH).min(vocab_local)
 }
 
+/// Device buffers of the log-probability rows' top lists (`ops::head_topk_parts` / `head_topk_merge`). After every
+/// vocabulary chunk the chunk's parts are merged with the running list in each row's slot 0, so the parts hold one
+/// chunk's lists, not a whole row's: bounded whatever the vocabulary (a prompt chunk may ask about every row).
+struct TopScratch {
+    /// The asking rows' indices among the head rows.
+    rows: CudaSlice<i32>,
+    /// `[asking, 2]` requests (`ops::encode_logprob_requests`).
+    req: CudaSlice<i32>,
+    /// `[asking, slots, TOPK_WORDS]`, `slots` = 1 + the parts of one chunk.
+    parts: CudaSlice<u32>,
+    /// `[asking, TOPK_WORDS]` merged lists.
+    out: CudaSlice<u32>,
+    /// This step's asking rows (head row, request), uploaded by [`GpuRank::prepare_head`].
+    asking: Vec<(usize, LogprobRequest)>,
+}
+
+impl TopScratch {
+    /// Words of `parts` for a head of at most `rows` rows: a launch of `h` head rows folds chunks of
+    /// `chunk_ids(h, v)` ids, `h × (1 + parts)` slots, which is at most `2h` plus the parts of one full chunk.
+    fn parts_words(rows: usize) -> usize {
+        (3 * rows + CHUNK_FLOATS / PART_WIDTH) * TOPK_WORDS
+    }
+
+    fn bytes(rows: usize) -> usize {
+        4 * (3 * rows + Self::parts_words(rows) + rows * TOPK_WORDS)
+    }
+
+    fn new(dev: &CudaDevice, rows: usize) -> Result<Self> {
+        Ok(TopScratch {
+            rows: dev.alloc_zeros(rows)?,
+            req: dev.alloc_zeros(rows * 2)?,
+            parts: dev.alloc_zeros(Self::parts_words(rows))?,
+            out: dev.alloc_zeros(rows * TOPK_WORDS)?,
+            asking: Vec::new(),
+        })
+    }
+
+    /// Folds one chunk of `len` logit columns (row stride `ld`, ids from `first_id`) of the head's `head_rows` rows
+    /// into the asking rows' lists; `slots` per row, `first`: no running list yet. The merged lists land in `out`,
+    /// and (unless `last`) back in slot 0 for the next chunk.
+    #[allow(clippy::too_many_arguments)]
+    fn fold_chunk(
+        &mut self,
+        dev: &CudaDevice,
+        logits: &impl DevicePtr<f32>,
+        ld: usize,
+        head_rows: usize,
+        len: usize,
+        first_id: u32,
+        slots: usize,
+        first: bool,
+        last: bool,
+    ) -> Result<()> {
+        let a = self.asking.len();
+        let (rows, req) = (self.rows.slice(..a), self.req.slice(..2 * a));
+        let parts = &mut self.parts.slice_mut(..a * slots * TOPK_WORDS);
+        let offset = usize::from(!first);
+        ops::head_topk_parts(
+            dev, logits, ld, head_rows, len, first_id, &rows, &req, parts, slots, offset,
+        )?;
+        let out = &mut self.out.slice_mut(..a * TOPK_WORDS);
+        ops::head_topk_merge(dev, parts, a, slots, offset + ops::parts_for(len), &req, out)?;
+        if !last {
+            // SAFETY: u32 and f32 have one size and alignment, and the copy moves bits (no arithmetic on them).
+            let (src, mut dst) = unsafe {
+                (
+                    out.transmute::<f32>(a * TOPK_WORDS),
+                    parts.transmute_mut::<f32>(parts.len()),
+                )
+            };
+            let (src, dst) = (
+                src.ok_or_else(|| EngineError::Gpu("viewing the merged top lists".into()))?,
+                dst.as_mut()
+                    .ok_or_else(|| EngineError::Gpu("viewing the top-list parts".into()))?,
+            );
+            ops::copy_block(dev, &src, a, TOPK_WORDS, 0, TOPK_WORDS, dst, slots * TOPK_WORDS, 0)?;
+        }
+        Ok(())
+    }
+}
+
 /// Device buffers of the head's summaries.
 pub(crate) struct HeadScratch {
     /// `[rows, 6]` speculative requests.
@@ -53,12 +134,14 @@ pub(crate) struct HeadScratch {
     /// `[rows, 8]` summaries.
     pub(super) out: CudaSlice<u32>,
     max_parts: usize,
+    /// The log-probability rows' top lists.
+    top: TopScratch,
 }
 
 impl HeadScratch {
     /// Bytes [`HeadScratch::new`] allocates.
     pub(crate) fn bytes(rows: usize, vocab_local: usize) -> usize {
-        4 * rows * (SPEC_WORDS + (max_parts(vocab_local) + 1) * SUMMARY_WORDS)
+        4 * rows * (SPEC_WORDS + (max_parts(vocab_local) + 1) * SUMMARY_WORDS) + TopScratch::bytes(rows)
     }
 
     pub(crate) fn new(dev: &CudaDevice, rows: usize, vocab_local: usize) -> Result<Self> {
@@ -69,6 +152,7 @@ impl HeadScratch {
             parts: dev.alloc_zeros(rows * max_parts * SUMMARY_WORDS)?,
             out: dev.alloc_zeros(rows * SUMMARY_WORDS)?,
             max_parts,
+            top: TopScratch::new(dev, rows)?,
         })
     }
 }
@@ -85,6 +169,12 @@ impl HeadScratch {
         self.spec_uploaded.clear();
         self.spec.slice_mut(..rows * SPEC_WORDS)
     }
+
+    /// Whether this step's head folds log-probability top lists: its launches then depend on which rows ask, and
+    /// the step runs eagerly rather than as a captured graph.
+    pub(super) fn asks_logprobs(&self) -> bool {
+        !self.top.asking.is_empty()
+    }
 }
 
 /// Where a step's speculative requests come from.
@@ -97,9 +187,16 @@ pub(super) enum HeadSpec<'a> {
 }
 
 impl<A: Act> GpuRank<A> {
-    /// Checks a head over `head_rows` rows and uploads its speculative requests, before the step's device work: a
-    /// captured step reads them from the scratch.
-    pub(super) fn prepare_head(&mut self, head_rows: usize, whole: bool, spec_from: HeadSpec<'_>) -> Result<()> {
+    /// Checks a head over `head_rows` rows and uploads its speculative and log-probability requests (`logprob`:
+    /// empty, or one per head row), before the step's device work: a captured step reads them from the scratch.
+    pub(super) fn prepare_head(
+        &mut self,
+        head_rows: usize,
+        whole: bool,
+        spec_from: HeadSpec<'_>,
+        logprob: &[Option<LogprobRequest>],
+    ) -> Result<()> {
+        self.prepare_logprobs(head_rows, logprob)?;
         let spec = match spec_from {
             HeadSpec::Host(spec) => spec,
             HeadSpec::Device => &[],
@@ -139,6 +236,35 @@ impl<A: Act> GpuRank<A> {
         Ok(())
     }
 
+    /// Uploads which head rows ask for log-probabilities and what; a head that asks none folds no top lists.
+    fn prepare_logprobs(&mut self, head_rows: usize, logprob: &[Option<LogprobRequest>]) -> Result<()> {
+        if !logprob.is_empty() && logprob.len() != head_rows {
+            return Err(EngineError::InvalidInput(format!(
+                "{} log-probability requests for {head_rows} head rows",
+                logprob.len()
+            )));
+        }
+        let top = &mut self.scratch.head.top;
+        top.asking = logprob
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|r| (i, r)))
+            .collect();
+        if top.asking.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<i32> = top.asking.iter().map(|&(i, _)| i as i32).collect();
+        let reqs: Vec<LogprobRequest> = top.asking.iter().map(|&(_, r)| r).collect();
+        let stream = self.inner.dev.stream();
+        stream
+            .memcpy_htod(&rows, &mut top.rows.slice_mut(..rows.len()))
+            .and_then(|()| {
+                let req = ops::encode_logprob_requests(&reqs);
+                stream.memcpy_htod(&req, &mut top.req.slice_mut(..req.len()))
+            })
+            .map_err(|e| EngineError::Gpu(format!("uploading log-probability requests: {e}")))
+    }
+
     /// The head's device work over the last `head_rows` of the step's `rows` rows (their blocks' outputs in the
     /// scratch): the final norm, the head GEMM (whole rows when `whole`, else a chunk of the vocabulary at a time)
     /// and the summaries. Only device work, so a step's graph captures it.
@@ -164,17 +290,37 @@ impl<A: Act> GpuRank<A> {
             hs.max_parts,
             &mut hs.parts.slice_mut(..head_rows * hs.max_parts * SUMMARY_WORDS),
         );
+        // The chunk width of the head pass, and of the top-list folds over whole rows: never more than the scratch
+        // holds (a chunk never shrinks below one part: the scratch is sized for it).
+        let chunk = chunk_ids(head_rows, v)
+            .min((s.logits.len() / head_rows) / PART_WIDTH * PART_WIDTH)
+            .max(PART_WIDTH.min(v));
+        let slots = 1 + ops::parts_for(chunk);
+        let asks = !hs.top.asking.is_empty();
         let seen = if whole {
             // Whole rows: someone reads them. The summaries come from the same logits.
             let logits = &mut s.logits.slice_mut(..head_rows * v);
             A::gemm(dev, &r.blas, &x, &head.slice(..), logits, head_rows, hid, v)?;
             ops::head_summary_parts(dev, logits, v, head_rows, v, first_id, &spec_words, parts, total, 0)?;
+            if asks {
+                for lo in (0..v).step_by(chunk) {
+                    let len = chunk.min(v - lo);
+                    let cols = logits.slice(lo..);
+                    hs.top.fold_chunk(
+                        dev,
+                        &cols,
+                        v,
+                        head_rows,
+                        len,
+                        first_id + lo as u32,
+                        slots,
+                        lo == 0,
+                        lo + len == v,
+                    )?;
+                }
+            }
             ops::parts_for(v)
         } else {
-            // Never more than the scratch holds (a chunk never shrinks below one part: the scratch is sized for it).
-            let chunk = chunk_ids(head_rows, v)
-                .min((s.logits.len() / head_rows) / PART_WIDTH * PART_WIDTH)
-                .max(PART_WIDTH.min(v));
             let mut seen = 0;
             for lo in (0..v).step_by(chunk) {
                 let len = chunk.min(v - lo);
@@ -193,6 +339,19 @@ impl<A: Act> GpuRank<A> {
                     total,
                     seen,
                 )?;
+                if asks {
+                    hs.top.fold_chunk(
+                        dev,
+                        logits,
+                        len,
+                        head_rows,
+                        len,
+                        first_id + lo as u32,
+                        slots,
+                        lo == 0,
+                        lo + len == v,
+                    )?;
+                }
                 seen += ops::parts_for(len);
             }
             seen
@@ -202,12 +361,15 @@ impl<A: Act> GpuRank<A> {
         Ok(())
     }
 
-    /// Reads back what [`GpuRank::head_device`] left: the summaries always; the logits when `want_logits`; the
-    /// final hidden rows when the plan asked; and draws `samples` (the last rows) on the device.
+    /// Reads back what [`GpuRank::head_device`] left: the summaries always (with their top lists where asked); the
+    /// logits when `want_logits`; the final hidden rows when the plan asked; and draws `samples` (the last rows) on
+    /// the device, from the head's whole rows when it wrote them (`whole`), else from whole rows of theirs computed
+    /// here.
     pub(super) fn read_head(
         &mut self,
         rows: usize,
         head_rows: usize,
+        whole: bool,
         want_logits: bool,
         samples: Option<&[SampleRow]>,
         spec: &[Option<SpecRequest>],
@@ -231,19 +393,38 @@ impl<A: Act> GpuRank<A> {
             .collect();
         let passes = ops::decode_summaries(&dev.download(&s.head.out.slice(..head_rows * SUMMARY_WORDS))?, &flags);
         let mut summaries: Vec<RowSummary> = passes.into_iter().map(RowSummary::from).collect();
+        let top = &s.head.top;
+        if !top.asking.is_empty() {
+            let words = dev.download(&top.out.slice(..top.asking.len() * TOPK_WORDS))?;
+            let reqs: Vec<LogprobRequest> = top.asking.iter().map(|&(_, q)| q).collect();
+            for (&(i, _), lp) in top.asking.iter().zip(ops::decode_topk(&words, &reqs)) {
+                summaries[i].pass.logprob = Some(lp);
+            }
+        }
         if let Some(samples) = samples {
-            // Sampling rewrites the logits in place (the penalty), so it runs after the summaries.
             let start = head_rows - samples.len();
+            // Where the sampled rows' whole logits are: the head's rows, or (a head that wrote none) computed now
+            // into the front of the scratch.
+            let first = if whole {
+                start
+            } else {
+                let head = r.lm_head.as_ref().unwrap_or(&r.embed);
+                let x = s.h.slice((rows - samples.len()) * hid..rows * hid);
+                let out = &mut s.logits.slice_mut(..samples.len() * v);
+                A::gemm(dev, &r.blas, &x, &head.slice(..), out, samples.len(), hid, v)?;
+                0
+            };
+            // Sampling rewrites the logits in place (the penalty), so it runs after the summaries.
             match s.whole_rows.as_mut() {
                 // A tensor-parallel rank samples the rows joined from every rank's slice, as every rank does.
-                Some(whole) => {
+                Some(joined) => {
                     let comm = joining_comm(r.comm.as_deref(), self.info.rank, self.info.tp)?;
                     let vocab = r.config.vocab_size;
-                    whole.sample_chunks(
+                    joined.sample_chunks(
                         dev,
                         comm,
                         &s.logits,
-                        start,
+                        first,
                         samples.len(),
                         &mut s.argmax,
                         |dev, rows, at, ids| sample_on_device(dev, rows, vocab, &samples[at], ids),
@@ -251,22 +432,66 @@ impl<A: Act> GpuRank<A> {
                 }
                 None => sample_on_device(
                     dev,
-                    &mut s.logits.slice_mut(start * v..head_rows * v),
+                    &mut s.logits.slice_mut(first * v..(first + samples.len()) * v),
                     v,
                     samples,
                     &mut s.argmax.slice_mut(..samples.len()),
                 )?,
             }
             let picked = dev.download(&s.argmax.slice(..samples.len()))?;
-            for (row, id) in summaries[start..].iter_mut().zip(picked) {
-                mark_sampled(row, id);
+            for (row, id) in summaries[start..].iter_mut().zip(&picked) {
+                mark_sampled(row, *id);
             }
+            self.note_sampled_logits(rows, head_rows, &mut summaries[start..])?;
         }
         Ok(HeadOut {
             rows: summaries,
             logits,
             hidden,
         })
+    }
+
+    /// Records, in each sampled row of the last `sampled.len()` head rows that asked for log-probabilities, the raw logit of the token sampled from it (its log-probability target), as the CPU rank does. The
+    /// sampler rewrote the logits, so the value comes from the row's top list when the token is in it, else from
+    /// the head's product of that row with the token's weights. A token outside this rank's vocabulary slice is
+    /// left to the rank that holds it (the merge takes whichever rank saw it).
+    fn note_sampled_logits(&mut self, rows: usize, head_rows: usize, sampled: &mut [RowSummary]) -> Result<()> {
+        let r = &self.inner;
+        let (dev, hid, vocab) = (&*r.dev, r.config.hidden_size, r.vocab.clone());
+        let first_row = rows - head_rows + (head_rows - sampled.len());
+        let mut products = Vec::new();
+        for (k, row) in sampled.iter_mut().enumerate() {
+            let Some(id) = row.sampled.filter(|_| row.pass.logprob.is_some()) else {
+                continue;
+            };
+            let known = row.pass.logit_of(id);
+            let Some(lp) = row.pass.logprob.as_mut() else {
+                continue;
+            };
+            match known {
+                Some(v) => lp.target = Some((id, v)),
+                None if vocab.contains(&(id as usize)) => products.push((k, id)),
+                None => lp.target = None,
+            }
+        }
+        if products.is_empty() {
+            return Ok(());
+        }
+        let s = &mut self.scratch;
+        let head = r.lm_head.as_ref().unwrap_or(&r.embed);
+        for (j, &(k, id)) in products.iter().enumerate() {
+            let local = id as usize - vocab.start;
+            let x = s.h.slice((first_row + k) * hid..(first_row + k + 1) * hid);
+            let w = head.slice(local * hid..(local + 1) * hid);
+            A::gemm(dev, &r.blas, &x, &w, &mut s.logits.slice_mut(j..j + 1), 1, hid, 1)?;
+        }
+        let values = dev.download(&s.logits.slice(..products.len()))?;
+        for (&(k, id), v) in products.iter().zip(values) {
+            if let Some(lp) = sampled[k].pass.logprob.as_mut() {
+                lp.target = Some((id, v));
+            }
+        }
+        Ok(())
     }
 }
 

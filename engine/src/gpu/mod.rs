@@ -16,6 +16,7 @@
 mod chain;
 pub mod check;
 mod check_chain;
+mod check_logprobs;
 mod check_verify;
 mod ffn;
 mod forward;
@@ -37,6 +38,7 @@ mod whole_rows;
 
 pub use check::{teacher_forced, TeacherForcedReport};
 pub use check_chain::{chain_forced, ChainReport};
+pub use check_logprobs::{logprobs_forced, LogprobReport};
 pub use check_verify::{verify_forced, VerifyReport};
 pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};

@@ -22,7 +22,7 @@ use crate::rank::{
 };
 use crate::state::kv::NO_BLOCK;
 use crate::state::SlotCounters;
-use rewind_kernels::cpu::lm_head::SpecRequest;
+use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
 use rewind_kernels::cuda::ops::ReplayRow;
 use rewind_kernels::cuda::timing::StageMarks;
 
@@ -79,8 +79,8 @@ impl<A: Act> LoadedRank<A> {
             snapshots: true,
             hidden_states: true,
             spec_summaries: true,
-            // The device LM-head passes compute no top entries yet: such steps are refused (`Books::validate`).
-            logprobs: false,
+            // Top lists folded in the head pass (`gpu/head.rs`).
+            logprobs: true,
             max_chained: crate::rank::MAX_CHAINED,
         };
         let books = Books::new(std::slice::from_ref(&info), self.config.vocab_size)?;
@@ -300,18 +300,29 @@ impl<A: Act> GpuRank<A> {
         want_logits: bool,
         samples: Option<&[SampleRow]>,
         spec: &[Option<SpecRequest>],
+        logprob: &[Option<LogprobRequest>],
     ) -> Result<HeadOut> {
-        let whole = want_logits || samples.is_some();
-        self.launch(step, head_rows, whole, HeadSpec::Host(spec))?;
+        // A step asking for log-probabilities (a prompt's rows may be many) folds top lists in the chunked pass and
+        // computes whole rows for its sampled rows alone, as the CPU rank does.
+        let asks = logprob.iter().any(Option::is_some);
+        let whole = want_logits || (samples.is_some() && !asks);
+        self.launch(step, head_rows, whole, HeadSpec::Host(spec), logprob)?;
         if head_rows == 0 {
             return Ok(HeadOut::empty(want_logits, self.want_hidden));
         }
-        self.read_head(step.rows, head_rows, want_logits, samples, spec)
+        self.read_head(step.rows, head_rows, whole, want_logits, samples, spec)
     }
 
     /// Queues a step's device work ([`GpuRank::run`] without the read-back): the head's summaries (and whole logit
-    /// rows when `whole`) are left in the scratch.
-    pub(super) fn launch(&mut self, mut step: Step, head_rows: usize, whole: bool, spec: HeadSpec<'_>) -> Result<()> {
+    /// rows when `whole`) are left in the scratch; `logprob` (empty, or one per head row) asks for top lists.
+    pub(super) fn launch(
+        &mut self,
+        mut step: Step,
+        head_rows: usize,
+        whole: bool,
+        spec: HeadSpec<'_>,
+        logprob: &[Option<LogprobRequest>],
+    ) -> Result<()> {
         if step.rows > self.scratch.rows || head_rows > step.rows {
             return Err(EngineError::InvalidInput(format!(
                 "a step of {} token rows ({head_rows} reported): this rank's buffers hold {} (the larger of the prompt \
@@ -320,12 +331,15 @@ impl<A: Act> GpuRank<A> {
             )));
         }
         if head_rows > 0 {
-            self.prepare_head(head_rows, whole, spec)?;
+            self.prepare_head(head_rows, whole, spec, logprob)?;
         }
         if self.graphs.enabled() {
             bucket_ring(&mut step);
         }
-        let key = GraphKey::of(&step, head_rows, whole);
+        // Which rows fold top lists changes the head's launches: such a step (rare: log-probability requests
+        // neither chain nor speculate) runs eagerly.
+        let asks = head_rows > 0 && self.scratch.head.asks_logprobs();
+        let key = GraphKey::of(&step, head_rows, whole).filter(|_| !asks);
         let stream = self.inner.dev.stream().clone();
         let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
         let ran = graphs.run(key, &stream, || self.forward(step, head_rows, whole));

@@ -255,7 +255,7 @@ impl<A: Act> GpuRank<A> {
             } else {
                 HeadSpec::Host(&first_spec)
             };
-            self.launch(step, rows, false, spec)?;
+            self.launch(step, rows, false, spec, &[])?;
             let (s, c) = (&mut self.scratch, self.spec_chain.as_mut().expect("allocated above"));
             dev.stream()
                 .memcpy_dtod(

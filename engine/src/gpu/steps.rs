@@ -10,7 +10,7 @@
 //!
 //! [`SlotCounters::decide`]: crate::state::SlotCounters::decide
 
-use rewind_kernels::cpu::lm_head::SpecRequest;
+use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
 use rewind_kernels::cuda::ops::{ReplayRow, REPLAY_MAX_T};
 use tracing::debug_span;
 
@@ -62,6 +62,21 @@ fn keep_rows(all: &HeadOut, first: usize, t: usize, rows: Rows, v: usize, hid: u
             .as_ref()
             .map(|h| h[range.start * hid..range.end * hid].to_vec()),
     }
+}
+
+/// The log-probability requests of a launch over `seqs`, `t` head rows each: each sequence's reported rows (the
+/// last `row_count` of its `t`) ask what it asked; empty when none asks.
+fn head_logprobs(seqs: &[&SeqStep], t: usize) -> Vec<Option<LogprobRequest>> {
+    if seqs.iter().all(|s| s.logprobs.is_none()) {
+        return Vec::new();
+    }
+    seqs.iter()
+        .flat_map(|s| {
+            let asked = s.logprob_requests().collect::<Vec<_>>();
+            let silent = t.saturating_sub(asked.len());
+            std::iter::repeat_n(None, silent).chain(asked)
+        })
+        .collect()
 }
 
 impl<A: Act> GpuRank<A> {
@@ -369,6 +384,9 @@ impl<A: Act> GpuRank<A> {
         let chunk = self.scratch.rows;
         let n_chunks = seq.tokens.len().div_ceil(chunk);
         let mut out = HeadOut::empty(want_logits, self.want_hidden);
+        // One request per reported row of the whole prompt step; each chunk asks about the ones it reports.
+        let asked: Vec<Option<LogprobRequest>> = seq.logprob_requests().collect();
+        let mut reported = 0;
         for (ci, part) in seq.tokens.chunks(chunk).enumerate() {
             let t = part.len();
             let pos = seq.position + ci * chunk;
@@ -418,7 +436,17 @@ impl<A: Act> GpuRank<A> {
             } else {
                 None
             };
-            let h = self.run(step, head_rows, want_logits, sample, &[])?;
+            let logprob = if seq.logprobs.is_some() {
+                asked.get(reported..reported + head_rows).ok_or_else(|| {
+                    EngineError::InvalidInput(format!(
+                        "slot {slot}'s prompt step reports more rows than it has log-probability requests for"
+                    ))
+                })?
+            } else {
+                &[]
+            };
+            reported += head_rows;
+            let h = self.run(step, head_rows, want_logits, sample, &[], logprob)?;
             let ring = self.counters.ring(slot).len;
             self.counters
                 .after_step(slot, StepPhase::Prefill { position: pos }, d.form, false, ring, t)?;
@@ -437,7 +465,8 @@ impl<A: Act> GpuRank<A> {
             .iter()
             .any(|s| s.sample.is_some())
             .then(|| seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect());
-        let mut out = self.run(staged.step, b, want_logits, samples.as_deref(), &[])?;
+        let logprob = head_logprobs(seqs, 1);
+        let mut out = self.run(staged.step, b, want_logits, samples.as_deref(), &[], &logprob)?;
         for (row, s) in out.rows.iter_mut().zip(seqs) {
             if s.sample.is_none() || s.rows == Rows::None {
                 row.sampled = None;
@@ -513,7 +542,8 @@ impl<A: Act> GpuRank<A> {
         let _span = debug_span!("gpu_verify", batch = seqs.len(), t).entered();
         let staged = self.stage_verify(seqs, t, baseline)?;
         let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();
-        let out = self.run(staged.step, seqs.len() * t, want_logits, None, &spec)?;
+        let logprob = head_logprobs(seqs, t);
+        let out = self.run(staged.step, seqs.len() * t, want_logits, None, &spec, &logprob)?;
         self.after_verify(seqs, &staged, t)?;
         Ok(out)
     }
