@@ -103,15 +103,36 @@ fn upload<T: rewind_kernels::cuda::DeviceRepr>(
         .map_err(|e| EngineError::Gpu(format!("uploading a chain's {what}: {e}")))
 }
 
+/// What one chain of verifies runs with, fixed at its start ([`GpuRank::upload_chain`]).
+struct ChainRun {
+    /// Sequences, verify window, rows per step (`b × t`) and steps.
+    b: usize,
+    t: usize,
+    rows: usize,
+    steps: usize,
+    hist_cap: usize,
+    table_cap: usize,
+    params: ChainParams,
+    mode: DraftMode,
+    /// Per sequence, its one-pass sampling (`None`: judged greedily).
+    samples: Vec<Option<ChainSample>>,
+    /// The first step's one-pass requests, from the host (later steps' come from `chain_spec` when any samples).
+    first_spec: Vec<Option<SpecRequest>>,
+}
+
+impl ChainRun {
+    fn sampled(&self) -> bool {
+        self.samples.iter().any(Option::is_some)
+    }
+}
+
 impl<A: Act> GpuRank<A> {
     /// Runs a plan of chained verifies (the books have checked and recorded it); returns every step's rows,
     /// step-major, and the chain's log.
     /// `seqs` holds each sequence's first verify ([`ChainedVerify::step`](crate::rank::ChainedVerify::step)).
     pub(super) fn run_spec_chain(&mut self, chain: &VerifyChain, seqs: &[&SeqStep]) -> Result<(HeadOut, ChainLog)> {
-        let streams0: Vec<Vec<u32>> = chain.seqs.iter().map(|s| s.stream.clone()).collect();
-        let (b, steps) = (seqs.len(), chain.steps + 1);
         let t = seqs.first().map_or(0, |s| s.tokens.len());
-        let _span = debug_span!("gpu_spec_chain", batch = b, steps, t).entered();
+        let _span = debug_span!("gpu_spec_chain", batch = seqs.len(), steps = chain.steps + 1, t).entered();
         let world = self.info.tp;
         if world > 1 && self.inner.comm.is_none() {
             return Err(EngineError::Communicator(format!(
@@ -119,10 +140,52 @@ impl<A: Act> GpuRank<A> {
                 self.info.rank
             )));
         }
-        // What the device cannot do in a chain: the recurrent form's baseline (its commit copies a snapshot chosen
-        // by the verdict), and the compress of a kv-only ring reaching its threshold (a fold launch of its own). A
-        // kv-only sequence below its threshold ends the chain before the step that could reach it (every step
-        // commits at most `t` entries): the log tells the caller how many steps ran.
+        let steps = self.chain_steps(seqs, chain.steps + 1, t)?;
+        let staged = self.stage_verify(seqs, t, false)?;
+        let run = self.upload_chain(chain, seqs, &staged, steps, t)?;
+        // The debug check: after each step, the device's metadata for the next one against the host's rules.
+        let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");
+        let mut streams: Vec<Vec<u32>> = chain.seqs.iter().map(|s| s.stream.clone()).collect();
+        for k in 0..steps {
+            // Every step has the shape of the first, whose ring bound (the rows' capacity, `stage_verify`) covers
+            // any later step's rows.
+            self.chain_step(&run, staged.step, k)?;
+            if check && k + 1 < steps {
+                self.check_step(seqs, chain, &run, &staged, k, &mut streams)?;
+            }
+        }
+        let (logged, log) = self.read_chain(seqs, &run)?;
+        // The host's copy of the counters follows the device's, by the same rules and verdicts (already, step by
+        // step, under the debug check).
+        let (b, first) = (run.b, if check { steps - 1 } else { 0 });
+        for k in first..steps {
+            self.mirror_step(seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
+        }
+        self.books.settle_chain(chain, &log)?;
+        self.steps += steps as u64 - 1;
+        let spec_rows: Vec<bool> = (0..steps)
+            .flat_map(|_| run.samples.iter().flat_map(|x| std::iter::repeat_n(x.is_some(), t)))
+            .collect();
+        let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &spec_rows)
+            .into_iter()
+            .map(RowSummary::from)
+            .collect();
+        Ok((
+            HeadOut {
+                rows,
+                logits: None,
+                hidden: None,
+            },
+            log,
+        ))
+    }
+
+    /// How many of `steps` verifies of `t` tokens the chain runs; refuses what the device cannot do in a chain: the
+    /// recurrent form's baseline (its commit copies a snapshot chosen by the verdict). The compress of a kv-only ring
+    /// reaching its threshold is a fold launch of its own, so a kv-only sequence below its threshold ends the chain
+    /// before the step that could reach it (every step commits at most `t` entries): the log tells the caller how
+    /// many steps ran.
+    fn chain_steps(&self, seqs: &[&SeqStep], steps: usize, t: usize) -> Result<usize> {
         let mut steps = steps;
         for s in seqs {
             let form = self.form_before(s);
@@ -143,19 +206,28 @@ impl<A: Act> GpuRank<A> {
                 steps = steps.min(1 + (self.replay.threshold - 1 - h) / t);
             }
         }
-        let staged = self.stage_verify(seqs, t, false)?;
-        let dev = self.inner.dev.clone();
-        if self.spec_chain.is_none() {
-            self.spec_chain = Some(SpecChainScratch::new(&dev)?);
-        }
-        let words = SUMMARY_WORDS;
+        Ok(steps)
+    }
+
+    /// Sizes the chain's buffers and uploads what its kernels start from: the sequences' counters and streams, the
+    /// draft tables, the judging and sampling parameters and the first step's drafts.
+    fn upload_chain(
+        &mut self,
+        chain: &VerifyChain,
+        seqs: &[&SeqStep],
+        staged: &super::steps::Staged,
+        steps: usize,
+        t: usize,
+    ) -> Result<ChainRun> {
+        let (b, world, words) = (seqs.len(), self.info.tp, SUMMARY_WORDS);
         let rows = b * t;
-        let hist_cap = (streams0.iter().map(Vec::len).max().unwrap_or(0) + steps * t).next_multiple_of(256);
+        let streams = chain.seqs.iter().map(|s| &s.stream);
+        let hist_cap = (streams.clone().map(Vec::len).max().unwrap_or(0) + steps * t).next_multiple_of(256);
         let table_cap = chain.seqs.iter().map(|s| s.table.len()).max().unwrap_or(0).max(1);
         let states: Vec<i32> = seqs
             .iter()
             .zip(&staged.decisions)
-            .zip(&streams0)
+            .zip(streams.clone())
             .flat_map(|((s, d), stream)| {
                 let r = self.counters.ring(s.slot);
                 ChainSeq {
@@ -199,151 +271,188 @@ impl<A: Act> GpuRank<A> {
         } else {
             Vec::new()
         };
-        {
-            let c = self.spec_chain.as_mut().expect("allocated above");
-            ensure_len(&dev, &mut c.words, steps * rows * words)?;
-            ensure_len(&dev, &mut c.verdicts, steps * b * 2)?;
-            ensure_len(&dev, &mut c.drafts, steps * b * (t - 1))?;
-            ensure_len(&dev, &mut c.state, b * CHAIN_STATE_WORDS)?;
-            ensure_len(&dev, &mut c.fault, b)?;
-            ensure_len(&dev, &mut c.judge, b * JUDGE_WORDS)?;
-            ensure_len(&dev, &mut c.gathered, world * rows * words)?;
-            ensure_len(&dev, &mut c.hist, b * hist_cap)?;
-            ensure_len(&dev, &mut c.table, b * table_cap)?;
-            let mut hist = vec![0i32; b * hist_cap];
-            for (q, stream) in streams0.iter().enumerate() {
-                for (j, &x) in stream.iter().enumerate() {
-                    hist[q * hist_cap + j] = x as i32;
-                }
-            }
-            upload(&dev, &mut c.hist, &hist, "streams")?;
-            if let ChainDrafter::Table = chain.drafter {
-                let mut table = vec![-1i32; b * table_cap];
-                for (q, row) in chain.seqs.iter().map(|s| &s.table).enumerate() {
-                    table[q * table_cap..q * table_cap + row.len()].copy_from_slice(row);
-                }
-                upload(&dev, &mut c.table, &table, "draft tables")?;
-            }
-            upload(&dev, &mut c.state, &states, "counters")?;
-            upload(&dev, &mut c.fault, &vec![0; b], "fault flags")?;
-            let judge: Vec<u32> = seqs
-                .iter()
-                .flat_map(|s| ops::encode_judge(s.spec.map(|sp| (sp.seed, sp.index))))
-                .collect();
-            upload(&dev, &mut c.judge, &judge, "judging parameters")?;
-            if sampled {
-                ensure_len(&dev, &mut c.sample, b * CHAIN_SAMPLE_WORDS)?;
-                let words: Vec<u32> = samples.iter().flat_map(|x| ChainSample::encode(x.as_ref())).collect();
-                upload(&dev, &mut c.sample, &words, "sampling parameters")?;
-            }
-            let first: Vec<i32> = seqs
-                .iter()
-                .flat_map(|s| s.tokens[1..].iter().map(|&x| x as i32))
-                .collect();
-            upload(&dev, &mut c.drafts, &first, "first drafts")?;
+        let dev = self.inner.dev.clone();
+        if self.spec_chain.is_none() {
+            self.spec_chain = Some(SpecChainScratch::new(&dev)?);
         }
-        // Every step has the shape of the first, whose ring bound (the rows' capacity, `stage_verify`) covers any
-        // later step's rows.
-        let step = staged.step;
-        let max_seqs = self.sizes.max_seqs;
-        // The debug check: after each step, the device's metadata for the next one against the host's rules.
-        let check = std::env::var_os("REWIND_CHAIN_CHECK").is_some_and(|v| v == "1");
-        let mut streams = streams0;
-        for k in 0..steps {
-            let spec = if k > 0 && sampled {
-                HeadSpec::Device
-            } else {
-                HeadSpec::Host(&first_spec)
-            };
-            self.launch(step, rows, false, spec, &[])?;
-            let (s, c) = (&mut self.scratch, self.spec_chain.as_mut().expect("allocated above"));
-            dev.stream()
-                .memcpy_dtod(
-                    &s.head.out.slice(..rows * words),
-                    &mut c.words.slice_mut(k * rows * words..(k + 1) * rows * words),
-                )
-                .map_err(|e| EngineError::Gpu(format!("logging a chain step's summaries: {e}")))?;
-            if let (Some(comm), true) = (&self.inner.comm, world > 1) {
-                comm.all_gather_u32(
-                    &s.head.out.slice(..rows * words),
-                    &mut c.gathered.slice_mut(..world * rows * words),
-                )?;
+        let c = self.spec_chain.as_mut().expect("allocated above");
+        ensure_len(&dev, &mut c.words, steps * rows * words)?;
+        ensure_len(&dev, &mut c.verdicts, steps * b * 2)?;
+        ensure_len(&dev, &mut c.drafts, steps * b * (t - 1))?;
+        ensure_len(&dev, &mut c.state, b * CHAIN_STATE_WORDS)?;
+        ensure_len(&dev, &mut c.fault, b)?;
+        ensure_len(&dev, &mut c.judge, b * JUDGE_WORDS)?;
+        ensure_len(&dev, &mut c.gathered, world * rows * words)?;
+        ensure_len(&dev, &mut c.hist, b * hist_cap)?;
+        ensure_len(&dev, &mut c.table, b * table_cap)?;
+        let mut hist = vec![0i32; b * hist_cap];
+        for (q, stream) in streams.enumerate() {
+            for (j, &x) in stream.iter().enumerate() {
+                hist[q * hist_cap + j] = x as i32;
             }
-            let gathered = if world > 1 {
-                c.gathered.slice(..world * rows * words)
-            } else {
-                c.words.slice(k * rows * words..(k + 1) * rows * words)
-            };
-            let dk = k * b * (t - 1)..(k + 1) * b * (t - 1);
-            ops::spec_accept(
-                &dev,
-                &gathered,
-                world,
-                b,
-                t,
-                &c.drafts.slice(dk.clone()),
-                &c.judge.slice(..b * JUDGE_WORDS),
-                &mut c.verdicts.slice_mut(k * b * 2..(k + 1) * b * 2),
-            )?;
-            if k + 1 == steps {
-                break;
+        }
+        upload(&dev, &mut c.hist, &hist, "streams")?;
+        if let ChainDrafter::Table = chain.drafter {
+            let mut table = vec![-1i32; b * table_cap];
+            for (q, row) in chain.seqs.iter().map(|s| &s.table).enumerate() {
+                table[q * table_cap..q * table_cap + row.len()].copy_from_slice(row);
             }
-            ops::chain_advance(
-                &dev,
-                &c.verdicts.slice(k * b * 2..(k + 1) * b * 2),
-                &c.drafts.slice(dk),
-                &mut c.state.slice_mut(..b * CHAIN_STATE_WORDS),
-                &mut c.hist.slice_mut(..b * hist_cap),
-                &mut c.fault.slice_mut(..b),
-                &mut s.meta.slice_mut(..b * REPLAY_META),
-                &mut s.tokens.slice_mut(..rows),
-                &mut s.row_pos.slice_mut(..rows),
-                &mut s.lens.slice_mut(..max_seqs),
-                &params,
-                b,
+            upload(&dev, &mut c.table, &table, "draft tables")?;
+        }
+        upload(&dev, &mut c.state, &states, "counters")?;
+        upload(&dev, &mut c.fault, &vec![0; b], "fault flags")?;
+        let judge: Vec<u32> = seqs
+            .iter()
+            .flat_map(|s| ops::encode_judge(s.spec.map(|sp| (sp.seed, sp.index))))
+            .collect();
+        upload(&dev, &mut c.judge, &judge, "judging parameters")?;
+        if sampled {
+            ensure_len(&dev, &mut c.sample, b * CHAIN_SAMPLE_WORDS)?;
+            let words: Vec<u32> = samples.iter().flat_map(|x| ChainSample::encode(x.as_ref())).collect();
+            upload(&dev, &mut c.sample, &words, "sampling parameters")?;
+        }
+        let first: Vec<i32> = seqs
+            .iter()
+            .flat_map(|s| s.tokens[1..].iter().map(|&x| x as i32))
+            .collect();
+        upload(&dev, &mut c.drafts, &first, "first drafts")?;
+        Ok(ChainRun {
+            b,
+            t,
+            rows,
+            steps,
+            hist_cap,
+            table_cap,
+            params,
+            mode,
+            samples,
+            first_spec,
+        })
+    }
+
+    /// Chain step `k`'s device work: the verify (`step`'s shape), its summaries logged (and gathered from every
+    /// rank), the verdicts; then, unless it is the last, the next step's counters, drafts and one-pass requests.
+    fn chain_step(&mut self, run: &ChainRun, step: super::forward::Step, k: usize) -> Result<()> {
+        let (b, t, rows, words, world) = (run.b, run.t, run.rows, SUMMARY_WORDS, self.info.tp);
+        let dev = self.inner.dev.clone();
+        let spec = if k > 0 && run.sampled() {
+            HeadSpec::Device
+        } else {
+            HeadSpec::Host(&run.first_spec)
+        };
+        self.launch(step, rows, false, spec, &[])?;
+        let (s, c) = (
+            &mut self.scratch,
+            self.spec_chain.as_mut().expect("allocated by upload_chain"),
+        );
+        dev.stream()
+            .memcpy_dtod(
+                &s.head.out.slice(..rows * words),
+                &mut c.words.slice_mut(k * rows * words..(k + 1) * rows * words),
+            )
+            .map_err(|e| EngineError::Gpu(format!("logging a chain step's summaries: {e}")))?;
+        if let (Some(comm), true) = (&self.inner.comm, world > 1) {
+            comm.all_gather_u32(
+                &s.head.out.slice(..rows * words),
+                &mut c.gathered.slice_mut(..world * rows * words),
             )?;
-            ops::chain_draft(
+        }
+        let gathered = if world > 1 {
+            c.gathered.slice(..world * rows * words)
+        } else {
+            c.words.slice(k * rows * words..(k + 1) * rows * words)
+        };
+        let dk = k * b * (t - 1)..(k + 1) * b * (t - 1);
+        ops::spec_accept(
+            &dev,
+            &gathered,
+            world,
+            b,
+            t,
+            &c.drafts.slice(dk.clone()),
+            &c.judge.slice(..b * JUDGE_WORDS),
+            &mut c.verdicts.slice_mut(k * b * 2..(k + 1) * b * 2),
+        )?;
+        if k + 1 == run.steps {
+            return Ok(());
+        }
+        let (hist_cap, table_cap) = (run.hist_cap, run.table_cap);
+        ops::chain_advance(
+            &dev,
+            &c.verdicts.slice(k * b * 2..(k + 1) * b * 2),
+            &c.drafts.slice(dk),
+            &mut c.state.slice_mut(..b * CHAIN_STATE_WORDS),
+            &mut c.hist.slice_mut(..b * hist_cap),
+            &mut c.fault.slice_mut(..b),
+            &mut s.meta.slice_mut(..b * REPLAY_META),
+            &mut s.tokens.slice_mut(..rows),
+            &mut s.row_pos.slice_mut(..rows),
+            &mut s.lens.slice_mut(..self.sizes.max_seqs),
+            &run.params,
+            b,
+        )?;
+        ops::chain_draft(
+            &dev,
+            &c.hist.slice(..b * hist_cap),
+            &c.state.slice(..b * CHAIN_STATE_WORDS),
+            &c.fault.slice(..b),
+            run.mode,
+            &c.table.slice(..b * table_cap),
+            t,
+            &mut c.drafts.slice_mut((k + 1) * b * (t - 1)..(k + 2) * b * (t - 1)),
+            &mut s.tokens.slice_mut(..rows),
+            b,
+        )?;
+        if run.sampled() {
+            ops::chain_spec(
                 &dev,
-                &c.hist.slice(..b * hist_cap),
                 &c.state.slice(..b * CHAIN_STATE_WORDS),
                 &c.fault.slice(..b),
-                mode,
-                &c.table.slice(..b * table_cap),
+                &c.sample.slice(..b * CHAIN_SAMPLE_WORDS),
+                &s.tokens.slice(..rows),
                 t,
-                &mut c.drafts.slice_mut((k + 1) * b * (t - 1)..(k + 2) * b * (t - 1)),
-                &mut s.tokens.slice_mut(..rows),
+                &mut s.head.spec_on_device(rows),
+                &mut c.judge.slice_mut(..b * JUDGE_WORDS),
                 b,
             )?;
-            if sampled {
-                ops::chain_spec(
-                    &dev,
-                    &c.state.slice(..b * CHAIN_STATE_WORDS),
-                    &c.fault.slice(..b),
-                    &c.sample.slice(..b * CHAIN_SAMPLE_WORDS),
-                    &s.tokens.slice(..rows),
-                    t,
-                    &mut s.head.spec_on_device(rows),
-                    &mut c.judge.slice_mut(..b * JUDGE_WORDS),
-                    b,
-                )?;
-            }
-            if check {
-                let verdicts = dev.download(&c.verdicts.slice(k * b * 2..(k + 1) * b * 2))?;
-                let verified = dev.download(&c.drafts.slice(k * b * (t - 1)..(k + 1) * b * (t - 1)))?;
-                let accepted: Vec<usize> = verdicts.chunks_exact(2).map(|v| v[0].max(0) as usize).collect();
-                for q in 0..b {
-                    let a = accepted[q];
-                    let d = &verified[q * (t - 1)..q * (t - 1) + a];
-                    streams[q].extend(d.iter().map(|&x| x as u32));
-                    streams[q].push(verdicts[2 * q + 1].max(0) as u32);
-                }
-                self.mirror_step(seqs, &staged, k, t, &accepted, true)?;
-                self.check_next(seqs, k + 1, t, &verdicts, &streams, chain, &samples)?;
-            }
         }
-        // The one read-back of the chain: it waits for every step.
-        let c = self.spec_chain.as_ref().expect("allocated above");
-        let logged = dev.download(&c.words.slice(..steps * rows * words))?;
+        Ok(())
+    }
+
+    /// The debug check after chain step `k` (not the last): reads its verdicts, extends `streams`, moves the host's
+    /// counters over the step and checks the device's metadata for step `k + 1` ([`GpuRank::check_next`]).
+    fn check_step(
+        &mut self,
+        seqs: &[&SeqStep],
+        chain: &VerifyChain,
+        run: &ChainRun,
+        staged: &super::steps::Staged,
+        k: usize,
+        streams: &mut [Vec<u32>],
+    ) -> Result<()> {
+        let (b, t) = (run.b, run.t);
+        let dev = self.inner.dev.clone();
+        let c = self.spec_chain.as_ref().expect("allocated by upload_chain");
+        let verdicts = dev.download(&c.verdicts.slice(k * b * 2..(k + 1) * b * 2))?;
+        let verified = dev.download(&c.drafts.slice(k * b * (t - 1)..(k + 1) * b * (t - 1)))?;
+        let accepted: Vec<usize> = verdicts.chunks_exact(2).map(|v| v[0].max(0) as usize).collect();
+        for q in 0..b {
+            let a = accepted[q];
+            let d = &verified[q * (t - 1)..q * (t - 1) + a];
+            streams[q].extend(d.iter().map(|&x| x as u32));
+            streams[q].push(verdicts[2 * q + 1].max(0) as u32);
+        }
+        self.mirror_step(seqs, staged, k, t, &accepted, true)?;
+        self.check_next(seqs, k + 1, t, &verdicts, streams, chain, &run.samples)
+    }
+
+    /// The one read-back of the chain (it waits for every step): every step's logged summaries and the chain's log,
+    /// or the first sequence's fault.
+    fn read_chain(&self, seqs: &[&SeqStep], run: &ChainRun) -> Result<(Vec<u32>, ChainLog)> {
+        let (b, t, steps) = (run.b, run.t, run.steps);
+        let dev = &self.inner.dev;
+        let c = self.spec_chain.as_ref().expect("allocated by upload_chain");
+        let logged = dev.download(&c.words.slice(..steps * run.rows * SUMMARY_WORDS))?;
         let verdicts = dev.download(&c.verdicts.slice(..steps * b * 2))?;
         let drafts = dev.download(&c.drafts.slice(..steps * b * (t - 1)))?;
         let faults = dev.download(&c.fault.slice(..b))?;
@@ -364,39 +473,17 @@ impl<A: Act> GpuRank<A> {
                 seqs[q].slot
             )));
         }
-        let log = ChainLog {
-            drafts: drafts.iter().map(|&d| d as u32).collect(),
-            accepted: verdicts.chunks_exact(2).map(|v| v[0] as usize).collect(),
-            tokens: verdicts.chunks_exact(2).map(|v| v[1].max(0) as u32).collect(),
-        };
         if verdicts.chunks_exact(2).any(|v| v[1] < 0 || v[0] as usize >= t) {
             return Err(EngineError::Gpu(
                 "the last verify of a chain could not be judged (a NaN row, or nothing left to resample)".into(),
             ));
         }
-        // The host's copy of the counters follows the device's, by the same rules and verdicts (already, step by
-        // step, under the debug check).
-        let first = if check { steps - 1 } else { 0 };
-        for k in first..steps {
-            self.mirror_step(seqs, &staged, k, t, &log.accepted[k * b..(k + 1) * b], k + 1 < steps)?;
-        }
-        self.books.settle_chain(chain, &log)?;
-        self.steps += steps as u64 - 1;
-        let spec_rows: Vec<bool> = (0..steps)
-            .flat_map(|_| samples.iter().flat_map(|x| std::iter::repeat_n(x.is_some(), t)))
-            .collect();
-        let rows: Vec<RowSummary> = ops::decode_summaries(&logged, &spec_rows)
-            .into_iter()
-            .map(RowSummary::from)
-            .collect();
-        Ok((
-            HeadOut {
-                rows,
-                logits: None,
-                hidden: None,
-            },
-            log,
-        ))
+        let log = ChainLog {
+            drafts: drafts.iter().map(|&d| d as u32).collect(),
+            accepted: verdicts.chunks_exact(2).map(|v| v[0] as usize).collect(),
+            tokens: verdicts.chunks_exact(2).map(|v| v[1].max(0) as u32).collect(),
+        };
+        Ok((logged, log))
     }
 
     /// Moves the host's counters over chain step `k` as the device did: the step's flush (decided now for `k > 0`),
