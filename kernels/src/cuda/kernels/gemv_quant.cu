@@ -115,7 +115,7 @@ __device__ void fp8_rows(const T* __restrict__ x, const u8* __restrict__ w, cons
             acc[r][j] = 0.0f;
         }
     }
-#pragma unroll 2
+#pragma unroll 4
     for (int c = lane; c < chunks; c += 32) {
         u32 q[QGEMV_COLS][4];
 #pragma unroll
