@@ -39,6 +39,7 @@ impl QuantLayout {
 
 /// Whether the kernels take this call: 1 ..= [`GEMV_QUANT_MAX_ROWS`] rows, `k` a positive multiple of
 /// [`QuantLayout::k_multiple`], and `x` and the codes `w` 16-byte aligned (the kernels read 16 bytes at a time).
+/// [`gemv_nvfp4`] also needs its scales 2-byte aligned (it reads a word's two scales at once), which it checks.
 pub fn gemv_quant_supported<T: Elem>(
     dev: &CudaDevice,
     layout: QuantLayout,
