@@ -2,8 +2,8 @@
 //! launches, then the median of 20; attention beside the copy bandwidth measured in the same run. Correctness is the
 //! selftest's job; this only says where time goes.
 //!
-//! `cargo run --release -p rewind-kernels --example cuda_timing [gemv|gemm|attention|scans|moe]` on a machine with a GPU;
-//! prints one line per op (one section when named, else all).
+//! `cargo run --release -p rewind-kernels --example cuda_timing [gemv|gemv_quant|gemm|attention|scans|moe]` on a
+//! machine with a GPU; prints one line per op (one section when named, else all).
 
 use half::bf16;
 use rewind_kernels::cpu::gdn::GdnDims;
@@ -161,6 +161,9 @@ fn main() -> Result<()> {
     if want("gemv") {
         gemv_section(&dev, rng, copy)?;
     }
+    if want("gemv_quant") {
+        gemv_quant_section(&dev, rng, copy)?;
+    }
     if want("gemm") {
         gemm_section(&dev, rng)?;
     }
@@ -196,6 +199,85 @@ fn gemv_section(dev: &CudaDevice, rng: &mut Rng, copy: f64) -> Result<()> {
             (2560, 9216, "Qwen3.5-4B MLP gate"),
         ] {
             skinny(dev, &blas, rng, copy, rows, k, n, what)?;
+        }
+    }
+    Ok(())
+}
+
+/// `len` random bytes on the device, a random block of at most 4 MiB repeated ([`random`]); E4M3's NaN codes are
+/// moved to ±448 so that FP8 codes are finite.
+fn random_codes(dev: &CudaDevice, rng: &mut Rng, len: usize) -> Result<CudaSlice<u8>> {
+    let block: Vec<u8> = (0..len.min(1 << 22))
+        .map(|_| rng.next_u64() as u8)
+        .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
+        .collect();
+    let src = dev.upload(&block)?;
+    let mut out = dev.alloc::<u8>(len)?;
+    let mut at = 0;
+    while at < len {
+        let n = block.len().min(len - at);
+        let mut dst = out.slice_mut(at..at + n);
+        dev.stream()
+            .memcpy_dtod(&src.slice(..n), &mut dst)
+            .map_err(|e| rewind_kernels::cuda::CudaError::Unavailable(format!("copy: {e:?}")))?;
+        at += n;
+    }
+    Ok(out)
+}
+
+/// The skinny GEMMs on quantized weights (`gemv_quant.cu`, bf16 activations, f32 out) beside the bf16 one (`gemv.cu`)
+/// at decode shapes: time, bytes read per second (codes and scales) as a fraction of `copy`, and the speed-up over
+/// bf16, the decode step's bound at small batch. Weights rotate through copies past 256 MiB, as in [`gemm_operands`].
+fn gemv_quant_section(dev: &CudaDevice, rng: &mut Rng, copy: f64) -> Result<()> {
+    use rewind_kernels::cpu::gemv_quant::{FP8_BLOCK, NVFP4_GROUP};
+    for rows in [1, 2, 4, 8] {
+        for (k, n, what) in [
+            (4096, 18560, "Nemotron-H-8B Mamba in_proj"),
+            (8192, 4096, "Nemotron-H-8B Mamba out_proj"),
+            (21504, 4096, "Nemotron-H-8B MLP down"),
+            (2560, 9216, "Qwen3.5-4B MLP gate"),
+            (9216, 2560, "Qwen3.5-4B MLP down"),
+        ] {
+            let (ws, x, _) = gemm_operands(dev, rng, rows, k, n)?;
+            let mut out = dev.alloc::<f32>(rows * n)?;
+            let copies = (256usize << 20).div_ceil(n * k).max(2);
+            let grid = n.div_ceil(FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+            let fp8: Vec<_> = (0..copies)
+                .map(|_| Ok((random_codes(dev, rng, n * k)?, dev.upload(&vec![1e-3f32; grid])?)))
+                .collect::<Result<_>>()?;
+            let fp4: Vec<_> = (0..copies)
+                .map(|_| {
+                    Ok((
+                        random_codes(dev, rng, n * k / 2)?,
+                        random_codes(dev, rng, n * k / NVFP4_GROUP)?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+            let mut i = 0;
+            let bf16_ms = timing::median_ms(dev, || {
+                i += 1;
+                ops::gemv(dev, &x, &ws[i % ws.len()], &mut out, rows, k, n)
+            })?;
+            let fp8_ms = timing::median_ms(dev, || {
+                i += 1;
+                let (w, s) = &fp8[i % copies];
+                ops::gemv_fp8_block(dev, &x, w, s, &mut out, rows, k, n)
+            })?;
+            let fp4_ms = timing::median_ms(dev, || {
+                i += 1;
+                let (w, s) = &fp4[i % copies];
+                ops::gemv_nvfp4(dev, &x, w, s, 1e-3, &mut out, rows, k, n)
+            })?;
+            let frac = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6 / copy;
+            println!(
+                "skinny gemm  [{rows}, {k}] · [{n}, {k}]ᵀ {what}: bf16 {bf16_ms:.4} ms ({:.2} of copy), fp8 blocks \
+                 {fp8_ms:.4} ms ({:.2} of copy, {:.2}× bf16), nvfp4 {fp4_ms:.4} ms ({:.2} of copy, {:.2}× bf16)",
+                frac(n * k * 2, bf16_ms),
+                frac(n * k + grid * 4, fp8_ms),
+                bf16_ms / fp8_ms,
+                frac(n * k / 2 + n * k / NVFP4_GROUP, fp4_ms),
+                bf16_ms / fp4_ms
+            );
         }
     }
     Ok(())

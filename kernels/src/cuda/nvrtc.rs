@@ -178,6 +178,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("lm_head", typed: false, ["head_summary_parts", "head_summary_merge", "spec_accept", "head_topk_parts", "head_topk_merge"]),
     module!("spec_chain", typed: false, ["chain_advance", "chain_draft", "chain_spec"]),
     module!("gemv", typed: true, ["gemv"]),
+    module!("gemv_quant", typed: true, ["gemv_fp8_block", "gemv_fp8_scaled", "gemv_nvfp4"]),
     module!("probe", typed: false, ["read_probe"]),
 ];
 

@@ -453,6 +453,7 @@ mod attention;
 mod attention_flash;
 mod conv;
 mod gemv;
+mod gemv_quant;
 mod glue;
 mod lm_head;
 mod moe;
@@ -468,6 +469,9 @@ pub use attention::{
 };
 pub use conv::{causal_conv1d, ConvDims};
 pub use gemv::{gemv, gemv_supported, GEMV_FASTER_ROWS, GEMV_MAX_ROWS};
+pub use gemv_quant::{
+    gemv_fp8_block, gemv_fp8_scaled, gemv_nvfp4, gemv_quant_supported, QuantLayout, GEMV_QUANT_MAX_ROWS,
+};
 pub use glue::{
     add_bias, add_rms_norm, copy_block, copy_cols, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums,
     gather_cols, gdn_gates, moe_finish, sigmoid_mul, swiglu_split,

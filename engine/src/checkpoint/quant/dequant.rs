@@ -1,10 +1,10 @@
 //! Exact dequantization of quantized weights to f32, one function per published layout. Weights are
 //! `[lead.., out, in]` (`lead` for stacked experts), row-major; every scale layout is checked by the caller
-//! (`super::QuantizedWeight`), so these only compute.
+//! (`super::QuantizedWeight`), so these only compute. Each row is dequantized by `rewind_kernels::cpu::quant`, the
+//! definition the quantized GEMVs' CPU twins share.
 
 use rayon::prelude::*;
-
-use super::formats::{e2m1_to_f32, e4m3_to_f32};
+use rewind_kernels::cpu::quant::{dequant_fp8_row, dequant_fp8_row_scaled, dequant_nvfp4_row};
 
 /// Rows converted per parallel task.
 const ROWS: usize = 64;
@@ -30,9 +30,7 @@ pub fn fp8_blocks(codes: &[u8], shape: &[usize], scales: &[f32], block: [usize; 
                 let row = t * ROWS + r;
                 let (m, o) = (row / rows, row % rows);
                 let scale_row = &scales[(m * brows + o / block[0]) * bcols..][..bcols];
-                for (i, (d, &c)) in d.iter_mut().zip(s).enumerate() {
-                    *d = e4m3_to_f32(c) * scale_row[i / block[1]];
-                }
+                dequant_fp8_row(s, scale_row, block[1], d);
             }
         });
     out
@@ -52,9 +50,7 @@ pub fn fp8_scaled(codes: &[u8], shape: &[usize], scales: &[f32]) -> Vec<f32> {
                 } else {
                     scales[t * ROWS + r]
                 };
-                for (d, &c) in d.iter_mut().zip(s) {
-                    *d = e4m3_to_f32(c) * scale;
-                }
+                dequant_fp8_row_scaled(s, scale, d);
             }
         });
     out
@@ -74,11 +70,7 @@ pub fn nvfp4(packed: &[u8], shape: &[usize], scales: &[u8], global: f32, group: 
         .for_each(|(t, (dst, src))| {
             for (r, (d, s)) in dst.chunks_mut(cols).zip(src.chunks(cols / 2)).enumerate() {
                 let row_scales = &scales[(t * ROWS + r) * groups..][..groups];
-                for (j, &byte) in s.iter().enumerate() {
-                    let scale = e4m3_to_f32(row_scales[2 * j / group]) * global;
-                    d[2 * j] = e2m1_to_f32(byte & 0x0F) * scale;
-                    d[2 * j + 1] = e2m1_to_f32(byte >> 4) * scale;
-                }
+                dequant_nvfp4_row(s, row_scales, global, group, d);
             }
         });
     out
@@ -87,7 +79,7 @@ pub fn nvfp4(packed: &[u8], shape: &[usize], scales: &[u8], global: f32, group: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::quant::formats::{f32_to_e2m1, f32_to_e4m3};
+    use rewind_kernels::cpu::quant::{f32_to_e2m1, f32_to_e4m3};
 
     #[test]
     fn block_scales_apply_per_block_with_partial_edges() {
@@ -114,6 +106,55 @@ mod tests {
         let codes: Vec<u8> = [1.0, -2.0, 0.5, 4.0].iter().map(|&x| f32_to_e4m3(x)).collect();
         assert_eq!(fp8_scaled(&codes, &[2, 2], &[0.5]), [0.5, -1.0, 0.25, 2.0]);
         assert_eq!(fp8_scaled(&codes, &[2, 2], &[1.0, 10.0]), [1.0, -2.0, 5.0, 40.0]);
+    }
+
+    /// The quantized GEMVs' CPU twins (the GPU kernels' references) compute what the reader's weights give: each
+    /// equals dequantizing here and an f32 GEMM, up to the order of the f32 sums, on random codes and scales with
+    /// partial FP8 blocks on both edges.
+    #[test]
+    fn the_quantized_gemv_twins_equal_dequant_then_gemm() {
+        use rand::{Rng, SeedableRng};
+        use rewind_kernels::cpu::gemm::matmul_nt;
+        use rewind_kernels::cpu::gemv_quant::{gemv_fp8_block, gemv_fp8_scaled, gemv_nvfp4, FP8_BLOCK};
+
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(45);
+        // k = 2 blocks + 48 and n = 1 block + 3: partial blocks on both edges (NVFP4 needs only k % 16).
+        let (rows, k, n) = (3, 2 * FP8_BLOCK + 48, FP8_BLOCK + 3);
+        let x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let codes: Vec<u8> = (0..n * k)
+            .map(|_| rng.random::<u8>())
+            .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
+            .collect();
+        let check = |what: &str, got: Vec<f32>, w: &[f32]| {
+            let mut want = vec![0f32; rows * n];
+            matmul_nt(&x, w, &mut want, rows, k, n);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                // The sums' rounding is bounded by k units of the sum of magnitudes.
+                let (r, o) = (i / n, i % n);
+                let mag: f32 = (0..k).map(|j| (x[r * k + j] * w[o * k + j]).abs()).sum();
+                assert!(
+                    (g - e).abs() <= mag * k as f32 * f32::EPSILON,
+                    "{what} [{r}, {o}]: {g} vs {e}"
+                );
+            }
+        };
+
+        let grid = n.div_ceil(FP8_BLOCK) * k.div_ceil(FP8_BLOCK);
+        let scale_inv: Vec<f32> = (0..grid).map(|_| rng.random_range(1e-4..1e-2)).collect();
+        let w = fp8_blocks(&codes, &[n, k], &scale_inv, [FP8_BLOCK, FP8_BLOCK]);
+        check("fp8 blocks", gemv_fp8_block(&x, &codes, &scale_inv, rows, k, n), &w);
+
+        for scales in [vec![0.03f32], (0..n).map(|_| rng.random_range(1e-4..1e-2)).collect()] {
+            let w = fp8_scaled(&codes, &[n, k], &scales);
+            check("fp8 scaled", gemv_fp8_scaled(&x, &codes, &scales, rows, k, n), &w);
+        }
+
+        let packed = &codes[..n * k / 2];
+        let group_scales: Vec<u8> = (0..n * k / 16)
+            .map(|_| f32_to_e4m3(rng.random_range(0.01..400.0)))
+            .collect();
+        let w = nvfp4(packed, &[n, k], &group_scales, 0.002, 16);
+        check("nvfp4", gemv_nvfp4(&x, packed, &group_scales, 0.002, rows, k, n), &w);
     }
 
     #[test]

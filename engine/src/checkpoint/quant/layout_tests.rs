@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use super::formats::f32_to_e4m3;
 use super::quantize::{quantizable, quantize_in_place};
 use super::{Method, Quantization};
 use crate::checkpoint::SafetensorsSource;
 use crate::init::tiny_checkpoint;
 use crate::model::tensors::TensorSource;
 use crate::model::Family;
+use rewind_kernels::cpu::quant::f32_to_e4m3;
 
 fn fixture(layout: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,9 +1,9 @@
 //! Quantized checkpoints as they are published, read into exact f32 weights: what `config.json`'s
-//! `quantization_config` (or ModelOpt's `hf_quant_config.json`) says ([`Quantization`]), the number formats
-//! (`formats`), and the dequantization of each layout (`dequant`). The reader (`super::reader`) checks each quantized
-//! weight's scales against the method and hands the dequantized weight out like any other tensor, so every engine
-//! built on the [`TensorSource`](crate::model::tensors::TensorSource) loads these checkpoints; the CPU engine is their
-//! exact reference.
+//! `quantization_config` (or ModelOpt's `hf_quant_config.json`) says ([`Quantization`]) and the dequantization of
+//! each layout (`dequant`, with the number formats of `rewind_kernels::cpu::quant`). The reader (`super::reader`)
+//! checks each quantized weight's scales against the method and hands the dequantized weight out like any other
+//! tensor, so every engine built on the [`TensorSource`](crate::model::tensors::TensorSource) loads these
+//! checkpoints; the CPU engine is their exact reference.
 //!
 //! Layouts:
 //! - fine-grained FP8 (`quant_method: fp8`, Qwen3-Next / Qwen3.5 / DeepSeek): `W.weight` E4M3, `W.weight_scale_inv`
@@ -18,7 +18,6 @@
 //! set aside.
 
 pub mod dequant;
-pub mod formats;
 #[cfg(test)]
 mod layout_tests;
 pub mod quantize;

@@ -8,12 +8,12 @@ use std::path::Path;
 use safetensors::tensor::Dtype;
 use serde_json::{json, Value};
 
-use super::formats::{e4m3_to_f32, f32_to_e2m1, f32_to_e4m3, E2M1_MAX, E4M3_MAX};
 use super::{Method, NVFP4_GROUP};
 use crate::checkpoint::writer::{write_stored, StoredTensor};
 use crate::checkpoint::SafetensorsSource;
 use crate::error::{EngineError, Result};
 use crate::model::tensors::TensorSource;
+use rewind_kernels::cpu::quant::{e4m3_to_f32, f32_to_e2m1, f32_to_e4m3, E2M1_MAX, E4M3_MAX};
 
 /// The fine-grained FP8 block the Qwen and DeepSeek checkpoints use.
 pub const FP8_BLOCK: [usize; 2] = [128, 128];

@@ -72,5 +72,15 @@ __device__ float block_sum(float v) {
     return partial[0];
 }
 
+// The 8 bf16 of a 16-byte word, widened to f32 (the skinny GEMMs' loads).
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
 // Each kernel file writes its body once as a template (`name_impl<T>`) and declares the `_f32` and `_bf16` entry
 // points with a one-line macro `#define X(T, S) extern "C" __global__ void name_##S(...) { name_impl<T>(...); }`.

@@ -8,16 +8,6 @@
 #define GEMV_COLS 2
 #define GEMV_MAX_ROWS 8
 
-// The 8 bf16 of a 16-byte word, widened to f32.
-__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 template <typename T, int R>
 __device__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w, T* __restrict__ out, int k, int n) {
     const int lane = threadIdx.x & 31;

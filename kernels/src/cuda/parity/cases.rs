@@ -5,8 +5,8 @@
 use half::bf16;
 
 use super::{
-    cases_accept, cases_chain, cases_chain_spec, cases_glue, cases_head, cases_moe, cases_replay, cases_sample,
-    cases_seq, cases_spec_baseline, cases_ssm, rounded, tol, Case, Check, Ctx, Rng,
+    cases_accept, cases_chain, cases_chain_spec, cases_gemv_quant, cases_glue, cases_head, cases_moe, cases_replay,
+    cases_sample, cases_seq, cases_spec_baseline, cases_ssm, rounded, tol, Case, Check, Ctx, Rng,
 };
 use crate::cpu;
 use crate::cpu::norm::GateOrder;
@@ -161,6 +161,7 @@ pub fn all() -> Vec<Case> {
             gemv(rows, k, n)
         );
     }
+    cases_gemv_quant::register(&mut cases);
     for (rows, k, n, bias, what) in [
         (8, 4096, 4096, true, "Nemotron-H-8B width, bias"),
         (5, 2560, 9216, false, "Qwen3.5-4B MLP gate"),

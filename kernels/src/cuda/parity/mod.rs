@@ -29,6 +29,7 @@ pub mod cases;
 mod cases_accept;
 mod cases_chain;
 mod cases_chain_spec;
+mod cases_gemv_quant;
 mod cases_glue;
 mod cases_head;
 mod cases_moe;

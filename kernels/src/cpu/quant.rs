@@ -1,5 +1,8 @@
 //! The 8- and 4-bit number formats of quantized checkpoints, decoded and encoded exactly: FP8 E4M3 ("fn": no
-//! infinities, one NaN code per sign, largest finite 448) and FP4 E2M1 (NVFP4's elements: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}).
+//! infinities, one NaN code per sign, largest finite 448) and FP4 E2M1 (NVFP4's elements: ±{0, 0.5, 1, 1.5, 2, 3, 4,
+//! 6}), and one row of each published weight layout dequantized with them. They live below the engine so that the
+//! checkpoint reader (`rewind-engine`'s `checkpoint::quant::dequant`) and the quantized GEMVs' CPU twins
+//! ([`super::gemv_quant`]) share one definition of every weight value.
 
 /// The largest finite E4M3 value.
 pub const E4M3_MAX: f32 = 448.0;
@@ -72,6 +75,33 @@ fn nearest(mag: f32, top: u8, decode: fn(u8) -> f32) -> u8 {
         lo - 1
     } else {
         lo
+    }
+}
+
+/// One row of a fine-grained FP8 weight: `out[i] = e4m3(codes[i]) · scales[i / block_cols]` (`scales` is the row's
+/// run of the block grid; the last block may be partial).
+pub fn dequant_fp8_row(codes: &[u8], scales: &[f32], block_cols: usize, out: &mut [f32]) {
+    for (i, (d, &c)) in out.iter_mut().zip(codes).enumerate() {
+        *d = e4m3_to_f32(c) * scales[i / block_cols];
+    }
+}
+
+/// One row of an FP8 weight with a single scale for the row (per tensor or per output row): `out[i] = e4m3(codes[i])
+/// · scale`.
+pub fn dequant_fp8_row_scaled(codes: &[u8], scale: f32, out: &mut [f32]) {
+    for (d, &c) in out.iter_mut().zip(codes) {
+        *d = e4m3_to_f32(c) * scale;
+    }
+}
+
+/// One row of an NVFP4 weight: two E2M1 elements per byte of `packed` (element `2j` in the low nibble, `2j + 1` in
+/// the high one), one E4M3 code in `scales` per `group` consecutive elements, and the tensor's f32 `global` scale:
+/// `out[i] = e2m1 · (e4m3(scale) · global)`. `out` holds the row's `2 · packed.len()` elements.
+pub fn dequant_nvfp4_row(packed: &[u8], scales: &[u8], global: f32, group: usize, out: &mut [f32]) {
+    for (j, &byte) in packed.iter().enumerate() {
+        let scale = e4m3_to_f32(scales[2 * j / group]) * global;
+        out[2 * j] = e2m1_to_f32(byte & 0x0F) * scale;
+        out[2 * j + 1] = e2m1_to_f32(byte >> 4) * scale;
     }
 }
 
