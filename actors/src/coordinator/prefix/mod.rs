@@ -21,7 +21,7 @@ mod tree;
 
 use std::sync::Arc;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use self::tree::PrefixTree;
 use super::CoordinatorState;
@@ -112,7 +112,7 @@ impl CoordinatorState {
         Metrics::add(&self.metrics.prefix_cache_query_tokens, prompt.len() as u64);
         let hit = cache.lookup(prompt, limit)?;
         Metrics::add(&self.metrics.prefix_cache_hit_tokens, hit.1 as u64);
-        info!(request, cached = hit.1, prompt = prompt.len(), "prefix cache hit");
+        debug!(request, cached = hit.1, prompt = prompt.len(), "prefix cache hit");
         Some(hit)
     }
 
