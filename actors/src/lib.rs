@@ -13,7 +13,10 @@ pub mod rank_actor;
 mod request;
 mod session;
 
-pub use coordinator::{EngineConfig, EngineHealth, EngineInfo, EngineSpec, DEFAULT_SESSION_MEMORY};
+pub use coordinator::{
+    EngineConfig, EngineHealth, EngineInfo, EngineSpec, PrefixCacheConfig, DEFAULT_PREFIX_CACHE_MEMORY,
+    DEFAULT_PREFIX_MIN_TOKENS, DEFAULT_SESSION_MEMORY,
+};
 pub use error::ActorsError;
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, MetricsSnapshot, Recovery};

@@ -93,6 +93,13 @@ metrics! {
     sessions_evicted_memory: "counter", "Idle sessions evicted to keep the saved states within the session memory budget.";
     session_saves_refused: "counter", "Session turns failed because their state did not fit the session memory budget even after evicting every idle session.";
     requests_refused: "counter", "Requests refused as back-pressure (the waiting queue at its limit).";
+    prefix_cache_query_tokens: "counter", "Prompt tokens of requests that looked up the prefix cache.";
+    prefix_cache_hit_tokens: "counter", "Prompt tokens restored from the prefix cache instead of prefilled.";
+    prefix_cache_inserts: "counter", "States copied into the prefix cache.";
+    prefix_cache_evictions: "counter", "Prefix cache states evicted (least recently used) to stay within its memory budget.";
+    prefix_cache_states: "gauge", "States the prefix cache holds.";
+    prefix_cache_bytes: "gauge", "Host bytes of the prefix cache's states (a state a session shares counted here too).";
+    prefix_cache_memory_budget: "gauge", "The most host bytes the prefix cache may hold (--prefix-cache-gib).";
 }
 
 impl Metrics {

@@ -319,7 +319,24 @@ pub struct EngineArgs {
     /// waits: the ranks judge, commit and draft between the steps (not in the recurrent form).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub decode_steps: usize,
+    /// Turn automatic prefix caching off (vLLM's flag). It is on by default: a finished sequence's state is kept in
+    /// host memory, and a request whose prompt starts with a cached sequence's tokens starts from that state and
+    /// prefills only the rest (docs/serving.md#prefix-caching).
+    #[arg(long, help_heading = "Prefix caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Host memory the prefix cache's states may hold together, in GiB; past it the least recently used go.
+    #[arg(long, value_name = "GIB", default_value_t = rewind_actors::DEFAULT_PREFIX_CACHE_MEMORY as f64 / GIB,
+          allow_negative_numbers = true, help_heading = "Prefix caching")]
+    pub prefix_cache_gib: f64,
+    /// The fewest tokens a cached prefix holds: a finished sequence shorter than this is not copied, and a request
+    /// restores no shorter prefix (a short one costs more to copy back than to prefill).
+    #[arg(long, value_name = "N", default_value_t = rewind_actors::DEFAULT_PREFIX_MIN_TOKENS,
+          allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "Prefix caching")]
+    pub prefix_cache_min_tokens: usize,
 }
+
+/// Bytes in a GiB, as the prefix cache's flag counts them.
+pub const GIB: f64 = (1u64 << 30) as f64;
 
 /// How SSM layers decode (shared by `generate` and `logits`).
 #[derive(Args, Debug, Clone)]

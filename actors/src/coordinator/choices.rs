@@ -49,6 +49,8 @@ pub(super) struct Sequence {
     pub restored: usize,
     pub session: Option<LiveSession>,
     pub fork: Option<(SavedState, usize)>,
+    /// Prompt tokens restored rather than computed for this request (a session's state, a prefix cache hit).
+    pub cached: usize,
     pub forking: Option<Box<Forking>>,
     /// What the request asked for its log-probabilities (a request with them takes one choice).
     pub logprobs: Option<super::logprobs::LiveLogprobs>,
@@ -65,6 +67,8 @@ pub(super) struct Forking {
     priority: i32,
     reference: Option<Vec<u32>>,
     speculate: bool,
+    /// Prompt tokens the fork prefill restored from the prefix cache.
+    cached: usize,
 }
 
 impl CoordinatorState {
@@ -118,6 +122,7 @@ impl CoordinatorState {
             priority: seq.priority,
             reference: seq.reference.clone(),
             speculate: seq.speculate,
+            cached: seq.cached,
         });
         let queued = if seq.prompt.len() == 1 {
             self.start_choices(id, &forking, None, seq.submitted, events)
@@ -171,6 +176,7 @@ impl CoordinatorState {
                 restored: fork.as_ref().map_or(0, |(_, n)| *n),
                 session: None,
                 fork: fork.clone(),
+                cached: f.cached,
                 forking: None,
                 logprobs: None,
                 submitted,
@@ -208,6 +214,7 @@ impl CoordinatorState {
             match self.snapshot(slot, shared).await {
                 Ok(state) => {
                     debug!(request = id, choices = forking.n, shared, "forked the prompt's state");
+                    self.prefix_insert(&l.history, &state);
                     let queued = self.start_choices(id, &forking, Some((state, shared)), l.submitted, &l.events);
                     if let Err(e) = queued {
                         self.drop_choices(id);

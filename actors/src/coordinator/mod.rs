@@ -9,6 +9,7 @@
 mod choices;
 mod grammar;
 mod logprobs;
+mod prefix;
 mod ranks;
 mod recovery;
 mod sessions;
@@ -34,6 +35,7 @@ use tracing::{info, warn};
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
 use crate::session::{SavedState, Sessions};
+pub use prefix::{PrefixCacheConfig, DEFAULT_PREFIX_CACHE_MEMORY, DEFAULT_PREFIX_MIN_TOKENS};
 pub use ranks::Fault;
 use ranks::Generation;
 pub use sessions::SessionMsg;
@@ -72,6 +74,8 @@ pub struct EngineConfig {
     /// The most decode steps one engine step may chain on the ranks with no host round trip between them (1: none;
     /// `--decode-steps`, like vLLM's `--num-scheduler-steps`). See `rewind_engine::sched` for when a step chains.
     pub decode_steps: usize,
+    /// Automatic prefix caching (`prefix/`); `None` turns it off (`--no-enable-prefix-caching`).
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 /// Speculative decoding as the engine runs it: the settings and the drafters' factory.
@@ -86,7 +90,8 @@ pub struct EngineSpec {
 pub const DEFAULT_SESSION_MEMORY: usize = 8 << 30;
 
 impl EngineConfig {
-    /// Defaults for a model decoded in `form`: a 2048-token step budget, a 60 s step deadline, 3 retries.
+    /// Defaults for a model decoded in `form`: a 2048-token step budget, a 60 s step deadline, 3 retries, the prefix
+    /// cache on.
     pub fn new(form: FormChoice) -> Self {
         EngineConfig {
             max_batch_tokens: 2048,
@@ -103,6 +108,7 @@ impl EngineConfig {
             session_idle_timeout: Some(Duration::from_secs(1800)),
             session_memory: DEFAULT_SESSION_MEMORY,
             decode_steps: 1,
+            prefix_cache: Some(PrefixCacheConfig::default()),
         }
     }
 }
@@ -188,6 +194,8 @@ struct Live {
     /// The forked prompt state a choice starts from, and its tokens: restored at every (re)start of the sequence,
     /// like a session's saved state.
     fork: Option<(SavedState, usize)>,
+    /// Prompt tokens restored rather than computed for this request (its usage's `cached_tokens`).
+    cached: usize,
     /// When this sequence is a request's fork prefill: the choices to start from its state.
     forking: Option<Box<choices::Forking>>,
     /// Structured outputs: where the request is in its grammar (see `grammar.rs`).
@@ -234,6 +242,11 @@ pub struct CoordinatorState {
     next_choice: u64,
     /// Slots of sequences ended in the step being run because another choice of their request failed.
     dropped: Vec<usize>,
+    /// The prefix cache, when on.
+    prefix: Option<prefix::PrefixCache>,
+    /// Sequences that finished in the step being run whose states go into the prefix cache before their slots are
+    /// released.
+    prefix_saves: Vec<prefix::PrefixSave>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -336,6 +349,16 @@ impl Actor for Coordinator {
         }
         let sessions = Sessions::new(c.max_sessions, c.session_idle_timeout, c.session_memory);
         Metrics::set(&args.metrics.session_memory_budget, c.session_memory as u64);
+        if let Some(p) = &c.prefix_cache {
+            if p.memory == 0 {
+                return Err(Box::new(EngineError::InvalidInput(
+                    "the prefix cache's memory budget must be positive (--no-enable-prefix-caching turns it off)"
+                        .into(),
+                )));
+            }
+            Metrics::set(&args.metrics.prefix_cache_memory_budget, p.memory as u64);
+        }
+        let prefix = c.prefix_cache.map(prefix::PrefixCache::new);
         let window = c
             .spec
             .as_ref()
@@ -364,6 +387,8 @@ impl Actor for Coordinator {
             forks: Vec::new(),
             next_choice: choices::FIRST_CHOICE_ID,
             dropped: Vec::new(),
+            prefix,
+            prefix_saves: Vec::new(),
         })
     }
 

@@ -243,9 +243,11 @@ impl CoordinatorState {
                     self.pending_fault.get_or_insert(f);
                     (false, None)
                 }
-                Ok((state, n)) => match self.sessions.save_state(&s.session, state, n, busy) {
+                Ok((state, n)) => match self.sessions.save_state(&s.session, state.clone(), n, busy) {
                     Ok(evicted) => {
                         Metrics::add(&self.metrics.sessions_evicted_memory, evicted as u64);
+                        // Shared with the prefix cache: another conversation with the same start resumes from it.
+                        self.prefix_insert(&s.tokens[..n], &state);
                         (true, None)
                     }
                     Err(e @ SessionError::Memory { .. }) => {
@@ -284,21 +286,35 @@ impl CoordinatorState {
 
     async fn save_one(&mut self, s: &Save) -> Result<(SavedState, usize), Fault> {
         let keep = s.tokens.len() - 1;
-        if let Some(position) = s.verify_at {
-            // Keep the verify's tokens before the turn's last one (its input token and the drafts emitted before
+        self.settle_snapshot(s.slot, keep, s.verify_at)
+            .await
+            .map(|state| (state, keep))
+    }
+
+    /// A host copy of the state of a sequence that ended in `slot` holding `keep` tokens, `verify_at` the position of
+    /// the verify it ended in, if it did: the slot's state then holds every drafted token, until a commit keeps those
+    /// before the sequence's last one (a session's turn, a sequence cached for its prefix).
+    pub(super) async fn settle_snapshot(
+        &mut self,
+        slot: usize,
+        keep: usize,
+        verify_at: Option<usize>,
+    ) -> Result<SavedState, Fault> {
+        if let Some(position) = verify_at {
+            // Keep the verify's tokens before the sequence's last one (its input token and the drafts emitted before
             // it: a commit counts the verify's tokens kept); drop the rest.
             let accepted = keep.checked_sub(position).filter(|&n| n >= 1).ok_or_else(|| {
                 Fault::Rank(
                     0,
-                    format!("a verify at {position} cannot end a turn of {keep} tokens"),
+                    format!("a verify at {position} cannot end a sequence of {keep} tokens"),
                     false,
                 )
             })?;
-            let plan = StepPlan::commits(vec![Commit { slot: s.slot, accepted }]);
+            let plan = StepPlan::commits(vec![Commit { slot, accepted }]);
             self.index += 1;
             self.run(self.index, &plan).await?;
         }
-        self.snapshot(s.slot, keep).await.map(|state| (state, keep))
+        self.snapshot(slot, keep).await
     }
 
     /// A host copy of `slot`'s state on every rank, which must hold `keep` tokens (a session's turn, a fork's prompt).

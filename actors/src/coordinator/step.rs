@@ -18,6 +18,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use super::choices::Sequence;
 use super::grammar::StepMasks;
 use super::logprobs::{entry, LiveLogprobs, Reporting};
+use super::prefix::PrefixSave;
 use super::spec::{HiddenLayout, Judge, LiveSpec};
 use super::{CoordinatorMsg, CoordinatorState, Fault, Live, Save};
 use crate::metrics::Metrics;
@@ -151,6 +152,16 @@ impl CoordinatorState {
                 self.info.max_context
             )));
         }
+        // A request starts from the longest cached prefix of its prompt (a session's turn only when its session has
+        // no saved state). Scoring a prompt computes every prompt row; `n > 1` leaves the fork prefill (the prompt
+        // but its last token) at least one token to run.
+        let (mut restored, mut fork) = (restored, None);
+        if restored == 0 && prompt_logprobs.is_none() {
+            let limit = prompt.len().saturating_sub(if n > 1 { 2 } else { 1 });
+            if let Some((state, q)) = self.prefix_hit(id, &prompt, limit) {
+                (restored, fork) = (q, Some((state, q)));
+            }
+        }
         let seq = Sequence {
             request: id,
             choice: 0,
@@ -162,7 +173,8 @@ impl CoordinatorState {
             speculate,
             restored,
             session,
-            fork: None,
+            fork,
+            cached: restored,
             forking: None,
             logprobs,
             submitted: Instant::now(),
@@ -197,6 +209,7 @@ impl CoordinatorState {
             restored,
             session,
             fork,
+            cached,
             forking,
             logprobs,
             submitted,
@@ -266,6 +279,7 @@ impl CoordinatorState {
                 request,
                 choice,
                 fork,
+                cached,
                 forking,
                 grammar,
                 logprobs,
@@ -700,6 +714,8 @@ impl CoordinatorState {
         }
         let saves = std::mem::take(&mut self.saves);
         self.save(saves).await;
+        let cached = std::mem::take(&mut self.prefix_saves);
+        self.cache_finished(cached).await;
         let forks = std::mem::take(&mut self.forks);
         self.fork(forks).await;
         finished.append(&mut self.dropped);
@@ -854,7 +870,7 @@ impl CoordinatorState {
                 usage: Usage {
                     prompt_tokens: l.prompt_len,
                     completion_tokens: if prompt_only { 0 } else { l.output.generated() },
-                    cached_tokens: l.session.as_ref().and_then(|s| s.state.as_ref()).map_or(0, |(_, n)| *n),
+                    cached_tokens: l.cached,
                 },
                 timing: RequestTiming {
                     ttft_seconds: l.first_token.map_or(0.0, |t| (t - l.submitted).as_secs_f64()),
@@ -877,7 +893,19 @@ impl CoordinatorState {
                     finished,
                     events: l.events.clone(),
                 }),
-                _ => {
+                (None, Some(slot)) => {
+                    // The state holds every token but the last sampled one.
+                    let tokens = &l.history[..l.history.len() - 1];
+                    if self.prefix_wants(slot, tokens, verify_at) {
+                        self.prefix_saves.push(PrefixSave {
+                            slot,
+                            tokens: tokens.to_vec(),
+                            verify_at,
+                        });
+                    }
+                    let _ = l.events.send(finished);
+                }
+                (_, None) => {
                     let _ = l.events.send(finished);
                 }
             }

@@ -167,6 +167,25 @@ pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig
     c.step_deadline = step_deadline;
     c.max_retries = args.max_retries;
     c.decode_steps = args.decode_steps;
+    c.prefix_cache = if args.no_enable_prefix_caching {
+        None
+    } else {
+        let gib = args.prefix_cache_gib;
+        anyhow::ensure!(
+            gib.is_finite() && gib > 0.0,
+            "--prefix-cache-gib must be a positive number of GiB, got {gib} (--no-enable-prefix-caching turns the \
+             cache off)"
+        );
+        let memory = gib * crate::cli::GIB;
+        anyhow::ensure!(
+            memory < usize::MAX as f64,
+            "--prefix-cache-gib {gib} is more than this host can address"
+        );
+        Some(rewind_actors::PrefixCacheConfig {
+            memory: (memory as usize).max(1),
+            min_tokens: args.prefix_cache_min_tokens,
+        })
+    };
     c.faults = args
         .inject_fault
         .iter()

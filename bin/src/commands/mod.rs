@@ -24,6 +24,8 @@ mod selftest_choices;
 #[cfg(feature = "cuda")]
 mod selftest_model;
 #[cfg(feature = "cuda")]
+mod selftest_prefix;
+#[cfg(feature = "cuda")]
 mod selftest_spec_chain;
 pub mod serve;
 mod serve_bench;

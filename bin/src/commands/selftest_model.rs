@@ -570,6 +570,10 @@ pub fn section(
                     let (v, ok) = super::selftest_choices::rows(&m.name, dir, prompts, &opts, *tp);
                     all_ok &= ok;
                     rows.push(v);
+                    // Prefix cache hits: a finished request's state restored for a longer prompt (`selftest_prefix`).
+                    let (v, ok) = super::selftest_prefix::rows(&m.name, dir, prompts, &opts, *tp);
+                    all_ok &= ok;
+                    rows.push(v);
                 }
             }
         }

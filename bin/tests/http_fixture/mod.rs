@@ -61,6 +61,11 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn start(slots: usize, context: usize) -> Self {
+        Self::start_with(slots, context, EngineConfig::new(FormChoice::Auto))
+    }
+
+    /// A fixture whose engine runs as `config` says (the model's stop tokens and tokenizer set here).
+    pub fn start_with(slots: usize, context: usize, mut config: EngineConfig) -> Self {
         let dir = model_dir();
         let model = ServedModel::load(&dir).expect("served model");
         let launcher = CpuLauncher::new(
@@ -71,7 +76,6 @@ impl Fixture {
             },
         )
         .expect("launcher");
-        let mut config = EngineConfig::new(FormChoice::Auto);
         config.eos_token_ids = model.eos_token_ids.clone();
         config.tokenizer = Some(model.tokenizer.clone());
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,486 @@
+//! Automatic prefix caching on CPU ranks (`actors/src/coordinator/prefix/`): a request whose prompt starts with a
+//! finished sequence's tokens starts from that sequence's saved state and gives exactly the tokens of a cold run
+//! (greedy, and sampled with the same seed) in every decode form at TP 1–4; a multi-turn conversation hits at the
+//! whole previous conversation; a prompt leaving a cached path hits at the deepest cached state before the point it
+//! leaves; a small budget evicts the least recently used states; `n > 1` choices and session turns share the cache;
+//! turning it off restores nothing; and random request streams (shared prefixes, divergence anywhere, eviction) give
+//! every request its cold tokens, the hits the cache's contents predict, and accounts within the budget.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use rewind_actors::{
+    EngineConfig, EngineHandle, Event, GenerateRequest, MetricsSnapshot, PrefixCacheConfig, SessionOptions,
+    SessionOwner, Usage,
+};
+use rewind_engine::decode::{DecoderConfig, FormChoice};
+use rewind_engine::rank::{CpuLauncher, CpuOptions};
+use rewind_engine::sample::SamplingParams;
+use rewind_tests::{fixtures, name, runtime, tokens};
+
+const CONTEXT: usize = 96;
+
+/// A cache that takes every state (no minimum length) within `memory` bytes.
+fn cache(memory: usize) -> Option<PrefixCacheConfig> {
+    Some(PrefixCacheConfig { memory, min_tokens: 1 })
+}
+
+const LARGE: usize = 256 << 20;
+
+/// An engine of `slots` slots at `tp` decoding in `form`, with the prefix cache `prefix`; `None` when the model
+/// cannot be split `tp` ways.
+async fn engine(
+    dir: &Path,
+    tp: usize,
+    slots: usize,
+    form: FormChoice,
+    prefix: Option<PrefixCacheConfig>,
+) -> Option<EngineHandle> {
+    let launcher = CpuLauncher::new(
+        dir,
+        CpuOptions {
+            tp,
+            decoder: DecoderConfig::new(slots, CONTEXT),
+        },
+    )
+    .ok()?;
+    let mut config = EngineConfig::new(form);
+    config.prefix_cache = prefix;
+    Some(
+        EngineHandle::start(Arc::new(launcher), config)
+            .await
+            .unwrap_or_else(|e| panic!("{} at tp {tp} {form}: {e}", name(dir))),
+    )
+}
+
+/// The engine's metrics once the step that finished the last request is done (its states are copied into the cache
+/// after its client hears it finished; a health query waits behind that step).
+async fn metrics(e: &EngineHandle) -> MetricsSnapshot {
+    e.health().await.expect("health");
+    e.metrics().snapshot()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn sampled(max_tokens: usize, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        seed: Some(seed),
+        ..greedy(max_tokens)
+    }
+}
+
+/// A request's tokens (by choice) and its first choice's usage.
+async fn run_n(e: &EngineHandle, r: GenerateRequest) -> (Vec<Vec<u32>>, Usage) {
+    let n = r.n;
+    let mut s = e.submit(r).expect("submit");
+    let mut out = vec![Vec::new(); n];
+    let (mut usage, mut finished) = (None, 0);
+    while let Some(ev) = s.next().await {
+        match ev {
+            Event::Token { token, choice, .. } => out[choice].push(token),
+            Event::Finished { usage: u, choice, .. } => {
+                if choice == 0 {
+                    usage = Some(u);
+                }
+                finished += 1;
+                if finished == n {
+                    break;
+                }
+            }
+            Event::PromptLogprobs { .. } => {}
+            Event::Failed { error, kind } => panic!("the request failed ({kind:?}): {error}"),
+        }
+    }
+    (out, usage.expect("a finished event"))
+}
+
+async fn run(e: &EngineHandle, prompt: &[u32], params: SamplingParams) -> (Vec<u32>, Usage) {
+    let (mut out, usage) = run_n(e, GenerateRequest::new(prompt.to_vec(), params)).await;
+    (out.swap_remove(0), usage)
+}
+
+/// The fixtures the form and TP matrix runs on: a Mamba-2 hybrid and a Gated DeltaNet hybrid.
+fn two_fixtures() -> Vec<PathBuf> {
+    fixtures()
+        .into_iter()
+        .filter(|d| ["nemotron_h_dense", "qwen3_5"].contains(&name(d).as_str()))
+        .collect()
+}
+
+/// `n` more tokens for a prompt, valid in any fixture's vocabulary, different for each `salt`.
+fn more(n: usize, salt: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + salt * 11 + 5) % 150) as u32).collect()
+}
+
+#[test]
+fn a_hit_gives_the_cold_tokens_in_every_form_and_tp() {
+    let rt = runtime();
+    for dir in two_fixtures() {
+        let (toks, prefill) = tokens(&dir);
+        let p = toks[..prefill].to_vec();
+        // The cold runs: TP 1, recurrent, no cache.
+        let (a, b_cold, c_cold, b_prompt) = rt.block_on(async {
+            let e = engine(&dir, 1, 2, FormChoice::Recurrent, None).await.expect("tp 1");
+            let (a, _) = run(&e, &p, greedy(6)).await;
+            let mut b_prompt = p.clone();
+            b_prompt.extend_from_slice(&a);
+            b_prompt.extend(more(3, 1));
+            let (b, u) = run(&e, &b_prompt, greedy(6)).await;
+            assert_eq!(u.cached_tokens, 0, "no cache, no hit");
+            let (c, _) = run(&e, &b_prompt, sampled(6, 7)).await;
+            e.shutdown().await;
+            (a, b, c, b_prompt)
+        });
+        let cached = p.len() + a.len() - 1;
+        for tp in 1..=4 {
+            for form in [
+                FormChoice::Recurrent,
+                FormChoice::Replay,
+                FormChoice::KvOnly,
+                FormChoice::Auto,
+            ] {
+                let label = format!("{} tp {tp} {form}", name(&dir));
+                rt.block_on(async {
+                    let Some(e) = engine(&dir, tp, 2, form, cache(LARGE)).await else {
+                        assert!(tp > 3, "{label}: TP {tp} is required");
+                        return;
+                    };
+                    let (got_a, u) = run(&e, &p, greedy(6)).await;
+                    assert_eq!(
+                        (&got_a, u.cached_tokens),
+                        (&a, 0),
+                        "{label}: the first request runs cold"
+                    );
+                    let (b, u) = run(&e, &b_prompt, greedy(6)).await;
+                    assert_eq!(
+                        u.cached_tokens, cached,
+                        "{label}: the first request's state is a prefix"
+                    );
+                    assert_eq!(b, b_cold, "{label}: greedy after a hit");
+                    let (c, u) = run(&e, &b_prompt, sampled(6, 7)).await;
+                    assert_eq!(u.cached_tokens, cached, "{label}");
+                    assert_eq!(c, c_cold, "{label}: sampled with the same seed after a hit");
+                    let m = metrics(&e).await;
+                    assert_eq!(m.prefix_cache_hit_tokens as usize, 2 * cached, "{label}");
+                    assert_eq!(
+                        m.prefix_cache_query_tokens as usize,
+                        p.len() + 2 * b_prompt.len(),
+                        "{label}"
+                    );
+                    // The prompt tokens prefilled: the first request's, then each hit's rest.
+                    assert_eq!(
+                        m.prefill_tokens as usize,
+                        p.len() + 2 * (b_prompt.len() - cached),
+                        "{label}"
+                    );
+                    let distinct = if c == b { 2 } else { 3 };
+                    assert_eq!(
+                        m.prefix_cache_states, distinct,
+                        "{label}: the finished sequences' states"
+                    );
+                    e.shutdown().await;
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_conversation_hits_at_the_whole_previous_turn() {
+    let rt = runtime();
+    for dir in two_fixtures() {
+        let (toks, prefill) = tokens(&dir);
+        rt.block_on(async {
+            let cold = engine(&dir, 1, 1, FormChoice::Auto, None).await.expect("cold");
+            let e = engine(&dir, 2, 1, FormChoice::Auto, cache(LARGE)).await.expect("tp 2");
+            let mut conversation = toks[..prefill].to_vec();
+            let mut last: Option<usize> = None;
+            for turn in 0..4 {
+                let (want, _) = run(&cold, &conversation, greedy(5)).await;
+                let (got, u) = run(&e, &conversation, greedy(5)).await;
+                assert_eq!(got, want, "{} turn {turn}", name(&dir));
+                // The previous turn's state holds its prompt and every reply token but the last.
+                assert_eq!(u.cached_tokens, last.unwrap_or(0), "{} turn {turn}", name(&dir));
+                last = Some(conversation.len() + got.len() - 1);
+                conversation.extend_from_slice(&got);
+                conversation.extend(more(4, turn));
+            }
+            cold.shutdown().await;
+            e.shutdown().await;
+        });
+    }
+}
+
+#[test]
+fn a_prompt_leaving_a_cached_path_hits_at_the_deepest_state_before_it() {
+    let dir = &two_fixtures()[0];
+    let base = more(30, 3);
+    runtime().block_on(async {
+        let cold = engine(dir, 1, 1, FormChoice::Auto, None).await.expect("cold");
+        let e = engine(dir, 1, 1, FormChoice::Auto, cache(LARGE)).await.expect("engine");
+        // States after 10 and after 20 tokens of `base` (one generated token each: the state holds the prompt).
+        run(&e, &base[..10], greedy(1)).await;
+        run(&e, &base[..20], greedy(1)).await;
+        // Every state cached: those two, then each query's own.
+        let mut states = vec![base[..10].to_vec(), base[..20].to_vec()];
+        for leave in [4, 10, 11, 15, 19, 20, 21, 27] {
+            let mut prompt = base[..leave].to_vec();
+            prompt.extend(more(6, 100 + leave));
+            let common = prompt.iter().zip(&base).take_while(|(a, b)| a == b).count();
+            let deepest = [20, 10].into_iter().find(|&n| n <= common).unwrap_or(0);
+            let want_cached = states
+                .iter()
+                .filter(|t| t.len() < prompt.len() && prompt.starts_with(t))
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            assert_eq!(
+                want_cached, deepest,
+                "leaving at {leave}: no query's state is a prefix of another's"
+            );
+            let (want, _) = run(&cold, &prompt, greedy(4)).await;
+            let (got, u) = run(&e, &prompt, greedy(4)).await;
+            assert_eq!(u.cached_tokens, want_cached, "leaving at {leave}");
+            assert_eq!(got, want, "leaving at {leave}");
+            states.push(prompt.iter().chain(&got[..3]).copied().collect());
+        }
+        // A prompt that is exactly a cached state's tokens still computes its last token (for its logits).
+        let (_, u) = run(&e, &base[..20], greedy(1)).await;
+        assert_eq!(u.cached_tokens, 10);
+        cold.shutdown().await;
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn a_small_budget_evicts_the_least_recently_used_state() {
+    let dir = &two_fixtures()[0];
+    let prompts: Vec<Vec<u32>> = (0..3).map(|k| more(12, 40 + k)).collect();
+    runtime().block_on(async {
+        // One state's size, from a roomy cache: every prompt below leaves a state of the same length.
+        let e = engine(dir, 1, 1, FormChoice::Auto, cache(LARGE)).await.expect("engine");
+        run(&e, &prompts[0], greedy(3)).await;
+        let one = metrics(&e).await.prefix_cache_bytes as usize;
+        assert!(one > 0);
+        e.shutdown().await;
+
+        let budget = 2 * one + one / 2;
+        let e = engine(dir, 1, 1, FormChoice::Auto, cache(budget))
+            .await
+            .expect("engine");
+        let extend = |k: usize, out: &[u32]| {
+            let mut p = prompts[k].clone();
+            p.extend_from_slice(out);
+            p.extend(more(2, 90 + k));
+            p
+        };
+        let (a, _) = run(&e, &prompts[0], greedy(3)).await;
+        let (b, _) = run(&e, &prompts[1], greedy(3)).await;
+        // A use of the first state makes the second the least recently used; this request's own state (longer,
+        // and so larger) then evicts it.
+        let (_, u) = run(&e, &extend(0, &a), greedy(1)).await;
+        assert_eq!(u.cached_tokens, 12 + 2, "the first state is cached");
+        let m = metrics(&e).await;
+        assert!(m.prefix_cache_evictions >= 1, "{m:?}");
+        assert!(m.prefix_cache_bytes as usize <= budget, "{m:?}");
+        let (_, u) = run(&e, &extend(1, &b), greedy(1)).await;
+        assert_eq!(u.cached_tokens, 0, "the second state was the least recently used");
+        let m = metrics(&e).await;
+        assert!(m.prefix_cache_bytes as usize <= budget, "{m:?}");
+        assert_eq!(
+            m.prefix_cache_states,
+            m.prefix_cache_inserts - m.prefix_cache_evictions,
+            "every state inserted is held or evicted: {m:?}"
+        );
+        assert_eq!(m.prefix_cache_memory_budget as usize, budget);
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn choices_and_session_turns_share_the_cache_and_off_restores_nothing() {
+    let dir = &two_fixtures()[1];
+    let p = more(14, 7);
+    runtime().block_on(async {
+        let cold = engine(dir, 1, 3, FormChoice::Auto, None).await.expect("cold");
+        let e = engine(dir, 1, 3, FormChoice::Auto, cache(LARGE)).await.expect("engine");
+        let (a, _) = run(&e, &p, greedy(4)).await;
+        let mut q = p.clone();
+        q.extend_from_slice(&a);
+        q.extend(more(3, 8));
+        // n = 2: the fork prefill (all of q but its last token) starts from the cached state.
+        let (want, _) = run(&cold, &q, greedy(4)).await;
+        let r = GenerateRequest {
+            n: 2,
+            ..GenerateRequest::new(q.clone(), greedy(4))
+        };
+        let (got, u) = run_n(&e, r).await;
+        assert_eq!(got, vec![want.clone(), want], "both greedy choices");
+        assert_eq!(u.cached_tokens, p.len() + a.len() - 1);
+        // The fork's state (all of q but its last token) is cached too: a lone request for q hits it.
+        let (_, u) = run(&e, &q, greedy(2)).await;
+        assert_eq!(u.cached_tokens, q.len() - 1);
+
+        // A session's first turn (no saved state yet) starts from the cache; its saved state joins the cache.
+        let s = e
+            .create_session(
+                SessionOwner::new(0),
+                SessionOptions {
+                    defaults: greedy(4),
+                    speculate: false,
+                },
+            )
+            .await
+            .expect("session");
+        let mut r = GenerateRequest::new(q.clone(), greedy(3));
+        r.session = Some(s.id.clone());
+        let (turn, u) = run(&e, &q, greedy(3)).await;
+        let (got, tu) = {
+            let (mut out, u2) = run_n(&e, r).await;
+            (out.swap_remove(0), u2)
+        };
+        assert_eq!(
+            got, turn,
+            "a session turn from the cache gives the plain request's tokens"
+        );
+        assert_eq!((tu.cached_tokens, u.cached_tokens), (q.len() - 1, q.len() - 1));
+
+        let off = engine(dir, 1, 3, FormChoice::Auto, None).await.expect("off");
+        run(&off, &p, greedy(4)).await;
+        let (_, u) = run(&off, &q, greedy(2)).await;
+        let m = metrics(&off).await;
+        assert_eq!(
+            (u.cached_tokens, m.prefix_cache_states, m.prefix_cache_query_tokens),
+            (0, 0, 0)
+        );
+        for h in [cold, e, off] {
+            h.shutdown().await;
+        }
+    });
+}
+
+/// One request of a random stream: which earlier sequence (or base prompt) its prompt starts from, how much of that
+/// it keeps, what follows, and how it samples.
+#[derive(Clone, Debug)]
+struct Step {
+    from: usize,
+    keep: usize,
+    extra: usize,
+    max_tokens: usize,
+    seed: Option<u64>,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (0usize..8, 0usize..64, 1usize..6, 1usize..5, prop::option::of(0u64..4)).prop_map(
+        |(from, keep, extra, max_tokens, seed)| Step {
+            from,
+            keep,
+            extra,
+            max_tokens,
+            seed,
+        },
+    )
+}
+
+/// Random request streams run one request at a time: every request gives its cold tokens, hits at the longest
+/// finished sequence's state its prompt starts with (all of them kept, with a roomy budget), and with a small budget
+/// the cache stays within it.
+#[test]
+fn random_streams_hit_what_is_cached_and_match_cold_runs() {
+    let dir = two_fixtures()[0].clone();
+    let rt = runtime();
+    let (cold, roomy, small, budget) = rt.block_on(async {
+        // The small budget holds about three states of 20 tokens.
+        let e = engine(&dir, 1, 1, FormChoice::Replay, cache(LARGE))
+            .await
+            .expect("measure");
+        run(&e, &more(20, 9), greedy(2)).await;
+        let one = metrics(&e).await.prefix_cache_bytes as usize;
+        e.shutdown().await;
+        let budget = 3 * one;
+        (
+            engine(&dir, 1, 1, FormChoice::Auto, None).await.expect("cold"),
+            engine(&dir, 2, 1, FormChoice::Auto, cache(LARGE)).await.expect("roomy"),
+            engine(&dir, 1, 1, FormChoice::Replay, cache(budget))
+                .await
+                .expect("small"),
+            budget,
+        )
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    // The states the roomy cache holds (every finished sequence's, kept across cases as the engines keep them).
+    let states: RefCell<Vec<Vec<u32>>> = RefCell::new(Vec::new());
+    let case = Cell::new(0usize);
+    let result = runner.run(&prop::collection::vec(step(), 2..9), |steps| {
+        case.set(case.get() + 1);
+        let salt = case.get() * 1000;
+        rt.block_on(async {
+            // The sequences run so far in this case (prompt + output).
+            let mut seqs: Vec<Vec<u32>> = vec![more(20, salt), more(20, salt + 1)];
+            for (i, s) in steps.iter().enumerate() {
+                let from = &seqs[s.from % seqs.len()];
+                let mut prompt = from[..(s.keep % (from.len() + 1)).max(1)].to_vec();
+                prompt.extend(more(s.extra, salt + 10 + i));
+                prompt.truncate(CONTEXT - s.max_tokens - 1);
+                let params = match s.seed {
+                    Some(seed) => sampled(s.max_tokens, seed),
+                    None => greedy(s.max_tokens),
+                };
+                let (want, _) = run(&cold, &prompt, params.clone()).await;
+                let (got, u) = run(&roomy, &prompt, params.clone()).await;
+                let (got_small, us) = run(&small, &prompt, params).await;
+                prop_assert_eq!(&got, &want, "request {} of {:?}", i, steps);
+                prop_assert_eq!(&got_small, &want, "request {} (small cache) of {:?}", i, steps);
+                let expect = states
+                    .borrow()
+                    .iter()
+                    .filter(|t| t.len() < prompt.len() && prompt.starts_with(t))
+                    .map(Vec::len)
+                    .max()
+                    .unwrap_or(0);
+                prop_assert_eq!(u.cached_tokens, expect, "request {} of {:?}", i, steps);
+                prop_assert!(us.cached_tokens <= expect, "the small cache holds fewer states");
+                let state: Vec<u32> = prompt.iter().chain(&got[..got.len() - 1]).copied().collect();
+                if !states.borrow().contains(&state) {
+                    states.borrow_mut().push(state);
+                }
+                let mut sequence = prompt;
+                sequence.extend_from_slice(&got);
+                seqs.push(sequence);
+                let m = metrics(&small).await;
+                prop_assert!(m.prefix_cache_bytes as usize <= budget, "{:?}", m);
+                let m = metrics(&roomy).await;
+                prop_assert_eq!(m.prefix_cache_states as usize, states.borrow().len());
+            }
+            Ok(())
+        })
+    });
+    rt.block_on(async {
+        let m = metrics(&roomy).await;
+        assert!(m.prefix_cache_hit_tokens > 0, "the streams hit: {m:?}");
+        assert!(
+            metrics(&small).await.prefix_cache_evictions > 0,
+            "the small cache evicted"
+        );
+        for e in [cold, roomy, small] {
+            e.shutdown().await;
+        }
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
