@@ -9,6 +9,7 @@ use rewind_engine::presets::{names_for, PRESETS};
 
 mod bench_e2e;
 mod bench_kernels;
+mod bench_multiturn;
 mod bytes;
 mod compile_kernels;
 mod device;
@@ -19,6 +20,7 @@ mod selftest;
 mod serving;
 pub use bench_e2e::{BenchE2eArgs, BenchPlotArgs};
 pub use bench_kernels::{BenchCommand, BenchKernelsArgs, KernelFamily};
+pub use bench_multiturn::BenchMultiTurnArgs;
 pub use bytes::byte_size;
 pub use compile_kernels::CompileKernelsArgs;
 pub use device::{Device, DeviceArgs};

@@ -26,6 +26,12 @@ pub enum BenchCommand {
     /// PNG plots and a markdown index from benchmark JSON (`bench e2e`, `bench kernels`, the peers' script).
     #[command(after_help = super::bench_e2e::BENCH_PLOT_EXAMPLES)]
     Plot(super::BenchPlotArgs),
+    /// Multi-turn chat through the serving engine, with automatic prefix caching off and on: conversations that
+    /// resend their whole history every turn (a shared system prompt, a per-conversation prefix, user turns and the
+    /// model's replies); reported per pass are the tokens prefilled against the prompt tokens sent, time to first
+    /// token, and whether the replies match.
+    #[command(name = "multi-turn", after_help = super::bench_multiturn::BENCH_MULTI_TURN_EXAMPLES)]
+    MultiTurn(Box<super::BenchMultiTurnArgs>),
 }
 
 /// Examples shown after `rewind bench kernels --help`.

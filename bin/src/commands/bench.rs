@@ -213,6 +213,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         Some(BenchCommand::Kernels(k)) => return super::bench_kernels::run(k),
         Some(BenchCommand::E2e(e)) => return super::bench_e2e::run(*e),
         Some(BenchCommand::Plot(p)) => return super::bench_plot::run(p),
+        Some(BenchCommand::MultiTurn(m)) => return super::bench_multiturn::run(*m),
         None => {}
     }
     let flags = Flags::check(&args)?;
