@@ -3,8 +3,9 @@
 //! (greedy, and sampled with the same seed) in every decode form at TP 1–4; a multi-turn conversation hits at the
 //! whole previous conversation; a prompt leaving a cached path hits at the deepest cached state before the point it
 //! leaves; a small budget evicts the least recently used states; `n > 1` choices and session turns share the cache;
-//! turning it off restores nothing; and random request streams (shared prefixes, divergence anywhere, eviction) give
-//! every request its cold tokens, the hits the cache's contents predict, and accounts within the budget.
+//! a request asking for log-probabilities computes its whole prompt; turning it off restores nothing; and random
+//! request streams (shared prefixes, divergence anywhere, eviction) give every request its cold tokens, the hits the
+//! cache's contents predict, and accounts within the budget.
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -330,6 +331,13 @@ fn choices_and_session_turns_share_the_cache_and_off_restores_nothing() {
         // The fork's state (all of q but its last token) is cached too: a lone request for q hits it.
         let (_, u) = run(&e, &q, greedy(2)).await;
         assert_eq!(u.cached_tokens, q.len() - 1);
+        // Asking for log-probabilities computes the whole prompt (its values are then a cold run's to the bit).
+        let r = GenerateRequest {
+            logprobs: Some(2),
+            ..GenerateRequest::new(q.clone(), greedy(2))
+        };
+        let (_, u) = run_n(&e, r).await;
+        assert_eq!(u.cached_tokens, 0, "no hit for a request asking for log-probabilities");
 
         // A session's first turn (no saved state yet) starts from the cache; its saved state joins the cache.
         let s = e
