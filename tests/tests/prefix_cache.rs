@@ -3,8 +3,9 @@
 //! (greedy, and sampled with the same seed) in every decode form at TP 1–4; a multi-turn conversation hits at the
 //! whole previous conversation; a prompt leaving a cached path hits at the deepest cached state before the point it
 //! leaves; a small budget evicts the least recently used states; `n > 1` choices and session turns share the cache;
-//! turning it off restores nothing; and random request streams (shared prefixes, divergence anywhere, eviction) give
-//! every request its cold tokens, the hits the cache's contents predict, and accounts within the budget.
+//! a request asking for log-probabilities computes its whole prompt; turning it off restores nothing; and random
+//! request streams (shared prefixes, divergence anywhere, eviction) give every request its cold tokens, the hits the
+//! cache's contents predict, and accounts within the budget.
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -13,12 +14,14 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rewind_actors::{
-    EngineConfig, EngineHandle, Event, GenerateRequest, MetricsSnapshot, PrefixCacheConfig, SessionOptions,
+    EngineConfig, EngineHandle, EngineSpec, Event, GenerateRequest, MetricsSnapshot, PrefixCacheConfig, SessionOptions,
     SessionOwner, Usage,
 };
 use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::rank::{CpuLauncher, CpuOptions};
 use rewind_engine::sample::SamplingParams;
+use rewind_engine::spec::factory::{build, Target};
+use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy};
 use rewind_tests::{fixtures, name, runtime, tokens};
 
 const CONTEXT: usize = 96;
@@ -330,6 +333,13 @@ fn choices_and_session_turns_share_the_cache_and_off_restores_nothing() {
         // The fork's state (all of q but its last token) is cached too: a lone request for q hits it.
         let (_, u) = run(&e, &q, greedy(2)).await;
         assert_eq!(u.cached_tokens, q.len() - 1);
+        // Asking for log-probabilities computes the whole prompt (its values are then a cold run's to the bit).
+        let r = GenerateRequest {
+            logprobs: Some(2),
+            ..GenerateRequest::new(q.clone(), greedy(2))
+        };
+        let (_, u) = run_n(&e, r).await;
+        assert_eq!(u.cached_tokens, 0, "no hit for a request asking for log-probabilities");
 
         // A session's first turn (no saved state yet) starts from the cache; its saved state joins the cache.
         let s = e
@@ -483,4 +493,76 @@ fn random_streams_hit_what_is_cached_and_match_cold_runs() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// A sequence that finishes inside a speculative verify of accepted drafts is cached at the state before its last
+/// token (the verify's kept tokens committed first), and a hit on it gives the cold tokens.
+#[test]
+fn a_sequence_ending_inside_a_verify_is_cached_before_its_last_token() {
+    let dir = &two_fixtures()[0];
+    let (toks, prefill) = tokens(dir);
+    let p = toks[..prefill].to_vec();
+    let rt = runtime();
+    let (a, b, q) = rt.block_on(async {
+        let cold = engine(dir, 1, 2, FormChoice::Replay, None).await.expect("cold");
+        let (a, _) = run(&cold, &p, greedy(7)).await;
+        let mut q = p.clone();
+        q.extend_from_slice(&a);
+        q.extend(more(3, 5));
+        let (b, _) = run(&cold, &q, greedy(6)).await;
+        cold.shutdown().await;
+        (a, b, q)
+    });
+    let spec = SpecConfig {
+        drafter: DrafterKind::Oracle { p: 0.0 },
+        window: 3,
+        policy: SpecPolicy::Fixed,
+    };
+    let vocab = rewind_engine::model::ModelConfig::from_dir(dir)
+        .expect("config")
+        .vocab_size;
+    let target = Target {
+        dir,
+        vocab,
+        slots: 2,
+        max_context: CONTEXT,
+        window: spec.window,
+    };
+    let factory = build(&spec.drafter, &target).expect("drafter");
+    rt.block_on(async {
+        let launcher = CpuLauncher::new(
+            dir,
+            CpuOptions {
+                tp: 1,
+                decoder: DecoderConfig {
+                    max_verify: spec.max_verify(),
+                    ..DecoderConfig::new(2, CONTEXT)
+                },
+            },
+        )
+        .expect("launcher");
+        let mut config = EngineConfig::new(FormChoice::Replay);
+        config.prefix_cache = cache(LARGE);
+        config.spec = Some(EngineSpec {
+            config: spec.clone(),
+            factory,
+        });
+        let e = EngineHandle::start(Arc::new(launcher), config).await.expect("engine");
+        // The oracle drafts the cold tokens: 7 tokens end inside a verify of a window of 3.
+        let r = GenerateRequest {
+            reference: Some(a.clone()),
+            ..GenerateRequest::new(p.clone(), greedy(7))
+        };
+        let (got, _) = run_n(&e, r).await;
+        assert_eq!(got[0], a);
+        assert!(metrics(&e).await.spec_accepted > 0, "the oracle's drafts were accepted");
+        let r = GenerateRequest {
+            reference: Some(b.clone()),
+            ..GenerateRequest::new(q.clone(), greedy(6))
+        };
+        let (got, u) = run_n(&e, r).await;
+        assert_eq!(got[0], b, "after a hit on a state settled from a verify");
+        assert_eq!(u.cached_tokens, p.len() + 6);
+        e.shutdown().await;
+    });
 }

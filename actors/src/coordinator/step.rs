@@ -153,10 +153,12 @@ impl CoordinatorState {
             )));
         }
         // A request starts from the longest cached prefix of its prompt (a session's turn only when its session has
-        // no saved state). Scoring a prompt computes every prompt row; `n > 1` leaves the fork prefill (the prompt
-        // but its last token) at least one token to run.
+        // no saved state). A request asking for log-probabilities computes its whole prompt, so that its values are
+        // a cold run's to the last bit (a restored state differs from a prefilled one in rounding), and scoring a
+        // prompt needs every prompt row; `n > 1` leaves the fork prefill (the prompt but its last token) at least
+        // one token to run.
         let (mut restored, mut fork) = (restored, None);
-        if restored == 0 && prompt_logprobs.is_none() {
+        if restored == 0 && logprobs.is_none() {
             let limit = prompt.len().saturating_sub(if n > 1 { 2 } else { 1 });
             if let Some((state, q)) = self.prefix_hit(id, &prompt, limit) {
                 (restored, fork) = (q, Some((state, q)));
