@@ -37,6 +37,11 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// Whether the ranks are GPUs.
+    pub fn on_gpu(&self) -> bool {
+        self.cpu_device.is_none()
+    }
+
     /// What a GPU load placed where (after the ranks have started); `None` on the CPU.
     #[cfg(feature = "cuda")]
     pub fn gpu_report(&self) -> Result<Option<rewind_engine::gpu::GpuReport>> {
@@ -152,8 +157,31 @@ pub fn open(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, needs:
     })
 }
 
-/// The engine's settings from the flags (checked before anything loads).
-pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig> {
+/// The prefix cache the flags ask for whatever the device (`None`: `--no-enable-prefix-caching`), checked.
+pub fn prefix_cache_config(args: &EngineArgs) -> Result<Option<rewind_actors::PrefixCacheConfig>> {
+    if args.no_enable_prefix_caching {
+        return Ok(None);
+    }
+    let gib = args.prefix_cache_gib;
+    anyhow::ensure!(
+        gib.is_finite() && gib > 0.0,
+        "--prefix-cache-gib must be a positive number of GiB, got {gib} (--no-enable-prefix-caching turns the cache \
+         off)"
+    );
+    let memory = gib * crate::cli::GIB;
+    anyhow::ensure!(
+        memory < usize::MAX as f64,
+        "--prefix-cache-gib {gib} is more than this host can address"
+    );
+    Ok(Some(rewind_actors::PrefixCacheConfig {
+        memory: (memory as usize).max(1),
+        min_tokens: args.prefix_cache_min_tokens,
+    }))
+}
+
+/// The engine's settings from the flags (checked before anything loads). The prefix cache is on by default on CPU
+/// ranks only (`on_gpu`: the ranks are GPUs; `--enable-prefix-caching` turns it on there).
+pub fn engine_config(args: &EngineArgs, form: FormChoice, on_gpu: bool) -> Result<EngineConfig> {
     anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens must be at least 1");
     anyhow::ensure!(
         (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&args.decode_steps),
@@ -167,25 +195,13 @@ pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig
     c.step_deadline = step_deadline;
     c.max_retries = args.max_retries;
     c.decode_steps = args.decode_steps;
-    c.prefix_cache = if args.no_enable_prefix_caching {
-        None
-    } else {
-        let gib = args.prefix_cache_gib;
-        anyhow::ensure!(
-            gib.is_finite() && gib > 0.0,
-            "--prefix-cache-gib must be a positive number of GiB, got {gib} (--no-enable-prefix-caching turns the \
-             cache off)"
+    c.prefix_cache = prefix_cache_config(args)?.filter(|_| !on_gpu || args.enable_prefix_caching);
+    if on_gpu && !args.no_enable_prefix_caching && !args.enable_prefix_caching {
+        tracing::info!(
+            "prefix caching is off on GPU ranks unless --enable-prefix-caching: its host copies cost more than the \
+             prefill they save (docs/serving.md#prefix-caching)"
         );
-        let memory = gib * crate::cli::GIB;
-        anyhow::ensure!(
-            memory < usize::MAX as f64,
-            "--prefix-cache-gib {gib} is more than this host can address"
-        );
-        Some(rewind_actors::PrefixCacheConfig {
-            memory: (memory as usize).max(1),
-            min_tokens: args.prefix_cache_min_tokens,
-        })
-    };
+    }
     c.faults = args
         .inject_fault
         .iter()

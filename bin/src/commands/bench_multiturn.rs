@@ -173,14 +173,15 @@ fn pass(args: &BenchMultiTurnArgs, w: &Workload, cache: bool, progress: &Progres
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(w.clients));
     let b = backend::backend(&dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut config = backend::engine_config(&args.run.engine, b.form)?;
-    if !cache {
-        config.prefix_cache = None;
-    }
-    anyhow::ensure!(
-        !cache || config.prefix_cache.is_some(),
-        "the cache-on pass needs the prefix cache: drop --no-enable-prefix-caching (or run --passes off)"
-    );
+    let mut config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
+    // The cache-on pass runs with the cache whatever the device's default (`--enable-prefix-caching`).
+    config.prefix_cache = if cache {
+        Some(backend::prefix_cache_config(&args.run.engine)?.context(
+            "the cache-on pass needs the prefix cache: drop --no-enable-prefix-caching (or run --passes off)",
+        )?)
+    } else {
+        None
+    };
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     let label = if cache { "on" } else { "off" };

@@ -155,7 +155,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let b = backend::backend(&dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut engine_config = backend::engine_config(&args.run.engine, b.form)?;
+    let mut engine_config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
     engine_config.eos_token_ids = eos_token_ids;
     engine_config.tokenizer = Some(tokenizer);
     if let Some(s) = &spec {

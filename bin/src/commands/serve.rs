@@ -87,7 +87,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
     };
     let backend = backend::backend(dir, &args.run.device, Some(&args.run.decode), needs)?;
-    let mut engine_config = backend::engine_config(&args.run.engine, backend.form)?;
+    let mut engine_config = backend::engine_config(&args.run.engine, backend.form, backend.on_gpu())?;
     engine_config.eos_token_ids = model.eos_token_ids.clone();
     engine_config.tokenizer = Some(model.tokenizer.clone());
     engine_config.session_idle_timeout = options.session_idle_timeout;

@@ -197,7 +197,7 @@ pub fn run(
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
     let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut config = backend::engine_config(&args.run.engine, b.form)?;
+    let mut config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     if let Some(s) = &spec {
