@@ -227,3 +227,36 @@ pub async fn start_engine(b: &Backend, config: EngineConfig) -> Result<(EngineHa
     let device = b.started(t0)?;
     Ok((engine, device))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::engine_config;
+    use crate::cli::EngineArgs;
+    use rewind_engine::decode::FormChoice;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn cache(flags: &[&str], on_gpu: bool) -> anyhow::Result<Option<usize>> {
+        let f = Flags::try_parse_from(std::iter::once("rewind").chain(flags.iter().copied()))?;
+        Ok(engine_config(&f.engine, FormChoice::Auto, on_gpu)?.prefix_cache.map(|c| c.memory))
+    }
+
+    #[test]
+    fn the_prefix_cache_is_on_by_default_on_cpu_ranks_only() {
+        let four = 4usize << 30;
+        assert_eq!(cache(&[], false).unwrap(), Some(four));
+        assert_eq!(cache(&[], true).unwrap(), None);
+        assert_eq!(cache(&["--enable-prefix-caching"], true).unwrap(), Some(four));
+        assert_eq!(cache(&["--enable-prefix-caching", "--prefix-cache-gib", "1"], true).unwrap(), Some(1 << 30));
+        assert_eq!(cache(&["--no-enable-prefix-caching"], false).unwrap(), None);
+        assert!(cache(&["--no-enable-prefix-caching", "--enable-prefix-caching"], true).is_err());
+        let e = cache(&["--prefix-cache-gib", "0"], false).unwrap_err().to_string();
+        assert!(e.contains("--prefix-cache-gib"), "{e}");
+    }
+}
