@@ -108,17 +108,12 @@ impl CoordinatorState {
             params.max_tokens = Some(1);
         }
         params.validate(self.info.vocab)?;
-        let logprobs = LiveLogprobs::new(logprobs, prompt_logprobs, prompt.len(), prompt_only);
+        let logprobs = LiveLogprobs::new(logprobs, prompt_logprobs, &prompt, prompt_only);
         if logprobs.is_some() && !self.books.logprobs() {
             return Err(EngineError::InvalidInput(
                 "log-probabilities are not supported on this backend (its LM-head passes compute no top entries; \
                  the CPU backend does)"
                     .into(),
-            ));
-        }
-        if logprobs.is_some() && n > 1 {
-            return Err(EngineError::InvalidInput(
-                "log-probabilities of n > 1 choices are not supported yet: ask for one choice per request".into(),
             ));
         }
         // A constrained request does not speculate: its drafts are not checked against its grammar. A request asking
@@ -379,13 +374,10 @@ impl CoordinatorState {
             }
         };
         let samples = p.samples();
-        let lp = self
-            .live
-            .get(&p.id)
-            .and_then(|l| Some((l.logprobs.as_ref()?, &l.history)));
+        let lp = self.live.get(&p.id).and_then(|l| l.logprobs.as_ref());
         let report = match (lp, kind) {
-            (Some((lp, history)), SeqKind::Prefill) => lp.prefill(history, position, tokens.len(), samples),
-            (Some((lp, _)), _) => Reporting {
+            (Some(lp), SeqKind::Prefill) => lp.prefill(position, tokens.len(), samples),
+            (Some(lp), _) => Reporting {
                 rows: Rows::Last,
                 logprobs: lp.decode(),
             },
@@ -740,7 +732,7 @@ impl CoordinatorState {
             .rows
             .get(firsts[i]..firsts[i] + tokens.len())
             .ok_or_else(|| "the step reported fewer rows than the plan asked for".to_string())?;
-        if let Some(entries) = lp.note_prompt(&l.history, *position, rows, p.samples())? {
+        if let Some(entries) = lp.note_prompt(*position, rows, p.samples())? {
             let first_token = l.history.first().copied().unwrap_or(0);
             let _ = l.events.send(Event::PromptLogprobs { first_token, entries });
         }
