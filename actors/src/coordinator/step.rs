@@ -116,10 +116,10 @@ impl CoordinatorState {
                     .into(),
             ));
         }
-        // A constrained request does not speculate: its drafts are not checked against its grammar. A request asking
-        // for log-probabilities neither chains nor speculates: each of its tokens then comes from one step's row that
-        // the plan asked about (a chained or verified token's row carries none).
-        let speculate = speculate && params.constraint.is_none() && logprobs.is_none();
+        // A constrained request speculates when its verifies can be judged exactly against its grammar (greedily,
+        // `grammar.rs`). A request asking for log-probabilities neither chains nor speculates: each of its tokens
+        // then comes from one step's row that the plan asked about (a chained or verified token's row carries none).
+        let speculate = speculate && super::grammar::may_speculate(&params) && logprobs.is_none();
         let (session, restored) = match turn {
             Some((s, n)) => (Some(s), n),
             None => (None, 0),
