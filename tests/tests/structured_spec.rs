@@ -165,6 +165,17 @@ fn sampled_constrained_requests_do_not_speculate_and_none_chains() {
                 "only a greedy constrained request speculates"
             );
             assert_eq!(after.chained_steps, before.chained_steps, "no decode of it chained");
+            // A sampled one's masks are computed ahead, while the rest of each step's delivery and the next step's
+            // planning run (its first on the prompt's step; a greedy one's come from its drafts' check).
+            let (masks, ahead) = (
+                after.grammar_masks - before.grammar_masks,
+                after.grammar_masks_ahead - before.grammar_masks_ahead,
+            );
+            println!("temperature {temperature}: {ahead} of {masks} masks computed ahead");
+            assert!(masks > 0);
+            if temperature > 0.0 {
+                assert!(ahead > 0 && ahead < masks, "{ahead} of {masks} masks computed ahead");
+            }
             assert_eq!(after.spec_chained_steps, before.spec_chained_steps);
             let body: Vec<u32> = tokens.iter().copied().filter(|&t| t != eos).collect();
             let text = tokenizer.decode(&body, true).expect("decode");

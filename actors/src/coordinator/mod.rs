@@ -191,7 +191,7 @@ struct Live {
     /// When this sequence is a request's fork prefill: the choices to start from its state.
     forking: Option<Box<choices::Forking>>,
     /// Structured outputs: where the request is in its grammar (see `grammar.rs`).
-    grammar: Option<rewind_engine::grammar::GrammarState>,
+    grammar: Option<grammar::LiveGrammar>,
     /// What the request asked for its log-probabilities.
     logprobs: Option<logprobs::LiveLogprobs>,
 }
@@ -234,6 +234,8 @@ pub struct CoordinatorState {
     next_choice: u64,
     /// Slots of sequences ended in the step being run because another choice of their request failed.
     dropped: Vec<usize>,
+    /// Grammar masks being computed ahead, on a blocking thread (see `grammar.rs`).
+    masks_ahead: Option<grammar::MasksAhead>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -364,6 +366,7 @@ impl Actor for Coordinator {
             forks: Vec::new(),
             next_choice: choices::FIRST_CHOICE_ID,
             dropped: Vec::new(),
+            masks_ahead: None,
         })
     }
 

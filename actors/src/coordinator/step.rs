@@ -240,7 +240,10 @@ impl CoordinatorState {
             max_tokens = limit,
             restored
         );
-        let grammar = params.constraint.as_ref().map(|c| c.start());
+        let grammar = params
+            .constraint
+            .as_ref()
+            .map(|c| super::grammar::LiveGrammar::new(c.start()));
         self.live.insert(
             id,
             Live {
@@ -414,7 +417,7 @@ impl CoordinatorState {
             return;
         };
         let ids = involved(&planned);
-        let masks = self.grammar_masks(&planned);
+        let masks = self.grammar_masks(&planned).await;
         let plan = match self.build_plan(&planned, &masks) {
             Ok(plan) => plan,
             Err(f) => return self.recover(f, &ids).await,
@@ -422,8 +425,13 @@ impl CoordinatorState {
         self.index += 1;
         let (index, seqs, tokens) = (self.index, plan.seq_count(), step_tokens(&plan));
         let span = info_span!("engine_step", step = index, seqs, tokens);
+        // While the ranks run the step, the masks of constrained requests that do not sample in it are computed.
+        let sampling: Vec<u64> = planned.work.iter().filter(|p| p.samples()).map(|p| p.id).collect();
+        self.start_masks_ahead(|id, _| !sampling.contains(&id));
         let t0 = Instant::now();
-        let result = match self.run(index, &plan).instrument(span).await {
+        let ran = self.run(index, &plan).instrument(span).await;
+        self.join_masks_ahead().await;
+        let result = match ran {
             Ok(r) => r,
             Err(f) => return self.recover(f, &ids).await,
         };
@@ -690,6 +698,9 @@ impl CoordinatorState {
             let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
             self.feed_hidden(&ids, &mut failed);
         }
+        // The next masks of the constrained requests that do not speculate are computed while the rest of the
+        // delivery and the next step's drafting and scheduling run (a speculating one's come from its drafts' check).
+        self.start_masks_ahead(|_, l| l.spec.is_none());
         let saves = std::mem::take(&mut self.saves);
         self.save(saves).await;
         let forks = std::mem::take(&mut self.forks);
