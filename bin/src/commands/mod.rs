@@ -25,6 +25,8 @@ mod selftest_choices;
 mod selftest_model;
 #[cfg(feature = "cuda")]
 mod selftest_spec_chain;
+#[cfg(feature = "cuda")]
+mod selftest_structured;
 pub mod serve;
 mod serve_bench;
 mod spec;
