@@ -23,13 +23,14 @@ use serde_json::json;
 mod speculative_support;
 use speculative_support::{factory, run, spec_config, tiny, CONTEXT, RING};
 
-/// An engine on the tiny model in `dir` speculating with `spec`, chaining up to 4 decodes, ending at `eos`.
-async fn engine(dir: &std::path::Path, spec: &SpecConfig, eos: u32) -> EngineHandle {
+/// An engine on the tiny model in `dir` decoding in `form`, speculating with `spec`, chaining up to 4 decodes, ending
+/// at `eos`.
+async fn engine(dir: &std::path::Path, form: FormChoice, spec: &SpecConfig, eos: u32) -> EngineHandle {
     let mut decoder = DecoderConfig::new(2, CONTEXT);
     decoder.buffer_len = RING;
     decoder.max_verify = spec.max_verify();
     let launcher = CpuLauncher::new(dir, CpuOptions { tp: 1, decoder }).expect("launcher");
-    let mut config = EngineConfig::new(FormChoice::Replay);
+    let mut config = EngineConfig::new(form);
     config.decode_steps = 4;
     config.eos_token_ids = vec![eos];
     config.spec = Some(EngineSpec {
@@ -73,12 +74,20 @@ fn greedy_constrained_requests_speculate_exactly() {
         .iter()
         .map(|p| tokenizer.encode(p, false).expect("prompt"))
         .collect();
-    let drafters = ["ngram", "oracle:0", "oracle:0.3"];
+    // Every form: a verify that yields no token commits as few as none of its tokens, by pointer moves or (the
+    // recurrent form) a snapshot copy.
+    let runs = [
+        ("ngram", FormChoice::Replay),
+        ("oracle:0", FormChoice::Replay),
+        ("oracle:0.3", FormChoice::Replay),
+        ("oracle:0.3", FormChoice::Recurrent),
+        ("oracle:0.3", FormChoice::KvOnly),
+    ];
     let rt = runtime();
-    for drafter in drafters {
+    for (drafter, form) in runs {
         let spec = spec_config(drafter.parse::<DrafterKind>().expect("drafter"), 4);
         rt.block_on(async {
-            let engine = engine(dir.path(), &spec, eos).await;
+            let engine = engine(dir.path(), form, &spec, eos).await;
             let before = engine.metrics().snapshot();
             let (mut drafted, mut accepted) = (0, 0);
             for constraint in &constraints {
@@ -96,7 +105,7 @@ fn greedy_constrained_requests_speculate_exactly() {
                     let mut request = GenerateRequest::new(prompt.clone(), params);
                     request.reference = Some(want.clone());
                     let (got, stats) = run(engine.submit(request).expect("submit")).await;
-                    let what = format!("{drafter}, {:?}", constraint.spec());
+                    let what = format!("{drafter}, {form}, {:?}", constraint.spec());
                     assert_eq!(got, want, "{what}: speculation changed the constrained output");
                     let stats = stats.unwrap_or_else(|| panic!("{what}: a greedy constrained request speculates"));
                     drafted += stats.drafted;
@@ -114,7 +123,10 @@ fn greedy_constrained_requests_speculate_exactly() {
                 after.spec_grammar_cut - before.spec_grammar_cut,
                 after.spec_grammar_unresolved - before.spec_grammar_unresolved,
             );
-            println!("{drafter}: {accepted} of {drafted} drafts accepted, {cut} cut, {unresolved} verifies unresolved");
+            println!(
+                "{drafter} ({form}): {accepted} of {drafted} drafts accepted, {cut} cut, {unresolved} verifies \
+                 unresolved"
+            );
             if drafter.starts_with("oracle") {
                 assert!(accepted > 0, "{drafter}: no draft was accepted ({drafted} drafted)");
                 // The oracle drafts the constrained output itself, which the model's own picks often are not.
@@ -143,7 +155,7 @@ fn sampled_constrained_requests_do_not_speculate_and_none_chains() {
     let spec = spec_config("ngram".parse::<DrafterKind>().expect("ngram"), 4);
     let rt = runtime();
     rt.block_on(async {
-        let engine = engine(dir.path(), &spec, eos).await;
+        let engine = engine(dir.path(), FormChoice::Replay, &spec, eos).await;
         let prompt = tokenizer.encode("ab ab ab ab ab ab", false).expect("prompt");
         for temperature in [0.0f32, 1.0] {
             let params = SamplingParams {
