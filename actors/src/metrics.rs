@@ -85,6 +85,10 @@ metrics! {
     spec_verifies: "counter", "Speculative verify steps run (one per sequence and step).";
     spec_drafted: "counter", "Draft tokens verified.";
     spec_accepted: "counter", "Draft tokens accepted.";
+    grammar_masks: "counter", "Grammar token masks the sampled rows of constrained requests took (structured outputs).";
+    grammar_masks_ahead: "counter", "Of those, the masks computed ahead, overlapped with the ranks' step or the coordinator's other work, or by the drafts' check.";
+    spec_grammar_cut: "counter", "Draft tokens cut before their verify because the request's grammar does not allow them (structured outputs).";
+    spec_grammar_unresolved: "counter", "Constrained verifies whose token after the accepted drafts the grammar does not allow (the next step decodes that position with the mask).";
     restored_tokens: "counter", "Prompt tokens restored from a session's saved state instead of prefilled.";
     sessions: "gauge", "Sessions held.";
     sessions_evicted: "counter", "Sessions evicted after sitting idle past the timeout.";

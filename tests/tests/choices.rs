@@ -3,10 +3,10 @@
 //! same prefills and decodes; seeded choices differ, repeat, and choice `i` samples as a lone request with seed
 //! `s + i` run the same way; a choice rebuilt after an injected fault (at TP 2: the fork prefill's step, the choices'
 //! first step from the forked state, a decode) gives its fault-free tokens, and so do choices waiting for each other's
-//! slots; dropping the stream cancels every choice; `n` past the slots or on a session turn is refused. (A fault
-//! requeues every sequence through the scheduler's preemption, `engine/src/sched/scheduler/requeue.rs`, so a
-//! preempted choice is rebuilt the same way; the CPU ranks' KV pool holds every slot's whole context, so the
-//! scheduler never preempts for blocks here.)
+//! slots; dropping the stream cancels every choice; each choice reports its own tokens' log-probabilities and the
+//! prompt's come once; `n` past the slots or on a session turn is refused. (A fault requeues every sequence through
+//! the scheduler's preemption, `engine/src/sched/scheduler/requeue.rs`, so a preempted choice is rebuilt the same way;
+//! the CPU ranks' KV pool holds every slot's whole context, so the scheduler never preempts for blocks here.)
 
 use std::path::Path;
 use std::sync::Arc;
@@ -80,7 +80,7 @@ async fn choices(mut s: EventStream, n: usize) -> Result<Vec<(Vec<u32>, FinishRe
                 assert_eq!(usage.completion_tokens, out[choice].0.len());
                 out[choice].1 = Some(reason);
             }
-            // Only the one-choice requests asking for them get these; the tokens are what is compared.
+            // The tokens are what is compared here.
             Event::PromptLogprobs { .. } => {}
             Event::Failed { error, kind } => return Err((kind, error)),
         }
@@ -327,18 +327,58 @@ fn n_past_the_slots_or_on_a_session_turn_is_refused() {
         ok.session = Some(sid);
         assert_eq!(run(&e, ok).await.expect("a turn").len(), 1);
         assert_eq!(run(&e, request(&[1, 2], greedy(2), 2)).await.expect("n = 2").len(), 2);
-        // Log-probabilities are reported for one choice: with n > 1 they are refused (the CPU ranks compute them).
-        for (logprobs, prompt_logprobs) in [(Some(2), None), (None, Some(0))] {
-            let mut r = request(&[1, 2], greedy(2), 2);
-            r.logprobs = logprobs;
-            r.prompt_logprobs = prompt_logprobs;
-            let (kind, error) = run(&e, r).await.expect_err("refused");
-            assert_eq!(kind, FailureKind::InvalidArgument);
-            assert!(error.contains("log-probabilities of n > 1 choices"), "{error}");
-            let mut one = request(&[1, 2], greedy(2), 1);
-            one.logprobs = logprobs;
-            one.prompt_logprobs = prompt_logprobs;
-            assert_eq!(run(&e, one).await.expect("one choice with log-probabilities").len(), 1);
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn each_choice_reports_its_tokens_logprobs_and_the_prompt_comes_once() {
+    let dir = &fixtures()[0];
+    runtime().block_on(async {
+        let e = engine(dir, 1, 4, EngineConfig::new(FormChoice::Auto)).await;
+        // A prompt shared by a fork prefill, and a one-token prompt (its choices start afresh: choice 0 reports it).
+        for prompt in [&[1u32, 2, 3][..], &[1]] {
+            for (logprobs, prompt_logprobs) in [(Some(2), None), (None, Some(1)), (Some(0), Some(0))] {
+                let mut r = request(prompt, sampled(3, 8), 3);
+                r.logprobs = logprobs;
+                r.prompt_logprobs = prompt_logprobs;
+                let mut s = e.submit(r).expect("submit");
+                let (mut prompts, mut tokens, mut finished) = (Vec::new(), 0, 0);
+                while let Some(ev) = s.next().await {
+                    match ev {
+                        Event::PromptLogprobs { first_token, entries } => {
+                            assert_eq!(first_token, prompt[0]);
+                            prompts.push(entries)
+                        }
+                        Event::Token { token, logprob, .. } => {
+                            tokens += 1;
+                            match (logprobs, logprob) {
+                                (Some(k), Some(l)) => {
+                                    assert_eq!(l.token, token);
+                                    assert_eq!(l.top.len(), k);
+                                    assert!(l.logprob <= 0.0);
+                                }
+                                (None, None) => {}
+                                (want, got) => panic!("asked {want:?}, got {got:?}"),
+                            }
+                        }
+                        Event::Finished { .. } => finished += 1,
+                        Event::Failed { error, .. } => panic!("{prompt:?}: {error}"),
+                    }
+                }
+                assert_eq!((tokens, finished), (9, 3), "{prompt:?}");
+                if prompt_logprobs.is_some() {
+                    assert_eq!(prompts.len(), 1, "{prompt:?}: the prompt's entries come once");
+                    let entries = &prompts[0];
+                    assert_eq!(entries.len(), prompt.len());
+                    assert!(entries[0].is_none());
+                    for (i, entry) in entries.iter().enumerate().skip(1) {
+                        assert_eq!(entry.as_ref().map(|x| x.token), Some(prompt[i]), "{prompt:?}");
+                    }
+                } else {
+                    assert!(prompts.is_empty());
+                }
+            }
         }
         e.shutdown().await;
     });

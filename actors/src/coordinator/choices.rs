@@ -15,6 +15,9 @@
 //! Seeds: with a request seed `s`, choice `i` samples with `s + i` ([`choice_seed`]); without one, each choice draws
 //! its own. Every event carries its choice's index; a choice that fails fails the request (its other choices end),
 //! and cancelling the request ends every choice.
+//!
+//! Log-probabilities: the prompt's are gathered once, from the fork prefill's rows (they predict every prompt token
+//! after the first), and sent once for the request; each choice's tokens' come from its own rows.
 
 use std::time::Instant;
 
@@ -24,6 +27,7 @@ use rewind_engine::{EngineError, Result};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
+use super::logprobs::LiveLogprobs;
 use super::sessions::LiveSession;
 use super::CoordinatorState;
 use crate::metrics::Metrics;
@@ -52,8 +56,9 @@ pub(super) struct Sequence {
     /// Prompt tokens restored rather than computed for this request (a session's state, a prefix cache hit).
     pub cached: usize,
     pub forking: Option<Box<Forking>>,
-    /// What the request asked for its log-probabilities (a request with them takes one choice).
-    pub logprobs: Option<super::logprobs::LiveLogprobs>,
+    /// What the sequence asks for its log-probabilities (of a request's `n` choices: the prompt's entries in the
+    /// fork prefill, each choice its own tokens'; see [`LiveLogprobs::split`]).
+    pub logprobs: Option<LiveLogprobs>,
     /// When the request arrived (its choices' time to first token counts from there).
     pub submitted: Instant,
 }
@@ -69,6 +74,8 @@ pub(super) struct Forking {
     speculate: bool,
     /// Prompt tokens the fork prefill restored from the prefix cache.
     cached: usize,
+    /// What the request asked for its log-probabilities.
+    logprobs: Option<LiveLogprobs>,
 }
 
 impl CoordinatorState {
@@ -123,6 +130,7 @@ impl CoordinatorState {
             reference: seq.reference.clone(),
             speculate: seq.speculate,
             cached: seq.cached,
+            logprobs: seq.logprobs.clone(),
         });
         let queued = if seq.prompt.len() == 1 {
             self.start_choices(id, &forking, None, seq.submitted, events)
@@ -139,6 +147,8 @@ impl CoordinatorState {
                 reference: None,
                 speculate: false,
                 forking: Some(forking),
+                // The prompt's log-probabilities are gathered once, here; each choice reports its own tokens'.
+                logprobs: seq.logprobs.clone().and_then(|l| l.split().0),
                 ..seq
             };
             self.queue(id, prefill, events)
@@ -178,7 +188,12 @@ impl CoordinatorState {
                 fork: fork.clone(),
                 cached: f.cached,
                 forking: None,
-                logprobs: None,
+                // With no fork prefill (a one-token prompt), choice 0 gathers the prompt's log-probabilities.
+                logprobs: if choice == 0 && fork.is_none() {
+                    f.logprobs.clone()
+                } else {
+                    f.logprobs.clone().and_then(|l| l.split().1)
+                },
                 submitted,
             };
             self.queue(sid, seq, events)?;

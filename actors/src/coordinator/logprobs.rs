@@ -6,14 +6,16 @@
 //! A request asking for them does not chain and does not speculate (`step.rs`), so every token it gets comes from a
 //! single step's row that the plan asked about. A prompt's entries come from its prefill chunks' rows (every
 //! position reported), gathered until the last chunk and sent once, before the first token; a re-prefill after a
-//! preemption or a fault asks again only if they were not sent yet.
+//! preemption or a fault asks again only if they were not sent yet. A request of `n > 1` choices
+//! ([`LiveLogprobs::split`]) gathers its prompt's entries once, in the shared fork prefill (whose rows predict every
+//! prompt token but the first), and each choice its own tokens' entries from its own rows.
 
 use rewind_engine::rank::{LogprobRows, RowPass, Rows};
 
 use crate::request::TokenLogprob;
 
 /// What a live request asked for and what its prompt's rows gave so far.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct LiveLogprobs {
     /// Top entries per generated token; `None`: the generated tokens carry none.
     generated: Option<usize>,
@@ -23,10 +25,11 @@ pub(super) struct LiveLogprobs {
     pub prompt_only: bool,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct PromptRows {
     top: usize,
-    prompt_len: usize,
+    /// The whole prompt: a fork prefill runs all of it but the last token, whose rows still predict every one.
+    prompt: Vec<u32>,
     /// Per prompt position; the first stays `None` (nothing predicts it).
     entries: Vec<Option<TokenLogprob>>,
 }
@@ -38,20 +41,38 @@ pub(super) struct Reporting {
 }
 
 impl LiveLogprobs {
-    /// The state of a request asking `generated` / `prompt` top entries; `None` when it asks for neither.
-    pub fn new(generated: Option<usize>, prompt: Option<usize>, prompt_len: usize, prompt_only: bool) -> Option<Self> {
-        if generated.is_none() && prompt.is_none() {
+    /// The state of a request of `prompt` asking `generated` / `prompt_top` top entries; `None` when it asks for
+    /// neither.
+    pub fn new(generated: Option<usize>, prompt_top: Option<usize>, prompt: &[u32], prompt_only: bool) -> Option<Self> {
+        if generated.is_none() && prompt_top.is_none() {
             return None;
         }
         Some(LiveLogprobs {
             generated,
-            prompt: prompt.map(|top| PromptRows {
+            prompt: prompt_top.map(|top| PromptRows {
                 top,
-                prompt_len,
-                entries: vec![None; prompt_len],
+                prompt: prompt.to_vec(),
+                entries: vec![None; prompt.len()],
             }),
             prompt_only,
         })
+    }
+
+    /// Splits a request's asks between its `n > 1` choices: what the shared fork prefill gathers (the prompt's
+    /// entries, sent once for the request; its own dropped pick reports none), and what each choice asks of its own
+    /// rows (its tokens' entries, and whether it only scores the prompt). Either part may ask nothing.
+    pub fn split(self) -> (Option<Self>, Option<Self>) {
+        let shared = self.prompt.map(|p| LiveLogprobs {
+            generated: None,
+            prompt: Some(p),
+            prompt_only: false,
+        });
+        let each = (self.generated.is_some() || self.prompt_only).then_some(LiveLogprobs {
+            generated: self.generated,
+            prompt: None,
+            prompt_only: self.prompt_only,
+        });
+        (shared, each)
     }
 
     /// Top entries per generated token, when asked.
@@ -59,14 +80,14 @@ impl LiveLogprobs {
         self.generated.filter(|_| !self.prompt_only)
     }
 
-    /// What a prefill chunk of `tokens.len()` tokens at `position` reports; `picks`: its last row picks the next
-    /// token. While the prompt's entries are being gathered every row reports, each asking about the prompt token
-    /// after it (the picking row about its pick).
-    pub fn prefill(&self, history: &[u32], position: usize, len: usize, picks: bool) -> Reporting {
+    /// What a prefill chunk of `len` tokens at `position` reports; `picks`: its last row picks the next token. While
+    /// the prompt's entries are being gathered every row reports, each asking about the prompt token after it (the
+    /// row after the prompt about its pick).
+    pub fn prefill(&self, position: usize, len: usize, picks: bool) -> Reporting {
         let generated = self.generated().filter(|_| picks);
         if let Some(p) = &self.prompt {
             let targets = (position + 1..=position + len)
-                .map(|next| (next < p.prompt_len).then(|| history.get(next).copied()).flatten())
+                .map(|next| p.prompt.get(next).copied())
                 .collect();
             return Reporting {
                 rows: Rows::All,
@@ -93,11 +114,10 @@ impl LiveLogprobs {
         })
     }
 
-    /// Records the rows `rows` of a prefill chunk at `position` that reported every row (`history`: the sequence's
-    /// tokens); `last`: the chunk ends the prompt, and the gathered entries are returned, to be sent once.
+    /// Records the rows `rows` of a prefill chunk at `position` that reported every row; `last`: the chunk ends the
+    /// sequence's prefill, and the gathered entries are returned, to be sent once.
     pub fn note_prompt(
         &mut self,
-        history: &[u32],
         position: usize,
         rows: &[RowPass],
         last: bool,
@@ -107,13 +127,7 @@ impl LiveLogprobs {
         };
         for (i, row) in rows.iter().enumerate() {
             let next = position + i + 1;
-            if next >= p.prompt_len {
-                break;
-            }
-            let token = history
-                .get(next)
-                .copied()
-                .ok_or_else(|| format!("prompt position {next} is past the sequence's tokens"))?;
+            let Some(&token) = p.prompt.get(next) else { break };
             p.entries[next] = Some(entry(row, token, p.top)?);
         }
         if !last {
@@ -174,30 +188,55 @@ mod tests {
     #[test]
     fn prompt_rows_are_asked_until_the_last_chunk_and_sent_once() {
         let history = [5u32, 6, 7, 8, 9];
-        let mut l = LiveLogprobs::new(Some(1), Some(3), history.len(), false).expect("asked");
-        let first = l.prefill(&history, 0, 3, false);
+        let mut l = LiveLogprobs::new(Some(1), Some(3), &history, false).expect("asked");
+        let first = l.prefill(0, 3, false);
         assert_eq!(first.rows, Rows::All);
         let lp = first.logprobs.expect("rows");
         assert_eq!(lp.targets, vec![Some(6), Some(7), Some(8)]);
         assert_eq!(lp.top, 3);
-        let last = l.prefill(&history, 3, 2, true).logprobs.expect("rows");
+        let last = l.prefill(3, 2, true).logprobs.expect("rows");
         assert_eq!(last.targets, vec![Some(9), None], "the picking row asks about its pick");
         let logits = [0.0f32; 10];
         let rows: Vec<RowPass> = [6u32, 7, 8].iter().map(|&t| row(&logits, Some(t), 3)).collect();
-        assert_eq!(l.note_prompt(&history, 0, &rows, false), Ok(None));
+        assert_eq!(l.note_prompt(0, &rows, false), Ok(None));
         let rows = [row(&logits, Some(9), 3), row(&logits, None, 3)];
-        let sent = l
-            .note_prompt(&history, 3, &rows, true)
-            .expect("rows")
-            .expect("complete");
+        let sent = l.note_prompt(3, &rows, true).expect("rows").expect("complete");
         assert_eq!(sent.len(), 5);
         assert!(sent[0].is_none());
         assert!(sent[1..]
             .iter()
             .all(|e| e.as_ref().is_some_and(|e| (e.logprob + 10f32.ln()).abs() < 1e-5)));
         // Sent: a re-prefill reports only its picking row again.
-        let again = l.prefill(&history, 0, 5, true);
+        let again = l.prefill(0, 5, true);
         assert_eq!(again.rows, Rows::Last);
         assert_eq!(again.logprobs.expect("generated").targets, vec![None]);
+    }
+
+    #[test]
+    fn choices_gather_the_prompt_once_in_the_fork_prefill() {
+        let prompt = [5u32, 6, 7, 8];
+        let (shared, each) = LiveLogprobs::new(Some(2), Some(1), &prompt, false)
+            .expect("asked")
+            .split();
+        let mut shared = shared.expect("the prompt's part");
+        assert_eq!(shared.generated(), None, "the fork prefill's pick is dropped");
+        // The fork prefill runs the prompt but its last token; its rows predict every prompt token after the first.
+        let r = shared.prefill(0, 3, true);
+        assert_eq!(r.rows, Rows::All);
+        assert_eq!(r.logprobs.expect("rows").targets, vec![Some(6), Some(7), Some(8)]);
+        let logits = [0.0f32; 10];
+        let rows: Vec<RowPass> = [6u32, 7, 8].iter().map(|&t| row(&logits, Some(t), 1)).collect();
+        let sent = shared.note_prompt(0, &rows, true).expect("rows").expect("complete");
+        assert!(sent[0].is_none() && sent[1..].iter().all(Option::is_some), "{sent:?}");
+        let each = each.expect("the choices' part");
+        assert_eq!(each.generated(), Some(2));
+        let r = each.prefill(3, 1, true);
+        assert_eq!(r.rows, Rows::Last, "a choice reports its picking row only");
+        assert_eq!(r.logprobs.expect("its pick").targets, vec![None]);
+        // Choices asking nothing of their own carry nothing; a scoring request's choices keep `prompt_only`.
+        let (_, none) = LiveLogprobs::new(None, Some(1), &prompt, false).expect("asked").split();
+        assert!(none.is_none());
+        let (_, scoring) = LiveLogprobs::new(None, Some(1), &prompt, true).expect("asked").split();
+        assert!(scoring.is_some_and(|s| s.prompt_only && s.generated().is_none()));
     }
 }

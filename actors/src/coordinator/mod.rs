@@ -199,7 +199,7 @@ struct Live {
     /// When this sequence is a request's fork prefill: the choices to start from its state.
     forking: Option<Box<choices::Forking>>,
     /// Structured outputs: where the request is in its grammar (see `grammar.rs`).
-    grammar: Option<rewind_engine::grammar::GrammarState>,
+    grammar: Option<grammar::LiveGrammar>,
     /// What the request asked for its log-probabilities.
     logprobs: Option<logprobs::LiveLogprobs>,
 }
@@ -247,6 +247,8 @@ pub struct CoordinatorState {
     /// Sequences that finished in the step being run whose states go into the prefix cache before their slots are
     /// released.
     prefix_saves: Vec<prefix::PrefixSave>,
+    /// Grammar masks being computed ahead, on a blocking thread (see `grammar.rs`).
+    masks_ahead: Option<grammar::MasksAhead>,
 }
 
 /// The scheduler's limits from the ranks' capacity.
@@ -389,6 +391,7 @@ impl Actor for Coordinator {
             dropped: Vec::new(),
             prefix,
             prefix_saves: Vec::new(),
+            masks_ahead: None,
         })
     }
 

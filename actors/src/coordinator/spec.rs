@@ -3,13 +3,15 @@
 //! verify's rows are judged ([`rewind_engine::spec::accept`]) into the accepted drafts and one more token. The
 //! slot commits them at the start of the next step (a pointer move in the replay and kv-only forms).
 //!
-//! How a verify is judged depends on the request's sampling: greedy from the rows' argmax; a plain temperature
+//! How a verify is judged depends on the request's sampling: greedy from the rows' argmax (a constrained greedy
+//! request's drafts and the token after them checked against its grammar's masks, `grammar.rs`); a plain temperature
 //! from the ranks' one-pass summaries (nothing of the vocabulary's size leaves a rank); the filters, adjusted logits
 //! (penalties, a bias, `min_tokens`) or drafts sampled from a draft model from whole logit rows.
 
 use std::sync::Arc;
 
 use rewind_engine::decode::FormChoice;
+use rewind_engine::grammar;
 use rewind_engine::rank::spec_chain::chain_drafts;
 use rewind_engine::rank::{Books, ChainDrafter, ChainedVerify, SeqStep, SpecSample, StepPlan, StepResult, VerifyChain};
 use rewind_engine::sample::SamplingParams;
@@ -21,6 +23,7 @@ use rewind_engine::spec::{
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
 
+use super::grammar::{masked_greedy, RowMasks};
 use super::{CoordinatorState, EngineSpec};
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind};
@@ -42,6 +45,11 @@ pub(super) struct LiveSpec {
     /// Its verifies may chain on the ranks ([`rewind_engine::sched::Step::spec_chain`]): proposals are padded
     /// to the window, so that every sequence verifies the same window and a chain keeps one shape.
     on_ranks: bool,
+    /// A constrained request: the masks of its next rows, from its drafts' check (`grammar.rs`).
+    pub(super) row_masks: Option<RowMasks>,
+    /// A constrained request's last verify yielded no token after its accepted drafts: the next step decodes that
+    /// position with the mask instead of drafting (a verify would compute the same refused row again).
+    decode_next: bool,
 }
 
 /// How a request's verify rows are judged.
@@ -90,6 +98,8 @@ impl LiveSpec {
             hidden: None,
             drafts: None,
             on_ranks,
+            row_masks: None,
+            decode_next: false,
         })
     }
 
@@ -116,6 +126,8 @@ impl LiveSpec {
         self.hidden = None;
         self.drafts = None;
         self.drafter = None;
+        self.row_masks = None;
+        self.decode_next = false;
     }
 
     /// Records the hidden states of committed rows: appended to the rows still waiting when they continue them,
@@ -254,7 +266,7 @@ impl CoordinatorState {
             .spec
             .as_ref()
             .is_some_and(|s| s.drafts.as_ref().is_some_and(|d| d.probs.is_some()));
-        if p.temperature == 0.0 && !p.adjusts_logits() {
+        if p.temperature == 0.0 && (!p.adjusts_logits() || masked_greedy(p)) {
             Judge::Greedy
         } else if plain_temperature(p) && !sampled_drafts && self.books.spec_summaries() {
             Judge::OnePass
@@ -289,7 +301,8 @@ impl CoordinatorState {
             let remaining = l.output.limit().saturating_sub(l.output.generated());
             let max = policy.window(batch, s.meter.rate()).min(remaining.saturating_sub(1));
             s.drafts = None;
-            if max == 0 {
+            s.row_masks = None;
+            if std::mem::take(&mut s.decode_next) || max == 0 {
                 continue;
             }
             match s.prepare(&l.history, max, &l.params, l.seed) {
@@ -297,6 +310,7 @@ impl CoordinatorState {
                 Err(e) => failed.push((id, format!("the {} drafter failed: {e}", s.factory.kind().name()))),
             }
         }
+        let mut proposed = Vec::with_capacity(asked.len());
         for (id, max) in asked {
             let Some(l) = self.live.get_mut(&id) else { continue };
             let Some(s) = l.spec.as_mut() else { continue };
@@ -315,17 +329,30 @@ impl CoordinatorState {
                         ));
                         continue;
                     }
-                    if let Err(e) = self.sched.propose(id, d.tokens.clone()) {
-                        warn!(request = id, %e, "dropping drafts");
-                        continue;
-                    }
-                    s.drafts = Some(d);
+                    proposed.push((id, d));
                 }
                 Err(e) => failed.push((id, format!("the {} drafter failed: {e}", s.factory.kind().name()))),
             }
         }
+        let grammar_failed = self.cut_drafts(&mut proposed);
+        for (id, d) in proposed {
+            // Nothing left to verify (or its grammar failed): the step decodes.
+            if d.tokens.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.sched.propose(id, d.tokens.clone()) {
+                warn!(request = id, %e, "dropping drafts");
+                continue;
+            }
+            if let Some(s) = self.live.get_mut(&id).and_then(|l| l.spec.as_mut()) {
+                s.drafts = Some(d);
+            }
+        }
         for (id, error) in failed {
             self.fail(id, error).await;
+        }
+        for (id, error) in grammar_failed {
+            self.fail_as(id, FailureKind::InvalidArgument, error).await;
         }
     }
 
@@ -368,8 +395,9 @@ impl CoordinatorState {
         let drafts = &tokens[1..];
         let n = tokens.len();
         let index = l.output.generated() as u64;
-        let s = l.spec.as_mut();
-        let q = s
+        let row_masks = l.spec.as_mut().and_then(|s| s.row_masks.take());
+        let q = l
+            .spec
             .as_ref()
             .and_then(|s| s.drafts.as_ref())
             .and_then(|d| d.probs.as_deref());
@@ -391,20 +419,50 @@ impl CoordinatorState {
                 accept_rows(&logits[row * vocab..(row + n) * vocab], vocab, drafts, q, &sampling)?
             }
         };
+        // A constrained request's drafts are all allowed (cut before the verify), so an accepted one is the masked
+        // argmax too; the token after them is taken only when its row's mask allows it (see `grammar.rs`).
+        let unresolved = match (&l.grammar, judge) {
+            (None, _) => false,
+            (Some(_), Judge::Greedy) => {
+                let mask = row_masks
+                    .as_ref()
+                    .filter(|m| m.tokens == l.history.len())
+                    .and_then(|m| m.masks.get(a.accepted))
+                    .ok_or_else(|| {
+                        EngineError::InvalidInput(format!(
+                            "request {id}'s verify has no grammar mask for its row {}",
+                            a.accepted
+                        ))
+                    })?;
+                !grammar::allows(mask, a.token)
+            }
+            (Some(_), _) => {
+                return Err(EngineError::InvalidInput(format!(
+                    "request {id} is constrained, and its verify can be judged exactly only greedily"
+                )))
+            }
+        };
+        // The verify's rows of its input token and the accepted drafts are committed; when no token follows them,
+        // all but the last accepted token's (that position runs again).
+        let committed = if unresolved { a.accepted } else { 1 + a.accepted };
         if let Some(s) = l.spec.as_mut() {
             s.record(drafts.len(), a.accepted, &self.metrics);
             s.drafts = None;
-            // The verify's rows of its input token and the accepted drafts are committed.
+            s.decode_next = unresolved;
             if let Some(mut h) = hidden.and_then(|(layout, seq)| layout.rows(result, seq, position + n - 1)) {
-                h.rows.truncate((1 + a.accepted) * h.hidden);
+                h.rows.truncate(committed * h.hidden);
                 s.add_hidden(h);
             }
         }
-        self.sched
-            .verified(id, a.accepted)
-            .map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         let mut out = drafts[..a.accepted].to_vec();
-        out.push(a.token);
+        let verified = if unresolved {
+            Metrics::inc(&self.metrics.spec_grammar_unresolved);
+            self.sched.verified_unresolved(id, a.accepted)
+        } else {
+            out.push(a.token);
+            self.sched.verified(id, a.accepted)
+        };
+        verified.map_err(|e| EngineError::InvalidInput(e.to_string()))?;
         Ok(out)
     }
 

@@ -109,7 +109,7 @@ impl CoordinatorState {
             params.max_tokens = Some(1);
         }
         params.validate(self.info.vocab)?;
-        let logprobs = LiveLogprobs::new(logprobs, prompt_logprobs, prompt.len(), prompt_only);
+        let logprobs = LiveLogprobs::new(logprobs, prompt_logprobs, &prompt, prompt_only);
         if logprobs.is_some() && !self.books.logprobs() {
             return Err(EngineError::InvalidInput(
                 "log-probabilities are not supported on this backend (its LM-head passes compute no top entries; \
@@ -117,15 +117,10 @@ impl CoordinatorState {
                     .into(),
             ));
         }
-        if logprobs.is_some() && n > 1 {
-            return Err(EngineError::InvalidInput(
-                "log-probabilities of n > 1 choices are not supported yet: ask for one choice per request".into(),
-            ));
-        }
-        // A constrained request does not speculate: its drafts are not checked against its grammar. A request asking
-        // for log-probabilities neither chains nor speculates: each of its tokens then comes from one step's row that
-        // the plan asked about (a chained or verified token's row carries none).
-        let speculate = speculate && params.constraint.is_none() && logprobs.is_none();
+        // A constrained request speculates when its verifies can be judged exactly against its grammar (greedily,
+        // `grammar.rs`). A request asking for log-probabilities neither chains nor speculates: each of its tokens
+        // then comes from one step's row that the plan asked about (a chained or verified token's row carries none).
+        let speculate = speculate && super::grammar::may_speculate(&params) && logprobs.is_none();
         let (session, restored) = match turn {
             Some((s, n)) => (Some(s), n),
             None => (None, 0),
@@ -260,7 +255,10 @@ impl CoordinatorState {
             max_tokens = limit,
             restored
         );
-        let grammar = params.constraint.as_ref().map(|c| c.start());
+        let grammar = params
+            .constraint
+            .as_ref()
+            .map(|c| super::grammar::LiveGrammar::new(c.start()));
         self.live.insert(
             id,
             Live {
@@ -395,13 +393,10 @@ impl CoordinatorState {
             }
         };
         let samples = p.samples();
-        let lp = self
-            .live
-            .get(&p.id)
-            .and_then(|l| Some((l.logprobs.as_ref()?, &l.history)));
+        let lp = self.live.get(&p.id).and_then(|l| l.logprobs.as_ref());
         let report = match (lp, kind) {
-            (Some((lp, history)), SeqKind::Prefill) => lp.prefill(history, position, tokens.len(), samples),
-            (Some((lp, _)), _) => Reporting {
+            (Some(lp), SeqKind::Prefill) => lp.prefill(position, tokens.len(), samples),
+            (Some(lp), _) => Reporting {
                 rows: Rows::Last,
                 logprobs: lp.decode(),
             },
@@ -438,7 +433,7 @@ impl CoordinatorState {
             return;
         };
         let ids = involved(&planned);
-        let masks = self.grammar_masks(&planned);
+        let masks = self.grammar_masks(&planned).await;
         let plan = match self.build_plan(&planned, &masks) {
             Ok(plan) => plan,
             Err(f) => return self.recover(f, &ids).await,
@@ -446,8 +441,13 @@ impl CoordinatorState {
         self.index += 1;
         let (index, seqs, tokens) = (self.index, plan.seq_count(), step_tokens(&plan));
         let span = info_span!("engine_step", step = index, seqs, tokens);
+        // While the ranks run the step, the masks of constrained requests that do not sample in it are computed.
+        let sampling: Vec<u64> = planned.work.iter().filter(|p| p.samples()).map(|p| p.id).collect();
+        self.start_masks_ahead(|id, _| !sampling.contains(&id));
         let t0 = Instant::now();
-        let result = match self.run(index, &plan).instrument(span).await {
+        let ran = self.run(index, &plan).instrument(span).await;
+        self.join_masks_ahead().await;
+        let result = match ran {
             Ok(r) => r,
             Err(f) => return self.recover(f, &ids).await,
         };
@@ -714,6 +714,9 @@ impl CoordinatorState {
             let ids: Vec<u64> = planned.work.iter().map(|p| p.id).collect();
             self.feed_hidden(&ids, &mut failed);
         }
+        // The next masks of the constrained requests that do not speculate are computed while the rest of the
+        // delivery and the next step's drafting and scheduling run (a speculating one's come from its drafts' check).
+        self.start_masks_ahead(|_, l| l.spec.is_none());
         let saves = std::mem::take(&mut self.saves);
         self.save(saves).await;
         let cached = std::mem::take(&mut self.prefix_saves);
@@ -758,7 +761,7 @@ impl CoordinatorState {
             .rows
             .get(firsts[i]..firsts[i] + tokens.len())
             .ok_or_else(|| "the step reported fewer rows than the plan asked for".to_string())?;
-        if let Some(entries) = lp.note_prompt(&l.history, *position, rows, p.samples())? {
+        if let Some(entries) = lp.note_prompt(*position, rows, p.samples())? {
             let first_token = l.history.first().copied().unwrap_or(0);
             let _ = l.events.send(Event::PromptLogprobs { first_token, entries });
         }

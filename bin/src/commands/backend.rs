@@ -244,7 +244,9 @@ mod tests {
 
     fn cache(flags: &[&str], on_gpu: bool) -> anyhow::Result<Option<usize>> {
         let f = Flags::try_parse_from(std::iter::once("rewind").chain(flags.iter().copied()))?;
-        Ok(engine_config(&f.engine, FormChoice::Auto, on_gpu)?.prefix_cache.map(|c| c.memory))
+        Ok(engine_config(&f.engine, FormChoice::Auto, on_gpu)?
+            .prefix_cache
+            .map(|c| c.memory))
     }
 
     #[test]
@@ -253,7 +255,10 @@ mod tests {
         assert_eq!(cache(&[], false).unwrap(), Some(four));
         assert_eq!(cache(&[], true).unwrap(), None);
         assert_eq!(cache(&["--enable-prefix-caching"], true).unwrap(), Some(four));
-        assert_eq!(cache(&["--enable-prefix-caching", "--prefix-cache-gib", "1"], true).unwrap(), Some(1 << 30));
+        assert_eq!(
+            cache(&["--enable-prefix-caching", "--prefix-cache-gib", "1"], true).unwrap(),
+            Some(1 << 30)
+        );
         assert_eq!(cache(&["--no-enable-prefix-caching"], false).unwrap(), None);
         assert!(cache(&["--no-enable-prefix-caching", "--enable-prefix-caching"], true).is_err());
         let e = cache(&["--prefix-cache-gib", "0"], false).unwrap_err().to_string();

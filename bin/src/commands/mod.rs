@@ -28,6 +28,8 @@ mod selftest_model;
 mod selftest_prefix;
 #[cfg(feature = "cuda")]
 mod selftest_spec_chain;
+#[cfg(feature = "cuda")]
+mod selftest_structured;
 pub mod serve;
 mod serve_bench;
 mod spec;

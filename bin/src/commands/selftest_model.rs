@@ -574,6 +574,10 @@ pub fn section(
                     let (v, ok) = super::selftest_prefix::rows(&m.name, dir, prompts, &opts, *tp);
                     all_ok &= ok;
                     rows.push(v);
+                    // Greedy constrained requests speculating exactly (see `selftest_structured`).
+                    let (v, ok) = super::selftest_structured::rows(&m.name, dir, prompts, &opts, *tp);
+                    all_ok &= ok;
+                    rows.push(v);
                 }
             }
         }

@@ -315,6 +315,20 @@ class Logprobs(unittest.TestCase):
                                              logprobs=True, top_logprobs=21)
         self.assertIn("top_logprobs", str(e.exception))
 
+    def test_n_greedy_choices_each_carry_the_logprobs_of_one(self):
+        args = dict(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=4, temperature=0,
+                    logprobs=True, top_logprobs=2)
+        one = client().chat.completions.create(**args).choices[0].logprobs.content
+        r = client().chat.completions.create(n=3, **args)
+        self.assertEqual(len(r.choices), 3)
+        for choice in r.choices:
+            content = choice.logprobs.content
+            self.assertEqual([e.token for e in content], [e.token for e in one])
+            for got, want in zip(content, one):
+                # The choices' forked prompt rounds differently from one prefill in the last bits.
+                self.assertAlmostEqual(got.logprob, want.logprob, delta=1e-3)
+                self.assertEqual(len(got.top_logprobs), 2)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -258,12 +258,55 @@ impl GrammarState {
         self.matcher.is_stopped() && !self.matcher.is_error()
     }
 
+    /// The masks of a speculative verify's rows, without advancing: from here, row 0's mask, and after each draft
+    /// token the previous mask allows, the next row's. The first draft token its mask does not allow ends the walk,
+    /// so `masks.len() − 1` drafts are valid and the last mask is the row after them. These are the very masks a
+    /// non-speculative run computes at those positions (llguidance's masks may force one canonical token where other
+    /// tokens would also parse, so the check is against the mask, not [`GrammarState::valid_prefix`]); the grammar
+    /// is rolled back to where it was, also when a mask fails.
+    pub fn draft_masks(&mut self, drafts: &[u32], vocab: usize) -> Result<Vec<Vec<u32>>> {
+        let mut masks = Vec::with_capacity(drafts.len() + 1);
+        let mut consumed = 0;
+        let walked = (|| {
+            loop {
+                let mask = self.mask(vocab)?;
+                let next = drafts.get(masks.len()).copied().filter(|&t| allows(&mask, t));
+                masks.push(mask);
+                let Some(token) = next else { return Ok(()) };
+                // Once the grammar is complete only end-of-sequence ids follow, which `accept` takes as they are.
+                if !self.matcher.is_stopped() {
+                    self.matcher.consume_token(token).map_err(|e| {
+                        EngineError::InvalidInput(format!(
+                            "draft token {token} breaks the output's grammar: {}",
+                            first_line(&e.to_string())
+                        ))
+                    })?;
+                    consumed += 1;
+                }
+            }
+        })();
+        let rolled = self.matcher.rollback(consumed).map_err(|e| {
+            EngineError::InvalidInput(format!(
+                "the output's grammar failed to roll back a draft: {}",
+                first_line(&e.to_string())
+            ))
+        });
+        walked.and(rolled)?;
+        Ok(masks)
+    }
+
     /// How many of `tokens` the grammar accepts from here, in order, without advancing (a draft's valid prefix).
     pub fn valid_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
         self.matcher.validate_tokens(tokens).map_err(|e| {
             EngineError::InvalidInput(format!("the output's grammar failed: {}", first_line(&e.to_string())))
         })
     }
+}
+
+/// Whether `mask` (as [`GrammarState::mask`] writes it) allows `token`.
+pub fn allows(mask: &[u32], token: u32) -> bool {
+    mask.get(token as usize / 32)
+        .is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
 /// The masks of `states` over `vocab` ids, computed in parallel on rayon's threads (each mask takes tens of
@@ -273,6 +316,24 @@ pub fn masks(states: &mut [&mut GrammarState], vocab: usize) -> Vec<Result<Vec<u
     let _entered = span.enter();
     let started = std::time::Instant::now();
     let out = states.par_iter_mut().map(|s| s.mask(vocab)).collect();
+    span.record("seconds", started.elapsed().as_secs_f64());
+    out
+}
+
+/// [`GrammarState::draft_masks`] of each `(state, drafts)`, in parallel on rayon's threads (a verify's rows are
+/// walked one after the other, the step's constrained requests side by side).
+pub fn draft_masks(items: &mut [(&mut GrammarState, &[u32])], vocab: usize) -> Vec<Result<Vec<Vec<u32>>>> {
+    let span = tracing::debug_span!(
+        "grammar_draft_masks",
+        rows = items.len(),
+        seconds = tracing::field::Empty
+    );
+    let _entered = span.enter();
+    let started = std::time::Instant::now();
+    let out = items
+        .par_iter_mut()
+        .map(|(s, drafts)| s.draft_masks(drafts, vocab))
+        .collect();
     span.record("seconds", started.elapsed().as_secs_f64());
     out
 }

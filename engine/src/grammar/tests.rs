@@ -285,3 +285,58 @@ fn a_forbidden_token_is_refused() {
     let digits = t.encode("12x", false).expect("encode");
     assert!(s.valid_prefix(&digits).expect("validate") < digits.len());
 }
+
+#[test]
+fn draft_masks_are_the_masks_of_each_position_and_leave_the_grammar_where_it_was() {
+    let (t, c) = compiler();
+    let constraint = c.compile(ConstraintSpec::Regex("(ab )+(cd )*".into())).expect("regex");
+    let valid = t.encode("ab ab cd ", false).expect("encode");
+    let mut drafts = valid.clone();
+    drafts.extend(t.encode("x", false).expect("encode"));
+    drafts.extend(t.encode("ab ", false).expect("encode"));
+    let mut s = constraint.start();
+    let masks = s.draft_masks(&drafts, c.vocab()).expect("masks");
+    assert_eq!(
+        masks.len(),
+        valid.len() + 1,
+        "the walk ends at the first token its mask refuses"
+    );
+    let mut step = constraint.start();
+    for (i, mask) in masks.iter().enumerate() {
+        assert_eq!(mask, &step.mask(c.vocab()).expect("mask"), "position {i}");
+        if let Some(&d) = valid.get(i) {
+            assert!(allows(mask, d));
+            step.accept(d).expect("accept");
+        }
+    }
+    assert!(!allows(&masks[valid.len()], drafts[valid.len()]));
+    // Rolled back: the state is where it was, and takes the drafts for real.
+    assert_eq!(
+        s.mask(c.vocab()).expect("mask"),
+        constraint.start().mask(c.vocab()).expect("fresh")
+    );
+    for &d in &valid {
+        s.accept(d).expect("accept");
+    }
+    // Past completion only EOS is allowed, and EOS drafts are taken as they are.
+    let eos = t.eos_token_id().expect("eos");
+    let whole = c.compile(ConstraintSpec::Regex("ab".into())).expect("regex");
+    let mut s = whole.start();
+    let ab = t.encode("ab", false).expect("encode");
+    let mut drafts = ab.clone();
+    drafts.extend([eos, eos]);
+    let masks = s.draft_masks(&drafts, c.vocab()).expect("masks");
+    assert_eq!(masks.len(), drafts.len() + 1);
+    assert_eq!(allowed(masks.last().expect("a mask")), vec![eos]);
+    assert_eq!(
+        s.mask(c.vocab()).expect("mask"),
+        whole.start().mask(c.vocab()).expect("fresh")
+    );
+    assert!(!s.is_complete());
+    // In parallel, one result per state.
+    let (mut a, mut b) = (constraint.start(), whole.start());
+    let got = draft_masks(&mut [(&mut a, &valid[..]), (&mut b, &ab[..])], c.vocab());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().expect("a").len(), valid.len() + 1);
+    assert_eq!(got[1].as_ref().expect("b").len(), ab.len() + 1);
+}

@@ -4,8 +4,9 @@
 //! own), the KV blocks held cover every token in the ranks' state, a fault frees everything and each requeued sequence
 //! is re-prefilled afresh with its prompt and generated tokens, and every admitted request finishes. Random drafts make
 //! sequences verify, one step at a time or in chains of verifies (`Step::spec_chain`): each commit keeps the input
-//! token and the accepted drafts, each chained step verifies the window after the committed tokens, and the blocks
-//! held cover the windows in flight.
+//! token and the accepted drafts (or, for a verify that yields no token after them, all but the last, which is fed
+//! again), each chained step verifies the window after the committed tokens, and the blocks held cover the windows
+//! in flight.
 
 use std::collections::{HashMap, HashSet};
 
@@ -183,6 +184,13 @@ impl Sim {
             if let StepWork::Verify { tokens, .. } = &p.work {
                 // One verify: the accepted drafts, then a new token.
                 let a = (accept >> ((7 * k) % 62) & 3) as usize % tokens.len();
+                // Or, for a sequence that does not chain (a constrained one), no token after them: the last accepted
+                // token (or the input) is fed again.
+                if self.chain[&p.id] == Chain::None && accept >> (62 + k % 2) & 1 == 1 {
+                    self.s.verified_unresolved(p.id, a).expect("verified");
+                    self.sample_all(p.slot, p.id, &tokens[1..=a], stops, k);
+                    continue;
+                }
                 self.s.verified(p.id, a).expect("verified");
                 let mut out = tokens[1..=a].to_vec();
                 out.push(self.new_token());

@@ -217,11 +217,6 @@ async fn complete(state: &Arc<ServeState>, r: pb::CompleteRequest, span: tracing
         k => k.map(|k| k as usize),
     };
     let n = r.n.map_or(1, |n| n as usize);
-    if n > 1 && (logprobs.is_some() || prompt_logprobs.is_some()) {
-        return Err(Status::invalid_argument(format!(
-            "n {n}: log-probabilities of n > 1 choices are not supported yet (ask for one choice per request)"
-        )));
-    }
     // `max_tokens: 0` with prompt_logprobs scores the prompt: the engine runs it and generates nothing.
     let scoring = prompt_logprobs.is_some() && r.sampling.as_ref().is_some_and(|s| s.max_tokens == Some(0));
     let sampling = r.sampling.map(|mut s| {

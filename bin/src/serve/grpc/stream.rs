@@ -155,8 +155,8 @@ impl Chunker {
     }
 }
 
-/// The choice an event belongs to (`None` for a failure, which ends every choice). The prompt's log-probabilities
-/// come with choice 0 (a request asking for them takes one choice).
+/// The choice an event belongs to (`None` for a failure, which ends every choice). The prompt's log-probabilities,
+/// sent once for a request of any `n`, come with choice 0.
 fn choice_of(e: &Event) -> Option<usize> {
     match e {
         Event::Token { choice, .. } | Event::Finished { choice, .. } => Some(*choice),

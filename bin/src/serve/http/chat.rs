@@ -282,7 +282,6 @@ pub async fn handle(
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
     let ask = logprobs::chat(&f)?;
-    ask.check_choices(n)?;
     params.constraint = structured::constraint(api, &f).await?;
     let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
     if forced && params.constraint.is_some() {

@@ -105,7 +105,6 @@ pub async fn handle(
     let prompt = parse_prompt(&f, state.engine.info().vocab)?;
     let mut params = openai::sampling(&f, state)?;
     let n = openai::choices(&f, state.engine.info().slots)?;
-    ask.check_choices(n)?;
     params.constraint = structured::constraint(api, &f).await?;
     let requested = f.count("max_tokens")?.map(|m| (m, "max_tokens"));
     let (ids, echoed) = blocking(api, move |s| tokenize(s, prompt, echo)).await?;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rewind_actors::{Event, EventStream, GenerateRequest, Usage};
+use rewind_actors::{Event, EventStream, GenerateRequest, TokenLogprob, Usage};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::FinishReason;
 use serde_json::{json, Value};
@@ -125,14 +125,14 @@ pub struct Completed {
     pub choices: Vec<Choice>,
     /// The prompt counted once, the choices' tokens summed (as OpenAI counts `n`).
     pub usage: Usage,
-    /// The choice's `logprobs` (`null` unless asked for).
-    pub logprobs: Value,
-    /// vLLM's `prompt_logprobs` list, when the request gave that field.
+    /// Each choice's `logprobs` (`null` unless asked for), by index.
+    pub logprobs: Vec<Value>,
+    /// vLLM's `prompt_logprobs` list (every choice's), when the request gave that field.
     pub prompt_logprobs: Option<Value>,
 }
 
-/// What a request's log-probabilities are written with: what it asked, the writer, and an echoed prompt's ids (whose
-/// entries open a completion's legacy object).
+/// What a request's log-probabilities are written with: what it asked, the writer (copied for each choice), and an
+/// echoed prompt's ids (whose entries open each choice's legacy object of a completion).
 pub struct Logprobs {
     pub ask: Ask,
     pub render: Render,
@@ -161,8 +161,8 @@ pub fn add_usage(total: &mut Usage, choice: &Usage) {
     total.completion_tokens += choice.completion_tokens;
 }
 
-/// Reads `admitted` (of `n` choices) to its end; its response will have `shape`'s id, time and model. The
-/// log-probabilities (`lp`) are choice 0's: a request asking for them takes one choice.
+/// Reads `admitted` (of `n` choices) to its end; its response will have `shape`'s id, time and model, and each
+/// choice the log-probabilities `lp` asks for: the prompt's (sent once for the request) and its own tokens'.
 async fn collect(
     mut admitted: Admitted,
     shape: ChunkShape,
@@ -172,7 +172,7 @@ async fn collect(
     let mut choices = vec![Choice::default(); n];
     let mut usage = Usage::default();
     let mut open = n;
-    let mut generated = Vec::new();
+    let mut generated = vec![Vec::new(); n];
     let mut prompt = None;
     let unknown = |c: usize| {
         ApiError::server(
@@ -186,9 +186,7 @@ async fn collect(
                 text, choice, logprob, ..
             } => {
                 choices.get_mut(choice).ok_or_else(|| unknown(choice))?.text += &text;
-                if choice == 0 {
-                    generated.extend(logprob);
-                }
+                generated[choice].extend(logprob);
             }
             Event::PromptLogprobs { entries, .. } => prompt = Some(entries),
             Event::Finished {
@@ -204,25 +202,17 @@ async fn collect(
                     continue;
                 }
                 let (logprobs, prompt_logprobs) = match lp {
-                    None => (Value::Null, None),
-                    Some(mut lp) => {
+                    None => (vec![Value::Null; n], None),
+                    Some(lp) => {
                         let vllm = prompt
                             .as_deref()
                             .filter(|_| lp.ask.prompt_field)
                             .map(|e| lp.render.vllm_prompt(e));
-                        let echoed = match (&lp.echoed, &prompt) {
-                            (Some(ids), Some(entries)) if lp.ask.generated.is_some() => {
-                                Some(lp.render.prompt(ids, entries))
-                            }
-                            _ => None,
-                        };
-                        let tokens = lp.ask.generated.map(|_| lp.render.generated(&generated));
-                        let value = match (echoed, tokens) {
-                            (Some(p), Some(t)) => logprobs::join_legacy(p, &t),
-                            (_, Some(t)) => t,
-                            (_, None) => Value::Null,
-                        };
-                        (value, vllm)
+                        let values = generated
+                            .iter()
+                            .map(|tokens| choice_logprobs(&lp, prompt.as_deref(), tokens))
+                            .collect();
+                        (values, vllm)
                     }
                 };
                 return Ok(Completed {
@@ -240,6 +230,22 @@ async fn collect(
         StatusCode::SERVICE_UNAVAILABLE,
         "the engine ended the request without a final event",
     ))
+}
+
+/// A choice's `logprobs`: with `echo`, the prompt's entries (`prompt`) and then its tokens' (`generated`) in one
+/// legacy object whose offsets run on; else its tokens'; `null` when the request asked for neither.
+fn choice_logprobs(lp: &Logprobs, prompt: Option<&[Option<TokenLogprob>]>, generated: &[TokenLogprob]) -> Value {
+    let mut render = lp.render.clone();
+    let echoed = match (&lp.echoed, prompt) {
+        (Some(ids), Some(entries)) if lp.ask.generated.is_some() => Some(render.prompt(ids, entries)),
+        _ => None,
+    };
+    let tokens = lp.ask.generated.map(|_| render.generated(generated));
+    match (echoed, tokens) {
+        (Some(p), Some(t)) => logprobs::join_legacy(p, &t),
+        (_, Some(t)) => t,
+        (_, None) => Value::Null,
+    }
 }
 
 /// How a generation is answered: streamed (the response is ready), or run to its end for the endpoint's body.
@@ -296,8 +302,7 @@ pub async fn answer(
 
 impl Completed {
     /// The endpoint's response: `object` with its `choices`, each made by `choice` from its index and itself, then
-    /// given its `logprobs` (choice 0's, the only one a request asking for them has; `null` for the others) and
-    /// vLLM's `prompt_logprobs` when asked for.
+    /// given its `logprobs` and vLLM's `prompt_logprobs` when asked for.
     pub fn response(&self, object: &str, choice: impl Fn(usize, &Choice) -> Value) -> Response {
         let choices: Vec<Value> = self
             .choices
@@ -305,8 +310,8 @@ impl Completed {
             .enumerate()
             .map(|(i, c)| {
                 let mut value = choice(i, c);
-                value["logprobs"] = if i == 0 { self.logprobs.clone() } else { Value::Null };
-                if let Some(p) = self.prompt_logprobs.as_ref().filter(|_| i == 0) {
+                value["logprobs"] = self.logprobs.get(i).cloned().unwrap_or(Value::Null);
+                if let Some(p) = &self.prompt_logprobs {
                     value["prompt_logprobs"] = p.clone();
                 }
                 value

@@ -65,23 +65,8 @@ pub fn chat(f: &Fields) -> Result<Ask, ApiError> {
     })
 }
 
-impl Ask {
-    /// Refuses log-probabilities with `n` > 1 choices, naming `n`: the engine reports them for one choice a request.
-    pub fn check_choices(&self, n: usize) -> Result<(), ApiError> {
-        if n > 1 && *self != Ask::default() {
-            return Err(ApiError::invalid(
-                "n",
-                format!(
-                    "n {n}: log-probabilities of n > 1 choices are not supported yet (ask for one choice per request, \
-                     or drop logprobs / top_logprobs / prompt_logprobs)"
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Writes entries with their tokens' strings; a completion's running `text_offset` is kept here.
+/// Writes entries with their tokens' strings; a completion's running `text_offset` is kept here (so each choice
+/// has its own copy).
 #[derive(Clone)]
 pub struct Render {
     state: Arc<ServeState>,

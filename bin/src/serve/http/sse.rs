@@ -21,6 +21,7 @@ use tracing::Instrument;
 use super::chat_parse::{ChatDelta, ChatParser, NumberedCall};
 use super::errors::ApiError;
 use super::generation::{add_usage, usage_json, Admitted, Logprobs};
+use super::logprobs::Render;
 
 /// How often an idle stream (a long prefill, a queued request) sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -137,8 +138,10 @@ struct Streaming {
     /// Choices not yet finished, and the usage of those that did.
     open: usize,
     usage: Usage,
-    /// Writes the tokens' log-probabilities, when the request asked for them (it then has one choice).
+    /// Writes the tokens' log-probabilities, when the request asked for them; `renders` holds each choice's writer
+    /// (a completion's `text_offset` runs on per choice).
     logprobs: Option<Logprobs>,
+    renders: Vec<Render>,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -154,8 +157,8 @@ impl Streaming {
             }) => {
                 // A token's log-probability goes with the chunk of its text; a token whose text is held back still
                 // sends a chunk for it (its text empty), so every token's entry arrives in order.
-                let lp = match (&mut self.logprobs, logprob) {
-                    (Some(l), Some(e)) => Some(l.render.generated(std::slice::from_ref(&e))),
+                let lp = match (self.renders.get_mut(choice), logprob) {
+                    (Some(r), Some(e)) => Some(r.generated(std::slice::from_ref(&e))),
                     _ => None,
                 };
                 // Empty pieces (a character split across tokens, text held back for a possible stop string) send
@@ -172,17 +175,21 @@ impl Streaming {
             }
             Some(Event::PromptLogprobs { entries, .. }) => {
                 // An echoed prompt's entries (completions with `echo` and `logprobs`) and vLLM's `prompt_logprobs`
-                // come in one chunk with no text, after the echoed text. They are choice 0's (the only one).
-                if let Some(l) = &mut self.logprobs {
-                    let legacy = match &l.echoed {
-                        Some(ids) if l.ask.generated.is_some() => l.render.prompt(ids, &entries),
-                        _ => Value::Null,
-                    };
+                // come in one chunk with no text, after the echoed text: the engine sends them once, and every
+                // choice gets its chunk (an echoed prompt opens each choice's legacy object).
+                if let Some(l) = &self.logprobs {
                     let vllm = l.ask.prompt_field.then(|| l.render.vllm_prompt(&entries));
-                    if !legacy.is_null() || vllm.is_some() {
-                        let mut chunk = self.shape.text_with(0, "", legacy);
-                        if let Some(v) = vllm {
-                            chunk["choices"][0]["prompt_logprobs"] = v;
+                    for (i, render) in self.renders.iter_mut().enumerate() {
+                        let legacy = match &l.echoed {
+                            Some(ids) if l.ask.generated.is_some() => render.prompt(ids, &entries),
+                            _ => Value::Null,
+                        };
+                        if legacy.is_null() && vllm.is_none() {
+                            continue;
+                        }
+                        let mut chunk = self.shape.text_with(i, "", legacy);
+                        if let Some(v) = &vllm {
+                            chunk["choices"][0]["prompt_logprobs"] = v.clone();
                         }
                         self.queue.push_back(data(&chunk));
                     }
@@ -259,6 +266,7 @@ pub fn respond(
         parsers: parser.map(|p| vec![p; n]),
         open: n,
         usage: Usage::default(),
+        renders: logprobs.as_ref().map_or_else(Vec::new, |l| vec![l.render.clone(); n]),
         logprobs,
     };
     let body = futures::stream::unfold(state, move |mut st| {

@@ -44,6 +44,27 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Records that the verify request `id` ran in the step just planned accepted `accepted` of its drafts but yields
+    /// no token after them (a constrained request whose grammar does not allow the row's pick: that position must be
+    /// sampled with the grammar's mask, which a verify's rows do not take). The slot keeps its input token and the
+    /// accepted drafts but the last, and that last token (the input token when none was accepted) becomes the input
+    /// the next step feeds again, so the position after it is computed afresh. The accepted drafts follow through
+    /// [`Scheduler::sampled`], in order.
+    pub fn verified_unresolved(&mut self, id: u64, accepted: usize) -> Result<(), SchedError> {
+        let r = self
+            .running
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or(SchedError::NotRunning { id })?;
+        let Some(k) = r.verifying.take() else {
+            return Err(SchedError::NotVerifying { id });
+        };
+        let accepted = accepted.min(k);
+        r.in_state -= k + 1 - accepted;
+        r.pending_commit = Some(accepted);
+        Ok(())
+    }
+
     /// Records what a chain of verifies ([`Step::spec_chain`]) did for request `id`: the drafts each step accepted,
     /// in order. Every step but the last was committed on the ranks; the last one's input token and accepted drafts
     /// are committed at the start of the next step, as after a single verify. The blocks reserved for longer
