@@ -491,91 +491,7 @@ pub fn section(
                 continue;
             }
             for dtype in [GpuDtype::Bf16, GpuDtype::F32] {
-                let opts = GpuOptions {
-                    devices: devices.clone(),
-                    gpu_memory_fraction: 0.9,
-                    max_seqs: 4,
-                    max_model_len: None,
-                    prefill_chunk: 8,
-                    dtype,
-                    buffer_len: BUFFER_LEN,
-                    max_verify: BUFFER_LEN / 2,
-                    kv_only_threshold: Some(KV_THRESHOLD),
-                    cuda_graphs: true,
-                    stage_profile: false,
-                    recurrent_verify: false,
-                };
-                let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
-                // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,
-                // with the stage profile's events between the launches (they must change nothing).
-                let eager = GpuOptions {
-                    cuda_graphs: false,
-                    stage_profile: true,
-                    ..opts.clone()
-                };
-                let runs = [
-                    (FormChoice::Recurrent, &opts),
-                    (FormChoice::Replay, &opts),
-                    (FormChoice::KvOnly, &opts),
-                    (FormChoice::Replay, &eager),
-                ];
-                for (form, o) in runs {
-                    let r = teacher_forced(dir, prompts, STEPS, o, form, bound).map_err(|e| e.to_string());
-                    let (v, ok) = line(m, *tp, dtype, &r);
-                    all_ok &= ok;
-                    rows.push(v);
-                }
-                let vopts = GpuOptions {
-                    buffer_len: 2 * VERIFY_WINDOW,
-                    max_verify: VERIFY_WINDOW,
-                    recurrent_verify: true,
-                    ..opts.clone()
-                };
-                // Recurrent: the speculative baseline (a state snapshot per draft, committed by a copy).
-                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
-                    let r = verify_forced(dir, prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound)
-                        .map_err(|e| e.to_string());
-                    let (v, ok) = verify_line(m, *tp, dtype, &r);
-                    all_ok &= ok;
-                    rows.push(v);
-                }
-                // Chained decode steps: greedy and sampled at TP 1, greedy above (the ranks merge their picks).
-                for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
-                    let r = chain_forced(dir, prompts, &opts, form, CHAINED, CHAINS, CHAIN_TOLERANCE)
-                        .map_err(|e| e.to_string());
-                    let (v, ok) = chain_line(m, *tp, dtype, &r);
-                    all_ok &= ok;
-                    rows.push(v);
-                }
-                // Chains of verifies: drafts, verdicts and commits on the device, against single verify steps.
-                for (v, ok) in
-                    super::selftest_spec_chain::rows(&m.name, dir, prompts, &opts, *tp, dtype, CHAIN_TOLERANCE)
-                {
-                    all_ok &= ok;
-                    rows.push(v);
-                }
-                // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
-                let bound = if dtype == GpuDtype::F32 {
-                    LOGPROB_TOLERANCE_F32
-                } else {
-                    LOGPROB_TOLERANCE_BF16
-                };
-                let r =
-                    logprobs_forced(dir, prompts, STEPS, &opts, FormChoice::Replay, bound).map_err(|e| e.to_string());
-                let (v, ok) = logprob_line(m, *tp, dtype, &r);
-                all_ok &= ok;
-                rows.push(v);
-                // A request's n choices from one forked prefill, in f32 (see `selftest_choices`).
-                if dtype == GpuDtype::F32 {
-                    let (v, ok) = super::selftest_choices::rows(&m.name, dir, prompts, &opts, *tp);
-                    all_ok &= ok;
-                    rows.push(v);
-                    // Prefix cache hits: a finished request's state restored for a longer prompt (`selftest_prefix`).
-                    let (v, ok) = super::selftest_prefix::rows(&m.name, dir, prompts, &opts, *tp);
-                    all_ok &= ok;
-                    rows.push(v);
-                    // Greedy constrained requests speculating exactly (see `selftest_structured`).
-                    let (v, ok) = super::selftest_structured::rows(&m.name, dir, prompts, &opts, *tp);
+                for (v, ok) in dtype_rows(m, prompts, *tp, devices, dtype) {
                     all_ok &= ok;
                     rows.push(v);
                 }
@@ -592,6 +508,89 @@ pub fn section(
         }),
         all_ok,
     )
+}
+
+/// Every model-level row of model `m` at TP `tp` on `devices` with activations in `dtype`: the teacher-forced forms,
+/// verifies, chains, spec chains and log-probabilities, and in f32 the serving engine's n choices, prefix-cache hits
+/// and constrained speculation.
+fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtype: GpuDtype) -> Vec<(Value, bool)> {
+    let dir = m.dir.as_path();
+    let mut rows = Vec::new();
+    let opts = GpuOptions {
+        devices: devices.to_vec(),
+        gpu_memory_fraction: 0.9,
+        max_seqs: 4,
+        max_model_len: None,
+        prefill_chunk: 8,
+        dtype,
+        buffer_len: BUFFER_LEN,
+        max_verify: BUFFER_LEN / 2,
+        kv_only_threshold: Some(KV_THRESHOLD),
+        cuda_graphs: true,
+        stage_profile: false,
+        recurrent_verify: false,
+    };
+    let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
+    // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,
+    // with the stage profile's events between the launches (they must change nothing).
+    let eager = GpuOptions {
+        cuda_graphs: false,
+        stage_profile: true,
+        ..opts.clone()
+    };
+    let runs = [
+        (FormChoice::Recurrent, &opts),
+        (FormChoice::Replay, &opts),
+        (FormChoice::KvOnly, &opts),
+        (FormChoice::Replay, &eager),
+    ];
+    for (form, o) in runs {
+        let r = teacher_forced(dir, prompts, STEPS, o, form, bound).map_err(|e| e.to_string());
+        rows.push(line(m, tp, dtype, &r));
+    }
+    let vopts = GpuOptions {
+        buffer_len: 2 * VERIFY_WINDOW,
+        max_verify: VERIFY_WINDOW,
+        recurrent_verify: true,
+        ..opts.clone()
+    };
+    // Recurrent: the speculative baseline (a state snapshot per draft, committed by a copy).
+    for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+        let r = verify_forced(dir, prompts, VERIFY_STEPS, &vopts, form, CORRUPT, bound).map_err(|e| e.to_string());
+        rows.push(verify_line(m, tp, dtype, &r));
+    }
+    // Chained decode steps: greedy and sampled at TP 1, greedy above (the ranks merge their picks).
+    for form in [FormChoice::Recurrent, FormChoice::Replay, FormChoice::KvOnly] {
+        let r = chain_forced(dir, prompts, &opts, form, CHAINED, CHAINS, CHAIN_TOLERANCE).map_err(|e| e.to_string());
+        rows.push(chain_line(m, tp, dtype, &r));
+    }
+    // Chains of verifies: drafts, verdicts and commits on the device, against single verify steps.
+    rows.extend(super::selftest_spec_chain::rows(
+        &m.name,
+        dir,
+        prompts,
+        &opts,
+        tp,
+        dtype,
+        CHAIN_TOLERANCE,
+    ));
+    // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
+    let bound = if dtype == GpuDtype::F32 {
+        LOGPROB_TOLERANCE_F32
+    } else {
+        LOGPROB_TOLERANCE_BF16
+    };
+    let r = logprobs_forced(dir, prompts, STEPS, &opts, FormChoice::Replay, bound).map_err(|e| e.to_string());
+    rows.push(logprob_line(m, tp, dtype, &r));
+    // A request's n choices from one forked prefill, in f32 (see `selftest_choices`).
+    if dtype == GpuDtype::F32 {
+        rows.push(super::selftest_choices::rows(&m.name, dir, prompts, &opts, tp));
+        // Prefix cache hits: a finished request's state restored for a longer prompt (`selftest_prefix`).
+        rows.push(super::selftest_prefix::rows(&m.name, dir, prompts, &opts, tp));
+        // Greedy constrained requests speculating exactly (see `selftest_structured`).
+        rows.push(super::selftest_structured::rows(&m.name, dir, prompts, &opts, tp));
+    }
+    rows
 }
 
 #[cfg(test)]
