@@ -170,6 +170,89 @@ pub fn check_flags(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// A serving pass's throughput and latencies (seconds): time to first token, inter-token and request latency, each
+/// `(p50, p99)`, and the process's peak memory.
+struct Latencies {
+    generated: usize,
+    wall: f64,
+    out_tps: f64,
+    ttft: (f64, f64),
+    itl: (f64, f64),
+    latency: (f64, f64),
+    peak: Option<f64>,
+}
+
+impl Latencies {
+    fn of(traces: &[Trace], wall: f64) -> Latencies {
+        let generated: usize = traces.iter().map(|t| t.arrivals.len()).sum();
+        let mut ttft: Vec<f64> = traces
+            .iter()
+            .filter_map(|t| t.arrivals.first().map(|a| (*a - t.submitted).as_secs_f64()))
+            .collect();
+        let mut itl: Vec<f64> = traces
+            .iter()
+            .flat_map(|t| t.arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()))
+            .collect();
+        let mut latency: Vec<f64> = traces
+            .iter()
+            .filter_map(|t| t.arrivals.last().map(|a| (*a - t.submitted).as_secs_f64()))
+            .collect();
+        Latencies {
+            generated,
+            wall,
+            out_tps: generated as f64 / wall,
+            ttft: (quantile(&mut ttft, 0.5), quantile(&mut ttft, 0.99)),
+            itl: (quantile(&mut itl, 0.5), quantile(&mut itl, 0.99)),
+            latency: (quantile(&mut latency, 0.5), quantile(&mut latency, 0.99)),
+            peak: peak_rss_mib(),
+        }
+    }
+
+    /// The pass's line on stderr and its table rows.
+    fn print(
+        &self,
+        metrics: &rewind_actors::MetricsSnapshot,
+        device: &str,
+        requests: usize,
+        concurrency: usize,
+        args: &BenchArgs,
+        spread: &str,
+    ) -> Result<()> {
+        let (out_tps, (ttft50, ttft99), (itl50, itl99)) = (self.out_tps, self.ttft, self.itl);
+        errln!(
+            "serving: {requests} requests, concurrency {concurrency} on {device}: {out_tps:.1} output tok/s | TTFT p50 {:.1} ms \
+             p99 {:.1} ms | ITL p50 {:.2} ms p99 {:.2} ms | {} steps, {} preemptions, {} faults",
+            ttft50 * 1e3,
+            ttft99 * 1e3,
+            itl50 * 1e3,
+            itl99 * 1e3,
+            metrics.steps,
+            metrics.preemptions,
+            metrics.faults
+        );
+        outln!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each{spread} | {out_tps:.1} output tok/s over {:.2} s |", args.prompt_len, args.decode_tokens, self.wall)?;
+        outln!(
+            "| serving: time to first token p50 / p99 | {:.1} / {:.1} ms |",
+            ttft50 * 1e3,
+            ttft99 * 1e3
+        )?;
+        outln!(
+            "| serving: inter-token latency p50 / p99 | {:.2} / {:.2} ms |",
+            itl50 * 1e3,
+            itl99 * 1e3
+        )?;
+        outln!(
+            "| serving: request latency p50 / p99 | {:.3} / {:.3} s |",
+            self.latency.0,
+            self.latency.1
+        )?;
+        if let Some(p) = self.peak {
+            outln!("| serving: peak resident memory | {p:.0} MiB |")?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs the serving benchmark; returns its JSON (and prints its table rows).
 pub fn run(
     args: &BenchArgs,
@@ -288,50 +371,8 @@ pub fn run(
         failed.len(),
         failed[0]
     );
-    let generated: usize = traces.iter().map(|t| t.arrivals.len()).sum();
-    let mut ttft: Vec<f64> = traces
-        .iter()
-        .filter_map(|t| t.arrivals.first().map(|a| (*a - t.submitted).as_secs_f64()))
-        .collect();
-    let mut itl: Vec<f64> = traces
-        .iter()
-        .flat_map(|t| t.arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()))
-        .collect();
-    let mut latency: Vec<f64> = traces
-        .iter()
-        .filter_map(|t| t.arrivals.last().map(|a| (*a - t.submitted).as_secs_f64()))
-        .collect();
-    let out_tps = generated as f64 / wall;
-    let (ttft50, ttft99) = (quantile(&mut ttft, 0.5), quantile(&mut ttft, 0.99));
-    let (itl50, itl99) = (quantile(&mut itl, 0.5), quantile(&mut itl, 0.99));
-    let (lat50, lat99) = (quantile(&mut latency, 0.5), quantile(&mut latency, 0.99));
-    let peak = peak_rss_mib();
-    errln!(
-        "serving: {requests} requests, concurrency {concurrency} on {device}: {out_tps:.1} output tok/s | TTFT p50 {:.1} ms \
-         p99 {:.1} ms | ITL p50 {:.2} ms p99 {:.2} ms | {} steps, {} preemptions, {} faults",
-        ttft50 * 1e3,
-        ttft99 * 1e3,
-        itl50 * 1e3,
-        itl99 * 1e3,
-        metrics.steps,
-        metrics.preemptions,
-        metrics.faults
-    );
-    outln!("| serving: {requests} requests, {concurrency} in flight, {} + {} tokens each{spread} | {out_tps:.1} output tok/s over {wall:.2} s |", args.prompt_len, args.decode_tokens)?;
-    outln!(
-        "| serving: time to first token p50 / p99 | {:.1} / {:.1} ms |",
-        ttft50 * 1e3,
-        ttft99 * 1e3
-    )?;
-    outln!(
-        "| serving: inter-token latency p50 / p99 | {:.2} / {:.2} ms |",
-        itl50 * 1e3,
-        itl99 * 1e3
-    )?;
-    outln!("| serving: request latency p50 / p99 | {:.3} / {:.3} s |", lat50, lat99)?;
-    if let Some(p) = peak {
-        outln!("| serving: peak resident memory | {p:.0} MiB |")?;
-    }
+    let lat = Latencies::of(&traces, wall);
+    lat.print(&metrics, &device, requests, concurrency, args, &spread)?;
     let speculation = match (&spec, side) {
         (Some(config), Some((references, mut plain_walls, mut spec_walls, spec_traces, plain_traces))) => {
             // Exact output is required where the arithmetic is deterministic across batch shapes (the CPU, and f32
@@ -362,12 +403,12 @@ pub fn run(
         "prompt_tokens_total": lengths.iter().map(|l| l.0).sum::<usize>(),
         "max_batch_tokens": args.run.engine.max_batch_tokens,
         "wall_s": wall,
-        "output_tokens": generated,
-        "output_tok_per_s": out_tps,
-        "ttft_ms": {"p50": ttft50 * 1e3, "p99": ttft99 * 1e3},
-        "itl_ms": {"p50": itl50 * 1e3, "p99": itl99 * 1e3},
-        "request_latency_s": {"p50": lat50, "p99": lat99},
-        "peak_rss_mib": peak,
+        "output_tokens": lat.generated,
+        "output_tok_per_s": lat.out_tps,
+        "ttft_ms": {"p50": lat.ttft.0 * 1e3, "p99": lat.ttft.1 * 1e3},
+        "itl_ms": {"p50": lat.itl.0 * 1e3, "p99": lat.itl.1 * 1e3},
+        "request_latency_s": {"p50": lat.latency.0, "p99": lat.latency.1},
+        "peak_rss_mib": lat.peak,
         "engine": {
             "steps": metrics.steps,
             "prefill_tokens": metrics.prefill_tokens,
