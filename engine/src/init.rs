@@ -68,7 +68,7 @@ pub struct InitReport {
 /// Every tensor (name → shape) a checkpoint of `config` holds.
 pub fn plan_tensors(config: &ModelConfig) -> Result<BTreeMap<String, Vec<usize>>> {
     let mut rec = ShapeRecorder::default();
-    ShardedModel::load_streaming(config.clone(), 1, 0, &mut rec, |_| Ok(()))?;
+    ShardedModel::load_streaming(config.clone(), None, 1, 0, &mut rec, |_| Ok(()))?;
     Ok(rec.tensors)
 }
 

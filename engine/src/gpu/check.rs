@@ -258,6 +258,7 @@ pub fn teacher_forced(
                 }],
                 full_logits: true,
                 hidden: false,
+                mtp: Vec::new(),
             }),
         })?;
         let all = out.logits.unwrap_or_default();
@@ -291,6 +292,7 @@ pub fn teacher_forced(
                     .collect(),
                 full_logits: true,
                 hidden: true,
+                mtp: Vec::new(),
             }),
         };
         let out = gpu.step(plan)?;

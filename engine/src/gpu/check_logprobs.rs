@@ -132,6 +132,7 @@ fn batch(seqs: Vec<SeqStep>, full_logits: bool) -> StepPlan {
             seqs,
             full_logits,
             hidden: false,
+            mtp: Vec::new(),
         }),
     }
 }

@@ -101,6 +101,7 @@ pub fn verify_forced(
                         .collect(),
                     full_logits: true,
                     hidden: false,
+                    mtp: Vec::new(),
                 }),
             };
             let logits = gpu.step(plan)?.logits.unwrap_or_default();

@@ -64,7 +64,7 @@ impl<A: Act> LoadedRank<A> {
         let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
         let mut blocks = Vec::with_capacity(config.num_blocks());
         // Each block is uploaded and dropped as soon as it is read: host memory holds one block at a time.
-        let parts = ShardedModel::load_streaming(config, tp, rank, &mut src, |b| {
+        let parts = ShardedModel::load_streaming(config, None, tp, rank, &mut src, |b| {
             blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
             Ok(())
         })?;

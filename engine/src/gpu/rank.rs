@@ -78,6 +78,7 @@ impl<A: Act> LoadedRank<A> {
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
             hidden_states: true,
+            mtp: false,
             spec_summaries: true,
             // Top lists folded in the head pass (`gpu/head.rs`).
             logprobs: true,

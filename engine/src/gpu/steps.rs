@@ -181,6 +181,7 @@ impl<A: Act> GpuRank<A> {
             logits: None,
             hidden: None,
             chain,
+            mtp: Vec::new(),
         })
     }
 
@@ -239,6 +240,7 @@ impl<A: Act> GpuRank<A> {
             logits: all.logits,
             hidden: all.hidden,
             chain: None,
+            mtp: Vec::new(),
         })
     }
 

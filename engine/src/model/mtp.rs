@@ -43,6 +43,7 @@ pub const MTP_PREFIX: &str = "mtp.";
 
 /// Where an MTP module's tensors lie (names relative to [`MTP_PREFIX`]) and the residual blocks of its layer: an
 /// attention block then an FFN block.
+#[derive(Clone, Debug, PartialEq)]
 pub struct MtpLayout {
     /// The input projection `[hidden, 2·hidden]` and the norms of its embedding and hidden halves.
     pub fc: String,
@@ -71,6 +72,42 @@ pub fn mtp_layout(config_json: &Value) -> Result<MtpLayout> {
         blocks,
         out_norm: "norm.weight".into(),
     })
+}
+
+/// The MTP layout of a checkpoint whose MTP layer a rank will run: `config` (parsed from `config_json`) must say it
+/// has MTP layers and `has_tensors` that its safetensors hold `mtp.*` tensors; otherwise a clear error naming the
+/// checkpoint in `dir` and what is missing.
+pub fn checked_mtp_layout(
+    config: &ModelConfig,
+    config_json: &Value,
+    has_tensors: bool,
+    dir: &std::path::Path,
+) -> Result<MtpLayout> {
+    if config.mtp_layers == 0 {
+        let field = match config.family {
+            Family::NemotronH => "num_nextn_predict_layers",
+            _ => "mtp_num_hidden_layers",
+        };
+        return Err(no_mtp(dir, &format!("its config.json sets no {field}")));
+    }
+    if !has_tensors {
+        return Err(no_mtp(
+            dir,
+            &format!(
+                "its config.json says {} MTP layer(s), but its safetensors hold none",
+                config.mtp_layers
+            ),
+        ));
+    }
+    mtp_layout(config_json)
+}
+
+fn no_mtp(dir: &std::path::Path, why: &str) -> EngineError {
+    EngineError::InvalidInput(format!(
+        "the checkpoint in {} has no MTP weights (mtp.* tensors; {why}); --spec mtp needs them \
+         (init-model --mtp writes random ones)",
+        dir.display()
+    ))
 }
 
 /// The residual blocks of a Qwen MTP decoder layer for the model `config_json` describes: the family's
@@ -251,8 +288,17 @@ impl MtpHead {
         self.attn.new_cache()
     }
 
-    /// The decoder layer and output norm over `t` rows of embeddings `emb` and hidden inputs `hidden`.
-    pub fn forward(&self, emb: &[f32], hidden: &[f32], t: usize, cache: &mut KvCache) -> Vec<f32> {
+    /// The decoder layer and output norm over `t` rows of embeddings `emb` and hidden inputs `hidden`, appending
+    /// their keys and values to `cache` (RoPE positions `cache.len()..`). `reduce` sums a row-parallel block's
+    /// partial output over the tensor-parallel ranks (nothing to do on one rank), as the target's blocks do.
+    pub fn forward(
+        &self,
+        emb: &[f32],
+        hidden: &[f32],
+        t: usize,
+        cache: &mut KvCache,
+        reduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         let h = self.hidden;
         let e = self.rms(emb, &self.pre_fc_norm_embedding);
         let g = self.rms(hidden, &self.pre_fc_norm_hidden);
@@ -263,15 +309,17 @@ impl MtpHead {
             cat.extend_from_slice(gr);
         }
         let mut x = linear(&cat, &self.fc, None, t, 2 * h, h);
-        let a = self.attn.forward(&self.rms(&x, &self.attn_norm), t, cache.len(), cache);
+        let mut a = self.attn.forward(&self.rms(&x, &self.attn_norm), t, cache.len(), cache);
+        reduce(&mut a)?;
         x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
         let normed = self.rms(&x, &self.ffn_norm);
-        let f = match &self.ffn {
+        let mut f = match &self.ffn {
             MtpFfn::Mlp(m) => m.forward(&normed, t),
             MtpFfn::Moe(m) => m.forward(&normed, t),
         };
+        reduce(&mut f)?;
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
-        self.rms(&x, &self.norm)
+        Ok(self.rms(&x, &self.norm))
     }
 }
 

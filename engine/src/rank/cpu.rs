@@ -41,6 +41,8 @@ pub fn cpu_group(dir: &Path, opts: &CpuOptions) -> Result<RankGroup> {
 pub struct CpuLauncher {
     dir: PathBuf,
     opts: CpuOptions,
+    /// Load the checkpoint's MTP layer on every rank, to draft with it there ([`super::mtp`]).
+    mtp: bool,
 }
 
 impl CpuLauncher {
@@ -52,7 +54,15 @@ impl CpuLauncher {
         Ok(CpuLauncher {
             dir: dir.to_path_buf(),
             opts,
+            mtp: false,
         })
+    }
+
+    /// This launcher with every rank loading its share of the checkpoint's MTP layer, so that plans may ask the
+    /// ranks for MTP drafts ([`super::Batch::mtp`]); a checkpoint without one fails the launch with a clear error.
+    pub fn with_mtp(mut self, mtp: bool) -> Self {
+        self.mtp = mtp;
+        self
     }
 }
 
@@ -70,7 +80,7 @@ impl Launcher for CpuLauncher {
         let abort = Abort::new();
         abort.on_abort(comms[0].abort_handle());
         let handles = Arc::new(Mutex::new(comms.into_iter().map(Some).collect::<Vec<_>>()));
-        let (dir, tp, config) = (self.dir.clone(), self.opts.tp, self.opts.decoder.clone());
+        let (dir, tp, config, mtp) = (self.dir.clone(), self.opts.tp, self.opts.decoder.clone(), self.mtp);
         let load: RankLoader = Arc::new(move |rank| {
             let comm = handles
                 .lock()
@@ -78,9 +88,12 @@ impl Launcher for CpuLauncher {
                 .get_mut(rank)
                 .and_then(Option::take)
                 .ok_or_else(|| EngineError::Communicator(format!("no communicator handle for rank {rank}")))?;
-            let model = ShardedModel::from_dir(&dir, tp, rank)?;
+            let model = ShardedModel::from_dir_with(&dir, tp, rank, mtp)?;
             let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
-            Ok(Box::new(decoder) as Box<dyn Rank>)
+            Ok(Box::new(super::mtp_cpu::CpuRank {
+                decoder,
+                mtp: Default::default(),
+            }) as Box<dyn Rank>)
         });
         Ok(Launch {
             load,
@@ -175,6 +188,7 @@ impl Rank for Decoder {
             logprobs: true,
             max_chained: crate::rank::MAX_CHAINED,
             hidden_states: true,
+            mtp: false,
         }
     }
 
@@ -251,6 +265,7 @@ impl Decoder {
                 logits: b.full_logits.then(Vec::new),
                 hidden: b.hidden.then(Vec::new),
                 chain: None,
+                mtp: Vec::new(),
             });
         }
         let mut claimed = Vec::new();
@@ -365,6 +380,7 @@ impl Decoder {
             logits: if b.full_logits { logits } else { None },
             hidden: hidden_rows,
             chain: None,
+            mtp: Vec::new(),
         })
     }
 }

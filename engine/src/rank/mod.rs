@@ -24,6 +24,8 @@ pub mod fault;
 pub mod group;
 pub mod launch;
 pub mod lockstep;
+pub mod mtp;
+mod mtp_cpu;
 pub mod plan;
 pub mod sequence;
 pub mod spec_chain;
@@ -44,6 +46,7 @@ pub use fault::{FaultKind, FaultSpec, Faults};
 pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};
 pub use lockstep::{finish, prepare, StepResult};
+pub use mtp::{MtpBook, MtpProposal, MtpRequest};
 pub use plan::{
     Batch, ChainSample, ChainedDecode, ChainedVerify, Commit, DecodeChain, GraphStats, LogprobRows, Program,
     RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample,

@@ -243,6 +243,9 @@ pub struct Batch {
     /// reported rows instead (the GPU rank, so far) still serves the MTP drafter, whose KV then starts at the last
     /// prompt row rather than at the prompt's start.
     pub hidden: bool,
+    /// Sequences that run the rank's MTP layer ([`super::mtp`]): their rows feed its KV and it proposes the next
+    /// window's drafts ([`StepOut::mtp`]). Needs a rank that loaded one ([`RankInfo::mtp`]).
+    pub mtp: Vec<super::mtp::MtpRequest>,
 }
 
 /// `1 + steps` decode steps of the same sequences. Step `k` feeds each sequence the token step `k − 1` picked for it
@@ -594,6 +597,8 @@ pub struct StepOut {
     pub hidden: Option<Vec<f32>>,
     /// What a chain of verifies drafted and judged ([`Program::VerifyChain`]; `None` otherwise).
     pub chain: Option<super::spec_chain::ChainLog>,
+    /// The MTP layer's proposals, one per [`Batch::mtp`] request, in its order (the same on every rank).
+    pub mtp: Vec<super::mtp::MtpProposal>,
 }
 
 /// What a rank reports about itself.
@@ -722,6 +727,8 @@ pub struct RankInfo {
     pub logprobs: bool,
     /// Whether the rank returns final hidden states ([`Batch::hidden`]).
     pub hidden_states: bool,
+    /// Whether the rank loaded the checkpoint's MTP layer and drafts with it ([`Batch::mtp`]).
+    pub mtp: bool,
     /// The most further decode steps one plan may chain on this rank ([`DecodeChain::steps`]; 0: none).
     pub max_chained: usize,
 }

@@ -169,6 +169,7 @@ mod tests {
                         logits: Some(slice),
                         hidden: None,
                         chain: None,
+                        mtp: Vec::new(),
                     }
                 })
                 .collect();
@@ -216,6 +217,7 @@ mod tests {
             logits: None,
             hidden: None,
             chain: None,
+            mtp: Vec::new(),
         };
         let agreed = merge_step(&[out(0..2, Some(3)), out(2..4, Some(3))], 4).expect("same draw");
         assert_eq!(agreed.sampled, vec![Some(3)]);

@@ -22,5 +22,5 @@ mod tests;
 
 pub use comm::{Communicator, LocalComm};
 pub use model::{ShardBlock, ShardedModel};
-pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, Piece, RankPlan, ShardKind};
+pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, MtpShard, Piece, RankPlan, ShardKind};
 pub use source::ShardSource;

@@ -22,6 +22,7 @@ use crate::model::mixers::ffn::{Mlp, Moe};
 use crate::model::mixers::gdn::GdnMixer;
 use crate::model::mixers::mamba2::Mamba2Mixer;
 use crate::model::mixers::Mixer;
+use crate::model::mtp::{MtpHead, MtpLayout};
 use crate::model::tensors::TensorSource;
 use crate::state::{LayerState, SsmDims};
 
@@ -51,6 +52,7 @@ pub(crate) struct ShardParts {
     pub(crate) embed: Vec<f32>,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Option<Vec<f32>>,
+    pub(crate) mtp: Option<MtpHead>,
 }
 
 /// One rank's share of a model.
@@ -62,13 +64,27 @@ pub struct ShardedModel {
     blocks: Vec<ShardBlock>,
     final_norm: Vec<f32>,
     lm_head: Option<Vec<f32>>,
+    /// The rank's share of the checkpoint's MTP layer, when it was loaded to run on the rank.
+    mtp: Option<MtpHead>,
 }
 
 impl ShardedModel {
     /// Loads rank `rank` of `tp` from `src` (a whole-model source, e.g. the memory-mapped checkpoint every rank opens).
     pub fn load(config: ModelConfig, tp: usize, rank: usize, src: &mut dyn TensorSource) -> Result<Self> {
+        Self::load_with_mtp(config, None, tp, rank, src)
+    }
+
+    /// [`ShardedModel::load`], also loading the rank's share of the MTP layer `mtp` describes
+    /// ([`crate::model::mtp::mtp_layout`]) when given.
+    pub fn load_with_mtp(
+        config: ModelConfig,
+        mtp: Option<&MtpLayout>,
+        tp: usize,
+        rank: usize,
+        src: &mut dyn TensorSource,
+    ) -> Result<Self> {
         let mut blocks = Vec::new();
-        let parts = Self::load_streaming(config, tp, rank, src, |b| {
+        let parts = Self::load_streaming(config, mtp, tp, rank, src, |b| {
             blocks.push(b);
             Ok(())
         })?;
@@ -79,6 +95,7 @@ impl ShardedModel {
             blocks,
             final_norm: parts.final_norm,
             lm_head: parts.lm_head,
+            mtp: parts.mtp,
         })
     }
 
@@ -87,6 +104,7 @@ impl ShardedModel {
     /// than one block in host memory.
     pub(crate) fn load_streaming(
         config: ModelConfig,
+        mtp: Option<&MtpLayout>,
         tp: usize,
         rank: usize,
         src: &mut dyn TensorSource,
@@ -94,7 +112,11 @@ impl ShardedModel {
     ) -> Result<ShardParts> {
         let plan = {
             let view: &dyn TensorSource = src;
-            RankPlan::new(&config, tp, rank, &|n| view.contains(n))?
+            let plan = RankPlan::new(&config, tp, rank, &|n| view.contains(n))?;
+            match mtp {
+                Some(layout) => plan.with_mtp(&config, layout, &|n| view.contains(n))?,
+                None => plan,
+            }
         };
         let hidden = config.hidden_size;
         let mut ss = ShardSource::new(src, plan.tensors());
@@ -120,6 +142,10 @@ impl ShardedModel {
             })?;
             progress.advance(1);
         }
+        let mtp = match &plan.mtp {
+            Some(m) => Some(MtpHead::load(&config, &m.local_layout(), &mut ss)?),
+            None => None,
+        };
         let final_norm = ss.take(&plan.final_norm.name, &[hidden])?;
         let lm_head = match &plan.lm_head {
             Some(t) => Some(ss.take(&t.name, &t.local_shape())?),
@@ -134,14 +160,35 @@ impl ShardedModel {
             embed,
             final_norm,
             lm_head,
+            mtp,
         })
     }
 
     /// Loads rank `rank` of `tp` from `dir/config.json` and the safetensors checkpoint beside it.
     pub fn from_dir(dir: &std::path::Path, tp: usize, rank: usize) -> Result<Self> {
-        let config = ModelConfig::from_dir(dir)?;
+        Self::from_dir_with(dir, tp, rank, false)
+    }
+
+    /// [`ShardedModel::from_dir`], with the rank's share of the checkpoint's MTP layer when `mtp` (a checkpoint
+    /// without one is then a clear error, [`crate::model::mtp::checked_mtp_layout`]).
+    pub fn from_dir_with(dir: &std::path::Path, tp: usize, rank: usize, mtp: bool) -> Result<Self> {
+        let (config, json) = ModelConfig::from_dir_json(dir)?;
         let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
-        Self::load(config, tp, rank, &mut src)
+        let layout = match mtp {
+            true => Some(crate::model::mtp::checked_mtp_layout(
+                &config,
+                &json,
+                src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
+                dir,
+            )?),
+            false => None,
+        };
+        Self::load_with_mtp(config, layout.as_ref(), tp, rank, &mut src)
+    }
+
+    /// The rank's share of the MTP layer, when it was loaded.
+    pub fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp.as_ref()
     }
 
     /// The whole model's config.
@@ -252,6 +299,16 @@ impl ShardedModel {
         let normed = norm::rms_norm_vec(x, &self.final_norm, self.config.norm_eps, self.config.norm_offset);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
         gemm::linear(&normed, head, None, rows, hidden, self.plan.vocab.len())
+    }
+
+    /// Residual rows `x` (`[rows, hidden]`) under the final norm: the LM head's input, and an MTP layer's hidden input.
+    pub fn final_norm_rows(&self, x: &[f32]) -> Vec<f32> {
+        norm::rms_norm_vec(x, &self.final_norm, self.config.norm_eps, self.config.norm_offset)
+    }
+
+    /// This rank's slice of the LM head, `[plan().vocab.len(), hidden]` (the embedding's rows when tied).
+    pub fn lm_head_slice(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
     }
 
     /// One-pass summaries of residual rows `x` `[rows, hidden]` over this rank's vocabulary slice (the final norm,

@@ -256,6 +256,57 @@ pub struct RankPlan {
     /// `None` with tied embeddings: the LM head is the rank's embedding slice.
     pub lm_head: Option<LocalTensor>,
     pub blocks: Vec<BlockShard>,
+    /// The checkpoint's MTP layer, when the rank runs it ([`RankPlan::with_mtp`]).
+    pub mtp: Option<MtpShard>,
+}
+
+/// A rank's share of the MTP layer ([`crate::model::mtp`]): the input projection and the norms replicated (the
+/// residual stream is whole on every rank), the attention and FFN blocks split exactly as the target's are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MtpShard {
+    pub fc: LocalTensor,
+    pub norm_embedding: LocalTensor,
+    pub norm_hidden: LocalTensor,
+    /// The attention block then the FFN block (full tensor names in [`BlockShard::prefix`] and `norm`).
+    pub blocks: Vec<BlockShard>,
+    pub out_norm: LocalTensor,
+}
+
+impl MtpShard {
+    /// The layout the rank's [`MtpHead`](crate::model::mtp::MtpHead) loads: the local block kinds, names relative to
+    /// [`MTP_PREFIX`](crate::model::mtp::MTP_PREFIX).
+    pub fn local_layout(&self) -> crate::model::mtp::MtpLayout {
+        let rel = |name: &str| {
+            name.strip_prefix(crate::model::mtp::MTP_PREFIX)
+                .unwrap_or(name)
+                .to_string()
+        };
+        crate::model::mtp::MtpLayout {
+            fc: rel(&self.fc.name),
+            norm_embedding: rel(&self.norm_embedding.name),
+            norm_hidden: rel(&self.norm_hidden.name),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| crate::model::config::BlockPlan {
+                    norm: rel(&b.norm.name),
+                    mixer: rel(&b.prefix),
+                    kind: b.kind.clone(),
+                })
+                .collect(),
+            out_norm: rel(&self.out_norm.name),
+        }
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &LocalTensor> {
+        [&self.fc, &self.norm_embedding, &self.norm_hidden, &self.out_norm]
+            .into_iter()
+            .chain(
+                self.blocks
+                    .iter()
+                    .flat_map(|b| std::iter::once(&b.norm).chain(&b.tensors)),
+            )
+    }
 }
 
 impl RankPlan {
@@ -321,7 +372,40 @@ impl RankPlan {
             final_norm,
             lm_head,
             blocks,
+            mtp: None,
         })
+    }
+
+    /// This plan with the checkpoint's MTP layer (`layout`, [`crate::model::mtp::mtp_layout`]) split by the same
+    /// rules as the target's blocks: the rank loads and runs it beside the model.
+    pub fn with_mtp(
+        mut self,
+        config: &ModelConfig,
+        layout: &crate::model::mtp::MtpLayout,
+        has: &dyn Fn(&str) -> bool,
+    ) -> Result<Self> {
+        let hidden = config.hidden_size;
+        let full = |name: &str| format!("{}{name}", crate::model::mtp::MTP_PREFIX);
+        let mut blocks = Vec::new();
+        for b in &layout.blocks {
+            let mp = full(&b.mixer);
+            let (kind, shard, tensors) = layers::plan_block(&b.kind, &mp, self.tp, self.rank, has)?;
+            blocks.push(BlockShard {
+                norm: LocalTensor::replicated(full(&b.norm), &[hidden]),
+                prefix: mp,
+                kind,
+                shard,
+                tensors,
+            });
+        }
+        self.mtp = Some(MtpShard {
+            fc: LocalTensor::replicated(full(&layout.fc), &[hidden, 2 * hidden]),
+            norm_embedding: LocalTensor::replicated(full(&layout.norm_embedding), &[hidden]),
+            norm_hidden: LocalTensor::replicated(full(&layout.norm_hidden), &[hidden]),
+            blocks,
+            out_norm: LocalTensor::replicated(full(&layout.out_norm), &[hidden]),
+        });
+        Ok(self)
     }
 
     /// Every tensor the rank loads.
@@ -334,5 +418,6 @@ impl RankPlan {
                     .iter()
                     .flat_map(|b| std::iter::once(&b.norm).chain(&b.tensors)),
             )
+            .chain(self.mtp.iter().flat_map(MtpShard::tensors))
     }
 }

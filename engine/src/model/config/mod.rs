@@ -116,13 +116,18 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Reads and parses `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        Ok(Self::from_dir_json(dir)?.0)
+    }
+
+    /// Reads and parses `dir/config.json`, returning the JSON as well (the MTP layout is read from it).
+    pub fn from_dir_json(dir: &Path) -> Result<(Self, Value)> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
         let value = super::json::parse_relaxed(&text).map_err(|e| EngineError::Json {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        Self::from_json(&value)
+        Ok((Self::from_json(&value)?, value))
     }
 
     /// Parses a config already read as JSON.

@@ -10,11 +10,10 @@ use serde_json::Value;
 
 use crate::checkpoint::SafetensorsSource;
 use crate::error::{EngineError, Result};
-use crate::model::json::parse_relaxed;
 use crate::model::mixers::attention::KvCache;
-use crate::model::mtp::{mtp_layout, MtpHead, MTP_PREFIX};
+use crate::model::mtp::{checked_mtp_layout, mtp_layout, MtpHead, MTP_PREFIX};
 use crate::model::tensors::TensorSource;
-use crate::model::{Family, ModelConfig};
+use crate::model::ModelConfig;
 use crate::shard::RankPlan;
 
 /// Everything the MTP drafter reads, shared by every request's drafter: the MTP head plus the embedding, the LM head
@@ -38,24 +37,10 @@ impl MtpWeights {
     /// `mtp.*` tensors) is [`EngineError::InvalidInput`]; an MTP layer other than attention then FFN is
     /// [`EngineError::NotSupported`].
     pub fn load(dir: &Path) -> Result<Arc<Self>> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(&path, e))?;
-        let json = parse_relaxed(&text).map_err(|e| EngineError::Json {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        let config = ModelConfig::from_json(&json)?;
-        check_mtp_config(&config, dir)?;
+        let (config, json) = ModelConfig::from_dir_json(dir)?;
         let mut src = SafetensorsSource::open(dir)?;
-        if !src.names().iter().any(|n| n.starts_with(MTP_PREFIX)) {
-            return Err(no_mtp(
-                dir,
-                &format!(
-                    "its config.json says {} MTP layer(s), but its safetensors hold none",
-                    config.mtp_layers
-                ),
-            ));
-        }
+        let has = src.names().iter().any(|n| n.starts_with(MTP_PREFIX));
+        checked_mtp_layout(&config, &json, has, dir)?;
         Ok(Arc::new(Self::from_source(config, &json, &mut src)?))
     }
 
@@ -129,26 +114,6 @@ impl MtpWeights {
         if t == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.head.forward(&emb, hidden, t, cache))
+        self.head.forward(&emb, hidden, t, cache, &mut |_| Ok(()))
     }
-}
-
-/// Fails unless `config` describes a checkpoint whose MTP layers rewind can run; `dir` names it in the message.
-fn check_mtp_config(config: &ModelConfig, dir: &Path) -> Result<()> {
-    if config.mtp_layers == 0 {
-        let field = match config.family {
-            Family::NemotronH => "num_nextn_predict_layers",
-            _ => "mtp_num_hidden_layers",
-        };
-        return Err(no_mtp(dir, &format!("its config.json sets no {field}")));
-    }
-    Ok(())
-}
-
-fn no_mtp(dir: &Path, why: &str) -> EngineError {
-    EngineError::InvalidInput(format!(
-        "the checkpoint in {} has no MTP weights (mtp.* tensors; {why}); --spec mtp needs them \
-         (init-model --mtp writes random ones)",
-        dir.display()
-    ))
 }
