@@ -39,6 +39,7 @@ fn plan() -> StepPlan {
             ],
             full_logits: false,
             hidden: true,
+            mtp: Vec::new(),
         }),
     }
 }
@@ -51,6 +52,7 @@ fn result(rows: usize) -> StepResult {
         logits: None,
         hidden: Some((0..rows).flat_map(|i| [i as f32; WIDTH]).collect()),
         chain: None,
+        mtp: Vec::new(),
     }
 }
 

@@ -566,6 +566,7 @@ impl CoordinatorState {
                     .iter()
                     .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows),
                 hidden: self.wants_hidden(),
+                mtp: Vec::new(),
             })
         };
         Ok(StepPlan { commits, program })

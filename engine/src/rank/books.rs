@@ -37,6 +37,8 @@ pub struct Books {
     spec_summaries: bool,
     logprobs: bool,
     hidden_states: bool,
+    /// Whether every rank loaded the MTP layer ([`Batch::mtp`]).
+    mtp: bool,
     max_chained: usize,
     /// Ranks in the group (tensor parallelism when more than one).
     ranks: usize,
@@ -91,6 +93,7 @@ impl Books {
             spec_summaries: infos.iter().all(|i| i.spec_summaries),
             logprobs: infos.iter().all(|i| i.logprobs),
             hidden_states: infos.iter().all(|i| i.hidden_states),
+            mtp: infos.iter().all(|i| i.mtp),
             max_chained: min(|i| i.max_chained),
             ranks: infos.len(),
             slots: SlotAllocator::new(slots),
@@ -140,6 +143,11 @@ impl Books {
     /// Whether every rank returns final hidden states.
     pub fn hidden_states(&self) -> bool {
         self.hidden_states
+    }
+
+    /// Whether every rank drafts with an MTP layer ([`Batch::mtp`]).
+    pub fn mtp(&self) -> bool {
+        self.mtp
     }
 
     /// Sequence slots.
@@ -388,6 +396,36 @@ impl Books {
             return Err(EngineError::NotSupported(
                 "returning hidden states (the MTP drafter needs them) on this backend".into(),
             ));
+        }
+        if !b.mtp.is_empty() && !self.mtp {
+            return Err(EngineError::NotSupported(
+                "MTP drafts on the ranks: these ranks loaded no MTP layer".into(),
+            ));
+        }
+        for (i, r) in b.mtp.iter().enumerate() {
+            if b.mtp[..i].iter().any(|o| o.slot == r.slot) {
+                return Err(invalid(format!("slot {} asks for MTP drafts twice", r.slot)));
+            }
+            let s = b.seqs.iter().find(|s| s.slot == r.slot).ok_or_else(|| {
+                invalid(format!(
+                    "an MTP request names slot {}, which the step does not run",
+                    r.slot
+                ))
+            })?;
+            if s.hidden_row_count() != s.tokens.len() {
+                return Err(invalid(format!(
+                    "slot {}: a sequence drafting with MTP must report every row of its step",
+                    r.slot
+                )));
+            }
+            if r.window > self.max_verify.saturating_sub(1) {
+                return Err(invalid(format!(
+                    "slot {}: an MTP window of {} drafts exceeds the ranks' verify window ({} drafts)",
+                    r.slot,
+                    r.window,
+                    self.max_verify.saturating_sub(1)
+                )));
+            }
         }
         for s in &b.seqs {
             if let Some(spec) = &s.spec {

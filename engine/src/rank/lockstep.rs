@@ -27,6 +27,8 @@ pub struct StepResult {
     pub hidden: Option<Vec<f32>>,
     /// What a chain of verifies drafted and judged ([`Program::VerifyChain`]).
     pub chain: Option<ChainLog>,
+    /// The ranks' MTP proposals ([`Batch::mtp`](super::Batch::mtp)), one per request, the same on every rank.
+    pub mtp: Vec<super::mtp::MtpProposal>,
 }
 
 /// Checks `plan` against `books` (a bad plan fails here, before any rank computes) and builds what every rank runs.
@@ -57,6 +59,19 @@ pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize
             Some(log)
         }
     };
+    let mtp = outs.first().map(|o| o.mtp.clone()).unwrap_or_default();
+    if let Some(r) = outs.iter().position(|o| o.mtp != mtp) {
+        return Err(EngineError::Communicator(format!(
+            "rank {r} proposed other MTP drafts than rank 0"
+        )));
+    }
+    let asked = plan.as_batch().map_or(0, |b| b.mtp.len());
+    if mtp.len() > asked {
+        return Err(EngineError::InvalidInput(format!(
+            "the ranks answered {} MTP proposals for {asked} requests",
+            mtp.len()
+        )));
+    }
     let merged = merge_step(outs, vocab)?;
     if let Some(row) = merged.rows.iter().position(RowPass::poisoned) {
         return Err(EngineError::NonFinite {
@@ -69,6 +84,7 @@ pub fn finish(books: &mut Books, plan: &StepPlan, outs: &[StepOut], vocab: usize
         logits: if plan.full_logits() { merged.logits } else { None },
         hidden: if plan.hidden() { merged.hidden } else { None },
         chain,
+        mtp,
     })
 }
 

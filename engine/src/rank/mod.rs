@@ -38,6 +38,8 @@ mod tests;
 #[cfg(test)]
 mod tests_logprobs;
 #[cfg(test)]
+mod tests_mtp;
+#[cfg(test)]
 mod tests_spec_chain;
 
 pub use books::Books;

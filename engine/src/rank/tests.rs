@@ -361,6 +361,7 @@ fn a_mixed_batch_equals_each_sequence_alone() {
                 seqs: vec![seq(v, SeqKind::Decode, pos + 2, &[9], forms[3], Rows::Last)],
                 full_logits: false,
                 hidden: false,
+                mtp: Vec::new(),
             }),
         })
         .expect("commit and decode");
