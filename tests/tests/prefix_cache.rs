@@ -527,6 +527,7 @@ fn a_sequence_ending_inside_a_verify_is_cached_before_its_last_token() {
         slots: 2,
         max_context: CONTEXT,
         window: spec.window,
+        mtp_on_ranks: false,
     };
     let factory = build(&spec.drafter, &target).expect("drafter");
     rt.block_on(async {

@@ -203,6 +203,7 @@ fn a_turn_ending_inside_a_verify_saves_the_state_before_its_last_token() {
             slots: 2,
             max_context: CONTEXT,
             window: spec.window,
+            mtp_on_ranks: false,
         };
         let factory = build(&spec.drafter, &target).expect("drafter");
         rt.block_on(async {

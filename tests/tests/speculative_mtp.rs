@@ -13,7 +13,7 @@ use rewind_engine::spec::{Draft, DraftInput, DraftRequest, Drafter, DrafterFacto
 use rewind_tests::runtime;
 
 mod speculative_support;
-use speculative_support::{engine_with, factory, params, run_all, spec_config, tiny};
+use speculative_support::{engine_on_ranks, engine_with, factory, params, run_all, spec_config, tiny};
 
 /// The families' MTP layouts: Qwen3.5 (dense and MoE) and Qwen3-Next `mtp.*`, Nemotron-3's (attention then MoE,
 /// dense and latent).
@@ -59,6 +59,49 @@ fn greedy_mtp_speculation_changes_no_token() {
                 assert!(stats.verifies > 0 && stats.drafted > 0, "{what}: {stats:?}");
             }
         }
+    }
+}
+
+/// MTP drafting on the ranks (the layer loaded with the model, run inside each step): greedy output is unchanged,
+/// and the drafts are the host drafter's — the same counters of drafted and accepted tokens, request by request —
+/// for every family's layout, TP 1 and 2, with prompts in chunks and several requests batched.
+#[test]
+fn mtp_on_the_ranks_drafts_what_the_host_drafter_does() {
+    let rt = runtime();
+    for (i, (family, preset)) in MODELS.into_iter().enumerate() {
+        let target = tiny(family, preset, 11, true);
+        let dir = target.path();
+        let tp = 1 + i % 2;
+        let form = [FormChoice::Replay, FormChoice::Auto][i % 2];
+        let window = 2 + i % 3;
+        let spec = spec_config(DrafterKind::Mtp, window);
+        let what = format!("{family:?} {preset} tp {tp} {form} T={window}");
+        let requests = || {
+            let mut plain = GenerateRequest::new(prompt(), params(20, 0.0, 1));
+            plain.speculate = false;
+            let other: Vec<u32> = prompt().iter().rev().copied().collect();
+            vec![
+                plain,
+                GenerateRequest::new(prompt(), params(20, 0.0, 1)),
+                GenerateRequest::new(other, params(16, 0.0, 2)),
+            ]
+        };
+        let (host, ranks) = rt.block_on(async {
+            let e = engine_with(dir, tp, form, 4, &spec, factory(dir, 4, &spec), Some(STEP_TOKENS)).await;
+            let host = run_all(&e, requests()).await;
+            e.shutdown().await;
+            let e = engine_on_ranks(dir, tp, form, 4, &spec, Some(STEP_TOKENS)).await;
+            let ranks = run_all(&e, requests()).await;
+            e.shutdown().await;
+            (host, ranks)
+        });
+        assert_eq!(ranks[1].0, ranks[0].0, "{what}: speculation changed the output");
+        for (h, r) in host.iter().zip(&ranks) {
+            assert_eq!(r.0, h.0, "{what}");
+            assert_eq!(r.1, h.1, "{what}: the ranks' drafts differ from the host drafter's");
+        }
+        let stats = ranks[1].1.expect("counters");
+        assert!(stats.verifies > 0 && stats.drafted > 0, "{what}: {stats:?}");
     }
 }
 

@@ -18,7 +18,7 @@ use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::{Chain, Step, StepWork};
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
-    DrafterFactory, HiddenRows, RowSampling, SpecStats,
+    DrafterFactory, HiddenRows, MtpProposal, MtpRequest, RowSampling, SpecStats,
 };
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
@@ -71,6 +71,11 @@ pub(super) fn check_ranks(spec: &EngineSpec, books: &Books) -> Result<()> {
             books.max_verify()
         )));
     }
+    if spec.factory.mtp_on_ranks() && !books.mtp() {
+        return Err(EngineError::NotSupported(
+            "--spec mtp drafts on the ranks, but these ranks did not load the MTP layer".into(),
+        ));
+    }
     if spec.factory.wants_hidden() && !books.hidden_states() {
         return Err(EngineError::NotSupported(format!(
             "the {} drafter runs on the target's hidden states, which this backend's ranks do not return",
@@ -113,6 +118,12 @@ impl LiveSpec {
         Metrics::inc(&metrics.spec_verifies);
         Metrics::add(&metrics.spec_drafted, drafted as u64);
         Metrics::add(&metrics.spec_accepted, accepted as u64);
+    }
+
+    /// Hands the ranks' MTP proposal to the drafter (made now if the request has not drafted yet).
+    fn offer(&mut self, proposal: &MtpProposal, params: &SamplingParams, seed: u64) -> Result<()> {
+        self.drafter(params, seed)?.offer(proposal);
+        Ok(())
     }
 
     /// Whether the drafter needs hidden states.
@@ -283,6 +294,47 @@ impl CoordinatorState {
             seed: l.seed,
             index: l.output.generated() as u64,
         })
+    }
+
+    /// The MTP requests of a step's sequences `seqs` (`planned`'s, in order): every sequence of a request whose
+    /// ranks draft with the MTP layer, asking for the window the policy would give it now (every such step feeds
+    /// the layer's KV, even when it drafts nothing).
+    pub(super) fn mtp_requests(&self, planned: &Step, seqs: &[SeqStep]) -> Vec<MtpRequest> {
+        let Some(policy) = self.window else { return Vec::new() };
+        let batch = self.sched.counts().1;
+        planned
+            .work
+            .iter()
+            .zip(seqs)
+            .filter_map(|(p, s)| {
+                let l = self.live.get(&p.id)?;
+                let spec = l.spec.as_ref().filter(|sp| sp.factory.mtp_on_ranks())?;
+                // The layer needs every row of the step; a sequence stepping otherwise waits for its next step.
+                if s.hidden_row_count() != s.tokens.len() {
+                    return None;
+                }
+                let window = policy
+                    .window(batch, spec.meter.rate())
+                    .min(self.books.max_verify().saturating_sub(1));
+                Some(MtpRequest { slot: p.slot, window })
+            })
+            .collect()
+    }
+
+    /// Hands each proposal of the ranks' MTP layer to its request's drafter.
+    pub(super) fn offer_mtp(&mut self, planned: &Step, result: &StepResult) {
+        for proposal in &result.mtp {
+            let Some(p) = planned.work.iter().find(|p| p.slot == proposal.slot) else {
+                continue;
+            };
+            let Some(l) = self.live.get_mut(&p.id) else { continue };
+            let (params, seed) = (&l.params, l.seed);
+            if let Some(s) = l.spec.as_mut() {
+                if let Err(e) = s.offer(proposal, params, seed) {
+                    warn!(request = p.id, %e, "dropping the ranks' MTP proposal");
+                }
+            }
+        }
     }
 
     /// Asks every sequence about to sample for drafts, within the window policy and the tokens it may still

@@ -559,14 +559,16 @@ impl CoordinatorState {
                 steps: planned.chained,
             })
         } else {
+            let seqs: Vec<SeqStep> = planned.work.iter().map(|p| self.seq_step(p, masks)).collect();
+            let mtp = self.mtp_requests(planned, &seqs);
             Program::Batch(Batch {
-                seqs: planned.work.iter().map(|p| self.seq_step(p, masks)).collect(),
+                seqs,
                 full_logits: planned
                     .work
                     .iter()
                     .any(|p| matches!(p.work, StepWork::Verify { .. }) && self.judge_of(p.id) == Judge::Rows),
                 hidden: self.wants_hidden(),
-                mtp: Vec::new(),
+                mtp,
             })
         };
         Ok(StepPlan { commits, program })
@@ -619,6 +621,7 @@ impl CoordinatorState {
     ) {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
+        self.offer_mtp(planned, result);
         // Hidden rows for drafters that run on them: every prefill and decode row is committed now; a verify's
         // are kept up to its accepted drafts, once judged. Plan sequence `i` is `planned.work[i]`.
         let layout = HiddenLayout::of(plan, result, self.hidden_width());

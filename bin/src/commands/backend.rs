@@ -23,6 +23,8 @@ pub struct Needs {
     pub context: usize,
     /// The most tokens one verify takes (1 + the speculation window; 1 without speculation).
     pub verify: usize,
+    /// Speculation drafts with the checkpoint's MTP layer: ranks that can run it load it.
+    pub mtp: bool,
 }
 
 /// A model's ranks, ready to start, with the decode form its sequences use.
@@ -30,6 +32,9 @@ pub struct Backend {
     pub launcher: Arc<dyn Launcher>,
     pub config: ModelConfig,
     pub form: FormChoice,
+    /// The ranks loaded the MTP layer and draft with it (`--spec mtp` on CPU ranks; GPU ranks draft with the host's
+    /// MTP drafter until their device MTP lands).
+    pub mtp_on_ranks: bool,
     /// Prints what a GPU load placed where (after the ranks have started).
     #[cfg(feature = "cuda")]
     gpu: Option<(Arc<rewind_engine::gpu::GpuLauncher>, DeviceArgs)>,
@@ -99,10 +104,12 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
                     tp: device.tp,
                     decoder: dc,
                 },
-            )?;
+            )?
+            .with_mtp(needs.mtp);
             Ok(Backend {
                 launcher: Arc::new(launcher),
                 config,
+                mtp_on_ranks: needs.mtp,
                 form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),
                 #[cfg(feature = "cuda")]
                 gpu: None,
@@ -131,6 +138,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             Ok(Backend {
                 launcher: g.clone(),
                 config,
+                mtp_on_ranks: false,
                 // kv-only while short, then replay: faster than the recurrent step from batch 64 up and within a few
                 // percent of it at batch 1 (bench/results/gpu-replay-kernels-2026-11-24.md).
                 form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),

@@ -242,6 +242,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     };
     let biggest = flags.batches.iter().copied().max().unwrap_or(1);
     let needs = Needs {
+        mtp: false,
         slots: biggest,
         context: args
             .prompt_len

@@ -166,6 +166,7 @@ async fn conversation(engine: &EngineHandle, w: &Workload, c: usize, vocab: usiz
 fn pass(args: &BenchMultiTurnArgs, w: &Workload, cache: bool, progress: &Progress) -> Result<Pass> {
     let dir = super::generate::model_dir(&args.model)?;
     let needs = Needs {
+        mtp: false,
         slots: w.clients,
         context: w.longest(),
         verify: 1,

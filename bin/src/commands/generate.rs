@@ -150,6 +150,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().min(8));
     let needs = Needs {
+        mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
         slots: 1,
         context: want,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
@@ -159,7 +160,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     engine_config.eos_token_ids = eos_token_ids;
     engine_config.tokenizer = Some(tokenizer);
     if let Some(s) = &spec {
-        engine_config.spec = Some(super::spec::engine_spec(s, &dir, config.vocab_size, 1, want)?);
+        engine_config.spec = Some(super::spec::engine_spec(
+            s,
+            &dir,
+            config.vocab_size,
+            1,
+            want,
+            b.mtp_on_ranks,
+        )?);
     }
     let json = args.json;
     let result = backend::runtime()?.block_on(async {

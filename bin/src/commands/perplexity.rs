@@ -47,6 +47,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let mut device = args.device.clone();
     device.max_seqs = Some(1);
     let needs = Needs {
+        mtp: false,
         slots: 1,
         context: window.min(tokens.len()),
         verify: 1,

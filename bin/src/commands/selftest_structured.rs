@@ -105,6 +105,7 @@ pub(super) fn rows(case: &str, dir: &Path, prompts: &[Vec<u32>], opts: &GpuOptio
         let spec = SpecConfig {
             drafter: DrafterKind::Oracle { p: CORRUPT },
             window: WINDOW,
+            mtp_on_ranks: false,
             policy: SpecPolicy::Fixed,
         };
         let opts = GpuOptions {
@@ -120,6 +121,7 @@ pub(super) fn rows(case: &str, dir: &Path, prompts: &[Vec<u32>], opts: &GpuOptio
                 slots: opts.max_seqs,
                 max_context: opts.max_model_len.unwrap_or(4096),
                 window: WINDOW,
+                mtp_on_ranks: false,
             },
         )
         .map_err(|e| e.to_string())?;

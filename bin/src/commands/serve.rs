@@ -3,6 +3,7 @@
 //! server on a loopback port) serve through the same ones: [`prepare`] checks the flags and reads the model,
 //! [`start`] starts the engine, [`crate::serve::run::serve`] runs the servers until a signal drains them.
 
+use rewind_engine::spec::DrafterKind;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -82,6 +83,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         None => args.run.device.max_seqs(),
     };
     let needs = Needs {
+        mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
         slots,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
@@ -99,6 +101,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
             model.config.vocab_size,
             slots,
             context,
+            backend.mtp_on_ranks,
         )?);
     }
     let name = match &args.listen.served_model_name {

@@ -9,6 +9,7 @@
 //! passes each, medians reported), so the speed-up is measured side by side; the plain pass's tokens are the
 //! oracle drafter's references, and every speculative pass must reproduce them exactly (greedy).
 
+use rewind_engine::spec::DrafterKind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -273,6 +274,7 @@ pub fn run(
     let context = longest_prompt + longest_output;
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let needs = Needs {
+        mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
         slots: concurrency,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
@@ -284,7 +286,14 @@ pub fn run(
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     if let Some(s) = &spec {
-        config.spec = Some(super::spec::engine_spec(s, dir, vocab, concurrency, context)?);
+        config.spec = Some(super::spec::engine_spec(
+            s,
+            dir,
+            vocab,
+            concurrency,
+            context,
+            b.mtp_on_ranks,
+        )?);
     }
     let params = SamplingParams {
         max_tokens: Some(args.decode_tokens),

@@ -27,13 +27,15 @@ pub fn config(args: &SpecArgs, decode: &DecodeArgs) -> Result<Option<SpecConfig>
     Ok(Some(config))
 }
 
-/// The engine's speculation for the target in `dir` (a draft model or MTP weights load here).
+/// The engine's speculation for the target in `dir` (a draft model or the host's MTP weights load here; with
+/// `mtp_on_ranks` the ranks loaded the MTP layer and draft with it).
 pub fn engine_spec(
     config: &SpecConfig,
     dir: &Path,
     vocab: usize,
     slots: usize,
     max_context: usize,
+    mtp_on_ranks: bool,
 ) -> Result<EngineSpec> {
     let factory = build(
         &config.drafter,
@@ -43,6 +45,7 @@ pub fn engine_spec(
             slots,
             max_context,
             window: config.window,
+            mtp_on_ranks,
         },
     )?;
     Ok(EngineSpec {

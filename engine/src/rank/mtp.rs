@@ -21,23 +21,7 @@ use super::RowPass;
 use crate::error::{EngineError, Result};
 use crate::spec::accept::accept_summaries;
 
-/// A sequence of a batch that runs the rank's MTP layer, and the drafts to propose after the step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MtpRequest {
-    pub slot: usize,
-    /// Drafts to propose for the next step (0: only keep the layer's KV current).
-    pub window: usize,
-}
-
-/// The drafts a rank's MTP layer proposes for a sequence after a step: for the verify that starts at `position`
-/// with `token` (the rank's verdict on this step).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MtpProposal {
-    pub slot: usize,
-    pub position: usize,
-    pub token: u32,
-    pub drafts: Vec<u32>,
-}
+pub use crate::spec::rank_drafter::{MtpProposal, MtpRequest};
 
 /// Where a row of an [`MtpJob`] comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +89,7 @@ impl MtpBook {
     /// Before a step: for each MTP sequence of `seqs` (`requests` name them; `seqs` after the plan's commits), cut
     /// its KV back to the entries whose next token is now known to be right, and note the row to rerun first when
     /// the last entry was run with a token other than the step's first (or the KV restarts when that row is gone).
-    pub fn prepare(&mut self, requests: &[super::MtpRequest], seqs: &[SeqStep]) -> Result<()> {
+    pub fn prepare(&mut self, requests: &[MtpRequest], seqs: &[SeqStep]) -> Result<()> {
         self.prepared.clear();
         for r in requests {
             let s = seqs.iter().find(|s| s.slot == r.slot).ok_or_else(|| {
@@ -158,7 +142,7 @@ impl MtpBook {
     /// the whole vocabulary, in plan order; sampled rows carry their token) as the coordinator judges it.
     pub fn jobs(
         &self,
-        requests: &[super::MtpRequest],
+        requests: &[MtpRequest],
         seqs: &[SeqStep],
         merged: &[RowPass],
         sampled: &[Option<u32>],

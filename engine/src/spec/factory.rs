@@ -22,6 +22,8 @@ pub struct Target<'a> {
     pub max_context: usize,
     /// The most drafts per step.
     pub window: usize,
+    /// The ranks load the MTP layer and draft with it ([`crate::rank::mtp`]): no MTP weights load on the host.
+    pub mtp_on_ranks: bool,
 }
 
 /// The factory for `kind` (loading a draft model's or the MTP layer's weights now, so a bad checkpoint fails at
@@ -140,6 +142,14 @@ impl DrafterFactory for Draft {
 }
 
 fn mtp_factory(kind: &DrafterKind, target: &Target<'_>) -> Result<Arc<dyn DrafterFactory>> {
+    if target.mtp_on_ranks {
+        // Checked now, so that a checkpoint without MTP weights fails at start-up with the flag named.
+        let (config, json) = crate::model::ModelConfig::from_dir_json(target.dir)?;
+        let names = crate::checkpoint::SafetensorsSource::open(target.dir)?.names();
+        let has = names.iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX));
+        crate::model::mtp::checked_mtp_layout(&config, &json, has, target.dir)?;
+        return Ok(Arc::new(RankMtp { kind: kind.clone() }));
+    }
     Ok(Arc::new(Mtp {
         kind: kind.clone(),
         weights: MtpWeights::load(target.dir)?,
@@ -166,5 +176,24 @@ impl DrafterFactory for Mtp {
 
     fn hidden_width(&self) -> Option<usize> {
         Some(self.weights.config().hidden_size)
+    }
+}
+
+/// MTP drafting on the ranks: each request's drafter hands on the ranks' proposals.
+struct RankMtp {
+    kind: DrafterKind,
+}
+
+impl DrafterFactory for RankMtp {
+    fn kind(&self) -> &DrafterKind {
+        &self.kind
+    }
+
+    fn drafter(&self, _: &DraftRequest<'_>) -> Result<Box<dyn Drafter>> {
+        Ok(Box::new(super::RankMtpDrafter::default()))
+    }
+
+    fn mtp_on_ranks(&self) -> bool {
+        true
     }
 }

@@ -28,7 +28,7 @@ mod tests;
 
 pub use accept::{accept_rows, accept_summaries, Acceptance, RowSampling};
 pub use config::{DrafterKind, SpecConfig, SpecPolicy};
-pub use rank_drafter::ChainDrafter;
+pub use rank_drafter::{ChainDrafter, MtpProposal, MtpRequest, RankMtpDrafter};
 pub use window::{AcceptanceMeter, WindowPolicy};
 
 use crate::error::Result;
@@ -102,6 +102,10 @@ pub trait Drafter: Send + Sync {
     fn on_ranks(&self, _context: usize) -> Option<(ChainDrafter, Vec<i32>)> {
         None
     }
+
+    /// Takes the proposal the ranks' MTP layer made after a step for this sequence, for drafters whose factory
+    /// drafts there ([`DrafterFactory::mtp_on_ranks`]); others ignore it.
+    fn offer(&mut self, _proposal: &MtpProposal) {}
 }
 
 /// What a drafter is made for: one request.
@@ -145,6 +149,12 @@ pub trait DrafterFactory: Send + Sync {
     /// coordinator reads the rows a step returns.
     fn hidden_width(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether the ranks draft with the checkpoint's MTP layer: every step of a speculating sequence asks them to
+    /// ([`crate::rank::Batch::mtp`]) and their proposals go to its drafter ([`Drafter::offer`]).
+    fn mtp_on_ranks(&self) -> bool {
+        false
     }
 }
 

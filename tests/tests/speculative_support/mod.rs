@@ -30,6 +30,12 @@ pub fn spec_config(drafter: DrafterKind, window: usize) -> SpecConfig {
 
 /// The factory `spec` names, for the checkpoint in `dir` with `slots` slots.
 pub fn factory(dir: &Path, slots: usize, spec: &SpecConfig) -> Arc<dyn DrafterFactory> {
+    factory_for(dir, slots, spec, false)
+}
+
+/// [`factory`], with MTP drafting on the ranks when `mtp_on_ranks` (the ranks must load the layer:
+/// [`engine_on_ranks`]).
+pub fn factory_for(dir: &Path, slots: usize, spec: &SpecConfig, mtp_on_ranks: bool) -> Arc<dyn DrafterFactory> {
     let vocab = rewind_engine::model::ModelConfig::from_dir(dir)
         .expect("config")
         .vocab_size;
@@ -41,6 +47,7 @@ pub fn factory(dir: &Path, slots: usize, spec: &SpecConfig) -> Arc<dyn DrafterFa
             slots,
             max_context: CONTEXT,
             window: spec.window,
+            mtp_on_ranks,
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", name(dir)))
@@ -62,10 +69,39 @@ pub async fn engine_with(
     factory: Arc<dyn DrafterFactory>,
     max_batch_tokens: Option<usize>,
 ) -> EngineHandle {
+    start(dir, tp, form, slots, spec, factory, max_batch_tokens, false).await
+}
+
+/// An engine whose ranks load the MTP layer and draft with it (`--spec mtp` on CPU ranks).
+pub async fn engine_on_ranks(
+    dir: &Path,
+    tp: usize,
+    form: FormChoice,
+    slots: usize,
+    spec: &SpecConfig,
+    max_batch_tokens: Option<usize>,
+) -> EngineHandle {
+    let factory = factory_for(dir, slots, spec, true);
+    start(dir, tp, form, slots, spec, factory, max_batch_tokens, true).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn start(
+    dir: &Path,
+    tp: usize,
+    form: FormChoice,
+    slots: usize,
+    spec: &SpecConfig,
+    factory: Arc<dyn DrafterFactory>,
+    max_batch_tokens: Option<usize>,
+    mtp_on_ranks: bool,
+) -> EngineHandle {
     let mut decoder = DecoderConfig::new(slots, CONTEXT);
     decoder.buffer_len = RING;
     decoder.max_verify = spec.max_verify();
-    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder }).expect("launcher");
+    let launcher = CpuLauncher::new(dir, CpuOptions { tp, decoder })
+        .expect("launcher")
+        .with_mtp(mtp_on_ranks);
     let mut config = EngineConfig::new(form);
     if let Some(m) = max_batch_tokens {
         config.max_batch_tokens = m;

@@ -79,6 +79,7 @@ mod gpu {
                 buffer_len: rewind_engine::state::DEFAULT_BUFFER_LEN,
             };
             let needs = Needs {
+                mtp: false,
                 slots: max_seqs,
                 context: self.context + self.window + 1,
                 verify: self.window + 1,
