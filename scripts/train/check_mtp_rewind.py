@@ -44,7 +44,7 @@ def simulate(model, mtp, prompt: list[int], window: int, max_tokens: int):
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
 
     def target(seq):  # hidden rows after the final norm, greedy token after each position
-        h = model.model(input_ids=torch.tensor([seq])).last_hidden_state[0]
+        h = model.model(input_ids=torch.tensor([seq]), use_cache=False).last_hidden_state[0]
         return h, head(h).argmax(-1).tolist()
 
     def mtp_last(hidden, tokens):  # the MTP output of the last row, one causal pass from position 0

@@ -186,13 +186,14 @@ def target_hidden(model, stream, seq, batch, device, amp) -> torch.Tensor:
         if full:
             x = torch.stack([stream[s : s + seq] for s in full]).to(device)
             with amp():
-                hs = model.model(input_ids=x).last_hidden_state
+                hs = model.model(input_ids=x, use_cache=False).last_hidden_state
             for j, s in enumerate(full):
                 out[s : s + seq] = hs[j].to(torch.bfloat16)
         for s in group:  # the stream's tail, shorter than a window
             if s + seq > stream.numel():
                 with amp():
-                    out[s:] = model.model(input_ids=stream[s:][None].to(device)).last_hidden_state[0].to(torch.bfloat16)
+                    tail = model.model(input_ids=stream[s:][None].to(device), use_cache=False).last_hidden_state
+                    out[s:] = tail[0].to(torch.bfloat16)
     return out
 
 

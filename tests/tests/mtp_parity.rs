@@ -22,7 +22,9 @@ fn dirs() -> Vec<PathBuf> {
 
 /// `key`'s rows, flattened.
 fn rows(r: &Value, key: &str) -> Vec<f32> {
-    let rows = r[key].as_array().unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
+    let rows = r[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
     rows.iter()
         .flat_map(|row| row.as_array().expect("row").iter())
         .map(|x| x.as_f64().expect("number") as f32)
@@ -30,12 +32,16 @@ fn rows(r: &Value, key: &str) -> Vec<f32> {
 }
 
 fn values(r: &Value, key: &str) -> Vec<f32> {
-    let v = r[key].as_array().unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
+    let v = r[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
     v.iter().map(|x| x.as_f64().expect("number") as f32).collect()
 }
 
 fn ids(r: &Value, key: &str) -> Vec<u32> {
-    let v = r[key].as_array().unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
+    let v = r[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("reference.json lacks `{key}`"));
     v.iter().map(|x| x.as_u64().expect("token id") as u32).collect()
 }
 
@@ -62,9 +68,18 @@ fn mtp_rows_logits_and_drafts_match_the_reference() {
         assert_rows(&format!("{what} outputs"), &out, &rows(&r, "outputs"), h);
 
         let mut x = out[out.len() - h..].to_vec();
-        let logits: Vec<f32> = w.lm_head().chunks_exact(h).map(|e| e.iter().zip(&x).map(|(a, b)| a * b).sum()).collect();
+        let logits: Vec<f32> = w
+            .lm_head()
+            .chunks_exact(h)
+            .map(|e| e.iter().zip(&x).map(|(a, b)| a * b).sum())
+            .collect();
         assert_eq!(logits.len(), vocab);
-        assert_rows(&format!("{what} last row's logits"), &logits, &values(&r, "logits_last"), vocab);
+        assert_rows(
+            &format!("{what} last row's logits"),
+            &logits,
+            &values(&r, "logits_last"),
+            vocab,
+        );
 
         // Greedy drafts: each step runs on the previous step's output and draft.
         let drafts = ids(&r, "drafts");
@@ -73,7 +88,12 @@ fn mtp_rows_logits_and_drafts_match_the_reference() {
             assert_eq!(tiled_argmax(&x, w.lm_head(), h), Some(d), "{what}: draft {}", k + 1);
             if k + 1 < drafts.len() {
                 x = w.forward(&x, &[d], &mut cache).expect("draft step");
-                assert_rows(&format!("{what} draft step {}", k + 2), &x, &steps[k * h..(k + 1) * h], h);
+                assert_rows(
+                    &format!("{what} draft step {}", k + 2),
+                    &x,
+                    &steps[k * h..(k + 1) * h],
+                    h,
+                );
             }
         }
     }
