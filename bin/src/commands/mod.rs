@@ -27,6 +27,7 @@ mod selftest_model;
 #[cfg(feature = "cuda")]
 mod selftest_prefix;
 #[cfg(feature = "cuda")]
+mod selftest_mtp;
 mod selftest_spec_chain;
 #[cfg(feature = "cuda")]
 mod selftest_structured;

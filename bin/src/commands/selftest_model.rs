@@ -125,7 +125,8 @@ fn generated_models(seed: u64) -> Result<(TempDir, Vec<Case>), String> {
             seed,
             out: out.clone(),
             dtype: None,
-            mtp: false,
+            // An MTP layer too, for the MTP rows (`selftest_mtp`); the other checks load the model without it.
+            mtp: true,
         })
         .map_err(|e| format!("writing the {name} test model in {}: {e}", out.display()))?;
         let vocab = report.config.vocab_size as u64;
@@ -529,6 +530,7 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         cuda_graphs: true,
         stage_profile: false,
         recurrent_verify: false,
+        mtp: false,
     };
     let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
     // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,
@@ -574,6 +576,10 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         dtype,
         CHAIN_TOLERANCE,
     ));
+    // MTP drafting on the ranks, against the CPU ranks' proposals, for a model with an MTP layer.
+    if ModelConfig::from_dir(dir).is_ok_and(|c| c.mtp_layers > 0) {
+        rows.push(super::selftest_mtp::row(&m.name, dir, prompts, &opts, tp, dtype));
+    }
     // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
     let bound = if dtype == GpuDtype::F32 {
         LOGPROB_TOLERANCE_F32
