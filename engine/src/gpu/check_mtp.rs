@@ -265,14 +265,22 @@ pub fn mtp_forced(
 }
 
 /// Compares both groups' proposals of one step (one per prompt); returns the CPU's, which drive the next plan.
-fn compare(report: &mut MtpReport, gpu: &StepResult, cpu: &StepResult, g: &Groups, at: &str) -> Result<Vec<MtpProposal>> {
+fn compare(
+    report: &mut MtpReport,
+    gpu: &StepResult,
+    cpu: &StepResult,
+    g: &Groups,
+    at: &str,
+) -> Result<Vec<MtpProposal>> {
     let (gp, cp) = (by_prompt(gpu, &g.gpu_slots), by_prompt(cpu, &g.cpu_slots));
     let mut out = Vec::with_capacity(cp.len());
     for (k, (gp, cp)) in gp.into_iter().zip(cp).enumerate() {
         let cp = cp.ok_or_else(|| EngineError::Gpu(format!("{at}: the CPU ranks proposed nothing for prompt {k}")))?;
         report.proposals += 1;
         let Some(gp) = gp else {
-            report.first_mismatch.get_or_insert_with(|| format!("{at}, prompt {k}: the GPU ranks proposed nothing"));
+            report
+                .first_mismatch
+                .get_or_insert_with(|| format!("{at}, prompt {k}: the GPU ranks proposed nothing"));
             out.push(cp);
             continue;
         };

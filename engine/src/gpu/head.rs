@@ -511,7 +511,6 @@ pub(super) fn head_pass<A: Act>(
     Ok(())
 }
 
-
 /// Records the sampler's pick `id` in `row`. The sampler gives −1 for a row holding a non-finite logit, which need
 /// not be its max (what the summary shows): the row is then marked poisoned, so the step fails with the row's position
 /// (`rank::finish`) instead of answering an id that does not exist.

@@ -72,9 +72,7 @@ impl<A: Act> LoadedRank<A> {
             true => Some(crate::model::mtp::checked_mtp_layout(
                 &config,
                 &json,
-                src.names()
-                    .iter()
-                    .any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
+                src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
                 dir,
             )?),
             false => None,
@@ -115,9 +113,7 @@ impl<A: Act> LoadedRank<A> {
 
     /// The target's blocks, then the MTP layer's.
     fn all_blocks(&self) -> impl Iterator<Item = &GpuBlock<A>> {
-        self.blocks
-            .iter()
-            .chain(self.mtp.iter().flat_map(|m| m.blocks.iter()))
+        self.blocks.iter().chain(self.mtp.iter().flat_map(|m| m.blocks.iter()))
     }
 
     /// Whether the rank keeps a paged KV cache: for the target's attention layers, or the MTP layer's (which reads
@@ -171,8 +167,7 @@ impl<A: Act> LoadedRank<A> {
             };
             attention_ws = attention_ws.max(attention_workspace(&self.dev, &m.blocks, mtp_rows, wider)?);
             let (_, mtp_block) = state_bytes(&m.blocks, slot_rows);
-            mtp_bytes = max_seqs * extra * mtp_block
-                + MtpScratch::<A>::bytes(probe, rows, hidden, self.tp);
+            mtp_bytes = max_seqs * extra * mtp_block + MtpScratch::<A>::bytes(probe, rows, hidden, self.tp);
         }
         let scratch = Scratch::<A>::bytes(
             &w,

@@ -35,7 +35,7 @@ use crate::error::{EngineError, Result};
 use crate::rank::mtp::{MtpJob, MtpRow};
 use crate::rank::vocab::merge_rows;
 use crate::rank::{Batch, MtpBook, MtpProposal, RowPass, RowSummary};
-use crate::state::kv::NO_BLOCK;
+use crate::state::kv::{KvBlocks, NO_BLOCK};
 
 /// The MTP layer's device buffers on a rank.
 pub(crate) struct MtpScratch<A: Act> {
@@ -99,11 +99,7 @@ impl<A: Act> MtpScratch<A> {
 }
 
 /// `buf` with room for `len` values: reallocated (contents dropped) when it holds fewer.
-fn room<T: DeviceRepr + ValidAsZeroBits>(
-    dev: &CudaDevice,
-    buf: &mut CudaSlice<T>,
-    len: usize,
-) -> Result<()> {
+fn room<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, buf: &mut CudaSlice<T>, len: usize) -> Result<()> {
     if buf.len() < len {
         *buf = dev.alloc_zeros(len)?;
     }
@@ -172,6 +168,18 @@ impl<A: Act> GpuMtp<A> {
     pub(crate) fn forget(&mut self, slot: usize) {
         self.book.forget(slot);
     }
+
+    /// A restored slot: forgotten, and the block table rebuilt at the next MTP step (as the target's is uploaded
+    /// whatever the books' change count says).
+    pub(crate) fn restored(&mut self, slot: usize) {
+        self.forget(slot);
+        self.table_changes = None;
+    }
+
+    /// A step without MTP requests keeps no rows.
+    pub(crate) fn idle(&mut self) {
+        self.first_row.fill(None);
+    }
 }
 
 /// One launch of the layer over target rows: per job, the job (its index) and the range of its rows.
@@ -184,6 +192,75 @@ impl CatchUp {
     fn t(&self) -> usize {
         self.parts.first().map_or(0, |(_, r)| r.len())
     }
+
+    /// What the launch uploads and copies, job `k` of the launch taking rows `k · t ..`: its rows from the step's
+    /// rows (each slot's from `first_row[slot]`) and from the slots' saved rows (`keep` a slot, of positions from
+    /// `saved_at(slot)`), the tokens after them, each row's slot and KV index, the slots and their KV lengths; and
+    /// where the last output of each drafting job (`order`) whose rows end in this launch goes among the drafts'
+    /// inputs.
+    fn inputs(
+        &self,
+        jobs: &[MtpJob],
+        order: &[usize],
+        first_row: &[Option<usize>],
+        saved_at: impl Fn(usize) -> usize,
+        keep: usize,
+    ) -> Result<LaunchInputs> {
+        let t = self.t();
+        let mut x = LaunchInputs::default();
+        for (k, (i, range)) in self.parts.iter().enumerate() {
+            let job = &jobs[*i];
+            let first = first_row.get(job.slot).copied().flatten().ok_or_else(|| {
+                EngineError::InvalidInput(format!(
+                    "slot {}: an MTP job of a sequence the step did not run",
+                    job.slot
+                ))
+            })?;
+            for (row, q) in range.clone().enumerate() {
+                let dst = (k * t + row) as i32;
+                match job.rows[q] {
+                    MtpRow::Step(i) => x.from_step.extend([(first + i) as i32, dst]),
+                    MtpRow::Saved(p) => {
+                        let at = p.checked_sub(saved_at(job.slot)).filter(|&a| a < keep).ok_or_else(|| {
+                            EngineError::InvalidInput(format!(
+                                "slot {}: the MTP row of position {p} was not saved",
+                                job.slot
+                            ))
+                        })?;
+                        x.from_saved.extend([(job.slot * keep + at) as i32, dst]);
+                    }
+                }
+                x.tokens.push(job.tokens[q] as i32);
+                x.row_slots.push(job.slot as i32);
+                x.row_pos.push((job.kv_index + q) as i32);
+            }
+            x.seq_slots.push(job.slot as i32);
+            x.lens.push((job.slot, job.kv_index + range.end));
+            if let Some(d) = order
+                .iter()
+                .position(|o| o == i)
+                .filter(|_| range.end == job.rows.len())
+            {
+                x.last.extend([(k * t + t - 1) as i32, d as i32]);
+            }
+        }
+        Ok(x)
+    }
+}
+
+/// A catch-up launch's inputs ([`CatchUp::inputs`]): `(source, destination)` row pairs, per row the token after it,
+/// its slot and KV index, per job its slot and `(slot, KV length)`.
+#[derive(Debug, Default, PartialEq)]
+struct LaunchInputs {
+    from_step: Vec<i32>,
+    from_saved: Vec<i32>,
+    tokens: Vec<i32>,
+    row_slots: Vec<i32>,
+    row_pos: Vec<i32>,
+    seq_slots: Vec<i32>,
+    lens: Vec<(usize, usize)>,
+    /// `(launch row, draft index)` pairs of the drafting jobs' last outputs.
+    last: Vec<i32>,
 }
 
 /// The catch-up launches of `jobs`: jobs of at most `batched` rows grouped by their row count, up to `max_seqs` jobs
@@ -286,7 +363,14 @@ fn layer_forward<A: Act>(
     let cat = &mut s.proj.slice_mut(..2 * m);
     ops::copy_block(dev, &s.a.slice(..m), n, hid, 0, hid, cat, 2 * hid, 0)?;
     ops::copy_block(dev, &s.c.slice(..m), n, hid, 0, hid, cat, 2 * hid, hid)?;
-    lin(&r.blas, dev, &s.proj.slice(..2 * m), &layer.fc, &mut s.x.slice_mut(..m), n)?;
+    lin(
+        &r.blas,
+        dev,
+        &s.proj.slice(..2 * m),
+        &layer.fc,
+        &mut s.x.slice_mut(..m),
+        n,
+    )?;
     let mut cx = Cx {
         dev,
         blas: &r.blas,
@@ -394,7 +478,14 @@ impl<A: Act> GpuRank<A> {
                 &mut s.h.slice_mut(..rows * hid),
             )?;
         }
-        copy_pairs(dev, &mut st.buf.pairs, &pairs, &s.x.slice(..rows * hid), hid, &mut st.buf.rows)
+        copy_pairs(
+            dev,
+            &mut st.buf.pairs,
+            &pairs,
+            &s.x.slice(..rows * hid),
+            hid,
+            &mut st.buf.rows,
+        )
     }
 
     /// After a batch's launches: judges each MTP sequence from the step's reported rows `rows` (this rank's
@@ -478,7 +569,7 @@ impl<A: Act> GpuRank<A> {
             .collect()
     }
 
-    /// Builds the layer's block table when the books' tables changed: each slot's target blocks, then its own.
+    /// Builds the layer's block table when the books' tables changed ([`mtp_table`]).
     fn mtp_table(&mut self) -> Result<()> {
         let kv = self.books.kv().ok_or_else(|| {
             EngineError::Gpu("the MTP layer's KV needs the rank's block tables, and this rank keeps none".into())
@@ -487,20 +578,7 @@ impl<A: Act> GpuRank<A> {
         if st.table_changes == Some(kv.changes()) {
             return Ok(());
         }
-        let (layout, per) = (st.layout, kv.blocks_per_slot());
-        let extra = layout.blocks_per_slot - per;
-        let shared = layout.num_blocks - layout.num_slots * extra;
-        let mut table = vec![-1i32; layout.num_slots * layout.blocks_per_slot];
-        for slot in 0..layout.num_slots {
-            let row = &mut table[slot * layout.blocks_per_slot..(slot + 1) * layout.blocks_per_slot];
-            let held = kv.held(slot);
-            for (t, &b) in row.iter_mut().zip(&kv.tables()[slot * per..slot * per + held]) {
-                *t = if b == NO_BLOCK { -1 } else { b as i32 };
-            }
-            for (j, t) in row[held..held + extra].iter_mut().enumerate() {
-                *t = (shared + slot * extra + j) as i32;
-            }
-        }
+        let table = mtp_table(kv, st.layout)?;
         put(&self.inner.dev, &mut st.table, &table, "the MTP layer's block table")?;
         st.table_changes = Some(kv.changes());
         Ok(())
@@ -513,62 +591,36 @@ impl<A: Act> GpuRank<A> {
         let st = self.mtp.as_ref().ok_or_else(no_layer)?;
         let launches = plan_catch_up(jobs, st.batched, self.sizes.max_seqs, self.scratch.rows, st.piece);
         for launch in launches {
-            let t = launch.t();
-            let n = launch.parts.len() * t;
+            let (t, seqs) = (launch.t(), launch.parts.len());
+            let n = seqs * t;
             let st = self.mtp.as_ref().ok_or_else(no_layer)?;
-            let (mut from_saved, mut from_step) = (Vec::new(), Vec::new());
-            let (mut tokens, mut row_slots, mut row_pos, mut seq_slots) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut lens = vec![0i32; self.sizes.max_seqs];
-            for (k, (i, range)) in launch.parts.iter().enumerate() {
-                let job = &jobs[*i];
-                let saved_at = st.book.saved(job.slot).start;
-                let first = st.first_row[job.slot].ok_or_else(|| {
-                    EngineError::InvalidInput(format!("slot {}: an MTP job of a sequence the step did not run", job.slot))
-                })?;
-                for (row, q) in range.clone().enumerate() {
-                    let dst = (k * t + row) as i32;
-                    match job.rows[q] {
-                        MtpRow::Step(i) => from_step.extend([(first + i) as i32, dst]),
-                        MtpRow::Saved(p) => {
-                            let at = p.checked_sub(saved_at).filter(|&a| a < st.buf.keep).ok_or_else(|| {
-                                EngineError::InvalidInput(format!(
-                                    "slot {}: the MTP row of position {p} was not saved",
-                                    job.slot
-                                ))
-                            })?;
-                            from_saved.extend([(job.slot * st.buf.keep + at) as i32, dst]);
-                        }
-                    }
-                    tokens.push(job.tokens[q] as i32);
-                    row_slots.push(job.slot as i32);
-                    row_pos.push((job.kv_index + q) as i32);
-                }
-                seq_slots.push(job.slot as i32);
-                lens[job.slot] = (job.kv_index + range.end) as i32;
-            }
+            let x = launch.inputs(
+                jobs,
+                order,
+                &st.first_row,
+                |slot| st.book.saved(slot).start,
+                st.buf.keep,
+            )?;
             let dev = self.inner.dev.clone();
             {
                 let st = self.mtp.as_mut().ok_or_else(no_layer)?;
                 let y2 = &mut self.scratch.y2.slice_mut(..n * hid);
-                copy_pairs(&dev, &mut st.buf.pairs, &from_saved, &st.buf.saved, hid, y2)?;
-                copy_pairs(&dev, &mut st.buf.pairs, &from_step, &st.buf.rows, hid, y2)?;
+                copy_pairs(&dev, &mut st.buf.pairs, &x.from_saved, &st.buf.saved, hid, y2)?;
+                copy_pairs(&dev, &mut st.buf.pairs, &x.from_step, &st.buf.rows, hid, y2)?;
             }
-            self.upload_mtp_step(&tokens, &row_slots, &row_pos, &seq_slots, &lens)?;
-            let step = self.step_shape(n, launch.parts.len(), t, false, SsmRun::Recurrent);
+            let mut lens = vec![0i32; self.sizes.max_seqs];
+            for &(slot, len) in &x.lens {
+                lens[slot] = len as i32;
+            }
+            self.upload_mtp_step(&x.tokens, &x.row_slots, &x.row_pos, &x.seq_slots, &lens)?;
+            let step = self.step_shape(n, seqs, t, false, SsmRun::Recurrent);
             let layer = self.inner.mtp.as_ref().ok_or_else(no_layer)?;
             let st = self.mtp.as_mut().ok_or_else(no_layer)?;
             layer_forward(&self.inner, layer, &mut self.scratch, st, step, true)?;
-            // The last row of each drafting job whose rows end here goes to its place among the drafts' inputs.
-            let mut last = Vec::new();
-            for (k, (i, range)) in launch.parts.iter().enumerate() {
-                if let Some(d) = order.iter().position(|o| o == i).filter(|_| range.end == jobs[*i].rows.len()) {
-                    last.extend([(k * t + t - 1) as i32, d as i32]);
-                }
-            }
             copy_pairs(
                 &dev,
                 &mut st.buf.pairs,
-                &last,
+                &x.last,
                 &self.scratch.h.slice(..n * hid),
                 hid,
                 &mut st.buf.last,
@@ -586,7 +638,11 @@ impl<A: Act> GpuRank<A> {
         if steps == 0 {
             return Ok(Vec::new());
         }
-        let (hid, world, vocab) = (self.inner.config.hidden_size, self.info.tp, self.inner.config.vocab_size);
+        let (hid, world, vocab) = (
+            self.inner.config.hidden_size,
+            self.info.tp,
+            self.inner.config.vocab_size,
+        );
         let dev = self.inner.dev.clone();
         for d in 0..steps {
             let active = order.iter().take_while(|&&i| jobs[i].drafts > d).count();
@@ -689,7 +745,10 @@ impl<A: Act> GpuRank<A> {
         let mut pairs = Vec::new();
         for job in jobs {
             let first = st.first_row[job.slot].ok_or_else(|| {
-                EngineError::InvalidInput(format!("slot {}: an MTP job of a sequence the step did not run", job.slot))
+                EngineError::InvalidInput(format!(
+                    "slot {}: an MTP job of a sequence the step did not run",
+                    job.slot
+                ))
             })?;
             for (k, i) in job.save.1.clone().enumerate() {
                 pairs.extend([(first + i) as i32, (job.slot * st.buf.keep + k) as i32]);
@@ -718,6 +777,37 @@ impl<A: Act> GpuRank<A> {
         put(dev, &mut s.seq_slots, seq_slots, "MTP sequence slots")?;
         put(dev, &mut s.lens, lens, "MTP KV lengths")
     }
+}
+
+/// The MTP layer's block table (`layout`: [`GpuMtpLayer::kv_layout`]): each slot's row holds the target's blocks
+/// (`kv`'s table), then the slot's own blocks, which follow the target's in the layer's pool.
+fn mtp_table(kv: &KvBlocks, layout: PagedKv) -> Result<Vec<i32>> {
+    let per = kv.blocks_per_slot();
+    let extra = layout.blocks_per_slot.checked_sub(per).ok_or_else(|| {
+        EngineError::Gpu(format!(
+            "the MTP layer's table rows of {} blocks are narrower than the target's {per}",
+            layout.blocks_per_slot
+        ))
+    })?;
+    let shared = kv.total();
+    if kv.tables().len() != layout.num_slots * per || layout.num_blocks != shared + layout.num_slots * extra {
+        return Err(EngineError::Gpu(format!(
+            "the MTP layer's KV layout {layout:?} does not extend the target's {} blocks of {} slots",
+            shared,
+            kv.tables().len() / per.max(1)
+        )));
+    }
+    let mut table = vec![-1i32; layout.num_slots * layout.blocks_per_slot];
+    for (slot, row) in table.chunks_exact_mut(layout.blocks_per_slot).enumerate() {
+        let held = kv.held(slot);
+        for (t, &b) in row.iter_mut().zip(kv.table(slot)) {
+            *t = if b == NO_BLOCK { -1 } else { b as i32 };
+        }
+        for (j, t) in row[held..held + extra].iter_mut().enumerate() {
+            *t = (shared + slot * extra + j) as i32;
+        }
+    }
+    Ok(table)
 }
 
 fn no_layer() -> EngineError {
@@ -763,5 +853,110 @@ mod tests {
         // The rows of a launch bound its jobs too.
         let tight = plan_catch_up(&[job(0, 3), job(1, 3), job(2, 3)], 3, 8, 7, 4);
         assert_eq!(tight.iter().map(|l| l.parts.len()).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    /// A repaired row comes from the slot's saved rows, the others from the step's; tokens, KV indices and lengths
+    /// follow each job's, and only a drafting job whose rows end in the launch hands its last output on.
+    #[test]
+    fn a_launch_gathers_saved_and_step_rows_at_the_jobs_kv_indices() {
+        // Slot 2 repairs position 9 (saved rows of positions 8.. in its place 2 · keep ..), then runs its step's rows
+        // 0 and 1 (the step's rows of slot 2 start at row 5 of the kept rows); slot 0 runs rows 0..3 of its step.
+        let repaired = MtpJob {
+            slot: 2,
+            kv_index: 4,
+            rows: vec![MtpRow::Saved(9), MtpRow::Step(0), MtpRow::Step(1)],
+            tokens: vec![70, 71, 72],
+            drafts: 2,
+            save: (10, 0..2),
+            next: Some((12, 72)),
+        };
+        let plain = MtpJob {
+            slot: 0,
+            kv_index: 7,
+            tokens: vec![80, 81, 82],
+            drafts: 1,
+            ..job(0, 3)
+        };
+        let jobs = vec![plain, repaired];
+        let mut first_row = vec![None; 4];
+        first_row[0] = Some(0);
+        first_row[2] = Some(5);
+        let keep = 4;
+        let launch = CatchUp {
+            parts: vec![(0, 0..3), (1, 0..3)],
+        };
+        // Drafting order: the job with more drafts first.
+        let x = launch
+            .inputs(&jobs, &[1, 0], &first_row, |slot| if slot == 2 { 8 } else { 0 }, keep)
+            .expect("inputs");
+        assert_eq!(x.from_step, vec![0, 0, 1, 1, 2, 2, 5, 4, 6, 5]);
+        assert_eq!(x.from_saved, vec![(2 * keep + 1) as i32, 3]);
+        assert_eq!(x.tokens, vec![80, 81, 82, 70, 71, 72]);
+        assert_eq!(x.row_slots, vec![0, 0, 0, 2, 2, 2]);
+        assert_eq!(x.row_pos, vec![7, 8, 9, 4, 5, 6]);
+        assert_eq!(x.seq_slots, vec![0, 2]);
+        assert_eq!(x.lens, vec![(0, 10), (2, 7)]);
+        assert_eq!(x.last, vec![2, 1, 5, 0]);
+        // A piece that does not end a job's rows hands nothing on; a later piece continues the KV indices.
+        let long = MtpJob {
+            kv_index: 3,
+            tokens: (0..10).collect(),
+            drafts: 1,
+            ..job(0, 10)
+        };
+        let early = CatchUp { parts: vec![(0, 0..4)] };
+        let x = early
+            .inputs(std::slice::from_ref(&long), &[0], &first_row, |_| 0, keep)
+            .expect("inputs");
+        assert!(x.last.is_empty());
+        let end = CatchUp {
+            parts: vec![(0, 8..10)],
+        };
+        let x = end
+            .inputs(std::slice::from_ref(&long), &[0], &first_row, |_| 0, keep)
+            .expect("inputs");
+        assert_eq!((x.row_pos, x.lens, x.last), (vec![11, 12], vec![(0, 13)], vec![1, 0]));
+        // A repair whose row was not saved is refused, as is a job of a slot the step did not run.
+        let lost = MtpJob {
+            rows: vec![MtpRow::Saved(3)],
+            tokens: vec![1],
+            ..job(2, 1)
+        };
+        let one = CatchUp { parts: vec![(0, 0..1)] };
+        assert!(one
+            .inputs(std::slice::from_ref(&lost), &[], &first_row, |_| 8, keep)
+            .is_err());
+        assert!(one.inputs(&[job(1, 1)], &[], &first_row, |_| 0, keep).is_err());
+    }
+
+    /// Each slot's row of the layer's table holds its target blocks, then its own blocks past the target's pool.
+    #[test]
+    fn the_layer_table_extends_each_slot_with_its_own_blocks() {
+        let (slots, per, total, extra) = (3, 4, 6, 2);
+        let mut kv = KvBlocks::new(slots, 16, per, total).expect("blocks");
+        kv.fit(0, 20).expect("two blocks");
+        kv.fit(2, 64).expect("four blocks");
+        let layout = PagedKv {
+            num_blocks: total + slots * extra,
+            block_size: 16,
+            kv_heads: 1,
+            head_dim: 8,
+            num_slots: slots,
+            blocks_per_slot: per + extra,
+        };
+        let table = mtp_table(&kv, layout).expect("table");
+        let rows: Vec<&[i32]> = table.chunks(per + extra).collect();
+        let target = |slot: usize| kv.table(slot).iter().map(|&b| b as i32).collect::<Vec<_>>();
+        assert_eq!(&rows[0][..2], &target(0)[..]);
+        assert_eq!(&rows[0][2..], &[6, 7, -1, -1]);
+        assert_eq!(rows[1], &[8, 9, -1, -1, -1, -1]);
+        assert_eq!(&rows[2][..4], &target(2)[..]);
+        assert_eq!(&rows[2][4..], &[10, 11]);
+        // A layout that does not extend the target's pool is refused.
+        let narrow = PagedKv {
+            num_blocks: total,
+            ..layout
+        };
+        assert!(mtp_table(&kv, narrow).is_err());
     }
 }

@@ -437,7 +437,7 @@ impl<A: Act> Rank for GpuRank<A> {
     fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()> {
         // A snapshot holds no MTP KV: the slot's starts afresh at its next step, as on the CPU rank.
         if let Some(m) = self.mtp.as_mut() {
-            m.forget(slot);
+            m.restored(slot);
         }
         self.restore_slot(slot, snapshot)
     }

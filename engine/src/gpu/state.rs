@@ -126,12 +126,7 @@ pub(crate) fn state_bytes<'b, A: Act + 'b>(
     rows: SlotRows,
 ) -> (usize, usize) {
     let e = std::mem::size_of::<A>() as u64;
-    let (per_seq, per_block) = pool_bytes(
-        blocks.into_iter().map(|b| layer_values(&b.mixer)),
-        BLOCK_SIZE,
-        e,
-        rows,
-    );
+    let (per_seq, per_block) = pool_bytes(blocks.into_iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e, rows);
     (per_seq as usize, per_block as usize)
 }
 

@@ -190,6 +190,8 @@ impl<A: Act> GpuRank<A> {
     fn run_batch(&mut self, plan: &Batch) -> Result<StepOut> {
         if !plan.mtp.is_empty() {
             self.mtp_begin(plan)?;
+        } else if let Some(m) = self.mtp.as_mut() {
+            m.idle();
         }
         let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
         for (i, s) in plan.seqs.iter().enumerate() {

@@ -454,6 +454,9 @@ mod tests {
         assert_eq!((back[0].argmax, back[0].lse, back[0].spec), (11, -2.0, None));
         assert!(back[0].max.is_nan());
         assert_eq!(back[1], spec);
-        assert_eq!(back[2].spec.and_then(|s| s.drafted).map(f32::to_bits), Some((-0.0f32).to_bits()));
+        assert_eq!(
+            back[2].spec.and_then(|s| s.drafted).map(f32::to_bits),
+            Some((-0.0f32).to_bits())
+        );
     }
 }

@@ -65,7 +65,14 @@ pub(super) fn register(cases: &mut Vec<Case>) {
         );
     }
     for (src_rows, dst_rows, n, width, outside, what) in [
-        (64, 24, 16, 4096, false, "MTP input rows from a step's rows, hidden 4096"),
+        (
+            64,
+            24,
+            16,
+            4096,
+            false,
+            "MTP input rows from a step's rows, hidden 4096",
+        ),
         (5, 9, 4, 2560, false, "saved rows into a slot's place, hidden 2560"),
         (7, 7, 5, 37, true, "odd, with a pair outside each matrix"),
     ] {
