@@ -5,13 +5,23 @@
 
 use std::path::Path;
 
+use rewind_engine::checkpoint::SafetensorsSource;
 use rewind_engine::decode::FormChoice;
 use rewind_engine::gpu::{mtp_forced, GpuDtype, GpuOptions, MtpReport};
+use rewind_engine::model::config::ModelConfig;
+use rewind_engine::model::mtp::MTP_PREFIX;
 use serde_json::{json, Value};
 
 /// Drafts per proposal, and plans run after the prompts.
 const WINDOW: usize = 3;
 const STEPS: usize = 12;
+
+/// Whether the checkpoint in `dir` has an MTP layer to check: its config says so and its safetensors hold `mtp.*`
+/// tensors (transformers' fixtures keep the config field without the weights).
+pub(super) fn has_mtp(dir: &Path) -> bool {
+    let says = ModelConfig::from_dir(dir).is_ok_and(|c| c.mtp_layers > 0);
+    says && SafetensorsSource::open(dir).is_ok_and(|s| s.names().iter().any(|n| n.starts_with(MTP_PREFIX)))
+}
 
 /// One row: the check in the replay form, the GPU ranks started from `opts` with a window of [`WINDOW`] drafts.
 pub(super) fn row(
