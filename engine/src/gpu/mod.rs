@@ -29,6 +29,7 @@ pub mod load;
 mod loaded;
 mod mtp;
 mod mtp_layer;
+mod mtp_plan;
 pub mod options;
 mod rank;
 mod scratch;
