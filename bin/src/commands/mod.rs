@@ -25,8 +25,9 @@ mod selftest_choices;
 #[cfg(feature = "cuda")]
 mod selftest_model;
 #[cfg(feature = "cuda")]
-mod selftest_prefix;
+mod selftest_mtp;
 #[cfg(feature = "cuda")]
+mod selftest_prefix;
 mod selftest_spec_chain;
 #[cfg(feature = "cuda")]
 mod selftest_structured;

@@ -125,7 +125,8 @@ fn generated_models(seed: u64) -> Result<(TempDir, Vec<Case>), String> {
             seed,
             out: out.clone(),
             dtype: None,
-            mtp: false,
+            // An MTP layer too, for the MTP rows (`selftest_mtp`); the other checks load the model without it.
+            mtp: true,
         })
         .map_err(|e| format!("writing the {name} test model in {}: {e}", out.display()))?;
         let vocab = report.config.vocab_size as u64;
@@ -422,8 +423,9 @@ pub fn section(
          steps, 2 sequences per batch, prefill in chunks of 8) in the recurrent, replay (L = {BUFFER_LEN}) and kv-only \
          (threshold {KV_THRESHOLD}) forms, and speculative verify (T = {VERIFY_WINDOW}, drafts corrupted with p = \
          {CORRUPT}; recurrent by the per-draft snapshot baseline, replay, kv-only) against the GPU's own recurrent \
-         rows and the CPU's; f32 rows gate at {TOLERANCE:.0e}; bf16 rows gate at {BF16_BOUND:.0e} on the trained \
-         default models and are reported against it on random weights"
+         rows and the CPU's, and MTP drafts on the ranks (models with an MTP layer) against the CPU ranks'; f32 rows \
+         gate at {TOLERANCE:.0e}; bf16 rows gate at {BF16_BOUND:.0e} on the trained default models and are reported \
+         against it on random weights"
     );
     let fail = |e: String| {
         println!("model-level: FAIL: {e}");
@@ -529,6 +531,7 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         cuda_graphs: true,
         stage_profile: false,
         recurrent_verify: false,
+        mtp: false,
     };
     let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
     // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,
@@ -574,6 +577,10 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         dtype,
         CHAIN_TOLERANCE,
     ));
+    // MTP drafting on the ranks, against the CPU ranks' proposals, for a model with an MTP layer.
+    if super::selftest_mtp::has_mtp(dir) {
+        rows.push(super::selftest_mtp::row(&m.name, dir, prompts, &opts, tp, dtype));
+    }
     // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
     let bound = if dtype == GpuDtype::F32 {
         LOGPROB_TOLERANCE_F32

@@ -92,6 +92,9 @@ pub(crate) struct Cx<'a, A: Act> {
     pub(crate) offset: f32,
     /// The stage profile's events (`GpuOptions::stage_profile`): one mark after each block, named by its mixer.
     pub(crate) marks: Option<&'a mut StageMarks>,
+    /// The block table the attention layers read: the scratch's (`None`), or the MTP layer's own, which maps its
+    /// draft rows past the target's blocks (`gpu/mtp.rs`).
+    pub(crate) table: Option<&'a CudaSlice<i32>>,
 }
 
 /// `out = x · Wᵀ (+ b)`.
@@ -250,6 +253,10 @@ fn attention<A: Act>(
 ) -> Result<()> {
     let (dev, rows, hid) = (cx.dev, step.rows, cx.hidden);
     let s = &mut *cx.s;
+    let table = match cx.table {
+        Some(t) => t,
+        None => &s.table,
+    };
     let sp = &a.spec;
     let (h, kv, d) = (sp.heads, sp.kv_heads, sp.head_dim);
     let (qn, kn) = (rows * h * d, rows * kv * d);
@@ -302,7 +309,7 @@ fn attention<A: Act>(
         &s.c.slice(..kn),
         &s.row_slots.slice(..rows),
         &s.row_pos.slice(..rows),
-        &s.table,
+        table,
         k_pool,
         v_pool,
     )?;
@@ -315,7 +322,7 @@ fn attention<A: Act>(
         &s.a.slice(..qn),
         k_pool,
         v_pool,
-        &s.table,
+        table,
         &s.lens,
         &s.seq_slots.slice(..step.seqs),
         sp.scale,

@@ -12,6 +12,7 @@ use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
 use rewind_kernels::cuda::ops::{self, PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS, TOPK_WORDS};
 use rewind_kernels::cuda::{CudaDevice, CudaSlice, CudaView, CudaViewMut, DevicePtr};
 
+use super::loaded::LoadedRank;
 use super::rank::{GpuRank, HeadOut};
 use super::scratch::StepRows;
 use super::whole_rows::joining_comm;
@@ -266,8 +267,7 @@ impl<A: Act> GpuRank<A> {
     }
 
     /// The head's device work over the last `head_rows` of the step's `rows` rows (their blocks' outputs in the
-    /// scratch): the final norm, the head GEMM (whole rows when `whole`, else a chunk of the vocabulary at a time)
-    /// and the summaries. Only device work, so a step's graph captures it.
+    /// scratch): the final norm, then [`head_pass`]. Only device work, so a step's graph captures it.
     pub(super) fn head_device(&mut self, rows: usize, head_rows: usize, whole: bool) -> Result<()> {
         let r = &self.inner;
         let (dev, hid) = (&*r.dev, r.config.hidden_size);
@@ -281,84 +281,8 @@ impl<A: Act> GpuRank<A> {
             r.config.norm_offset,
             &mut s.h.slice_mut(..rows * hid),
         )?;
-        let (v, first_id) = (r.vocab.len(), r.vocab.start as u32);
-        let hs = &mut s.head;
-        let spec_words = hs.spec.slice(..head_rows * SPEC_WORDS);
-        let head = r.lm_head.as_ref().unwrap_or(&r.embed);
         let x = s.h.slice((rows - head_rows) * hid..rows * hid);
-        let (total, parts) = (
-            hs.max_parts,
-            &mut hs.parts.slice_mut(..head_rows * hs.max_parts * SUMMARY_WORDS),
-        );
-        // The chunk width of the head pass, and of the top-list folds over whole rows: never more than the scratch
-        // holds (a chunk never shrinks below one part: the scratch is sized for it).
-        let chunk = chunk_ids(head_rows, v)
-            .min((s.logits.len() / head_rows) / PART_WIDTH * PART_WIDTH)
-            .max(PART_WIDTH.min(v));
-        let slots = 1 + ops::parts_for(chunk);
-        let asks = !hs.top.asking.is_empty();
-        let seen = if whole {
-            // Whole rows: someone reads them. The summaries come from the same logits.
-            let logits = &mut s.logits.slice_mut(..head_rows * v);
-            A::gemm(dev, &r.blas, &x, &head.slice(..), logits, head_rows, hid, v)?;
-            ops::head_summary_parts(dev, logits, v, head_rows, v, first_id, &spec_words, parts, total, 0)?;
-            if asks {
-                for lo in (0..v).step_by(chunk) {
-                    let len = chunk.min(v - lo);
-                    let cols = logits.slice(lo..);
-                    hs.top.fold_chunk(
-                        dev,
-                        &cols,
-                        v,
-                        head_rows,
-                        len,
-                        first_id + lo as u32,
-                        slots,
-                        lo == 0,
-                        lo + len == v,
-                    )?;
-                }
-            }
-            ops::parts_for(v)
-        } else {
-            let mut seen = 0;
-            for lo in (0..v).step_by(chunk) {
-                let len = chunk.min(v - lo);
-                let logits = &mut s.logits.slice_mut(..head_rows * len);
-                let w = head.slice(lo * hid..(lo + len) * hid);
-                A::gemm(dev, &r.blas, &x, &w, logits, head_rows, hid, len)?;
-                ops::head_summary_parts(
-                    dev,
-                    logits,
-                    len,
-                    head_rows,
-                    len,
-                    first_id + lo as u32,
-                    &spec_words,
-                    parts,
-                    total,
-                    seen,
-                )?;
-                if asks {
-                    hs.top.fold_chunk(
-                        dev,
-                        logits,
-                        len,
-                        head_rows,
-                        len,
-                        first_id + lo as u32,
-                        slots,
-                        lo == 0,
-                        lo + len == v,
-                    )?;
-                }
-                seen += ops::parts_for(len);
-            }
-            seen
-        };
-        let out = &mut hs.out.slice_mut(..head_rows * SUMMARY_WORDS);
-        ops::head_summary_merge(dev, parts, head_rows, total, seen, out)?;
-        Ok(())
+        head_pass(r, &mut s.logits, &mut s.head, &x, head_rows, whole)
     }
 
     /// Reads back what [`GpuRank::head_device`] left: the summaries always (with their top lists where asked); the
@@ -493,6 +417,98 @@ impl<A: Act> GpuRank<A> {
         }
         Ok(())
     }
+}
+
+/// The head over `head_rows` rows `x` (`[head_rows, hidden]`, already normed) into the head scratch `hs`: the GEMM
+/// against the rank's slice of the LM head (whole rows into `logits_buf` when `whole`, else a chunk of the vocabulary
+/// at a time) and the one-pass summaries, for the speculative and log-probability requests
+/// [`GpuRank::prepare_head`] uploaded. The target's rows come through [`GpuRank::head_device`]; the MTP layer's
+/// drafts come here directly (`gpu/mtp.rs`: its output norm is the head's input, with no final norm between).
+pub(super) fn head_pass<A: Act>(
+    r: &LoadedRank<A>,
+    logits_buf: &mut CudaSlice<f32>,
+    hs: &mut HeadScratch,
+    x: &CudaView<'_, A>,
+    head_rows: usize,
+    whole: bool,
+) -> Result<()> {
+    let (dev, hid) = (&*r.dev, r.config.hidden_size);
+    let (v, first_id) = (r.vocab.len(), r.vocab.start as u32);
+    let spec_words = hs.spec.slice(..head_rows * SPEC_WORDS);
+    let head = r.lm_head.as_ref().unwrap_or(&r.embed);
+    let (total, parts) = (
+        hs.max_parts,
+        &mut hs.parts.slice_mut(..head_rows * hs.max_parts * SUMMARY_WORDS),
+    );
+    // The chunk width of the head pass, and of the top-list folds over whole rows: never more than the scratch
+    // holds (a chunk never shrinks below one part: the scratch is sized for it).
+    let chunk = chunk_ids(head_rows, v)
+        .min((logits_buf.len() / head_rows) / PART_WIDTH * PART_WIDTH)
+        .max(PART_WIDTH.min(v));
+    let slots = 1 + ops::parts_for(chunk);
+    let asks = !hs.top.asking.is_empty();
+    let seen = if whole {
+        // Whole rows: someone reads them. The summaries come from the same logits.
+        let logits = &mut logits_buf.slice_mut(..head_rows * v);
+        A::gemm(dev, &r.blas, x, &head.slice(..), logits, head_rows, hid, v)?;
+        ops::head_summary_parts(dev, logits, v, head_rows, v, first_id, &spec_words, parts, total, 0)?;
+        if asks {
+            for lo in (0..v).step_by(chunk) {
+                let len = chunk.min(v - lo);
+                let cols = logits.slice(lo..);
+                hs.top.fold_chunk(
+                    dev,
+                    &cols,
+                    v,
+                    head_rows,
+                    len,
+                    first_id + lo as u32,
+                    slots,
+                    lo == 0,
+                    lo + len == v,
+                )?;
+            }
+        }
+        ops::parts_for(v)
+    } else {
+        let mut seen = 0;
+        for lo in (0..v).step_by(chunk) {
+            let len = chunk.min(v - lo);
+            let logits = &mut logits_buf.slice_mut(..head_rows * len);
+            let w = head.slice(lo * hid..(lo + len) * hid);
+            A::gemm(dev, &r.blas, x, &w, logits, head_rows, hid, len)?;
+            ops::head_summary_parts(
+                dev,
+                logits,
+                len,
+                head_rows,
+                len,
+                first_id + lo as u32,
+                &spec_words,
+                parts,
+                total,
+                seen,
+            )?;
+            if asks {
+                hs.top.fold_chunk(
+                    dev,
+                    logits,
+                    len,
+                    head_rows,
+                    len,
+                    first_id + lo as u32,
+                    slots,
+                    lo == 0,
+                    lo + len == v,
+                )?;
+            }
+            seen += ops::parts_for(len);
+        }
+        seen
+    };
+    let out = &mut hs.out.slice_mut(..head_rows * SUMMARY_WORDS);
+    ops::head_summary_merge(dev, parts, head_rows, total, seen, out)?;
+    Ok(())
 }
 
 /// Records the sampler's pick `id` in `row`. The sampler gives −1 for a row holding a non-finite logit, which need

@@ -246,7 +246,8 @@ fn gdn<A: Act>(dev: &CudaDevice, m: &GdnMixer, shard: &ShardKind) -> Result<GpuG
     })
 }
 
-fn attention<A: Act>(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttention<A>> {
+/// An attention block's mixer on the device (the target's and the MTP layer's, `gpu/mtp_layer.rs`).
+pub(super) fn attention<A: Act>(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttention<A>> {
     let s = m.spec().clone();
     let (h, d) = (s.heads, s.head_dim);
     let gate_idx = if s.output_gate {
@@ -279,7 +280,8 @@ fn attention<A: Act>(dev: &CudaDevice, m: &AttentionMixer) -> Result<GpuAttentio
     })
 }
 
-fn mlp<A: Act>(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp<A>> {
+/// A dense MLP on the device (a block, a shared expert, an MTP layer's FFN).
+pub(super) fn mlp<A: Act>(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp<A>> {
     Ok(GpuMlp {
         act: m.spec().act,
         gate: m.gate.as_ref().map(|g| linear(dev, g)).transpose()?,
@@ -288,7 +290,8 @@ fn mlp<A: Act>(dev: &CudaDevice, m: &Mlp) -> Result<GpuMlp<A>> {
     })
 }
 
-fn moe<A: Act>(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe<A>> {
+/// A mixture of experts on the device (a block, an MTP layer's FFN).
+pub(super) fn moe<A: Act>(dev: &CudaDevice, m: &Moe) -> Result<GpuMoe<A>> {
     let s = m.spec().clone();
     let correction_bias = match (&s.router, &m.correction_bias) {
         (RouterSpec::SigmoidGrouped { .. }, Some(b)) => Some(f32_of(dev, b)?),

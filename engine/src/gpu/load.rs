@@ -207,7 +207,7 @@ impl Launcher for GpuLauncher {
         }
         let reports = self.reports.clone();
         let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
-        let (fraction, max_seqs, max_len, rows, replay, graphs, stage_profile) = (
+        let (fraction, max_seqs, max_len, rows, replay, graphs, stage_profile, mtp) = (
             self.opts.gpu_memory_fraction,
             self.opts.max_seqs,
             self.max_len,
@@ -215,6 +215,7 @@ impl Launcher for GpuLauncher {
             self.replay,
             self.opts.cuda_graphs,
             self.opts.stage_profile,
+            self.opts.mtp,
         );
         let generation = abort.clone();
         let load: RankLoader = Arc::new(move |rank| {
@@ -237,6 +238,7 @@ impl Launcher for GpuLauncher {
                 replay,
                 graphs,
                 stage_profile,
+                mtp,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm, &generation),
@@ -271,6 +273,8 @@ struct Setup<'a> {
     graphs: bool,
     /// Time every stage of every step (`GpuOptions::stage_profile`).
     stage_profile: bool,
+    /// Load the MTP layer (`GpuOptions::mtp`).
+    mtp: bool,
 }
 
 impl Setup<'_> {
@@ -292,7 +296,7 @@ impl Setup<'_> {
             }
             None => None,
         };
-        let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank)?;
+        let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank, self.mtp)?;
         let cap = loaded.capacity(
             self.fraction,
             self.max_seqs,

@@ -9,8 +9,10 @@ use rewind_kernels::cuda::{Blas, CudaDevice, CudaSlice};
 use tracing::debug_span;
 
 use super::layers::{GpuBlock, GpuMixer};
-use super::scratch::{attention_workspace, widths, Scratch, StepRows};
-use super::state::{state_bytes, PoolSizes};
+use super::mtp::MtpScratch;
+use super::mtp_layer::{extra_blocks, GpuMtpLayer};
+use super::scratch::{attention_workspace, widths, Scratch, StepRows, Widths};
+use super::state::{state_bytes, PoolSizes, BLOCK_SIZE};
 use super::weights::stored;
 use super::{Act, DeviceComm};
 use crate::error::{EngineError, Result};
@@ -33,6 +35,8 @@ pub(crate) struct LoadedRank<A: Act> {
     pub(super) lm_head: Option<CudaSlice<A>>,
     pub(super) final_norm: CudaSlice<A>,
     pub(super) blocks: Vec<GpuBlock<A>>,
+    /// The checkpoint's MTP layer, when the rank drafts with it (`GpuOptions::mtp`).
+    pub(super) mtp: Option<GpuMtpLayer<A>>,
     pub(super) weight_bytes: usize,
 }
 
@@ -50,24 +54,41 @@ pub(crate) struct Capacity {
 }
 
 impl<A: Act> LoadedRank<A> {
-    /// Loads rank `rank` of `tp` from the checkpoint in `dir` onto `dev`.
+    /// Loads rank `rank` of `tp` from the checkpoint in `dir` onto `dev`, with its share of the checkpoint's MTP
+    /// layer when `mtp` (a checkpoint without one is a clear error, [`crate::model::mtp::checked_mtp_layout`]).
     pub(crate) fn load(
         dev: Arc<CudaDevice>,
         comm: Option<Box<dyn DeviceComm>>,
         dir: &std::path::Path,
         tp: usize,
         rank: usize,
+        mtp: bool,
     ) -> Result<Self> {
         let _span = debug_span!("gpu_load", rank, tp).entered();
         let blas = Blas::new(&dev)?;
-        let config = crate::model::ModelConfig::from_dir(dir)?;
+        let (config, json) = crate::model::ModelConfig::from_dir_json(dir)?;
         let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
+        let layout = match mtp {
+            true => Some(crate::model::mtp::checked_mtp_layout(
+                &config,
+                &json,
+                src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
+                dir,
+            )?),
+            false => None,
+        };
         let mut blocks = Vec::with_capacity(config.num_blocks());
         // Each block is uploaded and dropped as soon as it is read: host memory holds one block at a time.
-        let parts = ShardedModel::load_streaming(config, None, tp, rank, &mut src, |b| {
+        let parts = ShardedModel::load_streaming(config, layout.as_ref(), tp, rank, &mut src, |b| {
             blocks.push(GpuBlock::upload(&dev, &b.norm, &b.mixer, &b.shard)?);
             Ok(())
         })?;
+        let hidden = parts.config.hidden_size;
+        let mtp = parts
+            .mtp
+            .as_ref()
+            .map(|head| GpuMtpLayer::upload(&dev, head, hidden))
+            .transpose()?;
         let embed = stored(&dev, &parts.embed)?;
         let lm_head = parts.lm_head.as_deref().map(|h| stored(&dev, h)).transpose()?;
         let final_norm = super::weights::act_of(&dev, &parts.final_norm)?;
@@ -85,12 +106,31 @@ impl<A: Act> LoadedRank<A> {
             lm_head,
             final_norm,
             blocks,
+            mtp,
             weight_bytes: total - free,
         })
     }
 
+    /// The target's blocks, then the MTP layer's.
+    fn all_blocks(&self) -> impl Iterator<Item = &GpuBlock<A>> {
+        self.blocks.iter().chain(self.mtp.iter().flat_map(|m| m.blocks.iter()))
+    }
+
+    /// Whether the rank keeps a paged KV cache: for the target's attention layers, or the MTP layer's (which reads
+    /// the target's block tables, so a model without attention layers holds them for it).
     pub(super) fn has_attention(&self) -> bool {
-        self.blocks.iter().any(|b| matches!(b.mixer, GpuMixer::Attention(_)))
+        self.all_blocks().any(|b| matches!(b.mixer, GpuMixer::Attention(_)))
+    }
+
+    /// The scratch's widths for steps of `rows` token rows: every block's, the MTP layer's too (its input projection
+    /// reads `[rows, 2·hidden]` from the scratch's wide temporaries).
+    pub(super) fn widths(&self, rows: usize) -> Widths {
+        let hidden = self.config.hidden_size;
+        let mut w = widths(self.all_blocks(), hidden, rows);
+        if self.mtp.is_some() {
+            w.wide = w.wide.max(2 * hidden);
+        }
+        w
     }
 
     /// The KV blocks that fit in `fraction` of the device's memory with `max_seqs` sequences of up to `max_len`
@@ -112,8 +152,23 @@ impl<A: Act> LoadedRank<A> {
             num_blocks: 0,
             rows: slot_rows,
         };
-        let w = widths(&self.blocks, hidden, rows.rows);
-        let attention_ws = attention_workspace(&self.dev, &self.blocks, rows, probe)?;
+        let w = self.widths(rows.rows);
+        let mut attention_ws = attention_workspace(&self.dev, &self.blocks, rows, probe)?;
+        // The MTP layer's own bytes: its scratch, and each slot's blocks past the target's (`gpu/mtp_layer.rs`).
+        let mut mtp_bytes = 0;
+        if let Some(m) = &self.mtp {
+            let extra = extra_blocks(rows.max_verify);
+            // Its attention runs catch-up rows of up to a window and a repaired row per sequence, and reads tables
+            // wider by its own blocks.
+            let mtp_rows = StepRows::new(rows.prefill_chunk, max_seqs, rows.max_verify + 1);
+            let wider = PoolSizes {
+                max_len: probe.max_len + extra * BLOCK_SIZE,
+                ..probe
+            };
+            attention_ws = attention_ws.max(attention_workspace(&self.dev, &m.blocks, mtp_rows, wider)?);
+            let (_, mtp_block) = state_bytes(&m.blocks, slot_rows);
+            mtp_bytes = max_seqs * extra * mtp_block + MtpScratch::<A>::bytes(probe, rows, hidden, self.tp);
+        }
         let scratch = Scratch::<A>::bytes(
             &w,
             rows,
@@ -122,8 +177,10 @@ impl<A: Act> LoadedRank<A> {
             probe,
             self.tp,
             self.config.vocab_size,
-        ) + 4 * attention_ws;
-        let (per_seq, per_block) = state_bytes(&self.blocks, slot_rows);
+        ) + 4 * attention_ws
+            + mtp_bytes;
+        // Per KV block: every attention layer's, the MTP layer's included.
+        let (per_seq, per_block) = state_bytes(self.all_blocks(), slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;
         let fixed = used + scratch + ssm;

@@ -11,12 +11,14 @@
 //!   CPU.
 //! - `rank`: a rank's load, memory plan and steps; `forward` (mixers) and `ffn` (MLP, MoE): the layers; `state`:
 //!   device pools; `scratch`: activation buffers; `layers`, `weights`: device copies of the weights; `graphs`: the
-//!   CUDA graphs decode and verify steps replay.
+//!   CUDA graphs decode and verify steps replay; `mtp_layer` and `mtp`: the checkpoint's MTP layer and the drafts it
+//!   proposes on the rank ([`mtp_forced`]: checked against the CPU rank's).
 
 mod chain;
 pub mod check;
 mod check_chain;
 mod check_logprobs;
+mod check_mtp;
 mod check_verify;
 mod ffn;
 mod forward;
@@ -25,6 +27,9 @@ mod head;
 mod layers;
 pub mod load;
 mod loaded;
+mod mtp;
+mod mtp_layer;
+mod mtp_plan;
 pub mod options;
 mod rank;
 mod scratch;
@@ -39,6 +44,7 @@ mod whole_rows;
 pub use check::{teacher_forced, TeacherForcedReport};
 pub use check_chain::{chain_forced, ChainReport};
 pub use check_logprobs::{logprobs_forced, LogprobReport};
+pub use check_mtp::{mtp_forced, MtpReport};
 pub use check_verify::{verify_forced, VerifyReport};
 pub use load::{gpu_group, GpuLauncher, GpuReport};
 pub use options::{GpuDtype, GpuOptions};

@@ -35,6 +35,10 @@ pub struct GpuOptions {
     /// the KV blocks' memory): only a rank whose sequences verify drafts in the recurrent form needs them
     /// (`--decode recurrent` with speculation); replay, kv-only and auto roll back by pointer moves.
     pub recurrent_verify: bool,
+    /// Load the checkpoint's MTP layer and draft with it on the ranks (`Batch::mtp`, `gpu/mtp.rs`): its weights, its
+    /// KV (one more attention layer of the paged pool) and its buffers count in the memory plan. A checkpoint without
+    /// one fails the load with a clear error.
+    pub mtp: bool,
 }
 
 /// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
@@ -86,6 +90,7 @@ impl Default for GpuOptions {
             cuda_graphs: true,
             stage_profile: false,
             recurrent_verify: false,
+            mtp: false,
         }
     }
 }

@@ -12,7 +12,8 @@ use super::graphs::{bucket_ring, GraphKey, StepGraphs};
 use super::head::HeadSpec;
 use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
-use super::scratch::{widths, Scratch, StepRows, Widths};
+use super::mtp::GpuMtp;
+use super::scratch::{Scratch, StepRows, Widths};
 use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
@@ -41,8 +42,12 @@ impl<A: Act> LoadedRank<A> {
     ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
-        let w: Widths = widths(&self.blocks, hidden, rows.rows);
+        let w: Widths = self.widths(rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
+        let mtp = match &self.mtp {
+            Some(layer) => Some(GpuMtp::new(&self.dev, layer, sizes, rows, hidden, self.tp)?),
+            None => None,
+        };
         let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
         let scratch = Scratch::new(
             &self.dev,
@@ -78,7 +83,7 @@ impl<A: Act> LoadedRank<A> {
             forms: FormChoice::ALL.to_vec(),
             snapshots: true,
             hidden_states: true,
-            mtp: false,
+            mtp: mtp.is_some(),
             spec_summaries: true,
             // Top lists folded in the head pass (`gpu/head.rs`).
             logprobs: true,
@@ -107,6 +112,7 @@ impl<A: Act> LoadedRank<A> {
             marks: stage_profile.then(StageMarks::default),
             stage_times: StageTimes::default(),
             spec_chain: None,
+            mtp,
         })
     }
 
@@ -158,6 +164,8 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) stage_times: StageTimes,
     /// A chain of verifies' device buffers (`gpu/spec_chain.rs`), allocated at the first such chain.
     pub(super) spec_chain: Option<super::spec_chain::SpecChainScratch>,
+    /// MTP drafting's KV, bookkeeping and buffers (`gpu/mtp.rs`), when the rank loaded the MTP layer.
+    pub(super) mtp: Option<GpuMtp<A>>,
 }
 
 impl<A: Act> Drop for GpuRank<A> {
@@ -392,6 +400,7 @@ impl<A: Act> GpuRank<A> {
             eps: r.config.norm_eps,
             offset: r.config.norm_offset,
             marks: self.marks.as_mut(),
+            table: None,
         };
         forward::blocks(&mut cx, &r.blocks, &mut self.pools, &mut self.snapshots, step)?;
         if head_rows > 0 {
@@ -414,6 +423,9 @@ impl<A: Act> Rank for GpuRank<A> {
     }
 
     fn release(&mut self, slot: usize) -> Result<()> {
+        if let Some(m) = self.mtp.as_mut() {
+            m.forget(slot);
+        }
         self.books.close(slot)?;
         Ok(())
     }
@@ -423,6 +435,10 @@ impl<A: Act> Rank for GpuRank<A> {
     }
 
     fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()> {
+        // A snapshot holds no MTP KV: the slot's starts afresh at its next step, as on the CPU rank.
+        if let Some(m) = self.mtp.as_mut() {
+            m.restored(slot);
+        }
         self.restore_slot(slot, snapshot)
     }
 

@@ -113,7 +113,11 @@ pub(crate) struct Widths {
     pub(crate) workspace: usize,
 }
 
-pub(crate) fn widths<A: Act>(blocks: &[GpuBlock<A>], hidden: usize, rows: usize) -> Widths {
+pub(crate) fn widths<'b, A: Act + 'b>(
+    blocks: impl IntoIterator<Item = &'b GpuBlock<A>>,
+    hidden: usize,
+    rows: usize,
+) -> Widths {
     let mut w = Widths {
         wide: hidden,
         narrow: 1,
@@ -163,14 +167,14 @@ pub(crate) fn widths<A: Act>(blocks: &[GpuBlock<A>], hidden: usize, rows: usize)
 /// Floats of split-KV partials the attention layers need at the largest of the steps the rank runs (decode and
 /// verify batches of every size, prompt chunks of every length): the rank owns them, so that no step allocates and
 /// a captured step (`gpu/graphs.rs`) always reads the same buffer.
-pub(crate) fn attention_workspace<A: Act>(
+pub(crate) fn attention_workspace<'b, A: Act + 'b>(
     dev: &CudaDevice,
-    blocks: &[GpuBlock<A>],
+    blocks: impl IntoIterator<Item = &'b GpuBlock<A>>,
     step: StepRows,
     sizes: PoolSizes,
 ) -> Result<usize> {
     let mut shapes: Vec<(usize, usize, usize)> = blocks
-        .iter()
+        .into_iter()
         .filter_map(|b| match &b.mixer {
             GpuMixer::Attention(a) => Some((a.spec.heads, a.spec.kv_heads, a.spec.head_dim)),
             _ => None,

@@ -121,9 +121,12 @@ fn layer_values<A: Act>(mixer: &GpuMixer<A>) -> LayerValues {
 /// Bytes of state one sequence slot takes in `blocks` (conv, SSM state and its snapshots, input rings), and bytes per
 /// KV block over all attention layers: [`pool_bytes`] at the activation type's size, the sizes [`alloc_pools`] and
 /// [`alloc_snapshots`] allocate.
-pub(crate) fn state_bytes<A: Act>(blocks: &[GpuBlock<A>], rows: SlotRows) -> (usize, usize) {
+pub(crate) fn state_bytes<'b, A: Act + 'b>(
+    blocks: impl IntoIterator<Item = &'b GpuBlock<A>>,
+    rows: SlotRows,
+) -> (usize, usize) {
     let e = std::mem::size_of::<A>() as u64;
-    let (per_seq, per_block) = pool_bytes(blocks.iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e, rows);
+    let (per_seq, per_block) = pool_bytes(blocks.into_iter().map(|b| layer_values(&b.mixer)), BLOCK_SIZE, e, rows);
     (per_seq as usize, per_block as usize)
 }
 

@@ -185,8 +185,14 @@ impl<A: Act> GpuRank<A> {
         })
     }
 
-    /// A single step's launches: each prompt chunk, one decode batch, and verify batches of equal window.
+    /// A single step's launches: each prompt chunk, one decode batch, and verify batches of equal window; then the
+    /// MTP layer's work for the sequences that ask for drafts (`gpu/mtp.rs`).
     fn run_batch(&mut self, plan: &Batch) -> Result<StepOut> {
+        if !plan.mtp.is_empty() {
+            self.mtp_begin(plan)?;
+        } else if let Some(m) = self.mtp.as_mut() {
+            m.idle();
+        }
         let mut per_seq: Vec<Option<HeadOut>> = plan.seqs.iter().map(|_| None).collect();
         for (i, s) in plan.seqs.iter().enumerate() {
             if s.kind == SeqKind::Prefill {
@@ -233,6 +239,11 @@ impl<A: Act> GpuRank<A> {
         for h in per_seq.into_iter().flatten() {
             all.extend(h);
         }
+        let mtp = if plan.mtp.is_empty() {
+            Vec::new()
+        } else {
+            self.mtp_end(plan, &all.rows)?
+        };
         self.check_not_aborted()?;
         Ok(StepOut {
             vocab: self.info.vocab.clone(),
@@ -240,7 +251,7 @@ impl<A: Act> GpuRank<A> {
             logits: all.logits,
             hidden: all.hidden,
             chain: None,
-            mtp: Vec::new(),
+            mtp,
         })
     }
 
@@ -364,7 +375,7 @@ impl<A: Act> GpuRank<A> {
         Ok(())
     }
 
-    fn step_shape(&self, rows: usize, seqs: usize, t: usize, clamp: bool, ssm: SsmRun) -> Step {
+    pub(super) fn step_shape(&self, rows: usize, seqs: usize, t: usize, clamp: bool, ssm: SsmRun) -> Step {
         Step {
             rows,
             seqs,
@@ -449,6 +460,7 @@ impl<A: Act> GpuRank<A> {
             };
             reported += head_rows;
             let h = self.run(step, head_rows, want_logits, sample, &[], logprob)?;
+            self.keep_mtp_rows(&[(slot, ci * chunk, 0, t)], t, head_rows > 0)?;
             let ring = self.counters.ring(slot).len;
             self.counters
                 .after_step(slot, StepPhase::Prefill { position: pos }, d.form, false, ring, t)?;
@@ -469,6 +481,8 @@ impl<A: Act> GpuRank<A> {
             .then(|| seqs.iter().map(|s| s.sample.clone().unwrap_or_else(greedy)).collect());
         let logprob = head_logprobs(seqs, 1);
         let mut out = self.run(staged.step, b, want_logits, samples.as_deref(), &[], &logprob)?;
+        let parts: Vec<_> = seqs.iter().enumerate().map(|(k, s)| (s.slot, 0, k, 1)).collect();
+        self.keep_mtp_rows(&parts, b, true)?;
         for (row, s) in out.rows.iter_mut().zip(seqs) {
             if s.sample.is_none() || s.rows == Rows::None {
                 row.sampled = None;
@@ -546,6 +560,8 @@ impl<A: Act> GpuRank<A> {
         let spec: Vec<Option<SpecRequest>> = seqs.iter().flat_map(|s| s.spec_requests()).collect();
         let logprob = head_logprobs(seqs, t);
         let out = self.run(staged.step, seqs.len() * t, want_logits, None, &spec, &logprob)?;
+        let parts: Vec<_> = seqs.iter().enumerate().map(|(k, s)| (s.slot, 0, k * t, t)).collect();
+        self.keep_mtp_rows(&parts, seqs.len() * t, true)?;
         self.after_verify(seqs, &staged, t)?;
         Ok(out)
     }

@@ -201,7 +201,7 @@ fn attention_then_ffn(layer: Vec<BlockPlan>, model_type: &str) -> Result<Vec<Blo
 
 /// The FFN block of an MTP layer.
 /// Both boxed: the layers differ widely in size (an MoE with a latent MoE's projections, a dense MLP).
-enum MtpFfn {
+pub(crate) enum MtpFfn {
     Mlp(Box<Mlp>),
     Moe(Box<Moe>),
 }
@@ -279,6 +279,20 @@ impl MtpHead {
         })
     }
 
+    /// The weights, for a backend that copies them to its device (`gpu/mtp_layer.rs`), which runs the same forward.
+    pub(crate) fn parts(&self) -> MtpParts<'_> {
+        MtpParts {
+            fc: &self.fc,
+            pre_fc_norm_embedding: &self.pre_fc_norm_embedding,
+            pre_fc_norm_hidden: &self.pre_fc_norm_hidden,
+            attn_norm: &self.attn_norm,
+            attn: &self.attn,
+            ffn_norm: &self.ffn_norm,
+            ffn: &self.ffn,
+            norm: &self.norm,
+        }
+    }
+
     fn rms(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
         rms_norm_vec(x, w, self.eps, self.offset)
     }
@@ -321,6 +335,19 @@ impl MtpHead {
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
         Ok(self.rms(&x, &self.norm))
     }
+}
+
+/// An [`MtpHead`]'s weights, borrowed ([`MtpHead::parts`]): `fc` `[hidden, 2·hidden]` (embedding half first), the
+/// norms `[hidden]`, the attention and FFN blocks (this rank's share under tensor parallelism).
+pub(crate) struct MtpParts<'a> {
+    pub(crate) fc: &'a [f32],
+    pub(crate) pre_fc_norm_embedding: &'a [f32],
+    pub(crate) pre_fc_norm_hidden: &'a [f32],
+    pub(crate) attn_norm: &'a [f32],
+    pub(crate) attn: &'a AttentionMixer,
+    pub(crate) ffn_norm: &'a [f32],
+    pub(crate) ffn: &'a MtpFfn,
+    pub(crate) norm: &'a [f32],
 }
 
 /// Every `mtp.*` tensor (name → shape) that [`MtpHead::load`] reads for the model `config_json` describes, in the

@@ -162,6 +162,7 @@ pub const MODULES: &[KernelModule] = &[
             "gather_cols",
             "copy_cols",
             "copy_cols_vec",
+            "copy_rows",
             "add_rms_norm",
             "dt_softplus",
             "gdn_gates",

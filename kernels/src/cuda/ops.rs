@@ -473,11 +473,11 @@ pub use gemv_quant::{
     gemv_fp8_block, gemv_fp8_scaled, gemv_nvfp4, gemv_quant_supported, QuantLayout, GEMV_QUANT_MAX_ROWS,
 };
 pub use glue::{
-    add_bias, add_rms_norm, copy_block, copy_cols, dt_softplus, embed_rows_f32, gated_norm_apply, gated_sq_sums,
-    gather_cols, gdn_gates, moe_finish, sigmoid_mul, swiglu_split,
+    add_bias, add_rms_norm, copy_block, copy_cols, copy_rows, dt_softplus, embed_rows_f32, gated_norm_apply,
+    gated_sq_sums, gather_cols, gdn_gates, moe_finish, sigmoid_mul, swiglu_split,
 };
 pub use lm_head::{
-    decode_summaries, decode_topk, encode_judge, encode_logprob_requests, encode_spec, head_summaries,
+    decode_summaries, decode_topk, encode_judge, encode_logprob_requests, encode_spec, encode_summary, head_summaries,
     head_summary_merge, head_summary_parts, head_topk_merge, head_topk_parts, parts_for, spec_accept, JUDGE_WORDS,
     PART_WIDTH, SPEC_WORDS, SUMMARY_WORDS, TOPK_WORDS,
 };

@@ -34,6 +34,23 @@ __device__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ out, u
     }
 }
 
+// dst[pairs[i].d, :] = src[pairs[i].s, :] for the n (s, d) row pairs, rows `width` wide: a row gather and scatter in
+// one launch. A pair naming a row outside its matrix is skipped (the pairs are device data). One block per pair.
+template <typename T>
+__device__ void copy_rows_impl(const T* __restrict__ src, T* __restrict__ dst, const int* __restrict__ pairs, int width,
+                               long long src_rows, long long dst_rows) {
+    const long long s = pairs[2 * (u64)blockIdx.x];
+    const long long d = pairs[2 * (u64)blockIdx.x + 1];
+    if (s < 0 || s >= src_rows || d < 0 || d >= dst_rows) {
+        return;
+    }
+    const T* srow = src + (u64)s * width;
+    T* drow = dst + (u64)d * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        drow[i] = srow[i];
+    }
+}
+
 // x += y (when y is given, written back to x), then out = x · rsqrt(mean(x²) + eps) · (offset + w), in the operation
 // order of cpu::norm::rms_norm. One block per row.
 template <typename T>
@@ -206,6 +223,10 @@ __device__ void gated_norm_apply_impl(const T* __restrict__ y, const T* __restri
     extern "C" __global__ void copy_cols_vec_##S(const T* src, T* out, u64 rows, int src_width, int start, int n,    \
                                                  int out_width, int out_start) {                                    \
         copy_cols_impl<T, 16 / sizeof(T)>(src, out, rows, src_width, start, n, out_width, out_start);               \
+    }                                                                                                                \
+    extern "C" __global__ void copy_rows_##S(const T* src, T* dst, const int* pairs, int width, long long src_rows,   \
+                                             long long dst_rows) {                                                  \
+        copy_rows_impl<T>(src, dst, pairs, width, src_rows, dst_rows);                                              \
     }                                                                                                                \
     extern "C" __global__ void add_rms_norm_##S(float* x, const float* y, const T* w, T* out, int dim, float eps,    \
                                                 float offset) {                                                     \

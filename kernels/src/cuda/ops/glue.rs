@@ -1,4 +1,5 @@
-//! Glue kernels of the GPU runner: column gathers that split fused projections, the fused residual add + RMSNorm,
+//! Glue kernels of the GPU runner: column gathers that split fused projections, row gathers and scatters, the fused
+//! residual add + RMSNorm,
 //! the dt and Gated DeltaNet gate activations, elementwise gate / bias / split SwiGLU, vocab-parallel
 //! embedding, the MoE finish (routed + gated shared expert), and the Mamba-2 gated norm split across tensor-parallel
 //! ranks (local squared sums, all-reduced by the caller, then applied).
@@ -122,6 +123,45 @@ pub fn copy_block<T: Elem>(
         n_i,
         ow_i,
         os_i
+    )
+}
+
+/// `dst[d, :] = src[s, :]` for each `(s, d)` row pair of `pairs` (`[n, 2]`), rows `width` wide: a gather and a
+/// scatter of whole rows in one launch (the MTP layer's input and saved rows, `engine/src/gpu/mtp.rs`). The pairs are
+/// device data: a pair naming a row outside `src` or `dst` is skipped. Pairs must not name one `dst` row twice.
+pub fn copy_rows<T: Elem>(
+    dev: &CudaDevice,
+    src: &impl DevicePtr<T>,
+    pairs: &impl DevicePtr<i32>,
+    width: usize,
+    dst: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    const OP: &str = "copy_rows";
+    let src_rows = rows_of(OP, "src", src.len(), width)?;
+    let dst_rows = rows_of(OP, "dst", dst.len(), width)?;
+    ensure(OP, pairs.len().is_multiple_of(2), || {
+        format!("{} pair words are not whole (source, destination) pairs", pairs.len())
+    })?;
+    let n = pairs.len() / 2;
+    fits_i32(OP, "width", width)?;
+    fits_u32(OP, "pairs", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (w_i, src_rows, dst_rows) = (width as i32, src_rows as i64, dst_rows as i64);
+    let (sp, _gs) = src.device_ptr(dev.stream());
+    let (dp, _gd) = dst.device_ptr_mut(dev.stream());
+    let (pp, _gp) = pairs.device_ptr(dev.stream());
+    launch!(
+        dev,
+        format!("copy_rows_{}", T::NAME),
+        per_row(n, 1, width.min(256)),
+        sp,
+        dp,
+        pp,
+        w_i,
+        src_rows,
+        dst_rows
     )
 }
 

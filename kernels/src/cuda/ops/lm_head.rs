@@ -59,6 +59,23 @@ pub fn decode_summaries(words: &[u32], spec: &[bool]) -> Vec<RowPass> {
         .collect()
 }
 
+/// Encodes a summary in the stored layout [`decode_summaries`] reads (the log-probability part is not stored): how a
+/// rank sends a summary it holds on the host through a device gather (`engine/src/gpu/mtp.rs`).
+pub fn encode_summary(pass: &RowPass) -> [u32; SUMMARY_WORDS] {
+    let sp = pass.spec;
+    let drafted = sp.and_then(|s| s.drafted);
+    [
+        pass.argmax,
+        pass.max.to_bits(),
+        pass.lse.to_bits(),
+        sp.map_or(0, |s| s.lse.to_bits()),
+        drafted.unwrap_or(0.0).to_bits(),
+        u32::from(drafted.is_some()),
+        sp.map_or(0, |s| s.candidate),
+        sp.map_or(0, |s| s.score.to_bits()),
+    ]
+}
+
 /// The partials a chunk of `len` ids needs.
 pub fn parts_for(len: usize) -> usize {
     len.div_ceil(PART_WIDTH)
@@ -404,5 +421,42 @@ mod tests {
         let s = got[0].spec.expect("spec");
         assert_eq!((s.drafted, s.candidate, s.score), (Some(0.25), 9, 2.5));
         assert!(decode_summaries(&words, &[false])[0].spec.is_none());
+    }
+
+    #[test]
+    fn encoded_summaries_decode_to_themselves() {
+        let plain = RowPass {
+            argmax: 11,
+            max: f32::NAN,
+            lse: -2.0,
+            spec: None,
+            logprob: None,
+        };
+        let spec = RowPass {
+            spec: Some(SpecSummary {
+                lse: 1.0,
+                drafted: None,
+                candidate: 4,
+                score: f32::NEG_INFINITY,
+            }),
+            max: 0.5,
+            ..plain
+        };
+        let drafted = RowPass {
+            spec: spec.spec.map(|s| SpecSummary {
+                drafted: Some(-0.0),
+                ..s
+            }),
+            ..spec
+        };
+        let words: Vec<u32> = [plain, spec, drafted].iter().flat_map(encode_summary).collect();
+        let back = decode_summaries(&words, &[false, true, true]);
+        assert_eq!((back[0].argmax, back[0].lse, back[0].spec), (11, -2.0, None));
+        assert!(back[0].max.is_nan());
+        assert_eq!(back[1], spec);
+        assert_eq!(
+            back[2].spec.and_then(|s| s.drafted).map(f32::to_bits),
+            Some((-0.0f32).to_bits())
+        );
     }
 }

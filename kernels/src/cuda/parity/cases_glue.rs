@@ -64,6 +64,25 @@ pub(super) fn register(cases: &mut Vec<Case>) {
             copy_block(rows, width, n, out_width, out_start)
         );
     }
+    for (src_rows, dst_rows, n, width, outside, what) in [
+        (
+            64,
+            24,
+            16,
+            4096,
+            false,
+            "MTP input rows from a step's rows, hidden 4096",
+        ),
+        (5, 9, 4, 2560, false, "saved rows into a slot's place, hidden 2560"),
+        (7, 7, 5, 37, true, "odd, with a pair outside each matrix"),
+    ] {
+        both!(
+            cases,
+            "copy_rows",
+            format!("{n} of [{src_rows}, {width}] → [{dst_rows}, {width}], {what}"),
+            copy_rows(src_rows, dst_rows, n, width, outside)
+        );
+    }
     for (rows, dim, offset, residual, what) in [
         (64, 4096, 0.0f32, true, "Nemotron-H-8B, residual"),
         (1, 5120, 1.0, true, "5120 zero-centred, residual"),
@@ -210,6 +229,41 @@ fn copy_block<T: Elem>(
         Check::new("out", &pick(&got), &pick(&want), 0.0),
         verdict("the rest of each row untouched", untouched),
     ])
+}
+
+/// Copies `n` rows of `[src_rows, width]` to distinct rows of `[dst_rows, width]` (with `outside`, two pairs naming a
+/// row outside either matrix are added, and skipped); the other rows must keep their values.
+fn copy_rows<T: Elem>(
+    cx: &Ctx,
+    rng: &mut Rng,
+    src_rows: usize,
+    dst_rows: usize,
+    n: usize,
+    width: usize,
+    outside: bool,
+) -> Result<Vec<Check>> {
+    let src = rounded::<T>(&rng.uniform_vec(src_rows * width, 2.0));
+    let before = rounded::<T>(&rng.uniform_vec(dst_rows * width, 2.0));
+    let dsts = rng.distinct(n, dst_rows);
+    let mut pairs: Vec<i32> = dsts
+        .iter()
+        .flat_map(|&d| [rng.below(0, src_rows) as i32, d as i32])
+        .collect();
+    if outside {
+        pairs.extend([src_rows as i32, 0, 0, -1]);
+    }
+    let (ds, dp) = (up::<T>(cx, &src)?, cx.dev.upload(&pairs)?);
+    let mut dst = up::<T>(cx, &before)?;
+    ops::copy_rows(cx.dev, &ds, &dp, width, &mut dst)?;
+    let mut want = before;
+    for pair in pairs.chunks_exact(2) {
+        let (s, d) = (pair[0] as usize, pair[1]);
+        if s < src_rows && (0..dst_rows as i32).contains(&d) {
+            let d = d as usize;
+            want[d * width..(d + 1) * width].copy_from_slice(&src[s * width..(s + 1) * width]);
+        }
+    }
+    Ok(vec![Check::new("dst", &cx.dev.download_f32(&dst)?, &want, 0.0)])
 }
 
 fn gather_cols<T: Elem>(cx: &Ctx, rng: &mut Rng, rows: usize, width: usize, n: usize) -> Result<Vec<Check>> {
