@@ -32,8 +32,7 @@ pub struct Backend {
     pub launcher: Arc<dyn Launcher>,
     pub config: ModelConfig,
     pub form: FormChoice,
-    /// The ranks loaded the MTP layer and draft with it (`--spec mtp` on CPU ranks; GPU ranks draft with the host's
-    /// MTP drafter until their device MTP lands).
+    /// The ranks loaded the MTP layer and draft with it (`--spec mtp`).
     pub mtp_on_ranks: bool,
     /// Prints what a GPU load placed where (after the ranks have started).
     #[cfg(feature = "cuda")]
@@ -134,11 +133,12 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             opts.max_verify = needs.verify.max(1);
             // Only the recurrent form verifies drafts through per-draft state snapshots (T states per slot).
             opts.recurrent_verify = decode.and_then(|d| d.form) == Some(FormChoice::Recurrent);
+            opts.mtp = needs.mtp;
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),
                 config,
-                mtp_on_ranks: false,
+                mtp_on_ranks: needs.mtp,
                 // kv-only while short, then replay: faster than the recurrent step from batch 64 up and within a few
                 // percent of it at batch 1 (bench/results/gpu-replay-kernels-2026-11-24.md).
                 form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),

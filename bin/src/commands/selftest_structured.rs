@@ -105,7 +105,6 @@ pub(super) fn rows(case: &str, dir: &Path, prompts: &[Vec<u32>], opts: &GpuOptio
         let spec = SpecConfig {
             drafter: DrafterKind::Oracle { p: CORRUPT },
             window: WINDOW,
-            mtp_on_ranks: false,
             policy: SpecPolicy::Fixed,
         };
         let opts = GpuOptions {
