@@ -83,13 +83,15 @@ fn bench_runs_plain_and_speculative_side_by_side() {
 
 #[test]
 fn bench_refuses_bad_speculation_flags() {
+    let plain = common::default_model_without_mtp();
+    let plain = plain.path().to_str().expect("utf-8 path");
     for (args, want) in [
         (
             &["--spec", "ngram", "--spec-window", "0"][..],
             "--spec-window must be at least 1",
         ),
         (&["--spec", "bogus"], "unknown drafter `bogus`"),
-        (&["--spec", "mtp"], "no MTP weights"),
+        (&["--model", plain, "--spec", "mtp"], "no MTP weights"),
     ] {
         let mut all = vec!["bench", "--serving-only", "--concurrency", "1", "--requests", "1"];
         all.extend_from_slice(args);

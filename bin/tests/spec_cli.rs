@@ -113,8 +113,10 @@ fn bad_speculation_flags_are_clear_errors() {
         &["--spec", "ngram", "--ngram-min", "3", "--ngram-max", "2"],
         "n-gram range",
     );
-    // The default model has no MTP weights.
-    refused(&["--spec", "mtp"], "no MTP weights");
+    // A checkpoint without MTP weights (the default model's, with its MTP layer switched off).
+    let plain = common::default_model_without_mtp();
+    let plain = plain.path().to_str().expect("utf-8 path");
+    refused(&["--model", plain, "--spec", "mtp"], "no MTP weights");
     // A draft model with another vocabulary.
     let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_5");
     refused(

@@ -36,3 +36,23 @@ pub fn rewind_stdin(args: &[&str], input: &str) -> Output {
         .expect("write stdin");
     child.wait_with_output().expect("wait rewind")
 }
+
+/// The embedded default Qwen3.5 model with its MTP layer switched off in `config.json` (the tensors stay and are
+/// ignored): a checkpoint `--spec mtp` must refuse. Everything but the config is linked, not copied.
+pub fn default_model_without_mtp() -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/default/qwen3_5");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(&src).expect("default model") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("file name").to_owned();
+        if name == "config.json" {
+            let mut config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("config JSON");
+            config.as_object_mut().expect("object").remove("mtp_num_hidden_layers");
+            std::fs::write(dir.path().join(name), config.to_string()).expect("write config");
+        } else {
+            std::os::unix::fs::symlink(&path, dir.path().join(name)).expect("link");
+        }
+    }
+    dir
+}
