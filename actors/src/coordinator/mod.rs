@@ -14,6 +14,7 @@ mod ranks;
 mod recovery;
 mod sessions;
 mod spec;
+mod spec_window;
 mod step;
 
 use std::collections::HashMap;
@@ -364,7 +365,7 @@ impl Actor for Coordinator {
         let window = c
             .spec
             .as_ref()
-            .map(|s| WindowPolicy::new(s.config.window, s.config.policy));
+            .map(spec_window::policy);
         Ok(CoordinatorState {
             launcher: args.launcher,
             config: args.config,

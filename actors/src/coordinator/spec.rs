@@ -18,7 +18,7 @@ use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::{Chain, Step, StepWork};
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
-    DrafterFactory, HiddenRows, RowSampling, SpecStats,
+    DrafterFactory, Drafting, HiddenRows, RowSampling, SpecStats,
 };
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
@@ -113,6 +113,15 @@ impl LiveSpec {
         Metrics::inc(&metrics.spec_verifies);
         Metrics::add(&metrics.spec_drafted, drafted as u64);
         Metrics::add(&metrics.spec_accepted, accepted as u64);
+    }
+
+    /// What the sequence brings to its step's window ([`rewind_engine::spec::WindowPolicy::choose`]) with
+    /// `remaining` tokens left to generate; `None` when its next step decodes whatever the window.
+    pub(super) fn drafting(&self, remaining: usize) -> Option<Drafting> {
+        (!self.decode_next).then(|| Drafting {
+            acceptance: self.meter.rate(),
+            cap: remaining.saturating_sub(1),
+        })
     }
 
     /// Whether the drafter needs hidden states.
@@ -288,9 +297,8 @@ impl CoordinatorState {
     /// Asks every sequence about to sample for drafts, within the window policy and the tokens it may still
     /// generate. A drafter that fails fails its request alone.
     pub(super) async fn draft(&mut self) {
-        let Some(policy) = self.window else { return };
         let ready = self.sched.draft_ready();
-        let batch = self.sched.counts().1;
+        let Some(window) = self.step_window(&ready) else { return };
         let mut failed = Vec::new();
         // Every proposal is announced first, so that drafters sharing a model draft for the whole batch at once.
         let mut asked = Vec::with_capacity(ready.len());
@@ -299,7 +307,7 @@ impl CoordinatorState {
             let Some(s) = l.spec.as_mut() else { continue };
             // The verify's last row always yields a token, so at most `remaining − 1` drafts can be used.
             let remaining = l.output.limit().saturating_sub(l.output.generated());
-            let max = policy.window(batch, s.meter.rate()).min(remaining.saturating_sub(1));
+            let max = window.min(remaining.saturating_sub(1));
             s.drafts = None;
             s.row_masks = None;
             if std::mem::take(&mut s.decode_next) || max == 0 {
