@@ -3,7 +3,11 @@
 //!
 //! The points come from a profile that `rewind bench --write-step-profile` measured on this machine ([`StepProfile`],
 //! `--spec-profile`), and from the server's own steps as it runs ([`StepCostModel::observe`], an exponential moving
-//! average per batch bucket and window). A time between measured points is interpolated: per window, linearly in the
+//! average per batch bucket and window). The server's steps rarely cost exactly what the bench measured (another
+//! context length, the host's own work), and it measures only the windows it chooses, so a running ratio of its
+//! steps' times to the profile's ([`StepCostModel::scale`]) carries the profile's points it has not measured itself:
+//! a decode step measured twice as slow as the profile says makes the profile's verify steps twice as slow too,
+//! rather than suddenly cheap beside it. A time between measured points is interpolated: per window, linearly in the
 //! batch size between the two nearest measured batches; a window with no point of its own, linearly in tokens
 //! between the nearest measured windows. Outside the measured range the analytic prior's shape ([`prior`]) carries
 //! the nearest point. Noise is flattened: each window's points are made non-decreasing in the batch, and the
@@ -149,7 +153,10 @@ pub fn prior(batch: f64, tokens: f64, knee: usize) -> f64 {
 struct Cell {
     batch: f64,
     secs: f64,
+    /// The profile's points averaged in the cell.
     samples: u64,
+    /// The server's steps measured in it: its time is then theirs, no longer the profile's times the scale.
+    online: u64,
 }
 
 /// A step's estimated time.
@@ -196,6 +203,10 @@ pub struct StepCostModel {
     knee: usize,
     /// Steps fed by [`StepCostModel::observe`].
     observed: u64,
+    /// The server's measured step times over the profile's (1 without a profile).
+    scale: f64,
+    /// The profile's points alone, never moved: what the scale compares the server's steps with.
+    profile: Option<Box<StepCostModel>>,
 }
 
 /// The batch bucket of `batch`: half-octave steps (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, … each its own), so a
@@ -216,6 +227,8 @@ impl StepCostModel {
             cells: BTreeMap::new(),
             knee,
             observed: 0,
+            scale: 1.0,
+            profile: None,
         };
         // Points of one cell (the same bucket and window) are averaged.
         for p in profile.map(|p| p.points.as_slice()).unwrap_or_default() {
@@ -232,7 +245,11 @@ impl StepCostModel {
                     batch,
                     secs,
                     samples: 1,
+                    online: 0,
                 });
+        }
+        if m.measured() {
+            m.profile = Some(Box::new(m.clone()));
         }
         m
     }
@@ -258,6 +275,12 @@ impl StepCostModel {
         self.observed
     }
 
+    /// The server's measured step times over the profile's, a running ratio (1 without a profile, or before the
+    /// first measured step): the factor on the profile's points the server has not measured itself.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
     /// Records a step of `batch` sequences that ran `tokens` tokens together in `secs` seconds. A step whose
     /// sequences ran windows of different sizes counts as the nearest whole window `round(tokens / batch) − 1`, its
     /// time scaled to that window by the model's own slope.
@@ -270,18 +293,29 @@ impl StepCostModel {
         let here = self.cost(batch, width).value;
         let there = self.cost(batch, window as f64).value;
         let secs = if here > 0.0 { secs * there / here } else { secs };
-        let b = batch as f64;
+        if let Some(profile) = &self.profile {
+            let ratio = secs / profile.cost(batch, window as f64).value;
+            if ratio.is_finite() && ratio > 0.0 {
+                self.scale = lerp(self.scale, ratio, STEP_EMA);
+            }
+        }
+        let (b, scale) = (batch as f64, self.scale);
         self.cells
             .entry((bucket(b), window))
             .and_modify(|c| {
+                // A profile's cell starts from its scaled time, as the estimates read it.
+                if c.online == 0 {
+                    c.secs *= scale;
+                }
                 c.batch = lerp(c.batch, b, STEP_EMA);
                 c.secs = lerp(c.secs, secs, STEP_EMA);
-                c.samples += 1;
+                c.online += 1;
             })
             .or_insert(Cell {
                 batch: b,
                 secs,
-                samples: 1,
+                samples: 0,
+                online: 1,
             });
         self.observed += 1;
     }
@@ -311,10 +345,16 @@ impl StepCostModel {
         (0..=t).map(|w| self.raw(batch, w)).fold(0.0, f64::max)
     }
 
-    /// The time at window `t` before the maximum over smaller windows: from `t`'s own points when it has any, else
-    /// linearly in tokens between the nearest windows that have, else the nearest window's carried by the prior.
+    /// The time at window `t` before the maximum over smaller windows: from `t`'s own points when they span the
+    /// batch, else linearly in tokens between the nearest windows whose points do, else the nearest such window's
+    /// carried by the prior. Only when no window's points span the batch is a window's time carried past its points
+    /// in the batch: a window the server measured only alone says little about its cost in a crowd, where the
+    /// windows measured around it say more.
     fn raw(&self, batch: f64, t: usize) -> f64 {
-        let windows: BTreeSet<usize> = self.cells.keys().map(|&(_, w)| w).collect();
+        let all: BTreeSet<usize> = self.cells.keys().map(|&(_, w)| w).collect();
+        let b = bucket(batch);
+        let spanning: BTreeSet<usize> = all.iter().copied().filter(|&w| self.spans(w, b)).collect();
+        let windows = if spanning.is_empty() { all } else { spanning };
         if windows.contains(&t) {
             return self.in_batch(batch, t);
         }
@@ -334,6 +374,14 @@ impl StepCostModel {
         }
     }
 
+    /// Whether window `w`'s points reach batch bucket `b` from both sides (or lie in it).
+    fn spans(&self, w: usize, b: u32) -> bool {
+        let mut buckets = self.cells.keys().filter(|&&(_, x)| x == w).map(|&(k, _)| k);
+        let first = buckets.next();
+        let last = buckets.last().or(first);
+        matches!((first, last), (Some(lo), Some(hi)) if lo <= b && b <= hi)
+    }
+
     /// The time at window `t` (which has points) and `batch`: linear between the nearest measured batches, the
     /// nearest one's carried by the prior outside them. The points are first made non-decreasing in the batch.
     fn in_batch(&self, batch: f64, t: usize) -> f64 {
@@ -341,7 +389,7 @@ impl StepCostModel {
             .cells
             .iter()
             .filter(|(&(_, w), _)| w == t)
-            .map(|(_, c)| (c.batch, c.secs))
+            .map(|(_, c)| (c.batch, if c.online > 0 { c.secs } else { c.secs * self.scale }))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut top = 0.0f64;
@@ -459,8 +507,15 @@ mod tests {
         assert_eq!(m.observed(), 100);
         let after = m.cost(64, 4.0).seconds().expect("measured");
         assert!(close(before, 0.022) && (after - 0.060).abs() < 1e-3, "{before} → {after}");
-        // The decode cell was not touched.
-        assert!(close(m.cost(64, 0.0).value, 0.020));
+        // Unmeasured, the decode step is taken to be as much slower than the profile says as the verifies were.
+        assert!((m.scale() - 60.0 / 22.0).abs() < 1e-2, "{}", m.scale());
+        assert!(close(m.cost(64, 0.0).value, 0.020 * m.scale()));
+        // Measured, it is what it was measured at.
+        for _ in 0..100 {
+            m.observe(64, 64, 0.020);
+        }
+        assert!((m.cost(64, 0.0).value - 0.020).abs() < 1e-4, "{}", m.cost(64, 0.0).value);
+        assert!((m.cost(64, 4.0).value - 0.060).abs() < 1e-3, "{}", m.cost(64, 4.0).value);
         // A first step in an empty model sets its cell at once, and the model is measured from then on.
         let mut m = StepCostModel::new(None, 64);
         m.observe(4, 4, 0.005);
@@ -470,6 +525,37 @@ mod tests {
         m.observe(4, 8, f64::NAN);
         m.observe(4, 2, 1.0);
         assert_eq!(m.observed(), 1);
+    }
+
+    #[test]
+    fn a_server_faster_than_its_profile_scales_the_points_it_did_not_measure() {
+        // The profile says decode 1 ms, verify 1.1 ms; this server decodes in 0.1 ms.
+        let mut m = StepCostModel::new(Some(&profile(&[(1, 0, 1.0), (1, 4, 1.1)])), 64);
+        for _ in 0..100 {
+            m.observe(1, 1, 0.0001);
+        }
+        assert!((m.scale() - 0.1).abs() < 1e-3, "{}", m.scale());
+        let (decode, verify) = (m.cost(1, 0.0).value, m.cost(1, 4.0).value);
+        assert!((verify / decode - 1.1).abs() < 1e-2, "{decode} {verify}");
+        // Without a profile there is nothing to scale.
+        let mut m = StepCostModel::new(None, 64);
+        m.observe(1, 1, 0.0001);
+        assert_eq!(m.scale(), 1.0);
+    }
+
+    #[test]
+    fn a_window_measured_only_alone_says_little_about_a_crowd() {
+        // Verifies are cheap alone and dear at batch 8; the server has also measured T = 1 alone.
+        let mut m = StepCostModel::new(
+            Some(&profile(&[(1, 0, 1.0), (1, 4, 1.1), (8, 0, 1.0), (8, 4, 1000.0)])),
+            64,
+        );
+        m.observe(1, 2, 0.001);
+        // At batch 8, T = 1 lies a quarter of the way (in tokens) from the decode step to T = 4, not at its lone cost.
+        let t1 = m.cost(8, 1.0).value;
+        assert!((t1 - (0.001 + 0.999 * 0.25) * m.scale()).abs() < 1e-3, "{t1}");
+        // Alone it is what was measured.
+        assert!((m.cost(1, 1.0).value - 0.001).abs() < 1e-9);
     }
 
     #[test]

@@ -216,11 +216,13 @@ mod tests {
         assert_eq!(a.choose(64, &seqs(64, 0.5)).window, 4);
         // On this server a verify of 4 drafts turns out to cost 4× a decode step.
         for _ in 0..60 {
+            a.observe(64, 64, 0.020);
             a.observe(64, 64 * 5, 0.080);
         }
         assert_eq!(a.choose(64, &seqs(64, 0.5)).window, 0);
         // And then cheap again.
         for _ in 0..60 {
+            a.observe(64, 64, 0.020);
             a.observe(64, 64 * 5, 0.021);
         }
         assert_eq!(a.choose(64, &seqs(64, 0.5)).window, 4);
