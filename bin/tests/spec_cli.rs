@@ -205,11 +205,18 @@ fn bench_writes_the_step_profile_that_adaptive_speculation_reads() {
         .map(|q| {
             let ms = q["step_ms"].as_f64().expect("step_ms");
             assert!(ms > 0.0 && ms.is_finite(), "{q}");
-            (q["batch"].as_u64().expect("batch"), q["window"].as_u64().expect("window"))
+            (
+                q["batch"].as_u64().expect("batch"),
+                q["window"].as_u64().expect("window"),
+            )
         })
         .collect();
     points.sort_unstable();
-    assert_eq!(points, [(1, 0), (1, 2), (2, 0), (2, 2)], "a decode and a verify point per batch");
+    assert_eq!(
+        points,
+        [(1, 0), (1, 2), (2, 0), (2, 2)],
+        "a decode and a verify point per batch"
+    );
 
     // The profile drives the adaptive window; the tokens stay the plain ones.
     let plain = generate_json(&[]);
@@ -240,8 +247,11 @@ fn bench_writes_the_step_profile_that_adaptive_speculation_reads() {
     };
     refused_owned(adaptive_with("/nonexistent/profile.json"), "/nonexistent/profile.json");
     let bad = dir.join("bad.json");
-    std::fs::write(&bad, r#"{"step_profile_version": 1, "points": [{"batch": 1, "window": 0, "step_ms": 0}]}"#)
-        .expect("write");
+    std::fs::write(
+        &bad,
+        r#"{"step_profile_version": 1, "points": [{"batch": 1, "window": 0, "step_ms": 0}]}"#,
+    )
+    .expect("write");
     refused_owned(adaptive_with(bad.to_str().expect("utf8")), "field `points[0].step_ms`");
     std::fs::write(&bad, "{").expect("write");
     refused_owned(adaptive_with(bad.to_str().expect("utf8")), "bad.json: malformed JSON");

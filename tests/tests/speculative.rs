@@ -131,11 +131,7 @@ fn critical(dof: usize) -> f64 {
 /// A step profile: decode steps of 1 ms at batches 1 and 8, verify steps of 4 drafts of 1.1 ms at batch 1 and
 /// `crowded_verify_ms` at batch 8.
 fn profile(crowded_verify_ms: f64) -> StepProfile {
-    let point = |batch, window, step_ms| StepPoint {
-        batch,
-        window,
-        step_ms,
-    };
+    let point = |batch, window, step_ms| StepPoint { batch, window, step_ms };
     StepProfile {
         step_profile_version: PROFILE_VERSION,
         device: "test".into(),

@@ -86,7 +86,10 @@ impl CoordinatorState {
         Metrics::set(&m.spec_decode_estimate_us, micros(c.decode.seconds()));
         Metrics::set(&m.spec_gain_milli, (c.gain * 1e3).round() as u64);
         Metrics::set(&m.spec_cost_source, source_code(policy.costs().source()));
-        Metrics::set(&m.spec_profile_scale_milli, (policy.costs().scale() * 1e3).round() as u64);
+        Metrics::set(
+            &m.spec_profile_scale_milli,
+            (policy.costs().scale() * 1e3).round() as u64,
+        );
     }
 
     /// Feeds the ranks' wall time `secs` of the step just run to the step-cost model. Only steps of decodes and

@@ -189,12 +189,7 @@ pub(super) fn step_secs(
 /// The step profile of the measured rows, for `--spec-profile`: each decode row's median step as window 0, and per
 /// batch the verify rows' median steps averaged over their kept counts (a verify's cost barely depends on how many
 /// drafts it keeps; the mean stands for the acceptance the server will meet). `context`: the steps' mean context.
-pub(super) fn step_profile(
-    decode: &[Value],
-    verify: &[Value],
-    loaded: &Loaded,
-    context: usize,
-) -> Result<StepProfile> {
+pub(super) fn step_profile(decode: &[Value], verify: &[Value], loaded: &Loaded, context: usize) -> Result<StepProfile> {
     let field = |row: &Value, key: &str| -> Result<f64> {
         row[key]
             .as_f64()
@@ -216,15 +211,11 @@ pub(super) fn step_profile(
         e.0 += field(row, "step_ms_median")?;
         e.1 += 1;
     }
-    points.extend(
-        verifies
-            .into_iter()
-            .map(|((batch, window), (sum, n))| StepPoint {
-                batch,
-                window,
-                step_ms: sum / n as f64,
-            }),
-    );
+    points.extend(verifies.into_iter().map(|((batch, window), (sum, n))| StepPoint {
+        batch,
+        window,
+        step_ms: sum / n as f64,
+    }));
     Ok(StepProfile {
         step_profile_version: PROFILE_VERSION,
         device: loaded.device.clone(),

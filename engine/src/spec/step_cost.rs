@@ -326,11 +326,7 @@ impl StepCostModel {
         let window = window.max(0.0);
         let (lo, f) = (window.floor() as usize, window.fract());
         let at = |t: usize| self.whole(batch.max(1) as f64, t);
-        let value = if f > 0.0 {
-            lerp(at(lo), at(lo + 1), f)
-        } else {
-            at(lo)
-        };
+        let value = if f > 0.0 { lerp(at(lo), at(lo + 1), f) } else { at(lo) };
         Cost {
             value,
             measured: self.measured(),
@@ -423,11 +419,7 @@ mod tests {
             context: 16,
             points: points
                 .iter()
-                .map(|&(batch, window, step_ms)| StepPoint {
-                    batch,
-                    window,
-                    step_ms,
-                })
+                .map(|&(batch, window, step_ms)| StepPoint { batch, window, step_ms })
                 .collect(),
         }
     }
@@ -476,7 +468,13 @@ mod tests {
     fn estimates_never_fall_as_batch_or_window_grows() {
         // Noisy points: batch 16 measured faster than batch 8, T = 2 faster than T = 1.
         let m = StepCostModel::new(
-            Some(&profile(&[(8, 0, 10.0), (16, 0, 9.0), (32, 0, 12.0), (8, 1, 15.0), (8, 2, 14.0)])),
+            Some(&profile(&[
+                (8, 0, 10.0),
+                (16, 0, 9.0),
+                (32, 0, 12.0),
+                (8, 1, 15.0),
+                (8, 2, 14.0),
+            ])),
             64,
         );
         let mut last = 0.0;
@@ -506,7 +504,10 @@ mod tests {
         assert_eq!(m.source(), CostSource::Online);
         assert_eq!(m.observed(), 100);
         let after = m.cost(64, 4.0).seconds().expect("measured");
-        assert!(close(before, 0.022) && (after - 0.060).abs() < 1e-3, "{before} → {after}");
+        assert!(
+            close(before, 0.022) && (after - 0.060).abs() < 1e-3,
+            "{before} → {after}"
+        );
         // Unmeasured, the decode step is taken to be as much slower than the profile says as the verifies were.
         assert!((m.scale() - 60.0 / 22.0).abs() < 1e-2, "{}", m.scale());
         assert!(close(m.cost(64, 0.0).value, 0.020 * m.scale()));
@@ -514,8 +515,16 @@ mod tests {
         for _ in 0..100 {
             m.observe(64, 64, 0.020);
         }
-        assert!((m.cost(64, 0.0).value - 0.020).abs() < 1e-4, "{}", m.cost(64, 0.0).value);
-        assert!((m.cost(64, 4.0).value - 0.060).abs() < 1e-3, "{}", m.cost(64, 4.0).value);
+        assert!(
+            (m.cost(64, 0.0).value - 0.020).abs() < 1e-4,
+            "{}",
+            m.cost(64, 0.0).value
+        );
+        assert!(
+            (m.cost(64, 4.0).value - 0.060).abs() < 1e-3,
+            "{}",
+            m.cost(64, 4.0).value
+        );
         // A first step in an empty model sets its cell at once, and the model is measured from then on.
         let mut m = StepCostModel::new(None, 64);
         m.observe(4, 4, 0.005);
@@ -591,7 +600,10 @@ mod tests {
         let e = write(r#"{"points": []}"#);
         assert!(e.contains("step_profile_version"), "{e}");
         let e = write(r#"{"step_profile_version": 2, "points": [{"batch": 1, "window": 0, "step_ms": 1}]}"#);
-        assert!(e.contains("field `step_profile_version`") && e.contains("version 2"), "{e}");
+        assert!(
+            e.contains("field `step_profile_version`") && e.contains("version 2"),
+            "{e}"
+        );
         let e = write(r#"{"step_profile_version": 1, "points": []}"#);
         assert!(e.contains("field `points`"), "{e}");
         let e = write(

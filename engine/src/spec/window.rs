@@ -97,13 +97,18 @@ impl WindowPolicy {
         };
         match self.policy {
             SpecPolicy::Fixed => choice(self.max),
-            SpecPolicy::Adaptive => (1..=self.max).map(choice).fold(choice(0), |best, c| {
-                if c.gain > best.gain * (1.0 + 1e-9) {
-                    c
-                } else {
-                    best
-                }
-            }),
+            SpecPolicy::Adaptive => {
+                (1..=self.max).map(choice).fold(
+                    choice(0),
+                    |best, c| {
+                        if c.gain > best.gain * (1.0 + 1e-9) {
+                            c
+                        } else {
+                            best
+                        }
+                    },
+                )
+            }
         }
     }
 }
@@ -182,8 +187,16 @@ mod tests {
         assert_eq!(alone.window, 4, "a lone sequence with good acceptance drafts fully");
         assert!(alone.gain > 4.0 && alone.step.seconds().is_none(), "{alone:?}");
         assert!(a.choose(24, &seqs(24, 0.9)).window < 4, "a larger batch drafts less");
-        assert_eq!(a.choose(1, &seqs(1, 0.0)).window, 0, "nothing is ever accepted: no drafts");
-        assert_eq!(a.choose(64, &seqs(64, 0.5)).window, 0, "past the knee verifying costs more than it yields");
+        assert_eq!(
+            a.choose(1, &seqs(1, 0.0)).window,
+            0,
+            "nothing is ever accepted: no drafts"
+        );
+        assert_eq!(
+            a.choose(64, &seqs(64, 0.5)).window,
+            0,
+            "past the knee verifying costs more than it yields"
+        );
         // No batch cut-off: above the old one (32) speculation goes on while it pays.
         assert!(a.choose(33, &seqs(33, 0.9)).window > 0);
     }
@@ -232,12 +245,21 @@ mod tests {
     fn caps_and_plain_sequences_count() {
         let a = WindowPolicy::new(4, SpecPolicy::Adaptive, Some(&profile(20.0, 22.0)));
         // A window past every sequence's cap gains nothing, so the smaller one stays.
-        let capped = vec![Drafting { acceptance: 0.9, cap: 2 }; 64];
+        let capped = vec![
+            Drafting {
+                acceptance: 0.9,
+                cap: 2
+            };
+            64
+        ];
         assert_eq!(a.choose(64, &capped).window, 2);
         // One drafting sequence among 64: its few drafts barely move the step's tokens or its cost.
         let c = a.choose(64, &seqs(1, 0.9));
         assert!(c.gain > 1.0 && c.gain < 1.1, "{c:?}");
-        assert!((c.tokens - (63.0 + tokens_per_verify(c.window, 0.9))).abs() < 1e-9, "{c:?}");
+        assert!(
+            (c.tokens - (63.0 + tokens_per_verify(c.window, 0.9))).abs() < 1e-9,
+            "{c:?}"
+        );
     }
 
     #[test]
