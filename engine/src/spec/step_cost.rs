@@ -8,10 +8,10 @@
 //! steps' times to the profile's ([`StepCostModel::scale`]) carries the profile's points it has not measured itself:
 //! a decode step measured twice as slow as the profile says makes the profile's verify steps twice as slow too,
 //! rather than suddenly cheap beside it. A time between measured points is interpolated: per window, linearly in the
-//! batch size between the two nearest measured batches; a window with no point of its own, linearly in tokens
-//! between the nearest measured windows. Outside the measured range the analytic prior's shape ([`prior`]) carries
-//! the nearest point. Noise is flattened: each window's points are made non-decreasing in the batch, and the
-//! estimates non-decreasing in the window.
+//! batch size between the two nearest measured batches; a window whose points do not reach the batch on both sides
+//! (none of its own, or only alone), linearly in tokens between the nearest windows whose points do. Outside the
+//! measured range the analytic prior's shape ([`prior`]) carries the nearest point. Noise is flattened: each
+//! window's points are made non-decreasing in the batch, and the estimates non-decreasing in the window.
 //!
 //! With no point at all the model is the analytic prior alone, in units of one lone decode step: a step costs the
 //! same until its tokens reach the knee ([`DEFAULT_KNEE_TOKENS`], the weights dominate: memory-bound), then grows
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_KNEE_TOKENS: usize = 64;
 /// The profile format this build reads and writes (`step_profile_version`).
 pub const PROFILE_VERSION: u64 = 1;
-/// Weight of the newest measured step in its cell's running time.
+/// Weight of the newest measured step in its cell's running time and in the running scale.
 const STEP_EMA: f64 = 0.1;
 
 /// One measured step: `batch` sequences, each running its next token and `window` drafts, took `step_ms`.
