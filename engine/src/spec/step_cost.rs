@@ -374,7 +374,7 @@ impl StepCostModel {
     fn spans(&self, w: usize, b: u32) -> bool {
         let mut buckets = self.cells.keys().filter(|&&(_, x)| x == w).map(|&(k, _)| k);
         let first = buckets.next();
-        let last = buckets.last().or(first);
+        let last = buckets.next_back().or(first);
         matches!((first, last), (Some(lo), Some(hi)) if lo <= b && b <= hi)
     }
 
