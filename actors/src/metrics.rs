@@ -85,6 +85,13 @@ metrics! {
     spec_verifies: "counter", "Speculative verify steps run (one per sequence and step).";
     spec_drafted: "counter", "Draft tokens verified.";
     spec_accepted: "counter", "Draft tokens accepted.";
+    spec_window: "gauge", "Drafts per sequence the window policy chose for the latest step (0: a plain decode step).";
+    spec_step_estimate_us: "gauge", "The step-cost model's time of the latest step at its chosen window, in microseconds (0 while it has no measured step: the analytic prior has no unit).";
+    spec_decode_estimate_us: "gauge", "The step-cost model's time of a plain decode step of the latest step's batch, in microseconds (0 while it has no measured step).";
+    spec_gain_milli: "gauge", "Expected tokens per second of the latest step's window over plain decoding's, times 1000 (1000: no gain).";
+    spec_cost_source: "gauge", "What the step-cost model rests on: 0 the analytic prior (nothing measured), 1 the step profile (--spec-profile), 2 this server's measured steps too.";
+    spec_cost_steps: "counter", "Steps whose measured time fed the step-cost model.";
+    spec_profile_scale_milli: "gauge", "This server's measured step times over the step profile's, times 1000: the factor on the profile's points it has not measured itself (1000 without a profile).";
     grammar_masks: "counter", "Grammar token masks the sampled rows of constrained requests took (structured outputs).";
     grammar_masks_ahead: "counter", "Of those, the masks computed ahead, overlapped with the ranks' step or the coordinator's other work, or by the drafts' check.";
     spec_grammar_cut: "counter", "Draft tokens cut before their verify because the request's grammar does not allow them (structured outputs).";

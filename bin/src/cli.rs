@@ -279,8 +279,9 @@ pub struct SpecArgs {
     #[arg(long, value_name = "T", default_value_t = 4, allow_negative_numbers = true,
           value_parser = non_negative::<usize>, help_heading = "Speculative decoding")]
     pub spec_window: usize,
-    /// Window policy: fixed (always up to T drafts) or adaptive (by batch size and measured acceptance, none above
-    /// a batch of 32).
+    /// Window policy: fixed (always up to T drafts) or adaptive (per step, the window 0..=T with the most expected
+    /// tokens per second for the measured acceptance and this machine's step times: --spec-profile, then the
+    /// server's own steps; an analytic prior until anything is measured).
     #[arg(
         long,
         value_name = "POLICY",
@@ -288,6 +289,10 @@ pub struct SpecArgs {
         help_heading = "Speculative decoding"
     )]
     pub spec_policy: String,
+    /// With --spec-policy adaptive: the step times measured on this machine that the window starts from, as
+    /// `rewind bench --verify-window T --write-step-profile PATH` writes them.
+    #[arg(long, value_name = "PATH", help_heading = "Speculative decoding")]
+    pub spec_profile: Option<PathBuf>,
     /// Shortest and longest n-gram the ngram drafter matches.
     #[arg(long, value_name = "N", default_value_t = rewind_engine::spec::config::NGRAM_MIN,
           allow_negative_numbers = true, value_parser = non_negative::<usize>, help_heading = "Speculative decoding")]
@@ -553,6 +558,11 @@ pub struct BenchArgs {
     /// (commit and rollback included), beside the plain decode step.
     #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub verify_window: Option<usize>,
+    /// Write the decode and verify step times (with --verify-window) as a step profile to this file, for
+    /// `--spec-policy adaptive --spec-profile PATH`: per batch size, the decode step and the verify step of T drafts
+    /// (the mean over its kept counts).
+    #[arg(long, value_name = "PATH", requires = "verify_window")]
+    pub write_step_profile: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }

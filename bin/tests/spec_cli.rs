@@ -174,3 +174,96 @@ fn bench_times_verify_steps_at_every_kept_count() {
         stderr(&bad)
     );
 }
+
+#[test]
+fn bench_writes_the_step_profile_that_adaptive_speculation_reads() {
+    let dir = std::env::temp_dir().join(format!("rewind-step-profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("profile.json");
+    let path_s = path.to_str().expect("utf8");
+    let o = rewind(&[
+        "bench",
+        "--prompt-len",
+        "4",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--batch",
+        "1,2",
+        "--verify-window",
+        "2",
+        "--write-step-profile",
+        path_s,
+    ]);
+    assert!(o.status.success(), "bench --write-step-profile failed: {}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("profile")).expect("json");
+    assert_eq!(p["step_profile_version"], 1);
+    let mut points: Vec<(u64, u64)> = p["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|q| {
+            let ms = q["step_ms"].as_f64().expect("step_ms");
+            assert!(ms > 0.0 && ms.is_finite(), "{q}");
+            (
+                q["batch"].as_u64().expect("batch"),
+                q["window"].as_u64().expect("window"),
+            )
+        })
+        .collect();
+    points.sort_unstable();
+    assert_eq!(
+        points,
+        [(1, 0), (1, 2), (2, 0), (2, 2)],
+        "a decode and a verify point per batch"
+    );
+
+    // The profile drives the adaptive window; the tokens stay the plain ones.
+    let plain = generate_json(&[]);
+    let adaptive = generate_json(&[
+        "--spec",
+        "oracle:0.25",
+        "--spec-policy",
+        "adaptive",
+        "--spec-profile",
+        path_s,
+    ]);
+    assert_eq!(adaptive["tokens"], plain["tokens"]);
+
+    // Bad files and flags are clear errors naming the file and the field.
+    let adaptive_with = |profile: &str| {
+        vec![
+            "--spec".to_string(),
+            "ngram".into(),
+            "--spec-policy".into(),
+            "adaptive".into(),
+            "--spec-profile".into(),
+            profile.into(),
+        ]
+    };
+    let refused_owned = |args: Vec<String>, want: &str| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        refused(&args, want)
+    };
+    refused_owned(adaptive_with("/nonexistent/profile.json"), "/nonexistent/profile.json");
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"step_profile_version": 1, "points": [{"batch": 1, "window": 0, "step_ms": 0}]}"#,
+    )
+    .expect("write");
+    refused_owned(adaptive_with(bad.to_str().expect("utf8")), "field `points[0].step_ms`");
+    std::fs::write(&bad, "{").expect("write");
+    refused_owned(adaptive_with(bad.to_str().expect("utf8")), "bad.json: malformed JSON");
+    refused(
+        &["--spec", "ngram", "--spec-profile", path_s],
+        "--spec-profile only applies to --spec-policy adaptive",
+    );
+    refused(&["--spec-profile", path_s], "--spec-profile needs speculation");
+    let o = rewind(&["bench", "--write-step-profile", path_s]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--verify-window"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -517,6 +517,7 @@ fn a_sequence_ending_inside_a_verify_is_cached_before_its_last_token() {
         drafter: DrafterKind::Oracle { p: 0.0 },
         window: 3,
         policy: SpecPolicy::Fixed,
+        profile: None,
     };
     let vocab = rewind_engine::model::ModelConfig::from_dir(dir)
         .expect("config")

@@ -193,6 +193,7 @@ fn a_turn_ending_inside_a_verify_saves_the_state_before_its_last_token() {
             drafter: DrafterKind::Oracle { p: 0.0 },
             window: 3,
             policy: SpecPolicy::Fixed,
+            profile: None,
         };
         let vocab = rewind_engine::model::ModelConfig::from_dir(&dir)
             .expect("config")

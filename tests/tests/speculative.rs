@@ -10,6 +10,7 @@ use std::path::Path;
 use rewind_actors::{Event, GenerateRequest};
 use rewind_engine::decode::{DecoderConfig, FormChoice};
 use rewind_engine::rank::{Rank, Rows, SeqKind, SeqStep, SpecSample, StepPlan};
+use rewind_engine::spec::step_cost::{StepPoint, StepProfile, PROFILE_VERSION};
 use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy, SpecStats};
 use rewind_tests::{fixtures, name, runtime, single, tokens};
 
@@ -127,55 +128,85 @@ fn critical(dof: usize) -> f64 {
     k * (1.0 - 2.0 / (9.0 * k) + 3.090 * (2.0 / (9.0 * k)).sqrt()).powi(3)
 }
 
-/// The adaptive policy drafts for a lone sequence and stops above its batch size (Snakes and Ladders §4), with the
-/// tokens unchanged either way.
+/// A step profile: decode steps of 1 ms at batches 1 and 8, verify steps of 4 drafts of 1.1 ms at batch 1 and
+/// `crowded_verify_ms` at batch 8.
+fn profile(crowded_verify_ms: f64) -> StepProfile {
+    let point = |batch, window, step_ms| StepPoint { batch, window, step_ms };
+    StepProfile {
+        step_profile_version: PROFILE_VERSION,
+        device: "test".into(),
+        model: "qwen3_5 fixture".into(),
+        decode_form: "replay".into(),
+        context: 16,
+        points: vec![
+            point(1, 0, 1.0),
+            point(1, 4, 1.1),
+            point(8, 0, 1.0),
+            point(8, 4, crowded_verify_ms),
+        ],
+    }
+}
+
+/// The adaptive policy drafts for a lone sequence, and beside a crowd of plain requests it drafts where the measured
+/// step costs say verifying pays and stops where they say it does not (Snakes and Ladders §4), with the tokens
+/// unchanged either way. (It replaces a test of the fixed batch cut-off the policy no longer has.)
 #[test]
-fn adaptive_speculation_stops_above_the_batch_threshold() {
+fn adaptive_speculation_follows_the_measured_step_costs() {
     let rt = runtime();
     let fixture = fixtures()
         .into_iter()
         .find(|d| name(d) == "qwen3_5")
         .expect("qwen3_5 fixture");
-    let spec = SpecConfig {
-        policy: SpecPolicy::Adaptive,
-        ..spec_config(DrafterKind::Oracle { p: 0.0 }, 4)
-    };
-    // Plain requests enough to put the batch above the threshold, long enough to outlast the speculating one.
-    let fillers = rewind_engine::spec::window::DEFAULT_OFF_ABOVE;
+    let fillers = 8;
     let prompt: Vec<u32> = vec![3, 1, 4, 1, 5, 9];
-    let (alone, crowded) = rt.block_on(async {
-        let e = engine(&fixture, 1, FormChoice::Replay, fillers + 1, &spec).await;
-        let mut greedy = GenerateRequest::new(prompt.clone(), params(12, 0.0, 0));
-        greedy.speculate = false;
-        let reference = run_all(&e, vec![greedy]).await.remove(0).0;
-        let request = || {
-            let mut r = GenerateRequest::new(prompt.clone(), params(12, 0.0, 0));
-            r.reference = Some(reference.clone());
-            r
+    // Nearly free verifies in a crowd (memory-bound), then verifies a thousand times a decode step.
+    for (crowded_verify_ms, drafts_in_crowd) in [(1.2, true), (1000.0, false)] {
+        let spec = SpecConfig {
+            policy: SpecPolicy::Adaptive,
+            profile: Some(profile(crowded_verify_ms)),
+            ..spec_config(DrafterKind::Oracle { p: 0.0 }, 4)
         };
-        let alone = run_all(&e, vec![request()]).await.remove(0);
-        // The fillers are all decoding (each has streamed a token) before the speculating request arrives, so its
-        // every step holds more sequences than the threshold.
-        let mut streams = Vec::new();
-        for _ in 0..fillers {
-            let mut r = GenerateRequest::new(prompt.clone(), params(60, 0.0, 0));
-            r.speculate = false;
-            streams.push(e.submit(r).expect("submit"));
-        }
-        for s in &mut streams {
-            while !matches!(s.next().await.expect("an event"), Event::Token { .. }) {}
-        }
-        let crowded = run_all(&e, vec![request()]).await.remove(0);
-        // The fillers are not needed further: dropping their streams cancels them.
-        drop(streams);
-        e.shutdown().await;
-        (alone, crowded)
-    });
-    let stats = alone.1.expect("counters");
-    assert!(stats.drafted > 0 && stats.accepted == stats.drafted, "alone: {stats:?}");
-    assert_eq!(crowded.0, alone.0, "the policy changes the window, never the tokens");
-    let stats = crowded.1.expect("counters");
-    assert_eq!(stats.drafted, 0, "beside {fillers} sequences: {stats:?}");
+        let (alone, crowded) = rt.block_on(async {
+            let e = engine(&fixture, 1, FormChoice::Replay, fillers + 1, &spec).await;
+            let mut greedy = GenerateRequest::new(prompt.clone(), params(12, 0.0, 0));
+            greedy.speculate = false;
+            let reference = run_all(&e, vec![greedy]).await.remove(0).0;
+            let request = || {
+                let mut r = GenerateRequest::new(prompt.clone(), params(12, 0.0, 0));
+                r.reference = Some(reference.clone());
+                r
+            };
+            let alone = run_all(&e, vec![request()]).await.remove(0);
+            // The fillers are all decoding (each has streamed a token) before the speculating request arrives, so
+            // its every step holds more sequences than the profile's crowd.
+            let mut streams = Vec::new();
+            for _ in 0..fillers {
+                let mut r = GenerateRequest::new(prompt.clone(), params(60, 0.0, 0));
+                r.speculate = false;
+                streams.push(e.submit(r).expect("submit"));
+            }
+            for s in &mut streams {
+                while !matches!(s.next().await.expect("an event"), Event::Token { .. }) {}
+            }
+            let crowded = run_all(&e, vec![request()]).await.remove(0);
+            let metrics = e.metrics().snapshot();
+            // The fillers are not needed further: dropping their streams cancels them.
+            drop(streams);
+            e.shutdown().await;
+            assert_eq!(metrics.spec_cost_source, 2, "the server measured its own steps");
+            assert!(metrics.spec_cost_steps > 0, "{metrics:?}");
+            (alone, crowded)
+        });
+        let stats = alone.1.expect("counters");
+        assert!(stats.drafted > 0 && stats.accepted == stats.drafted, "alone: {stats:?}");
+        assert_eq!(crowded.0, alone.0, "the policy changes the window, never the tokens");
+        let stats = crowded.1.expect("counters");
+        assert_eq!(
+            stats.drafted > 0,
+            drafts_in_crowd,
+            "beside {fillers} sequences, verifies of {crowded_verify_ms} ms: {stats:?}"
+        );
+    }
 }
 
 /// Low enough that the random models' distributions are peaked: drafts are often right, and often wrong.

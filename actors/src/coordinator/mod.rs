@@ -14,6 +14,7 @@ mod ranks;
 mod recovery;
 mod sessions;
 mod spec;
+mod spec_window;
 mod step;
 
 use std::collections::HashMap;
@@ -361,10 +362,7 @@ impl Actor for Coordinator {
             Metrics::set(&args.metrics.prefix_cache_memory_budget, p.memory as u64);
         }
         let prefix = c.prefix_cache.map(prefix::PrefixCache::new);
-        let window = c
-            .spec
-            .as_ref()
-            .map(|s| WindowPolicy::new(s.config.window, s.config.policy));
+        let window = c.spec.as_ref().map(spec_window::policy);
         Ok(CoordinatorState {
             launcher: args.launcher,
             config: args.config,

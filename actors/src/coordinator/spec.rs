@@ -18,7 +18,7 @@ use rewind_engine::sample::SamplingParams;
 use rewind_engine::sched::{Chain, Step, StepWork};
 use rewind_engine::spec::{
     accept_rows, accept_summaries, Acceptance, AcceptanceMeter, Draft, DraftInput, DraftRequest, Drafter,
-    DrafterFactory, HiddenRows, MtpProposal, MtpRequest, RowSampling, SpecStats,
+    DrafterFactory, Drafting, HiddenRows, MtpProposal, MtpRequest, RowSampling, SpecStats,
 };
 use rewind_engine::{EngineError, Result};
 use tracing::warn;
@@ -124,6 +124,15 @@ impl LiveSpec {
     fn offer(&mut self, proposal: &MtpProposal, params: &SamplingParams, seed: u64) -> Result<()> {
         self.drafter(params, seed)?.offer(proposal);
         Ok(())
+    }
+
+    /// What the sequence brings to its step's window ([`rewind_engine::spec::WindowPolicy::choose`]) with
+    /// `remaining` tokens left to generate; `None` when its next step decodes whatever the window.
+    pub(super) fn drafting(&self, remaining: usize) -> Option<Drafting> {
+        (!self.decode_next).then(|| Drafting {
+            acceptance: self.meter.rate(),
+            cap: remaining.saturating_sub(1),
+        })
     }
 
     /// Whether the drafter needs hidden states.
@@ -300,25 +309,30 @@ impl CoordinatorState {
     /// ranks draft with the MTP layer, asking for the window the policy would give it now (every such step feeds
     /// the layer's KV, even when it drafts nothing).
     pub(super) fn mtp_requests(&self, planned: &Step, seqs: &[SeqStep]) -> Vec<MtpRequest> {
-        let Some(policy) = self.window else { return Vec::new() };
-        let batch = self.sched.counts().1;
-        planned
+        let mtp: Vec<(u64, usize)> = planned
             .work
             .iter()
             .zip(seqs)
-            .filter_map(|(p, s)| {
-                let l = self.live.get(&p.id)?;
-                let spec = l.spec.as_ref().filter(|sp| sp.factory.mtp_on_ranks())?;
+            .filter(|(p, s)| {
                 // The layer needs every row of the step; a sequence stepping otherwise waits for its next step.
-                if s.hidden_row_count() != s.tokens.len() {
-                    return None;
-                }
-                let window = policy
-                    .window(batch, spec.meter.rate())
-                    .min(self.books.max_verify().saturating_sub(1));
-                Some(MtpRequest { slot: p.slot, window })
+                s.hidden_row_count() == s.tokens.len()
+                    && self
+                        .live
+                        .get(&p.id)
+                        .and_then(|l| l.spec.as_ref())
+                        .is_some_and(|sp| sp.factory.mtp_on_ranks())
             })
-            .collect()
+            .map(|(p, _)| (p.id, p.slot))
+            .collect();
+        if mtp.is_empty() {
+            return Vec::new();
+        }
+        let ids: Vec<u64> = mtp.iter().map(|&(id, _)| id).collect();
+        let Some(window) = self.step_window(&ids) else {
+            return Vec::new();
+        };
+        let window = window.min(self.books.max_verify().saturating_sub(1));
+        mtp.into_iter().map(|(_, slot)| MtpRequest { slot, window }).collect()
     }
 
     /// Hands each proposal of the ranks' MTP layer to its request's drafter.
@@ -340,9 +354,8 @@ impl CoordinatorState {
     /// Asks every sequence about to sample for drafts, within the window policy and the tokens it may still
     /// generate. A drafter that fails fails its request alone.
     pub(super) async fn draft(&mut self) {
-        let Some(policy) = self.window else { return };
         let ready = self.sched.draft_ready();
-        let batch = self.sched.counts().1;
+        let Some(window) = self.step_window(&ready) else { return };
         let mut failed = Vec::new();
         // Every proposal is announced first, so that drafters sharing a model draft for the whole batch at once.
         let mut asked = Vec::with_capacity(ready.len());
@@ -351,7 +364,7 @@ impl CoordinatorState {
             let Some(s) = l.spec.as_mut() else { continue };
             // The verify's last row always yields a token, so at most `remaining − 1` drafts can be used.
             let remaining = l.output.limit().saturating_sub(l.output.generated());
-            let max = policy.window(batch, s.meter.rate()).min(remaining.saturating_sub(1));
+            let max = window.min(remaining.saturating_sub(1));
             s.drafts = None;
             s.row_masks = None;
             if std::mem::take(&mut s.decode_next) || max == 0 {

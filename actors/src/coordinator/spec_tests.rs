@@ -140,6 +140,7 @@ fn committed_rows_reach_the_drafter_once_their_next_tokens_are_known() {
             drafter: DrafterKind::Mtp,
             window: 2,
             policy: SpecPolicy::Fixed,
+            profile: None,
         },
         factory: Arc::new(Factory(DrafterKind::Mtp, Arc::clone(&log))),
     };

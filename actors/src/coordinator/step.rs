@@ -463,6 +463,7 @@ impl CoordinatorState {
             seconds: t0.elapsed().as_secs_f64(),
         };
         self.step_metrics(&planned, &plan, &result, stats);
+        self.measure_step(&planned, &result, stats.seconds);
         self.deliver_step(&planned, &plan, &result, stats, masks.failed).await;
     }
 

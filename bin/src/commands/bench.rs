@@ -280,6 +280,17 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         verify_rows.extend(bench.verifies(b, step_ms)?);
     }
     let mut result = bench.report(&config, &prompt, &prefill, &rows, &verify_rows)?;
+    if let Some(path) = &args.write_step_profile {
+        let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
+        let profile = bench_steps::step_profile(&rows, &verify_rows, &bench.loaded, context)?;
+        profile.save(path)?;
+        errln!(
+            "step profile: {} points written to {} (for --spec-policy adaptive --spec-profile {})",
+            profile.points.len(),
+            path.display(),
+            path.display()
+        );
+    }
     if let Some((n, m)) = flags.serving {
         // The batched-step group is dropped first: the engine loads its own ranks.
         drop(bench);
@@ -304,6 +315,13 @@ impl Flags {
         anyhow::ensure!(args.step_prompt > 0, "--step-prompt must be at least 1");
         if let Some(path) = &args.json {
             check_writable(path, "--json")?;
+        }
+        if let Some(path) = &args.write_step_profile {
+            anyhow::ensure!(
+                !args.serving_only,
+                "--write-step-profile writes the batched-step measures, which --serving-only skips"
+            );
+            check_writable(path, "--write-step-profile")?;
         }
         // Speculation is measured through the serving engine; the batched-step measures would silently ignore it.
         anyhow::ensure!(

@@ -3,6 +3,7 @@
 //! (`engine/src/plan/projection.rs`: weights, active experts, SSM state and rings, KV) says the step must move, over a
 //! device-to-device copy bandwidth measured in the same run.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -12,6 +13,7 @@ use rewind_engine::plan::projection::{tokens_per_verify, Batch};
 use rewind_engine::plan::FormRow;
 use rewind_engine::plan::{project, GpuProfile, PlanInput};
 use rewind_engine::rank::{ChainedDecode, Commit, RankGroup, Rows, SeqKind, SeqStep, StageTimes, StepPlan};
+use rewind_engine::spec::step_cost::{StepPoint, StepProfile, PROFILE_VERSION};
 use rewind_engine::state::memory::kv_only_threshold;
 
 use serde_json::{json, Value};
@@ -182,6 +184,46 @@ pub(super) fn step_secs(
         group.release(slot)?;
     }
     Ok((secs, stages))
+}
+
+/// The step profile of the measured rows, for `--spec-profile`: each decode row's median step as window 0, and per
+/// batch the verify rows' median steps averaged over their kept counts (a verify's cost barely depends on how many
+/// drafts it keeps; the mean stands for the acceptance the server will meet). `context`: the steps' mean context.
+pub(super) fn step_profile(decode: &[Value], verify: &[Value], loaded: &Loaded, context: usize) -> Result<StepProfile> {
+    let field = |row: &Value, key: &str| -> Result<f64> {
+        row[key]
+            .as_f64()
+            .with_context(|| format!("a measured step row has no `{key}`: {row}"))
+    };
+    let mut points = Vec::new();
+    for row in decode {
+        points.push(StepPoint {
+            batch: field(row, "batch")? as usize,
+            window: 0,
+            step_ms: field(row, "step_ms_median")?,
+        });
+    }
+    // (batch, window) → (sum of medians, rows)
+    let mut verifies: BTreeMap<(usize, usize), (f64, usize)> = BTreeMap::new();
+    for row in verify {
+        let key = (field(row, "batch")? as usize, field(row, "window")? as usize);
+        let e = verifies.entry(key).or_default();
+        e.0 += field(row, "step_ms_median")?;
+        e.1 += 1;
+    }
+    points.extend(verifies.into_iter().map(|((batch, window), (sum, n))| StepPoint {
+        batch,
+        window,
+        step_ms: sum / n as f64,
+    }));
+    Ok(StepProfile {
+        step_profile_version: PROFILE_VERSION,
+        device: loaded.device.clone(),
+        model: loaded.config.summary(),
+        decode_form: loaded.form.name().to_string(),
+        context,
+        points,
+    })
 }
 
 /// The first rank's device time by stage so far, when the ranks profile stages (`--stage-profile`). With tensor

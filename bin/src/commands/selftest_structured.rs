@@ -106,6 +106,7 @@ pub(super) fn rows(case: &str, dir: &Path, prompts: &[Vec<u32>], opts: &GpuOptio
             drafter: DrafterKind::Oracle { p: CORRUPT },
             window: WINDOW,
             policy: SpecPolicy::Fixed,
+            profile: None,
         };
         let opts = GpuOptions {
             buffer_len: opts.buffer_len.max(2 * spec.max_verify()),

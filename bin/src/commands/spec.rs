@@ -6,22 +6,31 @@ use std::path::Path;
 use anyhow::Result;
 use rewind_actors::EngineSpec;
 use rewind_engine::spec::factory::{build, Target};
-use rewind_engine::spec::{DrafterKind, SpecConfig};
+use rewind_engine::spec::{DrafterKind, SpecConfig, StepProfile};
 
 use crate::cli::{DecodeArgs, SpecArgs};
 
 /// The speculation settings, or `None` for `--spec none`; every bad value is an error naming its flag.
 pub fn config(args: &SpecArgs, decode: &DecodeArgs) -> Result<Option<SpecConfig>> {
     let Some(mut drafter) = DrafterKind::parse_flag(&args.spec)? else {
+        anyhow::ensure!(
+            args.spec_profile.is_none(),
+            "--spec-profile needs speculation: --spec DRAFTER --spec-policy adaptive"
+        );
         return Ok(None);
     };
     if let DrafterKind::Ngram { min_n, max_n } = &mut drafter {
         (*min_n, *max_n) = (args.ngram_min, args.ngram_max);
     }
+    let profile = match &args.spec_profile {
+        Some(path) => Some(StepProfile::load(path)?),
+        None => None,
+    };
     let config = SpecConfig {
         drafter,
         window: args.spec_window,
         policy: args.spec_policy.parse()?,
+        profile,
     };
     config.validate(decode.buffer_len)?;
     Ok(Some(config))

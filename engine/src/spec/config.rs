@@ -1,10 +1,11 @@
-//! The speculative-decoding settings (`--spec`, `--spec-window`, `--spec-policy`, the n-gram range) and their
-//! checks, made before anything loads.
+//! The speculative-decoding settings (`--spec`, `--spec-window`, `--spec-policy`, `--spec-profile`, the n-gram range)
+//! and their checks, made before anything loads.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use super::step_cost::StepProfile;
 use crate::error::{EngineError, Result};
 
 /// Which drafter proposes tokens.
@@ -88,8 +89,8 @@ pub enum SpecPolicy {
     /// Always up to `T` drafts.
     #[default]
     Fixed,
-    /// By batch size and measured acceptance (see [`super::window`]): fewer drafts as the batch grows or acceptance
-    /// falls, none above a batch size.
+    /// The window with the most expected tokens per second for the measured acceptance and step times (see
+    /// [`super::window`]): fewer drafts, down to none, where verifying costs more than it yields.
     Adaptive,
 }
 
@@ -123,6 +124,9 @@ pub struct SpecConfig {
     /// The most drafts per step (`T`, ≥ 1); a verify runs `1 + T` tokens.
     pub window: usize,
     pub policy: SpecPolicy,
+    /// The measured step times the adaptive policy starts from (`--spec-profile`); `None`: the analytic prior until
+    /// the server has measured its own steps.
+    pub profile: Option<StepProfile>,
 }
 
 impl SpecConfig {
@@ -143,6 +147,12 @@ impl SpecConfig {
                  the ring holds {buffer_len} (--buffer-len)",
                 self.window,
                 self.window + 1
+            )));
+        }
+        if self.profile.is_some() && self.policy != SpecPolicy::Adaptive {
+            return Err(EngineError::InvalidInput(format!(
+                "--spec-profile only applies to --spec-policy adaptive (the {} policy always drafts up to T)",
+                self.policy
             )));
         }
         if let DrafterKind::Ngram { min_n, max_n } = self.drafter {

@@ -4,8 +4,10 @@
 //! distribution (sampled).
 //!
 //! - [`config`]: the `--spec` / `--spec-window` / `--spec-policy` settings and their validation;
-//! - [`window`]: the policy that sizes each step's window (fixed, or adaptive by batch size and measured
-//!   acceptance, Snakes and Ladders §4);
+//! - [`window`]: the policy that sizes each step's window (fixed, or adaptive: the most expected tokens per second
+//!   for the measured acceptance and step times, Snakes and Ladders §4);
+//! - [`step_cost`]: the step times the adaptive window is chosen on (a measured profile, the server's own steps, or
+//!   an analytic prior);
 //! - [`accept`]: acceptance and resampling from the one-pass summaries (FlashSpec) or, for filtered sampling and
 //!   sampled drafts, from whole rows;
 //! - the drafters, one module each: [`ngram`] (prompt lookup), [`oracle`] (a benchmark tool), [`draft_model`] (a
@@ -21,6 +23,7 @@ pub mod mtp;
 pub mod ngram;
 pub mod oracle;
 pub mod rank_drafter;
+pub mod step_cost;
 pub mod window;
 
 #[cfg(test)]
@@ -29,7 +32,8 @@ mod tests;
 pub use accept::{accept_rows, accept_summaries, Acceptance, RowSampling};
 pub use config::{DrafterKind, SpecConfig, SpecPolicy};
 pub use rank_drafter::{ChainDrafter, MtpProposal, MtpRequest, RankMtpDrafter};
-pub use window::{AcceptanceMeter, WindowPolicy};
+pub use step_cost::{StepCostModel, StepProfile};
+pub use window::{AcceptanceMeter, Drafting, WindowChoice, WindowPolicy};
 
 use crate::error::Result;
 

@@ -25,6 +25,7 @@ pub fn spec_config(drafter: DrafterKind, window: usize) -> SpecConfig {
         drafter,
         window,
         policy: SpecPolicy::Fixed,
+        profile: None,
     }
 }
 
