@@ -66,17 +66,12 @@ impl<A: Act> LoadedRank<A> {
     ) -> Result<Self> {
         let _span = debug_span!("gpu_load", rank, tp).entered();
         let blas = Blas::new(&dev)?;
-        let (config, json) = crate::model::ModelConfig::from_dir_json(dir)?;
-        let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
-        let layout = match mtp {
-            true => Some(crate::model::mtp::checked_mtp_layout(
-                &config,
-                &json,
-                src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
-                dir,
-            )?),
-            false => None,
-        };
+        let crate::shard::model::OpenCheckpoint {
+            config,
+            mut src,
+            mtp: layout,
+            ..
+        } = crate::shard::model::OpenCheckpoint::open(dir, mtp)?;
         let mut blocks = Vec::with_capacity(config.num_blocks());
         // Each block is uploaded and dropped as soon as it is read: host memory holds one block at a time.
         let parts = ShardedModel::load_streaming(config, layout.as_ref(), tp, rank, &mut src, |b| {

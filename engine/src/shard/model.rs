@@ -55,6 +55,32 @@ pub(crate) struct ShardParts {
     pub(crate) mtp: Option<MtpHead>,
 }
 
+/// A checkpoint directory opened for loading: its config (and the JSON it was parsed from), its tensors, and its MTP
+/// layout when the caller runs the MTP layer — the one place a loader finds out whether `--spec mtp` can run.
+pub struct OpenCheckpoint {
+    pub config: ModelConfig,
+    pub json: serde_json::Value,
+    pub src: crate::checkpoint::SafetensorsSource,
+    pub mtp: Option<MtpLayout>,
+}
+
+impl OpenCheckpoint {
+    /// Opens the checkpoint in `dir`; with `mtp`, a checkpoint without MTP weights is a clear error
+    /// ([`crate::model::mtp::checked_mtp_layout`]).
+    pub fn open(dir: &std::path::Path, mtp: bool) -> Result<Self> {
+        let (config, json) = ModelConfig::from_dir_json(dir)?;
+        let src = crate::checkpoint::SafetensorsSource::open(dir)?;
+        let mtp = match mtp {
+            true => {
+                let has = src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX));
+                Some(crate::model::mtp::checked_mtp_layout(&config, &json, has, dir)?)
+            }
+            false => None,
+        };
+        Ok(OpenCheckpoint { config, json, src, mtp })
+    }
+}
+
 /// One rank's share of a model.
 pub struct ShardedModel {
     config: ModelConfig,
@@ -172,18 +198,8 @@ impl ShardedModel {
     /// [`ShardedModel::from_dir`], with the rank's share of the checkpoint's MTP layer when `mtp` (a checkpoint
     /// without one is then a clear error, [`crate::model::mtp::checked_mtp_layout`]).
     pub fn from_dir_with(dir: &std::path::Path, tp: usize, rank: usize, mtp: bool) -> Result<Self> {
-        let (config, json) = ModelConfig::from_dir_json(dir)?;
-        let mut src = crate::checkpoint::SafetensorsSource::open(dir)?;
-        let layout = match mtp {
-            true => Some(crate::model::mtp::checked_mtp_layout(
-                &config,
-                &json,
-                src.names().iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX)),
-                dir,
-            )?),
-            false => None,
-        };
-        Self::load_with_mtp(config, layout.as_ref(), tp, rank, &mut src)
+        let mut c = OpenCheckpoint::open(dir, mtp)?;
+        Self::load_with_mtp(c.config, c.mtp.as_ref(), tp, rank, &mut c.src)
     }
 
     /// The rank's share of the MTP layer, when it was loaded.

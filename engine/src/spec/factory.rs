@@ -144,10 +144,7 @@ impl DrafterFactory for Draft {
 fn mtp_factory(kind: &DrafterKind, target: &Target<'_>) -> Result<Arc<dyn DrafterFactory>> {
     if target.mtp_on_ranks {
         // Checked now, so that a checkpoint without MTP weights fails at start-up with the flag named.
-        let (config, json) = crate::model::ModelConfig::from_dir_json(target.dir)?;
-        let names = crate::checkpoint::SafetensorsSource::open(target.dir)?.names();
-        let has = names.iter().any(|n| n.starts_with(crate::model::mtp::MTP_PREFIX));
-        crate::model::mtp::checked_mtp_layout(&config, &json, has, target.dir)?;
+        crate::shard::model::OpenCheckpoint::open(target.dir, true)?;
         return Ok(Arc::new(RankMtp { kind: kind.clone() }));
     }
     Ok(Arc::new(Mtp {

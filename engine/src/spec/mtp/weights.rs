@@ -8,12 +8,12 @@ use std::sync::Arc;
 use rewind_kernels::cpu::norm::rms_norm_vec;
 use serde_json::Value;
 
-use crate::checkpoint::SafetensorsSource;
 use crate::error::{EngineError, Result};
 use crate::model::mixers::attention::KvCache;
-use crate::model::mtp::{checked_mtp_layout, mtp_layout, MtpHead, MTP_PREFIX};
+use crate::model::mtp::{mtp_layout, MtpHead};
 use crate::model::tensors::TensorSource;
 use crate::model::ModelConfig;
+use crate::shard::model::OpenCheckpoint;
 use crate::shard::RankPlan;
 
 /// Everything the MTP drafter reads, shared by every request's drafter: the MTP head plus the embedding, the LM head
@@ -37,11 +37,8 @@ impl MtpWeights {
     /// `mtp.*` tensors) is [`EngineError::InvalidInput`]; an MTP layer other than attention then FFN is
     /// [`EngineError::NotSupported`].
     pub fn load(dir: &Path) -> Result<Arc<Self>> {
-        let (config, json) = ModelConfig::from_dir_json(dir)?;
-        let mut src = SafetensorsSource::open(dir)?;
-        let has = src.names().iter().any(|n| n.starts_with(MTP_PREFIX));
-        checked_mtp_layout(&config, &json, has, dir)?;
-        Ok(Arc::new(Self::from_source(config, &json, &mut src)?))
+        let mut c = OpenCheckpoint::open(dir, true)?;
+        Ok(Arc::new(Self::from_source(c.config, &c.json, &mut c.src)?))
     }
 
     /// Loads from any tensor source; `config_json` is the config `config` was parsed from.
