@@ -31,6 +31,12 @@ pub enum RankActorMsg {
     Snapshot(usize, RpcReplyPort<Result<SlotSnapshot>>),
     /// Starts the sequence in a free slot from a snapshot of this rank's shard.
     Restore(usize, Box<SlotSnapshot>, RpcReplyPort<Result<()>>),
+    /// Copies a slot's state into the rank's own store under an id: `(slot, id)` (`Rank::store`).
+    Store(usize, u64, RpcReplyPort<Result<Option<u64>>>),
+    /// Starts the sequence in a free slot from a stored state: `(slot, id)`.
+    RestoreStored(usize, u64, RpcReplyPort<Result<()>>),
+    /// Frees stored states.
+    DropStored(Vec<u64>, RpcReplyPort<Result<()>>),
     /// The rank's thread stopped serving (sent by the thread itself).
     ThreadExited(String),
 }
@@ -122,6 +128,11 @@ impl Actor for RankActor {
             RankActorMsg::Restore(slot, snap, reply) => {
                 Self::send(state, RankMsg::Restore(slot, snap, forward(reply)))?
             }
+            RankActorMsg::Store(slot, id, reply) => Self::send(state, RankMsg::Store(slot, id, forward(reply)))?,
+            RankActorMsg::RestoreStored(slot, id, reply) => {
+                Self::send(state, RankMsg::RestoreStored(slot, id, forward(reply)))?
+            }
+            RankActorMsg::DropStored(ids, reply) => Self::send(state, RankMsg::DropStored(ids, forward(reply)))?,
             RankActorMsg::ThreadExited(why) => {
                 return Err(Box::new(EngineError::GroupFailed(format!(
                     "rank {}'s thread stopped: {why}",

@@ -98,7 +98,7 @@ pub(crate) struct Saved {
 
 impl Saved {
     pub fn new(ranks: Vec<SlotSnapshot>) -> Self {
-        let bytes = ranks.iter().map(snapshot_bytes).sum();
+        let bytes = ranks.iter().map(|r| r.bytes() as usize).sum();
         Saved { ranks, bytes }
     }
 }
@@ -415,17 +415,6 @@ impl Sessions {
             .map(|(st, _)| st.bytes)
             .sum()
     }
-}
-
-/// The host bytes of one rank's slot snapshot.
-fn snapshot_bytes(s: &SlotSnapshot) -> usize {
-    let ssm: usize = s
-        .ssm
-        .iter()
-        .map(|l| 4 * (l.state.len() + l.conv.len() + l.ring.iter().map(Vec::len).sum::<usize>()))
-        .sum();
-    let kv: usize = s.kv.iter().map(|(k, v)| 4 * (k.len() + v.len())).sum();
-    ssm + kv
 }
 
 #[cfg(test)]

@@ -326,17 +326,16 @@ pub struct EngineArgs {
     /// waits: the ranks judge, commit and draft between the steps (not in the recurrent form).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub decode_steps: usize,
-    /// Turn automatic prefix caching off (vLLM's flag). It is on by default on CPU ranks: a finished sequence's
-    /// state is kept in host memory, and a request whose prompt starts with a cached sequence's tokens starts from
-    /// that state and prefills only the rest (docs/serving.md#prefix-caching).
+    /// Turn automatic prefix caching off (vLLM's flag). It is on by default: a finished sequence's state is kept by
+    /// the ranks (in device memory on GPUs, host memory on the CPU), and a request whose prompt starts with a cached
+    /// sequence's tokens starts from that state and prefills only the rest (docs/serving.md#prefix-caching).
     #[arg(long, help_heading = "Prefix caching", conflicts_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
-    /// Turn automatic prefix caching on for GPU ranks, where it is off by default: its states are copied between
-    /// the GPU and host memory on the coordinator's path, which on an H200 costs more than the prefill it saves
-    /// (bench/results/prefix-multiturn-2026-12-02.md).
+    /// Turn automatic prefix caching on (vLLM's flag): it is on by default on every device, so this only says so.
     #[arg(long, help_heading = "Prefix caching")]
     pub enable_prefix_caching: bool,
-    /// Host memory the prefix cache's states may hold together, in GiB; past it the least recently used go.
+    /// Memory the prefix cache's states may hold together, in GiB: set aside on each GPU (taken from the KV cache's
+    /// share of --gpu-memory-fraction), host memory on the CPU; past it the least recently used go.
     #[arg(long, value_name = "GIB", default_value_t = rewind_actors::DEFAULT_PREFIX_CACHE_MEMORY as f64 / GIB,
           allow_negative_numbers = true, help_heading = "Prefix caching")]
     pub prefix_cache_gib: f64,

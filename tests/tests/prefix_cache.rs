@@ -18,7 +18,7 @@ use rewind_actors::{
     SessionOwner, Usage,
 };
 use rewind_engine::decode::{DecoderConfig, FormChoice};
-use rewind_engine::rank::{CpuLauncher, CpuOptions};
+use rewind_engine::rank::{CpuLauncher, CpuOptions, FaultKind, FaultSpec};
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::factory::{build, Target};
 use rewind_engine::spec::{DrafterKind, SpecConfig, SpecPolicy};
@@ -222,6 +222,61 @@ fn a_conversation_hits_at_the_whole_previous_turn() {
             e.shutdown().await;
         });
     }
+}
+
+/// A rank fault while a request that hit is running loses the ranks' stored states: the request re-prefills its
+/// whole prompt (no cached tokens reported) and still gives the cold run's tokens; the cache fills again after.
+#[test]
+fn a_fault_during_a_hit_reprefills_the_lost_prefix_and_changes_no_token() {
+    let dir = &two_fixtures()[0];
+    let p = more(12, 5);
+    runtime().block_on(async {
+        let cold = engine(dir, 1, 2, FormChoice::Auto, None).await.expect("cold");
+        let (a, _) = run(&cold, &p, greedy(4)).await;
+        let mut q = p.clone();
+        q.extend_from_slice(&a);
+        q.extend(more(3, 9));
+        let (want, _) = run(&cold, &q, greedy(8)).await;
+        cold.shutdown().await;
+
+        let launcher = CpuLauncher::new(
+            dir,
+            CpuOptions {
+                tp: 2,
+                decoder: DecoderConfig::new(2, CONTEXT),
+            },
+        )
+        .expect("launcher");
+        let mut config = EngineConfig::new(FormChoice::Auto);
+        config.prefix_cache = cache(LARGE);
+        // Steps 1-4 run the first request (a prefill and three decodes); the second restores its state and
+        // prefills from step 5, so step 8 breaks one of its decodes.
+        config.faults = vec![FaultSpec {
+            rank: 1,
+            kind: FaultKind::Error,
+            step: 8,
+        }];
+        let e = EngineHandle::start(Arc::new(launcher), config).await.expect("engine");
+        let (got_a, _) = run(&e, &p, greedy(4)).await;
+        assert_eq!(got_a, a);
+        let (got, u) = run(&e, &q, greedy(8)).await;
+        assert_eq!(got, want, "tokens after the fault");
+        assert_eq!(u.cached_tokens, 0, "the restored prefix was lost and computed again");
+        let m = metrics(&e).await;
+        assert_eq!((m.faults, m.recoveries), (1, 1), "{m:?}");
+        // The restart emptied the cache; the second request's own state went in after it.
+        assert_eq!(m.prefix_cache_states, 1);
+        let mut r = q.clone();
+        r.extend_from_slice(&got);
+        r.extend(more(2, 11));
+        let (_, u) = run(&e, &r, greedy(2)).await;
+        assert_eq!(
+            u.cached_tokens,
+            q.len() + got.len() - 1,
+            "a hit on the state stored after the fault"
+        );
+        e.shutdown().await;
+    });
 }
 
 #[test]

@@ -28,11 +28,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
 use super::logprobs::LiveLogprobs;
+use super::prefix::Start;
 use super::sessions::LiveSession;
 use super::CoordinatorState;
 use crate::metrics::Metrics;
 use crate::request::{choice_seed, Event, FailureKind, GenerateRequest};
-use crate::session::SavedState;
 
 /// Choice sequences take ids from here up, apart from the ids the handle gives requests (counted from 1).
 pub(super) const FIRST_CHOICE_ID: u64 = 1 << 63;
@@ -52,7 +52,7 @@ pub(super) struct Sequence {
     /// Leading prompt tokens restored from a saved state (a session's, or `fork`'s) instead of prefilled.
     pub restored: usize,
     pub session: Option<LiveSession>,
-    pub fork: Option<(SavedState, usize)>,
+    pub fork: Option<(Start, usize)>,
     /// Prompt tokens restored rather than computed for this request (a session's state, a prefix cache hit).
     pub cached: usize,
     pub forking: Option<Box<Forking>>,
@@ -167,7 +167,7 @@ impl CoordinatorState {
         &mut self,
         id: u64,
         f: &Forking,
-        fork: Option<(SavedState, usize)>,
+        fork: Option<(Start, usize)>,
         submitted: Instant,
         events: &UnboundedSender<Event>,
     ) -> Result<()> {
@@ -229,8 +229,12 @@ impl CoordinatorState {
             match self.snapshot(slot, shared).await {
                 Ok(state) => {
                     debug!(request = id, choices = forking.n, shared, "forked the prompt's state");
-                    self.prefix_insert(&l.history, &state);
-                    let queued = self.start_choices(id, &forking, Some((state, shared)), l.submitted, &l.events);
+                    if let Err(f) = self.prefix_store(slot, &l.history).await {
+                        warn!(request = id, fault = %f, "storing the prompt's state in the prefix cache failed");
+                        self.pending_fault.get_or_insert(f);
+                    }
+                    let queued =
+                        self.start_choices(id, &forking, Some((Start::Host(state), shared)), l.submitted, &l.events);
                     if let Err(e) = queued {
                         self.drop_choices(id);
                         Metrics::inc(&self.metrics.requests_failed);

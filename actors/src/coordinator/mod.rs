@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::request::{Event, FailureKind, GenerateRequest};
-use crate::session::{SavedState, Sessions};
+use crate::session::Sessions;
 pub use prefix::{PrefixCacheConfig, DEFAULT_PREFIX_CACHE_MEMORY, DEFAULT_PREFIX_MIN_TOKENS};
 pub use ranks::Fault;
 use ranks::Generation;
@@ -194,7 +194,7 @@ struct Live {
     choice: usize,
     /// The forked prompt state a choice starts from, and its tokens: restored at every (re)start of the sequence,
     /// like a session's saved state.
-    fork: Option<(SavedState, usize)>,
+    fork: Option<(prefix::Start, usize)>,
     /// Prompt tokens restored rather than computed for this request (its usage's `cached_tokens`).
     cached: usize,
     /// When this sequence is a request's fork prefill: the choices to start from its state.

@@ -140,6 +140,7 @@ impl CoordinatorState {
         self.books = books;
         self.ranks = Some(g);
         self.generation += 1;
+        self.lose_stored();
         Ok(())
     }
 }

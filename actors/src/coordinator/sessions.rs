@@ -10,6 +10,7 @@ use ractor::RpcReplyPort;
 use rewind_engine::rank::{Commit, StepPlan};
 use tracing::warn;
 
+use super::prefix::Start;
 use super::{CoordinatorState, Fault};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
@@ -190,6 +191,7 @@ impl CoordinatorState {
                 l.session
                     .as_ref()
                     .and_then(|s| s.state.clone())
+                    .map(|(s, n)| (Start::Host(s), n))
                     .or_else(|| l.fork.clone())
             }) else {
                 return Err(Fault::Rank(
@@ -199,22 +201,40 @@ impl CoordinatorState {
                 ));
             };
             let g = self.ranks.as_ref().ok_or(Fault::Stopped(0))?;
-            if state.ranks.len() != g.ranks.len() {
-                return Err(Fault::Rank(
-                    0,
-                    format!(
-                        "a saved state of {} ranks cannot be restored on {}",
-                        state.ranks.len(),
-                        g.ranks.len()
-                    ),
-                    false,
-                ));
+            match state {
+                Start::Host(state) => {
+                    if state.ranks.len() != g.ranks.len() {
+                        return Err(Fault::Rank(
+                            0,
+                            format!(
+                                "a saved state of {} ranks cannot be restored on {}",
+                                state.ranks.len(),
+                                g.ranks.len()
+                            ),
+                            false,
+                        ));
+                    }
+                    g.call_each(
+                        |r, reply| RankActorMsg::Restore(slot, Box::new(state.ranks[r].clone()), reply),
+                        self.config.step_deadline,
+                    )
+                    .await?;
+                }
+                Start::Stored(stored) => {
+                    if stored.generation != self.generation {
+                        return Err(Fault::Rank(
+                            0,
+                            format!("request {request} starts from a stored state its ranks lost in a restart"),
+                            false,
+                        ));
+                    }
+                    g.call(
+                        |reply| RankActorMsg::RestoreStored(slot, stored.id, reply),
+                        self.config.step_deadline,
+                    )
+                    .await?;
+                }
             }
-            g.call_each(
-                |r, reply| RankActorMsg::Restore(slot, Box::new(state.ranks[r].clone()), reply),
-                self.config.step_deadline,
-            )
-            .await?;
             self.books
                 .restored(slot, n)
                 .map_err(|e| Fault::Rank(0, format!("restoring slot {slot}: {e}"), false))?;
@@ -246,8 +266,11 @@ impl CoordinatorState {
                 Ok((state, n)) => match self.sessions.save_state(&s.session, state.clone(), n, busy) {
                     Ok(evicted) => {
                         Metrics::add(&self.metrics.sessions_evicted_memory, evicted as u64);
-                        // Shared with the prefix cache: another conversation with the same start resumes from it.
-                        self.prefix_insert(&s.tokens[..n], &state);
+                        // Stored in the prefix cache too: another conversation with the same start resumes from it.
+                        if let Err(f) = self.prefix_store(s.slot, &s.tokens[..n]).await {
+                            warn!(session = %s.session, fault = %f, "storing the turn's state in the prefix cache failed");
+                            self.pending_fault.get_or_insert(f);
+                        }
                         (true, None)
                     }
                     Err(e @ SessionError::Memory { .. }) => {
@@ -291,15 +314,21 @@ impl CoordinatorState {
             .map(|state| (state, keep))
     }
 
-    /// A host copy of the state of a sequence that ended in `slot` holding `keep` tokens, `verify_at` the position of
-    /// the verify it ended in, if it did: the slot's state then holds every drafted token, until a commit keeps those
-    /// before the sequence's last one (a session's turn, a sequence cached for its prefix).
+    /// A host copy of the state of a sequence that ended in `slot` holding `keep` tokens ([`Self::settle`]).
     pub(super) async fn settle_snapshot(
         &mut self,
         slot: usize,
         keep: usize,
         verify_at: Option<usize>,
     ) -> Result<SavedState, Fault> {
+        self.settle(slot, keep, verify_at).await?;
+        self.snapshot(slot, keep).await
+    }
+
+    /// Makes the state of a sequence that ended in `slot` hold exactly its `keep` tokens, `verify_at` the position of
+    /// the verify it ended in, if it did: the slot's state then holds every drafted token, until a commit keeps those
+    /// before the sequence's last one (a session's turn, a sequence cached for its prefix).
+    pub(super) async fn settle(&mut self, slot: usize, keep: usize, verify_at: Option<usize>) -> Result<(), Fault> {
         if let Some(position) = verify_at {
             // Keep the verify's tokens before the sequence's last one (its input token and the drafts emitted before
             // it: a commit counts the verify's tokens kept); drop the rest.
@@ -314,7 +343,7 @@ impl CoordinatorState {
             self.index += 1;
             self.run(self.index, &plan).await?;
         }
-        self.snapshot(slot, keep).await
+        Ok(())
     }
 
     /// A host copy of `slot`'s state on every rank, which must hold `keep` tokens (a session's turn, a fork's prompt).

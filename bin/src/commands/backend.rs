@@ -25,6 +25,9 @@ pub struct Needs {
     pub verify: usize,
     /// Speculation drafts with the checkpoint's MTP layer: ranks that can run it load it.
     pub mtp: bool,
+    /// Bytes each GPU sets aside for the prefix cache's stored states ([`prefix_store`]; 0: none). CPU ranks keep
+    /// theirs in host memory within the same budget, counted by the cache itself.
+    pub prefix_store: u64,
 }
 
 /// A model's ranks, ready to start, with the decode form its sequences use.
@@ -134,6 +137,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             // Only the recurrent form verifies drafts through per-draft state snapshots (T states per slot).
             opts.recurrent_verify = decode.and_then(|d| d.form) == Some(FormChoice::Recurrent);
             opts.mtp = needs.mtp;
+            opts.prefix_store = needs.prefix_store;
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),
@@ -187,9 +191,14 @@ pub fn prefix_cache_config(args: &EngineArgs) -> Result<Option<rewind_actors::Pr
     }))
 }
 
-/// The engine's settings from the flags (checked before anything loads). The prefix cache is on by default on CPU
-/// ranks only (`on_gpu`: the ranks are GPUs; `--enable-prefix-caching` turns it on there).
-pub fn engine_config(args: &EngineArgs, form: FormChoice, on_gpu: bool) -> Result<EngineConfig> {
+/// The bytes each rank sets aside for the prefix cache's stored states: its budget when the flags leave it on.
+pub fn prefix_store(args: &EngineArgs) -> Result<u64> {
+    Ok(prefix_cache_config(args)?.map_or(0, |c| c.memory as u64))
+}
+
+/// The engine's settings from the flags (checked before anything loads). The prefix cache is on by default on every
+/// device (`--no-enable-prefix-caching` turns it off).
+pub fn engine_config(args: &EngineArgs, form: FormChoice) -> Result<EngineConfig> {
     anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens must be at least 1");
     anyhow::ensure!(
         (1..=rewind_engine::rank::MAX_CHAINED + 1).contains(&args.decode_steps),
@@ -203,13 +212,7 @@ pub fn engine_config(args: &EngineArgs, form: FormChoice, on_gpu: bool) -> Resul
     c.step_deadline = step_deadline;
     c.max_retries = args.max_retries;
     c.decode_steps = args.decode_steps;
-    c.prefix_cache = prefix_cache_config(args)?.filter(|_| !on_gpu || args.enable_prefix_caching);
-    if on_gpu && !args.no_enable_prefix_caching && !args.enable_prefix_caching {
-        tracing::info!(
-            "prefix caching is off on GPU ranks unless --enable-prefix-caching: its host copies cost more than the \
-             prefill they save (docs/serving.md#prefix-caching)"
-        );
-    }
+    c.prefix_cache = prefix_cache_config(args)?;
     c.faults = args
         .inject_fault
         .iter()
@@ -250,26 +253,23 @@ mod tests {
         engine: EngineArgs,
     }
 
-    fn cache(flags: &[&str], on_gpu: bool) -> anyhow::Result<Option<usize>> {
+    fn cache(flags: &[&str]) -> anyhow::Result<(Option<usize>, u64)> {
         let f = Flags::try_parse_from(std::iter::once("rewind").chain(flags.iter().copied()))?;
-        Ok(engine_config(&f.engine, FormChoice::Auto, on_gpu)?
+        let memory = engine_config(&f.engine, FormChoice::Auto)?
             .prefix_cache
-            .map(|c| c.memory))
+            .map(|c| c.memory);
+        Ok((memory, super::prefix_store(&f.engine)?))
     }
 
     #[test]
-    fn the_prefix_cache_is_on_by_default_on_cpu_ranks_only() {
+    fn the_prefix_cache_is_on_by_default_and_its_store_follows_its_budget() {
         let four = 4usize << 30;
-        assert_eq!(cache(&[], false).unwrap(), Some(four));
-        assert_eq!(cache(&[], true).unwrap(), None);
-        assert_eq!(cache(&["--enable-prefix-caching"], true).unwrap(), Some(four));
-        assert_eq!(
-            cache(&["--enable-prefix-caching", "--prefix-cache-gib", "1"], true).unwrap(),
-            Some(1 << 30)
-        );
-        assert_eq!(cache(&["--no-enable-prefix-caching"], false).unwrap(), None);
-        assert!(cache(&["--no-enable-prefix-caching", "--enable-prefix-caching"], true).is_err());
-        let e = cache(&["--prefix-cache-gib", "0"], false).unwrap_err().to_string();
+        assert_eq!(cache(&[]).unwrap(), (Some(four), four as u64));
+        assert_eq!(cache(&["--enable-prefix-caching"]).unwrap(), (Some(four), four as u64));
+        assert_eq!(cache(&["--prefix-cache-gib", "1"]).unwrap(), (Some(1 << 30), 1 << 30));
+        assert_eq!(cache(&["--no-enable-prefix-caching"]).unwrap(), (None, 0));
+        assert!(cache(&["--no-enable-prefix-caching", "--enable-prefix-caching"]).is_err());
+        let e = cache(&["--prefix-cache-gib", "0"]).unwrap_err().to_string();
         assert!(e.contains("--prefix-cache-gib"), "{e}");
     }
 }

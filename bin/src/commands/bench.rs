@@ -249,6 +249,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             .max(args.step_prompt + 3 * steps.chain + args.decode_tokens.div_ceil(steps.chain) * steps.chain)
             .max(steps.verify_context),
         verify: steps.window + 1,
+        prefix_store: 0,
     };
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(biggest));

@@ -170,12 +170,16 @@ fn pass(args: &BenchMultiTurnArgs, w: &Workload, cache: bool, progress: &Progres
         slots: w.clients,
         context: w.longest(),
         verify: 1,
+        prefix_store: if cache {
+            backend::prefix_store(&args.run.engine)?
+        } else {
+            0
+        },
     };
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(w.clients));
     let b = backend::backend(&dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
-    // The cache-on pass runs with the cache whatever the device's default (`--enable-prefix-caching`).
+    let mut config = backend::engine_config(&args.run.engine, b.form)?;
     config.prefix_cache = if cache {
         Some(backend::prefix_cache_config(&args.run.engine)?.context(
             "the cache-on pass needs the prefix cache: drop --no-enable-prefix-caching (or run --passes off)",

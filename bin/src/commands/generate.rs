@@ -154,9 +154,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         slots: 1,
         context: want,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
+        prefix_store: backend::prefix_store(&args.run.engine)?,
     };
     let b = backend::backend(&dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut engine_config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
+    let mut engine_config = backend::engine_config(&args.run.engine, b.form)?;
     engine_config.eos_token_ids = eos_token_ids;
     engine_config.tokenizer = Some(tokenizer);
     if let Some(s) = &spec {

@@ -27,7 +27,8 @@ pub fn options(d: &DeviceArgs, devices: Vec<usize>) -> Result<GpuOptions> {
 pub fn report(r: &GpuReport, d: &DeviceArgs, tp: usize, t0: Instant) -> Result<String> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     errln!(
-        "GPU: {} | tp {} | {} activations | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB per rank of {:.1} GiB | \
+        "GPU: {} | tp {} | {} activations | weights {:.2} GiB, state pools {:.2} GiB, activations {:.2} GiB, prefix cache {:.2} GiB per rank of \
+         {:.1} GiB | \
          {} sequences × {} tokens, {} KV blocks | loaded in {:.1} s",
         r.devices.join(", "),
         tp,
@@ -35,6 +36,7 @@ pub fn report(r: &GpuReport, d: &DeviceArgs, tp: usize, t0: Instant) -> Result<S
         gib(r.weight_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.state_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.scratch_bytes.iter().copied().max().unwrap_or(0)),
+        gib(r.store_bytes.iter().copied().max().unwrap_or(0)),
         gib(r.total_bytes.first().copied().unwrap_or(0)),
         r.sizes.max_seqs,
         r.sizes.max_len,

@@ -175,6 +175,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         slots: if args.reference_form.is_some() { 2 } else { 1 },
         context: args.tokens.len(),
         verify: 1 + args.verify_window.unwrap_or(0),
+        prefix_store: 0,
     };
     let dir = super::generate::model_dir(&args.model)?;
     let mut loaded = backend::open(&dir, &args.device, Some(&args.decode), needs)?;

@@ -51,6 +51,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         slots: 1,
         context: window.min(tokens.len()),
         verify: 1,
+        prefix_store: 0,
     };
     let mut loaded = backend::open(&dir, &device, None, needs)?;
     let on = loaded.device.clone();

@@ -532,6 +532,8 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         stage_profile: false,
         recurrent_verify: false,
         mtp: false,
+        // Room for the prefix-cache rows' stored states (`selftest_prefix.rs`).
+        prefix_store: 64 << 20,
     };
     let bound = if dtype == GpuDtype::F32 { TOLERANCE } else { BF16_BOUND };
     // Every form with its steps replayed from CUDA graphs, and the replay form once more launched eagerly,

@@ -1,6 +1,6 @@
 //! The self-test's row for prefix caching on the GPU: a request whose prompt starts with a finished request's tokens
-//! restores that request's state (copied from the device to the host when it finished) into its slot and prefills
-//! only the rest. Its tokens, greedy and seeded, must equal those of the same requests on an engine without the
+//! restores that request's state (copied into the ranks' device stores when it finished, `engine/src/gpu/store.rs`)
+//! into its slot and prefills only the rest. Its tokens, greedy and seeded, must equal those of the same requests on an engine without the
 //! cache, and its usage must count the restored tokens. The two engines chunk the prompt differently (the hit prefills
 //! only the rest), so they differ in rounding only: f32 rows, where that moves no pick of these models.
 
@@ -78,7 +78,8 @@ pub(super) fn rows(case: &str, dir: &Path, prompts: &[Vec<u32>], opts: &GpuOptio
             cold.shutdown().await;
             let cache = PrefixCacheConfig {
                 min_tokens: 1,
-                ..PrefixCacheConfig::default()
+                // The budget the ranks' stores were given.
+                memory: usize::try_from(opts.prefix_store).map_err(|e| e.to_string())?.max(1),
             };
             let warm = engine(dir, opts, Some(cache)).await?;
             let got = stream(&warm, prompts).await;

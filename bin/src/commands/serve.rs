@@ -87,9 +87,10 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
         slots,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
+        prefix_store: backend::prefix_store(&args.run.engine)?,
     };
     let backend = backend::backend(dir, &args.run.device, Some(&args.run.decode), needs)?;
-    let mut engine_config = backend::engine_config(&args.run.engine, backend.form, backend.on_gpu())?;
+    let mut engine_config = backend::engine_config(&args.run.engine, backend.form)?;
     engine_config.eos_token_ids = model.eos_token_ids.clone();
     engine_config.tokenizer = Some(model.tokenizer.clone());
     engine_config.session_idle_timeout = options.session_idle_timeout;

@@ -278,11 +278,12 @@ pub fn run(
         slots: concurrency,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
+        prefix_store: backend::prefix_store(&args.run.engine)?,
     };
     let mut dargs = args.run.device.clone();
     dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
     let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut config = backend::engine_config(&args.run.engine, b.form, b.on_gpu())?;
+    let mut config = backend::engine_config(&args.run.engine, b.form)?;
     config.eos_token_ids = Vec::new();
     let vocab = b.config.vocab_size;
     if let Some(s) = &spec {

@@ -175,6 +175,8 @@ pub struct Decoder {
     pub(crate) head_traffic: Traffic,
     /// Steps run (for health reports).
     steps: u64,
+    /// States kept for later restores ([`Decoder::store`]), by the caller's ids.
+    stored: std::collections::HashMap<u64, SlotSnapshot>,
 }
 
 impl fmt::Debug for Decoder {
@@ -253,6 +255,7 @@ impl Decoder {
             position: vec![0; n],
             pending: vec![0; n],
             snapshots: vec![Vec::new(); n],
+            stored: std::collections::HashMap::new(),
             traffic: Traffic::default(),
             head_traffic: Traffic::default(),
             steps: 0,

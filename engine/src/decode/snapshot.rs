@@ -26,6 +26,19 @@ pub struct SlotSnapshot {
     pub kv: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
+impl SlotSnapshot {
+    /// The bytes its values take (f32 each).
+    pub fn bytes(&self) -> u64 {
+        let ssm: usize = self
+            .ssm
+            .iter()
+            .map(|l| l.state.len() + l.conv.len() + l.ring.iter().map(Vec::len).sum::<usize>())
+            .sum();
+        let kv: usize = self.kv.iter().map(|(k, v)| k.len() + v.len()).sum();
+        4 * (ssm + kv) as u64
+    }
+}
+
 /// One SSM layer of a [`SlotSnapshot`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct SsmSnapshot {
@@ -108,6 +121,39 @@ impl Decoder {
             ssm,
             kv,
         })
+    }
+
+    /// Keeps a copy of `slot`'s state under `id` for a later [`Decoder::restore_stored`] (a cached prefix); returns
+    /// its bytes. The CPU rank's store is host memory the caller budgets, so it always has room.
+    pub fn store(&mut self, slot: usize, id: u64) -> Result<u64> {
+        let snap = self.snapshot(slot)?;
+        let bytes = snap.bytes();
+        self.stored.insert(id, snap);
+        Ok(bytes)
+    }
+
+    /// Starts a sequence in the free slot `slot` from the state kept under `id` (which stays kept).
+    pub fn restore_stored(&mut self, slot: usize, id: u64) -> Result<()> {
+        let snap = self
+            .stored
+            .remove(&id)
+            .ok_or_else(|| EngineError::InvalidInput(format!("no state is stored under id {id}")))?;
+        let restored = self.restore(slot, &snap);
+        self.stored.insert(id, snap);
+        restored
+    }
+
+    /// Forgets the states kept under `ids` (an id not kept is ignored: the caller may drop a state twice, or one a
+    /// restarted rank never had).
+    pub fn drop_stored(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.stored.remove(id);
+        }
+    }
+
+    /// States kept by [`Decoder::store`].
+    pub fn stored_count(&self) -> usize {
+        self.stored.len()
     }
 
     /// Starts a sequence in the free slot `slot` from `snap` (taken on a rank with the same shard and pool sizes);

@@ -334,3 +334,27 @@ fn snapshot_restore_continues_identically() {
         }
     }
 }
+
+/// A stored state restores as its snapshot does, stays stored across restores and after its slot is released, and
+/// is gone once dropped (dropping an unknown id is no error).
+#[test]
+fn a_stored_state_restores_like_its_snapshot_until_dropped() {
+    let dir = tiny(Family::NemotronH);
+    let mut dec = decoder(dir.path(), config(4, 2)).expect("decoder");
+    let a = dec.start(FormChoice::Replay).expect("slot");
+    dec.prefill(a, &PROMPT[..6], Rows::Last).expect("prefill");
+    dec.decode(&[(a, 3)]).expect("decode");
+    let snap = dec.snapshot(a).expect("snapshot");
+    assert_eq!(dec.store(a, 7).expect("store"), snap.bytes());
+    dec.release(a).expect("release");
+    for slot in [1, 2] {
+        dec.restore_stored(slot, 7).expect("restore stored");
+        assert_eq!(dec.snapshot(slot).expect("snapshot"), snap, "slot {slot}");
+    }
+    let x = dec.decode(&[(1, 9)]).expect("decode");
+    let y = dec.decode(&[(2, 9)]).expect("decode");
+    assert_eq!(x, y);
+    dec.drop_stored(&[7, 8]);
+    assert_eq!(dec.stored_count(), 0);
+    invalid(dec.restore_stored(3, 7), "no state is stored under id 7");
+}

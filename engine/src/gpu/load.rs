@@ -11,6 +11,7 @@ use tracing::info;
 
 use super::loaded::{Capacity, LoadedRank};
 use super::options::{GpuDtype, GpuOptions};
+use super::rank::RunOptions;
 use super::scratch::StepRows;
 use super::state::{PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::{Act, DeviceComm};
@@ -30,6 +31,8 @@ pub struct GpuReport {
     pub weight_bytes: Vec<usize>,
     pub state_bytes: Vec<usize>,
     pub scratch_bytes: Vec<usize>,
+    /// Per rank: bytes set aside for the prefix cache's stored states.
+    pub store_bytes: Vec<usize>,
     pub total_bytes: Vec<usize>,
 }
 
@@ -175,6 +178,7 @@ impl GpuLauncher {
             weight_bytes: all.iter().map(|r| r.1.weight_bytes).collect(),
             state_bytes: all.iter().map(|r| r.1.state_bytes).collect(),
             scratch_bytes: all.iter().map(|r| r.1.scratch_bytes).collect(),
+            store_bytes: all.iter().map(|r| r.1.store_bytes).collect(),
             total_bytes: all.iter().map(|r| r.1.total_bytes).collect(),
         })
     }
@@ -207,6 +211,7 @@ impl Launcher for GpuLauncher {
         }
         let reports = self.reports.clone();
         let (dir, devices, dtype) = (self.dir.clone(), self.opts.devices.clone(), self.opts.dtype);
+        let store = self.opts.prefix_store;
         let (fraction, max_seqs, max_len, rows, replay, graphs, stage_profile, mtp) = (
             self.opts.gpu_memory_fraction,
             self.opts.max_seqs,
@@ -239,6 +244,7 @@ impl Launcher for GpuLauncher {
                 graphs,
                 stage_profile,
                 mtp,
+                store,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm, &generation),
@@ -275,6 +281,8 @@ struct Setup<'a> {
     stage_profile: bool,
     /// Load the MTP layer (`GpuOptions::mtp`).
     mtp: bool,
+    /// Bytes set aside for stored states (`GpuOptions::prefix_store`).
+    store: u64,
 }
 
 impl Setup<'_> {
@@ -297,8 +305,11 @@ impl Setup<'_> {
             None => None,
         };
         let loaded = LoadedRank::<A>::load(dev, comm, self.dir, self.tp, self.rank, self.mtp)?;
+        let store = usize::try_from(self.store)
+            .map_err(|_| EngineError::InvalidInput(format!("a prefix store of {} bytes", self.store)))?;
         let cap = loaded.capacity(
             self.fraction,
+            store,
             self.max_seqs,
             self.max_len,
             self.rows,
@@ -328,8 +339,11 @@ impl Setup<'_> {
             self.rows,
             self.replay,
             cap.attention_ws,
-            graphs,
-            self.stage_profile,
+            RunOptions {
+                graphs,
+                stage_profile: self.stage_profile,
+                store: self.store,
+            },
         )?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }

@@ -48,6 +48,8 @@ pub(crate) struct Capacity {
     pub(crate) weight_bytes: usize,
     pub(crate) state_bytes: usize,
     pub(crate) scratch_bytes: usize,
+    /// Bytes set aside for stored states (`GpuOptions::prefix_store`).
+    pub(crate) store_bytes: usize,
     pub(crate) total_bytes: usize,
     /// Floats of the attention layers' split-KV workspace (part of `scratch_bytes`), handed on to the allocation.
     pub(crate) attention_ws: usize,
@@ -129,10 +131,12 @@ impl<A: Act> LoadedRank<A> {
     }
 
     /// The KV blocks that fit in `fraction` of the device's memory with `max_seqs` sequences of up to `max_len`
-    /// tokens and steps of `rows` tokens; a clear error with the numbers when not even one full-length sequence fits.
+    /// tokens, steps of `rows` tokens and `store` bytes of stored states; a clear error with the numbers when not
+    /// even one full-length sequence fits.
     pub(crate) fn capacity(
         &self,
         fraction: f64,
+        store: usize,
         max_seqs: usize,
         max_len: usize,
         rows: StepRows,
@@ -178,7 +182,7 @@ impl<A: Act> LoadedRank<A> {
         let (per_seq, per_block) = state_bytes(self.all_blocks(), slot_rows);
         let ssm = per_seq * max_seqs;
         let budget = (fraction * total as f64) as usize;
-        let fixed = used + scratch + ssm;
+        let fixed = used + scratch + ssm + store;
         let one_seq_blocks = if self.has_attention() {
             probe.blocks_per_seq()
         } else {
@@ -188,13 +192,14 @@ impl<A: Act> LoadedRank<A> {
         if fixed + kv_min > budget {
             return Err(EngineError::Gpu(format!(
                 "the model does not fit on GPU {}: weights and runtime {:.2} GiB + activations {:.2} GiB + SSM state for \
-                 {max_seqs} sequences {:.2} GiB + KV cache for one {max_len}-token sequence {:.2} GiB = {:.2} GiB exceed \
-                 --gpu-memory-fraction {fraction} × {:.2} GiB = {:.2} GiB (lower --max-seqs or --max-model-len, raise \
-                 the fraction, or use more GPUs with --tp)",
+                 {max_seqs} sequences {:.2} GiB + prefix cache {:.2} GiB + KV cache for one {max_len}-token sequence \
+                 {:.2} GiB = {:.2} GiB exceed --gpu-memory-fraction {fraction} × {:.2} GiB = {:.2} GiB (lower \
+                 --max-seqs, --max-model-len or --prefix-cache-gib, raise the fraction, or use more GPUs with --tp)",
                 self.dev.ordinal(),
                 used as f64 / GIB,
                 scratch as f64 / GIB,
                 ssm as f64 / GIB,
+                store as f64 / GIB,
                 kv_min as f64 / GIB,
                 (fixed + kv_min) as f64 / GIB,
                 total as f64 / GIB,
@@ -210,6 +215,7 @@ impl<A: Act> LoadedRank<A> {
             weight_bytes: self.weight_bytes,
             state_bytes: ssm + kv_blocks * per_block,
             scratch_bytes: scratch,
+            store_bytes: store,
             total_bytes: total,
             attention_ws,
         })

@@ -39,6 +39,9 @@ pub struct GpuOptions {
     /// KV (one more attention layer of the paged pool) and its buffers count in the memory plan. A checkpoint without
     /// one fails the load with a clear error.
     pub mtp: bool,
+    /// Bytes of each GPU set aside for the prefix cache's stored states (`gpu/store.rs`), taken off the KV pool's
+    /// share of the memory budget; 0 stores nothing (the cache off).
+    pub prefix_store: u64,
 }
 
 /// Storage type of activations, conv state and KV cache on the GPU (weights of GEMMs are bf16 either way; SSM
@@ -91,6 +94,7 @@ impl Default for GpuOptions {
             stage_profile: false,
             recurrent_verify: false,
             mtp: false,
+            prefix_store: 0,
         }
     }
 }

@@ -15,6 +15,7 @@ use super::loaded::LoadedRank;
 use super::mtp::GpuMtp;
 use super::scratch::{Scratch, StepRows, Widths};
 use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
+use super::store::DeviceStore;
 use super::Act;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -27,19 +28,33 @@ use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
 use rewind_kernels::cuda::ops::ReplayRow;
 use rewind_kernels::cuda::timing::StageMarks;
 
+/// How an allocated rank runs its steps, and what it sets aside beside its pools.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunOptions {
+    /// Capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
+    pub graphs: bool,
+    /// Time every stage of every step (`GpuOptions::stage_profile`).
+    pub stage_profile: bool,
+    /// Bytes for stored states (`GpuOptions::prefix_store`, `gpu/store.rs`).
+    pub store: u64,
+}
+
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
-    /// `attention_ws`: the split-KV workspace's floats (`scratch::attention_workspace`, as the capacity computed it);
-    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
+    /// `attention_ws`: the split-KV workspace's floats (`scratch::attention_workspace`, as the capacity computed it).
     pub(crate) fn allocate(
         self,
         sizes: PoolSizes,
         rows: StepRows,
         replay: ReplaySettings,
         attention_ws: usize,
-        graphs: bool,
-        stage_profile: bool,
+        run: RunOptions,
     ) -> Result<GpuRank<A>> {
+        let RunOptions {
+            graphs,
+            stage_profile,
+            store,
+        } = run;
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = self.widths(rows.rows);
@@ -113,6 +128,7 @@ impl<A: Act> LoadedRank<A> {
             stage_times: StageTimes::default(),
             spec_chain: None,
             mtp,
+            store: DeviceStore::new(store),
         })
     }
 
@@ -166,6 +182,8 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) spec_chain: Option<super::spec_chain::SpecChainScratch>,
     /// MTP drafting's KV, bookkeeping and buffers (`gpu/mtp.rs`), when the rank loaded the MTP layer.
     pub(super) mtp: Option<GpuMtp<A>>,
+    /// States stored for later restores (the prefix cache's entries, `gpu/store.rs`).
+    pub(super) store: DeviceStore<A>,
 }
 
 impl<A: Act> Drop for GpuRank<A> {
@@ -440,6 +458,23 @@ impl<A: Act> Rank for GpuRank<A> {
             m.restored(slot);
         }
         self.restore_slot(slot, snapshot)
+    }
+
+    fn store(&mut self, slot: usize, id: u64) -> Result<Option<u64>> {
+        self.store_slot(slot, id)
+    }
+
+    fn restore_stored(&mut self, slot: usize, id: u64) -> Result<()> {
+        // A stored state holds no MTP KV either (see `restore`).
+        if let Some(m) = self.mtp.as_mut() {
+            m.restored(slot);
+        }
+        self.restore_stored_slot(slot, id)
+    }
+
+    fn drop_stored(&mut self, ids: &[u64]) -> Result<()> {
+        self.drop_stored_states(ids);
+        Ok(())
     }
 
     fn health(&mut self) -> Result<RankHealth> {

@@ -22,7 +22,7 @@ fn wrong(what: &str) -> EngineError {
 
 impl<A: Act> GpuRank<A> {
     /// The physical rows `(first row, rows)` of positions `0..len` of `slot`, block by block.
-    fn kv_runs(&self, slot: usize, len: usize) -> Result<Vec<(usize, usize)>> {
+    pub(super) fn kv_runs(&self, slot: usize, len: usize) -> Result<Vec<(usize, usize)>> {
         let kv = self
             .books
             .kv()
@@ -43,10 +43,12 @@ impl<A: Act> GpuRank<A> {
             .collect()
     }
 
-    pub(super) fn snapshot_slot(&mut self, slot: usize) -> Result<SlotSnapshot> {
+    /// The length of the sequence in `slot`, which must have started and have no verify awaiting its commit (to
+    /// `what` it: snapshot, store).
+    pub(super) fn idle_len(&self, slot: usize, what: &str) -> Result<usize> {
         if !self.books.started(slot) {
             return Err(EngineError::InvalidInput(format!(
-                "slot {slot} holds no sequence to snapshot"
+                "slot {slot} holds no sequence to {what}"
             )));
         }
         if self.books.pending(slot)? != 0 {
@@ -54,7 +56,11 @@ impl<A: Act> GpuRank<A> {
                 "slot {slot} has a verify awaiting its commit"
             )));
         }
-        let len = self.books.len(slot)?;
+        self.books.len(slot)
+    }
+
+    pub(super) fn snapshot_slot(&mut self, slot: usize) -> Result<SlotSnapshot> {
+        let len = self.idle_len(slot, "snapshot")?;
         let (n, rows) = (self.sizes.max_seqs, self.sizes.rows.ring);
         let (ring, conv_idx) = (self.counters.ring(slot), self.counters.conv(slot));
         let dev = self.inner.dev.clone();

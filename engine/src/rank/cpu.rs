@@ -222,6 +222,19 @@ impl Rank for Decoder {
         Decoder::restore(self, slot, snapshot)
     }
 
+    fn store(&mut self, slot: usize, id: u64) -> Result<Option<u64>> {
+        Decoder::store(self, slot, id).map(Some)
+    }
+
+    fn restore_stored(&mut self, slot: usize, id: u64) -> Result<()> {
+        Decoder::restore_stored(self, slot, id)
+    }
+
+    fn drop_stored(&mut self, ids: &[u64]) -> Result<()> {
+        Decoder::drop_stored(self, ids);
+        Ok(())
+    }
+
     fn health(&mut self) -> Result<RankHealth> {
         let plan = self.model().plan();
         Ok(RankHealth {

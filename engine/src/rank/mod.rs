@@ -84,6 +84,18 @@ pub trait Rank {
     /// Starts a sequence in the free slot `slot` from a snapshot of this rank's shard.
     fn restore(&mut self, slot: usize, snapshot: &SlotSnapshot) -> Result<()>;
 
+    /// Copies `slot`'s whole state into the rank's own store under `id` (device memory on a GPU; no verify may be
+    /// pending), for later [`Rank::restore_stored`] calls: the prefix cache's entries, which so never leave the
+    /// device. Returns the bytes kept, or `None` when the store has no room for them (nothing kept: not an error).
+    fn store(&mut self, slot: usize, id: u64) -> Result<Option<u64>>;
+
+    /// Starts a sequence in the free slot `slot` from the state stored under `id`, which stays stored.
+    fn restore_stored(&mut self, slot: usize, id: u64) -> Result<()>;
+
+    /// Frees the states stored under `ids`; an id not stored is ignored (a state the caller dropped twice, or one a
+    /// restarted rank never had).
+    fn drop_stored(&mut self, ids: &[u64]) -> Result<()>;
+
     /// Reports the rank's state; an error means the rank cannot serve.
     fn health(&mut self) -> Result<RankHealth>;
 

@@ -241,6 +241,20 @@ impl Rank for CpuRank {
         self.decoder.restore(slot, snapshot)
     }
 
+    fn store(&mut self, slot: usize, id: u64) -> Result<Option<u64>> {
+        self.decoder.store(slot, id).map(Some)
+    }
+
+    fn restore_stored(&mut self, slot: usize, id: u64) -> Result<()> {
+        self.mtp.forget(slot);
+        self.decoder.restore_stored(slot, id)
+    }
+
+    fn drop_stored(&mut self, ids: &[u64]) -> Result<()> {
+        self.decoder.drop_stored(ids);
+        Ok(())
+    }
+
     fn health(&mut self) -> Result<super::RankHealth> {
         self.decoder.health()
     }

@@ -35,6 +35,11 @@ pub enum RankMsg {
     Release(usize, Reply<()>),
     Snapshot(usize, Reply<SlotSnapshot>),
     Restore(usize, Box<SlotSnapshot>, Reply<()>),
+    /// [`Rank::store`]: `(slot, id)`.
+    Store(usize, u64, Reply<Option<u64>>),
+    /// [`Rank::restore_stored`]: `(slot, id)`.
+    RestoreStored(usize, u64, Reply<()>),
+    DropStored(Vec<u64>, Reply<()>),
     Health(Reply<RankHealth>),
     Synchronize(Reply<()>),
 }
@@ -231,6 +236,9 @@ fn serve(id: usize, rank: &mut dyn Rank, msgs: &Receiver<RankMsg>, abort: &Abort
             RankMsg::Release(slot, reply) => answer!(reply, rank.release(slot)),
             RankMsg::Snapshot(slot, reply) => answer!(reply, rank.snapshot(slot)),
             RankMsg::Restore(slot, snap, reply) => answer!(reply, rank.restore(slot, &snap)),
+            RankMsg::Store(slot, id, reply) => answer!(reply, rank.store(slot, id)),
+            RankMsg::RestoreStored(slot, id, reply) => answer!(reply, rank.restore_stored(slot, id)),
+            RankMsg::DropStored(ids, reply) => answer!(reply, rank.drop_stored(&ids)),
             RankMsg::Health(reply) => answer!(reply, rank.health()),
             RankMsg::Synchronize(reply) => answer!(reply, rank.synchronize()),
         }

@@ -505,6 +505,53 @@ fn after_a_fault_a_sequence_is_re_prefilled_with_its_prompt_and_generated_tokens
 }
 
 #[test]
+fn a_lost_restored_state_is_prefilled_first_in_budget_sized_chunks() {
+    let c = SchedConfig {
+        slots: 1,
+        kv_blocks: 16,
+        kv_block_size: 4,
+        max_batch_tokens: 4,
+        max_context: 32,
+        decode_steps: 1,
+    };
+    let mut s = Scheduler::new(c).expect("scheduler");
+    s.submit(Request {
+        id: 1,
+        prompt: (10..20).collect(),
+        max_tokens: 4,
+        priority: 0,
+        restored: 7,
+        chain: Chain::None,
+    })
+    .expect("submit");
+    // The first run restores 7 tokens and prefills the other 3 in one chunk.
+    let first = s.schedule();
+    assert_eq!((first.work[0].restored, first.tokens()), (7, 3));
+    assert_eq!(s.sampled(1, 30, false), Ok(None));
+    s.requeue_all();
+    assert!(s.unrestore(1), "it was waiting with a restored state");
+    assert!(!s.unrestore(1), "nothing is restored any more");
+    assert!(!s.unrestore(2), "no such request");
+    // The lost 7 tokens come first, in chunks of at most the budget, then the earlier run's chunk, then its token.
+    let mut prefills = Vec::new();
+    loop {
+        let step = s.schedule();
+        match &step.work[0].work {
+            StepWork::Prefill { position, tokens, .. } => {
+                assert_eq!(step.work[0].restored, 0);
+                prefills.push((*position, tokens.len()));
+            }
+            StepWork::Decode { position, token, .. } => {
+                assert_eq!((*position, *token), (10, 30));
+                break;
+            }
+            w => panic!("unexpected work {w:?}"),
+        }
+    }
+    assert_eq!(prefills, vec![(0, 4), (4, 3), (7, 3)]);
+}
+
+#[test]
 fn drain_removes_every_request_and_frees_every_slot_and_block() {
     let c = SchedConfig {
         slots: 2,

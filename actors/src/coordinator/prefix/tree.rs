@@ -212,6 +212,11 @@ impl<V: Clone> PrefixTree<V> {
         }
     }
 
+    /// Removes every entry.
+    pub fn clear(&mut self) {
+        *self = PrefixTree::new();
+    }
+
     /// Evicts entries, least recently used first, until the entries hold at most `budget` bytes; returns how many
     /// went.
     pub fn evict_to(&mut self, budget: usize) -> usize {

@@ -83,6 +83,7 @@ mod gpu {
                 slots: max_seqs,
                 context: self.context + self.window + 1,
                 verify: self.window + 1,
+                prefix_store: 0,
             };
             let b = backend(self.dir, &self.device(max_seqs, fraction), Some(&decode), needs)?;
             let group = RankGroup::start(b.launcher.as_ref())?;

@@ -45,6 +45,26 @@ impl Scheduler {
         scratch.preempted.into_iter().map(|(id, _)| id).collect()
     }
 
+    /// Makes waiting request `id` prefill from its first token rather than from the saved state of its leading
+    /// `restored` tokens, which was lost (the ranks restarted without it): an earlier run's chunks are kept, after
+    /// the lost tokens in chunks of at most a step's budget. Returns whether it was waiting with such a state.
+    pub fn unrestore(&mut self, id: u64) -> bool {
+        let budget = self.config.max_batch_tokens.max(1);
+        let Some(w) = self.waiting.values_mut().find(|w| w.request.id == id) else {
+            return false;
+        };
+        let lost = std::mem::take(&mut w.request.restored);
+        if lost == 0 {
+            return false;
+        }
+        if !w.chunks.is_empty() {
+            let mut chunks: Vec<usize> = (0..lost).step_by(budget).map(|at| budget.min(lost - at)).collect();
+            chunks.append(&mut w.chunks);
+            w.chunks = chunks;
+        }
+        true
+    }
+
     /// Removes every request, waiting or running (the engine can no longer serve); returns their ids.
     pub fn drain(&mut self) -> Vec<u64> {
         let mut ids = self.requeue_all();
