@@ -186,10 +186,12 @@ fn a_hit_gives_the_cold_tokens_in_every_form_and_tp() {
                         p.len() + 2 * (b_prompt.len() - cached),
                         "{label}"
                     );
-                    let distinct = if c == b { 2 } else { 3 };
+                    // The finished sequences' states, and the branch point the repeated prompt left the second
+                    // one's path at (its last token: the state of all of it but its last token).
+                    let distinct = if c == b { 3 } else { 4 };
                     assert_eq!(
                         m.prefix_cache_states, distinct,
-                        "{label}: the finished sequences' states"
+                        "{label}: the finished sequences' states and a branch point"
                     );
                     e.shutdown().await;
                 });
@@ -279,42 +281,82 @@ fn a_fault_during_a_hit_reprefills_the_lost_prefix_and_changes_no_token() {
     });
 }
 
+/// A prompt that leaves a cached path hits at the deepest state before the point it leaves, and the state at that
+/// point (its prompt chunk cut there) is cached for the prompts that share the same start.
+/// Prompts that share only a start (a system prompt, then different user turns): the second one's prompt chunk is
+/// cut where it leaves the first's path and the state there stored, so every later one hits the shared start, at TP 2.
 #[test]
-fn a_prompt_leaving_a_cached_path_hits_at_the_deepest_state_before_it() {
+fn prompts_sharing_a_system_prompt_hit_it_from_the_third_on() {
+    let dir = &two_fixtures()[1];
+    let system = more(24, 21);
+    runtime().block_on(async {
+        let cold = engine(dir, 1, 2, FormChoice::Auto, None).await.expect("cold");
+        let e = engine(dir, 2, 2, FormChoice::Auto, cache(LARGE)).await.expect("tp 2");
+        for user in 0..4 {
+            let mut prompt = system.clone();
+            // User turns that differ in their first token.
+            prompt.push(140 + user as u32);
+            prompt.extend(more(5, 200 + user));
+            let (want, _) = run(&cold, &prompt, greedy(3)).await;
+            let (got, u) = run(&e, &prompt, greedy(3)).await;
+            assert_eq!(got, want, "user turn {user}");
+            let expect = if user < 2 { 0 } else { system.len() };
+            assert_eq!(u.cached_tokens, expect, "user turn {user}");
+        }
+        cold.shutdown().await;
+        e.shutdown().await;
+    });
+}
+
+#[test]
+fn a_prompt_leaving_a_cached_path_hits_before_it_and_caches_the_branch_point() {
     let dir = &two_fixtures()[0];
     let base = more(30, 3);
+    // The deepest cached state of at most `limit` tokens that `prompt` starts with.
+    let deepest = |states: &[Vec<u32>], prompt: &[u32], limit: usize| {
+        states
+            .iter()
+            .filter(|t| t.len() <= limit && prompt.starts_with(t))
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+    };
     runtime().block_on(async {
         let cold = engine(dir, 1, 1, FormChoice::Auto, None).await.expect("cold");
         let e = engine(dir, 1, 1, FormChoice::Auto, cache(LARGE)).await.expect("engine");
         // States after 10 and after 20 tokens of `base` (one generated token each: the state holds the prompt).
         run(&e, &base[..10], greedy(1)).await;
         run(&e, &base[..20], greedy(1)).await;
-        // Every state cached: those two, then each query's own.
+        // Every state cached: those two, then each query's branch point and its own.
         let mut states = vec![base[..10].to_vec(), base[..20].to_vec()];
         for leave in [4, 10, 11, 15, 19, 20, 21, 27] {
             let mut prompt = base[..leave].to_vec();
             prompt.extend(more(6, 100 + leave));
             let common = prompt.iter().zip(&base).take_while(|(a, b)| a == b).count();
-            let deepest = [20, 10].into_iter().find(|&n| n <= common).unwrap_or(0);
-            let want_cached = states
-                .iter()
-                .filter(|t| t.len() < prompt.len() && prompt.starts_with(t))
-                .map(Vec::len)
-                .max()
-                .unwrap_or(0);
-            assert_eq!(
-                want_cached, deepest,
-                "leaving at {leave}: no query's state is a prefix of another's"
-            );
+            let want_cached = deepest(&states, &prompt, prompt.len() - 1);
+            assert!(want_cached <= common, "leaving at {leave}");
             let (want, _) = run(&cold, &prompt, greedy(4)).await;
             let (got, u) = run(&e, &prompt, greedy(4)).await;
             assert_eq!(u.cached_tokens, want_cached, "leaving at {leave}");
             assert_eq!(got, want, "leaving at {leave}");
+            // Where the prompt left the cached paths, past its hit: that state was stored.
+            let branch = states
+                .iter()
+                .map(|t| t.iter().zip(&prompt).take_while(|(a, b)| a == b).count())
+                .max()
+                .unwrap_or(0)
+                .min(prompt.len() - 1);
+            if branch > want_cached {
+                states.push(prompt[..branch].to_vec());
+            }
             states.push(prompt.iter().chain(&got[..3]).copied().collect());
         }
-        // A prompt that is exactly a cached state's tokens still computes its last token (for its logits).
+        let m = metrics(&e).await;
+        assert_eq!(m.prefix_cache_states, states.len() as u64, "{states:?}");
+        // A prompt that is exactly a cached state's tokens still computes its last token (for its logits): it hits
+        // at the branch point the query leaving at 19 cached.
         let (_, u) = run(&e, &base[..20], greedy(1)).await;
-        assert_eq!(u.cached_tokens, 10);
+        assert_eq!(u.cached_tokens, 19);
         cold.shutdown().await;
         e.shutdown().await;
     });
@@ -458,8 +500,8 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Random request streams run one request at a time: every request gives its cold tokens, hits at the longest
-/// finished sequence's state its prompt starts with (all of them kept, with a roomy budget), and with a small budget
-/// the cache stays within it.
+/// cached state its prompt starts with (every finished sequence's and every branch point's, kept with a roomy
+/// budget), and with a small budget the cache stays within it.
 #[test]
 fn random_streams_hit_what_is_cached_and_match_cold_runs() {
     let dir = two_fixtures()[0].clone();
@@ -518,10 +560,25 @@ fn random_streams_hit_what_is_cached_and_match_cold_runs() {
                     .max()
                     .unwrap_or(0);
                 prop_assert_eq!(u.cached_tokens, expect, "request {} of {:?}", i, steps);
-                prop_assert!(us.cached_tokens <= expect, "the small cache holds fewer states");
-                let state: Vec<u32> = prompt.iter().chain(&got[..got.len() - 1]).copied().collect();
-                if !states.borrow().contains(&state) {
-                    states.borrow_mut().push(state);
+                // The small cache evicts, so it makes branch points of its own: only its tokens are checked.
+                prop_assert!(us.cached_tokens < prompt.len());
+                // Where the prompt left the cached paths, past its hit: the state there was stored.
+                let branch = states
+                    .borrow()
+                    .iter()
+                    .map(|t| t.iter().zip(&prompt).take_while(|(a, b)| a == b).count())
+                    .max()
+                    .unwrap_or(0)
+                    .min(prompt.len() - 1);
+                let mut kept = Vec::new();
+                if branch > expect {
+                    kept.push(prompt[..branch].to_vec());
+                }
+                kept.push(prompt.iter().chain(&got[..got.len() - 1]).copied().collect());
+                for state in kept {
+                    if !states.borrow().contains(&state) {
+                        states.borrow_mut().push(state);
+                    }
                 }
                 let mut sequence = prompt;
                 sequence.extend_from_slice(&got);

@@ -197,6 +197,8 @@ struct Live {
     fork: Option<(prefix::Start, usize)>,
     /// Prompt tokens restored rather than computed for this request (its usage's `cached_tokens`).
     cached: usize,
+    /// Where a prompt chunk ends so that the prefix cache can store the state there (a branch point, `prefix/`).
+    cut: Option<usize>,
     /// When this sequence is a request's fork prefill: the choices to start from its state.
     forking: Option<Box<choices::Forking>>,
     /// Structured outputs: where the request is in its grammar (see `grammar.rs`).

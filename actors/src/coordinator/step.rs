@@ -179,8 +179,18 @@ impl CoordinatorState {
         if n > 1 {
             return self.admit_choices(id, n, seq, events);
         }
+        // Not for a request asking for log-probabilities: its prompt runs in a cold run's chunks.
+        let branch = match seq.logprobs {
+            None => self.prefix_branch(&seq.prompt, restored),
+            Some(_) => None,
+        };
         let seed = seq.params.seed;
         self.queue(id, Sequence { seed, ..seq }, events)?;
+        if let Some(at) = branch.filter(|&at| self.sched.cut_at(id, at)) {
+            if let Some(l) = self.live.get_mut(&id) {
+                l.cut = Some(at);
+            }
+        }
         Metrics::inc(&self.metrics.requests_submitted);
         self.gauges();
         Ok(())
@@ -280,6 +290,7 @@ impl CoordinatorState {
                 choice,
                 fork,
                 cached,
+                cut: None,
                 forking,
                 grammar,
                 logprobs,
@@ -653,6 +664,7 @@ impl CoordinatorState {
                 failed.push((p.id, e));
             }
         }
+        self.note_branch_points(&planned.work);
         for (i, p) in planned.work.iter().enumerate().filter(|(_, p)| p.samples()) {
             if grammar_failed.iter().any(|(id, _)| *id == p.id) || failed.iter().any(|(id, _)| *id == p.id) {
                 continue;

@@ -96,6 +96,8 @@ struct Running {
     /// first run did (a chunked scan rounds differently from token-by-token steps) and greedy outputs cannot change.
     chunks: Vec<usize>,
     replay: std::collections::VecDeque<usize>,
+    /// See `Waiting::cut`.
+    cut: Option<usize>,
     /// Drafts the coordinator proposed for the next step ([`Scheduler::propose`]).
     drafts: Vec<u32>,
     /// Drafts of the verify in flight (planned, not yet judged by [`Scheduler::verified`]).
@@ -131,6 +133,8 @@ struct Waiting {
     generated: Vec<u32>,
     /// The prompt chunks of an earlier admission (see `Running::chunks`).
     chunks: Vec<usize>,
+    /// A position a prompt chunk must end at ([`Scheduler::cut_at`]).
+    cut: Option<usize>,
 }
 
 /// What one sequence does in a step.
@@ -272,9 +276,25 @@ impl Scheduler {
                 arrival,
                 generated: Vec::new(),
                 chunks: Vec::new(),
+                cut: None,
             },
         );
         Ok(())
+    }
+
+    /// Makes a prompt chunk of waiting request `id` end exactly at prompt position `at` (between its restored
+    /// tokens and its prompt's end), so that the state there exists between two steps (where a prompt leaves the
+    /// prefix cache's paths: the state at the branch point is cached for the prompts that share it). Returns
+    /// whether it was taken.
+    pub fn cut_at(&mut self, id: u64, at: usize) -> bool {
+        let Some(w) = self.waiting.values_mut().find(|w| w.request.id == id) else {
+            return false;
+        };
+        let ok = at > w.request.restored && at < w.request.prompt.len() && w.chunks.is_empty();
+        if ok {
+            w.cut = Some(at);
+        }
+        ok
     }
 
     /// Whether `request` could be queued: it has a prompt to prefill and tokens to generate, its id is not queued
@@ -511,6 +531,7 @@ impl Scheduler {
                 chain: w.request.chain,
                 chunks: Vec::new(),
                 replay: w.chunks.into(),
+                cut: w.cut,
                 drafts: Vec::new(),
                 verifying: None,
                 pending_commit: None,
@@ -528,6 +549,9 @@ impl Scheduler {
         let r = &self.running[idx];
         let room = (r.blocks + self.free_blocks) * bs - r.in_state;
         let mut n = (r.prompt_len - r.in_state).min(budget).min(room);
+        if let Some(cut) = r.cut.filter(|&c| c > r.in_state) {
+            n = n.min(cut - r.in_state);
+        }
         if let Some(&want) = r.replay.front() {
             // The chunk of the earlier run, or nothing this step.
             if want > n {
@@ -568,7 +592,10 @@ impl Scheduler {
         let first = match w.chunks.first() {
             Some(&c) if c > budget => return None,
             Some(&c) => c,
-            None => (w.request.prompt.len() - w.request.restored).min(budget),
+            None => {
+                let end = w.cut.unwrap_or(w.request.prompt.len());
+                (end - w.request.restored).min(budget)
+            }
         };
         (self.blocks_for(w.request.restored + first) <= self.free_blocks).then_some(first)
     }

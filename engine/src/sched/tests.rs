@@ -552,6 +552,44 @@ fn a_lost_restored_state_is_prefilled_first_in_budget_sized_chunks() {
 }
 
 #[test]
+fn a_cut_ends_a_prompt_chunk_where_it_asks_and_survives_a_requeue() {
+    let c = SchedConfig {
+        slots: 1,
+        kv_blocks: 16,
+        kv_block_size: 4,
+        max_batch_tokens: 8,
+        max_context: 32,
+        decode_steps: 1,
+    };
+    let mut s = Scheduler::new(c).expect("scheduler");
+    s.submit(Request {
+        id: 1,
+        prompt: (10..22).collect(),
+        max_tokens: 2,
+        priority: 0,
+        restored: 2,
+        chain: Chain::None,
+    })
+    .expect("submit");
+    assert!(!s.cut_at(1, 2), "not at or before the restored tokens");
+    assert!(!s.cut_at(1, 12), "not at the prompt's end");
+    assert!(!s.cut_at(7, 5), "no such request");
+    assert!(s.cut_at(1, 5));
+    let chunk = |s: &mut Scheduler| match &s.schedule().work[0].work {
+        StepWork::Prefill { position, tokens, .. } => (*position, tokens.len()),
+        w => panic!("unexpected work {w:?}"),
+    };
+    assert_eq!(chunk(&mut s), (2, 3), "ends at the cut");
+    assert_eq!(chunk(&mut s), (5, 7), "the rest within the budget");
+    assert!(!s.cut_at(1, 6), "only a waiting request takes a cut");
+    assert_eq!(s.sampled(1, 40, false), Ok(None));
+    s.requeue_all();
+    // The re-prefill repeats the first run's chunks, cut included.
+    assert_eq!(chunk(&mut s), (2, 3));
+    assert_eq!(chunk(&mut s), (5, 7));
+}
+
+#[test]
 fn drain_removes_every_request_and_frees_every_slot_and_block() {
     let c = SchedConfig {
         slots: 2,

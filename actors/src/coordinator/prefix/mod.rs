@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 use tracing::{debug, warn};
 
 use self::tree::PrefixTree;
+use rewind_engine::sched::{Planned, StepWork};
+
 use super::{CoordinatorState, Fault};
 use crate::metrics::Metrics;
 use crate::rank_actor::RankActorMsg;
@@ -162,6 +164,45 @@ impl CoordinatorState {
         Metrics::add(&self.metrics.prefix_cache_hit_tokens, n as u64);
         debug!(request, cached = n, prompt = prompt.len(), "prefix cache hit");
         Some((Start::Stored(state), n))
+    }
+
+    /// Where a request with `prompt`, `restored` of whose tokens come from a cached state, leaves the cache's paths,
+    /// when a state there is worth storing: its prompt chunk is then cut there ([`Scheduler::cut_at`]) and the state
+    /// after the chunk stored ([`Self::note_branch_points`]), so that the prompts sharing that start (a common system
+    /// prompt, a document asked about twice, the same prompt sent again) hit it.
+    ///
+    /// [`Scheduler::cut_at`]: rewind_engine::sched::Scheduler::cut_at
+    pub(super) fn prefix_branch(&mut self, prompt: &[u32], restored: usize) -> Option<usize> {
+        let cache = self.prefix.as_ref()?;
+        let at = cache.tree.common(prompt).min(prompt.len().saturating_sub(1));
+        let min = cache.config.min_tokens.max(1);
+        (at >= min && at >= restored + min).then_some(at)
+    }
+
+    /// Queues for storing the state of every sequence whose prompt chunk in this step ended at its cut.
+    pub(super) fn note_branch_points(&mut self, work: &[Planned]) {
+        for p in work {
+            let StepWork::Prefill {
+                position,
+                tokens,
+                last: false,
+            } = &p.work
+            else {
+                continue;
+            };
+            let end = position + tokens.len();
+            let Some(l) = self.live.get(&p.id).filter(|l| l.cut == Some(end)) else {
+                continue;
+            };
+            let tokens = l.history[..end].to_vec();
+            if self.prefix_wants(p.slot, &tokens, None) {
+                self.prefix_saves.push(PrefixSave {
+                    slot: p.slot,
+                    tokens,
+                    verify_at: None,
+                });
+            }
+        }
     }
 
     /// Whether the state of a sequence finishing in `slot` after `tokens` is worth storing in the cache: the cache

@@ -126,6 +126,20 @@ impl<V: Clone> PrefixTree<V> {
         n.entry.as_ref().map(|e| (n.depth, e.value.clone()))
     }
 
+    /// How many leading tokens of `tokens` lie along the tree's paths, entry or not: where `tokens` leaves what the
+    /// tree holds (inside an edge, or at a node). Not a use of any entry.
+    pub fn common(&self, tokens: &[u32]) -> usize {
+        let at = self.path(tokens).last().copied().unwrap_or(ROOT);
+        let depth = self.node(at).depth;
+        match tokens.get(depth).and_then(|t| self.node(at).children.get(t)) {
+            Some(&c) => {
+                let edge = &self.node(c).edge;
+                depth + edge.iter().zip(&tokens[depth..]).take_while(|(a, b)| a == b).count()
+            }
+            None => depth,
+        }
+    }
+
     /// Whether an entry holds exactly `tokens`; counts as a use of it.
     pub fn contains(&mut self, tokens: &[u32]) -> bool {
         let Some(&last) = self.path(tokens).last() else {
@@ -343,6 +357,11 @@ mod tests {
             Some((2, "c")),
             "diverging inside a's edge"
         );
+        assert_eq!(t.common(&[1, 2, 3, 7]), 3, "leaves inside a's edge");
+        assert_eq!(t.common(&[1, 2, 3, 4, 5, 6]), 5, "runs past a");
+        assert_eq!(t.common(&[1, 2, 8]), 2, "leaves at the branching node");
+        assert_eq!(t.common(&[1, 2, 9]), 3);
+        assert_eq!(t.common(&[7]), 0);
         assert_eq!(t.longest(&[1, 2, 9], 3), Some((3, "b")));
         assert_eq!(t.longest(&[1, 3], 10), None);
         assert!(t.contains(&[1, 2]) && !t.contains(&[1, 2, 3]) && !t.contains(&[1]));

@@ -31,6 +31,7 @@ impl Scheduler {
                     // Preempted again before its replay ended: the earlier run's chunks still hold.
                     r.chunks.into_iter().chain(r.replay).collect()
                 },
+                cut: r.cut,
             },
         );
     }
