@@ -215,7 +215,7 @@ impl Launcher for GpuLauncher {
             self.replay,
             self.opts.cuda_graphs,
             self.opts.stage_profile,
-            self.opts.mtp,
+            (self.opts.mtp, self.opts.time_mtp),
         );
         let generation = abort.clone();
         let load: RankLoader = Arc::new(move |rank| {
@@ -238,7 +238,8 @@ impl Launcher for GpuLauncher {
                 replay,
                 graphs,
                 stage_profile,
-                mtp,
+                mtp: mtp.0,
+                time_mtp: mtp.1,
             };
             let (r, report) = match dtype {
                 GpuDtype::Bf16 => setup.build::<bf16>(&comm, &generation),
@@ -273,8 +274,9 @@ struct Setup<'a> {
     graphs: bool,
     /// Time every stage of every step (`GpuOptions::stage_profile`).
     stage_profile: bool,
-    /// Load the MTP layer (`GpuOptions::mtp`).
+    /// Load the MTP layer (`GpuOptions::mtp`), and time its work (`GpuOptions::time_mtp`).
     mtp: bool,
+    time_mtp: bool,
 }
 
 impl Setup<'_> {
@@ -330,6 +332,7 @@ impl Setup<'_> {
             cap.attention_ws,
             graphs,
             self.stage_profile,
+            self.time_mtp,
         )?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }

@@ -38,6 +38,7 @@ mod spec_chain;
 mod ssm_layers;
 pub mod state;
 mod steps;
+mod table_sync;
 mod weights;
 mod whole_rows;
 

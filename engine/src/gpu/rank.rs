@@ -14,6 +14,7 @@ use super::layers::GpuMixer;
 use super::loaded::LoadedRank;
 use super::mtp::GpuMtp;
 use super::scratch::{Scratch, StepRows, Widths};
+use super::table_sync::TableMirror;
 use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::Act;
 use crate::decode::FormChoice;
@@ -30,7 +31,8 @@ use rewind_kernels::cuda::timing::StageMarks;
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
     /// `attention_ws`: the split-KV workspace's floats (`scratch::attention_workspace`, as the capacity computed it);
-    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
+    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`); `stage_profile` and `time_mtp`:
+    /// time every stage, or the MTP layer's work alone (`GpuOptions`).
     pub(crate) fn allocate(
         self,
         sizes: PoolSizes,
@@ -39,13 +41,14 @@ impl<A: Act> LoadedRank<A> {
         attention_ws: usize,
         graphs: bool,
         stage_profile: bool,
+        time_mtp: bool,
     ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = self.widths(rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
         let mtp = match &self.mtp {
-            Some(layer) => Some(GpuMtp::new(&self.dev, layer, sizes, rows, hidden, self.tp)?),
+            Some(layer) => Some(GpuMtp::new(&self.dev, layer, sizes, rows, hidden, self.tp, time_mtp)?),
             None => None,
         };
         let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
@@ -106,6 +109,7 @@ impl<A: Act> LoadedRank<A> {
             inner: self,
             table_dirty: true,
             table_changes: None,
+            table_mirror: TableMirror::default(),
             steps: 0,
             want_hidden: false,
             graphs: StepGraphs::new(graphs),
@@ -154,6 +158,8 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) table_dirty: bool,
     /// The books' table change count ([`crate::state::KvBlocks::changes`]) when the tables were last uploaded.
     pub(super) table_changes: Option<u64>,
+    /// What the device's block tables hold, so that an upload sends only what changed.
+    pub(super) table_mirror: TableMirror,
     pub(super) steps: u64,
     /// Whether the plan being run asked for final hidden states (`Batch::hidden`).
     pub(super) want_hidden: bool,
@@ -292,7 +298,8 @@ impl<A: Act> GpuRank<A> {
                     .collect(),
                 None => vec![-1; self.sizes.max_seqs * per],
             };
-            put(dev, &mut s.table, &table, "block tables")?;
+            // Only the entries that changed since the last upload travel (`gpu/table_sync.rs`).
+            self.table_mirror.sync(dev, &mut s.table, &table, "block tables")?;
             self.table_dirty = false;
             self.table_changes = changes;
         }
@@ -452,7 +459,8 @@ impl<A: Act> Rank for GpuRank<A> {
             slots_in_use: self.books.slots_in_use(),
             steps: self.steps,
             graphs: Some(self.graphs.stats()),
-            stages: self.marks.is_some().then(|| self.stage_times.clone()),
+            stages: (self.marks.is_some() || self.mtp.as_ref().is_some_and(GpuMtp::timed))
+                .then(|| self.stage_times.clone()),
         })
     }
 

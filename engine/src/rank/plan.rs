@@ -690,6 +690,9 @@ pub struct GraphStats {
     pub eager: u64,
     /// Graphs dropped to bound how many a rank keeps.
     pub evicted: u64,
+    /// Of `captured` and `replayed`: the MTP layer's draft loops and catch-ups (`engine/src/gpu/mtp.rs`).
+    pub mtp_captured: u64,
+    pub mtp_replayed: u64,
 }
 
 /// The most further decode steps a plan may chain ([`DecodeChain::steps`]) on a rank that chains: 16 steps in all,
