@@ -25,6 +25,8 @@ pub struct Needs {
     pub verify: usize,
     /// Speculation drafts with the checkpoint's MTP layer: ranks that can run it load it.
     pub mtp: bool,
+    /// GPU ranks time their MTP work with CUDA events (`GpuOptions::time_mtp`; `rewind bench --mtp-draft`).
+    pub time_mtp: bool,
 }
 
 /// A model's ranks, ready to start, with the decode form its sequences use.
@@ -134,6 +136,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             // Only the recurrent form verifies drafts through per-draft state snapshots (T states per slot).
             opts.recurrent_verify = decode.and_then(|d| d.form) == Some(FormChoice::Recurrent);
             opts.mtp = needs.mtp;
+            opts.time_mtp = needs.time_mtp;
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),

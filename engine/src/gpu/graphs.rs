@@ -209,7 +209,12 @@ impl StepGraphs {
         self.stats.mtp_captured += u64::from(mtp);
         debug!(?key, graphs = self.graphs.len() + 1, "captured a step graph");
         if self.graphs.len() >= MAX_GRAPHS {
-            if let Some(old) = self.graphs.iter().min_by_key(|(_, h)| h.last_use).map(|(k, _)| k.clone()) {
+            if let Some(old) = self
+                .graphs
+                .iter()
+                .min_by_key(|(_, h)| h.last_use)
+                .map(|(k, _)| k.clone())
+            {
                 self.graphs.remove(&old);
                 self.stats.evicted += 1;
             }

@@ -43,7 +43,7 @@ use super::Act;
 use crate::error::{EngineError, Result};
 use crate::rank::mtp::MtpJob;
 use crate::rank::vocab::merge_rows;
-use crate::rank::{Batch, MtpBook, MtpProposal, RowPass, RowSummary};
+use crate::rank::{Batch, MtpBook, MtpProposal, RowPass, RowSummary, MTP_DRAFT_STAGE};
 
 /// The MTP layer's device buffers on a rank.
 pub(crate) struct MtpScratch<A: Act> {
@@ -436,7 +436,7 @@ impl<A: Act> GpuRank<A> {
         self.catch_up(&jobs, &order)?;
         let steps = self.draft(&jobs, &order)?;
         if let Some(m) = st_timing(&mut self.mtp) {
-            m.mark(&dev, MTP_STAGE)?;
+            m.mark(&dev, MTP_DRAFT_STAGE)?;
         }
         let picks = self.read_picks(&jobs, &order, steps)?;
         if let Some(m) = st_timing(&mut self.mtp) {
@@ -778,9 +778,6 @@ impl<A: Act> GpuRank<A> {
         put(dev, &mut s.lens, lens, "MTP KV lengths")
     }
 }
-
-/// The stage the MTP timing records (`GpuOptions::time_mtp`): the catch-up and the draft loop of a step.
-pub(crate) const MTP_STAGE: &str = "mtp draft";
 
 /// The MTP timing's events, when the rank has the layer and times it.
 fn st_timing<A: Act>(mtp: &mut Option<GpuMtp<A>>) -> Option<&mut StageMarks> {

@@ -369,7 +369,10 @@ mod tests {
         assert_eq!(&meta[2 * m..3 * m], &[6, 0, 13, 0]);
         // Step 1: only a.
         let s1 = &meta[3 * m..];
-        assert_eq!((&s1[..m], &s1[m..2 * m], &s1[2 * m..]), (&[2, 0, 0, 0][..], &[13, 0, 0, 0][..], &[0, 0, 14, 0][..]));
+        assert_eq!(
+            (&s1[..m], &s1[m..2 * m], &s1[2 * m..]),
+            (&[2, 0, 0, 0][..], &[13, 0, 0, 0][..], &[0, 0, 14, 0][..])
+        );
         // One draft step runs no layer; no drafting job, nothing.
         assert!(draft_meta(&[job(0, 1)], &[], m).expect("none").is_empty());
         let one = MtpJob { drafts: 1, ..job(0, 1) };

@@ -628,6 +628,10 @@ pub struct StageTimes {
     pub stages: std::collections::BTreeMap<String, StageTime>,
 }
 
+/// The stage a GPU rank that times its MTP work (`GpuOptions::time_mtp`) records each step's catch-up and draft loop
+/// under, in [`RankHealth::stages`].
+pub const MTP_DRAFT_STAGE: &str = "mtp draft";
+
 /// One stage's total device time (nanoseconds) and how many times it ran (a layer kind runs once per such layer
 /// and step).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
