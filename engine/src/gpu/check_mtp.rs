@@ -229,7 +229,7 @@ fn one_pass(
             .collect();
         plan(seqs, Vec::new(), window)
     })?;
-    let mut last = compare(report, &g2, &c2, &g, "after the prompt")?;
+    let mut last = compare(report, &g2, &c2, g, "after the prompt")?;
     let mut next: Vec<Next> = last
         .iter()
         .map(|p| Next::Verify {
@@ -264,7 +264,7 @@ fn one_pass(
                 .collect();
             plan(seqs, commits, window)
         })?;
-        last = compare(report, &gr, &cr, &g, &format!("step {step}"))?;
+        last = compare(report, &gr, &cr, g, &format!("step {step}"))?;
         for (k, (n, p)) in current.iter().zip(&last).enumerate() {
             let verify_of = |p: &MtpProposal| Next::Verify {
                 position: p.position,

@@ -257,6 +257,22 @@ mod tests {
         }
     }
 
+    /// The MTP layer's keys are its own: a draft loop by its jobs per step, a catch-up by its shape, neither ever
+    /// a target step's; only they are dropped with the MTP graphs.
+    #[test]
+    fn mtp_keys_tell_loops_and_catch_ups_apart() {
+        let draft = |active: &[usize]| GraphKey::MtpDraft {
+            active: active.to_vec(),
+        };
+        assert_eq!(draft(&[4, 4, 4]), draft(&[4, 4, 4]));
+        assert_ne!(draft(&[4, 4, 4]), draft(&[4, 4, 3]));
+        assert_ne!(draft(&[4, 4, 4]), draft(&[4, 4]));
+        let catch_up = GraphKey::MtpCatchUp { rows: 8, seqs: 4, t: 2 };
+        assert_ne!(catch_up, GraphKey::MtpCatchUp { rows: 8, seqs: 8, t: 1 });
+        let step = GraphKey::of(&replay_step(4, 20), 8, false).expect("a decode step's key");
+        assert!(draft(&[8]).is_mtp() && catch_up.is_mtp() && !step.is_mtp());
+    }
+
     #[test]
     fn ring_fills_round_up_within_the_ring() {
         for (m, rows, want) in [

@@ -331,8 +331,10 @@ impl Setup<'_> {
             self.replay,
             cap.attention_ws,
             graphs,
-            self.stage_profile,
-            self.time_mtp,
+            super::rank::Profiling {
+                stages: self.stage_profile,
+                mtp: self.time_mtp,
+            },
         )?;
         Ok((Box::new(rank), (name, cap, sizes)))
     }

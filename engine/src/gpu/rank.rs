@@ -28,11 +28,19 @@ use rewind_kernels::cpu::lm_head::{LogprobRequest, SpecRequest};
 use rewind_kernels::cuda::ops::ReplayRow;
 use rewind_kernels::cuda::timing::StageMarks;
 
+/// What a rank times on the device with CUDA events.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Profiling {
+    /// Every stage of every step (`GpuOptions::stage_profile`).
+    pub(crate) stages: bool,
+    /// The MTP layer's work of each step (`GpuOptions::time_mtp`).
+    pub(crate) mtp: bool,
+}
+
 impl<A: Act> LoadedRank<A> {
     /// Allocates the pools and scratch; the rank then serves steps.
     /// `attention_ws`: the split-KV workspace's floats (`scratch::attention_workspace`, as the capacity computed it);
-    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`); `stage_profile` and `time_mtp`:
-    /// time every stage, or the MTP layer's work alone (`GpuOptions`).
+    /// `graphs`: capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`); `profile`: what to time.
     pub(crate) fn allocate(
         self,
         sizes: PoolSizes,
@@ -40,15 +48,22 @@ impl<A: Act> LoadedRank<A> {
         replay: ReplaySettings,
         attention_ws: usize,
         graphs: bool,
-        stage_profile: bool,
-        time_mtp: bool,
+        profile: Profiling,
     ) -> Result<GpuRank<A>> {
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = self.widths(rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
         let mtp = match &self.mtp {
-            Some(layer) => Some(GpuMtp::new(&self.dev, layer, sizes, rows, hidden, self.tp, time_mtp)?),
+            Some(layer) => Some(GpuMtp::new(
+                &self.dev,
+                layer,
+                sizes,
+                rows,
+                hidden,
+                self.tp,
+                profile.mtp,
+            )?),
             None => None,
         };
         let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
@@ -113,7 +128,7 @@ impl<A: Act> LoadedRank<A> {
             steps: 0,
             want_hidden: false,
             graphs: StepGraphs::new(graphs),
-            marks: stage_profile.then(StageMarks::default),
+            marks: profile.stages.then(StageMarks::default),
             stage_times: StageTimes::default(),
             spec_chain: None,
             mtp,

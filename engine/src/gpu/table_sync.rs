@@ -14,7 +14,7 @@ const MERGE_GAP: usize = 64;
 /// unchanged entries merged.
 pub(crate) fn changed_runs(old: &[i32], new: &[i32], gap: usize) -> Vec<std::ops::Range<usize>> {
     if old.len() != new.len() {
-        return if new.is_empty() { Vec::new() } else { vec![0..new.len()] };
+        return std::iter::once(0..new.len()).filter(|r| !r.is_empty()).collect();
     }
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     let mut i = 0;
