@@ -562,6 +562,11 @@ pub struct BenchArgs {
     /// (the mean over its kept counts).
     #[arg(long, value_name = "PATH", requires = "verify_window")]
     pub write_step_profile: Option<PathBuf>,
+    /// GPUs: also time drafting a window of --verify-window T drafts with the checkpoint's MTP layer on the ranks
+    /// (the catch-up over the rows a verify keeps, then T draft steps; CUDA events around the MTP work), at each batch
+    /// size, as a fraction of the verify step. Loads the MTP layer (the checkpoint must have one).
+    #[arg(long, requires = "verify_window")]
+    pub mtp_draft: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }

@@ -86,6 +86,15 @@ fn bench_refuses_work_past_the_context_limit() {
         &rewind(&["bench", "--model", m, "--spec", "ngram"]),
         &["--spec ngram needs --concurrency"],
     );
+    // MTP drafting is timed on GPU ranks, over verify steps of a window.
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--verify-window", "2", "--mtp-draft"]),
+        &["--mtp-draft", "--device cuda"],
+    );
+    assert_fails(
+        &rewind(&["bench", "--model", m, "--mtp-draft"]),
+        &["required arguments were not provided"],
+    );
     assert_fails(
         &rewind(&["bench", "--model", m, "--step-prompt", "4090", "--decode-tokens", "8"]),
         &["--step-prompt of 4090", "max_position_embeddings"],

@@ -28,6 +28,8 @@ pub struct Needs {
     /// Bytes each GPU sets aside for the prefix cache's stored states ([`prefix_store`]; 0: none). CPU ranks keep
     /// theirs in host memory within the same budget, counted by the cache itself.
     pub prefix_store: u64,
+    /// GPU ranks time their MTP work with CUDA events (`GpuOptions::time_mtp`; `rewind bench --mtp-draft`).
+    pub time_mtp: bool,
 }
 
 /// A model's ranks, ready to start, with the decode form its sequences use.
@@ -138,6 +140,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
             opts.recurrent_verify = decode.and_then(|d| d.form) == Some(FormChoice::Recurrent);
             opts.mtp = needs.mtp;
             opts.prefix_store = needs.prefix_store;
+            opts.time_mtp = needs.time_mtp;
             let g = Arc::new(rewind_engine::gpu::GpuLauncher::new(dir, &opts)?);
             Ok(Backend {
                 launcher: g.clone(),

@@ -131,7 +131,8 @@ fn sum_stages<'a>(runs: impl Iterator<Item = Option<&'a StageTimes>>) -> Option<
 
 /// Adds a measure's stage profile to its JSON row and prints it.
 fn report_stages(row: &mut serde_json::Value, what: &str, stages: Option<StageTimes>, step_ms: f64) {
-    if let Some(s) = stages {
+    // Ranks that time only their MTP work (`--mtp-draft`) report no stage for steps without it.
+    if let Some(s) = stages.filter(|s| !s.stages.is_empty()) {
         let p = bench_steps::stage_json(&s, step_ms);
         errln!("{what}, ms per step by stage: {}", bench_steps::stage_line(&p));
         row["stage_profile"] = p;
@@ -242,7 +243,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     };
     let biggest = flags.batches.iter().copied().max().unwrap_or(1);
     let needs = Needs {
-        mtp: false,
+        mtp: args.mtp_draft,
+        time_mtp: args.mtp_draft,
         slots: biggest,
         context: args
             .prompt_len
@@ -275,12 +277,33 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let prefill = bench.prefill(&prompt)?;
     let mut rows = Vec::new();
     let mut verify_rows = Vec::new();
+    let mut mtp_rows = Vec::new();
     for &b in &flags.batches {
         let (row, step_ms) = bench.decode(b)?;
         rows.push(row);
-        verify_rows.extend(bench.verifies(b, step_ms)?);
+        let verifies = bench.verifies(b, step_ms)?;
+        if args.mtp_draft {
+            mtp_rows.push(bench.mtp_draft(b, &verifies)?);
+        }
+        verify_rows.extend(verifies);
     }
     let mut result = bench.report(&config, &prompt, &prefill, &rows, &verify_rows)?;
+    if args.mtp_draft {
+        for r in &mtp_rows {
+            outln!(
+                "| MTP draft, T = {}, batch {} | {:.3} ms on the device ({:.3}× the verify step of {:.2} ms); {:.2} \
+                 ms per step with it, {:.2} drafts accepted |",
+                r["window"],
+                r["batch"],
+                r["draft_ms_median"].as_f64().unwrap_or(f64::NAN),
+                r["draft_vs_verify"].as_f64().unwrap_or(f64::NAN),
+                r["verify_ms"].as_f64().unwrap_or(f64::NAN),
+                r["step_ms_median"].as_f64().unwrap_or(f64::NAN),
+                r["accepted_per_step"].as_f64().unwrap_or(f64::NAN)
+            )?;
+        }
+        result["mtp_draft"] = json!(mtp_rows);
+    }
     if let Some(path) = &args.write_step_profile {
         let context = bench_steps::mean_context(args.step_prompt, args.decode_tokens, 1);
         let profile = bench_steps::step_profile(&rows, &verify_rows, &bench.loaded, context)?;
@@ -332,6 +355,10 @@ impl Flags {
             args.run.spec.spec
         );
         let device = args.run.device.check()?;
+        anyhow::ensure!(
+            !args.mtp_draft || device != Device::Cpu,
+            "--mtp-draft times the MTP layer on GPU ranks with CUDA events: add --device cuda"
+        );
         let batches = args
             .batch
             .clone()
@@ -635,6 +662,62 @@ impl Bench<'_> {
             rows.push(v);
         }
         Ok(rows)
+    }
+
+    /// Batch `b`'s MTP drafting row (`--mtp-draft`, `bench_mtp.rs`): the device time of a step's MTP work (median
+    /// over the repeats) against the verify step of the same window (the mean of `verifies`' medians over their kept
+    /// counts, as the step profile takes it).
+    fn mtp_draft(&mut self, b: usize, verifies: &[serde_json::Value]) -> Result<serde_json::Value> {
+        let (args, progress) = (self.args, self.progress);
+        let Steps {
+            window, verify_steps, ..
+        } = self.steps;
+        let mut runs = (0..=args.repeats)
+            .map(|rep| {
+                progress.timed(
+                    &format!("MTP draft batch {b}, T = {window}, {}", run_label(rep, args.repeats)),
+                    || {
+                        super::bench_mtp::measure(
+                            &mut self.loaded.group,
+                            self.loaded.form,
+                            b,
+                            args.step_prompt,
+                            window,
+                            verify_steps,
+                            7919 * rep as u64,
+                        )
+                    },
+                    |c, _| format!("{:.3} ms drafting, {:.2} ms per step", c.draft_ms, c.step_ms),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        runs.remove(0);
+        let verify: Vec<f64> = verifies.iter().filter_map(|v| v["step_ms_median"].as_f64()).collect();
+        anyhow::ensure!(
+            !verify.is_empty(),
+            "no verify step of batch {b} to compare MTP drafting with"
+        );
+        let verify_ms = verify.iter().sum::<f64>() / verify.len() as f64;
+        let draft: Vec<f64> = runs.iter().map(|c| c.draft_ms).collect();
+        let step: Vec<f64> = runs.iter().map(|c| c.step_ms).collect();
+        let draft_ms = median(draft.clone());
+        let step_ms = median(step.clone());
+        errln!(
+            "MTP draft batch {b}, T = {window}: {draft_ms:.3} ms on the device, {:.3}× the verify step",
+            draft_ms / verify_ms
+        );
+        Ok(json!({
+            "batch": b,
+            "window": window,
+            "draft_ms": draft,
+            "draft_ms_median": draft_ms,
+            "verify_ms": verify_ms,
+            "draft_vs_verify": draft_ms / verify_ms,
+            "step_ms": step,
+            "step_ms_median": step_ms,
+            "added_ms": step_ms - verify_ms,
+            "accepted_per_step": median(runs.iter().map(|c| c.accepted).collect()),
+        }))
     }
 
     /// The table on stdout and the JSON result of the batched-step measures.

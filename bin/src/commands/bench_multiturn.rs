@@ -167,6 +167,7 @@ fn pass(args: &BenchMultiTurnArgs, w: &Workload, cache: bool, progress: &Progres
     let dir = super::generate::model_dir(&args.model)?;
     let needs = Needs {
         mtp: false,
+        time_mtp: false,
         slots: w.clients,
         context: w.longest(),
         verify: 1,

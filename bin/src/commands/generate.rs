@@ -151,6 +151,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     dargs.max_seqs = Some(dargs.max_seqs().min(8));
     let needs = Needs {
         mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
+        time_mtp: false,
         slots: 1,
         context: want,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),

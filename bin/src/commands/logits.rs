@@ -172,6 +172,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     };
     let needs = Needs {
         mtp: false,
+        time_mtp: false,
         slots: if args.reference_form.is_some() { 2 } else { 1 },
         context: args.tokens.len(),
         verify: 1 + args.verify_window.unwrap_or(0),

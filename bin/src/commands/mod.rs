@@ -4,6 +4,7 @@ mod backend;
 mod bench;
 mod bench_e2e;
 mod bench_kernels;
+mod bench_mtp;
 mod bench_multiturn;
 mod bench_plot;
 mod bench_spec_chain;

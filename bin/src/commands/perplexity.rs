@@ -48,6 +48,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     device.max_seqs = Some(1);
     let needs = Needs {
         mtp: false,
+        time_mtp: false,
         slots: 1,
         context: window.min(tokens.len()),
         verify: 1,

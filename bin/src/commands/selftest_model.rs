@@ -530,6 +530,7 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
         kv_only_threshold: Some(KV_THRESHOLD),
         cuda_graphs: true,
         stage_profile: false,
+        time_mtp: false,
         recurrent_verify: false,
         mtp: false,
         // Room for the prefix-cache rows' stored states (`selftest_prefix.rs`).
@@ -581,7 +582,7 @@ fn dtype_rows(m: &Case, prompts: &[Vec<u32>], tp: usize, devices: &[usize], dtyp
     ));
     // MTP drafting on the ranks, against the CPU ranks' proposals, for a model with an MTP layer.
     if super::selftest_mtp::has_mtp(dir) {
-        rows.push(super::selftest_mtp::row(&m.name, dir, prompts, &opts, tp, dtype));
+        rows.extend(super::selftest_mtp::rows(&m.name, dir, prompts, &opts, tp, dtype));
     }
     // Log-probabilities folded in the head pass, prompt rows and sampled rows included.
     let bound = if dtype == GpuDtype::F32 {

@@ -1,7 +1,8 @@
 //! The self-test's rows for MTP drafting on the GPU ranks (`rewind_engine::gpu::mtp_forced`): a model with an MTP
 //! layer run on GPU ranks and on CPU ranks with the same plans (prompt chunks, verifies of the previous proposals
 //! committed in full and cut short with a forced token, decodes), every proposal compared. In f32 the proposals must
-//! be equal; in bf16 their agreement is reported (random weights: rounding moves near-tied drafts).
+//! be equal; in bf16 their agreement is reported (random weights: rounding moves near-tied drafts). The plans run
+//! twice, so that with CUDA graphs on the MTP layer's captured graphs replay (and must have).
 
 use std::path::Path;
 
@@ -23,29 +24,45 @@ pub(super) fn has_mtp(dir: &Path) -> bool {
     says && SafetensorsSource::open(dir).is_ok_and(|s| s.names().iter().any(|n| n.starts_with(MTP_PREFIX)))
 }
 
-/// One row: the check in the replay form, the GPU ranks started from `opts` with a window of [`WINDOW`] drafts.
-pub(super) fn row(
+/// The rows: the check in the replay form, the GPU ranks started from `opts` with a window of [`WINDOW`] drafts,
+/// with CUDA graphs as `opts` says (the MTP graphs must replay when on), and once more launched eagerly.
+pub(super) fn rows(
     case: &str,
     dir: &Path,
     prompts: &[Vec<u32>],
     opts: &GpuOptions,
     tp: usize,
     dtype: GpuDtype,
-) -> (Value, bool) {
-    let opts = GpuOptions {
+) -> Vec<(Value, bool)> {
+    let graphed = GpuOptions {
         max_verify: WINDOW + 1,
         buffer_len: opts.buffer_len.max(2 * (WINDOW + 1)),
         mtp: true,
         ..opts.clone()
     };
-    let r = mtp_forced(dir, prompts, STEPS, &opts, FormChoice::Replay).map_err(|e| e.to_string());
-    line(case, tp, dtype, &r)
+    let eager = GpuOptions {
+        cuda_graphs: false,
+        ..graphed.clone()
+    };
+    let mut out = vec![];
+    for o in if graphed.cuda_graphs {
+        vec![graphed, eager]
+    } else {
+        vec![eager]
+    } {
+        let r = mtp_forced(dir, prompts, STEPS, &o, FormChoice::Replay).map_err(|e| e.to_string());
+        out.push(line(case, tp, dtype, o.cuda_graphs, &r));
+    }
+    out
 }
 
-fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<MtpReport, String>) -> (Value, bool) {
+fn line(case: &str, tp: usize, dtype: GpuDtype, graphs: bool, r: &Result<MtpReport, String>) -> (Value, bool) {
     let gating = dtype == GpuDtype::F32;
+    let launches = if graphs { "graphs" } else { "eager" };
     match r {
         Ok(r) => {
+            // Whatever the dtype, graphs that never replayed fail the row.
+            let replayed = r.graphs.is_none_or(|g| !g.enabled || g.mtp_replayed > 0);
             let verdict = match (r.pass, gating) {
                 (true, true) => "pass",
                 (false, true) => "FAIL",
@@ -53,11 +70,12 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<MtpReport, String>) -
                 (false, false) => "differ (report, not gating)",
             };
             println!(
-                "{:<20} tp {}  {:<4}  mtp    {:<9} {} drafts, {} steps: {} / {} proposals equal, {} / {} drafts equal, \
+                "{:<20} tp {}  {:<4}  mtp {:<6} {:<9} {} drafts, {} steps: {} / {} proposals equal, {} / {} drafts equal, \
                  {} cut short  {}",
                 case,
                 tp,
                 dtype,
+                launches,
                 r.form,
                 r.window,
                 r.steps,
@@ -68,6 +86,20 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<MtpReport, String>) -
                 r.cuts,
                 verdict
             );
+            if let Some(g) = r.graphs.filter(|g| g.enabled) {
+                println!(
+                    "{:<20} {} passes, MTP CUDA graphs: {} captured, {} replays{}",
+                    "",
+                    r.passes,
+                    g.mtp_captured,
+                    g.mtp_replayed,
+                    if g.mtp_replayed == 0 {
+                        " (none replayed: FAIL)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             if let Some(m) = &r.first_mismatch {
                 println!("{:<20} first difference: {m}", "");
             }
@@ -76,12 +108,14 @@ fn line(case: &str, tp: usize, dtype: GpuDtype, r: &Result<MtpReport, String>) -
             v["check"] = json!("mtp");
             v["tp"] = json!(tp);
             v["gating"] = json!(gating);
-            (v, r.pass || !gating)
+            v["launches"] = json!(launches);
+            (v, (r.pass || !gating) && replayed)
         }
         Err(e) => {
-            println!("{case:<20} tp {tp}  {dtype:<4}  mtp FAIL: {e}");
+            println!("{case:<20} tp {tp}  {dtype:<4}  mtp {launches:<6} FAIL: {e}");
             (
-                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "check": "mtp", "pass": false, "error": e }),
+                json!({ "case": case, "tp": tp, "dtype": dtype.to_string(), "check": "mtp", "launches": launches,
+                        "pass": false, "error": e }),
                 false,
             )
         }

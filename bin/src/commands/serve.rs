@@ -84,6 +84,7 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     };
     let needs = Needs {
         mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
+        time_mtp: false,
         slots,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),

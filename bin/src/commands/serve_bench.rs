@@ -275,6 +275,7 @@ pub fn run(
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
     let needs = Needs {
         mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
+        time_mtp: false,
         slots: concurrency,
         context,
         verify: spec.as_ref().map_or(1, SpecConfig::max_verify),

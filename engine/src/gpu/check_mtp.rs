@@ -8,6 +8,10 @@
 //! cut (as a stop string or a grammar would: the ranks repair the row before it, or restart their KV when that row
 //! is gone), followed by a decode. Sequences are batched together, so one step mixes decodes and verifies of
 //! different lengths. The CPU's proposals drive the plans; the GPU must propose the same.
+//!
+//! The whole sequence of plans runs twice on the same groups (fresh slots the second time), so that with CUDA graphs
+//! on the second pass replays the MTP graphs the first captured (`gpu/graphs.rs`), catch-ups and draft loops alike;
+//! with graphs on, the check passes only when the MTP layer's graphs were replayed.
 
 use std::path::Path;
 
@@ -18,8 +22,8 @@ use crate::decode::{DecoderConfig, FormChoice};
 use crate::error::{EngineError, Result};
 use crate::model::ModelConfig;
 use crate::rank::{
-    Batch, Commit, CpuLauncher, CpuOptions, MtpProposal, MtpRequest, Program, RankGroup, Rows, SeqKind, SeqStep,
-    StepPlan, StepResult,
+    Batch, Commit, CpuLauncher, CpuOptions, GraphStats, MtpProposal, MtpRequest, Program, RankGroup, Rows, SeqKind,
+    SeqStep, StepPlan, StepResult,
 };
 
 /// The outcome of an MTP check.
@@ -39,6 +43,10 @@ pub struct MtpReport {
     pub drafts_equal: usize,
     /// Verifies cut short with another token forced after the cut (the repair and restart paths).
     pub cuts: usize,
+    /// Passes over the plans (the second replays the graphs the first captured).
+    pub passes: usize,
+    /// The first GPU rank's CUDA-graph counters after the check (`mtp_replayed`: the MTP layer's replays).
+    pub graphs: Option<GraphStats>,
     /// The first proposal that differs, in words.
     pub first_mismatch: Option<String>,
     /// Every proposal equal.
@@ -98,6 +106,9 @@ impl Groups {
     }
 }
 
+/// Passes over the plans.
+const PASSES: usize = 2;
+
 /// Each prompt's proposal of `r` (the ranks answer one per request, in request order: prompt order here).
 fn by_prompt(r: &StepResult, slots: &[usize]) -> Vec<Option<MtpProposal>> {
     slots
@@ -150,12 +161,6 @@ pub fn mtp_forced(
         gpu_slots: Vec::new(),
         cpu_slots: Vec::new(),
     };
-    for _ in prompts {
-        let s = g.gpu.open(form)?;
-        g.gpu_slots.push(s);
-        let s = g.cpu.open(form)?;
-        g.cpu_slots.push(s);
-    }
     let mut report = MtpReport {
         form: form.name().to_string(),
         dtype: opts.dtype.to_string(),
@@ -166,9 +171,37 @@ pub fn mtp_forced(
         drafts: 0,
         drafts_equal: 0,
         cuts: 0,
+        passes: PASSES,
+        graphs: None,
         first_mismatch: None,
         pass: false,
     };
+    for _ in 0..PASSES {
+        one_pass(&mut g, &mut report, prompts, steps, form, vocab)?;
+    }
+    report.graphs = g.gpu.health()?.first().and_then(|h| h.graphs);
+    // Graphs on (and not switched off by REWIND_CUDA_SYNC=1): the MTP layer's work must have replayed its graphs.
+    let replayed = !gpu_opts.cuda_graphs || report.graphs.is_some_and(|g| !g.enabled || g.mtp_replayed > 0);
+    report.pass = report.proposals > 0 && report.proposals_equal == report.proposals && replayed;
+    Ok(report)
+}
+
+/// One pass over the plans on fresh slots of both groups (released at its end), adding to `report`.
+fn one_pass(
+    g: &mut Groups,
+    report: &mut MtpReport,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    form: FormChoice,
+    vocab: u32,
+) -> Result<()> {
+    let window = report.window;
+    for _ in prompts {
+        let s = g.gpu.open(form)?;
+        g.gpu_slots.push(s);
+        let s = g.cpu.open(form)?;
+        g.cpu_slots.push(s);
+    }
     // The prompts in two chunks: the first reports no row (no proposal yet), the second its last.
     let (g1, c1) = g.step(|slots| {
         let seqs = prompts
@@ -196,7 +229,7 @@ pub fn mtp_forced(
             .collect();
         plan(seqs, Vec::new(), window)
     })?;
-    let mut last = compare(&mut report, &g2, &c2, &g, "after the prompt")?;
+    let mut last = compare(report, &g2, &c2, g, "after the prompt")?;
     let mut next: Vec<Next> = last
         .iter()
         .map(|p| Next::Verify {
@@ -231,7 +264,7 @@ pub fn mtp_forced(
                 .collect();
             plan(seqs, commits, window)
         })?;
-        last = compare(&mut report, &gr, &cr, &g, &format!("step {step}"))?;
+        last = compare(report, &gr, &cr, g, &format!("step {step}"))?;
         for (k, (n, p)) in current.iter().zip(&last).enumerate() {
             let verify_of = |p: &MtpProposal| Next::Verify {
                 position: p.position,
@@ -260,8 +293,13 @@ pub fn mtp_forced(
             };
         }
     }
-    report.pass = report.proposals > 0 && report.proposals_equal == report.proposals;
-    Ok(report)
+    for s in std::mem::take(&mut g.gpu_slots) {
+        g.gpu.release(s)?;
+    }
+    for s in std::mem::take(&mut g.cpu_slots) {
+        g.cpu.release(s)?;
+    }
+    Ok(())
 }
 
 /// Compares both groups' proposals of one step (one per prompt); returns the CPU's, which drive the next plan.

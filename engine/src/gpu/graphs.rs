@@ -9,6 +9,10 @@
 //! attention and cuBLAS workspaces), so a graph never goes stale; at most [`MAX_GRAPHS`] are kept, the least recently
 //! used dropped first. Prompt chunks are not captured (their shapes rarely repeat).
 //!
+//! The MTP layer's work after a step (`gpu/mtp.rs`) is captured in the same cache under its own keys: the draft loop
+//! (every draft step's head, pick and layer forward) by the jobs drafting at each step, and a catch-up launch of
+//! equal-length jobs by its shape; a prompt's catch-up in pieces runs eagerly, as prompt chunks do.
+//!
 //! `--no-cuda-graphs` runs every step eagerly (for debugging and for the before/after benchmark); so does
 //! `REWIND_CUDA_SYNC=1`, which synchronises after every launch and so cannot be captured. Each case is logged at load
 //! and shows in the rank's health (`GraphStats::enabled`). Tensor-parallel ranks capture their NCCL all-reduces
@@ -31,9 +35,21 @@ pub(crate) const MAX_GRAPHS: usize = 256;
 /// reuses a graph for several steps (the kernels loop over each row's own ring; `max_m` only sizes shared memory).
 pub(crate) const RING_BUCKET: usize = 4;
 
-/// What fixes a captured step's launches: its shape and what the head computes.
+/// What fixes a captured piece of device work's launches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum GraphKey {
+    /// A decode or verify step of the target.
+    Step(StepKey),
+    /// A catch-up launch of the MTP layer: `seqs` jobs of `t` rows each (`rows` in all), gathered, run through the
+    /// layer, and the drafting jobs' last outputs handed on (`gpu/mtp.rs`).
+    MtpCatchUp { rows: usize, seqs: usize, t: usize },
+    /// The MTP draft loop: how many jobs draft at each draft step (non-increasing, the drafting jobs a prefix).
+    MtpDraft { active: Vec<usize> },
+}
+
+/// What fixes a captured target step's launches: its shape and what the head computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct GraphKey {
+pub(crate) struct StepKey {
     rows: usize,
     seqs: usize,
     t: usize,
@@ -57,7 +73,7 @@ impl GraphKey {
             } => (max_m, false),
             SsmRun::Replay { prompt: true, .. } | SsmRun::Chunked { .. } => return None,
         };
-        Some(GraphKey {
+        Some(GraphKey::Step(StepKey {
             rows: step.rows,
             seqs: step.seqs,
             t: step.t,
@@ -65,7 +81,12 @@ impl GraphKey {
             baseline,
             head_rows,
             whole,
-        })
+        }))
+    }
+
+    /// Whether the key is one of the MTP layer's.
+    fn is_mtp(&self) -> bool {
+        !matches!(self, GraphKey::Step(_))
     }
 }
 
@@ -128,6 +149,12 @@ impl StepGraphs {
         self.seen.clear();
     }
 
+    /// Destroys the MTP layer's graphs (a buffer they read was reallocated), keeping the target's steps.
+    pub(crate) fn clear_mtp(&mut self) {
+        self.graphs.retain(|k, _| !k.is_mtp());
+        self.seen.retain(|k| !k.is_mtp());
+    }
+
     pub(crate) fn stats(&self) -> GraphStats {
         self.stats
     }
@@ -149,16 +176,18 @@ impl StepGraphs {
             }
             None => return work(),
         };
+        let mtp = key.is_mtp();
         self.clock += 1;
         if let Some(held) = self.graphs.get_mut(&key) {
             held.last_use = self.clock;
             self.stats.replayed += 1;
+            self.stats.mtp_replayed += u64::from(mtp);
             return held
                 .graph
                 .launch()
                 .map_err(|e| EngineError::Gpu(format!("replaying the step graph for {key:?}: {e}")));
         }
-        if self.seen.insert(key) {
+        if self.seen.insert(key.clone()) {
             self.stats.eager += 1;
             return work();
         }
@@ -177,9 +206,15 @@ impl StepGraphs {
             .launch()
             .map_err(|e| EngineError::Gpu(format!("launching the new step graph for {key:?}: {e}")))?;
         self.stats.captured += 1;
+        self.stats.mtp_captured += u64::from(mtp);
         debug!(?key, graphs = self.graphs.len() + 1, "captured a step graph");
         if self.graphs.len() >= MAX_GRAPHS {
-            if let Some(old) = self.graphs.iter().min_by_key(|(_, h)| h.last_use).map(|(k, _)| *k) {
+            if let Some(old) = self
+                .graphs
+                .iter()
+                .min_by_key(|(_, h)| h.last_use)
+                .map(|(k, _)| k.clone())
+            {
                 self.graphs.remove(&old);
                 self.stats.evicted += 1;
             }
@@ -220,6 +255,22 @@ mod tests {
             SsmRun::Replay { max_m, .. } => max_m,
             _ => unreachable!(),
         }
+    }
+
+    /// The MTP layer's keys are its own: a draft loop by its jobs per step, a catch-up by its shape, neither ever
+    /// a target step's; only they are dropped with the MTP graphs.
+    #[test]
+    fn mtp_keys_tell_loops_and_catch_ups_apart() {
+        let draft = |active: &[usize]| GraphKey::MtpDraft {
+            active: active.to_vec(),
+        };
+        assert_eq!(draft(&[4, 4, 4]), draft(&[4, 4, 4]));
+        assert_ne!(draft(&[4, 4, 4]), draft(&[4, 4, 3]));
+        assert_ne!(draft(&[4, 4, 4]), draft(&[4, 4]));
+        let catch_up = GraphKey::MtpCatchUp { rows: 8, seqs: 4, t: 2 };
+        assert_ne!(catch_up, GraphKey::MtpCatchUp { rows: 8, seqs: 8, t: 1 });
+        let step = GraphKey::of(&replay_step(4, 20), 8, false).expect("a decode step's key");
+        assert!(draft(&[8]).is_mtp() && catch_up.is_mtp() && !step.is_mtp());
     }
 
     #[test]

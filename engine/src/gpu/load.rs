@@ -220,7 +220,7 @@ impl Launcher for GpuLauncher {
             self.replay,
             self.opts.cuda_graphs,
             self.opts.stage_profile,
-            self.opts.mtp,
+            (self.opts.mtp, self.opts.time_mtp),
         );
         let generation = abort.clone();
         let load: RankLoader = Arc::new(move |rank| {
@@ -243,7 +243,8 @@ impl Launcher for GpuLauncher {
                 replay,
                 graphs,
                 stage_profile,
-                mtp,
+                mtp: mtp.0,
+                time_mtp: mtp.1,
                 store,
             };
             let (r, report) = match dtype {
@@ -279,8 +280,9 @@ struct Setup<'a> {
     graphs: bool,
     /// Time every stage of every step (`GpuOptions::stage_profile`).
     stage_profile: bool,
-    /// Load the MTP layer (`GpuOptions::mtp`).
+    /// Load the MTP layer (`GpuOptions::mtp`), and time its work (`GpuOptions::time_mtp`).
     mtp: bool,
+    time_mtp: bool,
     /// Bytes set aside for stored states (`GpuOptions::prefix_store`).
     store: u64,
 }
@@ -341,7 +343,10 @@ impl Setup<'_> {
             cap.attention_ws,
             RunOptions {
                 graphs,
-                stage_profile: self.stage_profile,
+                profile: super::rank::Profiling {
+                    stages: self.stage_profile,
+                    mtp: self.time_mtp,
+                },
                 store: self.store,
             },
         )?;

@@ -39,6 +39,7 @@ mod ssm_layers;
 pub mod state;
 mod steps;
 mod store;
+mod table_sync;
 mod weights;
 mod whole_rows;
 

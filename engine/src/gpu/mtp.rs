@@ -18,25 +18,32 @@
 //!   with no host round trip. The host reads the picks once.
 //! - the rows each job names for the next step's repair are saved per slot ([`MtpScratch::saved`]).
 //!
-//! The layer's launches run eagerly (the target's steps still replay their CUDA graphs).
+//! With CUDA graphs on, the draft loop is captured whole (keyed by how many jobs draft at each step) and so is each
+//! catch-up launch of equal-length jobs (keyed by its shape), in the rank's one graph cache (`gpu/graphs.rs`): their
+//! inputs (row pairs padded to the launch's shape, every draft step's slots, KV indices and lengths) are uploaded
+//! into fixed buffers first, so a steady step costs a few uploads and graph launches. A prompt's catch-up in pieces
+//! runs eagerly. The layer's block table stays on the device, updated where it changed (`gpu/table_sync.rs`).
 
 use rewind_kernels::cuda::ops::{self, PagedKv, SUMMARY_WORDS};
+use rewind_kernels::cuda::timing::StageMarks;
 use rewind_kernels::cuda::{CudaDevice, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, Elem, ValidAsZeroBits};
 use tracing::debug_span;
 
 use super::forward::{self, lin, Cx, SsmRun, Step};
+use super::graphs::{GraphKey, StepGraphs};
 use super::head::{head_pass, HeadSpec};
 use super::loaded::LoadedRank;
 use super::mtp_layer::{extra_blocks, GpuMtpLayer};
-use super::mtp_plan::{mtp_table, plan_catch_up};
+use super::mtp_plan::{draft_meta, mtp_table, plan_catch_up, META_WORDS};
 use super::rank::{put, GpuRank};
 use super::scratch::{Scratch, StepRows};
 use super::state::{LayerPool, PoolSizes};
+use super::table_sync::TableMirror;
 use super::Act;
 use crate::error::{EngineError, Result};
 use crate::rank::mtp::MtpJob;
 use crate::rank::vocab::merge_rows;
-use crate::rank::{Batch, MtpBook, MtpProposal, RowPass, RowSummary};
+use crate::rank::{Batch, MtpBook, MtpProposal, RowPass, RowSummary, MTP_DRAFT_STAGE};
 
 /// The MTP layer's device buffers on a rank.
 pub(crate) struct MtpScratch<A: Act> {
@@ -47,8 +54,13 @@ pub(crate) struct MtpScratch<A: Act> {
     keep: usize,
     /// `[rows, hidden]` f32: this step's final residual rows of the MTP sequences (each from its `first_row`).
     rows: CudaSlice<f32>,
-    /// `[pairs, 2]` (source, destination) rows of the next `copy_rows`.
+    /// `[pairs, 2]` (source, destination) rows of the next eager `copy_rows`.
     pairs: CudaSlice<i32>,
+    /// A catch-up launch's row pairs, padded to its shape (`LaunchInputs::pair_words`): never reallocated, as a
+    /// captured launch reads it.
+    launch: CudaSlice<i32>,
+    /// Every draft step's slots, KV indices and lengths (`draft_meta`), read by the captured draft loop.
+    meta: CudaSlice<i32>,
     /// `[slots, hidden]`: each drafting job's last output, the head's input and the next draft step's hidden row.
     last: CudaSlice<A>,
     /// `[steps, slots]`: the merged picks of every draft step (the drafts), step-major.
@@ -73,6 +85,8 @@ impl<A: Act> MtpScratch<A> {
         4 * n * t * hidden
             + 4 * rows.rows * hidden
             + 4 * 2 * rows.rows
+            + 4 * 2 * (2 * rows.rows + n)
+            + 4 * t * META_WORDS * n
             + e * n * hidden
             + 4 * t * n * (1 + SUMMARY_WORDS)
             + 4 * n
@@ -88,6 +102,8 @@ impl<A: Act> MtpScratch<A> {
             keep: t,
             rows: dev.alloc_zeros(rows.rows * hidden)?,
             pairs: dev.alloc_zeros(2 * rows.rows)?,
+            launch: dev.alloc_zeros(2 * (2 * rows.rows + n))?,
+            meta: dev.alloc_zeros(t * META_WORDS * n)?,
             last: dev.alloc_zeros(n * hidden)?,
             picks: dev.alloc_zeros(t * n)?,
             words: dev.alloc_zeros(t * n * SUMMARY_WORDS)?,
@@ -99,12 +115,13 @@ impl<A: Act> MtpScratch<A> {
     }
 }
 
-/// `buf` with room for `len` values: reallocated (contents dropped) when it holds fewer.
-fn room<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, buf: &mut CudaSlice<T>, len: usize) -> Result<()> {
+/// `buf` with room for `len` values: reallocated (contents dropped) when it holds fewer; says whether it was.
+fn room<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, buf: &mut CudaSlice<T>, len: usize) -> Result<bool> {
     if buf.len() < len {
         *buf = dev.alloc_zeros(len)?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// A rank's MTP drafting state: the book, the layer's KV pool and block table, and the buffers.
@@ -119,6 +136,10 @@ pub(crate) struct GpuMtp<A: Act> {
     table: CudaSlice<i32>,
     /// The books' table change count when `table` was built.
     table_changes: Option<u64>,
+    /// What `table` holds, so that a rebuild uploads only what changed.
+    mirror: TableMirror,
+    /// With MTP timing on (`GpuOptions::time_mtp`): events around each step's MTP device work.
+    timing: Option<StageMarks>,
     buf: MtpScratch<A>,
     /// Per slot, during a step: its first row in [`MtpScratch::rows`] when the step runs it through the layer.
     first_row: Vec<Option<usize>>,
@@ -137,6 +158,7 @@ impl<A: Act> GpuMtp<A> {
         rows: StepRows,
         hidden: usize,
         tp: usize,
+        time: bool,
     ) -> Result<Self> {
         let layout = layer.kv_layout(sizes, rows.max_verify);
         let pools = layer
@@ -158,6 +180,8 @@ impl<A: Act> GpuMtp<A> {
             layout,
             table: dev.alloc_zeros(layout.num_slots * layout.blocks_per_slot)?,
             table_changes: None,
+            mirror: TableMirror::default(),
+            timing: time.then(StageMarks::default),
             buf: MtpScratch::new(dev, sizes, rows, hidden, tp)?,
             first_row: vec![None; sizes.max_seqs],
             batched: (rows.max_verify + 1).min(rows.rows),
@@ -175,6 +199,11 @@ impl<A: Act> GpuMtp<A> {
     pub(crate) fn restored(&mut self, slot: usize) {
         self.forget(slot);
         self.table_changes = None;
+    }
+
+    /// Whether the rank times its MTP work (`GpuOptions::time_mtp`).
+    pub(crate) fn timed(&self) -> bool {
+        self.timing.is_some()
     }
 
     /// A step without MTP requests keeps no rows.
@@ -325,7 +354,10 @@ impl<A: Act> GpuRank<A> {
             *first = Some(at);
             at += s.tokens.len();
         }
-        room(&dev, &mut st.buf.rows, at * hid)?;
+        if room(&dev, &mut st.buf.rows, at * hid)? {
+            // The captured catch-ups read the old buffer.
+            self.graphs.clear_mtp();
+        }
         Ok(())
     }
 
@@ -397,8 +429,21 @@ impl<A: Act> GpuRank<A> {
         // Drafting jobs, most drafts first: the jobs still drafting at every step are a prefix.
         let mut order: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].drafts > 0).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].drafts));
+        let dev = self.inner.dev.clone();
+        if let Some(m) = st_timing(&mut self.mtp) {
+            m.begin(&dev)?;
+        }
         self.catch_up(&jobs, &order)?;
-        let picks = self.draft(&jobs, &order)?;
+        let steps = self.draft(&jobs, &order)?;
+        if let Some(m) = st_timing(&mut self.mtp) {
+            m.mark(&dev, MTP_DRAFT_STAGE)?;
+        }
+        let picks = self.read_picks(&jobs, &order, steps)?;
+        if let Some(m) = st_timing(&mut self.mtp) {
+            for (stage, ms) in m.finish()? {
+                self.stage_times.add(stage, ms);
+            }
+        }
         self.save_rows(&jobs)?;
         let st = self.mtp.as_mut().ok_or_else(no_layer)?;
         st.book.ran(&jobs);
@@ -468,17 +513,19 @@ impl<A: Act> GpuRank<A> {
             return Ok(());
         }
         let table = mtp_table(kv, st.layout)?;
-        put(&self.inner.dev, &mut st.table, &table, "the MTP layer's block table")?;
+        st.mirror
+            .sync(&self.inner.dev, &mut st.table, &table, "the MTP layer's block table")?;
         st.table_changes = Some(kv.changes());
         Ok(())
     }
 
     /// Runs every job's rows through the layer into its KV; the last output of each drafting job (`order`) lands
-    /// in the drafts' input rows.
+    /// in the drafts' input rows. A launch of equal-length jobs replays its captured graph (its pairs padded to its
+    /// shape, so that the graph's copies are fixed); a prompt's pieces run eagerly.
     fn catch_up(&mut self, jobs: &[MtpJob], order: &[usize]) -> Result<()> {
-        let hid = self.inner.config.hidden_size;
         let st = self.mtp.as_ref().ok_or_else(no_layer)?;
-        let launches = plan_catch_up(jobs, st.batched, self.sizes.max_seqs, self.scratch.rows, st.piece);
+        let batched = st.batched;
+        let launches = plan_catch_up(jobs, batched, self.sizes.max_seqs, self.scratch.rows, st.piece);
         for launch in launches {
             let (t, seqs) = (launch.t(), launch.parts.len());
             let n = seqs * t;
@@ -490,12 +537,11 @@ impl<A: Act> GpuRank<A> {
                 |slot| st.book.saved(slot).start,
                 st.buf.keep,
             )?;
+            let words = x.pair_words(n, seqs)?;
             let dev = self.inner.dev.clone();
             {
                 let st = self.mtp.as_mut().ok_or_else(no_layer)?;
-                let y2 = &mut self.scratch.y2.slice_mut(..n * hid);
-                copy_pairs(&dev, &mut st.buf.pairs, &x.from_saved, &st.buf.saved, hid, y2)?;
-                copy_pairs(&dev, &mut st.buf.pairs, &x.from_step, &st.buf.rows, hid, y2)?;
+                put(&dev, &mut st.buf.launch, &words, "MTP catch-up row pairs")?;
             }
             let mut lens = vec![0i32; self.sizes.max_seqs];
             for &(slot, len) in &x.lens {
@@ -503,39 +549,92 @@ impl<A: Act> GpuRank<A> {
             }
             self.upload_mtp_step(&x.tokens, &x.row_slots, &x.row_pos, &x.seq_slots, &lens)?;
             let step = self.step_shape(n, seqs, t, false, SsmRun::Recurrent);
-            let layer = self.inner.mtp.as_ref().ok_or_else(no_layer)?;
-            let st = self.mtp.as_mut().ok_or_else(no_layer)?;
-            layer_forward(&self.inner, layer, &mut self.scratch, st, step, true)?;
-            copy_pairs(
-                &dev,
-                &mut st.buf.pairs,
-                &x.last,
-                &self.scratch.h.slice(..n * hid),
-                hid,
-                &mut st.buf.last,
-            )?;
+            let key = (t <= batched).then_some(GraphKey::MtpCatchUp { rows: n, seqs, t });
+            let stream = dev.stream().clone();
+            let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
+            let ran = graphs.run(key, &stream, || self.catch_up_device(step, seqs));
+            self.graphs = graphs;
+            ran?;
         }
         Ok(())
     }
 
-    /// The draft steps of the drafting jobs `order` (batched, the still-drafting ones a prefix): the head's pick over
-    /// each job's last output, merged over the ranks, fed back through the layer. Returns the picks, step-major
-    /// (`[steps, order.len()]`).
-    fn draft(&mut self, jobs: &[MtpJob], order: &[usize]) -> Result<Vec<i32>> {
+    /// A catch-up launch's device work over `step.rows` rows of `seqs` jobs, its inputs uploaded: the rows gathered
+    /// (`MtpScratch::launch`: saved rows, then the step's, then where the drafting jobs' last outputs go), the layer,
+    /// the last outputs handed on. Queues device work only, so that it can be captured.
+    fn catch_up_device(&mut self, step: Step, seqs: usize) -> Result<()> {
+        let (dev, hid) = (&*self.inner.dev, self.inner.config.hidden_size);
+        let n = step.rows;
+        let layer = self.inner.mtp.as_ref().ok_or_else(no_layer)?;
+        let st = self.mtp.as_mut().ok_or_else(no_layer)?;
+        {
+            let y2 = &mut self.scratch.y2.slice_mut(..n * hid);
+            let pairs = &st.buf.launch;
+            ops::copy_rows(dev, &st.buf.saved, &pairs.slice(..2 * n), hid, y2)?;
+            ops::copy_rows(dev, &st.buf.rows, &pairs.slice(2 * n..4 * n), hid, y2)?;
+        }
+        layer_forward(&self.inner, layer, &mut self.scratch, st, step, true)?;
+        ops::copy_rows(
+            dev,
+            &self.scratch.h.slice(..n * hid),
+            &st.buf.launch.slice(4 * n..4 * n + 2 * seqs),
+            hid,
+            &mut st.buf.last,
+        )?;
+        Ok(())
+    }
+
+    /// Queues the draft steps of the drafting jobs `order` (batched, the still-drafting ones a prefix): the head's
+    /// pick over each job's last output, merged over the ranks, fed back through the layer; every step's metadata
+    /// is uploaded first and the loop replays as one graph. Returns the draft steps (the picks are read by
+    /// [`GpuRank::read_picks`]).
+    fn draft(&mut self, jobs: &[MtpJob], order: &[usize]) -> Result<usize> {
         let j = order.len();
         let steps = order.first().map_or(0, |&i| jobs[i].drafts);
         if steps == 0 {
-            return Ok(Vec::new());
+            return Ok(0);
         }
+        let active: Vec<usize> = (0..steps)
+            .map(|d| order.iter().take_while(|&&i| jobs[i].drafts > d).count())
+            .collect();
+        let max_seqs = self.sizes.max_seqs;
+        let meta = draft_meta(jobs, order, max_seqs)?;
+        let dev = self.inner.dev.clone();
+        {
+            let st = self.mtp.as_mut().ok_or_else(no_layer)?;
+            if steps > st.buf.keep {
+                return Err(EngineError::InvalidInput(format!(
+                    "an MTP job drafts {steps} tokens, this rank drafts at most {} (its verify window)",
+                    st.buf.keep
+                )));
+            }
+            if !meta.is_empty() {
+                put(&dev, &mut st.buf.meta, &meta, "MTP draft steps")?;
+            }
+        }
+        // The head's requests (none) for every drafting row; each step reads a prefix of them.
+        self.prepare_head(j, false, HeadSpec::Host(&[]), &[])?;
+        let key = Some(GraphKey::MtpDraft { active: active.clone() });
+        let stream = dev.stream().clone();
+        let mut graphs = std::mem::replace(&mut self.graphs, StepGraphs::new(false));
+        let ran = graphs.run(key, &stream, || self.draft_device(&active));
+        self.graphs = graphs;
+        ran?;
+        Ok(steps)
+    }
+
+    /// The draft loop's device work (`active[d]` jobs draft at step `d`), its metadata uploaded. Queues device work
+    /// only, so that it can be captured.
+    fn draft_device(&mut self, active: &[usize]) -> Result<()> {
         let (hid, world, vocab) = (
             self.inner.config.hidden_size,
             self.info.tp,
             self.inner.config.vocab_size,
         );
+        let (j, m) = (active.first().copied().unwrap_or(0), self.sizes.max_seqs);
         let dev = self.inner.dev.clone();
-        for d in 0..steps {
-            let active = order.iter().take_while(|&&i| jobs[i].drafts > d).count();
-            self.prepare_head(active, false, HeadSpec::Host(&[]), &[])?;
+        let words = SUMMARY_WORDS;
+        for (d, &act) in active.iter().enumerate() {
             {
                 let st = self.mtp.as_mut().ok_or_else(no_layer)?;
                 let s = &mut self.scratch;
@@ -543,12 +642,11 @@ impl<A: Act> GpuRank<A> {
                     &self.inner,
                     &mut s.logits,
                     &mut s.head,
-                    &st.buf.last.slice(..active * hid),
-                    active,
+                    &st.buf.last.slice(..act * hid),
+                    act,
                     false,
                 )?;
-                let words = SUMMARY_WORDS;
-                let local = s.head.out.slice(..active * words);
+                let local = s.head.out.slice(..act * words);
                 if world > 1 {
                     let comm = self.inner.comm.as_deref().ok_or_else(|| {
                         EngineError::Communicator(format!(
@@ -556,12 +654,12 @@ impl<A: Act> GpuRank<A> {
                             self.info.rank
                         ))
                     })?;
-                    comm.all_gather_u32(&local, &mut st.buf.gathered.slice_mut(..world * active * words))?;
+                    comm.all_gather_u32(&local, &mut st.buf.gathered.slice_mut(..world * act * words))?;
                 }
                 let gathered = if world > 1 {
-                    st.buf.gathered.slice(..world * active * words)
+                    st.buf.gathered.slice(..world * act * words)
                 } else {
-                    s.head.out.slice(..active * words)
+                    s.head.out.slice(..act * words)
                 };
                 ops::chain_pick(
                     &dev,
@@ -569,35 +667,38 @@ impl<A: Act> GpuRank<A> {
                     &gathered,
                     world,
                     words,
-                    &s.argmax.slice(..active),
+                    &s.argmax.slice(..act),
                     false,
                     vocab,
-                    &mut s.tokens.slice_mut(..active),
-                    &mut st.buf.words.slice_mut(d * j * words..(d * j + active) * words),
-                    &mut st.buf.ids.slice_mut(..active),
+                    &mut s.tokens.slice_mut(..act),
+                    &mut st.buf.words.slice_mut(d * j * words..(d * j + act) * words),
+                    &mut st.buf.ids.slice_mut(..act),
                 )?;
                 dev.stream()
-                    .memcpy_dtod(
-                        &s.tokens.slice(..active),
-                        &mut st.buf.picks.slice_mut(d * j..d * j + active),
-                    )
+                    .memcpy_dtod(&s.tokens.slice(..act), &mut st.buf.picks.slice_mut(d * j..d * j + act))
                     .map_err(|e| EngineError::Gpu(format!("logging the MTP drafts: {e}")))?;
             }
-            // The jobs that draft again run their pick through the layer, at the KV index after their rows.
-            let cont = order.iter().take_while(|&&i| jobs[i].drafts > d + 1).count();
+            // The jobs that draft again run their pick through the layer, at the KV index after their rows: the
+            // step's slots, KV indices and lengths come from the metadata uploaded for the whole loop.
+            let cont = active.get(d + 1).copied().unwrap_or(0);
             if cont == 0 {
                 continue;
             }
-            let mut lens = vec![0i32; self.sizes.max_seqs];
-            let (mut slots, mut pos) = (Vec::with_capacity(cont), Vec::with_capacity(cont));
-            for &i in &order[..cont] {
-                let job = &jobs[i];
-                let at = job.kv_index + job.rows.len() + d;
-                slots.push(job.slot as i32);
-                pos.push(at as i32);
-                lens[job.slot] = (at + 1) as i32;
+            {
+                let st = self.mtp.as_ref().ok_or_else(no_layer)?;
+                let s = &mut self.scratch;
+                let at = d * META_WORDS * m;
+                let meta = &st.buf.meta;
+                let stream = dev.stream();
+                stream
+                    .memcpy_dtod(&meta.slice(at..at + cont), &mut s.row_slots.slice_mut(..cont))
+                    .and_then(|()| stream.memcpy_dtod(&meta.slice(at..at + cont), &mut s.seq_slots.slice_mut(..cont)))
+                    .and_then(|()| {
+                        stream.memcpy_dtod(&meta.slice(at + m..at + m + cont), &mut s.row_pos.slice_mut(..cont))
+                    })
+                    .and_then(|()| stream.memcpy_dtod(&meta.slice(at + 2 * m..at + 3 * m), &mut s.lens.slice_mut(..m)))
+                    .map_err(|e| EngineError::Gpu(format!("setting an MTP draft step's metadata: {e}")))?;
             }
-            self.upload_mtp_step(&[], &slots, &pos, &slots, &lens)?;
             let step = self.step_shape(cont, cont, 1, false, SsmRun::Recurrent);
             let layer = self.inner.mtp.as_ref().ok_or_else(no_layer)?;
             let st = self.mtp.as_mut().ok_or_else(no_layer)?;
@@ -609,7 +710,17 @@ impl<A: Act> GpuRank<A> {
                 )
                 .map_err(|e| EngineError::Gpu(format!("keeping the MTP outputs: {e}")))?;
         }
-        // The one read-back of the drafts: it waits for every step.
+        Ok(())
+    }
+
+    /// The one read-back of the drafts (`steps` draft steps of the jobs `order`, step-major `[steps, order.len()]`):
+    /// it waits for every step. A NaN summary fails the step.
+    fn read_picks(&mut self, jobs: &[MtpJob], order: &[usize], steps: usize) -> Result<Vec<i32>> {
+        if steps == 0 {
+            return Ok(Vec::new());
+        }
+        let j = order.len();
+        let dev = self.inner.dev.clone();
         let st = self.mtp.as_ref().ok_or_else(no_layer)?;
         let picks = dev.download(&st.buf.picks.slice(..steps * j))?;
         let words = dev.download(&st.buf.words.slice(..steps * j * SUMMARY_WORDS))?;
@@ -666,6 +777,11 @@ impl<A: Act> GpuRank<A> {
         put(dev, &mut s.seq_slots, seq_slots, "MTP sequence slots")?;
         put(dev, &mut s.lens, lens, "MTP KV lengths")
     }
+}
+
+/// The MTP timing's events, when the rank has the layer and times it.
+fn st_timing<A: Act>(mtp: &mut Option<GpuMtp<A>>) -> Option<&mut StageMarks> {
+    mtp.as_mut().and_then(|m| m.timing.as_mut())
 }
 
 fn no_layer() -> EngineError {

@@ -1,6 +1,7 @@
 //! The host half of the MTP layer's work on a GPU rank (`gpu/mtp.rs`): which launches run the jobs' rows
 //! ([`plan_catch_up`]), what each launch uploads and copies ([`CatchUp::inputs`]), and the layer's block table
-//! ([`mtp_table`]). Pure functions of the jobs and the books, so the device indexing they feed is tested here.
+//! ([`mtp_table`]), and the draft loop's metadata ([`draft_meta`]). Pure functions of the jobs and the books, so the
+//! device indexing they feed is tested here.
 
 use rewind_kernels::cuda::ops::PagedKv;
 
@@ -87,6 +88,60 @@ pub(super) struct LaunchInputs {
     pub(super) lens: Vec<(usize, usize)>,
     /// `(launch row, draft index)` pairs of the drafting jobs' last outputs.
     pub(super) last: Vec<i32>,
+}
+
+impl LaunchInputs {
+    /// The launch's row pairs as one upload of fixed shape for `rows` rows of `seqs` jobs: the saved rows' pairs,
+    /// then the step rows', `rows` pairs each, then the last outputs', `seqs` pairs; each part padded with
+    /// `(-1, -1)`, which `copy_rows` skips. So every launch of one shape copies with the same launches (a captured
+    /// graph's), whichever of its rows are repairs.
+    pub(super) fn pair_words(&self, rows: usize, seqs: usize) -> Result<Vec<i32>> {
+        let mut words = Vec::with_capacity(2 * (2 * rows + seqs));
+        for (part, room, what) in [
+            (&self.from_saved, rows, "saved rows"),
+            (&self.from_step, rows, "step rows"),
+            (&self.last, seqs, "last outputs"),
+        ] {
+            if part.len() > 2 * room {
+                return Err(EngineError::InvalidInput(format!(
+                    "an MTP catch-up launch of {rows} rows and {seqs} jobs copies {} {what}, more than its {room}",
+                    part.len() / 2
+                )));
+            }
+            words.extend_from_slice(part);
+            words.resize(words.len() + 2 * room - part.len(), -1);
+        }
+        Ok(words)
+    }
+}
+
+/// Words per slot of one draft step's metadata in [`draft_meta`]: its slot, its KV index and the slot's KV length.
+pub(crate) const META_WORDS: usize = 3;
+
+/// The draft loop's metadata, uploaded once before it: for each draft step `d` whose picks run through the layer
+/// (every step but the last), `META_WORDS · max_seqs` words: the continuing jobs' slots (in drafting order `order`),
+/// their KV indices (after their rows and the `d` drafts before), each slot's KV length (0 for the others).
+pub(super) fn draft_meta(jobs: &[MtpJob], order: &[usize], max_seqs: usize) -> Result<Vec<i32>> {
+    let steps = order.first().map_or(0, |&i| jobs[i].drafts);
+    let mut meta = vec![0i32; steps.saturating_sub(1) * META_WORDS * max_seqs];
+    for (d, row) in meta.chunks_exact_mut(META_WORDS * max_seqs).enumerate() {
+        let (slots, rest) = row.split_at_mut(max_seqs);
+        let (pos, lens) = rest.split_at_mut(max_seqs);
+        for (k, &i) in order.iter().take_while(|&&i| jobs[i].drafts > d + 1).enumerate() {
+            let job = &jobs[i];
+            if job.slot >= max_seqs {
+                return Err(EngineError::InvalidInput(format!(
+                    "an MTP job of slot {}, past the rank's {max_seqs} slots",
+                    job.slot
+                )));
+            }
+            let at = job.kv_index + job.rows.len() + d;
+            slots[k] = job.slot as i32;
+            pos[k] = at as i32;
+            lens[job.slot] = (at + 1) as i32;
+        }
+    }
+    Ok(meta)
 }
 
 /// The catch-up launches of `jobs`: jobs of at most `batched` rows grouped by their row count, up to `max_seqs` jobs
@@ -268,6 +323,63 @@ mod tests {
             .inputs(std::slice::from_ref(&lost), &[], &first_row, |_| 8, keep)
             .is_err());
         assert!(one.inputs(&[job(1, 1)], &[], &first_row, |_| 0, keep).is_err());
+    }
+
+    /// Pairs are padded per part to the launch's shape, so launches of one shape copy alike; an overfull part is
+    /// refused.
+    #[test]
+    fn pair_words_pad_each_part_to_the_launch_shape() {
+        let x = LaunchInputs {
+            from_step: vec![4, 0, 5, 2],
+            from_saved: vec![9, 1],
+            last: vec![2, 0],
+            ..LaunchInputs::default()
+        };
+        let w = x.pair_words(3, 2).expect("words");
+        assert_eq!(
+            w,
+            vec![9, 1, -1, -1, -1, -1, 4, 0, 5, 2, -1, -1, 2, 0, -1, -1],
+            "saved, step and last parts of 3, 3 and 2 pairs"
+        );
+        assert!(x.pair_words(1, 2).is_err());
+        assert!(x.pair_words(3, 0).is_err());
+    }
+
+    /// Every draft step but the last feeds its picks back: the continuing jobs (a prefix of the drafting order)
+    /// at the KV index after their rows and earlier drafts, their slots' lengths one past it.
+    #[test]
+    fn draft_meta_lists_the_continuing_jobs_per_step() {
+        let a = MtpJob {
+            kv_index: 10,
+            drafts: 3,
+            ..job(2, 2)
+        };
+        let b = MtpJob {
+            kv_index: 4,
+            drafts: 2,
+            ..job(0, 1)
+        };
+        let c = MtpJob { drafts: 1, ..job(1, 1) };
+        let m = 4;
+        let meta = draft_meta(&[b, c, a], &[2, 0, 1], m).expect("meta");
+        assert_eq!(meta.len(), 2 * META_WORDS * m);
+        // Step 0: jobs a (slot 2) and b (slot 0) draft again; c is done.
+        assert_eq!(&meta[..m], &[2, 0, 0, 0]);
+        assert_eq!(&meta[m..2 * m], &[12, 5, 0, 0]);
+        assert_eq!(&meta[2 * m..3 * m], &[6, 0, 13, 0]);
+        // Step 1: only a.
+        let s1 = &meta[3 * m..];
+        assert_eq!(
+            (&s1[..m], &s1[m..2 * m], &s1[2 * m..]),
+            (&[2, 0, 0, 0][..], &[13, 0, 0, 0][..], &[0, 0, 14, 0][..])
+        );
+        // One draft step runs no layer; no drafting job, nothing.
+        assert!(draft_meta(&[job(0, 1)], &[], m).expect("none").is_empty());
+        let one = MtpJob { drafts: 1, ..job(0, 1) };
+        assert!(draft_meta(&[one], &[0], m).expect("one").is_empty());
+        // A slot past the rank's is refused.
+        let far = MtpJob { drafts: 2, ..job(7, 1) };
+        assert!(draft_meta(&[far], &[0], m).is_err());
     }
 
     /// Each slot's row of the layer's table holds its target blocks, then its own blocks past the target's pool.

@@ -31,6 +31,10 @@ pub struct GpuOptions {
     /// the rank's health ([`crate::rank::StageTimes`]; `rewind bench --stage-profile`). A profiling aid: it waits for
     /// each step's events, and needs `cuda_graphs` off (a captured graph replays as one launch).
     pub stage_profile: bool,
+    /// Time the MTP layer's work of each step (the catch-up and the draft loop, `gpu/mtp.rs`) between two CUDA events,
+    /// with CUDA graphs on or off, reported as the stage `mtp draft` of the rank's health (`rewind bench
+    /// --mtp-draft`). It waits for nothing the step does not wait for already.
+    pub time_mtp: bool,
     /// Keep the recurrent form's per-draft state snapshots (`max_verify` states per slot and SSM layer, taken from
     /// the KV blocks' memory): only a rank whose sequences verify drafts in the recurrent form needs them
     /// (`--decode recurrent` with speculation); replay, kv-only and auto roll back by pointer moves.
@@ -92,6 +96,7 @@ impl Default for GpuOptions {
             kv_only_threshold: None,
             cuda_graphs: true,
             stage_profile: false,
+            time_mtp: false,
             recurrent_verify: false,
             mtp: false,
             prefix_store: 0,

@@ -16,6 +16,7 @@ use super::mtp::GpuMtp;
 use super::scratch::{Scratch, StepRows, Widths};
 use super::state::{alloc_pools, alloc_snapshots, LayerPool, PoolSizes, ReplaySettings, BLOCK_SIZE};
 use super::store::DeviceStore;
+use super::table_sync::TableMirror;
 use super::Act;
 use crate::decode::FormChoice;
 use crate::error::{EngineError, Result};
@@ -33,10 +34,19 @@ use rewind_kernels::cuda::timing::StageMarks;
 pub(crate) struct RunOptions {
     /// Capture decode and verify steps as CUDA graphs (`gpu/graphs.rs`).
     pub graphs: bool,
-    /// Time every stage of every step (`GpuOptions::stage_profile`).
-    pub stage_profile: bool,
+    /// What to time on the device.
+    pub profile: Profiling,
     /// Bytes for stored states (`GpuOptions::prefix_store`, `gpu/store.rs`).
     pub store: u64,
+}
+
+/// What a rank times on the device with CUDA events.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Profiling {
+    /// Every stage of every step (`GpuOptions::stage_profile`).
+    pub(crate) stages: bool,
+    /// The MTP layer's work of each step (`GpuOptions::time_mtp`).
+    pub(crate) mtp: bool,
 }
 
 impl<A: Act> LoadedRank<A> {
@@ -50,17 +60,21 @@ impl<A: Act> LoadedRank<A> {
         attention_ws: usize,
         run: RunOptions,
     ) -> Result<GpuRank<A>> {
-        let RunOptions {
-            graphs,
-            stage_profile,
-            store,
-        } = run;
+        let RunOptions { graphs, profile, store } = run;
         let conv_window = self.conv_window()?;
         let hidden = self.config.hidden_size;
         let w: Widths = self.widths(rows.rows);
         let pools = alloc_pools(&self.dev, &self.blocks, sizes)?;
         let mtp = match &self.mtp {
-            Some(layer) => Some(GpuMtp::new(&self.dev, layer, sizes, rows, hidden, self.tp)?),
+            Some(layer) => Some(GpuMtp::new(
+                &self.dev,
+                layer,
+                sizes,
+                rows,
+                hidden,
+                self.tp,
+                profile.mtp,
+            )?),
             None => None,
         };
         let snapshots = alloc_snapshots(&self.dev, &self.blocks, sizes)?;
@@ -121,10 +135,11 @@ impl<A: Act> LoadedRank<A> {
             inner: self,
             table_dirty: true,
             table_changes: None,
+            table_mirror: TableMirror::default(),
             steps: 0,
             want_hidden: false,
             graphs: StepGraphs::new(graphs),
-            marks: stage_profile.then(StageMarks::default),
+            marks: profile.stages.then(StageMarks::default),
             stage_times: StageTimes::default(),
             spec_chain: None,
             mtp,
@@ -170,6 +185,8 @@ pub(crate) struct GpuRank<A: Act> {
     pub(super) table_dirty: bool,
     /// The books' table change count ([`crate::state::KvBlocks::changes`]) when the tables were last uploaded.
     pub(super) table_changes: Option<u64>,
+    /// What the device's block tables hold, so that an upload sends only what changed.
+    pub(super) table_mirror: TableMirror,
     pub(super) steps: u64,
     /// Whether the plan being run asked for final hidden states (`Batch::hidden`).
     pub(super) want_hidden: bool,
@@ -310,7 +327,8 @@ impl<A: Act> GpuRank<A> {
                     .collect(),
                 None => vec![-1; self.sizes.max_seqs * per],
             };
-            put(dev, &mut s.table, &table, "block tables")?;
+            // Only the entries that changed since the last upload travel (`gpu/table_sync.rs`).
+            self.table_mirror.sync(dev, &mut s.table, &table, "block tables")?;
             self.table_dirty = false;
             self.table_changes = changes;
         }
@@ -487,7 +505,8 @@ impl<A: Act> Rank for GpuRank<A> {
             slots_in_use: self.books.slots_in_use(),
             steps: self.steps,
             graphs: Some(self.graphs.stats()),
-            stages: self.marks.is_some().then(|| self.stage_times.clone()),
+            stages: (self.marks.is_some() || self.mtp.as_ref().is_some_and(GpuMtp::timed))
+                .then(|| self.stage_times.clone()),
         })
     }
 

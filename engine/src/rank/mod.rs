@@ -52,7 +52,7 @@ pub use mtp::{MtpBook, MtpProposal, MtpRequest};
 pub use plan::{
     Batch, ChainSample, ChainedDecode, ChainedVerify, Commit, DecodeChain, GraphStats, LogprobRows, Program,
     RankHealth, RankInfo, RowSummary, Rows, SampleRow, SeqKind, SeqSpan, SeqStep, SlotSnapshot, SpecSample,
-    SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED,
+    SsmSnapshot, StageTime, StageTimes, StepOut, StepPlan, VerifyChain, MAX_CHAINED, MTP_DRAFT_STAGE,
 };
 pub use rewind_kernels::cpu::lm_head::{summarise_logits_with, LogprobRequest, LogprobSummary, RowPass, TopK, MAX_TOP};
 pub use sequence::GroupSequence;

@@ -628,6 +628,10 @@ pub struct StageTimes {
     pub stages: std::collections::BTreeMap<String, StageTime>,
 }
 
+/// The stage a GPU rank that times its MTP work (`GpuOptions::time_mtp`) records each step's catch-up and draft loop
+/// under, in [`RankHealth::stages`].
+pub const MTP_DRAFT_STAGE: &str = "mtp draft";
+
 /// One stage's total device time (nanoseconds) and how many times it ran (a layer kind runs once per such layer
 /// and step).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -690,6 +694,9 @@ pub struct GraphStats {
     pub eager: u64,
     /// Graphs dropped to bound how many a rank keeps.
     pub evicted: u64,
+    /// Of `captured` and `replayed`: the MTP layer's draft loops and catch-ups (`engine/src/gpu/mtp.rs`).
+    pub mtp_captured: u64,
+    pub mtp_replayed: u64,
 }
 
 /// The most further decode steps a plan may chain ([`DecodeChain::steps`]) on a rank that chains: 16 steps in all,

@@ -80,6 +80,7 @@ mod gpu {
             };
             let needs = Needs {
                 mtp: false,
+                time_mtp: false,
                 slots: max_seqs,
                 context: self.context + self.window + 1,
                 verify: self.window + 1,
