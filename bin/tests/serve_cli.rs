@@ -474,40 +474,40 @@ fn rank_processes_serve_the_same_tokens_through_a_killed_worker_and_leave_no_orp
         "orphans after SIGTERM"
     );
 
-    // Rank 1's worker SIGKILLs itself mid-decode: a fresh one is started and every request completes as without it.
-    let mut faulty = serve_tp2(
-        &model,
-        &[
-            "--rank-processes",
-            "--inject-fault",
-            "1:kill@12",
-            "--step-timeout",
-            "10",
-        ],
-    );
-    let first = process::rank_workers(faulty.pid());
-    assert_eq!(completions_at_once(&faulty), want, "through a killed worker");
-    let err = faulty.stderr();
-    assert!(
-        err.contains("restarting the ranks") && err.contains("kind=kill"),
-        "no recovery logged:\n{err}"
-    );
-    let (status, health) = process::http(faulty.http, "GET", "/health", &[], None);
-    assert_eq!(status, 200, "{health}");
-    assert!(health.contains(r#""worker_restarts":[1,1]"#), "{health}");
-    let now = process::rank_workers(faulty.pid());
-    assert_eq!(now.len(), 2, "{now:?}");
-    assert!(
-        now.iter().all(|p| !first.contains(p)),
-        "the workers were not replaced: {first:?} -> {now:?}"
-    );
-    // The server SIGKILLed: its workers die with it (PR_SET_PDEATHSIG, and their stdin pipe closes).
-    faulty.kill();
-    assert_eq!(
-        process::wait_gone(&now, Duration::from_secs(5)),
-        Vec::<u32>::new(),
-        "orphans after SIGKILL"
-    );
+    // Rank 1's worker SIGKILLs itself, or aborts, mid-decode: fresh workers are started and every request completes
+    // as without the fault.
+    for (kind, step) in [("kill", 12), ("abort", 20)] {
+        let spec = format!("1:{kind}@{step}");
+        let mut faulty = serve_tp2(
+            &model,
+            &["--rank-processes", "--inject-fault", &spec, "--step-timeout", "10"],
+        );
+        let first = process::rank_workers(faulty.pid());
+        assert_eq!(completions_at_once(&faulty), want, "through {spec}");
+        let err = faulty.stderr();
+        assert!(
+            err.contains("restarting the ranks") && err.contains(&format!("kind={kind}")),
+            "{spec}: no recovery logged:\n{err}"
+        );
+        let (status, health) = process::http(faulty.http, "GET", "/health", &[], None);
+        assert_eq!(status, 200, "{health}");
+        assert!(health.contains(r#""worker_restarts":[1,1]"#), "{spec}: {health}");
+        let (_, metrics) = process::http(faulty.http, "GET", "/metrics", &[], None);
+        assert!(
+            metrics.contains(r#"rewind_rank_worker_restarts{rank="1"} 1"#),
+            "{metrics}"
+        );
+        let now = process::rank_workers(faulty.pid());
+        assert_eq!(now.len(), 2, "{now:?}");
+        assert!(
+            now.iter().all(|p| !first.contains(p)),
+            "{spec}: not replaced: {first:?} -> {now:?}"
+        );
+        // The server SIGKILLed: its workers die with it (PR_SET_PDEATHSIG, and their stdin pipe closes).
+        faulty.kill();
+        let left = process::wait_gone(&now, Duration::from_secs(5));
+        assert!(left.is_empty(), "orphans after SIGKILL of the server: {left:?}");
+    }
     let _ = std::fs::remove_dir_all(&model);
 }
 
