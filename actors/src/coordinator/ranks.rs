@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ractor::concurrency::oneshot;
 use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort};
-use rewind_engine::rank::{Abort, Faults, Launcher, RankInfo};
+use rewind_engine::rank::{Abort, Faults, Launch, Launcher, RankInfo};
 use rewind_engine::{EngineError, Result};
 
 use crate::rank_actor::{RankActor, RankActorMsg, RankArgs};
@@ -58,6 +58,14 @@ impl std::fmt::Display for Fault {
 /// How long stopping a generation waits for its ranks' communicator aborts to finish ([`Launch::settle`]).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Where a generation's ranks run.
+enum Kind {
+    /// Threads of this process, sharing one launch.
+    Threads(Launch),
+    /// Worker processes.
+    Processes(Arc<ProcessGeneration>),
+}
+
 /// The rank actors of one generation.
 pub struct Generation {
     pub ranks: Vec<ActorRef<RankActorMsg>>,
@@ -80,24 +88,28 @@ impl Generation {
     ) -> Result<Generation> {
         // Threads share one launch (its communicators and abort); worker processes each launch their own rank, and
         // the generation's abort kills them.
-        let (launch, process) = match processes {
+        let kind = match processes {
             Some(p) => {
                 let specs = faults.specs().iter().map(ToString::to_string).collect();
-                (None, Some(ProcessGeneration::new(p, specs).await?))
+                Kind::Processes(ProcessGeneration::new(p, specs).await?)
             }
-            None => (Some(launcher.launch()?), None),
+            None => Kind::Threads(launcher.launch()?),
         };
         let mut g = Generation {
             ranks: Vec::with_capacity(launcher.tp()),
-            abort: launch.as_ref().map_or_else(Abort::new, |l| l.abort.clone()),
-            settle: launch
-                .as_ref()
-                .map_or(rewind_engine::rank::launch::settled, |l| l.settle),
+            abort: match &kind {
+                Kind::Threads(l) => l.abort.clone(),
+                Kind::Processes(_) => Abort::new(),
+            },
+            settle: match &kind {
+                Kind::Threads(l) => l.settle,
+                Kind::Processes(_) => rewind_engine::rank::launch::settled,
+            },
             infos: Vec::new(),
         };
         for rank in 0..launcher.tp() {
-            let spawned = match (&launch, &process) {
-                (Some(launch), _) => {
+            let spawned = match &kind {
+                Kind::Threads(launch) => {
                     let args = RankArgs {
                         rank,
                         name: launcher.name().to_string(),
@@ -106,7 +118,7 @@ impl Generation {
                     };
                     Actor::spawn_linked(None, RankActor, args, supervisor.clone()).await
                 }
-                (None, Some(generation)) => {
+                Kind::Processes(generation) => {
                     let args = ProcessRankArgs {
                         rank,
                         generation: generation.clone(),
@@ -114,7 +126,6 @@ impl Generation {
                     };
                     Actor::spawn_linked(None, ProcessRankActor, args, supervisor.clone()).await
                 }
-                (None, None) => unreachable!("a generation has threads or processes"),
             };
             match spawned {
                 Ok((r, _)) => g.ranks.push(r),
