@@ -24,12 +24,14 @@ pub struct EngineHandle {
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
     info: EngineInfo,
+    rank_processes: Option<Arc<crate::rank_process::RankProcesses>>,
 }
 
 impl EngineHandle {
     /// Starts the coordinator and the first generation of `launcher`'s ranks (waiting for them to load).
     pub async fn start(launcher: Arc<dyn Launcher>, config: EngineConfig) -> Result<Self, ActorsError> {
         let metrics = Arc::new(Metrics::default());
+        let rank_processes = config.rank_processes.clone();
         let args = CoordinatorArgs {
             launcher,
             config,
@@ -42,6 +44,7 @@ impl EngineHandle {
         let info = ractor::call!(coordinator, CoordinatorMsg::Info).map_err(|e| ActorsError::Start(e.to_string()))?;
         Ok(EngineHandle {
             coordinator,
+            rank_processes,
             join: Some(join),
             next_id: AtomicU64::new(1),
             metrics,
@@ -57,6 +60,11 @@ impl EngineHandle {
     /// The engine's counters and gauges.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// With ranks in worker processes (`--rank-processes`): how often each rank's worker was restarted.
+    pub fn worker_restarts(&self) -> Option<Vec<u64>> {
+        self.rank_processes.as_ref().map(|p| p.restarts())
     }
 
     /// Queues a request; its events arrive on the returned stream. A request the engine cannot take (bad

@@ -10,6 +10,7 @@ mod handle;
 mod memory;
 pub mod metrics;
 pub mod rank_actor;
+pub mod rank_process;
 mod request;
 mod session;
 

@@ -41,6 +41,10 @@ pub enum RankActorMsg {
     ThreadExited(String),
 }
 
+// Local-only: the cluster feature of ractor (rank workers, `crate::rank_process`) asks every message type to say
+// whether it crosses the wire; a process rank actor's wire messages are `crate::rank_process::WorkerMsg`.
+impl ractor::Message for RankActorMsg {}
+
 /// What starts a rank actor.
 pub struct RankArgs {
     pub rank: usize,

@@ -87,6 +87,35 @@ pub enum Command {
     Chat(ChatArgs),
     /// Talk to a running server over gRPC: generate, sessions, tokenize, health, stats.
     Client(crate::commands::client::ClientArgs),
+    /// One rank of a server's model in a worker process of its own; started by `serve --rank-processes`, not by hand.
+    #[command(hide = true)]
+    RankWorker(RankWorkerArgs),
+}
+
+/// `rewind rank-worker`: what the coordinator tells a worker process (the cluster's cookie comes in the environment).
+#[derive(Args, Debug)]
+pub struct RankWorkerArgs {
+    /// The model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Tensor-parallel ranks of the group.
+    #[arg(long)]
+    pub tp: usize,
+    /// The rank this worker hosts.
+    #[arg(long)]
+    pub rank: usize,
+    /// Every rank's decoder sizes, as JSON.
+    #[arg(long)]
+    pub decoder: String,
+    /// Load the checkpoint's MTP layer (`--spec mtp`).
+    #[arg(long)]
+    pub mtp: bool,
+    /// The coordinator's cluster address.
+    #[arg(long)]
+    pub coordinator: std::net::SocketAddr,
+    /// The process group the coordinator finds this worker under.
+    #[arg(long)]
+    pub group: String,
 }
 
 /// Examples shown after `rewind compile-kernels --help`.

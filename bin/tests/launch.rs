@@ -1,5 +1,6 @@
-//! `rewind-launch` end to end on the CPU (two rank threads): both APIs answer, and SIGTERM with a stream in flight
-//! drains — new requests are refused while the stream runs to its end — then the process exits 0; a TP size the
+//! `rewind-launch` end to end on the CPU (two ranks in worker processes): both APIs answer, and SIGTERM with a stream
+//! in flight drains — new requests are refused while the stream runs to its end — then the process exits 0 and no
+//! worker is left behind; a TP size the
 //! model cannot split, and other bad flags, are refused with the reason before anything loads.
 
 use std::path::Path;
@@ -39,9 +40,12 @@ fn sigterm_drains_an_in_flight_stream_then_exits_cleanly() {
             "0",
             "--http-port",
             "0",
+            "--rank-processes",
         ],
         &[],
     );
+    let workers = process::rank_workers(server.pid());
+    assert_eq!(workers.len(), 2, "two rank workers expected: {workers:?}");
     let banner = server.stderr();
     for want in [
         "rewind-launch",
@@ -101,9 +105,11 @@ fn sigterm_drains_an_in_flight_stream_then_exits_cleanly() {
     assert!(rest.contains("data: [DONE]"), "{rest}");
     let (exit, stderr) = server.wait(Duration::from_secs(60));
     assert!(exit.success(), "exit {exit:?}; stderr:\n{stderr}");
-    for want in ["SIGTERM: draining", "drained in", "rewind: stopped"] {
+    for want in ["SIGTERM: draining", "drained in", "rewind: stopped", "[rank 1] "] {
         assert!(stderr.contains(want), "stderr lacks {want:?}:\n{stderr}");
     }
+    let left = process::wait_gone(&workers, Duration::from_secs(5));
+    assert!(left.is_empty(), "rank workers outlived the launcher: {left:?}");
     let _ = std::fs::remove_dir_all(&model);
 }
 

@@ -1,7 +1,9 @@
 //! `rewind generate` through the serving engine, end to end: greedy tokens at `--tp 1|2|3` equal, every
 //! `--inject-fault` kind recovered with the same tokens (and reported on stderr), bad engine flags clear errors.
 //! `rewind serve` as a process: both APIs on ports the system picks (flags and environment), the API key, a clean
-//! exit on SIGTERM; `rewind chat` on its in-process server with piped stdin: turns, `/fork`, `/stats`.
+//! exit on SIGTERM; `rewind chat` on its in-process server with piped stdin: turns, `/fork`, `/stats`. Ranks in
+//! worker processes (`--rank-processes`): the same tokens as rank threads under 32 concurrent requests, through a
+//! worker SIGKILLed mid-decode, and no worker left behind by any way the server ends.
 
 use std::path::Path;
 use std::time::Duration;
@@ -394,4 +396,136 @@ fn chat_with_addr_uses_the_servers_model() {
     let (exit, err) = server.wait(Duration::from_secs(30));
     assert!(exit.success(), "{err}");
     let _ = std::fs::remove_dir_all(&model);
+}
+
+/// Greedy completions of 32 different prompts sent at once to `server`, in prompt order.
+fn completions_at_once(server: &process::Server) -> Vec<String> {
+    let addr = server.http;
+    let handles: Vec<_> = (0..32u32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = format!(
+                    r#"{{"prompt": [{}, {}, {}, 7], "max_tokens": 10, "temperature": 0, "ignore_eos": true}}"#,
+                    5 + i,
+                    40 + i % 7,
+                    90 + i % 3
+                );
+                let (status, done) = process::http(
+                    addr,
+                    "POST",
+                    "/v1/completions",
+                    &["Content-Type: application/json"],
+                    Some(&body),
+                );
+                assert_eq!(status, 200, "prompt {i}: {done}");
+                let v: serde_json::Value = serde_json::from_str(&done).expect("json");
+                assert_eq!(v["usage"]["completion_tokens"], 10, "{done}");
+                v["choices"][0]["text"].as_str().expect("text").to_string()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("request")).collect()
+}
+
+fn serve_tp2(model: &Path, extra: &[&str]) -> process::Server {
+    let mut args = vec![
+        "serve",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--tp",
+        "2",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--max-seqs",
+        "16",
+    ];
+    args.extend_from_slice(extra);
+    process::Server::start(Path::new(env!("CARGO_BIN_EXE_rewind")), &args, &[])
+}
+
+#[test]
+fn rank_processes_serve_the_same_tokens_through_a_killed_worker_and_leave_no_orphans() {
+    let model = process::tiny_model("nemotron_h", "rank-processes");
+    let threads = serve_tp2(&model, &[]);
+    let want = completions_at_once(&threads);
+    threads.signal("TERM");
+    threads.wait(Duration::from_secs(30));
+
+    // Worker processes, fault-free: the same tokens; SIGTERM drains and stops every worker.
+    let procs = serve_tp2(&model, &["--rank-processes"]);
+    let workers = process::rank_workers(procs.pid());
+    assert_eq!(
+        workers.len(),
+        2,
+        "two workers expected: {workers:?}\n{}",
+        procs.stderr()
+    );
+    assert_eq!(completions_at_once(&procs), want, "worker processes");
+    procs.signal("TERM");
+    let (exit, err) = procs.wait(Duration::from_secs(30));
+    assert!(exit.success(), "exit {exit:?}:\n{err}");
+    // Worker logs come prefixed with their rank.
+    assert!(err.contains("[rank 1] "), "{err}");
+    assert_eq!(
+        process::wait_gone(&workers, Duration::from_secs(5)),
+        Vec::<u32>::new(),
+        "orphans after SIGTERM"
+    );
+
+    // Rank 1's worker SIGKILLs itself, or aborts, mid-decode: fresh workers are started and every request completes
+    // as without the fault.
+    for (kind, step) in [("kill", 12), ("abort", 20)] {
+        let spec = format!("1:{kind}@{step}");
+        let mut faulty = serve_tp2(
+            &model,
+            &["--rank-processes", "--inject-fault", &spec, "--step-timeout", "10"],
+        );
+        let first = process::rank_workers(faulty.pid());
+        assert_eq!(completions_at_once(&faulty), want, "through {spec}");
+        let err = faulty.stderr();
+        assert!(
+            err.contains("restarting the ranks") && err.contains(&format!("kind={kind}")),
+            "{spec}: no recovery logged:\n{err}"
+        );
+        let (status, health) = process::http(faulty.http, "GET", "/health", &[], None);
+        assert_eq!(status, 200, "{health}");
+        assert!(health.contains(r#""worker_restarts":[1,1]"#), "{spec}: {health}");
+        let (_, metrics) = process::http(faulty.http, "GET", "/metrics", &[], None);
+        assert!(
+            metrics.contains(r#"rewind_rank_worker_restarts{rank="1"} 1"#),
+            "{metrics}"
+        );
+        let now = process::rank_workers(faulty.pid());
+        assert_eq!(now.len(), 2, "{now:?}");
+        assert!(
+            now.iter().all(|p| !first.contains(p)),
+            "{spec}: not replaced: {first:?} -> {now:?}"
+        );
+        // The server SIGKILLed: its workers die with it (PR_SET_PDEATHSIG, and their stdin pipe closes).
+        faulty.kill();
+        let left = process::wait_gone(&now, Duration::from_secs(5));
+        assert!(left.is_empty(), "orphans after SIGKILL of the server: {left:?}");
+    }
+    let _ = std::fs::remove_dir_all(&model);
+}
+
+#[test]
+fn rank_process_flags_are_checked() {
+    for (flags, want) in [
+        (&["--inject-fault", "0:kill@3"][..], "--rank-processes"),
+        (&["--inject-fault", "0:abort@3", "--tp", "2"][..], "--rank-processes"),
+        (
+            &["--rank-processes", "--device", "cuda"][..],
+            "--rank-processes runs CPU ranks",
+        ),
+    ] {
+        let mut args = vec!["serve", "--grpc-port", "0", "--http-port", "0"];
+        args.extend_from_slice(flags);
+        let o = rewind(&args);
+        assert!(!o.status.success(), "{flags:?} accepted");
+        let err = stderr(&o);
+        assert!(err.contains(want) && !err.contains("panicked"), "{flags:?}: {err}");
+    }
 }

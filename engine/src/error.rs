@@ -66,6 +66,10 @@ pub enum EngineError {
     /// A rank failed to load (the message is the rank's error).
     #[error("loading the ranks: {0}")]
     RankLoad(String),
+    /// An error a rank in a worker process of its own reported, as that rank wrote it (it crossed the process
+    /// boundary as text: `rewind_actors::rank_process`).
+    #[error("{0}")]
+    Remote(String),
     /// A fault injected for testing (`--inject-fault`).
     #[error("injected fault: {0}")]
     Injected(String),

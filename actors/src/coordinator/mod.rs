@@ -77,6 +77,8 @@ pub struct EngineConfig {
     pub decode_steps: usize,
     /// Automatic prefix caching (`prefix/`); `None` turns it off (`--no-enable-prefix-caching`).
     pub prefix_cache: Option<PrefixCacheConfig>,
+    /// Run each rank in a worker process of its own (`--rank-processes`); `None`: rank threads of this process.
+    pub rank_processes: Option<Arc<crate::rank_process::RankProcesses>>,
 }
 
 /// Speculative decoding as the engine runs it: the settings and the drafters' factory.
@@ -110,6 +112,7 @@ impl EngineConfig {
             session_memory: DEFAULT_SESSION_MEMORY,
             decode_steps: 1,
             prefix_cache: Some(PrefixCacheConfig::default()),
+            rank_processes: None,
         }
     }
 }
@@ -158,6 +161,9 @@ pub enum CoordinatorMsg {
     /// A session operation.
     Session(SessionMsg),
 }
+
+// Local-only (see the note on `RankActorMsg`'s impl).
+impl ractor::Message for CoordinatorMsg {}
 
 /// What starts the coordinator.
 pub struct CoordinatorArgs {
@@ -301,8 +307,24 @@ impl Actor for Coordinator {
                 "the step deadline must be positive".into(),
             )));
         }
+        if let Some(f) = c.faults.iter().find(|f| f.kind.ends_process()) {
+            if c.rank_processes.is_none() {
+                return Err(Box::new(EngineError::InvalidInput(format!(
+                    "--inject-fault {f}: `{}` ends the rank's process, which is this server unless the ranks run in \
+                     worker processes (--rank-processes)",
+                    f.kind
+                ))));
+            }
+        }
         let faults = Arc::new(Faults::new(c.faults.clone(), args.launcher.tp())?);
-        let g = Generation::start(&args.launcher, &faults, myself.get_cell(), c.load_deadline).await?;
+        let g = Generation::start(
+            &args.launcher,
+            &faults,
+            c.rank_processes.as_ref(),
+            myself.get_cell(),
+            c.load_deadline,
+        )
+        .await?;
         let vocab = g.infos.last().map_or(0, |i| i.vocab.end);
         let books = Books::new(&g.infos, vocab)?;
         if !books.forms().contains(&c.form) {

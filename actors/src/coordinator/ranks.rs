@@ -1,15 +1,18 @@
 //! One generation of rank actors as the coordinator sees them: starting them (linked to the coordinator, their
-//! supervisor), calling all of them under a deadline, and stopping them.
+//! supervisor), calling all of them under a deadline, and stopping them. A rank actor is either a
+//! [`RankActor`] (the rank is a thread of this process) or a [`ProcessRankActor`] (the rank is a worker process,
+//! `--rank-processes`); both answer the same [`RankActorMsg`]s, and nothing below tells them apart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::concurrency::oneshot;
 use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort};
-use rewind_engine::rank::{Faults, Launch, Launcher, RankInfo};
+use rewind_engine::rank::{Abort, Faults, Launch, Launcher, RankInfo};
 use rewind_engine::{EngineError, Result};
 
 use crate::rank_actor::{RankActor, RankActorMsg, RankArgs};
+use crate::rank_process::{ProcessGeneration, ProcessRankActor, ProcessRankArgs, RankProcesses};
 
 /// Why a call to the ranks failed.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,10 +58,21 @@ impl std::fmt::Display for Fault {
 /// How long stopping a generation waits for its ranks' communicator aborts to finish ([`Launch::settle`]).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Where a generation's ranks run.
+enum Kind {
+    /// Threads of this process, sharing one launch.
+    Threads(Launch),
+    /// Worker processes.
+    Processes(Arc<ProcessGeneration>),
+}
+
 /// The rank actors of one generation.
 pub struct Generation {
     pub ranks: Vec<ActorRef<RankActorMsg>>,
-    pub launch: Launch,
+    /// Ends the generation's collectives (rank threads) or its worker processes.
+    pub abort: Abort,
+    /// See [`rewind_engine::rank::Launch::settle`].
+    pub settle: fn(Duration) -> usize,
     pub infos: Vec<RankInfo>,
 }
 
@@ -68,26 +82,54 @@ impl Generation {
     pub async fn start(
         launcher: &Arc<dyn Launcher>,
         faults: &Arc<Faults>,
+        processes: Option<&Arc<RankProcesses>>,
         supervisor: ActorCell,
         load_deadline: Duration,
     ) -> Result<Generation> {
-        let launch = launcher.launch()?;
-        let mut ranks = Vec::with_capacity(launcher.tp());
+        // Threads share one launch (its communicators and abort); worker processes each launch their own rank, and
+        // the generation's abort kills them.
+        let kind = match processes {
+            Some(p) => {
+                let specs = faults.specs().iter().map(ToString::to_string).collect();
+                Kind::Processes(ProcessGeneration::new(p, specs).await?)
+            }
+            None => Kind::Threads(launcher.launch()?),
+        };
+        let mut g = Generation {
+            ranks: Vec::with_capacity(launcher.tp()),
+            abort: match &kind {
+                Kind::Threads(l) => l.abort.clone(),
+                Kind::Processes(_) => Abort::new(),
+            },
+            settle: match &kind {
+                Kind::Threads(l) => l.settle,
+                Kind::Processes(_) => rewind_engine::rank::launch::settled,
+            },
+            infos: Vec::new(),
+        };
         for rank in 0..launcher.tp() {
-            let args = RankArgs {
-                rank,
-                name: launcher.name().to_string(),
-                launch: launch.clone(),
-                faults: faults.clone(),
-            };
-            match Actor::spawn_linked(None, RankActor, args, supervisor.clone()).await {
-                Ok((r, _)) => ranks.push(r),
-                Err(e) => {
-                    let g = Generation {
-                        ranks,
-                        launch,
-                        infos: Vec::new(),
+            let spawned = match &kind {
+                Kind::Threads(launch) => {
+                    let args = RankArgs {
+                        rank,
+                        name: launcher.name().to_string(),
+                        launch: launch.clone(),
+                        faults: faults.clone(),
                     };
+                    Actor::spawn_linked(None, RankActor, args, supervisor.clone()).await
+                }
+                Kind::Processes(generation) => {
+                    let args = ProcessRankArgs {
+                        rank,
+                        generation: generation.clone(),
+                        abort: g.abort.clone(),
+                    };
+                    Actor::spawn_linked(None, ProcessRankActor, args, supervisor.clone()).await
+                }
+            };
+            match spawned {
+                Ok((r, _)) => g.ranks.push(r),
+                Err(e) => {
                     g.stop(&format!("starting rank {rank}: {e}")).await;
                     return Err(EngineError::GroupFailed(format!(
                         "starting the actor of rank {rank}: {e}"
@@ -95,11 +137,6 @@ impl Generation {
                 }
             }
         }
-        let mut g = Generation {
-            ranks,
-            launch,
-            infos: Vec::new(),
-        };
         match g.call(RankActorMsg::Ready, load_deadline).await {
             Ok(infos) => {
                 if let Some((r, i)) = infos
@@ -177,14 +214,14 @@ impl Generation {
 
     /// Aborts the generation (ranks waiting in a collective return) and stops its actors, waiting for their threads.
     pub async fn stop(&self, why: &str) {
-        self.launch.abort.abort(why);
+        self.abort.abort(why);
         for r in &self.ranks {
             // An actor that already failed has nothing left to stop.
             let _ = r
                 .stop_and_wait(Some(why.to_string()), Some(Duration::from_secs(60)))
                 .await;
         }
-        let settle = self.launch.settle;
+        let settle = self.settle;
         let t0 = std::time::Instant::now();
         match tokio::task::spawn_blocking(move || settle(SETTLE_TIMEOUT)).await {
             Ok(0) => tracing::info!(

@@ -127,7 +127,14 @@ impl CoordinatorState {
     /// Starts a new generation of ranks with the capacity of the first.
     async fn restart(&mut self) -> rewind_engine::Result<()> {
         let me = self.myself.clone();
-        let g = Generation::start(&self.launcher, &self.faults, me, self.config.load_deadline).await?;
+        let g = Generation::start(
+            &self.launcher,
+            &self.faults,
+            self.config.rank_processes.as_ref(),
+            me,
+            self.config.load_deadline,
+        )
+        .await?;
         let books = Books::new(&g.infos, self.info.vocab)?;
         let same = sched_config(&books, &self.info, &self.config) == self.capacity
             && g.infos.iter().map(|i| i.kv_blocks).min().unwrap_or(0) == self.info.kv_blocks;

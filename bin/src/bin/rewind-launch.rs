@@ -13,6 +13,17 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // With --rank-processes the ranks' workers are this executable run as `rank-worker` (`rewind`'s hidden
+    // subcommand), so a worker runs the very code of the server that started it.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "rank-worker") {
+        let cli =
+            <rewind_bin::cli::Cli as clap::Parser>::try_parse().unwrap_or_else(|e| rewind_bin::output::clap_exit(e));
+        rewind_bin::init_logging();
+        return match rewind_bin::commands::run(cli) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        };
+    }
     let args = launch::parse();
     // The environment is written while this is the only thread (writing it races with readers on other threads), and
     // before CUDA starts (it reads CUDA_VISIBLE_DEVICES once): --gpus, and NCCL's NVLS switch as `rewind` sets it.

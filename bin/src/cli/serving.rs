@@ -142,6 +142,10 @@ pub struct ServeArgs {
     pub listen: ListenArgs,
     #[command(flatten)]
     pub run: RunArgs,
+    /// Run each rank in a worker process of its own (CPU ranks): a rank that crashes or is killed takes its worker
+    /// down, not the server, and the coordinator starts a fresh one (docs/processes.md).
+    #[arg(long, help_heading = "Serving")]
+    pub rank_processes: bool,
 }
 
 /// What `--model` means to `rewind chat`.

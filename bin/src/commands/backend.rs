@@ -43,9 +43,26 @@ pub struct Backend {
     #[cfg(feature = "cuda")]
     gpu: Option<(Arc<rewind_engine::gpu::GpuLauncher>, DeviceArgs)>,
     cpu_device: Option<String>,
+    /// CPU ranks: the `rewind rank-worker` arguments that load the same ranks one per worker process.
+    worker_args: Option<Vec<String>>,
 }
 
 impl Backend {
+    /// The ranks as worker processes of this executable (`--rank-processes`), or why they cannot be.
+    pub fn rank_processes(&self) -> Result<rewind_actors::rank_process::RankProcesses> {
+        // `serve` refuses --rank-processes on GPUs before anything loads, with the reason.
+        let args = self
+            .worker_args
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("GPU ranks have no worker-process command"))?;
+        let program = std::env::current_exe().context("finding this executable to start rank workers")?;
+        Ok(rewind_actors::rank_process::RankProcesses::new(
+            program,
+            args,
+            self.launcher.tp(),
+        ))
+    }
+
     /// Whether the ranks are GPUs.
     pub fn on_gpu(&self) -> bool {
         self.cpu_device.is_none()
@@ -102,6 +119,16 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
                 dc.buffer_len = d.buffer_len;
             }
             dc.max_verify = needs.verify.max(1);
+            let mut worker_args: Vec<String> = ["rank-worker", "--tp", &device.tp.to_string(), "--decoder"]
+                .into_iter()
+                .map(String::from)
+                .collect();
+            worker_args.push(serde_json::to_string(&dc).context("encoding the ranks' decoder settings")?);
+            worker_args.push("--model".into());
+            worker_args.push(dir.display().to_string());
+            if needs.mtp {
+                worker_args.push("--mtp".into());
+            }
             let launcher = CpuLauncher::new(
                 dir,
                 CpuOptions {
@@ -122,6 +149,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
                     rayon::current_num_threads(),
                     device.tp
                 )),
+                worker_args: Some(worker_args),
             })
         }
         #[cfg(feature = "cuda")]
@@ -151,6 +179,7 @@ pub fn backend(dir: &Path, device: &DeviceArgs, decode: Option<&DecodeArgs>, nee
                 form: decode.and_then(|d| d.form).unwrap_or(FormChoice::Auto),
                 gpu: Some((g, dargs)),
                 cpu_device: None,
+                worker_args: None,
             })
         }
         #[cfg(not(feature = "cuda"))]

@@ -300,6 +300,7 @@ fn local_server_args(args: &ChatArgs, model: &ServedModel) -> ServeArgs {
             max_request_bytes: crate::serve::limits::DEFAULT_MAX_REQUEST_BYTES as u64,
         },
         run: args.run.clone(),
+        rank_processes: false,
     }
 }
 

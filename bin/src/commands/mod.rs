@@ -20,6 +20,7 @@ mod logits;
 mod perplexity;
 mod plan;
 mod plan_memory;
+mod rank_worker;
 mod selftest;
 #[cfg(feature = "cuda")]
 mod selftest_choices;
@@ -62,5 +63,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Client(a) => client::run(a),
+        Command::RankWorker(a) => rank_worker::run(a),
     }
 }

@@ -55,6 +55,11 @@ pub struct Prepared {
 /// about it is printed once) and plans its backend (nothing is loaded yet).
 pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     let device = args.run.device.device()?;
+    anyhow::ensure!(
+        !args.rank_processes || device == Device::Cpu,
+        "--rank-processes runs CPU ranks (--device cpu) only so far: GPU ranks in worker processes, with the NCCL \
+         unique id handed out through the cluster, are not built yet"
+    );
     if device == Device::Cpu {
         // --max-seqs and --max-model-len size a CPU server's pools too; the other GPU flags do nothing here.
         for flag in args.run.device.gpu_only_flags_set() {
@@ -96,6 +101,9 @@ pub fn prepare(args: &ServeArgs, dir: &Path) -> Result<Prepared> {
     engine_config.tokenizer = Some(model.tokenizer.clone());
     engine_config.session_idle_timeout = options.session_idle_timeout;
     engine_config.session_memory = options.session_memory;
+    if args.rank_processes {
+        engine_config.rank_processes = Some(Arc::new(backend.rank_processes()?));
+    }
     if let Some(s) = &spec {
         engine_config.spec = Some(super::spec::engine_spec(
             s,

@@ -137,7 +137,12 @@ pub fn run(launch: Launch) -> Result<()> {
     let prepared = serve_cmd::prepare(&args, &dir)?;
     let (plan_budget, devices) = if gpus.is_empty() {
         let budget = banner::cpu_budget().map(|b| (b, "available RAM".to_string()));
-        (budget, vec!["CPU thread".to_string(); tp])
+        let rank = if args.rank_processes {
+            "CPU worker process"
+        } else {
+            "CPU thread"
+        };
+        (budget, vec![rank.to_string(); tp])
     } else {
         let f = args.run.device.gpu_memory_fraction;
         let total: u64 = gpus.iter().map(|g| (g.total_bytes as f64 * f) as u64).sum();

@@ -92,6 +92,17 @@ impl Server {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `SIGKILL` (no drain, no clean-up: what its workers see when the server is OOM-killed).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// What the server wrote to stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().expect("lock").clone()
@@ -267,4 +278,46 @@ pub fn grpc_health_result(addr: SocketAddr) -> Result<String, String> {
             .into_inner();
         Ok(h.status().as_str_name().to_string())
     })
+}
+
+/// The rank worker processes (`rewind rank-worker`) whose parent is `pid`.
+pub fn rank_workers(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: the command may hold spaces, so fields are read after its `)`.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            ppid == Some(pid) && String::from_utf8_lossy(&cmd).contains("rank-worker")
+        })
+        .collect()
+}
+
+/// Whether process `pid` is still running (a zombie, dead but not yet reaped, counts as gone).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits (at most `limit`) until none of `pids` runs; the ones still running then.
+pub fn wait_gone(pids: &[u32], limit: Duration) -> Vec<u32> {
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || t0.elapsed() > limit {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

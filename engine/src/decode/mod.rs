@@ -43,7 +43,7 @@ mod step;
 pub use snapshot::{SlotSnapshot, SsmSnapshot};
 
 /// Which positions of a sequence's tokens a step reports on (its LM-head rows).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Rows {
     /// None (an intermediate prompt chunk).
     None,
@@ -61,7 +61,7 @@ pub(crate) use step::Phase;
 
 /// The decode form a sequence asks for. `Auto` (the default) starts KV-only while the context is short, then
 /// compresses into replay.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum FormChoice {
     /// The full state read and written every token.
     Recurrent,
@@ -122,7 +122,7 @@ impl FromStr for FormChoice {
 }
 
 /// The sizes of a [`Decoder`]'s pools.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DecoderConfig {
     /// Sequence slots.
     pub slots: usize,

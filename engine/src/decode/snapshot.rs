@@ -9,7 +9,7 @@ use crate::state::{RingIndex, StateRef};
 /// One slot's whole state on one rank, enough to continue the sequence in any slot of any rank with the same shard:
 /// the SSM checkpoint, input ring and conv ring per SSM layer, the KV rows per attention layer, and the counters.
 /// Rings are stored in logical order (oldest first), so a restore needs no particular physical layout.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SlotSnapshot {
     pub form_choice: FormChoice,
     /// The slot's current form (`recurrent`, `replay` or `kv-only`).
@@ -40,7 +40,7 @@ impl SlotSnapshot {
 }
 
 /// One SSM layer of a [`SlotSnapshot`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SsmSnapshot {
     /// The checkpoint state.
     pub state: Vec<f32>,

@@ -1,9 +1,11 @@
 //! The CPU rank: [`Decoder`] (one shard of the model, its pools and an in-process communicator) behind the
 //! [`Rank`] interface, and [`cpu_group`], which loads `tp` of them, each on its own thread.
 
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::group::RankGroup;
 use super::launch::{Abort, Launch, Launcher, RankLoader};
@@ -18,7 +20,7 @@ use super::Rank;
 use super::RowPass;
 use crate::decode::{Decoder, DecoderConfig, FormChoice, Item, Phase};
 use crate::error::{EngineError, Result};
-use crate::shard::{LocalComm, ShardedModel};
+use crate::shard::{LocalComm, ShardedModel, TcpAbort, TcpComm, TcpRendezvous};
 
 /// How to build a group of CPU ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +82,7 @@ impl Launcher for CpuLauncher {
         let abort = Abort::new();
         abort.on_abort(comms[0].abort_handle());
         let handles = Arc::new(Mutex::new(comms.into_iter().map(Some).collect::<Vec<_>>()));
-        let (dir, tp, config, mtp) = (self.dir.clone(), self.opts.tp, self.opts.decoder.clone(), self.mtp);
+        let this = self.clone();
         let load: RankLoader = Arc::new(move |rank| {
             let comm = handles
                 .lock()
@@ -88,12 +90,70 @@ impl Launcher for CpuLauncher {
                 .get_mut(rank)
                 .and_then(Option::take)
                 .ok_or_else(|| EngineError::Communicator(format!("no communicator handle for rank {rank}")))?;
-            let model = ShardedModel::from_dir_with(&dir, tp, rank, mtp)?;
-            let decoder = Decoder::new(Arc::new(model), Box::new(comm), config.clone())?;
-            Ok(Box::new(super::mtp_cpu::CpuRank {
-                decoder,
-                mtp: Default::default(),
-            }) as Box<dyn Rank>)
+            this.load_rank(rank, Box::new(comm))
+        });
+        Ok(Launch {
+            load,
+            abort,
+            settle: super::launch::settled,
+        })
+    }
+}
+
+/// How a rank in a worker process of its own meets the other ranks of its generation ([`CpuLauncher::launch_process`]).
+pub enum Meet {
+    /// Rank 0 hosts the rendezvous it opened (its address was handed to the other ranks).
+    Host(TcpRendezvous),
+    /// Another rank joins the rendezvous at this address.
+    Join(SocketAddr),
+}
+
+/// How long a rank in a worker process waits for its peers to reach the rendezvous.
+const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl CpuLauncher {
+    /// Loads one rank with `comm` (the one loader of threads and processes alike).
+    fn load_rank(&self, rank: usize, comm: Box<dyn crate::shard::Communicator>) -> Result<Box<dyn Rank>> {
+        let model = ShardedModel::from_dir_with(&self.dir, self.opts.tp, rank, self.mtp)?;
+        let decoder = Decoder::new(Arc::new(model), comm, self.opts.decoder.clone())?;
+        Ok(Box::new(super::mtp_cpu::CpuRank {
+            decoder,
+            mtp: Default::default(),
+        }))
+    }
+
+    /// One generation's launch of rank `rank` alone, in a worker process of its own: its loader meets the other
+    /// ranks' processes over TCP ([`TcpComm`]) as `meet` says, and the abort closes its links.
+    pub fn launch_process(&self, rank: usize, meet: Meet) -> Result<Launch> {
+        let tp = self.opts.tp;
+        if rank >= tp {
+            return Err(EngineError::InvalidInput(format!(
+                "rank {rank} does not exist (tp {tp})"
+            )));
+        }
+        let links = TcpAbort::new();
+        let abort = Abort::new();
+        let hook = links.clone();
+        abort.on_abort(move |why| hook.abort(why));
+        let meet = Arc::new(Mutex::new(Some(meet)));
+        let this = self.clone();
+        let load: RankLoader = Arc::new(move |r| {
+            if r != rank {
+                return Err(EngineError::InvalidInput(format!(
+                    "this worker process loads rank {rank}, not rank {r}"
+                )));
+            }
+            let meet = meet
+                .lock()
+                .map_err(|_| EngineError::Communicator("the rendezvous was poisoned".into()))?
+                .take()
+                .ok_or_else(|| EngineError::Communicator(format!("rank {rank} was loaded twice")))?;
+            let comm = match meet {
+                _ if tp == 1 => TcpComm::single(),
+                Meet::Host(rv) => rv.accept(tp, &links, RENDEZVOUS_TIMEOUT)?,
+                Meet::Join(addr) => TcpComm::connect(addr, rank, tp, &links, RENDEZVOUS_TIMEOUT)?,
+            };
+            this.load_rank(rank, Box::new(comm))
         });
         Ok(Launch {
             load,

@@ -1,6 +1,7 @@
 //! Fault injection, a testing aid: `--inject-fault RANK:KIND@STEP` makes rank `RANK` fail the coordinator's step
 //! number `STEP` (counted from 1 over the engine's life, across recoveries) in one of four ways. Each spec fires
-//! once; repeat a spec at consecutive steps to exercise the retry limit.
+//! once; repeat a spec at consecutive steps to exercise the retry limit. `kill` and `abort` end the rank's whole
+//! process, so they are only accepted when ranks run in worker processes of their own (`--rank-processes`).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,17 @@ pub enum FaultKind {
     Error,
     /// The rank's answer carries non-finite logits.
     Nan,
+    /// The rank's process SIGKILLs itself (a worker process lost to the OOM killer, say).
+    Kill,
+    /// The rank's process calls `abort()` (a crash: SIGABRT, as a failed assertion in a C library raises).
+    Abort,
+}
+
+impl FaultKind {
+    /// Whether the fault ends the rank's whole process (which must then be a worker process of its own).
+    pub fn ends_process(self) -> bool {
+        matches!(self, FaultKind::Kill | FaultKind::Abort)
+    }
 }
 
 impl std::fmt::Display for FaultKind {
@@ -27,6 +39,8 @@ impl std::fmt::Display for FaultKind {
             FaultKind::Hang => "hang",
             FaultKind::Error => "error",
             FaultKind::Nan => "nan",
+            FaultKind::Kill => "kill",
+            FaultKind::Abort => "abort",
         })
     }
 }
@@ -46,7 +60,7 @@ impl FromStr for FaultSpec {
     fn from_str(s: &str) -> Result<Self> {
         let bad = |why: &str| {
             EngineError::InvalidInput(format!(
-                "--inject-fault {s:?}: {why} (expected RANK:KIND@STEP, KIND one of panic, hang, error, nan, e.g. 0:panic@5)"
+                "--inject-fault {s:?}: {why} (expected RANK:KIND@STEP, KIND one of panic, hang, error, nan, kill, abort, e.g. 0:panic@5)"
             ))
         };
         let (rank, rest) = s.split_once(':').ok_or_else(|| bad("no ':'"))?;
@@ -60,6 +74,8 @@ impl FromStr for FaultSpec {
             "hang" => FaultKind::Hang,
             "error" => FaultKind::Error,
             "nan" => FaultKind::Nan,
+            "kill" => FaultKind::Kill,
+            "abort" => FaultKind::Abort,
             _ => return Err(bad("unknown KIND")),
         };
         let step = step
@@ -125,6 +141,9 @@ mod tests {
 
     #[test]
     fn specs_parse_and_fire_once() {
+        let k: FaultSpec = "0:kill@3".parse().expect("parse");
+        assert!(k.kind.ends_process() && !FaultKind::Panic.ends_process());
+        assert_eq!("1:abort@2".parse::<FaultSpec>().expect("parse").kind, FaultKind::Abort);
         let s: FaultSpec = "1:hang@12".parse().expect("parse");
         assert_eq!(
             s,

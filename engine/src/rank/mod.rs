@@ -43,7 +43,7 @@ mod tests_mtp;
 mod tests_spec_chain;
 
 pub use books::Books;
-pub use cpu::{cpu_group, CpuLauncher, CpuOptions};
+pub use cpu::{cpu_group, CpuLauncher, CpuOptions, Meet};
 pub use fault::{FaultKind, FaultSpec, Faults};
 pub use group::{await_ranks, RankGroup};
 pub use launch::{Abort, Launch, Launcher, RankLoader};

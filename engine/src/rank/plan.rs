@@ -12,7 +12,7 @@ use crate::decode::FormChoice;
 pub use crate::decode::{Rows, SlotSnapshot, SsmSnapshot};
 
 /// What a sequence does in a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum SeqKind {
     /// A prompt chunk: the chunked scans, committed. The first chunk of a slot (at position 0) starts the sequence in
     /// the plan's form; a later chunk continues it (its ring is folded into the checkpoint first).
@@ -26,7 +26,7 @@ pub enum SeqKind {
 /// One row's sampling on the rank: the engine Sampler's filters (see `rewind_kernels::cpu::sample::sample_row`), the
 /// repetition penalty over `history`, the additive `bias`, and the draw `uniform`. Under tensor parallelism every rank joins the row from
 /// every rank's vocabulary slice and samples the whole row, so every rank draws the same token.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SampleRow {
     pub temperature: f32,
     pub top_k: usize,
@@ -114,7 +114,7 @@ fn check_draw(u: f32) -> crate::Result<()> {
 }
 
 /// One sequence of a [`Program::Batch`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SeqStep {
     /// The sequence's slot (the coordinator's books hand slots out; a rank claims the slot at its first step).
     pub slot: usize,
@@ -139,7 +139,7 @@ pub struct SeqStep {
 /// [`MAX_TOP`](rewind_kernels::cpu::lm_head::MAX_TOP)) and per reported row the id whose logit to report: the next
 /// prompt token for a prompt row, `None` for the row that picks the next token (its sampled token's logit comes from
 /// the sampler, the argmax's from the summary).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LogprobRows {
     pub top: usize,
     /// One entry per reported row ([`SeqStep::row_count`]).
@@ -149,7 +149,7 @@ pub struct LogprobRows {
 /// The temperature and noise key of a verify's one-pass summaries (FlashSpec): per row the log-sum-exp of
 /// `logit / temperature`, the drafted token's scaled logit and a Gumbel-max candidate excluding the draft, whose
 /// noise is keyed by `(seed, index + row)` (see `rewind_kernels::cpu::lm_head`).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SpecSample {
     /// > 0 and finite.
     pub temperature: f32,
@@ -206,14 +206,14 @@ impl SeqStep {
 }
 
 /// Accepts the first `accepted` (0..=T) tokens of a slot's pending verify.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Commit {
     pub slot: usize,
     pub accepted: usize,
 }
 
 /// Everything one step does, identical for every rank: first the commits, then the program.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepPlan {
     pub commits: Vec<Commit>,
     pub program: Program,
@@ -222,7 +222,7 @@ pub struct StepPlan {
 /// What a step runs after its commits. Each kind of step is a variant carrying only its own fields, so a plan that
 /// mixes what cannot go together (a chained prompt chunk, whole logits of a chain, a penalty whose history would
 /// need the chained tokens on the host) cannot be written.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Program {
     /// One pass over a batch: prompt chunks, decodes and verifies mixed, each in its own form.
     Batch(Batch),
@@ -233,7 +233,7 @@ pub enum Program {
 }
 
 /// A single step's sequences and what it returns besides the row summaries.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Batch {
     pub seqs: Vec<SeqStep>,
     /// Return each rank's slice of the reported rows' logits as well as the summaries.
@@ -252,7 +252,7 @@ pub struct Batch {
 /// (its sampled token, else the argmax over the whole vocabulary: tensor-parallel ranks merge their slices'
 /// summaries among themselves) at the next position; on a GPU the pick stays on the device. The ranks answer
 /// step-major: one row per sequence for step 0, then for step 1, and so on.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DecodeChain {
     pub seqs: Vec<ChainedDecode>,
     /// Further steps after the first: 1 ..= [`MAX_CHAINED`].
@@ -260,7 +260,7 @@ pub struct DecodeChain {
 }
 
 /// One sequence of a [`DecodeChain`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChainedDecode {
     pub slot: usize,
     /// The position of `token`: the sequence's committed length.
@@ -274,7 +274,7 @@ pub struct ChainedDecode {
 
 /// A chained sequence's sampling: the filters of [`SampleRow`] (no penalty or bias: their history would need every
 /// chained token on the host) and one draw per step of the chain.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChainSample {
     pub temperature: f32,
     pub top_k: usize,
@@ -319,7 +319,7 @@ impl ChainSample {
 }
 
 /// `1 + steps` verify steps of the same sequences, all of one window; see `super::spec_chain`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VerifyChain {
     pub seqs: Vec<ChainedVerify>,
     /// Further steps after the first: at least 1. The ranks may end a chain early; the log says how many ran.
@@ -328,7 +328,7 @@ pub struct VerifyChain {
 }
 
 /// One sequence of a [`VerifyChain`], judged greedily or by sampling from its rows' one-pass summaries.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChainedVerify {
     pub slot: usize,
     /// The position of `tokens[0]`: the sequence's committed length after the plan's commits.
@@ -571,7 +571,7 @@ impl DecodeChain {
 /// logit, the slice's log-sum-exp, and the one-pass speculative summary when [`SeqStep::spec`] asked for it; a NaN
 /// max when the row holds a NaN, which the coordinator turns into an error), and the token it sampled when the plan
 /// asked it to sample the row.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RowSummary {
     pub pass: RowPass,
     pub sampled: Option<u32>,
@@ -585,7 +585,7 @@ impl From<RowPass> for RowSummary {
 }
 
 /// A rank's answer to a [`StepPlan`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepOut {
     /// The vocabulary ids this rank's summaries and logits cover.
     pub vocab: Range<usize>,
@@ -602,7 +602,7 @@ pub struct StepOut {
 }
 
 /// What a rank reports about itself.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RankHealth {
     pub rank: usize,
     pub tp: usize,
@@ -623,7 +623,7 @@ pub struct RankHealth {
 /// SSM block's `<kind> in_proj`, `<kind> conv`, `<kind> ssm` and `<kind> out` (kind `mamba2` or `gdn`), or an
 /// attention block's `attention qkv`, `attention core` and `attention out` (`engine/src/gpu/forward.rs`); and `head`.
 /// The difference of two reports ([`StageTimes::since`]) is what the steps between them spent where.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StageTimes {
     pub stages: std::collections::BTreeMap<String, StageTime>,
 }
@@ -634,7 +634,7 @@ pub const MTP_DRAFT_STAGE: &str = "mtp draft";
 
 /// One stage's total device time (nanoseconds) and how many times it ran (a layer kind runs once per such layer
 /// and step).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StageTime {
     pub ns: u64,
     pub count: u64,
@@ -683,7 +683,7 @@ impl StageTimes {
 
 /// How a GPU rank's decode and verify steps ran: replays of captured CUDA graphs or eager launches
 /// (`engine/src/gpu/graphs.rs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GraphStats {
     /// Whether steps are captured at all (`--no-cuda-graphs` turns it off).
     pub enabled: bool,
@@ -704,7 +704,7 @@ pub struct GraphStats {
 pub const MAX_CHAINED: usize = 15;
 
 /// A rank's fixed capacity, reported once after loading; the coordinator's books are built from it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RankInfo {
     pub rank: usize,
     pub tp: usize,

@@ -27,7 +27,7 @@ use super::plan::VerifyChain;
 use crate::error::{EngineError, Result};
 
 /// What the ranks did in a chain, step-major: per step and sequence the drafts verified and the verdict.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChainLog {
     /// `[steps, seqs, T]`: the drafts each step verified (step 0's are the plan's).
     pub drafts: Vec<u32>,

@@ -183,6 +183,13 @@ fn run_step(
                 "hang on rank {id}, ended by the abort ({why})"
             )))
         }
+        Some(FaultKind::Kill) => {
+            // SAFETY: kill(2) on our own pid has no memory-safety preconditions; SIGKILL cannot be caught, so the
+            // process ends here as one the OOM killer takes would.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL did not end the process")
+        }
+        Some(FaultKind::Abort) => std::process::abort(),
         Some(FaultKind::Nan) => {
             let mut out = rank.step(plan)?;
             for r in &mut out.rows {

@@ -14,6 +14,7 @@ pub mod model;
 pub mod nccl;
 pub mod plan;
 pub mod source;
+pub mod tcp_comm;
 
 #[cfg(test)]
 mod model_tests;
@@ -24,3 +25,4 @@ pub use comm::{Communicator, LocalComm};
 pub use model::{ShardBlock, ShardedModel};
 pub use plan::{even_split, BlockShard, Cut, GroupedSplit, LocalTensor, MtpShard, Piece, RankPlan, ShardKind};
 pub use source::ShardSource;
+pub use tcp_comm::{TcpAbort, TcpComm, TcpRendezvous};

@@ -5,7 +5,7 @@
 use rewind_kernels::cpu::chain::{chain_drafts, ngram_lookup, table_proposal};
 
 /// How the ranks draft the chained steps' windows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ChainDrafter {
     /// Prompt lookup over the stream: the tokens after the latest earlier occurrence of its last `n` tokens (the
     /// longest `n` in `min_n ..= max_n` first), as [`super::NgramDrafter`].
@@ -27,7 +27,7 @@ impl ChainDrafter {
 }
 
 /// A sequence of a batch that runs the rank's MTP layer, and the drafts to propose after the step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct MtpRequest {
     pub slot: usize,
     /// Drafts to propose for the next step (0: only keep the layer's KV current).
@@ -36,7 +36,7 @@ pub struct MtpRequest {
 
 /// The drafts a rank's MTP layer proposes for a sequence after a step: for the verify that starts at `position`
 /// with `token` (the rank's verdict on this step).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MtpProposal {
     pub slot: usize,
     pub position: usize,

@@ -9,7 +9,7 @@ use super::PoolError;
 
 /// How a sequence is decoded (see docs/decode-forms.md); stored per slot as a `u8` so a batch can mix forms.
 /// Serialized by its [`DecodeForm::name`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum DecodeForm {

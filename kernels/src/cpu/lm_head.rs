@@ -27,7 +27,7 @@ pub struct SpecRequest {
 }
 
 /// The speculative part of a row's summary, over the ids the pass saw.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SpecSummary {
     /// `log Σ exp(logit / temperature)`.
     pub lse: f32,
@@ -41,7 +41,7 @@ pub struct SpecSummary {
 
 /// A row's summary over the ids a pass saw: what every backend reports per row (over its vocabulary slice), and,
 /// merged over the slices, the whole vocabulary's answer the coordinator reads. The one row summary of the project.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RowPass {
     /// The lowest id among the largest logits, and that logit (NaN when the row held a NaN).
     pub argmax: u32,
@@ -67,7 +67,7 @@ pub struct LogprobRequest {
 
 /// The `k` largest logits of the ids seen, largest first, ties to the lower id; NaNs are never entries (a NaN row is
 /// poisoned anyway). Inline and `Copy`, so a row summary stays a plain value.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TopK {
     k: u8,
     len: u8,
@@ -131,7 +131,7 @@ impl TopK {
 
 /// The log-probability part of a row's summary over the ids seen: the top entries and, when the ids seen held the
 /// requested target, its logit.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LogprobSummary {
     pub top: TopK,
     pub target: Option<(u32, f32)>,

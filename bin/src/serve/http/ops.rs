@@ -50,13 +50,18 @@ pub async fn health(State(api): State<Arc<Api>>) -> Response {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response();
     }
     match s.engine.health().await {
-        Ok(h) => Json(json!({
-            "status": "ok",
-            "model": s.model_name,
-            "uptime_seconds": s.started.elapsed().as_secs_f64(),
-            "engine": h,
-        }))
-        .into_response(),
+        Ok(h) => {
+            let mut body = json!({
+                "status": "ok",
+                "model": s.model_name,
+                "uptime_seconds": s.started.elapsed().as_secs_f64(),
+                "engine": h,
+            });
+            if let Some(r) = s.engine.worker_restarts() {
+                body["worker_restarts"] = json!(r);
+            }
+            Json(body).into_response()
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "error", "error": e.to_string()})),
@@ -70,6 +75,15 @@ pub async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let mut text = api.state.engine.metrics().prometheus();
     text.push_str(&api.metrics.prometheus());
     text.push_str(&api.state.connections.prometheus());
+    if let Some(restarts) = api.state.engine.worker_restarts() {
+        text.push_str(
+            "# HELP rewind_rank_worker_restarts Restarts of each rank's worker process (--rank-processes).\n\
+             # TYPE rewind_rank_worker_restarts counter\n",
+        );
+        for (rank, n) in restarts.iter().enumerate() {
+            text.push_str(&format!("rewind_rank_worker_restarts{{rank=\"{rank}\"}} {n}\n"));
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,
