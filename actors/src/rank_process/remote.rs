@@ -424,6 +424,11 @@ impl Actor for ProcessRankActor {
             RankActorMsg::Restore(slot, snap, reply) => {
                 state.call(|r| WorkerMsg::Restore(Wire::ok((slot, snap)), r), reply)?
             }
+            RankActorMsg::Store(slot, id, reply) => state.call(|r| WorkerMsg::Store(Wire::ok((slot, id)), r), reply)?,
+            RankActorMsg::RestoreStored(slot, id, reply) => {
+                state.call(|r| WorkerMsg::RestoreStored(Wire::ok((slot, id)), r), reply)?
+            }
+            RankActorMsg::DropStored(ids, reply) => state.call(|r| WorkerMsg::DropStored(Wire::ok(ids), r), reply)?,
             RankActorMsg::ThreadExited(why) => {
                 return Err(Box::new(EngineError::GroupFailed(format!(
                     "rank {}: {why}",

@@ -102,6 +102,14 @@ pub enum WorkerMsg {
     Snapshot(Wire<usize>, RpcReplyPort<Wire<SlotSnapshot>>),
     #[rpc]
     Restore(Wire<(usize, Box<SlotSnapshot>)>, RpcReplyPort<Wire<()>>),
+    /// `(slot, id)`: the slot's state into the rank's store (`Rank::store`).
+    #[rpc]
+    Store(Wire<(usize, u64)>, RpcReplyPort<Wire<Option<u64>>>),
+    /// `(slot, id)`: a sequence started from a stored state.
+    #[rpc]
+    RestoreStored(Wire<(usize, u64)>, RpcReplyPort<Wire<()>>),
+    #[rpc]
+    DropStored(Wire<Vec<u64>>, RpcReplyPort<Wire<()>>),
     /// Aborts the rank's collectives (its generation is ending).
     Abort(Wire<String>),
 }

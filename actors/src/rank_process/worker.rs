@@ -157,6 +157,18 @@ impl Actor for WorkerActor {
                 Ok((slot, snap)) => relay(state, |r| RankActorMsg::Restore(slot, snap, r), reply),
                 Err(e) => drop(reply.send(Wire(Err(e)))),
             },
+            WorkerMsg::Store(Wire(args), reply) => match args {
+                Ok((slot, id)) => relay(state, |r| RankActorMsg::Store(slot, id, r), reply),
+                Err(e) => drop(reply.send(Wire(Err(e)))),
+            },
+            WorkerMsg::RestoreStored(Wire(args), reply) => match args {
+                Ok((slot, id)) => relay(state, |r| RankActorMsg::RestoreStored(slot, id, r), reply),
+                Err(e) => drop(reply.send(Wire(Err(e)))),
+            },
+            WorkerMsg::DropStored(Wire(ids), reply) => match ids {
+                Ok(ids) => relay(state, |r| RankActorMsg::DropStored(ids, r), reply),
+                Err(e) => drop(reply.send(Wire(Err(e)))),
+            },
             WorkerMsg::Abort(Wire(why)) => {
                 let why = why.unwrap_or_else(|e| format!("{e:?}"));
                 if let Some(a) = &state.abort {
