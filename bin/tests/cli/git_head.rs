@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 #[path = "../../build/git_head.rs"]
-mod git_head;
+mod build_script;
 
 const ID: &str = "0123456789abcdef0123456789abcdef01234567";
 const OTHER: &str = "fedcba9876543210fedcba9876543210fedcba98";
@@ -35,7 +35,7 @@ fn head_is_read_from_the_git_directory_without_the_index() {
     write(&git.join("HEAD"), "ref: refs/heads/main\n");
     write(&git.join("refs/heads/main"), &format!("{ID}\n"));
     write(&git.join("index"), "not watched");
-    let h = git_head::head(&root);
+    let h = build_script::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
     assert_eq!(
         h.watch,
@@ -51,7 +51,7 @@ fn head_is_read_from_the_git_directory_without_the_index() {
         &git.join("packed-refs"),
         &format!("# pack-refs with: peeled\n{OTHER} refs/heads/other\n{ID} refs/heads/main\n^{OTHER}\n"),
     );
-    let h = git_head::head(&root);
+    let h = build_script::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
     assert!(
         h.watch.contains(&git.join("packed-refs")) && h.watch.contains(&git.join("refs/heads")),
@@ -64,7 +64,7 @@ fn head_is_read_from_the_git_directory_without_the_index() {
 
     // Detached.
     write(&git.join("HEAD"), &format!("{OTHER}\n"));
-    assert_eq!(git_head::head(&root).commit.as_deref(), Some(OTHER));
+    assert_eq!(build_script::head(&root).commit.as_deref(), Some(OTHER));
     let _ = fs::remove_dir_all(&root);
 }
 
@@ -80,13 +80,13 @@ fn a_worktree_reads_its_own_head_and_the_shared_branches() {
     write(&wt_git.join("index"), "not watched");
     let root = base.join("wt");
     write(&root.join(".git"), &format!("gitdir: {}\n", wt_git.display()));
-    let h = git_head::head(&root);
+    let h = build_script::head(&root);
     assert_eq!(h.commit.as_deref(), Some(ID));
     assert!(h.watch.contains(&wt_git.join("HEAD")), "{h:?}");
     assert!(h.watch.iter().any(|p| p.ends_with("refs/heads/feature")), "{h:?}");
     assert!(!index_watched(&h.watch), "{h:?}");
     // No repository at all.
-    let none = git_head::head(&scratch("none"));
+    let none = build_script::head(&scratch("none"));
     assert_eq!((none.commit, none.watch.len()), (None, 0));
     let _ = fs::remove_dir_all(&base);
 }
