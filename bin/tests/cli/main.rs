@@ -1,9 +1,10 @@
-//! The integration tests of the `rewind` binaries and the `rewind_bin` library, as one test binary: each module was
-//! its own test binary, and every test binary links the whole crate graph (tonic, axum, tokenizers, ...), so on CI's
-//! two cores the links took more time than the tests. A new test file goes here as a module (`mod name;` below);
+//! The integration tests of the `rewind` binaries and the `rewind_bin` library, as one test binary. Each module was
+//! its own test binary, and each compiled its own copy of the generic code it uses (tokio, tonic, axum, the engine)
+//! and linked the whole crate graph: the 40 integration test binaries of the workspace took about half of a cold
+//! `cargo test --workspace` build on CI's two cores. A new test file goes here as a module (`mod name;` below);
 //! helpers shared by several modules are modules too (`common`, `process`, ...). The tests of all modules run as
-//! threads of one process: anything a test writes goes to a path of its own (`common::scratch_dir`), and servers take
-//! the ports the system chooses.
+//! threads of one process: the shared helpers' scratch directories are unique per call (`common::scratch_dir`), a
+//! module's own paths carry its name and the process id, and servers take the ports the system chooses.
 
 // Helpers shared by the test modules.
 mod cli_flags;

@@ -1,6 +1,6 @@
 //! The workspace-level integration tests (engine and actor runtime on CPU ranks, parity with the transformers
-//! reference) as one test binary: each module was its own test binary, and every test binary links the whole crate
-//! graph, so on CI's two cores the links took more time than the tests. A new test file goes here as a module
+//! reference) as one test binary. Each module was its own test binary, and each compiled its own copy of the generic
+//! code it uses and linked the whole crate graph (see `bin/tests/cli/main.rs`). A new test file goes here as a module
 //! (`mod name;` below); helpers shared by several modules are modules too (`outcomes`, `speculative_support`).
 
 // Helpers shared by the test modules.
