@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Puts a Python virtual environment with the official `openai` SDK (and `jsonschema`) under target/sdk-venv, once,
-# from PyPI: `bin/tests/openai_sdk.rs` drives a CPU server with it. Run from anywhere; prints nothing when the
+# from PyPI: `bin/tests/cli/openai_sdk.rs` drives a CPU server with it. Run from anywhere; prints nothing when the
 # environment is already there at these versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/mtp/<arch>/ for tests/tests/mtp_parity.rs: a tiny random checkpoint (train.py's --tiny
+"""Writes tests/fixtures/mtp/<arch>/ for tests/tests/engine/mtp_parity.rs: a tiny random checkpoint (train.py's --tiny
 sizes, vocabulary 256) carrying an MTP layer built by train_mtp.py (transformers' own layer classes), and
 reference.json with what that layer computes in PyTorch (f32 from the bf16 weights):
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API through the official `openai` SDK, as agent frameworks and evaluation harnesses call it.
 
-Run by `bin/tests/openai_sdk.rs` against a CPU server of the embedded default model: REWIND_BASE_URL is the server's
+Run by `bin/tests/cli/openai_sdk.rs` against a CPU server of the embedded default model: REWIND_BASE_URL is the server's
 `/v1` address (REWIND_REASONING_URL: a second one whose reasoning parser is on), REWIND_MODEL_NAME its served model
 name, REWIND_BIN the `rewind` binary (for `rewind logits`).
 """

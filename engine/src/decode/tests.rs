@@ -1,6 +1,6 @@
 //! Decoder unit tests on tiny random checkpoints: errors for bad input, commits as pointer moves, the traffic each
 //! form reports, prompt chunks at a position > 0, and slot snapshot / restore. Model-level equivalence of the forms is
-//! in `tests/tests/decode_forms.rs`.
+//! in `tests/tests/engine/decode_forms.rs`.
 
 use std::path::Path;
 
