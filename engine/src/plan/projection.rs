@@ -506,7 +506,7 @@ pub(crate) fn project_ranks(
     }
     if config.mtp_layers > 0 {
         notes.push(format!(
-            "the {} MTP layer(s) are not in the weights (the engine does not load them)",
+            "the {} MTP layer(s) are not counted: `--spec mtp` loads them, adding their weights and one attention layer's KV",
             config.mtp_layers
         ));
     }

@@ -533,7 +533,7 @@ pub fn plan_memory(config: &ModelConfig, budget: u64, opts: &PlanOptions) -> Res
     }
     if config.mtp_layers > 0 {
         notes.push(format!(
-            "the {} MTP layer(s) are not counted in the weights",
+            "the {} MTP layer(s) are not counted: `--spec mtp` loads them, adding their weights and one attention layer's KV",
             config.mtp_layers
         ));
     }
