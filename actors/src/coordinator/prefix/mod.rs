@@ -298,8 +298,6 @@ impl CoordinatorState {
     pub(super) fn lose_stored(&mut self) {
         let Some(cache) = self.prefix.as_mut() else { return };
         cache.tree.clear();
-        // The restarted ranks never had these ids.
-        cache.take_freed();
         let generation = self.generation;
         let lost: Vec<u64> = self
             .live
@@ -314,6 +312,7 @@ impl CoordinatorState {
             }
             self.sched.unrestore(id);
         }
+        // The ids the tree and those requests held: the restarted ranks never had them.
         if let Some(cache) = self.prefix.as_ref() {
             cache.take_freed();
         }
