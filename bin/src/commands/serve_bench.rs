@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::output::{errln, outln};
 use anyhow::Result;
-use rewind_actors::{EngineHandle, Event, GenerateRequest};
+use rewind_actors::{EngineConfig, EngineHandle, Event, GenerateRequest};
 use rewind_engine::generate::SpecReport;
 use rewind_engine::sample::SamplingParams;
 use rewind_engine::spec::{SpecConfig, SpecStats};
@@ -254,6 +254,42 @@ impl Latencies {
     }
 }
 
+/// The ranks and engine settings a serving run (speculating as `spec` says) of `concurrency` sequences of up to `context` tokens needs: the
+/// flags' device, decode form, speculation and prefix cache, end-of-sequence ids dropped (every request runs its
+/// whole `--decode-tokens`).
+fn serving_engine(
+    args: &BenchArgs,
+    dir: &std::path::Path,
+    spec: Option<&SpecConfig>,
+    concurrency: usize,
+    context: usize,
+) -> Result<(backend::Backend, EngineConfig)> {
+    let needs = Needs {
+        mtp: spec.is_some_and(|s| s.drafter == DrafterKind::Mtp),
+        time_mtp: false,
+        slots: concurrency,
+        context,
+        verify: spec.map_or(1, SpecConfig::max_verify),
+        prefix_store: backend::prefix_store(&args.run.engine)?,
+    };
+    let mut dargs = args.run.device.clone();
+    dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
+    let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
+    let mut config = backend::engine_config(&args.run.engine, b.form)?;
+    config.eos_token_ids = Vec::new();
+    if let Some(s) = spec {
+        config.spec = Some(super::spec::engine_spec(
+            s,
+            dir,
+            b.config.vocab_size,
+            concurrency,
+            context,
+            b.mtp_on_ranks,
+        )?);
+    }
+    Ok((b, config))
+}
+
 /// Runs the serving benchmark; returns its JSON (and prints its table rows).
 pub fn run(
     args: &BenchArgs,
@@ -273,30 +309,8 @@ pub fn run(
     let (longest_prompt, longest_output) = longest(args.prompt_len, args.decode_tokens, ratio);
     let context = longest_prompt + longest_output;
     let spec = super::spec::config(&args.run.spec, &args.run.decode)?;
-    let needs = Needs {
-        mtp: spec.as_ref().is_some_and(|s| s.drafter == DrafterKind::Mtp),
-        time_mtp: false,
-        slots: concurrency,
-        context,
-        verify: spec.as_ref().map_or(1, SpecConfig::max_verify),
-        prefix_store: backend::prefix_store(&args.run.engine)?,
-    };
-    let mut dargs = args.run.device.clone();
-    dargs.max_seqs = Some(dargs.max_seqs().max(concurrency));
-    let b = backend::backend(dir, &dargs, Some(&args.run.decode), needs)?;
-    let mut config = backend::engine_config(&args.run.engine, b.form)?;
-    config.eos_token_ids = Vec::new();
+    let (b, config) = serving_engine(args, dir, spec.as_ref(), concurrency, context)?;
     let vocab = b.config.vocab_size;
-    if let Some(s) = &spec {
-        config.spec = Some(super::spec::engine_spec(
-            s,
-            dir,
-            vocab,
-            concurrency,
-            context,
-            b.mtp_on_ranks,
-        )?);
-    }
     let params = SamplingParams {
         max_tokens: Some(args.decode_tokens),
         ignore_eos: true,

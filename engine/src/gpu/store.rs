@@ -72,17 +72,18 @@ fn pairs(it: impl Iterator<Item = (usize, usize)>) -> Vec<i32> {
     it.flat_map(|(s, d)| [s as i32, d as i32]).collect()
 }
 
-/// Rows `0 .. rows` of `slot`'s part of a pool of `n` slots of `per_slot` rows, `width` wide.
+/// The row width of a pool of `n` slots of `per_slot` rows, and the element range of `slot`'s rows.
 fn slot_rows<T: rewind_kernels::cuda::DeviceRepr>(
     pool: &CudaSlice<T>,
     slot: usize,
     n: usize,
     per_slot: usize,
 ) -> (usize, std::ops::Range<usize>) {
-    let width = pool.len() / (n * per_slot).max(1);
+    let width = width_of(pool, n, per_slot);
     (width, slot * per_slot * width..(slot + 1) * per_slot * width)
 }
 
+/// The row width of a pool of `n` slots of `per_slot` rows.
 fn width_of<T: rewind_kernels::cuda::DeviceRepr>(pool: &CudaSlice<T>, n: usize, per_slot: usize) -> usize {
     pool.len() / (n * per_slot).max(1)
 }
